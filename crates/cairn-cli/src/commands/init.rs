@@ -1,0 +1,64 @@
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, Result};
+use cairn_format::config::{Chunker, Compression, RepoConfig};
+use cairn_repo::Repo;
+use serde_json::json;
+
+use crate::cli::{ChunkerArg, CompressionArg, InitArgs};
+use crate::context::Context;
+use crate::output::{bytes, print_json};
+
+pub async fn run(ctx: &Context, args: InitArgs) -> Result<ExitCode> {
+    let to_u32 =
+        |v: u64, what: &str| u32::try_from(v).with_context(|| format!("{what} {v} is too large"));
+    let config = RepoConfig {
+        repo_id: RepoConfig::new_repo_id(),
+        chunker: match args.chunker {
+            ChunkerArg::Fixed => Chunker::Fixed,
+            ChunkerArg::Fastcdc => Chunker::FastCdc,
+        },
+        chunk_size: to_u32(args.chunk_size, "chunk size")?,
+        segment_size: to_u32(args.segment_size, "segment size")?,
+        fanout: 256,
+        compression: match args.compression {
+            CompressionArg::Zstd => Compression::Zstd {
+                level: args.zstd_level,
+            },
+            CompressionArg::None => Compression::None,
+        },
+        pack_target: to_u32(args.pack_size, "pack size")?,
+        created_ns: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as i64)
+            .unwrap_or(0),
+    };
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_start_matches("config: ")))?;
+    let store = ctx.store(true)?;
+    let repo = Repo::init(store, config.clone()).await?;
+    if ctx.json {
+        print_json(&json!({
+            "repository": repo.describe(),
+            "chunker": config.chunker.name(),
+            "chunk_size": config.chunk_size,
+            "segment_size": config.segment_size,
+            "pack_size": config.pack_target,
+            "compression": match config.compression {
+                Compression::None => "none".to_string(),
+                Compression::Zstd { level } => format!("zstd:{level}"),
+            },
+        }));
+    } else {
+        println!(
+            "initialized cairn repository at {} ({} chunks of {}, segments of {})",
+            repo.describe(),
+            config.chunker.name(),
+            bytes(config.chunk_size as u64),
+            bytes(config.segment_size as u64)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

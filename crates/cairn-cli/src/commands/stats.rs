@@ -1,0 +1,46 @@
+use std::process::ExitCode;
+
+use anyhow::Result;
+use cairn_engine::stats::repo_stats;
+use serde_json::json;
+
+use crate::context::Context;
+use crate::output::{bytes, print_json};
+
+pub async fn run(ctx: &Context) -> Result<ExitCode> {
+    let repo = ctx.open().await?;
+    let s = repo_stats(&repo).await?;
+    let ratio = if s.stored_bytes == 0 {
+        0.0
+    } else {
+        s.data_bytes as f64 / s.stored_bytes as f64
+    };
+    if ctx.json {
+        print_json(&json!({
+            "images": s.images,
+            "versions": s.versions,
+            "logical_bytes": s.logical_bytes,
+            "data_bytes": s.data_bytes,
+            "stored_bytes": s.stored_bytes,
+            "pack_bytes": s.pack_bytes,
+            "metadata_bytes": s.metadata_bytes,
+            "packs": s.packs,
+            "blobs": s.blobs,
+            "reduction": ratio,
+        }));
+    } else {
+        println!("images          {}", s.images);
+        println!("versions        {}", s.versions);
+        println!("logical size    {} (all versions)", bytes(s.logical_bytes));
+        println!("non-zero data   {}", bytes(s.data_bytes));
+        println!(
+            "stored          {} ({} in {} packs, {} other)",
+            bytes(s.stored_bytes),
+            bytes(s.pack_bytes),
+            s.packs,
+            bytes(s.metadata_bytes)
+        );
+        println!("reduction       {ratio:.1}x of non-zero data");
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,61 @@
+//! Resolved global settings and repository opening.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context as _, Result};
+use cairn_repo::Repo;
+use cairn_store::{LocalStore, ObjectStore};
+
+use crate::cli::Cli;
+
+pub struct Context {
+    pub repo: Option<String>,
+    pub json: bool,
+    /// Progress bars wanted (not --json, not --quiet).
+    pub progress: bool,
+}
+
+impl Context {
+    pub fn new(cli: &Cli) -> Self {
+        Context {
+            repo: cli.repo.clone(),
+            json: cli.json,
+            progress: !cli.json && !cli.quiet,
+        }
+    }
+
+    fn location(&self) -> Result<&str> {
+        match self.repo.as_deref() {
+            Some(r) if !r.is_empty() => Ok(r),
+            _ => bail!("no repository given: pass --repo PATH or set CAIRN_REPO"),
+        }
+    }
+
+    /// The store behind --repo, created if `create` (for init).
+    pub fn store(&self, create: bool) -> Result<Arc<dyn ObjectStore>> {
+        let location = self.location()?;
+        if location.contains("://") {
+            bail!("{location}: only local directory repositories are supported in this version");
+        }
+        let path = PathBuf::from(location);
+        let store = if create {
+            LocalStore::create(&path)
+        } else {
+            LocalStore::open(&path)
+        };
+        match store {
+            Ok(s) => Ok(Arc::new(s)),
+            Err(_) if !create && !path.exists() => {
+                bail!("no cairn repository at {location} (the directory does not exist; run `cairn init` first)")
+            }
+            Err(e) => Err(e).with_context(|| format!("cannot open repository {location}")),
+        }
+    }
+
+    /// Opens the repository at --repo.
+    pub async fn open(&self) -> Result<Arc<Repo>> {
+        let store = self.store(false)?;
+        Ok(Arc::new(Repo::open(store).await?))
+    }
+}

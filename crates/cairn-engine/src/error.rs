@@ -1,0 +1,43 @@
+//! Errors of the engine. Policy: one line naming what failed and where; library errors keep
+//! their source so the CLI can print the whole chain on that one line.
+
+use std::io;
+use std::path::PathBuf;
+
+use cairn_format::FormatError;
+use cairn_repo::RepoError;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum EngineError {
+    #[error("{0}")]
+    Repo(#[from] RepoError),
+    #[error("{op} {}: {source}", path.display())]
+    Source {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{op} {}: {source}", path.display())]
+    Output {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("invalid {0}")]
+    Name(#[from] FormatError),
+    #[error("{0}")]
+    BadRef(String),
+    #[error("commit pipeline: {0}")]
+    Pipeline(String),
+}
+
+impl From<cairn_store::StoreError> for EngineError {
+    fn from(e: cairn_store::StoreError) -> Self {
+        EngineError::Repo(RepoError::Store(e))
+    }
+}
+
+pub type EngineResult<T> = Result<T, EngineError>;

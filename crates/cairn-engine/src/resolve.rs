@@ -1,0 +1,136 @@
+//! Naming versions: `IMAGE`, `IMAGE@N`, `IMAGE@<hex prefix>`; and walking an image's history.
+
+use cairn_format::id::is_hex_prefix;
+use cairn_format::name::validate_image_name;
+use cairn_format::version::VersionRecord;
+use cairn_format::Id;
+use cairn_repo::Repo;
+
+use crate::error::{EngineError, EngineResult};
+
+/// A parsed `IMAGE[@REF]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VersionSpec {
+    pub image: String,
+    pub reference: Option<String>,
+}
+
+impl VersionSpec {
+    pub fn parse(spec: &str) -> EngineResult<Self> {
+        let (image, reference) = match spec.split_once('@') {
+            Some((i, r)) => (i, Some(r.to_string())),
+            None => (spec, None),
+        };
+        validate_image_name(image)?;
+        if reference.as_deref() == Some("") {
+            return Err(EngineError::BadRef(format!(
+                "{spec:?}: empty reference after '@'"
+            )));
+        }
+        Ok(VersionSpec {
+            image: image.to_string(),
+            reference,
+        })
+    }
+}
+
+impl std::fmt::Display for VersionSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.reference {
+            Some(r) => write!(f, "{}@{r}", self.image),
+            None => f.write_str(&self.image),
+        }
+    }
+}
+
+/// Finds the version a spec names. A reference of only digits is a sequence number
+/// (1 = the image's first version); otherwise it is a hex prefix of a version id.
+pub async fn resolve(repo: &Repo, spec: &VersionSpec) -> EngineResult<(Id, VersionRecord)> {
+    let head = repo
+        .head(&spec.image)
+        .await?
+        .ok_or_else(|| EngineError::BadRef(format!("image {:?} does not exist", spec.image)))?;
+    let Some(reference) = &spec.reference else {
+        let record = repo.load_version(&head.version).await?;
+        return Ok((head.version, record));
+    };
+    if reference.bytes().all(|b| b.is_ascii_digit()) {
+        let seq: u64 = reference
+            .parse()
+            .map_err(|_| EngineError::BadRef(format!("{spec}: sequence number too large")))?;
+        let mut id = Some(head.version);
+        while let Some(cur) = id {
+            let record = repo.load_version(&cur).await?;
+            if record.image != spec.image || record.seq < seq {
+                break;
+            }
+            if record.seq == seq {
+                return Ok((cur, record));
+            }
+            id = record.parent;
+        }
+        return Err(EngineError::BadRef(format!(
+            "{spec}: image {:?} has no version {seq}",
+            spec.image
+        )));
+    }
+    if !is_hex_prefix(reference) {
+        return Err(EngineError::BadRef(format!(
+            "{spec}: a reference is a version number or a hex prefix of a version id"
+        )));
+    }
+    let mut matches = Vec::new();
+    for id in repo.versions_with_prefix(reference).await? {
+        let record = repo.load_version(&id).await?;
+        if record.image == spec.image {
+            matches.push((id, record));
+        }
+    }
+    match matches.len() {
+        1 => Ok(matches.pop().expect("one")),
+        0 => Err(EngineError::BadRef(format!(
+            "{spec}: no version of {:?} has an id starting with {reference}",
+            spec.image
+        ))),
+        n => Err(EngineError::BadRef(format!(
+            "{spec}: {n} versions match; use a longer prefix"
+        ))),
+    }
+}
+
+/// The versions of an image, newest first (following parents while they belong to it).
+pub async fn history(repo: &Repo, image: &str) -> EngineResult<Vec<(Id, VersionRecord)>> {
+    validate_image_name(image)?;
+    let head = repo
+        .head(image)
+        .await?
+        .ok_or_else(|| EngineError::BadRef(format!("image {image:?} does not exist")))?;
+    let mut out = Vec::new();
+    let mut id = Some(head.version);
+    while let Some(cur) = id {
+        let record = repo.load_version(&cur).await?;
+        if record.image != image {
+            break;
+        }
+        id = record.parent;
+        out.push((cur, record));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_specs() {
+        let s = VersionSpec::parse("web01/disk0@3").unwrap();
+        assert_eq!(
+            (s.image.as_str(), s.reference.as_deref()),
+            ("web01/disk0", Some("3"))
+        );
+        assert!(VersionSpec::parse("a@").is_err());
+        assert!(VersionSpec::parse("../x").is_err());
+        assert_eq!(VersionSpec::parse("vm").unwrap().reference, None);
+    }
+}

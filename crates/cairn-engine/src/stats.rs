@@ -1,0 +1,51 @@
+//! Repository-wide figures.
+
+use std::collections::BTreeSet;
+
+use cairn_format::version;
+use cairn_repo::{Repo, PACKS_PREFIX};
+
+use crate::error::EngineResult;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RepoStats {
+    pub images: u64,
+    pub versions: u64,
+    /// Logical size summed over every version.
+    pub logical_bytes: u64,
+    /// Non-zero logical bytes summed over every version.
+    pub data_bytes: u64,
+    /// Every byte the repository occupies in its store.
+    pub stored_bytes: u64,
+    pub packs: u64,
+    pub pack_bytes: u64,
+    pub metadata_bytes: u64,
+    /// Distinct blobs (chunks and manifest nodes) indexed.
+    pub blobs: u64,
+}
+
+pub async fn repo_stats(repo: &Repo) -> EngineResult<RepoStats> {
+    let mut s = RepoStats::default();
+    let mut images = BTreeSet::new();
+    for meta in repo.store().list("").await? {
+        s.stored_bytes += meta.size;
+        if meta.key.starts_with(PACKS_PREFIX) {
+            s.packs += 1;
+            s.pack_bytes += meta.size;
+        } else {
+            s.metadata_bytes += meta.size;
+        }
+        if let Some(hex) = meta.key.strip_prefix(version::PREFIX) {
+            if let Ok(id) = hex.parse() {
+                let record = repo.load_version(&id).await?;
+                s.versions += 1;
+                s.logical_bytes += record.logical_size;
+                s.data_bytes += record.stats.data_bytes;
+                images.insert(record.image);
+            }
+        }
+    }
+    s.images = images.len() as u64;
+    s.blobs = repo.index().len() as u64;
+    Ok(s)
+}

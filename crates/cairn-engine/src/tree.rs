@@ -1,0 +1,142 @@
+//! Building and reading manifest trees (see `cairn_format::node` for the shape).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cairn_format::node::{tree_height, Interior, Leaf};
+use cairn_format::version::VersionRecord;
+use cairn_format::Id;
+use cairn_repo::Repo;
+use tokio::task::JoinSet;
+
+use crate::error::{EngineError, EngineResult};
+
+/// Number of segments of an image of `size` bytes.
+pub fn segment_count(size: u64, segment_size: u32) -> u64 {
+    size.div_ceil(segment_size as u64)
+}
+
+/// Builds the interior levels over `leaves` (segment index → leaf id; absent = all zeros)
+/// bottom-up. Every new node is handed to `emit` (id, encoded bytes); nodes equal to ones in
+/// an earlier version get the same id, so the caller's dedup skips them — that is how a new
+/// version rewrites only the path from changed leaves to the root.
+/// Returns the root id (`None` if there are no leaves) and the height.
+pub fn build_tree(
+    leaves: &BTreeMap<u64, Id>,
+    segments: u64,
+    fanout: u16,
+    mut emit: impl FnMut(Id, Vec<u8>),
+) -> (Option<Id>, u8) {
+    let height = tree_height(segments, fanout);
+    let f = fanout as u64;
+    let mut level_nodes: BTreeMap<u64, Id> = leaves.clone();
+    for level in 1..=height {
+        let mut parents: BTreeMap<u64, Interior> = BTreeMap::new();
+        for (&index, &id) in &level_nodes {
+            let node = parents.entry(index / f).or_insert_with(|| Interior {
+                level,
+                children: Vec::new(),
+            });
+            node.children.push(((index % f) as u16, id));
+        }
+        level_nodes = parents
+            .into_iter()
+            .map(|(index, node)| {
+                let bytes = node.encode();
+                let id = Id::of(&bytes);
+                emit(id, bytes);
+                (index, id)
+            })
+            .collect();
+    }
+    debug_assert!(level_nodes.len() <= 1);
+    (level_nodes.into_values().next(), height)
+}
+
+/// Reads a node blob and decodes it as an interior node.
+pub async fn read_interior(repo: &Repo, id: &Id) -> EngineResult<Interior> {
+    let raw = repo.read_blob(id).await?;
+    Interior::decode(&raw).map_err(|e| EngineError::Pipeline(format!("manifest node {id}: {e}")))
+}
+
+/// Reads a node blob and decodes it as a leaf.
+pub async fn read_leaf(repo: &Repo, id: &Id) -> EngineResult<Leaf> {
+    let raw = repo.read_blob(id).await?;
+    Leaf::decode(&raw).map_err(|e| EngineError::Pipeline(format!("manifest leaf {id}: {e}")))
+}
+
+/// Visits the leaves of a version in increasing segment order, in batches (the leaves under
+/// one level-1 node, fetched in parallel). Segments without a leaf are zeros and skipped.
+pub async fn for_each_leaf_batch<F>(
+    repo: &Arc<Repo>,
+    version: &VersionRecord,
+    mut visit: F,
+) -> EngineResult<()>
+where
+    F: AsyncLeafVisitor,
+{
+    let Some(root) = version.root else {
+        return Ok(());
+    };
+    let f = version.fanout as u64;
+    // Depth-first over interior nodes with an explicit stack (children pushed in reverse so
+    // they pop in order).
+    let mut stack: Vec<(Id, u8, u64)> = vec![(root, version.height, 0)];
+    while let Some((id, level, base)) = stack.pop() {
+        let node = read_interior(repo, &id).await?;
+        if node.level != level {
+            return Err(EngineError::Pipeline(format!(
+                "manifest node {id} is at level {} where level {level} was expected",
+                node.level
+            )));
+        }
+        if level > 1 {
+            for &(slot, child) in node.children.iter().rev() {
+                stack.push((child, level - 1, (base + slot as u64) * f));
+            }
+            continue;
+        }
+        let mut tasks = JoinSet::new();
+        for &(slot, child) in &node.children {
+            let repo = repo.clone();
+            let seg = base + slot as u64;
+            tasks.spawn(async move { read_leaf(&repo, &child).await.map(|l| (seg, l)) });
+        }
+        let mut batch = Vec::with_capacity(node.children.len());
+        while let Some(r) = tasks.join_next().await {
+            batch.push(r.map_err(|e| EngineError::Pipeline(format!("leaf reader: {e}")))??);
+        }
+        batch.sort_by_key(|(seg, _)| *seg);
+        visit.visit(batch).await?;
+    }
+    Ok(())
+}
+
+/// A callback that receives leaf batches and may await.
+#[allow(async_fn_in_trait)]
+pub trait AsyncLeafVisitor {
+    async fn visit(&mut self, batch: Vec<(u64, Leaf)>) -> EngineResult<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_paths_to_changed_leaves_are_new() {
+        let fanout = 4;
+        let leaves: BTreeMap<u64, Id> = (0..40u64).map(|s| (s, Id::of(&s.to_le_bytes()))).collect();
+        let mut first = Vec::new();
+        let (root1, h) = build_tree(&leaves, 64, fanout, |id, _| first.push(id));
+        assert_eq!(h, 3);
+        let mut changed = leaves.clone();
+        changed.insert(17, Id::of(b"new"));
+        let mut second = Vec::new();
+        let (root2, _) = build_tree(&changed, 64, fanout, |id, _| second.push(id));
+        assert_ne!(root1, root2);
+        let new: Vec<_> = second.iter().filter(|id| !first.contains(id)).collect();
+        assert_eq!(new.len(), 3, "one node per level on the path to the root");
+        let (empty, _) = build_tree(&BTreeMap::new(), 64, fanout, |_, _| panic!("no nodes"));
+        assert!(empty.is_none());
+    }
+}

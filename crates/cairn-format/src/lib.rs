@@ -1,0 +1,24 @@
+//! The byte-level repository format of cairn, version 1 (see `docs/FORMAT.md`).
+//!
+//! This crate only turns structures into bytes and back; it does no I/O. Every decoder treats
+//! its input as untrusted: lengths are bounds-checked, magics and versions are checked, and
+//! every structure carries a checksum (BLAKE3) that is verified before anything is parsed.
+//! All integers are little-endian.
+
+pub mod codec;
+pub mod config;
+pub mod envelope;
+mod error;
+pub mod id;
+pub mod index;
+pub mod name;
+pub mod node;
+pub mod pack;
+pub mod refs;
+pub mod version;
+
+pub use error::{FormatError, FormatResult};
+pub use id::Id;
+
+/// The repository format version this build writes and the newest it can read.
+pub const FORMAT_VERSION: u32 = 1;

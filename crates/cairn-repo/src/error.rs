@@ -1,0 +1,51 @@
+//! Errors of the repository layer. Policy: every error names *what* failed and *where* (an
+//! object key, a blob id, a version), in one line, so the CLI can print it as is.
+
+use cairn_format::{FormatError, Id};
+use cairn_store::StoreError;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum RepoError {
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("{key}: {source}")]
+    Corrupt {
+        key: String,
+        #[source]
+        source: FormatError,
+    },
+    #[error("no cairn repository at {location} (run `cairn init` first)")]
+    NotARepository { location: String },
+    #[error("a repository already exists at {location}")]
+    AlreadyExists { location: String },
+    #[error("blob {id} is not in any index (repository damaged or incomplete)")]
+    BlobMissing { id: Id },
+    #[error("blob {id} in pack {pack} at offset {offset}: {source}")]
+    BadBlob {
+        id: Id,
+        pack: Id,
+        offset: u32,
+        #[source]
+        source: FormatError,
+    },
+    #[error("pack {pack} is missing (needed for blob {id})")]
+    PackMissing { pack: Id, id: Id },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("image {0:?} has no versions")]
+    NoSuchImage(String),
+    #[error("ref of image {image:?} changed concurrently {attempts} times; giving up")]
+    Contention { image: String, attempts: u32 },
+}
+
+pub type RepoResult<T> = Result<T, RepoError>;
+
+impl RepoError {
+    pub fn corrupt(key: impl Into<String>, source: FormatError) -> Self {
+        RepoError::Corrupt {
+            key: key.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,19 @@
+//! The repository layer: a cairn repository on top of an [`ObjectStore`].
+//!
+//! It knows the object layout (config, packs, index files, version records, refs) and gives
+//! the engine verified reads and ordered, atomic publication:
+//! packs → index file → version record → ref (compare-and-swap). Nothing is visible to a
+//! reader before everything it refers to is durable, so a crash at any point leaves only
+//! unreferenced garbage.
+//!
+//! [`ObjectStore`]: cairn_store::ObjectStore
+
+mod blob_index;
+mod error;
+mod repository;
+mod versions;
+
+pub use blob_index::{BlobIndex, BlobLocation};
+pub use error::{RepoError, RepoResult};
+pub use repository::{pack_key, Repo, PACKS_PREFIX};
+pub use versions::HeadState;

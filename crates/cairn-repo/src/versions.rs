@@ -1,0 +1,115 @@
+//! Version records and image heads.
+
+use bytes::Bytes;
+use cairn_format::name::unescape;
+use cairn_format::refs;
+use cairn_format::version::{self, VersionRecord};
+use cairn_format::Id;
+use cairn_store::{CasOutcome, PutOutcome, RefVersion, StoreError};
+
+use crate::error::{RepoError, RepoResult};
+use crate::repository::Repo;
+
+/// An image's head as read, with the token needed to swap it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeadState {
+    pub version: Id,
+    pub token: RefVersion,
+}
+
+impl Repo {
+    /// The newest version of `image`, if it has any.
+    pub async fn head(&self, image: &str) -> RepoResult<Option<HeadState>> {
+        let key = refs::head_key(image);
+        let Some(state) = self.store().read_ref(&key).await? else {
+            return Ok(None);
+        };
+        let version =
+            refs::decode(&state.data).map_err(|e| RepoError::corrupt(format!("refs/{key}"), e))?;
+        Ok(Some(HeadState {
+            version,
+            token: state.version,
+        }))
+    }
+
+    /// Moves `image`'s head to `new` if it still is `expected` (`None`: the image must not
+    /// exist yet). Returns false if someone else moved it first.
+    pub async fn swap_head(
+        &self,
+        image: &str,
+        expected: Option<&HeadState>,
+        new: &Id,
+    ) -> RepoResult<bool> {
+        let outcome = self
+            .store()
+            .cas_ref(
+                &refs::head_key(image),
+                expected.map(|h| &h.token),
+                Some(Bytes::from(refs::encode(new))),
+            )
+            .await?;
+        Ok(matches!(outcome, CasOutcome::Swapped { .. }))
+    }
+
+    /// Every image that has a head, sorted.
+    pub async fn images(&self) -> RepoResult<Vec<String>> {
+        let keys = self.store().list_refs(refs::HEADS_PREFIX).await?;
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            let seg = &k[refs::HEADS_PREFIX.len()..];
+            out.push(unescape(seg).map_err(|e| RepoError::corrupt(format!("refs/{k}"), e))?);
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Reads and checks a version record.
+    pub async fn load_version(&self, id: &Id) -> RepoResult<VersionRecord> {
+        let key = version::key(id);
+        let raw = match self.store().get(&key).await {
+            Ok(raw) => raw,
+            Err(StoreError::NotFound { .. }) => {
+                return Err(RepoError::Invalid(format!("version {id} does not exist")))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if Id::of(&raw) != *id {
+            return Err(RepoError::corrupt(
+                key,
+                cairn_format::FormatError::Checksum {
+                    what: "version record",
+                },
+            ));
+        }
+        VersionRecord::decode(&raw).map_err(|e| RepoError::corrupt(key, e))
+    }
+
+    /// Stores a version record; returns its id and the bytes written.
+    pub async fn put_version(&self, record: &VersionRecord) -> RepoResult<(Id, u64)> {
+        let raw = record.encode();
+        let id = Id::of(&raw);
+        let len = raw.len() as u64;
+        let written = match self
+            .store()
+            .put_if_absent(&version::key(&id), Bytes::from(raw))
+            .await?
+        {
+            PutOutcome::Created => len,
+            PutOutcome::AlreadyExists => 0,
+        };
+        Ok((id, written))
+    }
+
+    /// Ids of every stored version record whose hex id starts with `prefix`.
+    pub async fn versions_with_prefix(&self, prefix: &str) -> RepoResult<Vec<Id>> {
+        let prefix = prefix.to_ascii_lowercase();
+        let listed = self
+            .store()
+            .list(&format!("{}{prefix}", version::PREFIX))
+            .await?;
+        Ok(listed
+            .iter()
+            .filter_map(|m| m.key[version::PREFIX.len()..].parse().ok())
+            .collect())
+    }
+}

@@ -1,0 +1,121 @@
+//! The object-store layer: the only place cairn touches storage.
+//!
+//! A repository is a set of *immutable* objects (packs, indexes, version records, the config),
+//! written once and never changed, plus a few *mutable refs* (an image's head, its tags) that
+//! change only by compare-and-swap. That split is what lets one format run on a local
+//! directory, on S3-compatible clusters (conditional PUT, ranged GET) and in memory for tests.
+//!
+//! The trait is deliberately narrow. Everything richer (caching, retries, prefixes, limits)
+//! belongs in wrappers around it, not in it.
+//!
+//! Keys are `/`-separated paths of `[A-Za-z0-9._%-]` segments; see [`validate_key`].
+
+mod error;
+mod key;
+mod local;
+mod memory;
+
+pub mod conformance;
+
+use std::fmt::Debug;
+use std::ops::Range;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+pub use error::{StoreError, StoreResult};
+pub use key::validate_key;
+pub use local::LocalStore;
+pub use memory::MemoryStore;
+
+/// What `put_if_absent` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// The object did not exist and is now durably stored.
+    Created,
+    /// An object with that key already existed; it was left untouched.
+    AlreadyExists,
+}
+
+/// One entry of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectMeta {
+    /// Full key, including the listed prefix.
+    pub key: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// An opaque token naming one state of a ref, used for compare-and-swap.
+///
+/// On a local directory it is a hash of the ref's content; on S3 it will be the ETag.
+/// Callers must treat it as opaque and only hand it back to [`ObjectStore::cas_ref`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RefVersion(pub String);
+
+/// The current state of a ref.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefState {
+    pub data: Bytes,
+    pub version: RefVersion,
+}
+
+/// What `cas_ref` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CasOutcome {
+    /// The ref now holds the new value (or was deleted); `version` is its new token
+    /// (`None` after a delete).
+    Swapped { version: Option<RefVersion> },
+    /// The ref did not match `expected`; nothing changed. `current` is what it holds now.
+    Conflict { current: Option<RefState> },
+}
+
+/// A store of immutable objects and compare-and-swap refs.
+///
+/// Contract (checked by [`conformance::run_all`] for every implementation):
+/// - `put_if_absent` is atomic and durable when it returns `Created`: readers see either no
+///   object or the whole object, never a prefix, even after a crash.
+/// - `get`/`get_range` return exactly the stored bytes; a range that reaches past the end of
+///   the object is an error ([`StoreError::RangeOutOfBounds`]), never a short read.
+/// - `list` returns every object whose key starts with `prefix`, sorted by key; refs are not
+///   objects and do not appear in listings of object prefixes (they live under their own keys).
+/// - `delete` is idempotent.
+/// - `cas_ref` swaps only if the ref's current version equals `expected` (`None` = the ref
+///   must not exist); `new = None` deletes the ref.
+#[async_trait]
+pub trait ObjectStore: Send + Sync + Debug {
+    /// Human-readable location (a path or URL) for error messages. Never contains secrets.
+    fn describe(&self) -> String;
+
+    /// Store `data` under `key` unless an object with that key exists.
+    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<PutOutcome>;
+
+    /// The whole object.
+    async fn get(&self, key: &str) -> StoreResult<Bytes>;
+
+    /// Bytes `range` of the object.
+    async fn get_range(&self, key: &str, range: Range<u64>) -> StoreResult<Bytes>;
+
+    /// The object's size, or `None` if it does not exist.
+    async fn head(&self, key: &str) -> StoreResult<Option<u64>>;
+
+    /// Every object whose key starts with `prefix`, sorted by key.
+    async fn list(&self, prefix: &str) -> StoreResult<Vec<ObjectMeta>>;
+
+    /// Remove an object; succeeds if it does not exist.
+    async fn delete(&self, key: &str) -> StoreResult<()>;
+
+    /// The current state of a ref, or `None` if it does not exist.
+    async fn read_ref(&self, key: &str) -> StoreResult<Option<RefState>>;
+
+    /// Every ref whose key starts with `prefix`, sorted by key.
+    async fn list_refs(&self, prefix: &str) -> StoreResult<Vec<String>>;
+
+    /// Compare-and-swap a ref: see the trait documentation.
+    async fn cas_ref(
+        &self,
+        key: &str,
+        expected: Option<&RefVersion>,
+        new: Option<Bytes>,
+    ) -> StoreResult<CasOutcome>;
+}

@@ -1,0 +1,297 @@
+//! A repository on a local directory.
+//!
+//! Objects are plain files at `<root>/<key>`; refs are files at `<root>/refs/<key>`. Objects
+//! are published with `link(2)`, which fails if the name exists, so an object is never
+//! overwritten and never seen half-written. Refs are swapped under one repository-wide
+//! `flock`, which excludes other cairn processes too.
+
+mod fsutil;
+
+use std::fs::{self, File};
+use std::io;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use self::fsutil::{create_dirs, fsync_dir, is_absent, list_files, write_temp, FileLock};
+use crate::key::{
+    validate_object_key, validate_prefix, validate_ref_key, REFS_SEGMENT, REF_LOCK_NAME,
+};
+use crate::{
+    CasOutcome, ObjectMeta, ObjectStore, PutOutcome, RefState, RefVersion, StoreError, StoreResult,
+};
+
+/// An [`ObjectStore`] on a local directory. Cheap to clone; several stores (in one process or
+/// many) may share a root.
+#[derive(Debug, Clone)]
+pub struct LocalStore {
+    root: PathBuf,
+}
+
+impl LocalStore {
+    /// Open an existing repository directory. Fails, naming the path, if `root` does not
+    /// exist or is not a directory, so a typo never silently creates an empty repository.
+    pub fn open(root: impl Into<PathBuf>) -> StoreResult<Self> {
+        let root = root.into();
+        let meta = fs::metadata(&root).map_err(|e| StoreError::io("open repository", &root, e))?;
+        if !meta.is_dir() {
+            let e = io::Error::from_raw_os_error(libc::ENOTDIR);
+            return Err(StoreError::io("open repository", &root, e));
+        }
+        Ok(LocalStore { root })
+    }
+
+    /// Open `root`, creating it (and its parents) first if missing.
+    pub fn create(root: impl Into<PathBuf>) -> StoreResult<Self> {
+        let root = root.into();
+        fs::create_dir_all(&root).map_err(|e| StoreError::io("create repository", &root, e))?;
+        if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
+            fsync_dir(parent)?;
+        }
+        Self::open(root)
+    }
+
+    /// The repository directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn refs_dir(&self) -> PathBuf {
+        self.root.join(REFS_SEGMENT)
+    }
+
+    /// Run blocking filesystem work off the async runtime's worker threads.
+    async fn blocking<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> StoreResult<T> + Send + 'static,
+    {
+        match tokio::task::spawn_blocking(f).await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(StoreError::Unavailable {
+                location: self.describe(),
+                reason: format!("blocking task did not run: {e}"),
+            }),
+        }
+    }
+}
+
+/// Read a whole file; `Ok(None)` if there is no file at `path`.
+fn read_optional(path: &Path) -> StoreResult<Option<Vec<u8>>> {
+    match fs::read(path) {
+        Ok(data) => Ok(Some(data)),
+        Err(e) if is_absent(&e) => Ok(None),
+        Err(e) => Err(StoreError::io("read", path, e)),
+    }
+}
+
+/// A ref's version is the hash of its content: equal contents share a version, which is
+/// exactly what compare-and-swap on content needs, and survives process restarts.
+fn ref_version(data: &[u8]) -> RefVersion {
+    RefVersion(blake3::hash(data).to_hex().to_string())
+}
+
+/// Publish `data` at `base/key` unless something is there already.
+fn put_blocking(base: &Path, key: &str, data: &[u8]) -> StoreResult<PutOutcome> {
+    let path = base.join(key);
+    let dir = path.parent().unwrap_or(base).to_path_buf();
+    if let Some(rel) = Path::new(key).parent() {
+        create_dirs(base, rel)?;
+    }
+    // Cheap early exit; the link below is what actually guarantees no overwrite. The fsync
+    // makes sure the object the caller is about to rely on is durable even if its writer
+    // has not finished publishing it yet.
+    if fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+        fsync_dir(&dir)?;
+        return Ok(PutOutcome::AlreadyExists);
+    }
+    let tmp = write_temp(&dir, data)?;
+    let linked = fs::hard_link(&tmp, &path);
+    let removed = fs::remove_file(&tmp);
+    let outcome = match linked {
+        Ok(()) => PutOutcome::Created,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            if !fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+                let e = io::Error::from_raw_os_error(libc::EISDIR);
+                return Err(StoreError::io("link", &path, e));
+            }
+            PutOutcome::AlreadyExists
+        }
+        Err(e) => return Err(StoreError::io("link", &path, e)),
+    };
+    removed.map_err(|e| StoreError::io("remove", &tmp, e))?;
+    fsync_dir(&dir)?;
+    Ok(outcome)
+}
+
+fn get_range_blocking(path: &Path, key: &str, range: Range<u64>) -> StoreResult<Bytes> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if is_absent(&e) => return Err(StoreError::not_found(key)),
+        Err(e) => return Err(StoreError::io("open", path, e)),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| StoreError::io("stat", path, e))?;
+    if meta.is_dir() {
+        return Err(StoreError::not_found(key));
+    }
+    let size = meta.len();
+    if range.start > range.end || range.end > size {
+        return Err(StoreError::RangeOutOfBounds {
+            key: key.to_owned(),
+            start: range.start,
+            end: range.end,
+            size,
+        });
+    }
+    let len = usize::try_from(range.end - range.start)
+        .map_err(|_| StoreError::io("read", path, io::Error::from_raw_os_error(libc::EOVERFLOW)))?;
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, range.start)
+        .map_err(|e| StoreError::io("read", path, e))?;
+    Ok(Bytes::from(buf))
+}
+
+/// Remove a file if present and make the removal durable.
+fn remove_blocking(path: &Path) -> StoreResult<()> {
+    match fs::remove_file(path) {
+        Ok(()) => match path.parent() {
+            Some(dir) => fsync_dir(dir),
+            None => Ok(()),
+        },
+        Err(e) if is_absent(&e) => Ok(()),
+        Err(e) => Err(StoreError::io("remove", path, e)),
+    }
+}
+
+/// The compare-and-swap itself, under the repository's ref lock.
+fn cas_blocking(
+    refs: &Path,
+    key: &str,
+    expected: Option<RefVersion>,
+    new: Option<Bytes>,
+) -> StoreResult<CasOutcome> {
+    if !refs.is_dir() {
+        let root = refs.parent().unwrap_or(refs);
+        create_dirs(root, Path::new(REFS_SEGMENT))?;
+    }
+    let _lock = FileLock::exclusive(&refs.join(REF_LOCK_NAME))?;
+    let path = refs.join(key);
+    let current = read_optional(&path)?.map(|data| {
+        let version = ref_version(&data);
+        RefState {
+            data: Bytes::from(data),
+            version,
+        }
+    });
+    if current.as_ref().map(|s| &s.version) != expected.as_ref() {
+        return Ok(CasOutcome::Conflict { current });
+    }
+    let Some(data) = new else {
+        remove_blocking(&path)?;
+        return Ok(CasOutcome::Swapped { version: None });
+    };
+    let dir = path.parent().unwrap_or(refs).to_path_buf();
+    if let Some(rel) = Path::new(key).parent() {
+        create_dirs(refs, rel)?;
+    }
+    let tmp = write_temp(&dir, &data)?;
+    if let Err(e) = fs::rename(&tmp, &path) {
+        let _ = fs::remove_file(&tmp);
+        return Err(StoreError::io("rename", &path, e));
+    }
+    fsync_dir(&dir)?;
+    Ok(CasOutcome::Swapped {
+        version: Some(ref_version(&data)),
+    })
+}
+
+#[async_trait]
+impl ObjectStore for LocalStore {
+    fn describe(&self) -> String {
+        self.root.display().to_string()
+    }
+
+    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<PutOutcome> {
+        validate_object_key(key)?;
+        let (root, key) = (self.root.clone(), key.to_owned());
+        self.blocking(move || put_blocking(&root, &key, &data))
+            .await
+    }
+
+    async fn get(&self, key: &str) -> StoreResult<Bytes> {
+        validate_object_key(key)?;
+        let path = self.root.join(key);
+        let data = self.blocking(move || read_optional(&path)).await?;
+        data.map(Bytes::from)
+            .ok_or_else(|| StoreError::not_found(key))
+    }
+
+    async fn get_range(&self, key: &str, range: Range<u64>) -> StoreResult<Bytes> {
+        validate_object_key(key)?;
+        let (path, key) = (self.root.join(key), key.to_owned());
+        self.blocking(move || get_range_blocking(&path, &key, range))
+            .await
+    }
+
+    async fn head(&self, key: &str) -> StoreResult<Option<u64>> {
+        validate_object_key(key)?;
+        let path = self.root.join(key);
+        self.blocking(move || match fs::metadata(&path) {
+            Ok(m) if m.is_file() => Ok(Some(m.len())),
+            Ok(_) => Ok(None),
+            Err(e) if is_absent(&e) => Ok(None),
+            Err(e) => Err(StoreError::io("stat", &path, e)),
+        })
+        .await
+    }
+
+    async fn list(&self, prefix: &str) -> StoreResult<Vec<ObjectMeta>> {
+        validate_prefix(prefix)?;
+        let (root, prefix) = (self.root.clone(), prefix.to_owned());
+        self.blocking(move || list_files(&root, &prefix, &[REFS_SEGMENT]))
+            .await
+    }
+
+    async fn delete(&self, key: &str) -> StoreResult<()> {
+        validate_object_key(key)?;
+        let path = self.root.join(key);
+        self.blocking(move || remove_blocking(&path)).await
+    }
+
+    async fn read_ref(&self, key: &str) -> StoreResult<Option<RefState>> {
+        validate_ref_key(key)?;
+        let path = self.refs_dir().join(key);
+        let data = self.blocking(move || read_optional(&path)).await?;
+        Ok(data.map(|data| RefState {
+            version: ref_version(&data),
+            data: Bytes::from(data),
+        }))
+    }
+
+    async fn list_refs(&self, prefix: &str) -> StoreResult<Vec<String>> {
+        validate_prefix(prefix)?;
+        let (refs, prefix) = (self.refs_dir(), prefix.to_owned());
+        let metas = self
+            .blocking(move || list_files(&refs, &prefix, &[REF_LOCK_NAME]))
+            .await?;
+        Ok(metas.into_iter().map(|m| m.key).collect())
+    }
+
+    async fn cas_ref(
+        &self,
+        key: &str,
+        expected: Option<&RefVersion>,
+        new: Option<Bytes>,
+    ) -> StoreResult<CasOutcome> {
+        validate_ref_key(key)?;
+        let (refs, key, expected) = (self.refs_dir(), key.to_owned(), expected.cloned());
+        self.blocking(move || cas_blocking(&refs, &key, expected, new))
+            .await
+    }
+}

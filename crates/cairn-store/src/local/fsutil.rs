@@ -1,0 +1,189 @@
+//! Blocking filesystem helpers of the local store: durable writes, the ref lock, listing.
+//!
+//! Everything here is synchronous and runs inside `spawn_blocking`.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use crate::key::TEMP_PREFIX;
+use crate::{ObjectMeta, StoreError, StoreResult};
+
+/// Whether `err` means "there is no file there": missing, or a path component (or the path
+/// itself) is a directory where a file was expected. Keys map to files, so all of these mean
+/// "no such object".
+pub(super) fn is_absent(err: &io::Error) -> bool {
+    err.kind() == io::ErrorKind::NotFound
+        || matches!(err.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::EISDIR))
+}
+
+/// Flush a directory's entries, so that a file created, linked, renamed or removed in it
+/// survives a crash. Without this, `sync_all` on the file alone does not persist its name.
+pub(super) fn fsync_dir(dir: &Path) -> StoreResult<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StoreError::io("fsync directory", dir, e))
+}
+
+/// Create `base/rel` and every missing directory in between, fsyncing the parent of each
+/// directory created so the new names are durable. `base` must exist.
+///
+/// Concurrent creators may race; `AlreadyExists` is fine, and the parent is fsynced anyway so
+/// neither racer returns before the directory is durable.
+pub(super) fn create_dirs(base: &Path, rel: &Path) -> StoreResult<()> {
+    let mut dir = base.to_path_buf();
+    for component in rel.components() {
+        let parent = dir.clone();
+        dir.push(component);
+        match fs::symlink_metadata(&dir) {
+            Ok(m) if m.is_dir() => continue,
+            Ok(_) => {
+                let e = io::Error::from_raw_os_error(libc::ENOTDIR);
+                return Err(StoreError::io("create directory", &dir, e));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StoreError::io("stat", &dir, e)),
+        }
+        match fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+            Err(e) => return Err(StoreError::io("create directory", &dir, e)),
+        }
+        fsync_dir(&parent)?;
+    }
+    Ok(())
+}
+
+/// Write `data` to a fresh `.tmp-<random>` file in `dir` and fsync it. The name is created
+/// with O_EXCL so two writers can never share a temp file. On error the file is removed.
+pub(super) fn write_temp(dir: &Path, data: &[u8]) -> StoreResult<PathBuf> {
+    let path = dir.join(format!(
+        "{TEMP_PREFIX}{}",
+        hex::encode(rand::random::<[u8; 8]>())
+    ));
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(|e| StoreError::io("create temporary file", &path, e))?;
+    let written = file
+        .write_all(data)
+        .map_err(|e| StoreError::io("write", &path, e))
+        .and_then(|()| {
+            file.sync_all()
+                .map_err(|e| StoreError::io("fsync", &path, e))
+        });
+    if let Err(e) = written {
+        let _ = fs::remove_file(&path);
+        return Err(e);
+    }
+    Ok(path)
+}
+
+/// An exclusive `flock` on a lock file, released when dropped (closing the descriptor
+/// releases it). `flock` locks belong to the open file description, so two opens of the
+/// same file — in one process or in several — exclude each other.
+pub(super) struct FileLock {
+    _file: File,
+}
+
+impl FileLock {
+    /// Block until the exclusive lock on `path` (created if missing) is held.
+    pub(super) fn exclusive(path: &Path) -> StoreResult<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| StoreError::io("open lock file", path, e))?;
+        loop {
+            // SAFETY: `file` owns a valid open descriptor for the whole call; flock only
+            // reads the integer and has no memory-safety preconditions.
+            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+            if rc == 0 {
+                return Ok(FileLock { _file: file });
+            }
+            let err = io::Error::last_os_error();
+            if err.kind() != io::ErrorKind::Interrupted {
+                return Err(StoreError::io("lock", path, err));
+            }
+        }
+    }
+}
+
+/// Every file under `base` whose path relative to `base` starts with `prefix`, sorted by key.
+///
+/// Only directories that can hold matching keys are read: the complete segments of `prefix`
+/// are followed directly, the partial last segment filters the entries of that directory,
+/// and only matching subdirectories are walked in full. Temp files and names in `skip_top`
+/// (at the top level only) are ignored.
+pub(super) fn list_files(
+    base: &Path,
+    prefix: &str,
+    skip_top: &[&str],
+) -> StoreResult<Vec<ObjectMeta>> {
+    let (dir_part, partial) = match prefix.rfind('/') {
+        Some(i) => (&prefix[..=i], &prefix[i + 1..]),
+        None => ("", prefix),
+    };
+    if !dir_part.is_empty() && skip_top.contains(&dir_part.split('/').next().unwrap_or("")) {
+        return Ok(Vec::new());
+    }
+    let start = base.join(dir_part);
+    let skip = if dir_part.is_empty() { skip_top } else { &[] };
+    let mut out = Vec::new();
+    walk(&start, dir_part, Some(partial), skip, &mut out)?;
+    out.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+    Ok(out)
+}
+
+/// Collect the files under `dir` (whose key prefix is `key_prefix`, empty or ending in '/').
+/// `filter`, if given, keeps only entries whose name starts with it.
+fn walk(
+    dir: &Path,
+    key_prefix: &str,
+    filter: Option<&str>,
+    skip: &[&str],
+    out: &mut Vec<ObjectMeta>,
+) -> StoreResult<()> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if is_absent(&e) => return Ok(()),
+        Err(e) => return Err(StoreError::io("list directory", dir, e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| StoreError::io("list directory", dir, e))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else {
+            tracing::debug!(dir = %dir.display(), ?name, "skipping non-UTF-8 name");
+            continue;
+        };
+        if name.starts_with(TEMP_PREFIX)
+            || skip.contains(&name)
+            || filter.is_some_and(|f| !name.starts_with(f))
+        {
+            continue;
+        }
+        let path = entry.path();
+        let file_type = entry
+            .file_type()
+            .map_err(|e| StoreError::io("stat", &path, e))?;
+        let key = format!("{key_prefix}{name}");
+        if file_type.is_dir() {
+            walk(&path, &format!("{key}/"), None, &[], out)?;
+        } else if file_type.is_file() {
+            let size = match entry.metadata() {
+                Ok(m) => m.len(),
+                // Deleted between readdir and stat: it is simply no longer listed.
+                Err(e) if is_absent(&e) => continue,
+                Err(e) => return Err(StoreError::io("stat", &path, e)),
+            };
+            out.push(ObjectMeta { key, size });
+        } else {
+            tracing::debug!(path = %path.display(), "skipping entry that is not a file");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The test command for cairn.
+#
+#   scripts/test.sh           everything: apt deps, small dataset (.data/small), fmt, clippy,
+#                             cargo test --release (with the dataset required), scripts/e2e.sh
+#   scripts/test.sh --quick   cargo test --workspace only (no root, no dataset, no e2e)
+#
+# The full run needs root the first time (apt-get, debootstrap, loop mounts for the dataset).
+# Exits non-zero at the first failing step.
+set -euo pipefail
+
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+QUICK=0
+for a in "$@"; do
+  case "$a" in
+    --quick) QUICK=1 ;;
+    -h | --help)
+      sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+    *) echo "test.sh: unknown argument: $a (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+cd "$ROOT"
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-auto}
+START=$(date +%s)
+CURRENT_STEP="setup"
+
+on_exit() {
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo >&2
+    echo "test.sh: FAILED at step: $CURRENT_STEP (exit $rc)" >&2
+  fi
+}
+trap on_exit EXIT
+
+step() { # step NAME: announce a step
+  CURRENT_STEP=$1
+  printf '\n==> %s  [%ss]\n' "$1" "$(($(date +%s) - START))" >&2
+}
+
+if [ "$QUICK" -eq 1 ]; then
+  step "cargo test --workspace (quick)"
+  cargo test --workspace
+  echo "test.sh: quick mode: only cargo test --workspace was run"
+  echo "test.sh: all checks passed"
+  exit 0
+fi
+
+step "apt packages"
+ensure_apt_packages e2fsprogs debootstrap qemu-utils zstd time util-linux jq diffutils
+
+step "small dataset (.data/small)"
+DATASET=$(dataset_dir small)
+ls -ls "$DATASET" >&2
+
+step "cargo fmt --all -- --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "cargo test --workspace --release (CAIRN_DATASET=$DATASET, CAIRN_REQUIRE_DATASET=1)"
+CAIRN_DATASET="$DATASET" CAIRN_REQUIRE_DATASET=1 cargo test --workspace --release
+
+step "scripts/e2e.sh"
+CAIRN_BIN=$(cairn_bin)
+CAIRN_BIN="$CAIRN_BIN" CAIRN_DATASET="$DATASET" bash "$ROOT/scripts/e2e.sh"
+
+CURRENT_STEP="done"
+echo
+echo "test.sh: finished in $(($(date +%s) - START)) s"
+echo "test.sh: all checks passed"
