@@ -291,6 +291,24 @@ check "nothing was written outside the repository" test -z "$(find "$T" -maxdept
 run cairn --repo "$REPO" images
 check "rejected names are not listed by cairn images" test -z "$(grep -F evil "$T/out" || true)"
 
+# --- 7b. kill -9 in the middle of a commit ----------------------------------------------------------------------
+section "kill -9 mid-commit leaves the repository consistent"
+before=$(cairn --repo "$REPO" --json log vm/disk0 | jq length)
+killed=0
+for delay in 0.2 0.5 1.0; do
+  "$BIN" --repo "$REPO" -q commit killed/img "$DS/su-2.raw" >/dev/null 2>&1 &
+  pid=$!
+  sleep "$delay"
+  if kill -9 "$pid" 2>/dev/null; then killed=$((killed + 1)); fi
+  wait "$pid" 2>/dev/null || true
+done
+check "at least one commit was killed mid-way ($killed of 3)" test "$killed" -gt 0
+expect_ok "cairn verify is clean after kill -9" cairn --repo "$REPO" verify
+check "vm/disk0 history is unchanged after kill -9" \
+  test "$(cairn --repo "$REPO" --json log vm/disk0 | jq length)" = "$before"
+expect_ok "a commit after kill -9 succeeds" cairn --repo "$REPO" -q commit killed/img "$DS/su-2.raw"
+restore_and_compare "after kill -9:" killed/img "$DS/su-2.raw"
+
 # --- 8. damage is detected ------------------------------------------------------------------------------------
 section "verify detects damage"
 victim=$(find "$REPO" -type f -printf '%s\t%p\n' | sort -rn | awk 'NR == 1' | cut -f2-)
