@@ -273,8 +273,14 @@ impl BatchWriter<'_> {
         // Where each chunk goes, and which zero runs a device needs.
         let mut places: HashMap<Id, Vec<(u64, u32)>> = HashMap::new();
         let mut zeros: Vec<(u64, u64)> = Vec::new();
+        let mut next = first;
         for (seg, leaf) in part {
             let mut off = seg * seg_size;
+            // Segments absent from the tree inside this batch are zeros too.
+            if off > next {
+                zeros.push((next, off - next));
+            }
+            next = ((seg + 1) * seg_size).min(self.version.logical_size);
             for e in &leaf.extents {
                 match *e {
                     Extent::Zero { len } => zeros.push((off, len as u64)),

@@ -50,7 +50,13 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
     let mut p = PackBuilder::new();
     let blob = vec![9u8; 3000];
     let (stored, enc) = encode_blob(&blob, Compression::Zstd { level: 1 });
-    p.push(Id::of(&blob), BlobKind::Data, enc, &stored, blob.len() as u32);
+    p.push(
+        Id::of(&blob),
+        BlobKind::Data,
+        enc,
+        &stored,
+        blob.len() as u32,
+    );
     let (_, pack_bytes, _) = p.finish();
     vec![
         ("config", config.encode()),
@@ -89,11 +95,17 @@ fn every_bit_flip_and_truncation_of_an_enveloped_structure_is_rejected() {
             for bit in 0..8 {
                 let mut bad = bytes.clone();
                 bad[i] ^= 1 << bit;
-                assert!(!decode(kind, &bad), "{kind}: flip of bit {bit} at {i} accepted");
+                assert!(
+                    !decode(kind, &bad),
+                    "{kind}: flip of bit {bit} at {i} accepted"
+                );
             }
         }
         for n in 0..bytes.len() {
-            assert!(!decode(kind, &bytes[..n]), "{kind}: truncation to {n} accepted");
+            assert!(
+                !decode(kind, &bytes[..n]),
+                "{kind}: truncation to {n} accepted"
+            );
         }
     }
 }
