@@ -64,6 +64,9 @@ cargo fmt --all -- --check
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
+step "cargo test -p cairn-cli --bin cairn (debug: clap checks its definitions only in debug builds)"
+cargo test -p cairn-cli --bin cairn
+
 step "cargo test --workspace --release (CAIRN_DATASET=$DATASET, CAIRN_REQUIRE_DATASET=1)"
 CAIRN_DATASET="$DATASET" CAIRN_REQUIRE_DATASET=1 cargo test --workspace --release
 

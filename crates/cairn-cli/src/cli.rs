@@ -48,6 +48,47 @@ pub enum Command {
     Commit(CommitArgs),
     /// List the versions of an image, newest first.
     Log(LogArgs),
+    /// Start a new image from an existing version, instantly.
+    ///
+    /// NEWIMAGE's first version is SOURCE's content: one new version record pointing at the
+    /// same manifest, with no data copied, so cloning a 1 TiB image takes as long as cloning
+    /// a 1 MiB one. The two images then evolve independently and share every unchanged chunk.
+    /// `cairn log NEWIMAGE` shows where it was cloned from.
+    ///
+    /// Example: cairn clone base/debian12@v1.0 web01/disk0
+    Clone(CloneArgs),
+    /// Name a version, or delete a name (--delete).
+    ///
+    /// A tag is a name for one version of an image; `IMAGE@NAME` then works wherever a version
+    /// is expected (restore, show, diff, clone). Tags never move: to point a name elsewhere,
+    /// delete it and tag again. A tagged version cannot be removed by `rm` or `prune`, and its
+    /// data is kept by `gc`.
+    ///
+    /// Examples: cairn tag vm@3 v1.0 · cairn tag vm before-upgrade · cairn tag --delete vm v1.0
+    Tag(TagArgs),
+    /// List the tags of an image.
+    Tags(TagsArgs),
+    /// Remove versions (IMAGE@REF) or whole images (IMAGE).
+    ///
+    /// A removed version can no longer be restored or named, and disappears from `log`; the
+    /// other versions of the image are unaffected. IMAGE without @ removes the whole image:
+    /// its history and its tags. A tagged version is refused (delete the tag first). Nothing
+    /// is changed unless every argument can be removed. Removing frees no space by itself:
+    /// run `cairn gc` afterwards. Data still used by clones or other versions is kept.
+    ///
+    /// Examples: cairn rm vm@2 vm@3 · cairn rm old-vm
+    Rm(RmArgs),
+    /// Remove the versions a retention policy does not keep.
+    ///
+    /// Versions are taken newest first. --keep-last N keeps the N newest; --keep-hourly,
+    /// --keep-daily, --keep-weekly and --keep-monthly N keep the newest version of each of the
+    /// N most recent hours, days, ISO weeks or months (UTC) that have a version. A version kept
+    /// by any rule is kept; tagged versions are always kept. Every version is listed with
+    /// `keep` or `remove` and the reasons. Try --dry-run first; run `cairn gc` afterwards to
+    /// reclaim the space.
+    ///
+    /// Example: cairn prune --all --keep-last 3 --keep-daily 7 --keep-weekly 4 --keep-monthly 12
+    Prune(PruneArgs),
     /// List the images in the repository.
     Images,
     /// Show one version in detail.
@@ -57,12 +98,29 @@ pub enum Command {
     /// OUTPUT is a file (created or replaced; zero runs become holes), a block device, or `-`
     /// for standard output.
     Restore(RestoreArgs),
+    /// Show the byte ranges where two versions may differ.
+    ///
+    /// A and B are IMAGE, IMAGE@N or IMAGE@HEX (they may name different images). A range is
+    /// changed where the chunks covering it differ between A and B: a different chunk, or a
+    /// chunk on one side and zeros on the other. Zeros on both sides never count, including
+    /// beyond the end of the smaller image. The granularity is the chunk: a rewritten chunk is
+    /// reported whole. Unchanged subtrees of the manifest are skipped without being read, so
+    /// the cost is proportional to the change, not to the size of the image.
+    Diff(DiffArgs),
     /// Re-read every object and report damage and the versions it affects.
     ///
     /// Exit status 0 when everything is intact, 3 when damage was found.
     Verify,
     /// Repository-wide figures: logical size, stored size, dedup ratio.
     Stats,
+    /// Reclaim the space of deleted versions and of data no version uses any more.
+    ///
+    /// Marks every blob that a live version (image heads, tags and their histories, minus
+    /// deleted versions) uses, deletes packs with nothing live, repacks packs whose live
+    /// fraction is below --repack-threshold, and merges the index files. Reads only manifest
+    /// metadata, except the packs it repacks. Safe while other processes commit: it publishes
+    /// its plan and waits for older sessions before deleting anything.
+    Gc(GcArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -116,6 +174,22 @@ pub struct CommitArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct GcArgs {
+    /// Report what would be reclaimed; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Repack packs whose live fraction (by bytes) is below this.
+    #[arg(long, default_value_t = 0.97)]
+    pub repack_threshold: f64,
+    /// Seconds without a heartbeat after which another process's session counts as dead.
+    #[arg(long, default_value_t = 600, env = "CAIRN_SESSION_STALE_SECS")]
+    pub stale_after: u64,
+    /// Give up (deleting nothing) after waiting this many seconds for older sessions.
+    #[arg(long, default_value_t = 3600)]
+    pub wait_limit: u64,
+}
+
+#[derive(Debug, Args)]
 pub struct LogArgs {
     /// Image name.
     pub image: String,
@@ -124,15 +198,94 @@ pub struct LogArgs {
 #[derive(Debug, Args)]
 pub struct ShowArgs {
     /// IMAGE, IMAGE@N (N-th version), or IMAGE@HEX (id prefix).
-    pub version: String,
+    #[arg(value_name = "VERSION")]
+    pub spec: String,
 }
 
 #[derive(Debug, Args)]
 pub struct RestoreArgs {
     /// IMAGE, IMAGE@N (N-th version), or IMAGE@HEX (id prefix).
-    pub version: String,
+    #[arg(value_name = "VERSION")]
+    pub spec: String,
     /// Output file, block device, or `-` for stdout.
     pub output: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The older version: IMAGE, IMAGE@N, or IMAGE@HEX.
+    pub a: String,
+    /// The newer version: IMAGE, IMAGE@N, or IMAGE@HEX.
+    pub b: String,
+    /// Only the summary line (with --json: no "ranges").
+    #[arg(long)]
+    pub stat: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CloneArgs {
+    /// The version to start from: IMAGE, IMAGE@N, IMAGE@TAG, or IMAGE@HEX.
+    pub source: String,
+    /// Name of the new image (must not exist yet).
+    pub new_image: String,
+    /// Message stored with the new version (default: "clone of IMAGE@N").
+    #[arg(short, long)]
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct TagArgs {
+    /// The version to tag: IMAGE (its newest version), IMAGE@N, IMAGE@TAG, or IMAGE@HEX.
+    /// With --delete: the IMAGE whose tag to delete.
+    #[arg(value_name = "IMAGE[@REF]")]
+    pub spec: String,
+    /// Tag name: letters, digits, '.', '_', '+', '-'; not only digits (those are version
+    /// numbers).
+    pub name: String,
+    /// Delete the tag NAME of IMAGE instead of creating it (the version stays).
+    #[arg(short, long)]
+    pub delete: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TagsArgs {
+    /// Image name.
+    pub image: String,
+}
+
+#[derive(Debug, Args)]
+pub struct RmArgs {
+    /// IMAGE@REF (one version: N, TAG or HEX) or IMAGE (the whole image).
+    #[arg(required = true, value_name = "IMAGE[@REF]")]
+    pub targets: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["image", "all"])))]
+pub struct PruneArgs {
+    /// The image to prune.
+    pub image: Option<String>,
+    /// Prune every image, each with the same policy.
+    #[arg(long)]
+    pub all: bool,
+    /// Keep the N newest versions.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub keep_last: u32,
+    /// Keep the newest version of each of the N most recent hours with a version.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub keep_hourly: u32,
+    /// Keep the newest version of each of the N most recent days with a version.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub keep_daily: u32,
+    /// Keep the newest version of each of the N most recent ISO weeks with a version.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub keep_weekly: u32,
+    /// Keep the newest version of each of the N most recent months with a version.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub keep_monthly: u32,
+    /// Show what would be removed, change nothing.
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
 }
 
 /// Parses sizes like `16K`, `4MiB`, `1048576`.

@@ -1,7 +1,7 @@
 //! Resolved global settings and repository opening.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context as _, Result};
 use cairn_repo::Repo;
@@ -14,6 +14,8 @@ pub struct Context {
     pub json: bool,
     /// Progress bars wanted (not --json, not --quiet).
     pub progress: bool,
+    /// Repositories opened by the command, closed (sessions ended) when it finishes.
+    opened: Mutex<Vec<Arc<Repo>>>,
 }
 
 impl Context {
@@ -22,6 +24,7 @@ impl Context {
             repo: cli.repo.clone(),
             json: cli.json,
             progress: !cli.json && !cli.quiet,
+            opened: Mutex::new(Vec::new()),
         }
     }
 
@@ -53,9 +56,26 @@ impl Context {
         }
     }
 
+    /// Opens the repository at --repo; `kind` names the session (commit, restore, ...).
+    pub async fn open_as(&self, kind: &str) -> Result<Arc<Repo>> {
+        let store = self.store(false)?;
+        let repo = Arc::new(Repo::open_as(store, kind).await?);
+        self.opened.lock().expect("opened lock").push(repo.clone());
+        Ok(repo)
+    }
+
     /// Opens the repository at --repo.
     pub async fn open(&self) -> Result<Arc<Repo>> {
-        let store = self.store(false)?;
-        Ok(Arc::new(Repo::open(store).await?))
+        self.open_as("cli").await
+    }
+
+    /// Ends the sessions of every repository this command opened.
+    pub async fn close(&self) {
+        let repos = std::mem::take(&mut *self.opened.lock().expect("opened lock"));
+        for repo in repos {
+            if let Err(e) = repo.close().await {
+                tracing::warn!("closing the session: {e}");
+            }
+        }
     }
 }

@@ -33,16 +33,25 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        match cli.command {
+        let result = match cli.command {
             Command::Init(args) => commands::init::run(&ctx, args).await,
             Command::Commit(args) => commands::commit::run(&ctx, args).await,
             Command::Log(args) => commands::log::run(&ctx, args).await,
+            Command::Clone(args) => commands::clone::run(&ctx, args).await,
+            Command::Tag(args) => commands::tag::run(&ctx, args).await,
+            Command::Tags(args) => commands::tag::list(&ctx, args).await,
+            Command::Rm(args) => commands::rm::run(&ctx, args).await,
+            Command::Prune(args) => commands::prune::run(&ctx, args).await,
             Command::Images => commands::images::run(&ctx).await,
             Command::Show(args) => commands::show::run(&ctx, args).await,
             Command::Restore(args) => commands::restore::run(&ctx, args).await,
+            Command::Diff(args) => commands::diff::run(&ctx, args).await,
             Command::Verify => commands::verify::run(&ctx).await,
             Command::Stats => commands::stats::run(&ctx).await,
-        }
+            Command::Gc(args) => commands::gc::run(&ctx, args).await,
+        };
+        ctx.close().await;
+        result
     });
     match result {
         Ok(code) => code,

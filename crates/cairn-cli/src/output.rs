@@ -73,8 +73,15 @@ pub fn version_json(id: &Id, r: &VersionRecord) -> Value {
     })
 }
 
+/// Prints JSON on stdout. A closed pipe (`cairn log --json | head`) ends the process quietly,
+/// as command-line tools do, instead of panicking.
 pub fn print_json(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).expect("JSON"));
+    use std::io::Write;
+    let text = serde_json::to_string_pretty(v).expect("JSON");
+    let mut out = std::io::stdout().lock();
+    if writeln!(out, "{text}").and_then(|()| out.flush()).is_err() {
+        std::process::exit(0);
+    }
 }
 
 #[cfg(test)]

@@ -148,7 +148,7 @@ fn unknown_versions() {
     let out = cairn(&repo, &["show", "vm@zz"]);
     assert_eq!(
         stderr_line(&out),
-        "cairn: error: vm@zz: a reference is a version number or a hex prefix of a version id"
+        "cairn: error: vm@zz: no tag \"zz\"; a reference is a version number, a tag, or a hex prefix of a version id"
     );
     let out = cairn(&repo, &["--json", "show", "vm@1"]);
     assert!(out.status.success());

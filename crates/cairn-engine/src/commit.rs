@@ -20,7 +20,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
 use cairn_format::config::RepoConfig;
 use cairn_format::name::validate_image_name;
 use cairn_format::node::{Extent, Leaf};
@@ -106,6 +105,22 @@ pub async fn commit(
             .map_err(|e| EngineError::Pipeline(format!("pipeline thread: {e}")))??
     };
 
+    // GC safety, last line of defence: a GC that planned after this commit started normally
+    // waits for it. If one finished anyway (it judged this process dead, e.g. after a long
+    // stall), check that every blob this commit reuses still exists before publishing.
+    if let Some(plan_ns) = crate::gc::last_gc_plan_ns(repo.store().as_ref()).await? {
+        if plan_ns >= repo.session_started_ns() {
+            let present = repo.current_blob_set().await?;
+            let missing = out.reused.iter().filter(|id| !present.contains(id)).count();
+            if missing > 0 {
+                return Err(EngineError::Pipeline(format!(
+                    "a garbage collection that treated this commit as dead removed {missing} blobs it \
+                     reuses; nothing was published, run the commit again"
+                )));
+            }
+        }
+    }
+
     // Publication step 2: the index file, once every pack is durable.
     let index_bytes = repo.put_index(out.packs).await?;
     let mut stats = out.stats;
@@ -163,6 +178,7 @@ struct PipelineOutput {
     stats: CommitStats,
     packs: Vec<(Id, Vec<BlobEntry>)>,
     pack_bytes: u64,
+    reused: HashSet<Id>,
 }
 
 /// A blob ready to be packed.
@@ -185,13 +201,19 @@ struct SegmentResult {
 struct Dedup<'a> {
     repo: &'a Repo,
     claimed: Mutex<HashSet<Id>>,
+    /// Blobs this commit refers to without storing them (found in the repository).
+    reused: Mutex<HashSet<Id>>,
 }
 
 impl Dedup<'_> {
     /// True if the caller must store `id`: it is neither in the repository nor already
     /// claimed by another worker of this commit.
     fn claim(&self, id: &Id) -> bool {
-        !self.repo.has_blob(id) && self.claimed.lock().expect("dedup lock").insert(*id)
+        if self.repo.has_blob(id) {
+            self.reused.lock().expect("dedup lock").insert(*id);
+            return false;
+        }
+        self.claimed.lock().expect("dedup lock").insert(*id)
     }
 }
 
@@ -215,6 +237,7 @@ fn run_pipeline(
     let dedup = Dedup {
         repo: &repo,
         claimed: Mutex::new(HashSet::new()),
+        reused: Mutex::new(HashSet::new()),
     };
 
     std::thread::scope(|s| -> EngineResult<PipelineOutput> {
@@ -316,6 +339,7 @@ fn run_pipeline(
             stats,
             packs,
             pack_bytes,
+            reused: std::mem::take(&mut *dedup.reused.lock().expect("dedup lock")),
         })
     })
 }
@@ -416,7 +440,9 @@ fn encode(id: Id, kind: BlobKind, plain: &[u8], config: &RepoConfig) -> EncodedB
     }
 }
 
-type Upload = JoinHandle<RepoResult<u64>>;
+/// A stored pack: its final id, its blobs, the bytes written.
+type Uploaded = (Id, Vec<BlobEntry>, u64);
+type Upload = JoinHandle<RepoResult<Uploaded>>;
 
 /// A pack written by this commit and the blobs in it.
 type PackedPack = (Id, Vec<BlobEntry>);
@@ -439,26 +465,28 @@ fn pack_blobs(
     let mut nodes = PackBuilder::new();
     let target = config.pack_target as usize;
 
-    let mut flush = |builder: &mut PackBuilder,
-                     in_flight: &mut Vec<Upload>,
-                     written: &mut u64|
+    let flush = |builder: &mut PackBuilder,
+                 packs: &mut Vec<PackedPack>,
+                 in_flight: &mut Vec<Upload>,
+                 written: &mut u64|
      -> EngineResult<()> {
         let (id, bytes, entries) = std::mem::take(builder).finish();
-        packs.push((id, entries));
         let permit = handle
             .block_on(limit.clone().acquire_owned())
             .map_err(|e| EngineError::Pipeline(format!("upload limiter: {e}")))?;
         let repo = repo.clone();
         in_flight.push(handle.spawn(async move {
-            let r = repo.put_pack(&id, Bytes::from(bytes)).await;
+            let r = repo.put_pack(&id, bytes).await;
             drop(permit);
-            r
+            r.map(|(id, n)| (id, entries, n))
         }));
         // Reap finished uploads so an error surfaces early.
         let mut i = 0;
         while i < in_flight.len() {
             if in_flight[i].is_finished() {
-                *written += join_upload(&handle, in_flight.swap_remove(i), progress)?;
+                let (id, entries, n) = join_upload(&handle, in_flight.swap_remove(i), progress)?;
+                packs.push((id, entries));
+                *written += n;
             } else {
                 i += 1;
             }
@@ -479,24 +507,30 @@ fn pack_blobs(
             blob.raw_len,
         );
         if builder.len() >= target {
-            flush(builder, &mut in_flight, &mut written)?;
+            flush(builder, &mut packs, &mut in_flight, &mut written)?;
         }
     }
     for builder in [&mut data, &mut nodes] {
         if !builder.is_empty() {
-            flush(builder, &mut in_flight, &mut written)?;
+            flush(builder, &mut packs, &mut in_flight, &mut written)?;
         }
     }
     for upload in in_flight {
-        written += join_upload(&handle, upload, progress)?;
+        let (id, entries, n) = join_upload(&handle, upload, progress)?;
+        packs.push((id, entries));
+        written += n;
     }
     Ok((packs, written))
 }
 
-fn join_upload(handle: &Handle, upload: Upload, progress: &CommitProgress) -> EngineResult<u64> {
-    let n = handle
+fn join_upload(
+    handle: &Handle,
+    upload: Upload,
+    progress: &CommitProgress,
+) -> EngineResult<Uploaded> {
+    let done = handle
         .block_on(upload)
         .map_err(|e| EngineError::Pipeline(format!("upload task: {e}")))??;
-    progress.stored.fetch_add(n, Ordering::Relaxed);
-    Ok(n)
+    progress.stored.fetch_add(done.2, Ordering::Relaxed);
+    Ok(done)
 }

@@ -5,15 +5,27 @@
 //! - [`commit`]: the parallel commit pipeline and ordered publication
 //! - [`tree`]: building and walking manifest trees (versioned segment trees)
 //! - [`restore`]: parallel, out-of-order, sparse restore
+//! - [`diff`]: which byte ranges differ between two versions, reading only changed subtrees
 //! - [`verify`]: re-read everything, name the damaged versions
+//! - [`gc`]: garbage collection, safe with concurrent commits
 //! - [`resolve`]: `IMAGE[@REF]` and history
+//! - [`live`]: which versions are alive (GC roots, retention)
+//! - [`clone`]: a new image from an existing version, in O(1)
+//! - [`remove`]: removing versions and images
+//! - [`retention`]: keep-last/hourly/daily/weekly/monthly policies and prune
 //! - [`stats`]: repository-wide figures
 
 pub mod chunker;
+pub mod clone;
 pub mod commit;
+pub mod diff;
 mod error;
+pub mod gc;
+pub mod live;
+pub mod remove;
 pub mod resolve;
 pub mod restore;
+pub mod retention;
 pub mod source;
 pub mod stats;
 pub mod tree;

@@ -1,7 +1,10 @@
 //! Naming versions: `IMAGE`, `IMAGE@N`, `IMAGE@<hex prefix>`; and walking an image's history.
 
+use std::collections::HashSet;
+
 use cairn_format::id::is_hex_prefix;
 use cairn_format::name::validate_image_name;
+use cairn_format::refs::validate_tag_name;
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::Repo;
@@ -44,16 +47,41 @@ impl std::fmt::Display for VersionSpec {
 }
 
 /// Finds the version a spec names. A reference of only digits is a sequence number
-/// (1 = the image's first version); otherwise it is a hex prefix of a version id.
+/// (1 = the image's first version); otherwise a tag of the image, or else a hex prefix of a
+/// version id. No reference means the newest version that is not deleted.
+/// Deleted versions cannot be named.
 pub async fn resolve(repo: &Repo, spec: &VersionSpec) -> EngineResult<(Id, VersionRecord)> {
+    let deleted = repo.deleted_versions().await?;
+    let (id, record) = resolve_including_deleted(repo, spec, &deleted).await?;
+    if deleted.contains(&id) {
+        return Err(EngineError::BadRef(format!(
+            "{spec}: version {}@{} ({}) was deleted",
+            record.image,
+            record.seq,
+            id.short()
+        )));
+    }
+    Ok((id, record))
+}
+
+async fn resolve_including_deleted(
+    repo: &Repo,
+    spec: &VersionSpec,
+    deleted: &HashSet<Id>,
+) -> EngineResult<(Id, VersionRecord)> {
+    let Some(reference) = &spec.reference else {
+        return history_with(repo, &spec.image, deleted)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| {
+                EngineError::BadRef(format!("image {:?} has no versions left", spec.image))
+            });
+    };
     let head = repo
         .head(&spec.image)
         .await?
         .ok_or_else(|| EngineError::BadRef(format!("image {:?} does not exist", spec.image)))?;
-    let Some(reference) = &spec.reference else {
-        let record = repo.load_version(&head.version).await?;
-        return Ok((head.version, record));
-    };
     if reference.bytes().all(|b| b.is_ascii_digit()) {
         let seq: u64 = reference
             .parse()
@@ -74,9 +102,15 @@ pub async fn resolve(repo: &Repo, spec: &VersionSpec) -> EngineResult<(Id, Versi
             spec.image
         )));
     }
+    if validate_tag_name(reference).is_ok() {
+        if let Some(id) = repo.tag(&spec.image, reference).await? {
+            let record = repo.load_version(&id).await?;
+            return Ok((id, record));
+        }
+    }
     if !is_hex_prefix(reference) {
         return Err(EngineError::BadRef(format!(
-            "{spec}: a reference is a version number or a hex prefix of a version id"
+            "{spec}: no tag {reference:?}; a reference is a version number, a tag, or a hex prefix of a version id"
         )));
     }
     let mut matches = Vec::new();
@@ -89,17 +123,25 @@ pub async fn resolve(repo: &Repo, spec: &VersionSpec) -> EngineResult<(Id, Versi
     match matches.len() {
         1 => Ok(matches.pop().expect("one")),
         0 => Err(EngineError::BadRef(format!(
-            "{spec}: no version of {:?} has an id starting with {reference}",
+            "{spec}: no tag {reference:?} and no version of {:?} has an id starting with {reference}",
             spec.image
         ))),
-        n => Err(EngineError::BadRef(format!(
-            "{spec}: {n} versions match; use a longer prefix"
-        ))),
+        n => Err(EngineError::BadRef(format!("{spec}: {n} versions match; use a longer prefix"))),
     }
 }
 
-/// The versions of an image, newest first (following parents while they belong to it).
+/// The live versions of an image, newest first, following parents while they belong to the
+/// image (deleted versions are skipped but their links followed).
 pub async fn history(repo: &Repo, image: &str) -> EngineResult<Vec<(Id, VersionRecord)>> {
+    let deleted = repo.deleted_versions().await?;
+    history_with(repo, image, &deleted).await
+}
+
+async fn history_with(
+    repo: &Repo,
+    image: &str,
+    deleted: &HashSet<Id>,
+) -> EngineResult<Vec<(Id, VersionRecord)>> {
     validate_image_name(image)?;
     let head = repo
         .head(image)
@@ -113,9 +155,28 @@ pub async fn history(repo: &Repo, image: &str) -> EngineResult<Vec<(Id, VersionR
             break;
         }
         id = record.parent;
-        out.push((cur, record));
+        if !deleted.contains(&cur) {
+            out.push((cur, record));
+        }
     }
     Ok(out)
+}
+
+/// Where an image's history starts: the version of another image it was cloned from.
+pub async fn origin(repo: &Repo, image: &str) -> EngineResult<Option<(Id, VersionRecord)>> {
+    let head = repo
+        .head(image)
+        .await?
+        .ok_or_else(|| EngineError::BadRef(format!("image {image:?} does not exist")))?;
+    let mut id = Some(head.version);
+    while let Some(cur) = id {
+        let record = repo.load_version(&cur).await?;
+        if record.image != image {
+            return Ok(Some((cur, record)));
+        }
+        id = record.parent;
+    }
+    Ok(None)
 }
 
 #[cfg(test)]

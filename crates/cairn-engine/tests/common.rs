@@ -138,6 +138,7 @@ impl ObjectStore for FailingStore {
         self.inner.list(prefix).await
     }
     async fn delete(&self, key: &str) -> StoreResult<()> {
+        self.spend(key)?;
         self.inner.delete(key).await
     }
     async fn read_ref(&self, key: &str) -> StoreResult<Option<RefState>> {

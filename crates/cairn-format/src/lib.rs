@@ -11,6 +11,7 @@ pub mod envelope;
 mod error;
 pub mod id;
 pub mod index;
+pub mod marker;
 pub mod name;
 pub mod node;
 pub mod pack;

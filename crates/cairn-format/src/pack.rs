@@ -4,13 +4,15 @@
 //! offset        size   field
 //! 0             8      magic "CRNPACK\0"
 //! 8             4      format version (u32)
-//! 12            4      reserved (0)
+//! 12            4      salt (random u32: two writers never produce the same pack id)
 //! 16            ...    blob bytes, back to back (each as stored: raw or zstd frame)
 //! T             48*n   trailer entries (see `BlobEntry::encode`)
 //! T+48n         48     footer: n (u32), trailer length (u32), BLAKE3 of the trailer
 //!                      entries (32), magic "CRNPKEND" (8)
 //! ```
-//! The pack id is the BLAKE3 of the whole pack. Each blob is verified on read by decoding it
+//! The pack id is the BLAKE3 of the whole pack. The salt makes it unique per write: an old pack
+//! with the same blobs in the same order (a commit re-storing data, a GC repacking) must never
+//! share a key with a new one, or deleting the old pack would delete the new one too. Each blob is verified on read by decoding it
 //! and hashing the plain bytes against its id; the trailer is redundant with the index files
 //! (it lets an index be rebuilt from packs alone, and lets `verify` cross-check them).
 
@@ -188,7 +190,7 @@ impl PackBuilder {
         let mut buf = Vec::with_capacity(1 << 20);
         buf.extend_from_slice(MAGIC);
         buf.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        buf.extend_from_slice(&0u32.to_le_bytes());
+        buf.extend_from_slice(&rand::random::<u32>().to_le_bytes());
         PackBuilder {
             buf,
             entries: Vec::new(),
@@ -247,6 +249,13 @@ impl PackBuilder {
         let id = Id::of(&self.buf);
         (id, self.buf, self.entries)
     }
+}
+
+/// Gives a finished pack a new random salt and returns its new id. Used when a pack's key is
+/// already taken (see the module documentation).
+pub fn resalt(pack: &mut [u8]) -> Id {
+    pack[12..16].copy_from_slice(&rand::random::<u32>().to_le_bytes());
+    Id::of(pack)
 }
 
 /// Parses the footer (the last `FOOTER_LEN` bytes of a pack) and returns (entry count,
@@ -375,7 +384,8 @@ mod tests {
             let blobs_ok = entries.iter().all(|e| {
                 decode_blob(e, &bad[e.range().start as usize..e.range().end as usize]).is_ok()
             });
-            // The header's reserved bytes are the only ones allowed to go unnoticed.
+            // The header's salt is the only part allowed to change unnoticed (it changes the
+            // pack's id, which verify checks against the pack's key).
             if (12..16).contains(&i) {
                 continue;
             }

@@ -9,9 +9,47 @@ use crate::{FormatError, FormatResult, Id};
 
 pub const MAGIC: &[u8; 8] = b"CRNREF\0\0";
 pub const HEADS_PREFIX: &str = "heads/";
+pub const TAGS_PREFIX: &str = "tags/";
 
 pub fn head_key(image: &str) -> String {
     format!("{HEADS_PREFIX}{}", escape(image))
+}
+
+/// Prefix of every tag of `image`: `tags/<escaped image>/`.
+pub fn tags_prefix(image: &str) -> String {
+    format!("{TAGS_PREFIX}{}/", escape(image))
+}
+
+/// Key of tag `tag` of `image`: `tags/<escaped image>/<tag>`.
+pub fn tag_key(image: &str, tag: &str) -> String {
+    format!("{}{tag}", tags_prefix(image))
+}
+
+/// Checks a tag name: 1..=100 bytes of `[A-Za-z0-9._+-]`, not only digits (those name
+/// sequence numbers), not starting with '.'.
+pub fn validate_tag_name(tag: &str) -> FormatResult<()> {
+    let bad = |reason: &str| {
+        Err(FormatError::invalid(
+            "tag name",
+            format!("{tag:?}: {reason}"),
+        ))
+    };
+    if tag.is_empty() || tag.len() > 100 {
+        return bad("must be 1 to 100 bytes");
+    }
+    if !tag
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'+' | b'-'))
+    {
+        return bad("use letters, digits, . _ + and -");
+    }
+    if tag.bytes().all(|b| b.is_ascii_digit()) {
+        return bad("a tag of only digits would be read as a version number");
+    }
+    if tag.starts_with('.') {
+        return bad("must not start with '.'");
+    }
+    Ok(())
 }
 
 pub fn encode(target: &Id) -> Vec<u8> {

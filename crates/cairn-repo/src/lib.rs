@@ -10,7 +10,9 @@
 
 mod blob_index;
 mod error;
+mod history;
 mod repository;
+pub mod session;
 mod versions;
 
 pub use blob_index::{BlobIndex, BlobLocation};

@@ -1,11 +1,13 @@
 //! Opening, creating and reading a repository; publishing packs and index files.
 
+use std::collections::HashSet;
 use std::ops::Range;
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use bytes::Bytes;
 use cairn_format::config::{self, RepoConfig};
 use cairn_format::index::{self, IndexFile};
+use cairn_format::marker::{GcPlan, PLANS_PREFIX};
 use cairn_format::pack::{self, BlobEntry};
 use cairn_format::Id;
 use cairn_store::{ObjectStore, PutOutcome, StoreError};
@@ -13,6 +15,7 @@ use tokio::task::JoinSet;
 
 use crate::blob_index::{BlobIndex, BlobLocation};
 use crate::error::{RepoError, RepoResult};
+use crate::session::SessionHandle;
 
 pub const PACKS_PREFIX: &str = "packs/";
 
@@ -23,6 +26,10 @@ pub fn pack_key(id: &Id) -> String {
 }
 
 /// An open repository.
+///
+/// Opening registers a session (see [`crate::session`]) and reads the pending GC plans
+/// *before* loading the index, so that either a running GC waits for this process or this
+/// process sees the GC's plan and stays away from the blobs it is deleting.
 #[derive(Debug)]
 pub struct Repo {
     store: Arc<dyn ObjectStore>,
@@ -31,6 +38,10 @@ pub struct Repo {
     /// Index files that could not be read at open (reported by verify; their blobs count as
     /// missing, so a later commit stores them again).
     index_errors: Vec<String>,
+    /// Blobs that pending GC plans are deleting: never deduplicated against.
+    doomed: HashSet<Id>,
+    session: Mutex<Option<SessionHandle>>,
+    session_started_ns: i64,
 }
 
 impl Repo {
@@ -50,16 +61,16 @@ impl Repo {
                 })
             }
         }
-        Ok(Repo {
-            store,
-            config,
-            index: RwLock::new(BlobIndex::new()),
-            index_errors: Vec::new(),
-        })
+        Self::with_session(store, config, "init").await
     }
 
     /// Opens an existing repository and loads its blob index.
     pub async fn open(store: Arc<dyn ObjectStore>) -> RepoResult<Repo> {
+        Self::open_as(store, "open").await
+    }
+
+    /// Opens an existing repository; `kind` names the session (commit, restore, gc, ...).
+    pub async fn open_as(store: Arc<dyn ObjectStore>, kind: &str) -> RepoResult<Repo> {
         let raw = match store.get(config::KEY).await {
             Ok(raw) => raw,
             Err(StoreError::NotFound { .. }) => {
@@ -71,19 +82,133 @@ impl Repo {
         };
         let config = RepoConfig::decode(&raw)
             .map_err(|e| RepoError::corrupt(format!("{}/{}", store.describe(), config::KEY), e))?;
+        Self::with_session(store, config, kind).await
+    }
+
+    async fn with_session(
+        store: Arc<dyn ObjectStore>,
+        config: RepoConfig,
+        kind: &str,
+    ) -> RepoResult<Repo> {
+        // Order matters: session first, then plans, then the index.
+        let session = SessionHandle::register(store.clone(), kind).await?;
         let mut repo = Repo {
             store,
             config,
             index: RwLock::new(BlobIndex::new()),
             index_errors: Vec::new(),
+            doomed: HashSet::new(),
+            session_started_ns: session.started_ns,
+            session: Mutex::new(Some(session)),
         };
-        repo.load_index().await?;
+        let mut superseded = HashSet::new();
+        for plan in repo.gc_plans().await? {
+            repo.doomed.extend(plan.dead_blobs);
+            superseded.extend(plan.superseded_index);
+        }
+        repo.load_index(&superseded).await?;
         Ok(repo)
     }
 
+    /// Ends this process's session (removes its ref). Call when done; a process that dies
+    /// leaves a session that goes stale.
+    pub async fn close(&self) -> RepoResult<()> {
+        let session = self.session.lock().expect("session lock").take();
+        match session {
+            Some(s) => s.close().await,
+            None => Ok(()),
+        }
+    }
+
+    /// The key of this process's session ref, if it is registered.
+    pub fn session_key(&self) -> Option<String> {
+        self.session
+            .lock()
+            .expect("session lock")
+            .as_ref()
+            .map(|s| s.key.clone())
+    }
+
+    /// Every index file in the store, decoded, ignoring GC plans (for GC, which must see
+    /// everything). Fails on a damaged index file: GC must never act on a partial view.
+    pub async fn load_all_index_files(&self) -> RepoResult<Vec<(Id, IndexFile)>> {
+        let mut out = Vec::new();
+        for meta in self.store.list(index::PREFIX).await? {
+            let Ok(id) = meta.key[index::PREFIX.len()..].parse::<Id>() else {
+                continue;
+            };
+            let raw = self.store.get(&meta.key).await?;
+            let file =
+                IndexFile::decode(&raw).map_err(|e| RepoError::corrupt(meta.key.clone(), e))?;
+            out.push((id, file));
+        }
+        Ok(out)
+    }
+
+    /// The set of blobs indexed right now, as a process opening the repository now would see
+    /// it (index files superseded by pending GC plans and the blobs those plans delete are
+    /// left out).
+    pub async fn current_blob_set(&self) -> RepoResult<HashSet<Id>> {
+        let mut doomed = HashSet::new();
+        let mut superseded = HashSet::new();
+        for plan in self.gc_plans().await? {
+            doomed.extend(plan.dead_blobs);
+            superseded.extend(plan.superseded_index);
+        }
+        let mut out = HashSet::new();
+        for (id, file) in self.load_all_index_files().await? {
+            if superseded.contains(&id) {
+                continue;
+            }
+            for p in &file.packs {
+                out.extend(
+                    p.entries
+                        .iter()
+                        .map(|e| e.id)
+                        .filter(|id| !doomed.contains(id)),
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    /// When this process's session started (ns since the epoch).
+    pub fn session_started_ns(&self) -> i64 {
+        self.session_started_ns
+    }
+
+    /// The GC plans pending in the store.
+    pub async fn gc_plans(&self) -> RepoResult<Vec<GcPlan>> {
+        let mut plans = Vec::new();
+        for meta in self.store.list(PLANS_PREFIX).await? {
+            let raw = match self.store.get(&meta.key).await {
+                Ok(raw) => raw,
+                Err(StoreError::NotFound { .. }) => continue, // finished meanwhile
+                Err(e) => return Err(e.into()),
+            };
+            plans.push(GcPlan::decode(&raw).map_err(|e| RepoError::corrupt(meta.key.clone(), e))?);
+        }
+        Ok(plans)
+    }
+
+    /// Whether a pending GC plan (seen at open) is deleting this blob.
+    pub fn is_doomed(&self, id: &Id) -> bool {
+        self.doomed.contains(id)
+    }
+
     /// Reads every index file (in parallel) into the in-memory blob index.
-    async fn load_index(&mut self) -> RepoResult<()> {
-        let files = self.store.list(index::PREFIX).await?;
+    async fn load_index(&mut self, superseded: &HashSet<Id>) -> RepoResult<()> {
+        let files: Vec<_> = self
+            .store
+            .list(index::PREFIX)
+            .await?
+            .into_iter()
+            .filter(|m| {
+                m.key[index::PREFIX.len()..]
+                    .parse::<Id>()
+                    .map_or(true, |id| !superseded.contains(&id))
+            })
+            .collect();
         let mut tasks = JoinSet::new();
         let mut pending = files.into_iter();
         let mut index = BlobIndex::new();
@@ -138,8 +263,11 @@ impl Repo {
         self.index.read().expect("index lock")
     }
 
+    /// Whether a commit may deduplicate against `id`: the repository holds it and no pending
+    /// GC plan (seen at open) is deleting it. Doomed blobs are still readable where a live
+    /// copy is indexed; only reuse is refused.
     pub fn has_blob(&self, id: &Id) -> bool {
-        self.index().contains(id)
+        !self.doomed.contains(id) && self.index().contains(id)
     }
 
     pub fn locate(&self, id: &Id) -> RepoResult<BlobLocation> {
@@ -190,15 +318,26 @@ impl Repo {
         Self::decode_blob(&loc, &stored)
     }
 
-    /// Stores a finished pack. Returns the bytes written (0 if an identical pack existed).
-    pub async fn put_pack(&self, id: &Id, bytes: Bytes) -> RepoResult<u64> {
-        let len = bytes.len() as u64;
-        Ok(
-            match self.store.put_if_absent(&pack_key(id), bytes).await? {
-                PutOutcome::Created => len,
-                PutOutcome::AlreadyExists => 0,
-            },
-        )
+    /// Stores a finished pack under a key no other pack has. Returns the pack's final id (the
+    /// pack is re-salted if its key was taken: see `cairn_format::pack::resalt`) and the
+    /// bytes written.
+    pub async fn put_pack(&self, id: &Id, bytes: Vec<u8>) -> RepoResult<(Id, u64)> {
+        let mut id = *id;
+        let mut bytes = bytes;
+        loop {
+            let len = bytes.len() as u64;
+            match self
+                .store
+                .put_if_absent(&pack_key(&id), Bytes::from(bytes.clone()))
+                .await?
+            {
+                PutOutcome::Created => return Ok((id, len)),
+                PutOutcome::AlreadyExists => {
+                    tracing::debug!(%id, "pack key taken; re-salting");
+                    id = pack::resalt(&mut bytes);
+                }
+            }
+        }
     }
 
     /// Publishes an index file for packs that are already durable, and makes their blobs

@@ -10,6 +10,7 @@
 //!
 //! Keys are `/`-separated paths of `[A-Za-z0-9._%-]` segments; see [`validate_key`].
 
+mod counting;
 mod error;
 mod key;
 mod local;
@@ -23,6 +24,7 @@ use std::ops::Range;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+pub use counting::CountingStore;
 pub use error::{StoreError, StoreResult};
 pub use key::validate_key;
 pub use local::LocalStore;

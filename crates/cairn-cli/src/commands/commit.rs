@@ -15,7 +15,7 @@ use crate::progress::Ticker;
 
 pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
     validate_image_name(&args.image).map_err(|e| anyhow::anyhow!("invalid {e}"))?;
-    let repo = ctx.open().await?;
+    let repo = ctx.open_as("commit").await?;
     let source: Box<dyn Source> = if args.source.as_os_str() == "-" {
         Box::new(StreamSource::new("stdin", std::io::stdin()))
     } else {

@@ -1,6 +1,7 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
+use cairn_engine::resolve::history;
 use serde_json::{json, Value};
 
 use crate::context::Context;
@@ -9,19 +10,21 @@ use crate::output::{bytes, print_json, time};
 pub async fn run(ctx: &Context) -> Result<ExitCode> {
     let repo = ctx.open().await?;
     let mut rows = Vec::new();
+    // The live versions of each image (deleted ones are not counted).
     for image in repo.images().await? {
-        if let Some(head) = repo.head(&image).await? {
-            let r = repo.load_version(&head.version).await?;
-            rows.push((image, head.version, r));
+        let versions = history(&repo, &image).await?;
+        if let Some((id, r)) = versions.first() {
+            rows.push((image, versions.len(), *id, r.clone()));
         }
     }
     if ctx.json {
         print_json(&Value::Array(
             rows.iter()
-                .map(|(image, id, r)| {
+                .map(|(image, count, id, r)| {
                     json!({
                         "image": image,
-                        "versions": r.seq,
+                        "versions": count,
+                        "newest_seq": r.seq,
                         "head": id.to_hex(),
                         "time": time(r.time_ns),
                         "logical_bytes": r.logical_size,
@@ -30,9 +33,9 @@ pub async fn run(ctx: &Context) -> Result<ExitCode> {
                 .collect(),
         ));
     } else {
-        for (image, id, r) in &rows {
+        for (image, count, id, r) in &rows {
             println!(
-                "{image}  {} versions, newest {} at {} ({})",
+                "{image}  {count} versions, newest @{} {} at {} ({})",
                 r.seq,
                 id.short(),
                 time(r.time_ns),

@@ -39,6 +39,7 @@ pub async fn run(ctx: &Context, args: InitArgs) -> Result<ExitCode> {
         .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_start_matches("config: ")))?;
     let store = ctx.store(true)?;
     let repo = Repo::init(store, config.clone()).await?;
+    repo.close().await?;
     if ctx.json {
         print_json(&json!({
             "repository": repo.describe(),

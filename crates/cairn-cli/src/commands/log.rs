@@ -1,7 +1,9 @@
+use std::collections::HashMap;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use cairn_engine::resolve::history;
+use cairn_engine::resolve::{history, origin};
+use cairn_format::Id;
 use serde_json::Value;
 
 use crate::cli::LogArgs;
@@ -11,14 +13,32 @@ use crate::output::{bytes, print_json, time, version_json};
 pub async fn run(ctx: &Context, args: LogArgs) -> Result<ExitCode> {
     let repo = ctx.open().await?;
     let versions = history(&repo, &args.image).await?;
+    let mut tags: HashMap<Id, Vec<String>> = HashMap::new();
+    for (name, id) in repo.tags(&args.image).await? {
+        tags.entry(id).or_default().push(name);
+    }
+    let tags_of = |id: &Id| tags.get(id).cloned().unwrap_or_default();
     if ctx.json {
         print_json(&Value::Array(
-            versions.iter().map(|(id, r)| version_json(id, r)).collect(),
+            versions
+                .iter()
+                .map(|(id, r)| {
+                    let mut v = version_json(id, r);
+                    v["tags"] = tags_of(id).into();
+                    v
+                })
+                .collect(),
         ));
     } else {
         for (id, r) in &versions {
+            let names = tags_of(id);
+            let tag_text = if names.is_empty() {
+                String::new()
+            } else {
+                format!("[{}] ", names.join(", "))
+            };
             println!(
-                "{}@{:<4} {}  {}  {:>10} logical {:>10} stored  {}",
+                "{}@{:<4} {}  {}  {:>10} logical {:>10} stored  {tag_text}{}",
                 r.image,
                 r.seq,
                 id.short(),
@@ -27,6 +47,9 @@ pub async fn run(ctx: &Context, args: LogArgs) -> Result<ExitCode> {
                 bytes(r.stats.stored_bytes),
                 r.message
             );
+        }
+        if let Some((id, r)) = origin(&repo, &args.image).await? {
+            println!("cloned from {}@{} ({})", r.image, r.seq, id.short());
         }
     }
     Ok(ExitCode::SUCCESS)

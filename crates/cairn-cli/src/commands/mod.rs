@@ -1,10 +1,16 @@
 //! One file per command.
 
+pub mod clone;
 pub mod commit;
+pub mod diff;
+pub mod gc;
 pub mod images;
 pub mod init;
 pub mod log;
+pub mod prune;
 pub mod restore;
+pub mod rm;
 pub mod show;
 pub mod stats;
+pub mod tag;
 pub mod verify;

@@ -14,8 +14,8 @@ use crate::output::{bytes, print_json, rate};
 use crate::progress::Ticker;
 
 pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
-    let spec = VersionSpec::parse(&args.version)?;
-    let repo = ctx.open().await?;
+    let spec = VersionSpec::parse(&args.spec)?;
+    let repo = ctx.open_as("restore").await?;
     let (id, record) = resolve(&repo, &spec).await?;
     let to_stdout = args.output.as_os_str() == "-";
     let target = if to_stdout {

@@ -8,7 +8,7 @@ use crate::context::Context;
 use crate::output::{bytes, print_json, time, version_json};
 
 pub async fn run(ctx: &Context, args: ShowArgs) -> Result<ExitCode> {
-    let spec = VersionSpec::parse(&args.version)?;
+    let spec = VersionSpec::parse(&args.spec)?;
     let repo = ctx.open().await?;
     let (id, r) = resolve(&repo, &spec).await?;
     if ctx.json {

@@ -8,7 +8,7 @@ use crate::context::Context;
 use crate::output::{bytes, print_json};
 
 pub async fn run(ctx: &Context) -> Result<ExitCode> {
-    let repo = ctx.open().await?;
+    let repo = ctx.open_as("verify").await?;
     let report = verify(repo).await?;
     if ctx.json {
         print_json(&json!({

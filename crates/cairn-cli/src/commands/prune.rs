@@ -1,0 +1,95 @@
+//! `cairn prune (IMAGE | --all) --keep-*`: remove the versions a retention policy does not keep.
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+
+use anyhow::{bail, Result};
+use cairn_engine::resolve::history;
+use cairn_engine::retention::{prune, KeepPolicy};
+use cairn_format::version::VersionRecord;
+use cairn_format::Id;
+use serde_json::{json, Value};
+
+use crate::cli::PruneArgs;
+use crate::commands::rm::GC_HINT;
+use crate::context::Context;
+use crate::output::{print_json, time};
+
+pub async fn run(ctx: &Context, args: PruneArgs) -> Result<ExitCode> {
+    let policy = KeepPolicy {
+        last: args.keep_last,
+        hourly: args.keep_hourly,
+        daily: args.keep_daily,
+        weekly: args.keep_weekly,
+        monthly: args.keep_monthly,
+    };
+    if policy.is_empty() {
+        bail!("refusing to remove every version: give at least one --keep-* option");
+    }
+    let repo = ctx.open().await?;
+    let images = match (&args.image, args.all) {
+        (Some(image), false) => vec![image.clone()],
+        (None, true) => repo.images().await?,
+        _ => bail!("give either an IMAGE or --all"),
+    };
+    let mut json_rows = Vec::new();
+    let (mut kept, mut removed) = (0usize, 0usize);
+    for image in &images {
+        // The records, for times and messages (prune works on the same history).
+        let records: HashMap<Id, VersionRecord> =
+            history(&repo, image).await?.into_iter().collect();
+        let decisions = prune(&repo, image, &policy, args.dry_run).await?;
+        for d in &decisions {
+            let time_ns = match records.get(&d.id) {
+                Some(r) => r.time_ns,
+                None => repo.load_version(&d.id).await?.time_ns, // committed meanwhile
+            };
+            if d.keep {
+                kept += 1;
+            } else {
+                removed += 1;
+            }
+            if ctx.json {
+                json_rows.push(json!({
+                    "image": image,
+                    "id": d.id.to_hex(),
+                    "seq": d.seq,
+                    "time": time(time_ns),
+                    "keep": d.keep,
+                    "reasons": d.reasons,
+                }));
+            } else {
+                println!(
+                    "{:<6} {image}@{:<4} {}  {}  {}",
+                    if d.keep { "keep" } else { "remove" },
+                    d.seq,
+                    d.id.short(),
+                    time(time_ns),
+                    d.reasons.join(", ")
+                );
+            }
+        }
+    }
+    if ctx.json {
+        print_json(&Value::Array(json_rows));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let versions = |n: usize| if n == 1 { "version" } else { "versions" };
+    if args.dry_run {
+        println!(
+            "dry run: would keep {kept} {}, remove {removed} {}; nothing was changed",
+            versions(kept),
+            versions(removed)
+        );
+    } else {
+        println!(
+            "kept {kept} {}, removed {removed} {}",
+            versions(kept),
+            versions(removed)
+        );
+        if removed > 0 {
+            println!("{GC_HINT}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,91 @@
+//! `cairn rm IMAGE@REF...` (versions) and `cairn rm IMAGE` (a whole image).
+
+use std::process::ExitCode;
+
+use anyhow::{bail, Result};
+use cairn_engine::remove::{remove_image, remove_versions, RemovedImage};
+use cairn_engine::resolve::VersionSpec;
+use serde_json::{json, Value};
+
+use crate::cli::RmArgs;
+use crate::context::Context;
+use crate::output::{print_json, time, version_json};
+
+pub const GC_HINT: &str = "run `cairn gc` to reclaim space";
+
+pub async fn run(ctx: &Context, args: RmArgs) -> Result<ExitCode> {
+    let mut versions = Vec::new();
+    let mut images = Vec::new();
+    for arg in &args.targets {
+        let spec = VersionSpec::parse(arg)?;
+        if spec.reference.is_some() {
+            versions.push(spec);
+        } else if !images.contains(&spec.image) {
+            images.push(spec.image);
+        }
+    }
+    let repo = ctx.open().await?;
+    // Check every whole image before changing anything (versions are checked by
+    // remove_versions, which also changes nothing unless all of them can go).
+    for image in &images {
+        if repo.head(image).await?.is_none() {
+            bail!("image {image:?} does not exist");
+        }
+    }
+    let removed = remove_versions(&repo, &versions).await?;
+    let mut removed_images: Vec<RemovedImage> = Vec::with_capacity(images.len());
+    for image in &images {
+        removed_images.push(remove_image(&repo, image).await?);
+    }
+
+    if ctx.json {
+        print_json(&json!({
+            "versions": Value::Array(removed.iter().map(|(id, r)| version_json(id, r)).collect()),
+            "images": Value::Array(removed_images.iter().map(|i| json!({
+                "image": i.image,
+                "versions": Value::Array(i.versions.iter().map(|(id, r)| version_json(id, r)).collect()),
+                "tags": Value::Array(i.tags.iter().map(|(name, id)| json!({"name": name, "id": id.to_hex()})).collect()),
+            })).collect()),
+        }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    for (id, r) in &removed {
+        println!(
+            "removed {}@{} {}  {}  {}",
+            r.image,
+            r.seq,
+            id.short(),
+            time(r.time_ns),
+            r.message
+        );
+    }
+    for i in &removed_images {
+        println!(
+            "removed image {} ({} {}, {} {})",
+            i.image,
+            i.versions.len(),
+            if i.versions.len() == 1 {
+                "version"
+            } else {
+                "versions"
+            },
+            i.tags.len(),
+            if i.tags.len() == 1 { "tag" } else { "tags" },
+        );
+        for (id, r) in &i.versions {
+            println!(
+                "  {}@{} {}  {}  {}",
+                r.image,
+                r.seq,
+                id.short(),
+                time(r.time_ns),
+                r.message
+            );
+        }
+        for (name, id) in &i.tags {
+            println!("  tag {name} {}", id.short());
+        }
+    }
+    println!("{GC_HINT}");
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,72 @@
+//! Removing versions and images (`cairn rm`).
+//!
+//! Removing a version writes a deletion marker: the version can no longer be named or
+//! restored, `history` skips it, and its record stays as a link in its image's parent chain.
+//! Removing an image drops its head and its tags. Neither frees space by itself: data that no
+//! live version uses any more is reclaimed by `cairn gc`. Data a clone still uses stays.
+
+use std::collections::HashSet;
+
+use cairn_format::version::VersionRecord;
+use cairn_format::Id;
+use cairn_repo::Repo;
+
+use crate::error::{EngineError, EngineResult};
+use crate::resolve::{history, resolve, VersionSpec};
+use crate::retention::tag_name;
+
+/// Marks the versions `specs` name deleted. Everything is checked first: if any spec does
+/// not resolve, or names a tagged version, nothing is changed. Returns the removed versions
+/// (each once, in the order given).
+pub async fn remove_versions(
+    repo: &Repo,
+    specs: &[VersionSpec],
+) -> EngineResult<Vec<(Id, VersionRecord)>> {
+    let mut targets: Vec<(Id, VersionRecord)> = Vec::with_capacity(specs.len());
+    let mut seen = HashSet::new();
+    for spec in specs {
+        let (id, record) = resolve(repo, spec).await?;
+        if seen.insert(id) {
+            targets.push((id, record));
+        }
+    }
+    let tags = repo.all_tag_targets().await?;
+    for (id, record) in &targets {
+        if let Some((key, _)) = tags.iter().find(|(_, t)| t == id) {
+            return Err(EngineError::BadRef(format!(
+                "{}@{} is tagged as {}; delete the tag first",
+                record.image,
+                record.seq,
+                tag_name(key)
+            )));
+        }
+    }
+    for (id, record) in &targets {
+        repo.mark_deleted(id).await?;
+        tracing::info!(image = %record.image, seq = record.seq, %id, "removed version");
+    }
+    Ok(targets)
+}
+
+/// What removing a whole image took away.
+#[derive(Debug, Clone)]
+pub struct RemovedImage {
+    pub image: String,
+    /// The image's live versions at the time, newest first.
+    pub versions: Vec<(Id, VersionRecord)>,
+    /// Its tags, as (name, version).
+    pub tags: Vec<(String, Id)>,
+}
+
+/// Removes `image`: its head and all its tags (see [`Repo::remove_image`]).
+pub async fn remove_image(repo: &Repo, image: &str) -> EngineResult<RemovedImage> {
+    let versions = history(repo, image).await?; // also: the image must exist
+    let tags = repo.tags(image).await?;
+    repo.remove_image(image).await?;
+    tracing::info!(image, versions = versions.len(), "removed image");
+    Ok(RemovedImage {
+        image: image.to_string(),
+        versions,
+        tags,
+    })
+}

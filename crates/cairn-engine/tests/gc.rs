@@ -1,0 +1,265 @@
+//! Garbage collection: space comes back, live data never goes, concurrent commits are safe,
+//! and a GC that dies at any point leaves a consistent repository.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_engine::gc::{gc, GcOptions};
+use cairn_engine::resolve::{history, resolve, VersionSpec};
+use cairn_engine::verify::verify;
+use cairn_format::version::VersionRecord;
+use cairn_repo::Repo;
+use cairn_store::{MemoryStore, ObjectStore};
+use common::*;
+
+fn fast() -> GcOptions {
+    GcOptions {
+        poll: Duration::from_millis(10),
+        ..Default::default()
+    }
+}
+
+async fn stored_bytes(store: &dyn ObjectStore) -> u64 {
+    store
+        .list("")
+        .await
+        .unwrap()
+        .iter()
+        .filter(|m| m.key.starts_with("packs/") || m.key.starts_with("index/"))
+        .map(|m| m.size)
+        .sum()
+}
+
+async fn expire_sessions(store: &dyn ObjectStore) {
+    for key in store.list_refs("sessions/").await.unwrap() {
+        if let Some(state) = store.read_ref(&key).await.unwrap() {
+            let _ = store.cas_ref(&key, Some(&state.version), None).await;
+        }
+    }
+}
+
+async fn version(repo: &Repo, spec: &str) -> VersionRecord {
+    resolve(repo, &VersionSpec::parse(spec).unwrap())
+        .await
+        .unwrap()
+        .1
+}
+
+/// Five versions of one image, each rewriting a different quarter with fresh noise.
+async fn series(store: Arc<MemoryStore>) -> (Arc<Repo>, Vec<Vec<u8>>) {
+    let repo = Arc::new(Repo::init(store, config(16384, 1 << 20)).await.unwrap());
+    let mut data = noise(8 << 20, 1);
+    let mut contents = Vec::new();
+    for i in 0..5u64 {
+        let q = (i as usize % 4) * (2 << 20);
+        data[q..q + (2 << 20)].copy_from_slice(&noise(2 << 20, 10 + i));
+        commit_bytes(&repo, "vm", data.clone()).await;
+        contents.push(data.clone());
+    }
+    (repo, contents)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_after_deleting_all_but_the_newest_matches_a_fresh_repository() {
+    let store = Arc::new(MemoryStore::new());
+    let (repo, contents) = series(store.clone()).await;
+    for seq in 1..=4 {
+        let (id, _) = resolve(&repo, &VersionSpec::parse(&format!("vm@{seq}")).unwrap())
+            .await
+            .unwrap();
+        repo.mark_deleted(&id).await.unwrap();
+    }
+    let before = stored_bytes(store.as_ref()).await;
+    let report = gc(&repo, &fast()).await.unwrap();
+    let after = stored_bytes(store.as_ref()).await;
+    assert_eq!(report.bytes_before, before);
+    assert_eq!(report.bytes_after, after);
+    assert!(
+        report.dead_blobs > 0 && report.packs_deleted + report.packs_repacked > 0,
+        "{report:?}"
+    );
+
+    // A fresh repository holding only the newest version.
+    let fresh_store = Arc::new(MemoryStore::new());
+    let fresh = Arc::new(
+        Repo::init(fresh_store.clone(), config(16384, 1 << 20))
+            .await
+            .unwrap(),
+    );
+    commit_bytes(&fresh, "vm", contents[4].clone()).await;
+    let fresh_bytes = stored_bytes(fresh_store.as_ref()).await;
+    let ratio = after as f64 / fresh_bytes as f64;
+    assert!(
+        (0.98..=1.02).contains(&ratio),
+        "after gc {after} vs fresh {fresh_bytes} ({ratio:.3})"
+    );
+
+    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    assert!(verify(repo.clone()).await.unwrap().is_clean());
+    let newest = version(&repo, "vm").await;
+    assert_eq!(restore_bytes(&repo, &newest).await.unwrap(), contents[4]);
+    // A second GC finds nothing more to do.
+    let again = gc(&repo, &fast()).await.unwrap();
+    assert_eq!(again.dead_blobs, 0);
+    assert_eq!(again.reclaimed(), 0, "{again:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_keeps_everything_live_versions_use() {
+    let store = Arc::new(MemoryStore::new());
+    let (repo, contents) = series(store.clone()).await;
+    // Delete the middle versions only.
+    for seq in [2, 3] {
+        let (id, _) = resolve(&repo, &VersionSpec::parse(&format!("vm@{seq}")).unwrap())
+            .await
+            .unwrap();
+        repo.mark_deleted(&id).await.unwrap();
+    }
+    gc(&repo, &fast()).await.unwrap();
+    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    assert!(verify(repo.clone()).await.unwrap().is_clean());
+    let log = history(&repo, "vm").await.unwrap();
+    let seqs: Vec<u64> = log.iter().map(|(_, r)| r.seq).collect();
+    assert_eq!(seqs, vec![5, 4, 1]);
+    for (_, r) in &log {
+        assert_eq!(
+            restore_bytes(&repo, r).await.unwrap(),
+            contents[r.seq as usize - 1]
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_running_during_gc_that_reuses_dead_data_is_rescued() {
+    let store = Arc::new(MemoryStore::new());
+    let repo = Arc::new(
+        Repo::init(store.clone(), config(16384, 1 << 20))
+            .await
+            .unwrap(),
+    );
+    let old = noise(4 << 20, 77);
+    let first = commit_bytes(&repo, "vm", old.clone()).await;
+    commit_bytes(&repo, "vm", noise(4 << 20, 78)).await;
+    repo.mark_deleted(&first.id).await.unwrap();
+    repo.close().await.unwrap();
+
+    // A committer opens the repository (its session predates the GC's plan) ...
+    let committer = Arc::new(Repo::open(store.clone()).await.unwrap());
+    // ... the GC marks (the old data is dead), publishes its plan and waits for that session.
+    let gc_repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let gc_task = tokio::spawn(async move { gc(&gc_repo, &fast()).await });
+    while store.list("gc/plans/").await.unwrap().is_empty() {
+        assert!(!gc_task.is_finished(), "gc finished without waiting");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The committer commits the old content again: it deduplicates against the dead blobs.
+    let again = commit_bytes(&committer, "vm", old.clone()).await;
+    assert_eq!(again.record.stats.new_chunks, 0, "reused the dead blobs");
+    committer.close().await.unwrap();
+    let report = gc_task.await.unwrap().unwrap();
+    assert!(report.rescued_blobs > 0, "{report:?}");
+
+    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let v = verify(repo.clone()).await.unwrap();
+    assert!(v.is_clean(), "{:?} {:?}", v.problems, v.damaged_versions);
+    assert_eq!(restore_bytes(&repo, &again.record).await.unwrap(), old);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_starts_after_the_plan_does_not_reuse_doomed_blobs() {
+    let store = Arc::new(MemoryStore::new());
+    let repo = Arc::new(
+        Repo::init(store.clone(), config(16384, 1 << 20))
+            .await
+            .unwrap(),
+    );
+    let old = noise(2 << 20, 5);
+    let first = commit_bytes(&repo, "vm", old.clone()).await;
+    commit_bytes(&repo, "vm", noise(2 << 20, 6)).await;
+    repo.mark_deleted(&first.id).await.unwrap();
+    repo.close().await.unwrap();
+    // Keep an old session alive so the GC stays parked after publishing its plan.
+    let blocker = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let gc_repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let gc_task = tokio::spawn(async move { gc(&gc_repo, &fast()).await });
+    while store.list("gc/plans/").await.unwrap().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let late = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let c = commit_bytes(&late, "vm", old.clone()).await;
+    assert!(
+        c.record.stats.new_chunks > 0,
+        "a late session stores its own copies"
+    );
+    late.close().await.unwrap();
+    blocker.close().await.unwrap();
+    gc_task.await.unwrap().unwrap();
+    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let v = verify(repo.clone()).await.unwrap();
+    assert!(v.is_clean(), "{:?} {:?}", v.problems, v.damaged_versions);
+    assert_eq!(restore_bytes(&repo, &c.record).await.unwrap(), old);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_dying_after_any_number_of_store_operations_loses_nothing() {
+    let store = Arc::new(MemoryStore::new());
+    let (repo, contents) = series(store.clone()).await;
+    repo.close().await.unwrap();
+    let mut trials = 0;
+    let mut alive: Vec<u64> = vec![1, 2, 3, 4, 5];
+    // Two rounds of deletions, each followed by GCs that die after 0, 1, 2, ... store
+    // operations until one completes.
+    for round in [vec![1u64, 3], vec![2, 4]] {
+        let r = Arc::new(Repo::open(store.clone()).await.unwrap());
+        for seq in &round {
+            let (id, _) = resolve(&r, &VersionSpec::parse(&format!("vm@{seq}")).unwrap())
+                .await
+                .unwrap();
+            r.mark_deleted(&id).await.unwrap();
+        }
+        r.close().await.unwrap();
+        alive.retain(|s| !round.contains(s));
+        for allowed in 0.. {
+            let failing: Arc<dyn ObjectStore> = Arc::new(FailingStore::new(store.clone(), allowed));
+            let Ok(r) = Repo::open(failing).await else {
+                continue; // could not even register a session
+            };
+            let r = Arc::new(r);
+            let outcome = gc(&r, &fast()).await;
+            drop(r);
+            trials += 1;
+            // The "killed" GC's session would go stale after a while; fast-forward that.
+            expire_sessions(store.as_ref()).await;
+            // Whatever happened, a new process sees a consistent repository.
+            let check = Arc::new(Repo::open(store.clone()).await.unwrap());
+            let report = verify(check.clone()).await.unwrap();
+            assert!(
+                report.is_clean(),
+                "gc stopped after {allowed} writes: {:?}",
+                report.problems
+            );
+            for seq in &alive {
+                let v = version(&check, &format!("vm@{seq}")).await;
+                assert_eq!(
+                    restore_bytes(&check, &v).await.unwrap(),
+                    contents[*seq as usize - 1],
+                    "after {allowed}"
+                );
+            }
+            check.close().await.unwrap();
+            if outcome.is_ok() {
+                break;
+            }
+            assert!(allowed < 500, "gc never completed");
+        }
+    }
+    assert!(trials >= 20, "only {trials} crash points exercised");
+    // A final, undisturbed GC completes the work of the interrupted ones.
+    let r = Arc::new(Repo::open(store.clone()).await.unwrap());
+    gc(&r, &fast()).await.unwrap();
+    assert!(verify(r.clone()).await.unwrap().is_clean());
+    let v = version(&r, "vm@5").await;
+    assert_eq!(restore_bytes(&r, &v).await.unwrap(), contents[4]);
+}

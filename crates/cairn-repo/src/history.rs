@@ -1,0 +1,137 @@
+//! Tags, deletion markers and whole-image removal.
+
+use std::collections::HashSet;
+
+use bytes::Bytes;
+use cairn_format::marker::{decode_deleted, deleted_key, encode_deleted, DELETED_PREFIX};
+use cairn_format::refs::{self, tag_key, tags_prefix, validate_tag_name};
+use cairn_format::Id;
+use cairn_store::{CasOutcome, PutOutcome};
+
+use crate::error::{RepoError, RepoResult};
+use crate::repository::Repo;
+use crate::session::now_ns;
+
+impl Repo {
+    /// The version a tag names, if the tag exists.
+    pub async fn tag(&self, image: &str, tag: &str) -> RepoResult<Option<Id>> {
+        validate_tag_name(tag).map_err(|e| RepoError::Invalid(e.to_string()))?;
+        let key = tag_key(image, tag);
+        match self.store().read_ref(&key).await? {
+            None => Ok(None),
+            Some(state) => {
+                Ok(Some(refs::decode(&state.data).map_err(|e| {
+                    RepoError::corrupt(format!("refs/{key}"), e)
+                })?))
+            }
+        }
+    }
+
+    /// Creates a tag; fails if it exists already (tags never move silently).
+    pub async fn create_tag(&self, image: &str, tag: &str, version: &Id) -> RepoResult<()> {
+        validate_tag_name(tag).map_err(|e| RepoError::Invalid(e.to_string()))?;
+        let outcome = self
+            .store()
+            .cas_ref(
+                &tag_key(image, tag),
+                None,
+                Some(Bytes::from(refs::encode(version))),
+            )
+            .await?;
+        match outcome {
+            CasOutcome::Swapped { .. } => Ok(()),
+            CasOutcome::Conflict { .. } => Err(RepoError::Invalid(format!(
+                "tag {tag:?} of image {image:?} already exists (delete it first)"
+            ))),
+        }
+    }
+
+    /// Deletes a tag; fails if it does not exist.
+    pub async fn delete_tag(&self, image: &str, tag: &str) -> RepoResult<()> {
+        validate_tag_name(tag).map_err(|e| RepoError::Invalid(e.to_string()))?;
+        let key = tag_key(image, tag);
+        let Some(state) = self.store().read_ref(&key).await? else {
+            return Err(RepoError::Invalid(format!(
+                "image {image:?} has no tag {tag:?}"
+            )));
+        };
+        self.store()
+            .cas_ref(&key, Some(&state.version), None)
+            .await?;
+        Ok(())
+    }
+
+    /// Every tag of `image` as (name, version), sorted by name.
+    pub async fn tags(&self, image: &str) -> RepoResult<Vec<(String, Id)>> {
+        let prefix = tags_prefix(image);
+        let mut out = Vec::new();
+        for key in self.store().list_refs(&prefix).await? {
+            let name = key[prefix.len()..].to_string();
+            if let Some(state) = self.store().read_ref(&key).await? {
+                let id = refs::decode(&state.data)
+                    .map_err(|e| RepoError::corrupt(format!("refs/{key}"), e))?;
+                out.push((name, id));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every tag in the repository as (ref key, version): GC roots.
+    pub async fn all_tag_targets(&self) -> RepoResult<Vec<(String, Id)>> {
+        let mut out = Vec::new();
+        for key in self.store().list_refs(refs::TAGS_PREFIX).await? {
+            if let Some(state) = self.store().read_ref(&key).await? {
+                let id = refs::decode(&state.data)
+                    .map_err(|e| RepoError::corrupt(format!("refs/{key}"), e))?;
+                out.push((key, id));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Marks a version deleted. Idempotent.
+    pub async fn mark_deleted(&self, version: &Id) -> RepoResult<()> {
+        let data = Bytes::from(encode_deleted(version, now_ns()));
+        match self
+            .store()
+            .put_if_absent(&deleted_key(version), data)
+            .await?
+        {
+            PutOutcome::Created | PutOutcome::AlreadyExists => Ok(()),
+        }
+    }
+
+    /// Every version marked deleted.
+    pub async fn deleted_versions(&self) -> RepoResult<HashSet<Id>> {
+        let mut out = HashSet::new();
+        for meta in self.store().list(DELETED_PREFIX).await? {
+            let raw = self.store().get(&meta.key).await?;
+            let (id, _) =
+                decode_deleted(&raw).map_err(|e| RepoError::corrupt(meta.key.clone(), e))?;
+            out.insert(id);
+        }
+        Ok(out)
+    }
+
+    /// Removes an image's head ref and all its tags: the image disappears; its data is
+    /// reclaimed by GC unless other images (clones) still use it.
+    pub async fn remove_image(&self, image: &str) -> RepoResult<()> {
+        for (tag, _) in self.tags(image).await? {
+            self.delete_tag(image, &tag).await?;
+        }
+        let key = refs::head_key(image);
+        let Some(state) = self.store().read_ref(&key).await? else {
+            return Err(RepoError::NoSuchImage(image.to_string()));
+        };
+        match self
+            .store()
+            .cas_ref(&key, Some(&state.version), None)
+            .await?
+        {
+            CasOutcome::Swapped { .. } => Ok(()),
+            CasOutcome::Conflict { .. } => Err(RepoError::Invalid(format!(
+                "image {image:?} changed while it was being removed; try again"
+            ))),
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! A wrapper that counts what passes through another store: read requests, bytes read and
+//! bytes written. For measuring metadata reads in tests and benchmarks (e.g. that a diff of
+//! two versions reads only the manifest nodes on the paths to the changed leaves).
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::{CasOutcome, ObjectMeta, ObjectStore, PutOutcome, RefState, RefVersion, StoreResult};
+
+/// An [`ObjectStore`] that delegates everything to `inner` and counts:
+/// - [`reads`](Self::reads): `get` and `get_range` requests (failed ones included);
+/// - [`bytes_read`](Self::bytes_read): bytes those requests returned;
+/// - [`bytes_written`](Self::bytes_written): payloads of `put_if_absent` calls that created
+///   an object.
+///
+/// Refs, listings and `head` are passed through uncounted.
+#[derive(Debug)]
+pub struct CountingStore {
+    inner: Arc<dyn ObjectStore>,
+    reads: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+}
+
+impl CountingStore {
+    pub fn new(inner: Arc<dyn ObjectStore>) -> Self {
+        CountingStore {
+            inner,
+            reads: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+        }
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner
+    }
+
+    /// Bytes returned by `get` and `get_range` since creation or the last [`reset`](Self::reset).
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
+    }
+
+    /// `get` and `get_range` requests since creation or the last reset.
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of objects created by `put_if_absent` since creation or the last reset.
+    pub fn bytes_written(&self) -> u64 {
+        self.bytes_written.load(Ordering::Relaxed)
+    }
+
+    /// Sets every counter back to zero.
+    pub fn reset(&self) {
+        self.reads.store(0, Ordering::Relaxed);
+        self.bytes_read.store(0, Ordering::Relaxed);
+        self.bytes_written.store(0, Ordering::Relaxed);
+    }
+
+    fn count_read(&self, result: &StoreResult<Bytes>) {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        if let Ok(data) = result {
+            self.bytes_read
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+#[async_trait]
+impl ObjectStore for CountingStore {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<PutOutcome> {
+        let len = data.len() as u64;
+        let outcome = self.inner.put_if_absent(key, data).await?;
+        if outcome == PutOutcome::Created {
+            self.bytes_written.fetch_add(len, Ordering::Relaxed);
+        }
+        Ok(outcome)
+    }
+
+    async fn get(&self, key: &str) -> StoreResult<Bytes> {
+        let result = self.inner.get(key).await;
+        self.count_read(&result);
+        result
+    }
+
+    async fn get_range(&self, key: &str, range: Range<u64>) -> StoreResult<Bytes> {
+        let result = self.inner.get_range(key, range).await;
+        self.count_read(&result);
+        result
+    }
+
+    async fn head(&self, key: &str) -> StoreResult<Option<u64>> {
+        self.inner.head(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> StoreResult<Vec<ObjectMeta>> {
+        self.inner.list(prefix).await
+    }
+
+    async fn delete(&self, key: &str) -> StoreResult<()> {
+        self.inner.delete(key).await
+    }
+
+    async fn read_ref(&self, key: &str) -> StoreResult<Option<RefState>> {
+        self.inner.read_ref(key).await
+    }
+
+    async fn list_refs(&self, prefix: &str) -> StoreResult<Vec<String>> {
+        self.inner.list_refs(prefix).await
+    }
+
+    async fn cas_ref(
+        &self,
+        key: &str,
+        expected: Option<&RefVersion>,
+        new: Option<Bytes>,
+    ) -> StoreResult<CasOutcome> {
+        self.inner.cas_ref(key, expected, new).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryStore;
+
+    #[tokio::test]
+    async fn counts_reads_and_created_writes() {
+        let store = CountingStore::new(Arc::new(MemoryStore::new()));
+        let put = |k: &'static str, v: &'static [u8]| store.put_if_absent(k, Bytes::from_static(v));
+        assert_eq!(put("a", b"hello").await.unwrap(), PutOutcome::Created);
+        assert_eq!(put("a", b"other").await.unwrap(), PutOutcome::AlreadyExists);
+        assert_eq!(put("b", b"xy").await.unwrap(), PutOutcome::Created);
+        assert_eq!(store.bytes_written(), 7, "only created objects count");
+        assert_eq!((store.reads(), store.bytes_read()), (0, 0));
+
+        assert_eq!(&store.get("a").await.unwrap()[..], b"hello");
+        assert_eq!(&store.get_range("a", 1..3).await.unwrap()[..], b"el");
+        assert!(store.get("missing").await.is_err());
+        assert!(store.get_range("b", 0..9).await.is_err());
+        assert_eq!(store.head("a").await.unwrap(), Some(5));
+        assert_eq!(store.list("").await.unwrap().len(), 2);
+        assert_eq!(store.reads(), 4, "failed reads are requests too");
+        assert_eq!(store.bytes_read(), 7);
+
+        store.reset();
+        assert_eq!(
+            (store.reads(), store.bytes_read(), store.bytes_written()),
+            (0, 0, 0)
+        );
+        store.get("b").await.unwrap();
+        assert_eq!((store.reads(), store.bytes_read()), (1, 2));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn passes_the_conformance_suite() {
+        let store = CountingStore::new(Arc::new(MemoryStore::new()));
+        crate::conformance::run_all(&store).await;
+        assert!(store.reads() > 0 && store.bytes_written() > 0);
+    }
+}
