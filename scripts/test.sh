@@ -74,6 +74,9 @@ step "scripts/e2e.sh"
 CAIRN_BIN=$(cairn_bin)
 CAIRN_BIN="$CAIRN_BIN" CAIRN_DATASET="$DATASET" bash "$ROOT/scripts/e2e.sh"
 
+step "scripts/stress_gc.py (4 committers + prune/gc for 60 s, then 20 kill -9 of gc)"
+CAIRN_BIN="$CAIRN_BIN" CAIRN_STRESS_DIR="$ROOT/.data" python3 "$ROOT/scripts/stress_gc.py" --seconds 60
+
 CURRENT_STEP="done"
 echo
 echo "test.sh: finished in $(($(date +%s) - START)) s"

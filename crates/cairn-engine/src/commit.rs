@@ -105,12 +105,13 @@ pub async fn commit(
             .map_err(|e| EngineError::Pipeline(format!("pipeline thread: {e}")))??
     };
 
-    // GC safety, last line of defence: a GC that planned after this commit started normally
-    // waits for it. If one finished anyway (it judged this process dead, e.g. after a long
-    // stall), check that every blob this commit reuses still exists before publishing.
-    if let Some(plan_ns) = crate::gc::last_gc_plan_ns(repo.store().as_ref()).await? {
-        if plan_ns >= repo.session_started_ns() {
-            let present = repo.current_blob_set().await?;
+    // GC safety, last line of defence: a GC whose plan this commit did not see, and whose
+    // cutoff is after this commit started, normally waits for it. If such a GC finished anyway
+    // (it judged this process dead, e.g. after a long stall), check that every blob this
+    // commit reuses still exists before publishing anything that refers to it.
+    if let Some((cutoff_ns, plan)) = crate::gc::last_gc(repo.store().as_ref()).await? {
+        if cutoff_ns >= repo.session_started_ns() && !repo.saw_plan(&plan) {
+            let present = repo.indexed_blobs_now().await?;
             let missing = out.reused.iter().filter(|id| !present.contains(id)).count();
             if missing > 0 {
                 return Err(EngineError::Pipeline(format!(

@@ -12,9 +12,9 @@
 //!    without recompression). New packs and one consolidated index file (every live blob, at
 //!    its surviving location) are written first; then the plan (dead blobs + the index files
 //!    it supersedes) is published under `gc/plans/`.
-//! 4. **Wait** for every session that started before the plan and is still alive. Sessions that
-//!    start later see the plan: they never deduplicate against its dead blobs and do not load
-//!    the superseded index files.
+//! 4. **Wait** for every live session that started before the plan was published (plus a clock
+//!    skew margin). Sessions that start later see the plan: they register before reading plans,
+//!    never deduplicate against its dead blobs and do not load the superseded index files.
 //! 5. **Re-mark** from the heads and tags as they are now: a commit that was running during
 //!    the mark may have published a version that reuses a dead blob. Such blobs are *rescued*:
 //!    their packs are kept and a rescue index file lists them.
@@ -360,22 +360,29 @@ async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport> {
         superseded_index: superseded.clone(),
     };
     let plan_raw = plan.encode();
-    let plan_key = format!("{PLANS_PREFIX}{}", Id::of(&plan_raw));
+    let plan_id = Id::of(&plan_raw);
+    let plan_key = format!("{PLANS_PREFIX}{plan_id}");
     store
         .put_if_absent(&plan_key, Bytes::from(plan_raw))
         .await?;
+    // Sessions register before they read plans, so one that started after the plan became
+    // visible has seen it. The cutoff is taken *after* publication (not at the plan's
+    // creation: a session registering in between would read the plans before ours is there),
+    // plus a margin for clock skew between hosts.
+    let cutoff_ns = now_ns() + CLOCK_SKEW_MARGIN.as_nanos() as i64;
 
     // 4. Wait for the sessions that may not have seen the plan.
     let wait_started = Instant::now();
-    if let Err(e) = wait_for_sessions(repo, &plan, options).await {
+    if let Err(e) = wait_for_sessions(repo, cutoff_ns, options).await {
         let _ = store.delete(&plan_key).await;
         return Err(e);
     }
     report.waited_s = wait_started.elapsed().as_secs_f64();
 
     // 5. Re-mark from the refs as they are now; rescue dead blobs that new versions use.
-    let now_index = Snapshot::load(repo).await?;
+    // Refs first, then the index (as in the first mark): every version read is fully indexed.
     let live_now = live_versions(repo).await?;
+    let now_index = Snapshot::load(repo).await?;
     for (id, record) in &live_now.live {
         if !live.live.contains_key(id) {
             marker
@@ -432,7 +439,7 @@ async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport> {
             report.orphan_packs_deleted += 1;
         }
     }
-    set_gc_last(store.as_ref(), plan.created_ns).await?;
+    set_gc_last(store.as_ref(), cutoff_ns, &plan_id).await?;
     // Our plan, and any plan left by a GC that died (we hold the lock, so no other GC runs).
     for meta in store.list(PLANS_PREFIX).await? {
         store.delete(&meta.key).await?;
@@ -562,7 +569,11 @@ async fn put_index(repo: &Repo, packs: Vec<PackIndex>) -> EngineResult<Id> {
     Ok(id)
 }
 
-async fn wait_for_sessions(repo: &Repo, plan: &GcPlan, options: &GcOptions) -> EngineResult<()> {
+/// Sessions that started up to this long after a plan was published are waited for too, in
+/// case the clocks of the hosts sharing a repository disagree.
+pub const CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(1);
+
+async fn wait_for_sessions(repo: &Repo, cutoff_ns: i64, options: &GcOptions) -> EngineResult<()> {
     let me = repo.session_key();
     let started = Instant::now();
     loop {
@@ -574,7 +585,7 @@ async fn wait_for_sessions(repo: &Repo, plan: &GcPlan, options: &GcOptions) -> E
             .filter(|(key, s)| {
                 Some(key) != me.as_ref()
                     && s.as_ref().is_some_and(|s| {
-                        s.started_ns <= plan.created_ns && now - s.heartbeat_ns < stale_ns
+                        s.started_ns <= cutoff_ns && now - s.heartbeat_ns < stale_ns
                     })
             })
             .map(|(key, s)| format!("{key} ({})", s.map(|s| s.kind).unwrap_or_default()))
@@ -595,8 +606,8 @@ async fn wait_for_sessions(repo: &Repo, plan: &GcPlan, options: &GcOptions) -> E
     }
 }
 
-async fn set_gc_last(store: &dyn ObjectStore, created_ns: i64) -> EngineResult<()> {
-    let data = Bytes::from(encode_gc_last(created_ns));
+async fn set_gc_last(store: &dyn ObjectStore, cutoff_ns: i64, plan: &Id) -> EngineResult<()> {
+    let data = Bytes::from(encode_gc_last(cutoff_ns, plan));
     loop {
         let current = store.read_ref(GC_LAST_REF).await?;
         let expected = current.as_ref().map(|c| c.version.clone());
@@ -622,8 +633,9 @@ async fn remove_stale_sessions(store: &dyn ObjectStore, options: &GcOptions) -> 
     Ok(())
 }
 
-/// Reads `gc/last`: the creation time of the newest GC plan whose sweep ran.
-pub async fn last_gc_plan_ns(store: &dyn ObjectStore) -> EngineResult<Option<i64>> {
+/// Reads `gc/last`: the session cutoff of the newest GC whose sweep ran (sessions that started
+/// before it were waited for, unless judged dead) and its plan id.
+pub async fn last_gc(store: &dyn ObjectStore) -> EngineResult<Option<(i64, Id)>> {
     match store.read_ref(GC_LAST_REF).await? {
         None => Ok(None),
         Some(state) => Ok(Some(

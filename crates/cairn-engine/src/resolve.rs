@@ -46,7 +46,7 @@ impl std::fmt::Display for VersionSpec {
     }
 }
 
-/// Finds the version a spec names. A reference of only digits is a sequence number
+/// Finds the version a spec names. A reference of up to 12 digits is a sequence number
 /// (1 = the image's first version); otherwise a tag of the image, or else a hex prefix of a
 /// version id. No reference means the newest version that is not deleted.
 /// Deleted versions cannot be named.
@@ -82,7 +82,8 @@ async fn resolve_including_deleted(
         .head(&spec.image)
         .await?
         .ok_or_else(|| EngineError::BadRef(format!("image {:?} does not exist", spec.image)))?;
-    if reference.bytes().all(|b| b.is_ascii_digit()) {
+    // Up to 12 digits is a sequence number; a longer run of digits can only be an id prefix.
+    if reference.len() <= 12 && reference.bytes().all(|b| b.is_ascii_digit()) {
         let seq: u64 = reference
             .parse()
             .map_err(|_| EngineError::BadRef(format!("{spec}: sequence number too large")))?;

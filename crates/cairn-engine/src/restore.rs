@@ -254,8 +254,13 @@ struct Read {
 
 impl AsyncLeafVisitor for &mut BatchWriter<'_> {
     async fn visit(&mut self, batch: Vec<(u64, Leaf)>) -> EngineResult<()> {
-        // Stdout batches are bounded in memory: split big ones.
-        for part in batch.chunks(32) {
+        // Stdout assembles each part in memory, so its parts stay small; files and devices
+        // take the whole batch at once (fewer pauses between parallel rounds).
+        let part_len = match self.sink {
+            Sink::Stdout { .. } => 32,
+            Sink::File { .. } => batch.len().max(1),
+        };
+        for part in batch.chunks(part_len) {
             self.visit_part(part).await?;
         }
         Ok(())

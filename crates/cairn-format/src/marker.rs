@@ -10,8 +10,8 @@
 //!   start while a plan exists never deduplicate against its blobs and do not load the index
 //!   files it supersedes. Envelope "CRNGCPL\0": created (i64 ns) | n blobs (u32) | n × blob id
 //!   | m index files (u32) | m × index id.
-//! - GC completion, ref `gc/last`: the creation time of the newest plan whose deletions ran.
-//!   Envelope "CRNGCLS\0": plan created (i64 ns).
+//! - GC completion, ref `gc/last`: the session cutoff of the newest GC whose sweep ran, and its
+//!   plan id. Envelope "CRNGCLS\0": cutoff (i64 ns) | plan id (32).
 
 use crate::codec::{Decoder, Encoder};
 use crate::envelope;
@@ -142,13 +142,15 @@ pub fn decode_gc_lock(data: &[u8]) -> FormatResult<String> {
     Ok(v)
 }
 
-pub fn encode_gc_last(plan_created_ns: i64) -> Vec<u8> {
-    envelope::seal(GC_LAST_MAGIC, &plan_created_ns.to_le_bytes())
+pub fn encode_gc_last(cutoff_ns: i64, plan: &Id) -> Vec<u8> {
+    let mut e = Encoder::new();
+    e.i64(cutoff_ns).id(plan);
+    envelope::seal(GC_LAST_MAGIC, &e.finish())
 }
 
-pub fn decode_gc_last(data: &[u8]) -> FormatResult<i64> {
+pub fn decode_gc_last(data: &[u8]) -> FormatResult<(i64, Id)> {
     let mut d = Decoder::new(envelope::open(GC_LAST_MAGIC, data, "gc/last")?, "gc/last");
-    let v = d.i64()?;
+    let v = (d.i64()?, d.id()?);
     d.finish()?;
     Ok(v)
 }
@@ -174,6 +176,6 @@ mod tests {
             superseded_index: vec![Id::of(b"i")],
         };
         assert_eq!(GcPlan::decode(&p.encode()).unwrap(), p);
-        assert_eq!(decode_gc_last(&encode_gc_last(77)).unwrap(), 77);
+        assert_eq!(decode_gc_last(&encode_gc_last(77, &v)).unwrap(), (77, v));
     }
 }

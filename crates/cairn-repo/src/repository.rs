@@ -40,6 +40,8 @@ pub struct Repo {
     index_errors: Vec<String>,
     /// Blobs that pending GC plans are deleting: never deduplicated against.
     doomed: HashSet<Id>,
+    /// The GC plans pending when this repository was opened (by id).
+    plans_seen: HashSet<Id>,
     session: Mutex<Option<SessionHandle>>,
     session_started_ns: i64,
 }
@@ -98,11 +100,13 @@ impl Repo {
             index: RwLock::new(BlobIndex::new()),
             index_errors: Vec::new(),
             doomed: HashSet::new(),
+            plans_seen: HashSet::new(),
             session_started_ns: session.started_ns,
             session: Mutex::new(Some(session)),
         };
         let mut superseded = HashSet::new();
-        for plan in repo.gc_plans().await? {
+        for (id, plan) in repo.gc_plans_with_ids().await? {
+            repo.plans_seen.insert(id);
             repo.doomed.extend(plan.dead_blobs);
             superseded.extend(plan.superseded_index);
         }
@@ -145,28 +149,12 @@ impl Repo {
         Ok(out)
     }
 
-    /// The set of blobs indexed right now, as a process opening the repository now would see
-    /// it (index files superseded by pending GC plans and the blobs those plans delete are
-    /// left out).
-    pub async fn current_blob_set(&self) -> RepoResult<HashSet<Id>> {
-        let mut doomed = HashSet::new();
-        let mut superseded = HashSet::new();
-        for plan in self.gc_plans().await? {
-            doomed.extend(plan.dead_blobs);
-            superseded.extend(plan.superseded_index);
-        }
+    /// Every blob indexed right now, in any index file.
+    pub async fn indexed_blobs_now(&self) -> RepoResult<HashSet<Id>> {
         let mut out = HashSet::new();
-        for (id, file) in self.load_all_index_files().await? {
-            if superseded.contains(&id) {
-                continue;
-            }
+        for (_, file) in self.load_all_index_files().await? {
             for p in &file.packs {
-                out.extend(
-                    p.entries
-                        .iter()
-                        .map(|e| e.id)
-                        .filter(|id| !doomed.contains(id)),
-                );
+                out.extend(p.entries.iter().map(|e| e.id));
             }
         }
         Ok(out)
@@ -179,6 +167,16 @@ impl Repo {
 
     /// The GC plans pending in the store.
     pub async fn gc_plans(&self) -> RepoResult<Vec<GcPlan>> {
+        Ok(self
+            .gc_plans_with_ids()
+            .await?
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect())
+    }
+
+    /// The GC plans pending in the store, with their ids (the BLAKE3 in their key).
+    pub async fn gc_plans_with_ids(&self) -> RepoResult<Vec<(Id, GcPlan)>> {
         let mut plans = Vec::new();
         for meta in self.store.list(PLANS_PREFIX).await? {
             let raw = match self.store.get(&meta.key).await {
@@ -186,9 +184,16 @@ impl Repo {
                 Err(StoreError::NotFound { .. }) => continue, // finished meanwhile
                 Err(e) => return Err(e.into()),
             };
-            plans.push(GcPlan::decode(&raw).map_err(|e| RepoError::corrupt(meta.key.clone(), e))?);
+            let id = Id::of(&raw);
+            let plan = GcPlan::decode(&raw).map_err(|e| RepoError::corrupt(meta.key.clone(), e))?;
+            plans.push((id, plan));
         }
         Ok(plans)
+    }
+
+    /// Whether this process saw GC plan `id` pending when it opened the repository.
+    pub fn saw_plan(&self, id: &Id) -> bool {
+        self.plans_seen.contains(id)
     }
 
     /// Whether a pending GC plan (seen at open) is deleting this blob.
@@ -217,18 +222,25 @@ impl Repo {
                 let Some(meta) = pending.next() else { break };
                 let store = self.store.clone();
                 tasks.spawn(async move {
-                    let raw = store.get(&meta.key).await?;
-                    Ok::<_, RepoError>(
+                    // A GC deletes only index files it has replaced (its consolidated index
+                    // was written first, so this listing has it): one gone since is skipped.
+                    let raw = match store.get(&meta.key).await {
+                        Ok(raw) => raw,
+                        Err(StoreError::NotFound { .. }) => return Ok(None),
+                        Err(e) => return Err(RepoError::from(e)),
+                    };
+                    Ok::<_, RepoError>(Some(
                         IndexFile::decode(&raw).map_err(|e| RepoError::corrupt(meta.key, e)),
-                    )
+                    ))
                 });
             }
             match tasks.join_next().await {
                 None => break,
                 Some(res) => {
                     match res.map_err(|e| RepoError::Invalid(format!("index loader: {e}")))?? {
-                        Ok(file) => index.add_file(&file),
-                        Err(damaged) => {
+                        None => {}
+                        Some(Ok(file)) => index.add_file(&file),
+                        Some(Err(damaged)) => {
                             tracing::warn!("{damaged}");
                             self.index_errors.push(damaged.to_string());
                         }

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Concurrency stress test: committers and a garbage collector on one repository.
+
+Four processes commit their own changing image in a loop while a fifth runs `cairn prune
+--all --keep-last 3` and `cairn gc` in a loop, for a bounded time. Afterwards:
+
+- `cairn verify` must be clean;
+- every version a committer was told was committed, and that prune kept, must restore
+  bit-exact (and the last three of every image must all still be there);
+- every gc must have succeeded, and the repository must be smaller than the sum of what the
+  commits wrote (space really came back).
+
+Then 20 trials kill -9 a gc at a random moment; after each, verify must be clean and the live
+versions must restore.
+
+    scripts/stress_gc.py [--seconds 60] [--bin target/release/cairn]
+
+Prints "stress_gc: N passed, 0 failed" and exits non-zero on any failure.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+IMAGE_SIZE = 64 << 20
+CHANGE = 1 << 20
+
+
+def run(binary, repo, *args, check=True):
+    p = subprocess.run([binary, "--repo", repo, "-q", *args], capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"cairn {' '.join(args)} failed ({p.returncode}): {p.stderr.strip()}")
+    return p
+
+
+def sha(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def make_image(path, rng):
+    with open(path, "wb") as f:
+        f.truncate(IMAGE_SIZE)
+        for _ in range(16):
+            f.seek(rng.randrange(0, IMAGE_SIZE - CHANGE, 4096))
+            f.write(rng.randbytes(CHANGE))
+
+
+def mutate(path, rng):
+    with open(path, "r+b") as f:
+        f.seek(rng.randrange(0, IMAGE_SIZE - CHANGE, 4096))
+        f.write(rng.randbytes(CHANGE))
+
+
+class Results:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.committed = {}  # image -> [(id, sha)]
+        self.errors = []
+        self.gc_runs = 0
+        self.stored = 0
+
+    def error(self, msg):
+        with self.lock:
+            self.errors.append(msg)
+
+
+def committer(binary, repo, work, n, deadline, results):
+    rng = random.Random(1000 + n)
+    image = f"stress/w{n}"
+    path = os.path.join(work, f"w{n}.raw")
+    make_image(path, rng)
+    while time.time() < deadline:
+        digest = sha(path)
+        p = run(binary, repo, "--json", "commit", image, path, check=False)
+        if p.returncode != 0:
+            results.error(f"commit {image}: {p.stderr.strip()}")
+            return
+        out = json.loads(p.stdout)
+        with results.lock:
+            results.committed.setdefault(image, []).append((out["id"], digest))
+            results.stored += out["stored_bytes"]
+        mutate(path, rng)
+
+
+def collector(binary, repo, deadline, results):
+    while time.time() < deadline:
+        for args in (["prune", "--all", "--keep-last", "3"], ["--json", "gc"]):
+            p = run(binary, repo, *args, check=False)
+            if p.returncode != 0:
+                results.error(f"{args[-1]}: {p.stderr.strip()}")
+                return
+        with results.lock:
+            results.gc_runs += 1
+        time.sleep(0.2)
+
+
+class Checks:
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+
+    def ok(self, cond, what):
+        if cond:
+            self.passed += 1
+        else:
+            self.failed += 1
+            print(f"  FAIL  {what}", flush=True)
+
+
+def restore_matches(binary, repo, spec, digest, work):
+    out = os.path.join(work, "restored.raw")
+    p = run(binary, repo, "restore", spec, out, check=False)
+    if p.returncode != 0:
+        return False, p.stderr.strip()
+    same = sha(out) == digest
+    os.remove(out)
+    return same, "content differs"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--bin", default=os.environ.get("CAIRN_BIN", "target/release/cairn"))
+    args = ap.parse_args()
+    binary = os.path.abspath(args.bin)
+    work = tempfile.mkdtemp(prefix="cairn-stress-", dir=os.environ.get("CAIRN_STRESS_DIR"))
+    repo = os.path.join(work, "repo")
+    checks = Checks()
+    try:
+        run(binary, repo, "init", "--pack-size", "1M")
+        results = Results()
+        deadline = time.time() + args.seconds
+        threads = [threading.Thread(target=committer, args=(binary, repo, work, n, deadline, results)) for n in range(4)]
+        threads.append(threading.Thread(target=collector, args=(binary, repo, deadline, results)))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        total = sum(len(v) for v in results.committed.values())
+        print(f"stress: {total} commits, {results.gc_runs} prune+gc rounds in {args.seconds:.0f} s", flush=True)
+        for e in results.errors:
+            print(f"  error: {e}", flush=True)
+        checks.ok(not results.errors, "no command failed during the stress run")
+        checks.ok(results.gc_runs >= 2, f"gc ran repeatedly ({results.gc_runs})")
+        checks.ok(all(len(v) >= 3 for v in results.committed.values()) and len(results.committed) == 4,
+                  "every committer committed at least 3 versions")
+        p = run(binary, repo, "verify", check=False)
+        checks.ok(p.returncode == 0, f"verify is clean after the stress run: {p.stdout.strip()[-400:]}")
+
+        # Every committed version is either deleted by prune or restores bit-exact.
+        restored = 0
+        for image, versions in sorted(results.committed.items()):
+            for i, (vid, digest) in enumerate(versions):
+                spec = f"{image}@{vid}"
+                show = run(binary, repo, "show", spec, check=False)
+                newest_three = i >= len(versions) - 3
+                if show.returncode != 0:
+                    checks.ok("was deleted" in show.stderr and not newest_three,
+                              f"{spec} is gone only because prune deleted it: {show.stderr.strip()}")
+                    continue
+                same, why = restore_matches(binary, repo, spec, digest, work)
+                checks.ok(same, f"{spec} restores bit-exact ({why})")
+                restored += 1
+        checks.ok(restored >= 12, f"at least the newest 3 versions of each image restored ({restored})")
+        size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(repo) for f in fs)
+        checks.ok(size < results.stored, f"gc gave space back: repository {size} < written {results.stored}")
+
+        # kill -9 of gc at random moments.
+        rng = random.Random(7)
+        latest = {image: versions[-1] for image, versions in results.committed.items()}
+        for trial in range(20):
+            run(binary, repo, "prune", "--all", "--keep-last", "1")
+            gc = subprocess.Popen([binary, "--repo", repo, "-q", "gc", "--stale-after", "1"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(rng.uniform(0.0, 0.25))
+            gc.send_signal(signal.SIGKILL)
+            gc.wait()
+            p = run(binary, repo, "verify", check=False)
+            checks.ok(p.returncode == 0, f"trial {trial}: verify clean after kill -9 of gc: {p.stdout.strip()[-300:]}")
+            if trial % 5 == 4:
+                for image, (vid, digest) in sorted(latest.items()):
+                    same, why = restore_matches(binary, repo, f"{image}@{vid}", digest, work)
+                    checks.ok(same, f"trial {trial}: {image} newest restores ({why})")
+            # A commit between trials, so later gcs have new garbage to chew on.
+            if trial % 4 == 0:
+                path = os.path.join(work, "w0.raw")
+                mutate(path, rng)
+                digest = sha(path)
+                out = json.loads(run(binary, repo, "--json", "commit", "stress/w0", path).stdout)
+                latest["stress/w0"] = (out["id"], digest)
+        time.sleep(1.2)  # let the killed gcs' sessions go stale (--stale-after 1)
+        p = run(binary, repo, "--json", "gc", "--stale-after", "1", check=False)
+        checks.ok(p.returncode == 0, f"a final gc completes: {p.stderr.strip()}")
+        p = run(binary, repo, "verify", check=False)
+        checks.ok(p.returncode == 0, "verify clean at the end")
+        for image, (vid, digest) in sorted(latest.items()):
+            same, why = restore_matches(binary, repo, f"{image}@{vid}", digest, work)
+            checks.ok(same, f"{image} newest restores at the end ({why})")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"stress_gc: {checks.passed} passed, {checks.failed} failed")
+    return 1 if checks.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
