@@ -1,19 +1,13 @@
 //! `cairn diff`: text, --stat and --json output on two small versions.
 
+mod common;
+
+use common::cairn;
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::{json, Value};
-
-fn cairn(repo: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .arg("--repo")
-        .arg(repo)
-        .args(args)
-        .env_remove("CAIRN_LOG")
-        .output()
-        .expect("run cairn")
-}
 
 fn ok(out: Output) -> String {
     assert!(

@@ -1,24 +1,9 @@
 //! The CLI's error contract: one line on stderr naming what and where, a non-zero exit, and
 //! nothing published.
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
-fn cairn(repo: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .arg("--repo")
-        .arg(repo)
-        .args(args)
-        .env_remove("CAIRN_LOG")
-        .output()
-        .expect("run cairn")
-}
-
-fn stderr_line(out: &Output) -> String {
-    let s = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(s.lines().count(), 1, "exactly one line on stderr: {s:?}");
-    s.trim_end().to_string()
-}
+use common::{cairn, stderr_line};
 
 #[test]
 fn missing_repository() {

@@ -1,19 +1,12 @@
 //! `clone`, `tag`, `tags`, `rm`, `prune` and the history parts of `log`, through the binary.
 
+mod common;
+
+use common::cairn;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::Value;
-
-fn cairn(repo: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .arg("--repo")
-        .arg(repo)
-        .args(args)
-        .env_remove("CAIRN_LOG")
-        .output()
-        .expect("run cairn")
-}
 
 /// Runs a command that must succeed; returns its stdout.
 fn ok(repo: &Path, args: &[&str]) -> String {

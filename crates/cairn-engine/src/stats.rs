@@ -2,18 +2,20 @@
 
 use std::collections::BTreeSet;
 
-use cairn_format::version;
 use cairn_repo::{Repo, PACKS_PREFIX};
 
 use crate::error::EngineResult;
+use crate::live::live_versions;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RepoStats {
+    /// Images with at least one live version.
     pub images: u64,
+    /// Live versions (reachable from a head or tag, not deleted).
     pub versions: u64,
-    /// Logical size summed over every version.
+    /// Logical size summed over every live version.
     pub logical_bytes: u64,
-    /// Non-zero logical bytes summed over every version.
+    /// Non-zero logical bytes summed over every live version.
     pub data_bytes: u64,
     /// Every byte the repository occupies in its store.
     pub stored_bytes: u64,
@@ -26,7 +28,6 @@ pub struct RepoStats {
 
 pub async fn repo_stats(repo: &Repo) -> EngineResult<RepoStats> {
     let mut s = RepoStats::default();
-    let mut images = BTreeSet::new();
     for meta in repo.store().list("").await? {
         s.stored_bytes += meta.size;
         if meta.key.starts_with(PACKS_PREFIX) {
@@ -35,15 +36,14 @@ pub async fn repo_stats(repo: &Repo) -> EngineResult<RepoStats> {
         } else {
             s.metadata_bytes += meta.size;
         }
-        if let Some(hex) = meta.key.strip_prefix(version::PREFIX) {
-            if let Ok(id) = hex.parse() {
-                let record = repo.load_version(&id).await?;
-                s.versions += 1;
-                s.logical_bytes += record.logical_size;
-                s.data_bytes += record.stats.data_bytes;
-                images.insert(record.image);
-            }
-        }
+    }
+    let live = live_versions(repo).await?;
+    let mut images = BTreeSet::new();
+    for record in live.live.values() {
+        s.versions += 1;
+        s.logical_bytes += record.logical_size;
+        s.data_bytes += record.stats.data_bytes;
+        images.insert(record.image.clone());
     }
     s.images = images.len() as u64;
     s.blobs = repo.index().len() as u64;
