@@ -64,9 +64,9 @@ impl Context {
         Ok(repo)
     }
 
-    /// Opens the repository at --repo.
+    /// Opens the repository at --repo for reading (works on a read-only repository too).
     pub async fn open(&self) -> Result<Arc<Repo>> {
-        self.open_as("cli").await
+        self.open_as("read").await
     }
 
     /// Ends the sessions of every repository this command opened.

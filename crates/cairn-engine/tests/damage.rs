@@ -227,3 +227,17 @@ async fn concurrent_commits_to_one_image_all_land() {
     }
     assert!(verify(repo).await.unwrap().is_clean());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repository_that_refuses_writes_can_still_be_read() {
+    let (store, _repo, contents) = three_versions().await;
+    let read_only: Arc<dyn ObjectStore> = Arc::new(FailingStore::new(store.clone(), 0));
+    // Readers work without a session ...
+    let reader = Arc::new(Repo::open_as(read_only.clone(), "restore").await.unwrap());
+    let v = version(&reader, "vm@2").await;
+    assert_eq!(restore_bytes(&reader, &v).await.unwrap(), contents[1]);
+    assert!(verify(reader.clone()).await.unwrap().is_clean());
+    // ... writers need one: their safety against a concurrent GC depends on it.
+    let err = Repo::open_as(read_only, "commit").await.unwrap_err();
+    assert!(err.to_string().contains("injected failure"), "{err}");
+}

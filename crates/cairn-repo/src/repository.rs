@@ -19,6 +19,9 @@ use crate::session::SessionHandle;
 
 pub const PACKS_PREFIX: &str = "packs/";
 
+/// Session kinds that only read, and may run without a session when none can be registered.
+pub const READ_ONLY_KINDS: &[&str] = &["read", "restore", "verify"];
+
 /// Key of a pack: `packs/<first two hex digits>/<id>` (fan-out keeps directories small).
 pub fn pack_key(id: &Id) -> String {
     let hex = id.to_hex();
@@ -93,7 +96,17 @@ impl Repo {
         kind: &str,
     ) -> RepoResult<Repo> {
         // Order matters: session first, then plans, then the index.
-        let session = SessionHandle::register(store.clone(), kind).await?;
+        let session = match SessionHandle::register(store.clone(), kind).await {
+            Ok(s) => Some(s),
+            // Readers may work without a session (a read-only repository): a GC may then
+            // remove a pack under them, which fails the read cleanly, never silently.
+            // Writers may not: their safety against GC rests on the session.
+            Err(e) if READ_ONLY_KINDS.contains(&kind) => {
+                tracing::warn!("working without a session (read-only?): {e}");
+                None
+            }
+            Err(e) => return Err(e),
+        };
         let mut repo = Repo {
             store,
             config,
@@ -101,8 +114,10 @@ impl Repo {
             index_errors: Vec::new(),
             doomed: HashSet::new(),
             plans_seen: HashSet::new(),
-            session_started_ns: session.started_ns,
-            session: Mutex::new(Some(session)),
+            session_started_ns: session
+                .as_ref()
+                .map_or_else(crate::session::now_ns, |s| s.started_ns),
+            session: Mutex::new(session),
         };
         let mut superseded = HashSet::new();
         for (id, plan) in repo.gc_plans_with_ids().await? {

@@ -12,7 +12,7 @@ use crate::output::{print_json, version_json};
 
 pub async fn run(ctx: &Context, args: CloneArgs) -> Result<ExitCode> {
     let source = VersionSpec::parse(&args.source)?;
-    let repo = ctx.open().await?;
+    let repo = ctx.open_as("edit").await?;
     let (id, record) = clone_version(&repo, &source, &args.new_image, args.message).await?;
     if ctx.json {
         print_json(&version_json(&id, &record));

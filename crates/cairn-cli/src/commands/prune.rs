@@ -26,7 +26,7 @@ pub async fn run(ctx: &Context, args: PruneArgs) -> Result<ExitCode> {
     if policy.is_empty() {
         bail!("refusing to remove every version: give at least one --keep-* option");
     }
-    let repo = ctx.open().await?;
+    let repo = ctx.open_as("edit").await?;
     let images = match (&args.image, args.all) {
         (Some(image), false) => vec![image.clone()],
         (None, true) => repo.images().await?,

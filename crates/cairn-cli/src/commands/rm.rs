@@ -24,7 +24,7 @@ pub async fn run(ctx: &Context, args: RmArgs) -> Result<ExitCode> {
             images.push(spec.image);
         }
     }
-    let repo = ctx.open().await?;
+    let repo = ctx.open_as("edit").await?;
     // Check every whole image before changing anything (versions are checked by
     // remove_versions, which also changes nothing unless all of them can go).
     for image in &images {
