@@ -2,7 +2,8 @@
 """Concurrency stress test: committers and a garbage collector on one repository.
 
 Four processes commit their own changing image in a loop while a fifth runs `cairn prune
---all --keep-last 3` and `cairn gc` in a loop, for a bounded time. Afterwards:
+--all --keep-last 3` (which frees space at once) and `cairn gc` / `cairn gc --repair` in a
+loop, for a bounded time. Afterwards:
 
 - `cairn verify` must be clean;
 - every version a committer was told was committed, and that prune kept, must restore
@@ -96,8 +97,13 @@ def committer(binary, repo, work, n, deadline, results):
 
 
 def collector(binary, repo, deadline, results):
+    # prune frees what it deleted at once (fast deletion); every other round also runs the
+    # exact pass, so both GC modes race the committers.
+    rounds = 0
     while time.time() < deadline:
-        for args in (["prune", "--all", "--keep-last", "3"], ["--json", "gc"]):
+        rounds += 1
+        gc = ["--json", "gc", "--repair"] if rounds % 2 == 0 else ["--json", "gc"]
+        for args in (["prune", "--all", "--keep-last", "3"], gc):
             p = run(binary, repo, *args, check=False)
             if p.returncode != 0:
                 results.error(f"{args[-1]}: {p.stderr.strip()}")
@@ -182,8 +188,9 @@ def main():
         rng = random.Random(7)
         latest = {image: versions[-1] for image, versions in results.committed.items()}
         for trial in range(20):
-            run(binary, repo, "prune", "--all", "--keep-last", "1")
-            gc = subprocess.Popen([binary, "--repo", repo, "-q", "gc", "--stale-after", "1"],
+            run(binary, repo, "prune", "--all", "--keep-last", "1", "--no-gc")
+            mode = ["--repair"] if trial % 2 else []
+            gc = subprocess.Popen([binary, "--repo", repo, "-q", "gc", "--stale-after", "1", *mode],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(rng.uniform(0.0, 0.25))
             gc.send_signal(signal.SIGKILL)
@@ -202,7 +209,7 @@ def main():
                 out = json.loads(run(binary, repo, "--json", "commit", "stress/w0", path).stdout)
                 latest["stress/w0"] = (out["id"], digest)
         time.sleep(1.2)  # let the killed gcs' sessions go stale (--stale-after 1)
-        p = run(binary, repo, "--json", "gc", "--stale-after", "1", check=False)
+        p = run(binary, repo, "--json", "gc", "--repair", "--stale-after", "1", check=False)
         checks.ok(p.returncode == 0, f"a final gc completes: {p.stderr.strip()}")
         p = run(binary, repo, "verify", check=False)
         checks.ok(p.returncode == 0, "verify clean at the end")

@@ -73,8 +73,9 @@ pub enum Command {
     /// A removed version can no longer be restored or named, and disappears from `log`; the
     /// other versions of the image are unaffected. IMAGE without @ removes the whole image:
     /// its history and its tags. A tagged version is refused (delete the tag first). Nothing
-    /// is changed unless every argument can be removed. Removing frees no space by itself:
-    /// run `cairn gc` afterwards. Data still used by clones or other versions is kept.
+    /// is changed unless every argument can be removed. The space only they used is then
+    /// freed at once (fast deletion, as `cairn gc`); data still used by clones or other
+    /// versions is kept. --no-gc only records the deletion.
     ///
     /// Examples: cairn rm vm@2 vm@3 · cairn rm old-vm
     Rm(RmArgs),
@@ -84,8 +85,8 @@ pub enum Command {
     /// --keep-daily, --keep-weekly and --keep-monthly N keep the newest version of each of the
     /// N most recent hours, days, ISO weeks or months (UTC) that have a version. A version kept
     /// by any rule is kept; tagged versions are always kept. Every version is listed with
-    /// `keep` or `remove` and the reasons. Try --dry-run first; run `cairn gc` afterwards to
-    /// reclaim the space.
+    /// `keep` or `remove` and the reasons. Try --dry-run first. The space of the removed
+    /// versions is freed at once, as by `cairn gc` (--no-gc: only record the deletions).
     ///
     /// Example: cairn prune --all --keep-last 3 --keep-daily 7 --keep-weekly 4 --keep-monthly 12
     Prune(PruneArgs),
@@ -115,11 +116,17 @@ pub enum Command {
     Stats,
     /// Reclaim the space of deleted versions and of data no version uses any more.
     ///
-    /// Marks every blob that a live version (image heads, tags and their histories, minus
-    /// deleted versions) uses, deletes packs with nothing live, repacks packs whose live
-    /// fraction is below --repack-threshold, and merges the index files. Reads only manifest
-    /// metadata, except the packs it repacks. Safe while other processes commit: it publishes
-    /// its plan and waits for older sessions before deleting anything.
+    /// By default, fast deletion: the data of versions deleted since the last gc is freed
+    /// unless the reference summary (a Bloom filter) of some live version may contain it.
+    /// Its cost follows the deleted versions and the summaries, not the repository; a false
+    /// positive leaves a little dead data behind (well under 0.1% with the default 24 bits
+    /// per chunk). --repair runs the exact pass: marks every blob that a live version (image
+    /// heads, tags and their histories, minus deleted versions) uses and sweeps the rest,
+    /// including leaks and packs of crashed commits, and merges the index files.
+    ///
+    /// Both delete packs with nothing live and repack packs whose live fraction is below
+    /// --repack-threshold, reading only metadata except the packs they repack. Safe while other
+    /// processes commit: gc publishes its plan and waits for older sessions before deleting.
     Gc(GcArgs),
 }
 
@@ -157,6 +164,11 @@ pub struct InitArgs {
     /// Target pack size.
     #[arg(long, default_value = "16M", value_parser = parse_size)]
     pub pack_size: u64,
+    /// Bits per chunk in each version's reference summary, the Bloom filter that lets
+    /// `cairn rm` and `cairn gc` free space without a full mark. Fewer bits: smaller summaries,
+    /// more space leaked until `cairn gc --repair` (24 bits leak < 0.01% of deleted chunks).
+    #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u8).range(4..=64))]
+    pub summary_bits: u8,
 }
 
 #[derive(Debug, Args)]
@@ -175,6 +187,11 @@ pub struct CommitArgs {
 
 #[derive(Debug, Args)]
 pub struct GcArgs {
+    /// The exact pass: mark from every live version and sweep everything else. Removes what
+    /// fast deletion leaked, packs of crashed commits, and dead data in packs not worth
+    /// repacking; merges the index files. Run it now and then (e.g. weekly).
+    #[arg(long)]
+    pub repair: bool,
     /// Report what would be reclaimed; change nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -258,6 +275,9 @@ pub struct RmArgs {
     /// IMAGE@REF (one version: N, TAG or HEX) or IMAGE (the whole image).
     #[arg(required = true, value_name = "IMAGE[@REF]")]
     pub targets: Vec<String>,
+    /// Only record the deletion; leave the space to a later `cairn gc`.
+    #[arg(long)]
+    pub no_gc: bool,
 }
 
 #[derive(Debug, Args)]
@@ -286,6 +306,9 @@ pub struct PruneArgs {
     /// Show what would be removed, change nothing.
     #[arg(short = 'n', long)]
     pub dry_run: bool,
+    /// Only record the deletions; leave the space to a later `cairn gc`.
+    #[arg(long)]
+    pub no_gc: bool,
 }
 
 /// Parses sizes like `16K`, `4MiB`, `1048576`.

@@ -221,7 +221,7 @@ fn rm_versions_and_images() {
     ok(&repo, &["restore", "vm@1", out_path.to_str().unwrap()]);
     assert_eq!(std::fs::read(&out_path).unwrap(), vec![1u8; 100_000]);
 
-    // Text output names what went and how to get the space back.
+    // Text output names what went and what space came back: nothing, as a clone uses it.
     ok(&repo, &["clone", "vm@3", "web"]);
     let id3 = id_of(&repo, "vm@3");
     let text = ok(&repo, &["rm", "vm@3"]);
@@ -230,12 +230,13 @@ fn rm_versions_and_images() {
         "{text}"
     );
     assert!(
-        text.ends_with("run `cairn gc` to reclaim space\n"),
+        text.contains("\nreclaimed 0 B (")
+            && text.contains(": freed 1 deleted version, 0 dead blobs;"),
         "{text}"
     );
 
     // A whole image: head and tags go, the clone stays.
-    let text = ok(&repo, &["rm", "vm"]);
+    let text = ok(&repo, &["rm", "vm", "--no-gc"]);
     assert!(
         text.starts_with("removed image vm (1 version, 1 tag)\n"),
         "{text}"
@@ -243,6 +244,15 @@ fn rm_versions_and_images() {
     assert!(
         text.ends_with("run `cairn gc` to reclaim space\n"),
         "{text}"
+    );
+    let gc = json(&repo, &["gc"]);
+    assert_eq!(gc["mode"], "fast");
+    assert_eq!(gc["freed_versions"], 1);
+    assert!(gc["dead_blobs"].as_u64().unwrap() > 0, "{gc}");
+    assert!(gc["bytes_reclaimed"].as_u64().unwrap() > 0, "{gc}");
+    assert_eq!(
+        ok(&repo, &["gc"]),
+        "nothing to free: no version was deleted since the last gc\n"
     );
     let images = json(&repo, &["images"]);
     assert_eq!(images.as_array().unwrap().len(), 1);
@@ -255,6 +265,8 @@ fn rm_versions_and_images() {
     assert_eq!(std::fs::read(&out_path).unwrap(), vec![3u8; 100_000]);
 
     let v = json(&repo, &["rm", "web"]);
+    assert_eq!(v["gc"]["freed_versions"], 1);
+    assert!(v["gc"]["dead_blobs"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(v["versions"], serde_json::json!([]));
     assert_eq!(v["images"][0]["image"], "web");
     assert_eq!(v["images"][0]["versions"][0]["seq"], 1);
@@ -281,7 +293,8 @@ fn prune_with_keep_last() {
     );
 
     let dry = json(&repo, &["prune", "vm", "--keep-last", "1", "--dry-run"]);
-    let rows: Vec<(u64, bool, Value)> = dry
+    assert_eq!(dry["gc"], Value::Null);
+    let rows: Vec<(u64, bool, Value)> = dry["versions"]
         .as_array()
         .unwrap()
         .iter()
@@ -319,7 +332,8 @@ fn prune_with_keep_last() {
 
     let text = ok(&repo, &["prune", "--all", "--keep-last", "1"]);
     assert!(
-        text.contains("kept 3 versions, removed 2 versions\nrun `cairn gc` to reclaim space\n"),
+        text.contains("kept 3 versions, removed 2 versions\nreclaimed ")
+            && text.contains(": freed 2 deleted versions, "),
         "{text}"
     );
     assert_eq!(seqs(&json(&repo, &["log", "vm"])), vec![4, 2]);
@@ -331,5 +345,10 @@ fn prune_with_keep_last() {
     assert_eq!(std::fs::read(&out_path).unwrap(), vec![1u8; 100_000]);
 
     let again = json(&repo, &["prune", "--all", "--keep-daily", "1"]);
-    assert!(again.as_array().unwrap().iter().all(|r| r["keep"] == true));
+    assert!(again["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["keep"] == true));
+    assert_eq!(again["gc"], Value::Null, "nothing removed, no gc");
 }

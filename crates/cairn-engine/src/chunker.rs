@@ -59,6 +59,7 @@ mod tests {
             compression: Compression::None,
             pack_target: 16 << 20,
             created_ns: 0,
+            summary_bits: 24,
         }
     }
 

@@ -11,7 +11,8 @@
 //! ```
 //! Channels are bounded, so a slow stage stalls the ones before it (back-pressure) and memory
 //! stays at a few segments per worker plus the packs in flight. Publication is ordered —
-//! packs, then the index file, then the version record, then the ref by compare-and-swap — so
+//! packs, then the index file and the tree's reference summary, then the version record,
+//! then the ref by compare-and-swap — so
 //! a crash or error at any point leaves only unreferenced objects behind, never a version
 //! that points at missing data.
 
@@ -25,6 +26,7 @@ use cairn_format::name::validate_image_name;
 use cairn_format::node::{Extent, Leaf};
 use cairn_format::pack::{encode_blob, BlobEncoding, BlobEntry, BlobKind, PackBuilder};
 use cairn_format::refs;
+use cairn_format::summary::{ProbeKey, Summary};
 use cairn_format::version::{CommitStats, VersionRecord};
 use cairn_format::Id;
 use cairn_repo::{Repo, RepoError, RepoResult};
@@ -122,8 +124,12 @@ pub async fn commit(
         }
     }
 
-    // Publication step 2: the index file, once every pack is durable.
-    let index_bytes = repo.put_index(out.packs).await?;
+    // Publication step 2: the index file, once every pack is durable; then the tree's
+    // reference summary, which every published version must have (fast deletion trusts it).
+    let mut index_bytes = repo.put_index(out.packs).await?;
+    if let (Some(root), Some(summary)) = (&out.root, &out.summary) {
+        index_bytes += repo.put_summary(root, summary).await?;
+    }
     let mut stats = out.stats;
     stats.stored_bytes = out.pack_bytes + index_bytes;
     progress.stored.fetch_add(index_bytes, Ordering::Relaxed);
@@ -174,6 +180,8 @@ pub async fn commit(
 
 struct PipelineOutput {
     root: Option<Id>,
+    /// The reference summary of the tree (for fast deletion).
+    summary: Option<Summary>,
     height: u8,
     size: u64,
     stats: CommitStats,
@@ -195,6 +203,8 @@ struct EncodedBlob {
 struct SegmentResult {
     index: u64,
     leaf: Option<Id>,
+    /// Summary keys of the segment's chunks.
+    chunks: Vec<ProbeKey>,
     stats: CommitStats,
 }
 
@@ -292,10 +302,12 @@ fn run_pipeline(
         // Collector: gather leaf ids in segment order.
         let mut leaves = BTreeMap::new();
         let mut stats = CommitStats::default();
+        let mut chunk_keys = Vec::new();
         for r in result_rx {
             if let Some(leaf) = r.leaf {
                 leaves.insert(r.index, leaf);
             }
+            chunk_keys.extend(r.chunks);
             stats.data_bytes += r.stats.data_bytes;
             stats.chunks += r.stats.chunks;
             stats.new_chunks += r.stats.new_chunks;
@@ -312,12 +324,14 @@ fn run_pipeline(
         }
         let size = *read.as_ref().unwrap_or(&0);
         let ok_so_far = read.is_ok() && worker_error.is_none();
+        let mut node_keys: Vec<ProbeKey> = leaves.values().map(ProbeKey::of).collect();
         let tree = ok_so_far.then(|| {
             build_tree(
                 &leaves,
                 segment_count(size, config.segment_size),
                 config.fanout,
                 |id, bytes| {
+                    node_keys.push(ProbeKey::of(&id));
                     if dedup.claim(&id) {
                         // A send fails only if the packer stopped; its error is reported below.
                         let _ = blob_tx.send(encode(id, BlobKind::Node, &bytes, &config));
@@ -333,8 +347,10 @@ fn run_pipeline(
             return Err(e);
         }
         let (root, height) = tree.expect("built when no error");
+        let summary = root.map(|_| Summary::build(chunk_keys, node_keys, config.summary_bits));
         Ok(PipelineOutput {
             root,
+            summary,
             height,
             size,
             stats,
@@ -386,6 +402,7 @@ fn hash_segments(
         }
         let mut stats = CommitStats::default();
         let mut leaf = Leaf::default();
+        let mut chunks = Vec::new();
         for r in chunk_ranges(config, &seg.data) {
             let data = &seg.data[r];
             let len = data.len() as u32;
@@ -395,6 +412,7 @@ fn hash_segments(
             }
             let id = Id::of(data);
             leaf.push(Extent::Chunk { id, len });
+            chunks.push(ProbeKey::of(&id));
             stats.chunks += 1;
             stats.data_bytes += len as u64;
             if dedup.claim(&id) {
@@ -423,6 +441,7 @@ fn hash_segments(
             .send(SegmentResult {
                 index: seg.index,
                 leaf: leaf_id,
+                chunks,
                 stats,
             })
             .map_err(|_| EngineError::Pipeline("the collector stopped".into()))?;

@@ -63,6 +63,11 @@ pub async fn remove_image(repo: &Repo, image: &str) -> EngineResult<RemovedImage
     let versions = history(repo, image).await?; // also: the image must exist
     let tags = repo.tags(image).await?;
     repo.remove_image(image).await?;
+    // Then mark its versions deleted, so that fast deletion frees their data (a crash in
+    // between only leaves them unreachable, which `gc --repair` collects).
+    for (id, _) in &versions {
+        repo.mark_deleted(id).await?;
+    }
     tracing::info!(image, versions = versions.len(), "removed image");
     Ok(RemovedImage {
         image: image.to_string(),

@@ -30,6 +30,7 @@ pub fn config(chunk: u32, segment: u32) -> RepoConfig {
         compression: Compression::Zstd { level: 3 },
         pack_target: 1 << 20,
         created_ns: 0,
+        summary_bits: 24,
     }
 }
 

@@ -6,19 +6,39 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_engine::gc::{gc, GcOptions};
+use cairn_engine::gc::{gc, GcMode, GcOptions};
 use cairn_engine::resolve::{history, resolve, VersionSpec};
 use cairn_engine::verify::verify;
+use cairn_format::node::{Extent, Interior, Leaf};
+use cairn_format::summary::{self, Summary};
 use cairn_format::version::VersionRecord;
 use cairn_repo::Repo;
 use cairn_store::{MemoryStore, ObjectStore};
 use common::*;
 
-fn fast() -> GcOptions {
+fn opts(mode: GcMode) -> GcOptions {
     GcOptions {
+        mode,
         poll: Duration::from_millis(10),
         ..Default::default()
     }
+}
+
+/// Runs a scenario once with fast deletion and once with the exact pass.
+macro_rules! both_modes {
+    ($name:ident) => {
+        mod $name {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn fast() {
+                super::$name(GcMode::Fast).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn repair() {
+                super::$name(GcMode::Repair).await
+            }
+        }
+    };
 }
 
 async fn stored_bytes(store: &dyn ObjectStore) -> u64 {
@@ -61,8 +81,8 @@ async fn series(store: Arc<MemoryStore>) -> (Arc<Repo>, Vec<Vec<u8>>) {
     (repo, contents)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gc_after_deleting_all_but_the_newest_matches_a_fresh_repository() {
+both_modes!(gc_after_deleting_all_but_the_newest_matches_a_fresh_repository);
+async fn gc_after_deleting_all_but_the_newest_matches_a_fresh_repository(mode: GcMode) {
     let store = Arc::new(MemoryStore::new());
     let (repo, contents) = series(store.clone()).await;
     for seq in 1..=4 {
@@ -72,7 +92,7 @@ async fn gc_after_deleting_all_but_the_newest_matches_a_fresh_repository() {
         repo.mark_deleted(&id).await.unwrap();
     }
     let before = stored_bytes(store.as_ref()).await;
-    let report = gc(&repo, &fast()).await.unwrap();
+    let report = gc(&repo, &opts(mode)).await.unwrap();
     let after = stored_bytes(store.as_ref()).await;
     assert_eq!(report.bytes_before, before);
     assert_eq!(report.bytes_after, after);
@@ -101,13 +121,13 @@ async fn gc_after_deleting_all_but_the_newest_matches_a_fresh_repository() {
     let newest = version(&repo, "vm").await;
     assert_eq!(restore_bytes(&repo, &newest).await.unwrap(), contents[4]);
     // A second GC finds nothing more to do.
-    let again = gc(&repo, &fast()).await.unwrap();
+    let again = gc(&repo, &opts(mode)).await.unwrap();
     assert_eq!(again.dead_blobs, 0);
     assert_eq!(again.reclaimed(), 0, "{again:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gc_keeps_everything_live_versions_use() {
+both_modes!(gc_keeps_everything_live_versions_use);
+async fn gc_keeps_everything_live_versions_use(mode: GcMode) {
     let store = Arc::new(MemoryStore::new());
     let (repo, contents) = series(store.clone()).await;
     // Delete the middle versions only.
@@ -117,7 +137,7 @@ async fn gc_keeps_everything_live_versions_use() {
             .unwrap();
         repo.mark_deleted(&id).await.unwrap();
     }
-    gc(&repo, &fast()).await.unwrap();
+    gc(&repo, &opts(mode)).await.unwrap();
     let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
     assert!(verify(repo.clone()).await.unwrap().is_clean());
     let log = history(&repo, "vm").await.unwrap();
@@ -131,8 +151,8 @@ async fn gc_keeps_everything_live_versions_use() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_commit_running_during_gc_that_reuses_dead_data_is_rescued() {
+both_modes!(a_commit_running_during_gc_that_reuses_dead_data_is_rescued);
+async fn a_commit_running_during_gc_that_reuses_dead_data_is_rescued(mode: GcMode) {
     let store = Arc::new(MemoryStore::new());
     let repo = Arc::new(
         Repo::init(store.clone(), config(16384, 1 << 20))
@@ -149,7 +169,7 @@ async fn a_commit_running_during_gc_that_reuses_dead_data_is_rescued() {
     let committer = Arc::new(Repo::open(store.clone()).await.unwrap());
     // ... the GC marks (the old data is dead), publishes its plan and waits for that session.
     let gc_repo = Arc::new(Repo::open(store.clone()).await.unwrap());
-    let gc_task = tokio::spawn(async move { gc(&gc_repo, &fast()).await });
+    let gc_task = tokio::spawn(async move { gc(&gc_repo, &opts(mode)).await });
     while store.list("gc/plans/").await.unwrap().is_empty() {
         assert!(!gc_task.is_finished(), "gc finished without waiting");
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -167,8 +187,8 @@ async fn a_commit_running_during_gc_that_reuses_dead_data_is_rescued() {
     assert_eq!(restore_bytes(&repo, &again.record).await.unwrap(), old);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_session_that_starts_after_the_plan_does_not_reuse_doomed_blobs() {
+both_modes!(a_session_that_starts_after_the_plan_does_not_reuse_doomed_blobs);
+async fn a_session_that_starts_after_the_plan_does_not_reuse_doomed_blobs(mode: GcMode) {
     let store = Arc::new(MemoryStore::new());
     let repo = Arc::new(
         Repo::init(store.clone(), config(16384, 1 << 20))
@@ -183,7 +203,7 @@ async fn a_session_that_starts_after_the_plan_does_not_reuse_doomed_blobs() {
     // Keep an old session alive so the GC stays parked after publishing its plan.
     let blocker = Arc::new(Repo::open(store.clone()).await.unwrap());
     let gc_repo = Arc::new(Repo::open(store.clone()).await.unwrap());
-    let gc_task = tokio::spawn(async move { gc(&gc_repo, &fast()).await });
+    let gc_task = tokio::spawn(async move { gc(&gc_repo, &opts(mode)).await });
     while store.list("gc/plans/").await.unwrap().is_empty() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -202,8 +222,8 @@ async fn a_session_that_starts_after_the_plan_does_not_reuse_doomed_blobs() {
     assert_eq!(restore_bytes(&repo, &c.record).await.unwrap(), old);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gc_dying_after_any_number_of_store_operations_loses_nothing() {
+both_modes!(gc_dying_after_any_number_of_store_operations_loses_nothing);
+async fn gc_dying_after_any_number_of_store_operations_loses_nothing(mode: GcMode) {
     let store = Arc::new(MemoryStore::new());
     let (repo, contents) = series(store.clone()).await;
     repo.close().await.unwrap();
@@ -227,7 +247,7 @@ async fn gc_dying_after_any_number_of_store_operations_loses_nothing() {
                 continue; // could not even register a session
             };
             let r = Arc::new(r);
-            let outcome = gc(&r, &fast()).await;
+            let outcome = gc(&r, &opts(mode)).await;
             drop(r);
             trials += 1;
             // The "killed" GC's session would go stale after a while; fast-forward that.
@@ -258,8 +278,168 @@ async fn gc_dying_after_any_number_of_store_operations_loses_nothing() {
     assert!(trials >= 20, "only {trials} crash points exercised");
     // A final, undisturbed GC completes the work of the interrupted ones.
     let r = Arc::new(Repo::open(store.clone()).await.unwrap());
-    gc(&r, &fast()).await.unwrap();
+    gc(&r, &opts(mode)).await.unwrap();
     assert!(verify(r.clone()).await.unwrap().is_clean());
     let v = version(&r, "vm@5").await;
     assert_eq!(restore_bytes(&r, &v).await.unwrap(), contents[4]);
+}
+
+/// Every blob id in a version's tree: (chunks, nodes).
+async fn tree_blobs(
+    repo: &Repo,
+    record: &VersionRecord,
+) -> (Vec<cairn_format::Id>, Vec<cairn_format::Id>) {
+    let (mut chunks, mut nodes) = (Vec::new(), Vec::new());
+    let mut stack = vec![(record.root.unwrap(), record.height)];
+    while let Some((id, level)) = stack.pop() {
+        nodes.push(id);
+        let raw = repo.read_blob(&id).await.unwrap();
+        if level == 0 {
+            for e in Leaf::decode(&raw).unwrap().extents {
+                if let Extent::Chunk { id, .. } = e {
+                    chunks.push(id);
+                }
+            }
+        } else {
+            let n = Interior::decode(&raw).unwrap();
+            stack.extend(n.children.into_iter().map(|(_, c)| (c, level - 1)));
+        }
+    }
+    (chunks, nodes)
+}
+
+async fn load_summary(store: &dyn ObjectStore, record: &VersionRecord) -> Summary {
+    let raw = store
+        .get(&summary::key(&record.root.unwrap()))
+        .await
+        .unwrap();
+    Summary::decode(&raw).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_commit_publishes_a_summary_holding_every_blob_of_its_tree() {
+    let store = Arc::new(MemoryStore::new());
+    let (repo, _) = series(store.clone()).await;
+    for (_, record) in history(&repo, "vm").await.unwrap() {
+        let s = load_summary(store.as_ref(), &record).await;
+        let (chunks, nodes) = tree_blobs(&repo, &record).await;
+        assert!(chunks.iter().all(|id| s.chunks.contains(id)));
+        assert!(nodes.iter().all(|id| s.nodes.contains(id)));
+        let distinct: std::collections::HashSet<_> = chunks.iter().collect();
+        assert_eq!(s.chunk_items, distinct.len() as u64);
+        assert_eq!(s.node_items, nodes.len() as u64);
+        // 512 chunks × 24 bits → 2^14 bits.
+        assert_eq!(s.chunks.bit_count(), 1 << 14);
+    }
+}
+
+/// With 4 bits per chunk the summaries claim many dead chunks: fast deletion leaks them, the
+/// exact pass finds exactly that leak and removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_deletion_leaks_only_what_summaries_claim_and_repair_removes_it() {
+    let store = Arc::new(MemoryStore::new());
+    let mut cfg = config(16384, 1 << 20);
+    cfg.summary_bits = 4;
+    let repo = Arc::new(Repo::init(store.clone(), cfg.clone()).await.unwrap());
+    let mut data = noise(8 << 20, 1);
+    let mut contents = Vec::new();
+    for i in 0..5u64 {
+        let q = (i as usize % 4) * (2 << 20);
+        data[q..q + (2 << 20)].copy_from_slice(&noise(2 << 20, 10 + i));
+        commit_bytes(&repo, "vm", data.clone()).await;
+        contents.push(data.clone());
+    }
+    for seq in 1..=4 {
+        let (id, _) = resolve(&repo, &VersionSpec::parse(&format!("vm@{seq}")).unwrap())
+            .await
+            .unwrap();
+        repo.mark_deleted(&id).await.unwrap();
+    }
+    let mut fast_opts = opts(GcMode::Fast);
+    fast_opts.repack_threshold = 1.0; // repack every pack with a dead blob: leaks are the filter's
+    let fast = gc(&repo, &fast_opts).await.unwrap();
+    assert_eq!(fast.freed_versions, 4);
+    assert!(fast.dead_blobs > 0 && fast.kept_by_summary > 0, "{fast:?}");
+    assert!(fast.summary_fp_rate > 0.01, "{fast:?}");
+    // Nothing is visited twice.
+    let again = gc(&repo, &fast_opts).await.unwrap();
+    assert_eq!((again.freed_versions, again.dead_blobs), (0, 0));
+
+    let mut exact = opts(GcMode::Repair);
+    exact.dry_run = true;
+    let leak = gc(&repo, &exact).await.unwrap();
+    // The live version uses 512 chunks + its nodes; every other indexed blob is leaked.
+    assert!(leak.dead_blobs > 0, "{leak:?}");
+    assert!(
+        leak.dead_blobs <= fast.kept_by_summary,
+        "leak {} exceeds the blobs the summaries claimed {}",
+        leak.dead_blobs,
+        fast.kept_by_summary
+    );
+    let repaired = gc(&repo, &opts(GcMode::Repair)).await.unwrap();
+    assert_eq!(repaired.dead_blobs, leak.dead_blobs);
+    let after = stored_bytes(store.as_ref()).await;
+
+    let fresh_store = Arc::new(MemoryStore::new());
+    let fresh = Arc::new(Repo::init(fresh_store.clone(), cfg).await.unwrap());
+    commit_bytes(&fresh, "vm", contents[4].clone()).await;
+    let ratio = after as f64 / stored_bytes(fresh_store.as_ref()).await as f64;
+    assert!((0.98..=1.02).contains(&ratio), "{ratio}");
+    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    assert!(verify(repo.clone()).await.unwrap().is_clean());
+    let newest = version(&repo, "vm").await;
+    assert_eq!(restore_bytes(&repo, &newest).await.unwrap(), contents[4]);
+}
+
+/// Fast deletion never trusts a summary it cannot read: a missing or damaged one is rebuilt
+/// from the manifest before anything is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_deletion_rebuilds_missing_and_damaged_summaries() {
+    let store = Arc::new(MemoryStore::new());
+    let (repo, contents) = series(store.clone()).await;
+    let v4 = version(&repo, "vm@4").await;
+    let v5 = version(&repo, "vm@5").await;
+    store
+        .delete(&summary::key(&v5.root.unwrap()))
+        .await
+        .unwrap();
+    store.corrupt_object(&summary::key(&v4.root.unwrap()), 40);
+    for seq in 1..=3 {
+        let (id, _) = resolve(&repo, &VersionSpec::parse(&format!("vm@{seq}")).unwrap())
+            .await
+            .unwrap();
+        repo.mark_deleted(&id).await.unwrap();
+    }
+    let report = gc(&repo, &opts(GcMode::Fast)).await.unwrap();
+    assert!(report.dead_blobs > 0, "{report:?}");
+    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    assert!(verify(repo.clone()).await.unwrap().is_clean());
+    for (record, data) in [(&v4, &contents[3]), (&v5, &contents[4])] {
+        assert_eq!(&restore_bytes(&repo, record).await.unwrap(), data);
+        let s = load_summary(store.as_ref(), record).await; // rebuilt and stored again
+        let (chunks, _) = tree_blobs(&repo, record).await;
+        assert!(chunks.iter().all(|id| s.chunks.contains(id)));
+    }
+    // The deleted versions' summaries are gone with them.
+    assert_eq!(store.list("summaries/").await.unwrap().len(), 2);
+}
+
+/// A clone shares its source's tree and summary; deleting the source frees nothing it uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_cloned_image_keeps_what_the_clone_uses() {
+    let store = Arc::new(MemoryStore::new());
+    let (repo, contents) = series(store.clone()).await;
+    cairn_engine::clone::clone_version(&repo, &VersionSpec::parse("vm@3").unwrap(), "copy", None)
+        .await
+        .unwrap();
+    cairn_engine::remove::remove_image(&repo, "vm")
+        .await
+        .unwrap();
+    let report = gc(&repo, &opts(GcMode::Fast)).await.unwrap();
+    assert_eq!(report.freed_versions, 5);
+    assert!(report.dead_blobs > 0, "{report:?}");
+    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    assert!(verify(repo.clone()).await.unwrap().is_clean());
+    let copy = version(&repo, "copy").await;
+    assert_eq!(restore_bytes(&repo, &copy).await.unwrap(), contents[2]);
 }

@@ -75,6 +75,9 @@ pub struct RepoConfig {
     pub pack_target: u32,
     /// Creation time, nanoseconds since the Unix epoch.
     pub created_ns: i64,
+    /// Bits per chunk in each version's reference summary (Bloom filter), 4..=64. More bits
+    /// mean less space leaked by fast deletion and bigger summaries (see `summary`).
+    pub summary_bits: u8,
 }
 
 impl RepoConfig {
@@ -114,6 +117,12 @@ impl RepoConfig {
                 self.pack_target
             ));
         }
+        if !(4..=64).contains(&self.summary_bits) {
+            return bad(format!(
+                "summary bits {} must be between 4 and 64",
+                self.summary_bits
+            ));
+        }
         if let Compression::Zstd { level } = self.compression {
             if !(-7..=19).contains(&level) {
                 return bad(format!("zstd level {level} must be between -7 and 19"));
@@ -134,7 +143,9 @@ impl RepoConfig {
             Compression::None => e.u8(0).u8(0),
             Compression::Zstd { level } => e.u8(1).u8(level as i8 as u8),
         };
-        e.u32(self.pack_target).i64(self.created_ns);
+        e.u32(self.pack_target)
+            .i64(self.created_ns)
+            .u8(self.summary_bits);
         envelope::seal(MAGIC, &e.finish())
     }
 
@@ -167,6 +178,12 @@ impl RepoConfig {
         };
         let pack_target = d.u32()?;
         let created_ns = d.i64()?;
+        // Absent in configs written before reference summaries existed.
+        let summary_bits = if d.remaining() == 0 {
+            crate::summary::DEFAULT_BITS_PER_CHUNK
+        } else {
+            d.u8()?
+        };
         d.finish()?;
         let cfg = RepoConfig {
             repo_id,
@@ -177,6 +194,7 @@ impl RepoConfig {
             compression,
             pack_target,
             created_ns,
+            summary_bits,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -201,6 +219,7 @@ mod tests {
             compression: Compression::Zstd { level: -2 },
             pack_target: 16 << 20,
             created_ns: 1_700_000_000_000_000_000,
+            summary_bits: 24,
         }
     }
 

@@ -16,6 +16,7 @@ pub mod name;
 pub mod node;
 pub mod pack;
 pub mod refs;
+pub mod summary;
 pub mod version;
 
 pub use error::{FormatError, FormatResult};

@@ -3,6 +3,9 @@
 //! - deletion markers, object `deleted/<version id>`: the version is deleted (by `rm` or
 //!   `prune`). The version record stays as a link in its image's parent chain; its data is
 //!   no longer kept alive by it. Envelope "CRNDEL\0\0": version id (32) | time (i64).
+//! - freed markers, object `gc/freed/<version id>`: a GC has given back the space of this
+//!   deleted version (fast deletion, or an exact pass that saw it deleted), so fast deletion
+//!   does not visit it again. Envelope "CRNFREE\0": version id (32) | time (i64).
 //! - sessions, ref `sessions/<id>`: a process working on the repository (commit, restore,
 //!   verify, gc). GC waits for sessions older than its plan before deleting anything.
 //!   Envelope "CRNSESS\0": started (i64 ns) | heartbeat (i64 ns) | pid (u32) | kind (str16).
@@ -18,11 +21,13 @@ use crate::envelope;
 use crate::{FormatResult, Id};
 
 pub const DELETED_PREFIX: &str = "deleted/";
+pub const FREED_PREFIX: &str = "gc/freed/";
 pub const SESSIONS_PREFIX: &str = "sessions/";
 pub const PLANS_PREFIX: &str = "gc/plans/";
 pub const GC_LAST_REF: &str = "gc/last";
 
 const DELETED_MAGIC: &[u8; 8] = b"CRNDEL\0\0";
+const FREED_MAGIC: &[u8; 8] = b"CRNFREE\0";
 const SESSION_MAGIC: &[u8; 8] = b"CRNSESS\0";
 const PLAN_MAGIC: &[u8; 8] = b"CRNGCPL\0";
 const GC_LAST_MAGIC: &[u8; 8] = b"CRNGCLS\0";
@@ -41,6 +46,26 @@ pub fn decode_deleted(data: &[u8]) -> FormatResult<(Id, i64)> {
     let mut d = Decoder::new(
         envelope::open(DELETED_MAGIC, data, "deletion marker")?,
         "deletion marker",
+    );
+    let r = (d.id()?, d.i64()?);
+    d.finish()?;
+    Ok(r)
+}
+
+pub fn freed_key(version: &Id) -> String {
+    format!("{FREED_PREFIX}{version}")
+}
+
+pub fn encode_freed(version: &Id, time_ns: i64) -> Vec<u8> {
+    let mut e = Encoder::new();
+    e.id(version).i64(time_ns);
+    envelope::seal(FREED_MAGIC, &e.finish())
+}
+
+pub fn decode_freed(data: &[u8]) -> FormatResult<(Id, i64)> {
+    let mut d = Decoder::new(
+        envelope::open(FREED_MAGIC, data, "freed marker")?,
+        "freed marker",
     );
     let r = (d.id()?, d.i64()?);
     d.finish()?;
@@ -163,6 +188,7 @@ mod tests {
     fn round_trips() {
         let v = Id::of(b"v");
         assert_eq!(decode_deleted(&encode_deleted(&v, 5)).unwrap(), (v, 5));
+        assert_eq!(decode_freed(&encode_freed(&v, 6)).unwrap(), (v, 6));
         let s = Session {
             started_ns: 1,
             heartbeat_ns: 2,

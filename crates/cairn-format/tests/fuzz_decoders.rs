@@ -3,8 +3,10 @@
 
 use cairn_format::config::{Chunker, Compression, RepoConfig};
 use cairn_format::index::{IndexFile, PackIndex};
+use cairn_format::marker::{self, GcPlan};
 use cairn_format::node::{Extent, Interior, Leaf};
 use cairn_format::pack::{self, encode_blob, BlobEncoding, BlobEntry, BlobKind, PackBuilder};
+use cairn_format::summary::{ProbeKey, Summary};
 use cairn_format::version::{CommitStats, VersionRecord};
 use cairn_format::{refs, Id};
 use proptest::prelude::*;
@@ -19,6 +21,7 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
         compression: Compression::Zstd { level: 3 },
         pack_target: 16 << 20,
         created_ns: 42,
+        summary_bits: 24,
     };
     let entry = BlobEntry {
         id: Id::of(b"x"),
@@ -64,6 +67,26 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
         ("version", version.encode()),
         ("ref", refs::encode(&Id::of(b"v"))),
         ("pack", pack_bytes),
+        (
+            "summary",
+            Summary::build(
+                vec![ProbeKey::of(&Id::of(b"c"))],
+                vec![ProbeKey::of(&Id::of(b"n"))],
+                24,
+            )
+            .encode(),
+        ),
+        ("deleted", marker::encode_deleted(&Id::of(b"v"), 5)),
+        ("freed", marker::encode_freed(&Id::of(b"v"), 6)),
+        (
+            "plan",
+            GcPlan {
+                created_ns: 1,
+                dead_blobs: vec![Id::of(b"d")],
+                superseded_index: vec![Id::of(b"i")],
+            }
+            .encode(),
+        ),
     ]
 }
 
@@ -74,6 +97,10 @@ fn decode(kind: &str, data: &[u8]) -> bool {
         "version" => VersionRecord::decode(data).is_ok(),
         "ref" => refs::decode(data).is_ok(),
         "pack" => pack::parse_pack(data).is_ok(),
+        "summary" => Summary::decode(data).is_ok(),
+        "deleted" => marker::decode_deleted(data).is_ok(),
+        "freed" => marker::decode_freed(data).is_ok(),
+        "plan" => GcPlan::decode(data).is_ok(),
         _ => unreachable!(),
     }
 }

@@ -13,6 +13,7 @@ mod error;
 mod history;
 mod repository;
 pub mod session;
+mod summaries;
 mod versions;
 
 pub use blob_index::{BlobIndex, BlobLocation};

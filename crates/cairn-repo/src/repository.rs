@@ -149,14 +149,20 @@ impl Repo {
     }
 
     /// Every index file in the store, decoded, ignoring GC plans (for GC, which must see
-    /// everything). Fails on a damaged index file: GC must never act on a partial view.
+    /// everything). Fails on a damaged index file: GC must never act on a partial view. A file
+    /// that vanishes between the listing and the read was superseded by a GC that wrote its
+    /// replacement before publishing its plan, so the listing already holds the replacement.
     pub async fn load_all_index_files(&self) -> RepoResult<Vec<(Id, IndexFile)>> {
         let mut out = Vec::new();
         for meta in self.store.list(index::PREFIX).await? {
             let Ok(id) = meta.key[index::PREFIX.len()..].parse::<Id>() else {
                 continue;
             };
-            let raw = self.store.get(&meta.key).await?;
+            let raw = match self.store.get(&meta.key).await {
+                Ok(raw) => raw,
+                Err(StoreError::NotFound { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            };
             let file =
                 IndexFile::decode(&raw).map_err(|e| RepoError::corrupt(meta.key.clone(), e))?;
             out.push((id, file));

@@ -1,9 +1,13 @@
+//! `cairn gc [--repair]`, and the fast deletion that `rm` and `prune` run after deleting.
+
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use cairn_engine::gc::{gc, GcOptions};
-use serde_json::json;
+use cairn_engine::gc::{gc, GcMode, GcOptions, GcReport};
+use cairn_repo::Repo;
+use serde_json::{json, Value};
 
 use crate::cli::GcArgs;
 use crate::context::Context;
@@ -15,6 +19,11 @@ pub async fn run(ctx: &Context, args: GcArgs) -> Result<ExitCode> {
     }
     let repo = ctx.open_as("gc").await?;
     let options = GcOptions {
+        mode: if args.repair {
+            GcMode::Repair
+        } else {
+            GcMode::Fast
+        },
         dry_run: args.dry_run,
         repack_threshold: args.repack_threshold,
         stale_after: Duration::from_secs(args.stale_after),
@@ -23,36 +32,94 @@ pub async fn run(ctx: &Context, args: GcArgs) -> Result<ExitCode> {
     };
     let r = gc(&repo, &options).await?;
     if ctx.json {
-        print_json(&json!({
-            "dry_run": r.dry_run,
-            "live_versions": r.live_versions,
-            "live_blobs": r.live_blobs,
-            "dead_blobs": r.dead_blobs,
-            "packs_deleted": r.packs_deleted,
-            "packs_repacked": r.packs_repacked,
-            "packs_written": r.packs_written,
-            "orphan_packs_deleted": r.orphan_packs_deleted,
-            "index_files_replaced": r.index_files_replaced,
-            "rescued_blobs": r.rescued_blobs,
-            "bytes_before": r.bytes_before,
-            "bytes_after": r.bytes_after,
-            "bytes_reclaimed": r.reclaimed(),
-            "bytes_repacked": r.bytes_repacked,
-            "metadata_bytes_read": r.metadata_bytes_read,
-            "waited_s": r.waited_s,
-            "duration_s": r.duration_s,
-        }));
+        print_json(&report_json(&r));
     } else {
-        let verb = if r.dry_run {
-            "would reclaim"
-        } else {
-            "reclaimed"
-        };
-        println!(
-            "{verb} {} ({} → {}): {} live versions, {} live blobs, {} dead blobs; {} packs deleted, {} repacked ({} copied), {} orphan packs deleted; read {} of metadata in {:.2} s",
-            bytes(r.reclaimed()),
-            bytes(r.bytes_before),
-            bytes(r.bytes_after),
+        println!("{}", report_line(&r));
+        if r.rescued_blobs > 0 {
+            println!(
+                "{} blobs were kept because concurrent commits started using them",
+                r.rescued_blobs
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Frees the space of the versions just deleted (fast deletion, waiting at most a minute for
+/// older sessions). The deletion itself already stands, so a GC that cannot run now is a
+/// warning, not a failure: the next `cairn gc` frees the space.
+pub async fn free_deleted(repo: &Arc<Repo>) -> Option<GcReport> {
+    let options = GcOptions {
+        wait_limit: Duration::from_secs(60),
+        ..Default::default()
+    };
+    match gc(repo, &options).await {
+        Ok(r) => Some(r),
+        Err(e) => {
+            eprintln!("warning: space not reclaimed now ({e}); run `cairn gc` later");
+            None
+        }
+    }
+}
+
+pub fn report_json(r: &GcReport) -> Value {
+    json!({
+        "mode": r.mode.name(),
+        "dry_run": r.dry_run,
+        "live_versions": r.live_versions,
+        "live_blobs": r.live_blobs,
+        "freed_versions": r.freed_versions,
+        "dead_blobs": r.dead_blobs,
+        "kept_by_summary": r.kept_by_summary,
+        "dead_left_in_packs": r.dead_left_in_packs,
+        "summary_fp_rate": r.summary_fp_rate,
+        "packs_deleted": r.packs_deleted,
+        "packs_repacked": r.packs_repacked,
+        "packs_written": r.packs_written,
+        "orphan_packs_deleted": r.orphan_packs_deleted,
+        "index_files_replaced": r.index_files_replaced,
+        "rescued_blobs": r.rescued_blobs,
+        "bytes_before": r.bytes_before,
+        "bytes_after": r.bytes_after,
+        "bytes_reclaimed": r.reclaimed(),
+        "bytes_repacked": r.bytes_repacked,
+        "metadata_bytes_read": r.metadata_bytes_read,
+        "summary_bytes": r.summary_bytes,
+        "waited_s": r.waited_s,
+        "duration_s": r.duration_s,
+    })
+}
+
+pub fn report_line(r: &GcReport) -> String {
+    let verb = if r.dry_run {
+        "would reclaim"
+    } else {
+        "reclaimed"
+    };
+    let head = format!(
+        "{verb} {} ({} → {})",
+        bytes(r.reclaimed()),
+        bytes(r.bytes_before),
+        bytes(r.bytes_after)
+    );
+    match r.mode {
+        GcMode::Fast if r.freed_versions == 0 => {
+            "nothing to free: no version was deleted since the last gc".to_string()
+        }
+        GcMode::Fast => format!(
+            "{head}: freed {} deleted {}, {} dead blobs; {} packs deleted, {} repacked ({} copied); read {} of summaries and {} of manifests in {:.2} s",
+            r.freed_versions,
+            if r.freed_versions == 1 { "version" } else { "versions" },
+            r.dead_blobs,
+            r.packs_deleted,
+            r.packs_repacked,
+            bytes(r.bytes_repacked),
+            bytes(r.summary_bytes),
+            bytes(r.metadata_bytes_read),
+            r.duration_s,
+        ),
+        GcMode::Repair => format!(
+            "{head}: {} live versions, {} live blobs, {} dead blobs; {} packs deleted, {} repacked ({} copied), {} orphan packs deleted; read {} of metadata in {:.2} s",
             r.live_versions,
             r.live_blobs,
             r.dead_blobs,
@@ -62,13 +129,6 @@ pub async fn run(ctx: &Context, args: GcArgs) -> Result<ExitCode> {
             r.orphan_packs_deleted,
             bytes(r.metadata_bytes_read),
             r.duration_s,
-        );
-        if r.rescued_blobs > 0 {
-            println!(
-                "{} blobs were kept because concurrent commits started using them",
-                r.rescued_blobs
-            );
-        }
+        ),
     }
-    Ok(ExitCode::SUCCESS)
 }

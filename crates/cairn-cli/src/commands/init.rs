@@ -33,6 +33,7 @@ pub async fn run(ctx: &Context, args: InitArgs) -> Result<ExitCode> {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos() as i64)
             .unwrap_or(0),
+        summary_bits: args.summary_bits,
     };
     config
         .validate()
@@ -47,6 +48,7 @@ pub async fn run(ctx: &Context, args: InitArgs) -> Result<ExitCode> {
             "chunk_size": config.chunk_size,
             "segment_size": config.segment_size,
             "pack_size": config.pack_target,
+            "summary_bits": config.summary_bits,
             "compression": match config.compression {
                 Compression::None => "none".to_string(),
                 Compression::Zstd { level } => format!("zstd:{level}"),

@@ -11,6 +11,7 @@ use cairn_format::Id;
 use serde_json::{json, Value};
 
 use crate::cli::PruneArgs;
+use crate::commands::gc::{free_deleted, report_json, report_line};
 use crate::commands::rm::GC_HINT;
 use crate::context::Context;
 use crate::output::{print_json, time};
@@ -70,8 +71,16 @@ pub async fn run(ctx: &Context, args: PruneArgs) -> Result<ExitCode> {
             }
         }
     }
+    let freed = if args.dry_run || args.no_gc || removed == 0 {
+        None
+    } else {
+        free_deleted(&repo).await
+    };
     if ctx.json {
-        print_json(&Value::Array(json_rows));
+        print_json(&json!({
+            "versions": Value::Array(json_rows),
+            "gc": freed.as_ref().map(report_json),
+        }));
         return Ok(ExitCode::SUCCESS);
     }
     let versions = |n: usize| if n == 1 { "version" } else { "versions" };
@@ -87,8 +96,10 @@ pub async fn run(ctx: &Context, args: PruneArgs) -> Result<ExitCode> {
             versions(kept),
             versions(removed)
         );
-        if removed > 0 {
-            println!("{GC_HINT}");
+        match &freed {
+            Some(r) => println!("{}", report_line(r)),
+            None if removed > 0 && args.no_gc => println!("{GC_HINT}"),
+            None => {}
         }
     }
     Ok(ExitCode::SUCCESS)

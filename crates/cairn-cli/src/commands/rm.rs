@@ -8,6 +8,7 @@ use cairn_engine::resolve::VersionSpec;
 use serde_json::{json, Value};
 
 use crate::cli::RmArgs;
+use crate::commands::gc::{free_deleted, report_json, report_line};
 use crate::context::Context;
 use crate::output::{print_json, time, version_json};
 
@@ -37,6 +38,11 @@ pub async fn run(ctx: &Context, args: RmArgs) -> Result<ExitCode> {
     for image in &images {
         removed_images.push(remove_image(&repo, image).await?);
     }
+    let freed = if args.no_gc {
+        None
+    } else {
+        free_deleted(&repo).await
+    };
 
     if ctx.json {
         print_json(&json!({
@@ -46,6 +52,7 @@ pub async fn run(ctx: &Context, args: RmArgs) -> Result<ExitCode> {
                 "versions": Value::Array(i.versions.iter().map(|(id, r)| version_json(id, r)).collect()),
                 "tags": Value::Array(i.tags.iter().map(|(name, id)| json!({"name": name, "id": id.to_hex()})).collect()),
             })).collect()),
+            "gc": freed.as_ref().map(report_json),
         }));
         return Ok(ExitCode::SUCCESS);
     }
@@ -86,6 +93,10 @@ pub async fn run(ctx: &Context, args: RmArgs) -> Result<ExitCode> {
             println!("  tag {name} {}", id.short());
         }
     }
-    println!("{GC_HINT}");
+    match &freed {
+        Some(r) => println!("{}", report_line(r)),
+        None if args.no_gc => println!("{GC_HINT}"),
+        None => {}
+    }
     Ok(ExitCode::SUCCESS)
 }

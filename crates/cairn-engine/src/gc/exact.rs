@@ -1,0 +1,292 @@
+//! The exact pass (`cairn gc --repair`): mark every blob reachable from a live version, sweep
+//! the rest. It removes what fast deletion leaked, packs left by crashed commits, and dead
+//! blobs in packs fast deletion did not repack; it consolidates the index into one file and
+//! writes the reference summary of any live tree that lacks one.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use cairn_format::index::PackIndex;
+use cairn_format::marker::GcPlan;
+use cairn_format::node::{Extent, Interior, Leaf};
+use cairn_format::pack::BlobEntry;
+use cairn_format::version::VersionRecord;
+use cairn_format::Id;
+use cairn_repo::session::now_ns;
+use cairn_repo::{pack_key, BlobIndex, BlobLocation, Repo};
+
+use super::summaries::{ensure_summary, SummaryCheck};
+use super::{
+    bad_node, finish, pack_payload, publish_and_wait, put_index, read_node, rescue, sorted,
+    stored_bytes, sweep, write_pack, GcOptions, GcReport, Repacker, Snapshot,
+};
+use crate::error::{EngineError, EngineResult};
+use crate::live::live_versions;
+
+pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport> {
+    let mut report = GcReport::default();
+    let store = repo.store().clone();
+
+    // Mark. Refs are read before the index snapshot: a version's blobs are indexed before
+    // its ref points at it, so the snapshot holds everything the marked versions use.
+    let live = live_versions(repo).await?;
+    let snapshot = Snapshot::load(repo).await?;
+    let summaries_before = repo.summary_roots().await?;
+    let mut marker = Marker::default();
+    for (id, record) in &live.live {
+        marker
+            .mark_version(repo, &snapshot.index, id, record)
+            .await?;
+    }
+    report.live_versions = live.live.len() as u64;
+    report.live_blobs = marker.live.len() as u64;
+
+    // Plan: which copy of each live blob survives, and what happens to each pack.
+    let (bytes_before, pack_sizes) = stored_bytes(repo).await?;
+    report.bytes_before = bytes_before;
+    let mut canonical: HashMap<Id, (Id, BlobEntry)> = HashMap::new();
+    let mut dead: HashSet<Id> = HashSet::new();
+    let mut live_bytes: HashMap<Id, u64> = HashMap::new();
+    // Entries each pack's index lists, to tell blob bytes from header and trailer overhead.
+    let mut indexed_entries: HashMap<Id, u64> = HashMap::new();
+    let mut indexed_packs: HashSet<Id> = HashSet::new();
+    for (_, file) in &snapshot.files {
+        for p in &file.packs {
+            indexed_packs.insert(p.pack);
+            if !pack_sizes.contains_key(&p.pack) {
+                continue; // missing pack: verify's business; its blobs have no copy here
+            }
+            *indexed_entries.entry(p.pack).or_default() += p.entries.len() as u64;
+            for e in &p.entries {
+                if !marker.live.contains(&e.id) {
+                    dead.insert(e.id);
+                } else if let std::collections::hash_map::Entry::Vacant(slot) =
+                    canonical.entry(e.id)
+                {
+                    slot.insert((p.pack, *e));
+                    *live_bytes.entry(p.pack).or_default() += e.stored_len as u64;
+                }
+            }
+        }
+    }
+    report.dead_blobs = dead.len() as u64;
+    let mut to_delete = Vec::new();
+    let mut to_repack = Vec::new();
+    let mut kept = Vec::new();
+    for pack in &indexed_packs {
+        let Some(&size) = pack_sizes.get(pack) else {
+            continue;
+        };
+        let lb = live_bytes.get(pack).copied().unwrap_or(0);
+        let payload = pack_payload(size, indexed_entries.get(pack).copied().unwrap_or(0));
+        if lb == 0 {
+            to_delete.push(*pack);
+        } else if (lb as f64) < options.repack_threshold * payload as f64 {
+            to_repack.push(*pack);
+        } else {
+            kept.push(*pack);
+        }
+    }
+    let orphans: Vec<Id> = pack_sizes
+        .keys()
+        .filter(|p| !indexed_packs.contains(p))
+        .copied()
+        .collect();
+    report.packs_deleted = to_delete.len() as u64;
+    report.packs_repacked = to_repack.len() as u64;
+    report.index_files_replaced = snapshot.files.len() as u64;
+    report.metadata_bytes_read = marker.bytes_read;
+    if options.dry_run {
+        report.bytes_after = report.bytes_before
+            - to_delete.iter().map(|p| pack_sizes[p]).sum::<u64>()
+            - to_repack
+                .iter()
+                .map(|p| pack_sizes[p] - live_bytes[p])
+                .sum::<u64>();
+        return Ok(report);
+    }
+
+    // Summaries: every live tree must have one (fast deletion trusts them); write the missing
+    // or damaged ones. Done before anything is deleted, while every live node is readable.
+    let live_roots: HashSet<Id> = live.live.values().filter_map(|r| r.root).collect();
+    let mut have: HashSet<Id> = summaries_before.iter().map(|(id, _)| *id).collect();
+    for record in live.live.values() {
+        let Some(root) = record.root else { continue };
+        if have.insert(root) {
+            report.summary_bytes +=
+                ensure_summary(repo, &snapshot.index, record, SummaryCheck::Missing, true)
+                    .await?
+                    .written;
+        }
+    }
+    let freed = repo.freed_versions().await?;
+    let unfreed: Vec<Id> = live.deleted.difference(&freed).copied().collect();
+
+    let nothing_to_do =
+        to_delete.is_empty() && to_repack.is_empty() && orphans.is_empty() && dead.is_empty();
+    if nothing_to_do && snapshot.files.len() <= 1 {
+        for v in &unfreed {
+            repo.mark_freed(v).await?;
+        }
+        report.freed_versions = unfreed.len() as u64;
+        report.bytes_after = report.bytes_before;
+        return Ok(report);
+    }
+
+    // Write repacked packs, then the consolidated index (kept packs' live entries + new packs).
+    let mut by_pack: HashMap<Id, Vec<BlobEntry>> = HashMap::new();
+    for (pack, entry) in canonical.values() {
+        by_pack.entry(*pack).or_default().push(*entry);
+    }
+    let mut consolidated: Vec<PackIndex> = kept
+        .iter()
+        .filter_map(|p| {
+            by_pack.get(p).map(|e| PackIndex {
+                pack: *p,
+                entries: sorted(e),
+            })
+        })
+        .collect();
+    let mut repacker = Repacker::new(repo.config().pack_target as usize);
+    for pack in &to_repack {
+        let data = store.get(&pack_key(pack)).await?;
+        for e in sorted(&by_pack[pack]) {
+            let r = e.range();
+            let stored = &data[r.start as usize..r.end as usize];
+            // Verify before copying: never launder a corrupt blob into a new pack.
+            Repo::decode_blob(
+                &BlobLocation {
+                    pack: *pack,
+                    entry: e,
+                },
+                stored,
+            )?;
+            report.bytes_repacked += stored.len() as u64;
+            if let Some(done) = repacker.push(&e, stored) {
+                consolidated.push(write_pack(repo, done).await?);
+            }
+        }
+    }
+    for done in repacker.finish() {
+        consolidated.push(write_pack(repo, done).await?);
+    }
+    report.packs_written =
+        (consolidated.len() - kept.iter().filter(|p| by_pack.contains_key(p)).count()) as u64;
+    // An index file GC writes may be byte-identical to one it read: never supersede those.
+    let mut written_index = HashSet::new();
+    written_index.insert(put_index(repo, consolidated).await?);
+    let superseded: Vec<Id> = snapshot
+        .files
+        .iter()
+        .map(|(id, _)| *id)
+        .filter(|id| !written_index.contains(id))
+        .collect();
+
+    let dead: Vec<Id> = dead.into_iter().collect();
+    let plan = GcPlan {
+        created_ns: now_ns(),
+        dead_blobs: dead.clone(),
+        superseded_index: superseded.clone(),
+    };
+    let published = publish_and_wait(repo, &plan, options, &mut report).await?;
+
+    // Re-mark from the refs as they are now; rescue dead blobs that new versions use.
+    // Refs first, then the index (as in the first mark): every version read is fully indexed.
+    let live_now = live_versions(repo).await?;
+    let now_index = Snapshot::load(repo).await?;
+    for (id, record) in &live_now.live {
+        if !live.live.contains_key(id) {
+            marker
+                .mark_version(repo, &now_index.index, id, record)
+                .await?;
+        }
+    }
+    let rescued = rescue(
+        repo,
+        &snapshot.index,
+        &dead,
+        |id| marker.live.contains(id),
+        &mut written_index,
+        &mut report,
+    )
+    .await?;
+
+    let doomed: Vec<Id> = to_delete.iter().chain(&to_repack).copied().collect();
+    sweep(repo, &superseded, &written_index, &doomed, &rescued).await?;
+    let indexed_now: HashSet<Id> = repo
+        .load_all_index_files()
+        .await?
+        .iter()
+        .flat_map(|(_, f)| f.packs.iter().map(|p| p.pack))
+        .collect();
+    for pack in &orphans {
+        if !indexed_now.contains(pack) {
+            store.delete(&pack_key(pack)).await?;
+            report.orphan_packs_deleted += 1;
+        }
+    }
+    // Summaries of trees no live version has (deleted versions, crashed commits). Only those
+    // listed before the plan: a commit that started later may be about to publish its tree.
+    let live_roots_now: HashSet<Id> = live_now.live.values().filter_map(|r| r.root).collect();
+    for (root, _) in &summaries_before {
+        if !live_roots.contains(root) && !live_roots_now.contains(root) {
+            repo.delete_summary(root).await?;
+        }
+    }
+    for v in &unfreed {
+        repo.mark_freed(v).await?;
+    }
+    report.freed_versions = unfreed.len() as u64;
+    finish(repo, &published, options).await?;
+    report.bytes_after = stored_bytes(repo).await?.0;
+    Ok(report)
+}
+
+/// Collects the blobs reachable from versions, reading each manifest node once.
+#[derive(Default)]
+struct Marker {
+    live: HashSet<Id>,
+    bytes_read: u64,
+}
+
+impl Marker {
+    async fn mark_version(
+        &mut self,
+        repo: &Repo,
+        index: &BlobIndex,
+        id: &Id,
+        record: &VersionRecord,
+    ) -> EngineResult<()> {
+        let Some(root) = record.root else {
+            return Ok(());
+        };
+        let mut stack = vec![(root, record.height)];
+        while let Some((node, level)) = stack.pop() {
+            if !self.live.insert(node) {
+                continue; // subtree already marked
+            }
+            let raw = read_node(repo, index, &node, &mut self.bytes_read)
+                .await
+                .map_err(|e| {
+                    EngineError::Pipeline(format!(
+                    "gc: cannot read manifest of live version {}@{} ({}): {e}; nothing was deleted",
+                    record.image,
+                    record.seq,
+                    id.short()
+                ))
+                })?;
+            if level == 0 {
+                let leaf = Leaf::decode(&raw).map_err(|e| bad_node(&node, e))?;
+                for e in leaf.extents {
+                    if let Extent::Chunk { id, .. } = e {
+                        self.live.insert(id);
+                    }
+                }
+            } else {
+                let n = Interior::decode(&raw).map_err(|e| bad_node(&node, e))?;
+                stack.extend(n.children.into_iter().map(|(_, c)| (c, level - 1)));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,289 @@
+//! Fast deletion (the VM-centric paper's approximate deletion, §3.2): free the unique blobs of
+//! versions deleted since the last GC, judged by the reference summaries of the live versions
+//! instead of a mark over the whole repository.
+//!
+//! Candidates come from walking each newly deleted version's tree. A node that some live
+//! summary may contain is not descended into (if it is live, so is everything under it); a
+//! node or chunk that every live summary rejects is dead for certain (Bloom filters have no
+//! false negatives). A dead blob judged live by mistake stays stored — the leak that
+//! `gc --repair` removes. Only the packs holding dead blobs are touched, and only the index
+//! files naming those packs are rewritten.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use cairn_format::index::PackIndex;
+use cairn_format::marker::GcPlan;
+use cairn_format::node::{Extent, Interior, Leaf};
+use cairn_format::pack::BlobEntry;
+use cairn_format::Id;
+use cairn_repo::session::now_ns;
+use cairn_repo::{pack_key, BlobLocation, Repo};
+
+use super::summaries::{ensure_summary, LiveFilters, SummaryCheck};
+use super::{
+    finish, pack_payload, publish_and_wait, put_index, read_node, rescue, stored_bytes, sweep,
+    write_pack, GcOptions, GcReport, Repacker, Snapshot,
+};
+use crate::error::EngineResult;
+use crate::live::live_versions;
+
+pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport> {
+    let mut report = GcReport::default();
+    // Refs first, then the index snapshot (as in the exact pass).
+    let live = live_versions(repo).await?;
+    report.live_versions = live.live.len() as u64;
+    let freed = repo.freed_versions().await?;
+    let mut pending: Vec<Id> = live.deleted.difference(&freed).copied().collect();
+    pending.sort();
+    if pending.is_empty() {
+        return Ok(report);
+    }
+    let snapshot = Snapshot::load(repo).await?;
+    let store_rebuilt = !options.dry_run;
+
+    // The live side: one summary per distinct live tree, merged per image.
+    let mut filters = LiveFilters::default();
+    let mut live_roots: HashSet<Id> = HashSet::new();
+    let mut records: Vec<_> = live.live.iter().collect();
+    records.sort_by_key(|(id, _)| **id);
+    for (_, record) in records {
+        let Some(root) = record.root else { continue };
+        if !live_roots.insert(root) {
+            continue;
+        }
+        let e = ensure_summary(
+            repo,
+            &snapshot.index,
+            record,
+            SummaryCheck::Load,
+            store_rebuilt,
+        )
+        .await?;
+        report.summary_bytes += e.read;
+        filters.add(&record.image, e.summary);
+    }
+    report.summary_fp_rate = filters.chunk_false_positive_rate();
+
+    // The deleted side: walk each newly deleted tree, pruning subtrees a live summary claims.
+    let mut dead: HashSet<Id> = HashSet::new();
+    let mut seen: HashSet<Id> = HashSet::new();
+    let mut processed = Vec::new();
+    let mut pending_roots = Vec::new();
+    for version in &pending {
+        let record = match repo.load_version(version).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(%version, "deleted version unreadable ({e}); left to gc --repair");
+                continue;
+            }
+        };
+        processed.push(*version);
+        let Some(root) = record.root else { continue };
+        pending_roots.push(root);
+        if live_roots.contains(&root) {
+            continue; // the same tree as a live version (a clone, an unchanged commit)
+        }
+        let mut stack = vec![(root, record.height)];
+        while let Some((node, level)) = stack.pop() {
+            if !seen.insert(node) {
+                continue;
+            }
+            if filters.maybe_node(&node) {
+                report.kept_by_summary += 1;
+                continue;
+            }
+            if !snapshot.index.contains(&node) {
+                continue; // already freed
+            }
+            dead.insert(node);
+            let raw = match read_node(
+                repo,
+                &snapshot.index,
+                &node,
+                &mut report.metadata_bytes_read,
+            )
+            .await
+            {
+                Ok(raw) => raw,
+                Err(e) => {
+                    tracing::warn!(%node, "node of a deleted version unreadable ({e}); what it refers to is left to gc --repair");
+                    continue;
+                }
+            };
+            if level == 0 {
+                let Ok(leaf) = Leaf::decode(&raw) else {
+                    continue;
+                };
+                for e in leaf.extents {
+                    let Extent::Chunk { id, .. } = e else {
+                        continue;
+                    };
+                    if !seen.insert(id) {
+                        continue;
+                    }
+                    if filters.maybe_chunk(&id) {
+                        report.kept_by_summary += 1;
+                    } else if snapshot.index.contains(&id) {
+                        dead.insert(id);
+                    }
+                }
+            } else if let Ok(n) = Interior::decode(&raw) {
+                stack.extend(n.children.into_iter().map(|(_, c)| (c, level - 1)));
+            }
+        }
+    }
+    drop(seen);
+
+    // Which packs hold dead blobs, and what to do with each.
+    let (bytes_before, pack_sizes) = stored_bytes(repo).await?;
+    report.bytes_before = bytes_before;
+    let mut entries_of: HashMap<Id, BTreeMap<u32, BlobEntry>> = HashMap::new();
+    for (_, file) in &snapshot.files {
+        for p in &file.packs {
+            if p.entries.iter().any(|e| dead.contains(&e.id)) {
+                let map = entries_of.entry(p.pack).or_default();
+                map.extend(p.entries.iter().map(|e| (e.offset, *e)));
+            }
+        }
+    }
+    let mut to_delete = Vec::new();
+    let mut to_repack = Vec::new();
+    let mut freed_bytes = 0u64;
+    for (pack, entries) in &entries_of {
+        let Some(&size) = pack_sizes.get(pack) else {
+            continue; // missing pack: verify's business
+        };
+        let live_bytes: u64 = entries
+            .values()
+            .filter(|e| !dead.contains(&e.id))
+            .map(|e| e.stored_len as u64)
+            .sum();
+        if live_bytes == 0 {
+            to_delete.push(*pack);
+            freed_bytes += size;
+        } else if (live_bytes as f64)
+            < options.repack_threshold * pack_payload(size, entries.len() as u64) as f64
+        {
+            to_repack.push(*pack);
+            freed_bytes += size.saturating_sub(live_bytes);
+        } else {
+            report.dead_left_in_packs +=
+                entries.values().filter(|e| dead.contains(&e.id)).count() as u64;
+        }
+    }
+    to_delete.sort();
+    to_repack.sort();
+    let doomed: HashSet<Id> = to_delete.iter().chain(&to_repack).copied().collect();
+    let plan_dead: Vec<Id> = doomed
+        .iter()
+        .flat_map(|p| entries_of[p].values())
+        .filter(|e| dead.contains(&e.id))
+        .map(|e| e.id)
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    report.dead_blobs = plan_dead.len() as u64;
+    report.packs_deleted = to_delete.len() as u64;
+    report.packs_repacked = to_repack.len() as u64;
+    report.freed_versions = processed.len() as u64;
+    if options.dry_run {
+        report.bytes_after = report.bytes_before - freed_bytes;
+        return Ok(report);
+    }
+
+    let mut written_index = HashSet::new();
+    let mut superseded = Vec::new();
+    if !doomed.is_empty() {
+        // Repack the live blobs of the packs below the threshold.
+        let mut replacement: Vec<PackIndex> = Vec::new();
+        let mut repacker = Repacker::new(repo.config().pack_target as usize);
+        for pack in &to_repack {
+            let data = repo.store().get(&pack_key(pack)).await?;
+            for e in entries_of[pack].values().filter(|e| !dead.contains(&e.id)) {
+                let r = e.range();
+                let stored = &data[r.start as usize..r.end as usize];
+                // Verify before copying: never launder a corrupt blob into a new pack.
+                Repo::decode_blob(
+                    &BlobLocation {
+                        pack: *pack,
+                        entry: *e,
+                    },
+                    stored,
+                )?;
+                report.bytes_repacked += stored.len() as u64;
+                if let Some(done) = repacker.push(e, stored) {
+                    replacement.push(write_pack(repo, done).await?);
+                }
+            }
+        }
+        for done in repacker.finish() {
+            replacement.push(write_pack(repo, done).await?);
+        }
+        report.packs_written = replacement.len() as u64;
+        // Rewrite only the index files that name a doomed pack: their other packs as they
+        // were, plus the new packs.
+        for (id, file) in &snapshot.files {
+            if file.packs.iter().any(|p| doomed.contains(&p.pack)) {
+                superseded.push(*id);
+                replacement.extend(
+                    file.packs
+                        .iter()
+                        .filter(|p| !doomed.contains(&p.pack))
+                        .cloned(),
+                );
+            }
+        }
+        written_index.insert(put_index(repo, replacement).await?);
+        superseded.retain(|id| !written_index.contains(id));
+        report.index_files_replaced = superseded.len() as u64;
+    }
+
+    let plan = GcPlan {
+        created_ns: now_ns(),
+        dead_blobs: plan_dead.clone(),
+        superseded_index: superseded.clone(),
+    };
+    let published = publish_and_wait(repo, &plan, options, &mut report).await?;
+
+    // Versions published meanwhile: rescue the dead blobs their summaries may contain.
+    let live_now = live_versions(repo).await?;
+    let mut newcomers = LiveFilters::default();
+    let mut now_index = None;
+    for (id, record) in &live_now.live {
+        let Some(root) = record.root else { continue };
+        if live.live.contains_key(id) || live_roots.contains(&root) {
+            continue;
+        }
+        if now_index.is_none() {
+            now_index = Some(Snapshot::load(repo).await?);
+        }
+        let index = &now_index.as_ref().expect("loaded").index;
+        let e = ensure_summary(repo, index, record, SummaryCheck::Load, true).await?;
+        newcomers.add(&record.image, e.summary);
+    }
+    let rescued = rescue(
+        repo,
+        &snapshot.index,
+        &plan_dead,
+        |id| newcomers.maybe_chunk(id) || newcomers.maybe_node(id),
+        &mut written_index,
+        &mut report,
+    )
+    .await?;
+
+    let doomed: Vec<Id> = to_delete.iter().chain(&to_repack).copied().collect();
+    sweep(repo, &superseded, &written_index, &doomed, &rescued).await?;
+    let live_roots_now: HashSet<Id> = live_now.live.values().filter_map(|r| r.root).collect();
+    for root in &pending_roots {
+        if !live_roots.contains(root) && !live_roots_now.contains(root) {
+            repo.delete_summary(root).await?;
+        }
+    }
+    for v in &processed {
+        repo.mark_freed(v).await?;
+    }
+    finish(repo, &published, options).await?;
+    report.bytes_after = stored_bytes(repo).await?.0;
+    Ok(report)
+}

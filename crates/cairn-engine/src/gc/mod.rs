@@ -1,0 +1,525 @@
+//! Garbage collection: give back the space of deleted versions without ever deleting a blob
+//! that a live version — or a commit running concurrently — refers to.
+//!
+//! Two ways to decide what is dead, one protocol to delete it:
+//!
+//! - **Fast deletion** ([`fast`], `cairn gc`, also run by `rm` and `prune`): the VM-centric
+//!   paper's approximate deletion. The candidates are the blobs of versions deleted since the
+//!   last GC; a candidate that the reference summaries (Bloom filters) of *every* live version
+//!   reject is certainly unreferenced and is freed. Cost: the deleted versions' own manifest
+//!   (minus subtrees a live summary claims) plus one summary per live tree; the index files of
+//!   untouched packs are not rewritten. A false positive keeps a dead blob: a bounded leak.
+//! - **Exact repair** ([`exact`], `cairn gc --repair`): mark from every live version, sweep
+//!   everything unmarked (leaks, crashed commits' packs), consolidate the index, and refresh
+//!   missing summaries.
+//!
+//! The deletion protocol both share (argued in docs/ARCHITECTURE.md, "GC safety"):
+//!
+//! 1. **Lock** `gc/lock` (one GC at a time; a lock whose session is dead is taken over).
+//! 2. **Decide** from the live versions as read from the refs (refs first, then the index), and
+//!    write new packs (repacked live blobs) and index files first.
+//! 3. **Plan**: publish the dead blobs and the index files they supersede under `gc/plans/`.
+//! 4. **Wait** for every live session that started before the plan was published (plus a clock
+//!    skew margin). Sessions that start later see the plan: they register before reading plans,
+//!    never deduplicate against its dead blobs and do not load the superseded index files.
+//! 5. **Re-check** the versions published since step 2: a commit that was running may have
+//!    published a version that reuses a dead blob. Such blobs are *rescued*: their packs are
+//!    kept and a rescue index file lists them.
+//! 6. **Sweep**: delete the superseded index files, then the dead and repacked packs (minus
+//!    rescued ones); record `gc/last`; delete the plan; release the lock.
+//!
+//! A crash at any step leaves a consistent repository: before the sweep only additions were
+//! made (duplicates), and every sweep step deletes only what the index files written in step 2
+//! and the rescue index no longer need.
+
+mod exact;
+mod fast;
+mod summaries;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cairn_format::index::{self, IndexFile, PackIndex};
+use cairn_format::marker::{
+    decode_gc_lock, encode_gc_last, encode_gc_lock, GcPlan, GC_LAST_REF, GC_LOCK_REF, PLANS_PREFIX,
+};
+use cairn_format::pack::{self, BlobEntry, BlobKind, PackBuilder};
+use cairn_format::Id;
+use cairn_repo::session::{list_sessions, now_ns};
+use cairn_repo::{pack_key, BlobIndex, Repo, RepoError, PACKS_PREFIX};
+use cairn_store::{CasOutcome, ObjectStore};
+
+use crate::error::{EngineError, EngineResult};
+
+/// How a GC decides what is dead.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GcMode {
+    /// Free the unique blobs of newly deleted versions, judged by reference summaries.
+    #[default]
+    Fast,
+    /// Mark from every live version and sweep everything else (removes fast deletion's leak).
+    Repair,
+}
+
+impl GcMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            GcMode::Fast => "fast",
+            GcMode::Repair => "repair",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct GcOptions {
+    pub mode: GcMode,
+    /// Report what would be done; change nothing.
+    pub dry_run: bool,
+    /// Packs whose live fraction (by bytes) is below this are repacked.
+    pub repack_threshold: f64,
+    /// A session whose heartbeat is older than this belongs to a dead process.
+    pub stale_after: Duration,
+    /// How long to wait for older sessions before giving up (nothing is deleted then).
+    pub wait_limit: Duration,
+    /// Poll interval while waiting.
+    pub poll: Duration,
+}
+
+impl Default for GcOptions {
+    fn default() -> Self {
+        GcOptions {
+            mode: GcMode::Fast,
+            dry_run: false,
+            repack_threshold: 0.97,
+            stale_after: Duration::from_secs(600),
+            wait_limit: Duration::from_secs(3600),
+            poll: Duration::from_millis(200),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GcReport {
+    pub mode: GcMode,
+    pub dry_run: bool,
+    pub live_versions: u64,
+    /// Deleted versions this GC gave the space of back (fast: the newly deleted ones).
+    pub freed_versions: u64,
+    /// Fast deletion: candidate blobs a live summary claimed (live, or leaked as a false
+    /// positive until the next repair).
+    pub kept_by_summary: u64,
+    /// Fast deletion: dead blobs left in packs that were not worth repacking.
+    pub dead_left_in_packs: u64,
+    /// Bytes of reference summaries read (fast) or written (repair).
+    pub summary_bytes: u64,
+    /// Fast deletion: estimated chance that a dead chunk is judged live (equation (1) of the
+    /// paper, over the merged live summaries).
+    pub summary_fp_rate: f64,
+    pub live_blobs: u64,
+    pub dead_blobs: u64,
+    pub packs_deleted: u64,
+    pub packs_repacked: u64,
+    pub packs_written: u64,
+    pub orphan_packs_deleted: u64,
+    pub index_files_replaced: u64,
+    pub rescued_blobs: u64,
+    /// Bytes of packs and index files before and after.
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+    /// Bytes copied while repacking.
+    pub bytes_repacked: u64,
+    /// Manifest node bytes read while marking.
+    pub metadata_bytes_read: u64,
+    pub waited_s: f64,
+    pub duration_s: f64,
+}
+
+impl GcReport {
+    pub fn reclaimed(&self) -> u64 {
+        self.bytes_before.saturating_sub(self.bytes_after)
+    }
+}
+
+/// Runs one garbage collection on an open repository (opened for this purpose: its session
+/// is the GC's own and is not waited for).
+pub async fn gc(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport> {
+    let started = Instant::now();
+    let lock = if options.dry_run {
+        None
+    } else {
+        Some(acquire_lock(repo, options).await?)
+    };
+    let result = match options.mode {
+        GcMode::Fast => fast::run(repo, options).await,
+        GcMode::Repair => exact::run(repo, options).await,
+    };
+    if let Some(version) = lock {
+        // Release only if still ours; a failure here leaves a lock that dies with our session.
+        let _ = repo
+            .store()
+            .cas_ref(GC_LOCK_REF, Some(&version), None)
+            .await;
+    }
+    let mut report = result?;
+    report.mode = options.mode;
+    report.dry_run = options.dry_run;
+    report.duration_s = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+async fn acquire_lock(repo: &Repo, options: &GcOptions) -> EngineResult<cairn_store::RefVersion> {
+    let me = repo
+        .session_key()
+        .ok_or_else(|| EngineError::Pipeline("gc needs an open session".into()))?;
+    let data = Bytes::from(encode_gc_lock(&me));
+    let store = repo.store();
+    for _ in 0..5 {
+        match store.cas_ref(GC_LOCK_REF, None, Some(data.clone())).await? {
+            CasOutcome::Swapped { version } => return version.ok_or_else(lock_lost),
+            CasOutcome::Conflict { current: None } => continue,
+            CasOutcome::Conflict {
+                current: Some(current),
+            } => {
+                let holder = decode_gc_lock(&current.data).unwrap_or_default();
+                if session_alive(store.as_ref(), &holder, options).await? {
+                    return Err(EngineError::Pipeline(format!(
+                        "another gc is running (session {holder}); try again when it has finished"
+                    )));
+                }
+                // The holder died: take the lock over.
+                if let CasOutcome::Swapped { version } = store
+                    .cas_ref(GC_LOCK_REF, Some(&current.version), Some(data.clone()))
+                    .await?
+                {
+                    tracing::warn!("took over the gc lock of dead session {holder}");
+                    return version.ok_or_else(lock_lost);
+                }
+            }
+        }
+    }
+    Err(lock_lost())
+}
+
+fn lock_lost() -> EngineError {
+    EngineError::Pipeline("could not take the gc lock (it keeps changing)".into())
+}
+
+async fn session_alive(
+    store: &dyn ObjectStore,
+    key: &str,
+    options: &GcOptions,
+) -> EngineResult<bool> {
+    let Some(state) = store.read_ref(key).await? else {
+        return Ok(false);
+    };
+    let Ok(s) = cairn_format::marker::Session::decode(&state.data) else {
+        return Ok(false);
+    };
+    Ok(now_ns() - s.heartbeat_ns < options.stale_after.as_nanos() as i64)
+}
+
+/// Everything GC learned from the index files it read (the snapshot S0).
+struct Snapshot {
+    files: Vec<(Id, IndexFile)>,
+    index: BlobIndex,
+}
+
+impl Snapshot {
+    async fn load(repo: &Repo) -> EngineResult<Snapshot> {
+        let files = repo.load_all_index_files().await?;
+        let mut index = BlobIndex::new();
+        for (_, f) in &files {
+            index.add_file(f);
+        }
+        Ok(Snapshot { files, index })
+    }
+}
+
+/// Copies live blobs into new packs, keeping data and nodes apart.
+struct Repacker {
+    target: usize,
+    data: PackBuilder,
+    nodes: PackBuilder,
+}
+
+impl Repacker {
+    fn new(target: usize) -> Self {
+        Repacker {
+            target,
+            data: PackBuilder::new(),
+            nodes: PackBuilder::new(),
+        }
+    }
+
+    fn push(&mut self, e: &BlobEntry, stored: &[u8]) -> Option<PackBuilder> {
+        let b = match e.kind {
+            BlobKind::Data => &mut self.data,
+            BlobKind::Node => &mut self.nodes,
+        };
+        b.push(e.id, e.kind, e.encoding, stored, e.raw_len);
+        (b.len() >= self.target).then(|| std::mem::take(b))
+    }
+
+    fn finish(self) -> Vec<PackBuilder> {
+        [self.data, self.nodes]
+            .into_iter()
+            .filter(|b| !b.is_empty())
+            .collect()
+    }
+}
+
+async fn write_pack(repo: &Repo, builder: PackBuilder) -> EngineResult<PackIndex> {
+    let (id, bytes, entries) = builder.finish();
+    let (pack, _) = repo.put_pack(&id, bytes).await?;
+    Ok(PackIndex { pack, entries })
+}
+
+async fn put_index(repo: &Repo, packs: Vec<PackIndex>) -> EngineResult<Id> {
+    let raw = IndexFile { packs }.encode();
+    let id = Id::of(&raw);
+    repo.store()
+        .put_if_absent(&index::key(&id), Bytes::from(raw))
+        .await?;
+    Ok(id)
+}
+
+/// Sessions that started up to this long after a plan was published are waited for too, in
+/// case the clocks of the hosts sharing a repository disagree.
+pub const CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(1);
+
+async fn wait_for_sessions(repo: &Repo, cutoff_ns: i64, options: &GcOptions) -> EngineResult<()> {
+    let me = repo.session_key();
+    let started = Instant::now();
+    loop {
+        let stale_ns = options.stale_after.as_nanos() as i64;
+        let now = now_ns();
+        let pending: Vec<String> = list_sessions(repo.store().as_ref())
+            .await?
+            .into_iter()
+            .filter(|(key, s)| {
+                Some(key) != me.as_ref()
+                    && s.as_ref().is_some_and(|s| {
+                        s.started_ns <= cutoff_ns && now - s.heartbeat_ns < stale_ns
+                    })
+            })
+            .map(|(key, s)| format!("{key} ({})", s.map(|s| s.kind).unwrap_or_default()))
+            .collect();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        if started.elapsed() > options.wait_limit {
+            return Err(EngineError::Pipeline(format!(
+                "gc: waited {:.0} s for {} older session(s) to finish ({}); nothing was deleted",
+                started.elapsed().as_secs_f64(),
+                pending.len(),
+                pending.join(", ")
+            )));
+        }
+        tracing::debug!(?pending, "gc waiting for sessions");
+        tokio::time::sleep(options.poll).await;
+    }
+}
+
+async fn set_gc_last(store: &dyn ObjectStore, cutoff_ns: i64, plan: &Id) -> EngineResult<()> {
+    let data = Bytes::from(encode_gc_last(cutoff_ns, plan));
+    loop {
+        let current = store.read_ref(GC_LAST_REF).await?;
+        let expected = current.as_ref().map(|c| c.version.clone());
+        if let CasOutcome::Swapped { .. } = store
+            .cas_ref(GC_LAST_REF, expected.as_ref(), Some(data.clone()))
+            .await?
+        {
+            return Ok(());
+        }
+    }
+}
+
+async fn remove_stale_sessions(store: &dyn ObjectStore, options: &GcOptions) -> EngineResult<()> {
+    let stale_ns = options.stale_after.as_nanos() as i64;
+    let now = now_ns();
+    for (key, session) in list_sessions(store).await? {
+        if session.is_none_or(|s| now - s.heartbeat_ns >= stale_ns) {
+            if let Some(state) = store.read_ref(&key).await? {
+                let _ = store.cas_ref(&key, Some(&state.version), None).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads `gc/last`: the session cutoff of the newest GC whose sweep ran (sessions that started
+/// before it were waited for, unless judged dead) and its plan id.
+pub async fn last_gc(store: &dyn ObjectStore) -> EngineResult<Option<(i64, Id)>> {
+    match store.read_ref(GC_LAST_REF).await? {
+        None => Ok(None),
+        Some(state) => Ok(Some(
+            cairn_format::marker::decode_gc_last(&state.data)
+                .map_err(|e| RepoError::corrupt(format!("refs/{GC_LAST_REF}"), e))?,
+        )),
+    }
+}
+
+fn sorted(entries: &[BlobEntry]) -> Vec<BlobEntry> {
+    let mut v = entries.to_vec();
+    v.sort_by_key(|e| e.offset);
+    v
+}
+
+/// Reads and verifies a manifest node through `index` (a GC's own snapshot, which may be newer
+/// than the one the repository loaded when it opened), adding the bytes read to `bytes_read`.
+async fn read_node(
+    repo: &Repo,
+    index: &BlobIndex,
+    id: &Id,
+    bytes_read: &mut u64,
+) -> EngineResult<Vec<u8>> {
+    let loc = index.get(id).ok_or(RepoError::BlobMissing { id: *id })?;
+    let stored = repo.read_pack_range(&loc.pack, loc.entry.range()).await?;
+    *bytes_read += stored.len() as u64;
+    Ok(Repo::decode_blob(&loc, &stored)?)
+}
+
+fn bad_node(id: &Id, e: cairn_format::FormatError) -> EngineError {
+    EngineError::Pipeline(format!("gc: manifest node {id}: {e}; nothing was deleted"))
+}
+
+/// A published plan and the session cutoff that goes with it.
+struct Published {
+    key: String,
+    id: Id,
+    cutoff_ns: i64,
+}
+
+/// Steps 3 and 4: publish `plan`, take the cutoff after it is visible, and wait for the
+/// sessions that may not have seen it. On failure the plan is withdrawn (nothing was deleted).
+async fn publish_and_wait(
+    repo: &Repo,
+    plan: &GcPlan,
+    options: &GcOptions,
+    report: &mut GcReport,
+) -> EngineResult<Published> {
+    let raw = plan.encode();
+    let id = Id::of(&raw);
+    let key = format!("{PLANS_PREFIX}{id}");
+    repo.store().put_if_absent(&key, Bytes::from(raw)).await?;
+    // Sessions register before they read plans, so one that started after the plan became
+    // visible has seen it. The cutoff is taken *after* publication (not at the plan's
+    // creation: a session registering in between would read the plans before ours is there),
+    // plus a margin for clock skew between hosts.
+    let cutoff_ns = now_ns() + CLOCK_SKEW_MARGIN.as_nanos() as i64;
+    let wait_started = Instant::now();
+    if let Err(e) = wait_for_sessions(repo, cutoff_ns, options).await {
+        let _ = repo.store().delete(&key).await;
+        return Err(e);
+    }
+    report.waited_s = wait_started.elapsed().as_secs_f64();
+    Ok(Published { key, id, cutoff_ns })
+}
+
+/// Step 5: keeps the packs of dead blobs that versions published meanwhile use (`used`), and
+/// lists those blobs in a rescue index file. Returns the rescued packs.
+async fn rescue(
+    repo: &Repo,
+    located_in: &BlobIndex,
+    dead: &[Id],
+    used: impl Fn(&Id) -> bool,
+    written_index: &mut HashSet<Id>,
+    report: &mut GcReport,
+) -> EngineResult<HashSet<Id>> {
+    let mut packs: HashMap<Id, Vec<BlobEntry>> = HashMap::new();
+    for id in dead.iter().filter(|id| used(id)) {
+        if let Some(loc) = located_in.get(id) {
+            packs.entry(loc.pack).or_default().push(loc.entry);
+        }
+    }
+    report.rescued_blobs = packs.values().map(|v| v.len() as u64).sum();
+    if packs.is_empty() {
+        return Ok(HashSet::new());
+    }
+    tracing::info!(
+        blobs = report.rescued_blobs,
+        "rescued blobs used by concurrent commits"
+    );
+    let rescued = packs.keys().copied().collect();
+    let index = put_index(
+        repo,
+        packs
+            .into_iter()
+            .map(|(pack, entries)| PackIndex {
+                pack,
+                entries: sorted(&entries),
+            })
+            .collect(),
+    )
+    .await?;
+    written_index.insert(index);
+    Ok(rescued)
+}
+
+/// Step 6 (deletions): the superseded index files first — their replacements are written —
+/// then the doomed packs that were not rescued.
+async fn sweep(
+    repo: &Repo,
+    superseded: &[Id],
+    written_index: &HashSet<Id>,
+    doomed_packs: &[Id],
+    rescued_packs: &HashSet<Id>,
+) -> EngineResult<()> {
+    let store = repo.store();
+    for id in superseded.iter().filter(|id| !written_index.contains(id)) {
+        store.delete(&index::key(id)).await?;
+    }
+    for pack in doomed_packs {
+        if !rescued_packs.contains(pack) {
+            store.delete(&pack_key(pack)).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Step 6 (bookkeeping): record `gc/last`, remove our plan and any a dead GC left (we hold
+/// the lock, so no other GC runs), and clear sessions of dead processes.
+async fn finish(repo: &Repo, published: &Published, options: &GcOptions) -> EngineResult<()> {
+    let store = repo.store();
+    set_gc_last(store.as_ref(), published.cutoff_ns, &published.id).await?;
+    store.delete(&published.key).await?;
+    for meta in store.list(PLANS_PREFIX).await? {
+        store.delete(&meta.key).await?;
+    }
+    remove_stale_sessions(store.as_ref(), options).await
+}
+
+/// Bytes of packs and index files, and each pack's size.
+async fn stored_bytes(repo: &Repo) -> EngineResult<(u64, HashMap<Id, u64>)> {
+    let store = repo.store();
+    let pack_sizes: HashMap<Id, u64> = store
+        .list(PACKS_PREFIX)
+        .await?
+        .into_iter()
+        .filter_map(|m| {
+            m.key
+                .rsplit('/')
+                .next()?
+                .parse()
+                .ok()
+                .map(|id: Id| (id, m.size))
+        })
+        .collect();
+    let index_bytes: u64 = store
+        .list(index::PREFIX)
+        .await?
+        .iter()
+        .map(|m| m.size)
+        .sum();
+    Ok((pack_sizes.values().sum::<u64>() + index_bytes, pack_sizes))
+}
+
+/// Bytes of a pack that can hold blobs: its size minus header, trailer and footer (entries
+/// dropped from the index by an earlier GC count as garbage, which they are).
+fn pack_payload(size: u64, indexed_entries: u64) -> u64 {
+    let overhead =
+        (pack::HEADER_LEN + pack::FOOTER_LEN) as u64 + pack::ENTRY_LEN as u64 * indexed_entries;
+    size.saturating_sub(overhead).max(1)
+}

@@ -1,0 +1,81 @@
+//! Reference summaries of manifest trees (`summaries/<root>`) and the freed markers of fast
+//! deletion (`gc/freed/<version>`); see `cairn_format::summary` and `cairn_engine::gc`.
+
+use std::collections::HashSet;
+
+use bytes::Bytes;
+use cairn_format::marker::{encode_freed, freed_key, FREED_PREFIX};
+use cairn_format::summary::{self, Summary};
+use cairn_format::Id;
+use cairn_store::StoreError;
+
+use crate::error::{RepoError, RepoResult};
+use crate::repository::Repo;
+use crate::session::now_ns;
+
+impl Repo {
+    /// Stores the summary of the tree rooted at `root` (idempotent: equal trees have equal
+    /// summaries). Returns the bytes written.
+    pub async fn put_summary(&self, root: &Id, summary: &Summary) -> RepoResult<u64> {
+        let raw = summary.encode();
+        let len = raw.len() as u64;
+        self.store()
+            .put_if_absent(&summary::key(root), Bytes::from(raw))
+            .await?;
+        Ok(len)
+    }
+
+    /// The summary of `root`: `Ok(None)` if there is none, an error naming the object if it is
+    /// damaged (callers fall back to walking the tree).
+    pub async fn load_summary(&self, root: &Id) -> RepoResult<Option<(Summary, u64)>> {
+        let key = summary::key(root);
+        match self.store().get(&key).await {
+            Ok(raw) => Summary::decode(&raw)
+                .map(|s| Some((s, raw.len() as u64)))
+                .map_err(|e| RepoError::corrupt(key, e)),
+            Err(StoreError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Roots that have a stored summary.
+    pub async fn summary_roots(&self) -> RepoResult<Vec<(Id, u64)>> {
+        parse_listing(self, summary::PREFIX).await
+    }
+
+    pub async fn delete_summary(&self, root: &Id) -> RepoResult<()> {
+        Ok(self.store().delete(&summary::key(root)).await?)
+    }
+
+    /// Records that the space of deleted version `version` has been given back.
+    pub async fn mark_freed(&self, version: &Id) -> RepoResult<()> {
+        self.store()
+            .put_if_absent(
+                &freed_key(version),
+                Bytes::from(encode_freed(version, now_ns())),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Deleted versions whose space some GC has already given back.
+    pub async fn freed_versions(&self) -> RepoResult<HashSet<Id>> {
+        Ok(parse_listing(self, FREED_PREFIX)
+            .await?
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect())
+    }
+}
+
+/// Lists `prefix`, whose keys end in an id; returns (id, object size).
+async fn parse_listing(repo: &Repo, prefix: &str) -> RepoResult<Vec<(Id, u64)>> {
+    let mut out = Vec::new();
+    for meta in repo.store().list(prefix).await? {
+        let id = meta.key[prefix.len()..]
+            .parse::<Id>()
+            .map_err(|e| RepoError::corrupt(meta.key.clone(), e))?;
+        out.push((id, meta.size));
+    }
+    Ok(out)
+}
