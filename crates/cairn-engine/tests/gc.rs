@@ -443,3 +443,39 @@ async fn removing_a_cloned_image_keeps_what_the_clone_uses() {
     let copy = version(&repo, "copy").await;
     assert_eq!(restore_bytes(&repo, &copy).await.unwrap(), contents[2]);
 }
+
+/// With near-perfect summaries, fast deletion of a rolling window leaves nothing for the exact
+/// pass: every blob it keeps is live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_deletion_with_precise_summaries_leaves_nothing_for_repair() {
+    let store = Arc::new(MemoryStore::new());
+    let mut cfg = config(16384, 1 << 20);
+    cfg.summary_bits = 64;
+    let repo = Arc::new(Repo::init(store.clone(), cfg).await.unwrap());
+    let chunks = 1024usize;
+    let mut data = noise(chunks * 16384, 3);
+    let mut seed = 100;
+    let mut fast_opts = opts(GcMode::Fast);
+    fast_opts.repack_threshold = 1.0;
+    let mut exact = opts(GcMode::Repair);
+    exact.dry_run = true;
+    for step in 0..8 {
+        commit_bytes(&repo, "vm", data.clone()).await;
+        for k in 0..50 {
+            let c = (k * 37 + step * 11) % chunks;
+            seed += 1;
+            data[c * 16384..(c + 1) * 16384].copy_from_slice(&noise(16384, seed));
+        }
+        if step >= 3 {
+            let h = history(&repo, "vm").await.unwrap();
+            let (oldest, _) = h.last().unwrap();
+            repo.mark_deleted(oldest).await.unwrap();
+            let fast = gc(&repo, &fast_opts).await.unwrap();
+            let leak = gc(&repo, &exact).await.unwrap();
+            assert_eq!(
+                leak.dead_blobs, 0,
+                "step {step}: fast {fast:?}\nexact {leak:?}"
+            );
+        }
+    }
+}

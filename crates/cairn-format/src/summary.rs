@@ -8,8 +8,8 @@
 //! unreferenced for certain; a false "maybe" only leaks the blob until the exact `gc --repair`.
 //!
 //! Two filters, because a false positive on a manifest node would keep its whole subtree:
-//! chunks get `bits_per_chunk` bits each (configurable, default 24), nodes 64 bits each (a
-//! false-positive rate of ~1e-10). Sizes are powers of two so that filters of one image, sized
+//! chunks get `bits_per_chunk` bits each (configurable, default 24), nodes 256 bits and 16
+//! probes each (see [`BITS_PER_NODE`]). Sizes are powers of two so that filters of one image, sized
 //! the same way, can be merged with a bitwise OR. Probes use double hashing over the blob id,
 //! which is already a uniform BLAKE3 hash: h1 = id[0..8], h2 = id[8..16] | 1 (little-endian),
 //! bit i = (h1 + i·h2) mod 2^log2_bits.
@@ -26,8 +26,13 @@ const MAGIC: &[u8; 8] = b"CRNSUMM\0";
 
 /// Default bits per chunk; with the power-of-two rounding a filter has 24–48 bits per chunk.
 pub const DEFAULT_BITS_PER_CHUNK: u8 = 24;
-/// Bits per manifest node.
-pub const BITS_PER_NODE: u8 = 64;
+/// Bits and probes per manifest node. Far more than for chunks, for two reasons: a false
+/// positive on a node keeps its whole subtree, and nodes churn much faster than chunks (a leaf
+/// changes when any of its chunks does), so the OR of an image's summaries holds several times
+/// more distinct nodes than one summary. At 256 bits and 16 probes the merged filter of ten
+/// versions that share no node at all still answers wrongly less than once in 10^5.
+pub const BITS_PER_NODE: u16 = 256;
+pub const NODE_PROBES: u8 = 16;
 /// Smallest and largest filter (2^9 bits = 64 bytes; 2^36 bits = 8 GiB).
 const MIN_LOG2_BITS: u8 = 9;
 const MAX_LOG2_BITS: u8 = 36;
@@ -78,13 +83,13 @@ pub fn probes_for(bits_per_item: u8) -> u8 {
 
 impl Bloom {
     /// An empty filter for `items` items at `bits_per_item` (rounded up to a power of two).
-    pub fn with_capacity(items: u64, bits_per_item: u8) -> Bloom {
+    pub fn with_capacity(items: u64, bits_per_item: u16, probes: u8) -> Bloom {
         let want = items.max(1).saturating_mul(bits_per_item.max(1) as u64);
         let log2 = (64 - (want - 1).leading_zeros()) as u8;
         let log2_bits = log2.clamp(MIN_LOG2_BITS, MAX_LOG2_BITS);
         Bloom {
             log2_bits,
-            probes: probes_for(bits_per_item),
+            probes: probes.clamp(1, 32),
             words: vec![0; 1usize << (log2_bits - 6)],
         }
     }
@@ -197,8 +202,12 @@ impl Summary {
         let mut s = Summary {
             chunk_items: chunks.len() as u64,
             node_items: nodes.len() as u64,
-            chunks: Bloom::with_capacity(chunks.len() as u64, bits_per_chunk),
-            nodes: Bloom::with_capacity(nodes.len() as u64, BITS_PER_NODE),
+            chunks: Bloom::with_capacity(
+                chunks.len() as u64,
+                bits_per_chunk as u16,
+                probes_for(bits_per_chunk),
+            ),
+            nodes: Bloom::with_capacity(nodes.len() as u64, BITS_PER_NODE, NODE_PROBES),
         };
         chunks.into_iter().for_each(|k| s.chunks.insert(k));
         nodes.into_iter().for_each(|k| s.nodes.insert(k));
