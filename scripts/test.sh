@@ -52,7 +52,7 @@ if [ "$QUICK" -eq 1 ]; then
 fi
 
 step "apt packages"
-ensure_apt_packages e2fsprogs debootstrap qemu-utils zstd time util-linux jq diffutils
+ensure_apt_packages e2fsprogs debootstrap qemu-utils libnbd-bin zstd time util-linux jq diffutils
 
 step "small dataset (.data/small)"
 DATASET=$(dataset_dir small)

@@ -128,6 +128,52 @@ pub enum Command {
     /// --repack-threshold, reading only metadata except the packs they repack. Safe while other
     /// processes commit: gc publishes its plan and waits for older sessions before deleting.
     Gc(GcArgs),
+    /// Serve a version over NBD at once; its data is fetched on demand.
+    ///
+    /// QEMU or any NBD client sees a plain raw disk (`qemu-system-x86_64 -drive
+    /// file=nbd+unix:///NAME?socket=PATH,format=raw`). A chunk is fetched from the repository
+    /// the first time it is read (plus the next --readahead chunks) and kept in the host-wide
+    /// chunk cache, shared by every export on the host: VMs booting from versions or images
+    /// that share data fetch each shared chunk once. Zero ranges are never fetched, and
+    /// block status reports them, so `qemu-img convert` and `nbdcopy` skip them.
+    ///
+    /// Listens on a Unix socket (--socket; the default is `$XDG_RUNTIME_DIR/cairn/NAME.sock`),
+    /// on TCP (--listen HOST:PORT), or serves one connection on stdin (--stdio; also
+    /// socket-activated, as `nbdinfo [ cairn export ... ]` starts it). Runs until killed.
+    ///
+    /// Example: cairn export web01/disk0@before-upgrade --socket /tmp/web.sock
+    Export(ExportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// IMAGE, IMAGE@N, IMAGE@TAG or IMAGE@HEX.
+    #[arg(value_name = "VERSION")]
+    pub spec: String,
+    /// The NBD export name (default: the image name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Unix socket to listen on.
+    #[arg(long, conflicts_with_all = ["listen", "stdio"])]
+    pub socket: Option<std::path::PathBuf>,
+    /// TCP address to listen on, e.g. 127.0.0.1:10809.
+    #[arg(long, conflicts_with = "stdio")]
+    pub listen: Option<String>,
+    /// Serve a single connection on stdin/stdout (or a socket-activated one).
+    #[arg(long)]
+    pub stdio: bool,
+    /// Chunk cache directory (default: $CAIRN_CACHE_DIR, else ~/.cache/cairn/chunks).
+    #[arg(long)]
+    pub cache_dir: Option<std::path::PathBuf>,
+    /// Chunk cache size limit; least recently used chunks are evicted beyond it.
+    #[arg(long, default_value = "10G", value_parser = parse_size)]
+    pub cache_size: u64,
+    /// Chunks fetched ahead after a read that missed the cache.
+    #[arg(long, default_value_t = 8)]
+    pub readahead: usize,
+    /// Write the export's counters as JSON to this file every second (and at exit).
+    #[arg(long)]
+    pub stats_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -49,6 +49,7 @@ fn main() -> ExitCode {
             Command::Verify => commands::verify::run(&ctx).await,
             Command::Stats => commands::stats::run(&ctx).await,
             Command::Gc(args) => commands::gc::run(&ctx, args).await,
+            Command::Export(args) => commands::export::run(&ctx, args).await,
         };
         ctx.close().await;
         result

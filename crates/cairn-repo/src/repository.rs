@@ -20,7 +20,7 @@ use crate::session::SessionHandle;
 pub const PACKS_PREFIX: &str = "packs/";
 
 /// Session kinds that only read, and may run without a session when none can be registered.
-pub const READ_ONLY_KINDS: &[&str] = &["read", "restore", "verify"];
+pub const READ_ONLY_KINDS: &[&str] = &["read", "restore", "verify", "export"];
 
 /// Key of a pack: `packs/<first two hex digits>/<id>` (fan-out keeps directories small).
 pub fn pack_key(id: &Id) -> String {

@@ -3,6 +3,7 @@
 pub mod clone;
 pub mod commit;
 pub mod diff;
+pub mod export;
 pub mod gc;
 pub mod images;
 pub mod init;

@@ -1,0 +1,312 @@
+//! The read-only base of an export: one stored version, read lazily.
+//!
+//! Opening reads only the interior manifest nodes (one per 256 segments), which map each
+//! segment to its leaf. Leaves are read the first time a segment is touched and kept. A chunk
+//! comes from the host-wide cache, or else from the repository (verified against its id) and
+//! then goes into the cache; after a miss the following chunks are fetched in the background
+//! (read-ahead), as BlobSeer's on-demand mirroring does. Zero extents never touch the
+//! repository.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock};
+
+use cairn_format::node::{Extent, Interior, Leaf};
+use cairn_format::version::VersionRecord;
+use cairn_format::Id;
+use cairn_repo::Repo;
+
+use crate::cache::ChunkCache;
+use crate::stats::ExportStats;
+
+/// One extent of a loaded leaf, with its offset in the image.
+#[derive(Debug, Clone, Copy)]
+pub struct Piece {
+    pub offset: u64,
+    pub len: u32,
+    /// None: zeros.
+    pub chunk: Option<Id>,
+}
+
+pub struct Base {
+    repo: Arc<Repo>,
+    cache: Arc<ChunkCache>,
+    stats: Arc<ExportStats>,
+    id: Id,
+    record: VersionRecord,
+    /// Segment index → leaf id (absent: all zeros).
+    leaf_ids: HashMap<u64, Id>,
+    leaves: RwLock<HashMap<u64, Arc<Vec<Piece>>>>,
+    readahead: usize,
+}
+
+fn io_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+impl Base {
+    /// Opens version `id` (reading its interior nodes).
+    pub async fn open(
+        repo: Arc<Repo>,
+        cache: Arc<ChunkCache>,
+        stats: Arc<ExportStats>,
+        id: Id,
+        record: VersionRecord,
+        readahead: usize,
+    ) -> io::Result<Base> {
+        let leaf_ids = Self::segment_map(&repo, &record, &stats).await?;
+        Ok(Base {
+            repo,
+            cache,
+            stats,
+            id,
+            record,
+            leaf_ids,
+            leaves: RwLock::new(HashMap::new()),
+            readahead,
+        })
+    }
+
+    /// Segment index → leaf id, from the interior nodes.
+    async fn segment_map(
+        repo: &Repo,
+        record: &VersionRecord,
+        stats: &ExportStats,
+    ) -> io::Result<HashMap<u64, Id>> {
+        let mut out = HashMap::new();
+        let Some(root) = record.root else {
+            return Ok(out);
+        };
+        let f = record.fanout as u64;
+        // (node, level, index of the node among the nodes of its level)
+        let mut stack = vec![(root, record.height, 0u64)];
+        while let Some((node, level, index)) = stack.pop() {
+            if level == 0 {
+                out.insert(index, node);
+                continue;
+            }
+            let raw = repo.read_blob(&node).await.map_err(io_err)?;
+            stats
+                .metadata_bytes_fetched
+                .fetch_add(raw.len() as u64, Ordering::Relaxed);
+            let n = Interior::decode(&raw).map_err(io_err)?;
+            if n.level != level {
+                return Err(io_err(format!(
+                    "manifest node {node} is at level {} where {level} was expected",
+                    n.level
+                )));
+            }
+            for (slot, child) in n.children {
+                stack.push((child, level - 1, index * f + slot as u64));
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn id(&self) -> Id {
+        self.id
+    }
+
+    pub fn record(&self) -> &VersionRecord {
+        &self.record
+    }
+
+    pub fn size(&self) -> u64 {
+        self.record.logical_size
+    }
+
+    pub fn segment_size(&self) -> u64 {
+        self.record.segment_size as u64
+    }
+
+    /// The pieces of segment `seg` (loading its leaf on first use).
+    pub async fn pieces(&self, seg: u64) -> io::Result<Arc<Vec<Piece>>> {
+        if let Some(p) = self.leaves.read().expect("leaves lock").get(&seg) {
+            return Ok(p.clone());
+        }
+        let start = seg * self.segment_size();
+        let seg_len = self.segment_size().min(self.size().saturating_sub(start)) as u32;
+        let mut pieces = Vec::new();
+        match self.leaf_ids.get(&seg) {
+            None => pieces.push(Piece {
+                offset: start,
+                len: seg_len,
+                chunk: None,
+            }),
+            Some(leaf_id) => {
+                let raw = self.repo.read_blob(leaf_id).await.map_err(io_err)?;
+                self.stats
+                    .metadata_bytes_fetched
+                    .fetch_add(raw.len() as u64, Ordering::Relaxed);
+                let leaf = Leaf::decode(&raw).map_err(io_err)?;
+                let mut at = start;
+                for e in leaf.extents {
+                    let (len, chunk) = match e {
+                        Extent::Zero { len } => (len, None),
+                        Extent::Chunk { id, len } => (len, Some(id)),
+                    };
+                    pieces.push(Piece {
+                        offset: at,
+                        len,
+                        chunk,
+                    });
+                    at += len as u64;
+                }
+                let end = start + seg_len as u64;
+                if at < end {
+                    pieces.push(Piece {
+                        offset: at,
+                        len: (end - at) as u32,
+                        chunk: None,
+                    });
+                }
+            }
+        }
+        let pieces = Arc::new(pieces);
+        self.leaves
+            .write()
+            .expect("leaves lock")
+            .insert(seg, pieces.clone());
+        Ok(pieces)
+    }
+
+    /// The pieces overlapping [offset, offset + len).
+    pub async fn pieces_in(&self, offset: u64, len: u64) -> io::Result<Vec<Piece>> {
+        let end = (offset + len).min(self.size());
+        let mut out = Vec::new();
+        if offset >= end {
+            return Ok(out);
+        }
+        let ss = self.segment_size();
+        for seg in offset / ss..=(end - 1) / ss {
+            for p in self.pieces(seg).await?.iter() {
+                if p.offset < end && p.offset + p.len as u64 > offset {
+                    out.push(*p);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// A chunk's bytes: from the cache, or fetched from the repository (once, however many
+    /// readers ask at the same time).
+    pub async fn chunk(&self, id: &Id) -> io::Result<Arc<Vec<u8>>> {
+        if let Some(data) = self.cache.get(id) {
+            self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(Arc::new(data));
+        }
+        let lock = self.cache.fetch_lock(id);
+        let guard = lock.lock().await;
+        let result = match self.cache.get(id) {
+            Some(data) => {
+                self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
+                Ok(Arc::new(data))
+            }
+            None => {
+                self.stats.cache_misses.fetch_add(1, Ordering::Relaxed);
+                match self.repo.read_blob(id).await {
+                    Ok(data) => {
+                        self.stats.chunks_fetched.fetch_add(1, Ordering::Relaxed);
+                        self.stats
+                            .bytes_fetched
+                            .fetch_add(data.len() as u64, Ordering::Relaxed);
+                        if let Err(e) = self.cache.put(id, &data) {
+                            tracing::warn!("chunk cache: {e}");
+                        }
+                        Ok(Arc::new(data))
+                    }
+                    Err(e) => {
+                        self.stats.fetch_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::error!(chunk = %id, "fetch failed: {e}");
+                        Err(io_err(e))
+                    }
+                }
+            }
+        };
+        drop(guard);
+        drop(lock);
+        self.cache.release_fetch_lock(id);
+        result
+    }
+
+    /// Reads [offset, offset + buf.len()) of the base into `buf`. A miss starts read-ahead of
+    /// the chunks that follow the range.
+    pub async fn read(self: &Arc<Self>, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let end = offset + buf.len() as u64;
+        let pieces = self.pieces_in(offset, buf.len() as u64).await?;
+        let mut missed = false;
+        // Fetch the chunks of the range concurrently.
+        let mut tasks = tokio::task::JoinSet::new();
+        for p in &pieces {
+            if p.chunk.is_none() {
+                let overlap = (p.offset + p.len as u64).min(end) - p.offset.max(offset);
+                self.stats
+                    .zero_bytes_read
+                    .fetch_add(overlap, Ordering::Relaxed);
+            }
+            if let Some(id) = p.chunk {
+                if !self.cache.contains(&id) {
+                    missed = true;
+                }
+                let me = self.clone();
+                let p = *p;
+                tasks.spawn(async move { me.chunk(&id).await.map(|d| (p, d)) });
+            }
+        }
+        buf.fill(0);
+        while let Some(r) = tasks.join_next().await {
+            let (p, data) = r.map_err(io_err)??;
+            if data.len() != p.len as usize {
+                return Err(io_err(format!(
+                    "chunk {} holds {} bytes where the manifest says {}",
+                    p.chunk.expect("chunk"),
+                    data.len(),
+                    p.len
+                )));
+            }
+            let from = p.offset.max(offset);
+            let to = (p.offset + p.len as u64).min(end);
+            buf[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&data[(from - p.offset) as usize..(to - p.offset) as usize]);
+        }
+        if missed && self.readahead > 0 {
+            self.read_ahead(end);
+        }
+        Ok(())
+    }
+
+    /// Fetches, in the background, the next `readahead` chunks after `from`.
+    fn read_ahead(self: &Arc<Self>, from: u64) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let span = me.readahead as u64 * 4 * 1024 * 1024; // upper bound of chunk sizes
+            let Ok(pieces) = me.pieces_in(from, span.min(me.segment_size() * 2)).await else {
+                return;
+            };
+            let ids: Vec<Id> = pieces
+                .iter()
+                .filter(|p| p.offset >= from)
+                .filter_map(|p| p.chunk)
+                .take(me.readahead)
+                .collect();
+            for id in ids {
+                if me.cache.contains(&id) {
+                    continue;
+                }
+                me.stats.readahead_chunks.fetch_add(1, Ordering::Relaxed);
+                let _ = me.chunk(&id).await;
+            }
+        });
+    }
+
+    /// Loads into the cache every chunk of [offset, offset + len) (NBD_CMD_CACHE).
+    pub async fn prefetch(self: &Arc<Self>, offset: u64, len: u64) -> io::Result<()> {
+        for p in self.pieces_in(offset, len).await? {
+            if let Some(id) = p.chunk {
+                self.chunk(&id).await?;
+            }
+        }
+        Ok(())
+    }
+}

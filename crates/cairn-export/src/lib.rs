@@ -1,0 +1,16 @@
+//! Lazy deployment: serve any stored version over NBD at once, fetching its data on demand.
+//!
+//! - [`cache`]: the host-wide, content-addressed chunk cache (LRU, size limit)
+//! - [`base`]: a stored version read lazily (leaves and chunks on first use, read-ahead)
+//! - [`export`]: the NBD backend: base (+ the writable overlay), block status, stats
+//! - [`stats`]: per-export counters
+
+pub mod base;
+pub mod cache;
+pub mod export;
+pub mod stats;
+
+pub use base::Base;
+pub use cache::ChunkCache;
+pub use export::VersionExport;
+pub use stats::ExportStats;

@@ -1,0 +1,50 @@
+//! Counters of one export, shown by `cairn export --stats` and in its `--json` status.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::{json, Value};
+
+#[derive(Debug, Default)]
+pub struct ExportStats {
+    /// NBD reads and the bytes they returned to the client.
+    pub reads: AtomicU64,
+    pub bytes_read: AtomicU64,
+    /// Bytes of those reads that were zeros by the manifest (never fetched).
+    pub zero_bytes_read: AtomicU64,
+    /// Chunks and plain chunk bytes fetched from the repository.
+    pub chunks_fetched: AtomicU64,
+    pub bytes_fetched: AtomicU64,
+    /// Manifest bytes fetched (interior nodes at open, leaves on first use).
+    pub metadata_bytes_fetched: AtomicU64,
+    /// Chunk lookups served by the host-wide cache, and those that were not.
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
+    /// Chunks fetched ahead of the reads that needed them.
+    pub readahead_chunks: AtomicU64,
+    pub fetch_errors: AtomicU64,
+    /// NBD writes (including write-zeroes and trim) and their bytes.
+    pub writes: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub flushes: AtomicU64,
+}
+
+impl ExportStats {
+    pub fn to_json(&self) -> Value {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        json!({
+            "reads": g(&self.reads),
+            "bytes_read": g(&self.bytes_read),
+            "zero_bytes_read": g(&self.zero_bytes_read),
+            "chunks_fetched": g(&self.chunks_fetched),
+            "bytes_fetched": g(&self.bytes_fetched),
+            "metadata_bytes_fetched": g(&self.metadata_bytes_fetched),
+            "cache_hits": g(&self.cache_hits),
+            "cache_misses": g(&self.cache_misses),
+            "readahead_chunks": g(&self.readahead_chunks),
+            "fetch_errors": g(&self.fetch_errors),
+            "writes": g(&self.writes),
+            "bytes_written": g(&self.bytes_written),
+            "flushes": g(&self.flushes),
+        })
+    }
+}

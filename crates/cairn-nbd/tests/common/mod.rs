@@ -1,0 +1,101 @@
+//! Shared helpers for the integration tests: an in-process server on a Unix
+//! socket, tool lookup, and test data.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use cairn_nbd::{serve_unix_listener, Server};
+
+/// A server running on its own tokio runtime, listening on a Unix socket in
+/// a temporary directory. Dropping it stops the runtime.
+pub struct TestServer {
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl TestServer {
+    pub fn start(server: Server) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("nbd.sock");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let listener = {
+            let _guard = rt.enter();
+            tokio::net::UnixListener::bind(&socket).expect("bind unix socket")
+        };
+        rt.spawn(serve_unix_listener(Arc::new(server), listener));
+        TestServer {
+            dir,
+            socket,
+            rt: Some(rt),
+        }
+    }
+
+    /// `nbd+unix:///NAME?socket=PATH`
+    pub fn uri(&self, name: &str) -> String {
+        format!("nbd+unix:///{name}?socket={}", self.socket.display())
+    }
+
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Fail (not skip) when a client tool is missing, naming its package.
+pub fn require_tool(tool: &str, package: &str) {
+    match Command::new(tool).arg("--version").output() {
+        Ok(_) => {}
+        Err(e) => panic!(
+            "required tool `{tool}` is not available ({e}); install the Debian package `{package}` \
+             (sudo apt-get install -y {package})"
+        ),
+    }
+}
+
+/// Run a command, returning its output; panics if it cannot be spawned.
+pub fn run(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("failed to run {cmd:?}: {e}"));
+    eprintln!(
+        "$ {cmd:?}\n[status {}]\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Run a command and require success.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = run(cmd);
+    assert!(out.status.success(), "command failed: {cmd:?}");
+    out
+}
+
+/// Patterned, partly-zero test data: 4 KiB blocks in runs of 16, alternating
+/// data and zero runs, with the data bytes varying per position.
+pub fn patterned(size: usize) -> Vec<u8> {
+    let mut v = vec![0u8; size];
+    for (i, b) in v.iter_mut().enumerate() {
+        let block = i / 4096;
+        if (block / 16) % 2 == 0 {
+            *b = ((i * 7 + i / 4096) % 251) as u8 + 1;
+        }
+    }
+    v
+}
