@@ -143,6 +143,10 @@ pub enum Command {
     ///
     /// Example: cairn export web01/disk0@before-upgrade --socket /tmp/web.sock
     Export(ExportArgs),
+    /// Counters of a running export: bytes read and fetched, cache hits, overlay contents.
+    Status(StatusArgs),
+    /// Snapshots of a writable export's overlay (iROW layers): snapshot, rollback, delete, list.
+    Overlay(OverlayArgs),
 }
 
 #[derive(Debug, Args)]
@@ -174,6 +178,38 @@ pub struct ExportArgs {
     /// Write the export's counters as JSON to this file every second (and at exit).
     #[arg(long)]
     pub stats_file: Option<std::path::PathBuf>,
+    /// Accept writes, into a local overlay (chunk-sized blocks, durable on flush). Commit them
+    /// with `cairn commit IMAGE --from-export NAME`.
+    #[arg(long)]
+    pub writable: bool,
+    /// The overlay directory (default: $XDG_STATE_HOME/cairn/overlays/NAME). An overlay left by
+    /// an earlier run on the same version is reopened with its flushed writes.
+    #[arg(long, requires = "writable")]
+    pub overlay: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The export name.
+    pub name: String,
+}
+
+#[derive(Debug, Args)]
+pub struct OverlayArgs {
+    #[command(subcommand)]
+    pub action: OverlayAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OverlayAction {
+    /// Freeze the overlay's writes so far under NAME (O(1): no data is copied).
+    Snapshot { export: String, name: String },
+    /// Discard every write made after snapshot NAME.
+    Rollback { export: String, name: String },
+    /// Delete snapshot NAME, keeping its writes (merged into the next layer).
+    Delete { export: String, name: String },
+    /// List the overlay's snapshots, oldest first.
+    List { export: String },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -222,7 +258,16 @@ pub struct CommitArgs {
     /// Image name, e.g. web01/disk0.
     pub image: String,
     /// Raw image file, block device, or `-` for stdin.
-    pub source: PathBuf,
+    #[arg(
+        required_unless_present = "from_export",
+        conflicts_with = "from_export"
+    )]
+    pub source: Option<PathBuf>,
+    /// Commit what a running writable export holds (its base + the writes in its overlay),
+    /// reading and storing only the overlay; the export goes on serving the new version with
+    /// an empty overlay. IMAGE may be a new image: its history then starts at the export's base.
+    #[arg(long, value_name = "EXPORT")]
+    pub from_export: Option<String>,
     /// Message stored with the version.
     #[arg(short, long, default_value = "")]
     pub message: String,

@@ -238,3 +238,241 @@ fn reads_fail_with_an_error_when_the_repository_is_gone() {
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(text.contains("read 65536/65536 bytes"), "{text}");
 }
+
+/// A writable export: its own run directory (control sockets) and overlay directory.
+fn start_writable(repo: &Path, spec: &str, dir: &Path, tag: &str) -> Served {
+    let socket = dir.join(format!("{tag}.sock"));
+    let stats = dir.join(format!("{tag}.json"));
+    let _ = std::fs::remove_file(&socket);
+    let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--repo")
+        .arg(repo)
+        .args([
+            "-q",
+            "export",
+            spec,
+            "--name",
+            "disk",
+            "--writable",
+            "--socket",
+        ])
+        .arg(&socket)
+        .arg("--overlay")
+        .arg(dir.join("overlay"))
+        .arg("--cache-dir")
+        .arg(dir.join("cache"))
+        .arg("--stats-file")
+        .arg(&stats)
+        .env("CAIRN_RUN_DIR", dir.join("run"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !socket.exists() || !dir.join("run/disk.ctl").exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "export did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Served {
+        child,
+        socket,
+        stats,
+    }
+}
+
+/// `cairn` with the test's run directory, so that it finds the export's control socket.
+fn cairn_ctl(repo: &Path, dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--repo")
+        .arg(repo)
+        .args(args)
+        .env("CAIRN_RUN_DIR", dir.join("run"))
+        .output()
+        .unwrap()
+}
+
+fn qemu_io(uri: &str, cmds: &[&str]) -> String {
+    let mut c = tool("qemu-io", "qemu-utils");
+    c.args(["-f", "raw"]);
+    for cmd in cmds {
+        c.args(["-c", cmd]);
+    }
+    let out = c.arg(uri).output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !text.contains("failed") && !text.contains("error"),
+        "{cmds:?}: {text}"
+    );
+    text
+}
+
+#[test]
+fn writes_go_to_the_overlay_and_commit_back_as_a_new_version() {
+    let (dir, repo, a, _) = setup();
+    let served = start_writable(&repo, "vm", dir.path(), "w");
+    let uri = served.uri();
+    // A partial-block write across two blocks, a full block, zeros over data, and data in the
+    // zero run.
+    qemu_io(
+        &uri,
+        &[
+            "write -P 0xab 10000 30000",
+            "write -P 0xcd 65536 16384",
+            "write -z 131072 16384",
+            "write -P 0xef 4194304 8192",
+            "flush",
+        ],
+    );
+    let mut want = std::fs::read(&a).unwrap();
+    want[10000..40000].fill(0xab);
+    want[65536..81920].fill(0xcd);
+    want[131072..147456].fill(0);
+    want[4194304..4202496].fill(0xef);
+    qemu_io(
+        &uri,
+        &["read -P 0xab 10000 30000", "read -P 0xef 4194304 8192"],
+    );
+    let copy = dir.path().join("live.raw");
+    let st = tool("nbdcopy", "libnbd-bin")
+        .arg(&uri)
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    same_file_bytes(&copy, &want, "export with overlay");
+
+    let status = cairn_ctl(&repo, dir.path(), &["--json", "status", "disk"]);
+    let status: Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["overlay"]["blocks_held"], 6, "{status}"); // 2 + 1 + 1 + 1 + 1 blocks of 16 KiB
+
+    // COMMIT: a new version of vm holding exactly what the export showed.
+    let out = cairn_ctl(
+        &repo,
+        dir.path(),
+        &[
+            "--json",
+            "commit",
+            "vm",
+            "--from-export",
+            "disk",
+            "-m",
+            "from qemu",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["image"].as_str(), v["seq"].as_u64()),
+        (Some("vm"), Some(2)),
+        "{v}"
+    );
+    assert_eq!(v["new_chunks"], 5, "{v}"); // the zeroed block is a hole
+    let restored = dir.path().join("v2.raw");
+    assert!(cairn(
+        &repo,
+        &["-q", "restore", "vm@2", restored.to_str().unwrap()]
+    )
+    .status
+    .success());
+    same_file_bytes(&restored, &want, "committed version");
+
+    // The export goes on with the new version and an empty overlay.
+    let status: Value =
+        serde_json::from_slice(&cairn_ctl(&repo, dir.path(), &["--json", "status", "disk"]).stdout)
+            .unwrap();
+    assert_eq!(
+        (
+            status["seq"].as_u64(),
+            status["overlay"]["blocks_held"].as_u64()
+        ),
+        (Some(2), Some(0)),
+        "{status}"
+    );
+    qemu_io(&uri, &["read -P 0xcd 65536 16384"]);
+
+    // Writes committed into a new image start its history at the export's version.
+    qemu_io(&uri, &["write -P 0x11 0 4096", "flush"]);
+    let out = cairn_ctl(
+        &repo,
+        dir.path(),
+        &["-q", "commit", "branch", "--from-export", "disk"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log = String::from_utf8(cairn(&repo, &["log", "branch"]).stdout).unwrap();
+    assert!(log.starts_with("branch@1 "), "{log}");
+    assert!(log.contains("\ncloned from vm@2 ("), "{log}");
+}
+
+/// Asserts a file equals `want` (never printing the contents).
+fn same_file_bytes(got: &Path, want: &[u8], what: &str) {
+    let g = std::fs::read(got).unwrap();
+    let first = g.iter().zip(want).position(|(a, b)| a != b);
+    assert!(
+        g == want,
+        "{what}: {} bytes vs {} expected, first difference at {first:?}",
+        g.len(),
+        want.len()
+    );
+}
+
+#[test]
+fn overlay_snapshots_roll_back_and_flushed_writes_survive_kill_9() {
+    let (dir, repo, _, _) = setup();
+    let mut served = start_writable(&repo, "vm", dir.path(), "w");
+    let uri = served.uri();
+    qemu_io(&uri, &["write -P 0x11 0 16384", "flush"]);
+    let ok = |args: &[&str]| {
+        let out = cairn_ctl(&repo, dir.path(), args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    ok(&["overlay", "snapshot", "disk", "s1"]);
+    qemu_io(
+        &uri,
+        &[
+            "write -P 0x22 0 16384",
+            "write -P 0x33 16384 16384",
+            "flush",
+        ],
+    );
+    assert_eq!(ok(&["overlay", "list", "disk"]), "disk: snapshots s1\n");
+    ok(&["overlay", "rollback", "disk", "s1"]);
+    qemu_io(&uri, &["read -P 0x11 0 16384"]);
+    ok(&["overlay", "snapshot", "disk", "s2"]);
+    qemu_io(&uri, &["write -P 0x44 32768 16384", "flush"]);
+    ok(&["overlay", "delete", "disk", "s1"]);
+    qemu_io(&uri, &["read -P 0x11 0 16384", "read -P 0x44 32768 16384"]);
+
+    // kill -9, then a new export on the same version reopens the overlay with its writes.
+    served.child.kill().unwrap();
+    served.child.wait().unwrap();
+    let served = start_writable(&repo, "vm", dir.path(), "w2");
+    qemu_io(
+        &served.uri(),
+        &["read -P 0x11 0 16384", "read -P 0x44 32768 16384"],
+    );
+    let status: Value =
+        serde_json::from_slice(&cairn_ctl(&repo, dir.path(), &["--json", "status", "disk"]).stdout)
+            .unwrap();
+    assert_eq!(
+        status["overlay"]["snapshots"],
+        serde_json::json!(["s2"]),
+        "{status}"
+    );
+}

@@ -107,14 +107,28 @@ pub async fn commit(
             .map_err(|e| EngineError::Pipeline(format!("pipeline thread: {e}")))??
     };
 
-    // GC safety, last line of defence: a GC whose plan this commit did not see, and whose
-    // cutoff is after this commit started, normally waits for it. If such a GC finished anyway
-    // (it judged this process dead, e.g. after a long stall), check that every blob this
-    // commit reuses still exists before publishing anything that refers to it.
+    publish(
+        &repo,
+        image,
+        out,
+        time_ns,
+        &options.message,
+        None,
+        &progress,
+    )
+    .await
+}
+
+/// GC safety, last line of defence: a GC whose plan this session did not see, and whose
+/// cutoff is after this session started, normally waits for it. If such a GC finished anyway
+/// (it judged this process dead, e.g. after a long stall), check that every blob the new
+/// version reuses (refers to without storing it) still exists before publishing anything
+/// that refers to it.
+pub(crate) async fn check_stale_gc(repo: &Repo, reused: &HashSet<Id>) -> EngineResult<()> {
     if let Some((cutoff_ns, plan)) = crate::gc::last_gc(repo.store().as_ref()).await? {
         if cutoff_ns >= repo.session_started_ns() && !repo.saw_plan(&plan) {
             let present = repo.indexed_blobs_now().await?;
-            let missing = out.reused.iter().filter(|id| !present.contains(id)).count();
+            let missing = reused.iter().filter(|id| !present.contains(id)).count();
             if missing > 0 {
                 return Err(EngineError::Pipeline(format!(
                     "a garbage collection that treated this commit as dead removed {missing} blobs it \
@@ -123,6 +137,24 @@ pub async fn commit(
             }
         }
     }
+    Ok(())
+}
+
+/// Publishes a version whose packs are durable: checks the stale-GC guard, then writes the
+/// index file, the reference summary, the version record and swaps the head ref, in that
+/// order. The parent is the image's head when the ref is swapped; an image without a head
+/// gets `origin` as parent (None for a plain first commit, the source version for a version
+/// derived from another image's, like a clone) and seq 1.
+pub(crate) async fn publish(
+    repo: &Repo,
+    image: &str,
+    out: PipelineOutput,
+    time_ns: i64,
+    message: &str,
+    origin: Option<Id>,
+    progress: &CommitProgress,
+) -> EngineResult<CommitResult> {
+    check_stale_gc(repo, &out.reused).await?;
 
     // Publication step 2: the index file, once every pack is durable; then the tree's
     // reference summary, which every published version must have (fast deletion trusts it).
@@ -145,7 +177,7 @@ pub async fn commit(
                 Some(h.version),
                 repo.load_version(&h.version).await?.seq + 1,
             ),
-            None => (None, 1),
+            None => (origin, 1),
         };
         let mut record = VersionRecord {
             image: image.to_string(),
@@ -158,7 +190,7 @@ pub async fn commit(
             segment_size: repo.config().segment_size,
             fanout: repo.config().fanout,
             stats,
-            message: options.message.clone(),
+            message: message.to_string(),
         };
         // The record's length does not depend on the figure, so it can count itself and the ref.
         let own = record.encode().len() as u64 + refs::encode(&Id::ZERO).len() as u64;
@@ -178,20 +210,21 @@ pub async fn commit(
     .into())
 }
 
-struct PipelineOutput {
-    root: Option<Id>,
+/// A built tree whose packs are durable, ready for [`publish`].
+pub(crate) struct PipelineOutput {
+    pub root: Option<Id>,
     /// The reference summary of the tree (for fast deletion).
-    summary: Option<Summary>,
-    height: u8,
-    size: u64,
-    stats: CommitStats,
-    packs: Vec<(Id, Vec<BlobEntry>)>,
-    pack_bytes: u64,
-    reused: HashSet<Id>,
+    pub summary: Option<Summary>,
+    pub height: u8,
+    pub size: u64,
+    pub stats: CommitStats,
+    pub packs: Vec<(Id, Vec<BlobEntry>)>,
+    pub pack_bytes: u64,
+    pub reused: HashSet<Id>,
 }
 
 /// A blob ready to be packed.
-struct EncodedBlob {
+pub(crate) struct EncodedBlob {
     id: Id,
     kind: BlobKind,
     encoding: BlobEncoding,
@@ -209,17 +242,17 @@ struct SegmentResult {
 }
 
 /// Shared state of the workers: which blobs are stored or being stored by this commit.
-struct Dedup<'a> {
-    repo: &'a Repo,
-    claimed: Mutex<HashSet<Id>>,
+pub(crate) struct Dedup<'a> {
+    pub repo: &'a Repo,
+    pub claimed: Mutex<HashSet<Id>>,
     /// Blobs this commit refers to without storing them (found in the repository).
-    reused: Mutex<HashSet<Id>>,
+    pub reused: Mutex<HashSet<Id>>,
 }
 
 impl Dedup<'_> {
     /// True if the caller must store `id`: it is neither in the repository nor already
     /// claimed by another worker of this commit.
-    fn claim(&self, id: &Id) -> bool {
+    pub fn claim(&self, id: &Id) -> bool {
         if self.repo.has_blob(id) {
             self.reused.lock().expect("dedup lock").insert(*id);
             return false;
@@ -449,7 +482,7 @@ fn hash_segments(
     Ok(())
 }
 
-fn encode(id: Id, kind: BlobKind, plain: &[u8], config: &RepoConfig) -> EncodedBlob {
+pub(crate) fn encode(id: Id, kind: BlobKind, plain: &[u8], config: &RepoConfig) -> EncodedBlob {
     let (stored, encoding) = encode_blob(plain, config.compression);
     EncodedBlob {
         id,
@@ -465,11 +498,11 @@ type Uploaded = (Id, Vec<BlobEntry>, u64);
 type Upload = JoinHandle<RepoResult<Uploaded>>;
 
 /// A pack written by this commit and the blobs in it.
-type PackedPack = (Id, Vec<BlobEntry>);
+pub(crate) type PackedPack = (Id, Vec<BlobEntry>);
 
 /// Packs blobs (data and manifest nodes in separate packs, so a version's tree is read from
 /// few places) and uploads full packs, at most `uploads` at a time.
-fn pack_blobs(
+pub(crate) fn pack_blobs(
     repo: Arc<Repo>,
     handle: Handle,
     config: &RepoConfig,

@@ -30,6 +30,13 @@ pub enum EngineError {
     Name(#[from] FormatError),
     #[error("{0}")]
     BadRef(String),
+    /// A changed block of a patch could not be read (see `patch::PatchSource`).
+    #[error("reading changed block {index} of the patch: {source}")]
+    PatchRead {
+        index: u64,
+        #[source]
+        source: io::Error,
+    },
     #[error("commit pipeline: {0}")]
     Pipeline(String),
 }

@@ -3,6 +3,8 @@
 //! - [`source`]: where data comes from (sparse-aware files, block devices, streams)
 //! - [`chunker`]: segments → chunks (fixed or FastCDC, restarting at segment boundaries)
 //! - [`commit`]: the parallel commit pipeline and ordered publication
+//! - [`patch`]: commit a base version plus changed blocks (a writable export's overlay),
+//!   reading and storing only what changed
 //! - [`tree`]: building and walking manifest trees (versioned segment trees)
 //! - [`restore`]: parallel, out-of-order, sparse restore
 //! - [`diff`]: which byte ranges differ between two versions, reading only changed subtrees
@@ -22,6 +24,7 @@ pub mod diff;
 mod error;
 pub mod gc;
 pub mod live;
+pub mod patch;
 pub mod remove;
 pub mod resolve;
 pub mod restore;

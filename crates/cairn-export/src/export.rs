@@ -1,4 +1,10 @@
-//! The NBD backend of one export: a stored version, read lazily through the chunk cache.
+//! The NBD backend of one export: a stored version read lazily through the chunk cache, and,
+//! for writable exports, the local overlay that takes the writes (whole blocks of the
+//! repository's chunk size; a partial write first fills its block from below).
+//!
+//! A COMMIT pauses I/O (every request holds the `io` lock shared; the commit holds it alone),
+//! flushes the overlay, publishes base + overlay as a new version, then continues on that
+//! version with an empty overlay.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -6,21 +12,51 @@ use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
+use cairn_engine::commit::CommitResult;
+use cairn_engine::patch::{commit_patch, PatchOptions, PatchSource};
 use cairn_nbd::{Export, Extent};
+use cairn_overlay::Overlay;
+use cairn_repo::Repo;
 
 use crate::base::Base;
 use crate::stats::ExportStats;
 
 pub struct VersionExport {
     base: RwLock<Arc<Base>>,
+    overlay: Option<Arc<Overlay>>,
     stats: Arc<ExportStats>,
+    /// Shared by every request, exclusive for a commit.
+    io: tokio::sync::RwLock<()>,
+    /// Serializes writes (a partial-block write is a read-modify-write of its block).
+    writes: tokio::sync::Mutex<()>,
+}
+
+fn io_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+fn read_only() -> io::Error {
+    io::Error::new(io::ErrorKind::PermissionDenied, "the export is read-only")
 }
 
 impl VersionExport {
+    /// A read-only export of `base`.
     pub fn new(base: Base, stats: Arc<ExportStats>) -> VersionExport {
+        Self::with_overlay(base, None, stats)
+    }
+
+    /// An export of `base` taking writes into `overlay` (None: read-only).
+    pub fn with_overlay(
+        base: Base,
+        overlay: Option<Arc<Overlay>>,
+        stats: Arc<ExportStats>,
+    ) -> VersionExport {
         VersionExport {
             base: RwLock::new(Arc::new(base)),
+            overlay,
             stats,
+            io: tokio::sync::RwLock::new(()),
+            writes: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -28,13 +64,169 @@ impl VersionExport {
         self.base.read().expect("base lock").clone()
     }
 
+    pub fn overlay(&self) -> Option<&Arc<Overlay>> {
+        self.overlay.as_ref()
+    }
+
     pub fn stats(&self) -> &Arc<ExportStats> {
         &self.stats
     }
+
+    fn writable(&self) -> io::Result<&Arc<Overlay>> {
+        self.overlay.as_ref().ok_or_else(read_only)
+    }
+
+    fn block_size(&self) -> u64 {
+        self.overlay
+            .as_ref()
+            .map_or(u64::MAX, |o| o.block_size() as u64)
+    }
+
+    /// Reads [offset, offset + buf.len()): held blocks from the overlay, the rest from the base.
+    async fn read_into(&self, base: &Arc<Base>, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let Some(overlay) = &self.overlay else {
+            return base.read(offset, buf).await;
+        };
+        let bs = self.block_size();
+        let end = offset + buf.len() as u64;
+        let mut at = offset;
+        while at < end {
+            let block = at / bs;
+            let block_end = ((block + 1) * bs).min(end);
+            if overlay.holds(block) {
+                let slice = &mut buf[(at - offset) as usize..(block_end - offset) as usize];
+                if overlay
+                    .read_if_held(block, (at - block * bs) as u32, slice)
+                    .map_err(io_err)?
+                {
+                    at = block_end;
+                    continue;
+                }
+            }
+            // A run of blocks the overlay does not hold: one base read.
+            let mut run_end = block_end;
+            while run_end < end && !overlay.holds(run_end / bs) {
+                run_end = ((run_end / bs + 1) * bs).min(end);
+            }
+            base.read(
+                at,
+                &mut buf[(at - offset) as usize..(run_end - offset) as usize],
+            )
+            .await?;
+            at = run_end;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` (None: zeros) into the overlay, block by block.
+    async fn write_range(&self, offset: u64, len: u64, data: Option<&[u8]>) -> io::Result<()> {
+        let overlay = self.writable()?.clone();
+        let base = self.base();
+        let bs = self.block_size();
+        let end = offset + len;
+        let _serial = self.writes.lock().await;
+        let mut at = offset;
+        while at < end {
+            let block = at / bs;
+            let start = block * bs;
+            let block_len = overlay.block_len(block);
+            let block_end = (start + block_len).min(end);
+            let piece = |from: u64, to: u64| {
+                data.map(|d| &d[(from - offset) as usize..(to - offset) as usize])
+            };
+            if at == start && block_end == start + block_len {
+                match piece(at, block_end) {
+                    Some(bytes) => overlay.write_block(block, bytes).map_err(io_err)?,
+                    None => overlay.zero_blocks(block, 1).map_err(io_err)?,
+                }
+            } else {
+                // Partial block: fill it from below first.
+                let mut full = vec![0u8; block_len as usize];
+                self.read_into(&base, start, &mut full).await?;
+                let dst = &mut full[(at - start) as usize..(block_end - start) as usize];
+                match piece(at, block_end) {
+                    Some(bytes) => dst.copy_from_slice(bytes),
+                    None => dst.fill(0),
+                }
+                overlay.write_block(block, &full).map_err(io_err)?;
+            }
+            at = block_end;
+        }
+        self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        self.stats.bytes_written.fetch_add(len, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn flush_overlay(&self) -> io::Result<()> {
+        if let Some(overlay) = &self.overlay {
+            let overlay = overlay.clone();
+            tokio::task::spawn_blocking(move || overlay.flush())
+                .await
+                .map_err(io_err)?
+                .map_err(io_err)?;
+            self.stats.flushes.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// COMMIT: publishes base + overlay as a new version of `image` (a new image starts its
+    /// history at the base version), then serves that version with an empty overlay.
+    /// `repo` must be a session opened for this commit (so that GC's plan protocol covers it).
+    pub async fn commit(
+        &self,
+        repo: Arc<Repo>,
+        image: &str,
+        message: String,
+        readahead: usize,
+        cache: Arc<crate::cache::ChunkCache>,
+    ) -> io::Result<CommitResult> {
+        let overlay = self.writable()?.clone();
+        let _paused = self.io.write().await;
+        self.flush_overlay().await?;
+        let base = self.base();
+        let patch = OverlayPatch(overlay.clone());
+        let result = commit_patch(
+            repo.clone(),
+            image,
+            Some((base.id(), base.record().clone())),
+            base.size(),
+            &patch,
+            PatchOptions { message },
+        )
+        .await
+        .map_err(io_err)?;
+        let next = Base::open(
+            repo,
+            cache,
+            self.stats.clone(),
+            result.id,
+            result.record.clone(),
+            readahead,
+        )
+        .await?;
+        overlay.reset(&result.id.to_hex()).map_err(io_err)?;
+        *self.base.write().expect("base lock") = Arc::new(next);
+        Ok(result)
+    }
 }
 
-fn read_only() -> io::Error {
-    io::Error::new(io::ErrorKind::PermissionDenied, "the export is read-only")
+/// The overlay's held blocks as a patch on the base.
+struct OverlayPatch(Arc<Overlay>);
+
+impl PatchSource for OverlayPatch {
+    fn block_size(&self) -> u32 {
+        self.0.block_size()
+    }
+
+    fn changed_blocks(&self) -> Vec<u64> {
+        self.0.held_blocks()
+    }
+
+    fn read_block(&self, index: u64) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; self.0.block_len(index) as usize];
+        self.0.read_block(index, 0, &mut buf).map_err(io_err)?;
+        Ok(buf)
+    }
 }
 
 #[async_trait]
@@ -44,17 +236,19 @@ impl Export for VersionExport {
     }
 
     fn read_only(&self) -> bool {
-        true
+        self.overlay.is_none()
     }
 
     fn multi_conn(&self) -> bool {
+        // Every connection of this process shares one overlay: a flush covers all writes.
         true
     }
 
     async fn read(&self, offset: u64, len: u32) -> io::Result<Bytes> {
+        let _io = self.io.read().await;
         let base = self.base();
         let mut buf = BytesMut::zeroed(len as usize);
-        base.read(offset, &mut buf).await?;
+        self.read_into(&base, offset, &mut buf).await?;
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
         self.stats
             .bytes_read
@@ -62,43 +256,76 @@ impl Export for VersionExport {
         Ok(buf.freeze())
     }
 
-    async fn write(&self, _offset: u64, _data: Bytes, _fua: bool) -> io::Result<()> {
-        Err(read_only())
-    }
-
-    async fn write_zeroes(&self, _: u64, _: u32, _: bool, _: bool) -> io::Result<()> {
-        Err(read_only())
-    }
-
-    async fn trim(&self, _: u64, _: u32) -> io::Result<()> {
-        Err(read_only())
-    }
-
-    async fn flush(&self) -> io::Result<()> {
+    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()> {
+        let _io = self.io.read().await;
+        self.write_range(offset, data.len() as u64, Some(&data))
+            .await?;
+        if fua {
+            self.flush_overlay().await?;
+        }
         Ok(())
     }
 
+    async fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u32,
+        _may_trim: bool,
+        fua: bool,
+    ) -> io::Result<()> {
+        let _io = self.io.read().await;
+        self.write_range(offset, len as u64, None).await?;
+        if fua {
+            self.flush_overlay().await?;
+        }
+        Ok(())
+    }
+
+    async fn trim(&self, offset: u64, len: u32) -> io::Result<()> {
+        // Trimmed ranges read back as zeros (allowed: their contents become unspecified).
+        let _io = self.io.read().await;
+        self.write_range(offset, len as u64, None).await
+    }
+
+    async fn flush(&self) -> io::Result<()> {
+        let _io = self.io.read().await;
+        self.flush_overlay().await
+    }
+
     async fn cache(&self, offset: u64, len: u32) -> io::Result<()> {
+        let _io = self.io.read().await;
         self.base().prefetch(offset, len as u64).await
     }
 
     async fn block_status(&self, offset: u64, len: u32) -> io::Result<Vec<Extent>> {
+        let _io = self.io.read().await;
         let base = self.base();
         let end = offset + len as u64;
+        let bs = self.block_size();
         let mut out: Vec<Extent> = Vec::new();
+        let mut push = |len: u64, zero: bool| match out.last_mut() {
+            Some(last) if last.hole == zero && last.zero == zero => last.len += len as u32,
+            _ => out.push(Extent {
+                len: len as u32,
+                hole: zero,
+                zero,
+            }),
+        };
         for p in base.pieces_in(offset, len as u64).await? {
             let from = p.offset.max(offset);
             let to = (p.offset + p.len as u64).min(end);
-            let zero = p.chunk.is_none();
-            match out.last_mut() {
-                Some(last) if last.hole == zero && last.zero == zero => {
-                    last.len += (to - from) as u32
+            match &self.overlay {
+                None => push(to - from, p.chunk.is_none()),
+                Some(overlay) => {
+                    // Blocks the overlay holds are data whatever the base says.
+                    let mut at = from;
+                    while at < to {
+                        let block_end = ((at / bs + 1) * bs).min(to);
+                        let zero = p.chunk.is_none() && !overlay.holds(at / bs);
+                        push(block_end - at, zero);
+                        at = block_end;
+                    }
                 }
-                _ => out.push(Extent {
-                    len: (to - from) as u32,
-                    hole: zero,
-                    zero,
-                }),
             }
         }
         Ok(out)

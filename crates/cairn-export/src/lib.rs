@@ -2,11 +2,14 @@
 //!
 //! - [`cache`]: the host-wide, content-addressed chunk cache (LRU, size limit)
 //! - [`base`]: a stored version read lazily (leaves and chunks on first use, read-ahead)
-//! - [`export`]: the NBD backend: base (+ the writable overlay), block status, stats
+//! - [`export`]: the NBD backend: base + the writable overlay (cairn-overlay), block status,
+//!   COMMIT of the overlay as a new version
 //! - [`stats`]: per-export counters
+//! - [`control`]: the control socket (status, COMMIT, overlay snapshots) of a running export
 
 pub mod base;
 pub mod cache;
+pub mod control;
 pub mod export;
 pub mod stats;
 

@@ -15,11 +15,18 @@ use crate::progress::Ticker;
 
 pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
     validate_image_name(&args.image).map_err(|e| anyhow::anyhow!("invalid {e}"))?;
+    if let Some(export) = &args.from_export {
+        return crate::commands::export::commit_from(ctx, &args.image, export, &args.message).await;
+    }
+    let path = args
+        .source
+        .clone()
+        .expect("clap requires SOURCE without --from-export");
     let repo = ctx.open_as("commit").await?;
-    let source: Box<dyn Source> = if args.source.as_os_str() == "-" {
+    let source: Box<dyn Source> = if path.as_os_str() == "-" {
         Box::new(StreamSource::new("stdin", std::io::stdin()))
     } else {
-        open_path(&args.source)?
+        open_path(&path)?
     };
     let progress = Arc::new(CommitProgress::default());
     let ticker = {

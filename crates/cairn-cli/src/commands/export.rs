@@ -5,13 +5,18 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::{bail, Context as _, Result};
 use cairn_engine::resolve::{resolve, VersionSpec};
+use cairn_export::control::{self, Handler};
 use cairn_export::{Base, ChunkCache, ExportStats, VersionExport};
 use cairn_nbd::Server;
+use cairn_overlay::Overlay;
+use cairn_repo::Repo;
+use serde_json::{json, Value};
 
-use crate::cli::ExportArgs;
+use crate::cli::{ExportArgs, OverlayAction, OverlayArgs, StatusArgs};
 use crate::context::Context;
+use crate::output::{bytes, print_json};
 
 pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
     let spec = VersionSpec::parse(&args.spec)?;
@@ -28,7 +33,7 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
     let stats = Arc::new(ExportStats::default());
     let base = Base::open(
         repo.clone(),
-        cache,
+        cache.clone(),
         stats.clone(),
         id,
         record.clone(),
@@ -37,7 +42,36 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
     .await
     .with_context(|| format!("cannot open {}@{}", record.image, record.seq))?;
     let name = args.name.clone().unwrap_or_else(|| record.image.clone());
-    let export = Arc::new(VersionExport::new(base, stats.clone()));
+    let overlay = if args.writable {
+        let dir = args
+            .overlay
+            .clone()
+            .unwrap_or_else(|| default_overlay_dir(&name));
+        let block = repo.config().chunk_size;
+        let o = Overlay::open(&dir, record.logical_size, block, &id.to_hex())
+            .with_context(|| format!("cannot open the overlay {}", dir.display()))?;
+        let held = o.stats().blocks_held;
+        if held > 0 {
+            eprintln!(
+                "reopened the overlay {} with {held} blocks written",
+                dir.display()
+            );
+        }
+        Some(Arc::new(o))
+    } else {
+        None
+    };
+    let export = Arc::new(VersionExport::with_overlay(base, overlay, stats.clone()));
+    let ctl = control::socket_path(&name);
+    tokio::spawn({
+        let handler = handler(export.clone(), repo.clone(), cache, args.readahead);
+        let ctl = ctl.clone();
+        async move {
+            if let Err(e) = control::serve(&ctl, handler).await {
+                tracing::error!("control socket {}: {e}", ctl.display());
+            }
+        }
+    });
     let mut server = Server::new().with_export(&name, export.clone());
     server.set_description(
         &name,
@@ -95,4 +129,213 @@ async fn write_stats(path: PathBuf, stats: Arc<ExportStats>) {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+fn default_overlay_dir(name: &str) -> PathBuf {
+    std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("cairn/overlays")
+        .join(name.replace('/', "_"))
+}
+
+/// What the control socket of this export answers.
+fn handler(
+    export: Arc<VersionExport>,
+    repo: Arc<Repo>,
+    cache: Arc<ChunkCache>,
+    readahead: usize,
+) -> Handler {
+    Arc::new(move |req: Value| {
+        let (export, repo, cache) = (export.clone(), repo.clone(), cache.clone());
+        Box::pin(async move {
+            let op = req["op"].as_str().unwrap_or_default().to_string();
+            let name = req["name"].as_str().unwrap_or_default().to_string();
+            let overlay = || {
+                export
+                    .overlay()
+                    .cloned()
+                    .ok_or_else(|| "the export is read-only".to_string())
+            };
+            match op.as_str() {
+                "status" => Ok(status_json(&export)),
+                "commit" => {
+                    let image = req["image"].as_str().ok_or("commit needs an image")?;
+                    let message = req["message"].as_str().unwrap_or_default().to_string();
+                    // A session of its own, registered now, so that GC's plans cover it.
+                    let session = Repo::open_as(repo.store().clone(), "commit")
+                        .await
+                        .map(Arc::new)
+                        .map_err(|e| e.to_string())?;
+                    let r = export
+                        .commit(session.clone(), image, message, readahead, cache)
+                        .await;
+                    let _ = session.close().await;
+                    let r = r.map_err(|e| e.to_string())?;
+                    Ok(json!({
+                        "id": r.id.to_hex(),
+                        "image": r.record.image,
+                        "seq": r.record.seq,
+                        "parent": r.record.parent.map(|p| p.to_hex()),
+                        "logical_size": r.record.logical_size,
+                        "new_chunks": r.record.stats.new_chunks,
+                        "new_chunk_bytes": r.record.stats.new_chunk_bytes,
+                        "stored_bytes": r.record.stats.stored_bytes,
+                    }))
+                }
+                "snapshot" | "rollback" | "delete" => {
+                    let o = overlay()?;
+                    tokio::task::spawn_blocking(move || match op.as_str() {
+                        "snapshot" => o.snapshot(&name),
+                        "rollback" => o.rollback(&name),
+                        _ => o.delete_snapshot(&name),
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string())?;
+                    Ok(json!({ "snapshots": overlay()?.snapshots() }))
+                }
+                "snapshots" => Ok(json!({ "snapshots": overlay()?.snapshots() })),
+                other => Err(format!("unknown operation {other:?}")),
+            }
+        })
+    })
+}
+
+fn status_json(export: &VersionExport) -> Value {
+    let base = export.base();
+    let mut v = json!({
+        "image": base.record().image,
+        "seq": base.record().seq,
+        "id": base.id().to_hex(),
+        "size": base.size(),
+        "writable": export.overlay().is_some(),
+        "stats": export.stats().to_json(),
+    });
+    if let Some(o) = export.overlay() {
+        let s = o.stats();
+        v["overlay"] = json!({
+            "dir": o.dir().display().to_string(),
+            "blocks_held": s.blocks_held,
+            "bytes_held": s.bytes_held,
+            "layers": s.layers,
+            "data_bytes_allocated": s.data_bytes_allocated,
+            "snapshots": o.snapshots(),
+        });
+    }
+    v
+}
+
+/// `cairn status NAME`.
+pub async fn status(ctx: &Context, args: StatusArgs) -> Result<ExitCode> {
+    let v = control::request(&args.name, json!({"op": "status"}))
+        .await
+        .map_err(anyhow::Error::msg)?;
+    if ctx.json {
+        print_json(&v);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let s = &v["stats"];
+    let n = |k: &str| s[k].as_u64().unwrap_or(0);
+    println!(
+        "{} serves {}@{} ({}), {}{}",
+        args.name,
+        v["image"].as_str().unwrap_or_default(),
+        v["seq"],
+        &v["id"].as_str().unwrap_or_default()[..12],
+        bytes(v["size"].as_u64().unwrap_or(0)),
+        if v["writable"] == json!(true) {
+            ", writable"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "read {} in {} requests ({} of zeros); fetched {} in {} chunks from the repository; cache {} hits, {} misses, {} read ahead",
+        bytes(n("bytes_read")),
+        n("reads"),
+        bytes(n("zero_bytes_read")),
+        bytes(n("bytes_fetched")),
+        n("chunks_fetched"),
+        n("cache_hits"),
+        n("cache_misses"),
+        n("readahead_chunks"),
+    );
+    if let Some(o) = v.get("overlay") {
+        println!(
+            "overlay {}: {} in {} blocks, {} layers; {} writes ({}), {} flushes",
+            o["dir"].as_str().unwrap_or_default(),
+            bytes(o["bytes_held"].as_u64().unwrap_or(0)),
+            o["blocks_held"],
+            o["layers"],
+            n("writes"),
+            bytes(n("bytes_written")),
+            n("flushes"),
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `cairn overlay snapshot|rollback|delete|list EXPORT [NAME]`.
+pub async fn overlay(ctx: &Context, args: OverlayArgs) -> Result<ExitCode> {
+    let (export, req) = match &args.action {
+        OverlayAction::Snapshot { export, name } => {
+            (export, json!({"op": "snapshot", "name": name}))
+        }
+        OverlayAction::Rollback { export, name } => {
+            (export, json!({"op": "rollback", "name": name}))
+        }
+        OverlayAction::Delete { export, name } => (export, json!({"op": "delete", "name": name})),
+        OverlayAction::List { export } => (export, json!({"op": "snapshots"})),
+    };
+    let v = control::request(export, req)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    if ctx.json {
+        print_json(&json!({ "snapshots": v["snapshots"] }));
+    } else {
+        let names: Vec<&str> = v["snapshots"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|s| s.as_str()).collect())
+            .unwrap_or_default();
+        if names.is_empty() {
+            println!("{export}: no snapshots");
+        } else {
+            println!("{export}: snapshots {}", names.join(", "));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `cairn commit IMAGE --from-export NAME`.
+pub async fn commit_from(
+    ctx: &Context,
+    image: &str,
+    export: &str,
+    message: &str,
+) -> Result<ExitCode> {
+    if image.is_empty() {
+        bail!("give the image to commit into");
+    }
+    let v = control::request(
+        export,
+        json!({"op": "commit", "image": image, "message": message}),
+    )
+    .await
+    .map_err(anyhow::Error::msg)?;
+    if ctx.json {
+        print_json(&v);
+    } else {
+        println!(
+            "committed {}@{} {} from export {export} — {} new chunks ({}), {} stored",
+            v["image"].as_str().unwrap_or_default(),
+            v["seq"],
+            &v["id"].as_str().unwrap_or_default()[..12],
+            v["new_chunks"],
+            bytes(v["new_chunk_bytes"].as_u64().unwrap_or(0)),
+            bytes(v["stored_bytes"].as_u64().unwrap_or(0)),
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,401 @@
+mod common;
+
+use std::sync::Arc;
+
+use cairn_overlay::{Overlay, OverlayError};
+use common::{pattern, read, write, BS};
+
+const SIZE: u64 = 10 * BS as u64 + 1000; // 11 blocks, the last one 1000 bytes
+
+fn open(dir: &std::path::Path) -> Overlay {
+    Overlay::open(dir, SIZE, BS, "base-v1").unwrap()
+}
+
+#[test]
+fn round_trip_with_short_last_block() {
+    let d = tempfile::tempdir().unwrap();
+    let o = open(d.path());
+    assert_eq!(o.block_count(), 11);
+    assert_eq!(o.block_len(10), 1000);
+    assert_eq!(o.block_len(9), BS as u64);
+    assert!(!o.holds(3));
+    write(&o, 3, 1);
+    write(&o, 10, 1);
+    assert!(o.holds(3) && o.holds(10) && !o.holds(4));
+    assert_eq!(read(&o, 3).unwrap(), pattern(3, 1, BS as usize));
+    assert_eq!(read(&o, 10).unwrap(), pattern(10, 1, 1000));
+    // partial reads inside a block
+    let mut buf = vec![0u8; 100];
+    o.read_block(10, 900, &mut buf).unwrap();
+    assert_eq!(buf, pattern(10, 1, 1000)[900..]);
+    // errors
+    assert!(matches!(
+        o.read_block(10, 901, &mut buf),
+        Err(OverlayError::ReadOutsideBlock { .. })
+    ));
+    assert!(matches!(
+        o.read_block(4, 0, &mut buf),
+        Err(OverlayError::NotHeld { block: 4 })
+    ));
+    assert!(matches!(
+        o.write_block(10, &[1u8; 4096]),
+        Err(OverlayError::BadLength { expected: 1000, .. })
+    ));
+    assert!(matches!(
+        o.write_block(11, &[1u8; 4096]),
+        Err(OverlayError::BlockOutOfRange {
+            block: 11,
+            blocks: 11
+        })
+    ));
+    assert!(!o.holds(11));
+    // overwrite
+    write(&o, 3, 2);
+    assert_eq!(read(&o, 3).unwrap(), pattern(3, 2, BS as usize));
+    assert_eq!(o.held_blocks(), vec![3, 10]);
+    let s = o.stats();
+    assert_eq!(
+        (s.blocks_held, s.bytes_held, s.layers),
+        (2, BS as u64 + 1000, 1)
+    );
+}
+
+#[test]
+fn zero_blocks_are_held_zeros() {
+    let d = tempfile::tempdir().unwrap();
+    let o = open(d.path());
+    write(&o, 1, 1);
+    write(&o, 2, 1);
+    o.zero_blocks(2, 9).unwrap();
+    assert_eq!(o.held_blocks(), (1..11).collect::<Vec<_>>());
+    assert_eq!(read(&o, 2).unwrap(), vec![0; BS as usize]);
+    assert_eq!(read(&o, 10).unwrap(), vec![0; 1000]);
+    assert_eq!(read(&o, 1).unwrap(), pattern(1, 1, BS as usize));
+    assert!(o.zero_blocks(5, 7).is_err());
+    o.zero_blocks(0, 0).unwrap();
+    // an all-zero write is a hole too
+    o.write_block(1, &[0u8; BS as usize]).unwrap();
+    assert_eq!(read(&o, 1).unwrap(), vec![0; BS as usize]);
+    o.flush().unwrap();
+    drop(o);
+    let o = open(d.path());
+    assert_eq!(o.held_blocks(), (1..11).collect::<Vec<_>>());
+    assert_eq!(read(&o, 2).unwrap(), vec![0; BS as usize]);
+}
+
+#[test]
+fn zero_blocks_over_lower_layer_shadows_it() {
+    let d = tempfile::tempdir().unwrap();
+    let o = open(d.path());
+    write(&o, 4, 1);
+    o.snapshot("s").unwrap();
+    o.zero_blocks(4, 1).unwrap();
+    assert_eq!(read(&o, 4).unwrap(), vec![0; BS as usize]);
+    assert_eq!(o.holding_layer(4), Some(1));
+}
+
+#[test]
+fn reopen_after_flush_and_without_flush() {
+    let d = tempfile::tempdir().unwrap();
+    let o = open(d.path());
+    for b in [0, 5, 10] {
+        write(&o, b, 7);
+    }
+    o.flush().unwrap();
+    write(&o, 6, 7); // never flushed
+    drop(o); // no flush on drop: a crash as far as the overlay is concerned
+    let o = open(d.path());
+    assert_eq!(o.held_blocks(), vec![0, 5, 10]);
+    for b in [0, 5, 10] {
+        assert_eq!(read(&o, b).unwrap(), pattern(b, 7, o.block_len(b) as usize));
+    }
+    assert_eq!(o.base(), "base-v1");
+}
+
+#[test]
+fn reopen_with_other_parameters_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    drop(open(d.path()));
+    let e = Overlay::open(d.path(), SIZE + 1, BS, "base-v1")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("size") && e.contains(&SIZE.to_string()) && e.contains(&(SIZE + 1).to_string()),
+        "{e}"
+    );
+    let e = Overlay::open(d.path(), SIZE, 8192, "base-v1")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("block size") && e.contains("4096") && e.contains("8192"),
+        "{e}"
+    );
+    let e = Overlay::open(d.path(), SIZE, BS, "base-v2")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("base") && e.contains("base-v1") && e.contains("base-v2"),
+        "{e}"
+    );
+    assert!(matches!(
+        Overlay::open(d.path(), SIZE, 3000, "base-v1"),
+        Err(OverlayError::InvalidBlockSize(3000))
+    ));
+    assert!(matches!(
+        Overlay::open(d.path(), SIZE, 8 << 20, "base-v1"),
+        Err(OverlayError::InvalidBlockSize(_))
+    ));
+    open(d.path());
+}
+
+#[test]
+fn second_open_is_locked() {
+    let d = tempfile::tempdir().unwrap();
+    let o = open(d.path());
+    assert!(matches!(
+        Overlay::open(d.path(), SIZE, BS, "base-v1"),
+        Err(OverlayError::Locked { .. })
+    ));
+    drop(o);
+    open(d.path());
+}
+
+#[test]
+fn snapshot_write_rollback() {
+    let d = tempfile::tempdir().unwrap();
+    let o = open(d.path());
+    write(&o, 1, 1);
+    write(&o, 2, 1);
+    o.snapshot("a").unwrap();
+    assert!(matches!(
+        o.snapshot("a"),
+        Err(OverlayError::SnapshotExists(_))
+    ));
+    assert!(o.snapshot("").is_err());
+    write(&o, 2, 2);
+    write(&o, 3, 2);
+    o.snapshot("b").unwrap();
+    write(&o, 4, 3);
+    o.zero_blocks(1, 1).unwrap();
+    assert_eq!(o.snapshots(), vec!["a", "b"]);
+    assert_eq!(o.stats().layers, 3);
+
+    o.rollback("b").unwrap();
+    assert_eq!(o.held_blocks(), vec![1, 2, 3]);
+    assert_eq!(read(&o, 1).unwrap(), pattern(1, 1, BS as usize));
+    assert_eq!(read(&o, 2).unwrap(), pattern(2, 2, BS as usize));
+
+    o.rollback("a").unwrap();
+    assert_eq!(o.snapshots(), vec!["a"]);
+    assert_eq!(o.held_blocks(), vec![1, 2]);
+    assert_eq!(read(&o, 2).unwrap(), pattern(2, 1, BS as usize));
+    assert!(matches!(
+        o.rollback("b"),
+        Err(OverlayError::NoSuchSnapshot(_))
+    ));
+
+    // rollback is durable without an explicit flush, and the snapshot survives reopen
+    write(&o, 5, 9);
+    drop(o);
+    let o = open(d.path());
+    assert_eq!(o.snapshots(), vec!["a"]);
+    assert_eq!(o.held_blocks(), vec![1, 2]);
+    // rollback discards even flushed writes
+    write(&o, 6, 9);
+    o.flush().unwrap();
+    o.rollback("a").unwrap();
+    assert_eq!(o.held_blocks(), vec![1, 2]);
+    // only the files of live layers remain
+    let mut names: Vec<String> = std::fs::read_dir(d.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 2 * 2 + 2, "{names:?}"); // 2 layers + meta.json + lock
+}
+
+#[test]
+fn chain_of_100_snapshots_reads_through_merged_table() {
+    let d = tempfile::tempdir().unwrap();
+    let size = 200 * BS as u64;
+    let o = Overlay::open(d.path(), size, BS, "b").unwrap();
+    // Layer i writes block i (and rewrites block 0), then is frozen as snapshot i.
+    for i in 0..100u64 {
+        write(&o, i, i);
+        write(&o, 0, 1000 + i);
+        o.snapshot(&format!("s{i}")).unwrap();
+    }
+    assert_eq!(o.stats().layers, 101);
+    let check = |o: &Overlay| {
+        // The merged table names the holding layer directly: no layer scan on reads.
+        assert_eq!(o.holding_layer(0), Some(99));
+        for i in 1..100u64 {
+            assert_eq!(o.holding_layer(i), Some(i as usize), "block {i}");
+            assert_eq!(read(o, i).unwrap(), pattern(i, i, BS as usize));
+        }
+        assert_eq!(read(o, 0).unwrap(), pattern(0, 1099, BS as usize));
+        assert_eq!(o.holding_layer(150), None);
+    };
+    check(&o);
+    drop(o);
+    let o = Overlay::open(d.path(), size, BS, "b").unwrap();
+    check(&o);
+    o.rollback("s50").unwrap();
+    assert_eq!(o.holding_layer(0), Some(50));
+    assert_eq!(o.holding_layer(60), None);
+    assert_eq!(read(&o, 0).unwrap(), pattern(0, 1050, BS as usize));
+    assert_eq!(o.snapshots().len(), 51);
+}
+
+#[test]
+fn delete_snapshot_keeps_contents() {
+    let d = tempfile::tempdir().unwrap();
+    let o = open(d.path());
+    write(&o, 0, 1);
+    write(&o, 1, 1);
+    o.zero_blocks(7, 1).unwrap();
+    o.snapshot("a").unwrap();
+    write(&o, 1, 2);
+    write(&o, 2, 2);
+    o.snapshot("b").unwrap();
+    o.snapshot("c").unwrap(); // empty layer above b
+    write(&o, 3, 4); // unflushed write in the top
+    let snapshot = |o: &Overlay| (0..11).map(|b| read(o, b)).collect::<Vec<_>>();
+    let before = snapshot(&o);
+
+    // Copy case: a's blocks 0 and 7 move up into b (which holds 1, 2).
+    o.delete_snapshot("a").unwrap();
+    assert_eq!(snapshot(&o), before);
+    assert_eq!(o.snapshots(), vec!["b", "c"]);
+    // Adopt case: c is empty, so b's layer takes c's place.
+    o.delete_snapshot("b").unwrap();
+    assert_eq!(snapshot(&o), before);
+    assert_eq!(o.snapshots(), vec!["c"]);
+    // Copy into the writable top (which has its own write to block 3).
+    o.delete_snapshot("c").unwrap();
+    assert_eq!(snapshot(&o), before);
+    assert!(o.snapshots().is_empty());
+    assert_eq!(o.stats().layers, 1);
+    assert!(matches!(
+        o.delete_snapshot("c"),
+        Err(OverlayError::NoSuchSnapshot(_))
+    ));
+    drop(o); // delete flushed everything
+    let o = open(d.path());
+    assert_eq!(snapshot(&o), before);
+}
+
+#[test]
+fn delete_snapshot_adopts_into_empty_top() {
+    let d = tempfile::tempdir().unwrap();
+    let o = open(d.path());
+    write(&o, 0, 1);
+    o.snapshot("a").unwrap();
+    o.delete_snapshot("a").unwrap();
+    assert_eq!(o.stats().layers, 1);
+    write(&o, 1, 1); // the adopted layer is writable
+    o.flush().unwrap();
+    drop(o);
+    let o = open(d.path());
+    assert_eq!(o.held_blocks(), vec![0, 1]);
+    assert_eq!(read(&o, 0).unwrap(), pattern(0, 1, BS as usize));
+}
+
+#[test]
+fn reset_empties() {
+    let d = tempfile::tempdir().unwrap();
+    let o = open(d.path());
+    write(&o, 0, 1);
+    o.snapshot("a").unwrap();
+    write(&o, 1, 1);
+    o.reset("base-v2").unwrap();
+    assert!(o.held_blocks().is_empty());
+    assert!(o.snapshots().is_empty());
+    assert_eq!(o.base(), "base-v2");
+    assert_eq!(
+        o.stats(),
+        cairn_overlay::OverlayStats {
+            layers: 1,
+            ..Default::default()
+        }
+    );
+    drop(o);
+    assert!(Overlay::open(d.path(), SIZE, BS, "base-v1").is_err());
+    let o = Overlay::open(d.path(), SIZE, BS, "base-v2").unwrap();
+    assert!(o.held_blocks().is_empty());
+}
+
+#[test]
+fn zero_size_image() {
+    let d = tempfile::tempdir().unwrap();
+    let o = Overlay::open(d.path(), 0, BS, "b").unwrap();
+    assert_eq!(o.block_count(), 0);
+    assert!(o.held_blocks().is_empty());
+    o.snapshot("s").unwrap();
+    o.flush().unwrap();
+    assert_eq!(o.stats().bytes_held, 0);
+}
+
+#[test]
+fn concurrent_writers_readers_and_snapshots() {
+    let d = tempfile::tempdir().unwrap();
+    let o = Arc::new(Overlay::open(d.path(), 256 * BS as u64, BS, "b").unwrap());
+    let mut threads = Vec::new();
+    for t in 0..4u64 {
+        let o = o.clone();
+        threads.push(std::thread::spawn(move || {
+            for round in 0..3u64 {
+                for b in (t..256).step_by(4) {
+                    write(&o, b, round);
+                    assert_eq!(read(&o, b).unwrap(), pattern(b, round, BS as usize));
+                }
+            }
+        }));
+    }
+    let snapper = {
+        let o = o.clone();
+        std::thread::spawn(move || {
+            for i in 0..20 {
+                o.snapshot(&format!("s{i}")).unwrap();
+                if i % 3 == 2 {
+                    o.delete_snapshot(&format!("s{}", i - 1)).unwrap();
+                }
+                o.flush().unwrap();
+            }
+        })
+    };
+    for t in threads {
+        t.join().unwrap();
+    }
+    snapper.join().unwrap();
+    for b in 0..256 {
+        assert_eq!(
+            read(&o, b).unwrap(),
+            pattern(b, 2, BS as usize),
+            "block {b}"
+        );
+    }
+    o.flush().unwrap();
+    drop(o);
+    let o = Overlay::open(d.path(), 256 * BS as u64, BS, "b").unwrap();
+    for b in 0..256 {
+        assert_eq!(
+            read(&o, b).unwrap(),
+            pattern(b, 2, BS as usize),
+            "block {b}"
+        );
+    }
+}
+
+#[test]
+fn data_files_are_sparse() {
+    let d = tempfile::tempdir().unwrap();
+    let size = 1024 * BS as u64;
+    let o = Overlay::open(d.path(), size, BS, "b").unwrap();
+    write(&o, 1000, 1);
+    o.flush().unwrap();
+    let s = o.stats();
+    assert_eq!(s.blocks_held, 1);
+    // one block written near the end of a 4 MiB image: far less than the image allocated
+    assert!(s.data_bytes_allocated < 512 * 1024, "{s:?}");
+}
