@@ -141,7 +141,8 @@ pub enum Command {
     /// on TCP (--listen HOST:PORT), or serves one connection on stdin (--stdio; also
     /// socket-activated, as `nbdinfo [ cairn export ... ]` starts it). Runs until killed.
     ///
-    /// Example: cairn export web01/disk0@before-upgrade --socket /tmp/web.sock
+    /// Examples: cairn export web01/disk0@before-upgrade --socket /tmp/web.sock
+    ///           cairn export golden@3=base web01/disk0=web --listen 127.0.0.1:10809
     Export(ExportArgs),
     /// Counters of a running export: bytes read and fetched, cache hits, overlay contents.
     Status(StatusArgs),
@@ -151,10 +152,11 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct ExportArgs {
-    /// IMAGE, IMAGE@N, IMAGE@TAG or IMAGE@HEX.
-    #[arg(value_name = "VERSION")]
-    pub spec: String,
-    /// The NBD export name (default: the image name).
+    /// IMAGE, IMAGE@N, IMAGE@TAG or IMAGE@HEX; several may be served by one process, each
+    /// as VERSION=NAME (the export name; default: the image name).
+    #[arg(value_name = "VERSION[=NAME]", required = true)]
+    pub specs: Vec<String>,
+    /// The NBD export name of a single VERSION (default: the image name).
     #[arg(long)]
     pub name: Option<String>,
     /// Unix socket to listen on.

@@ -14,6 +14,8 @@ pub struct Context {
     pub json: bool,
     /// Progress bars wanted (not --json, not --quiet).
     pub progress: bool,
+    /// --quiet: no notes on stderr.
+    pub quiet: bool,
     /// Repositories opened by the command, closed (sessions ended) when it finishes.
     opened: Mutex<Vec<Arc<Repo>>>,
 }
@@ -24,7 +26,15 @@ impl Context {
             repo: cli.repo.clone(),
             json: cli.json,
             progress: !cli.json && !cli.quiet,
+            quiet: cli.quiet,
             opened: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A note for the person at the terminal (stderr), unless --quiet.
+    pub fn note(&self, text: &str) {
+        if !self.quiet {
+            eprintln!("{text}");
         }
     }
 

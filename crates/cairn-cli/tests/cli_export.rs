@@ -476,3 +476,62 @@ fn overlay_snapshots_roll_back_and_flushed_writes_survive_kill_9() {
         "{status}"
     );
 }
+
+#[test]
+fn one_process_serves_several_exports_sharing_one_cache() {
+    let (dir, repo, a, b) = setup();
+    let socket = dir.path().join("multi.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--repo")
+        .arg(&repo)
+        .args(["-q", "export", "vm@1=first", "other=second", "--socket"])
+        .arg(&socket)
+        .arg("--cache-dir")
+        .arg(dir.path().join("cache"))
+        .env("CAIRN_RUN_DIR", dir.path().join("run"))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !socket.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "export did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let list = tool("nbdinfo", "libnbd-bin")
+        .args([
+            "--list",
+            "--json",
+            &format!("nbd+unix:///?socket={}", socket.display()),
+        ])
+        .output()
+        .unwrap();
+    let list: Value = serde_json::from_slice(&list.stdout).unwrap();
+    let mut names: Vec<&str> = list["exports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["export-name"].as_str().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["first", "second"], "{list}");
+    for (name, want) in [("first", &a), ("second", &b)] {
+        let out = dir.path().join(format!("{name}.raw"));
+        let st = tool("qemu-img", "qemu-utils")
+            .args(["convert", "-f", "raw", "-O", "raw"])
+            .arg(format!("nbd+unix:///{name}?socket={}", socket.display()))
+            .arg(&out)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        same_file(&out, want, name);
+    }
+    let status = cairn_ctl(&repo, dir.path(), &["--json", "status", "second"]);
+    let status: Value = serde_json::from_slice(&status.stdout).unwrap();
+    // The second image shares its first 3 MiB with the first: served from the cache.
+    assert_eq!(status["stats"]["bytes_fetched"], 1 << 20, "{status}");
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -19,9 +19,10 @@ use crate::context::Context;
 use crate::output::{bytes, print_json};
 
 pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
-    let spec = VersionSpec::parse(&args.spec)?;
+    if args.specs.len() > 1 && (args.name.is_some() || args.overlay.is_some()) {
+        bail!("with several versions, name each as VERSION=NAME (--name and --overlay take one)");
+    }
     let repo = ctx.open_as("export").await?;
-    let (id, record) = resolve(&repo, &spec).await?;
     let cache_dir = args
         .cache_dir
         .clone()
@@ -30,6 +31,79 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
         ChunkCache::open(&cache_dir, args.cache_size)
             .with_context(|| format!("cannot open the chunk cache {}", cache_dir.display()))?,
     );
+    let mut server = Server::new();
+    let mut served_stats = Vec::new();
+    let mut lines = Vec::new();
+    for spec in &args.specs {
+        let (version, explicit) = match spec.split_once('=') {
+            Some((v, n)) => (v, Some(n.to_string())),
+            None => (spec.as_str(), None),
+        };
+        let (name, export, described) = open_export(
+            &repo,
+            &cache,
+            &args,
+            version,
+            explicit.or(args.name.clone()),
+        )
+        .await?;
+        server.set_description(&name, format!("cairn {described}"));
+        server.add_export(&name, export.clone());
+        if args.specs.len() == 1 {
+            server.set_default_export(export.clone());
+        }
+        served_stats.push((name.clone(), export.stats().clone()));
+        lines.push((name, described));
+    }
+    let server = Arc::new(server);
+    if let Some(path) = args.stats_file.clone() {
+        tokio::spawn(write_stats(path, served_stats.clone()));
+    }
+
+    let served = if args.stdio || std::env::var_os("LISTEN_FDS").is_some() {
+        if std::env::var_os("LISTEN_FDS").is_some() {
+            cairn_nbd::serve_socket_activation(server).await
+        } else {
+            cairn_nbd::serve_stdio(server)
+                .await
+                .map_err(std::io::Error::other)
+        }
+    } else if let Some(addr) = &args.listen {
+        for (name, described) in &lines {
+            ctx.note(&format!("serving {described} as nbd://{addr}/{name}"));
+        }
+        cairn_nbd::serve_tcp(server, addr.as_str()).await
+    } else {
+        let path = match &args.socket {
+            Some(p) => p.clone(),
+            None => default_socket(&lines[0].0)?,
+        };
+        for (name, described) in &lines {
+            ctx.note(&format!(
+                "serving {described} as nbd+unix:///{name}?socket={}",
+                path.display()
+            ));
+        }
+        cairn_nbd::serve_unix(server, &path).await
+    };
+    if let Some(path) = &args.stats_file {
+        let _ = std::fs::write(path, stats_json(&served_stats).to_string());
+    }
+    served.context("nbd server")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Opens one export: resolves the version, opens its base (and overlay), starts its control
+/// socket. Returns (name, export, description).
+async fn open_export(
+    repo: &Arc<Repo>,
+    cache: &Arc<ChunkCache>,
+    args: &ExportArgs,
+    version: &str,
+    name: Option<String>,
+) -> Result<(String, Arc<VersionExport>, String)> {
+    let spec = VersionSpec::parse(version)?;
+    let (id, record) = resolve(repo, &spec).await?;
     let stats = Arc::new(ExportStats::default());
     let base = Base::open(
         repo.clone(),
@@ -41,7 +115,7 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
     )
     .await
     .with_context(|| format!("cannot open {}@{}", record.image, record.seq))?;
-    let name = args.name.clone().unwrap_or_else(|| record.image.clone());
+    let name = name.unwrap_or_else(|| record.image.clone());
     let overlay = if args.writable {
         let dir = args
             .overlay
@@ -61,10 +135,10 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
     } else {
         None
     };
-    let export = Arc::new(VersionExport::with_overlay(base, overlay, stats.clone()));
+    let export = Arc::new(VersionExport::with_overlay(base, overlay, stats));
     let ctl = control::socket_path(&name);
     tokio::spawn({
-        let handler = handler(export.clone(), repo.clone(), cache, args.readahead);
+        let handler = handler(export.clone(), repo.clone(), cache.clone(), args.readahead);
         let ctl = ctl.clone();
         async move {
             if let Err(e) = control::serve(&ctl, handler).await {
@@ -72,44 +146,8 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
             }
         }
     });
-    let mut server = Server::new().with_export(&name, export.clone());
-    server.set_description(
-        &name,
-        format!("cairn {}@{} ({})", record.image, record.seq, id.short()),
-    );
-    let server = Arc::new(server.with_default_export(export));
-    if let Some(path) = args.stats_file.clone() {
-        tokio::spawn(write_stats(path, stats.clone()));
-    }
-
     let described = format!("{}@{} ({})", record.image, record.seq, id.short());
-    let served = if args.stdio || std::env::var_os("LISTEN_FDS").is_some() {
-        if std::env::var_os("LISTEN_FDS").is_some() {
-            cairn_nbd::serve_socket_activation(server).await
-        } else {
-            cairn_nbd::serve_stdio(server)
-                .await
-                .map_err(std::io::Error::other)
-        }
-    } else if let Some(addr) = &args.listen {
-        eprintln!("serving {described} as nbd://{addr}/{name}");
-        cairn_nbd::serve_tcp(server, addr.as_str()).await
-    } else {
-        let path = match &args.socket {
-            Some(p) => p.clone(),
-            None => default_socket(&name)?,
-        };
-        eprintln!(
-            "serving {described} as nbd+unix:///{name}?socket={}",
-            path.display()
-        );
-        cairn_nbd::serve_unix(server, &path).await
-    };
-    if let Some(path) = &args.stats_file {
-        let _ = std::fs::write(path, stats.to_json().to_string());
-    }
-    served.context("nbd server")?;
-    Ok(ExitCode::SUCCESS)
+    Ok((name, export, described))
 }
 
 fn default_socket(name: &str) -> Result<PathBuf> {
@@ -121,10 +159,22 @@ fn default_socket(name: &str) -> Result<PathBuf> {
     Ok(dir.join(format!("{}.sock", name.replace('/', "_"))))
 }
 
-async fn write_stats(path: PathBuf, stats: Arc<ExportStats>) {
+/// One export: its counters; several: an object of counters by export name.
+fn stats_json(stats: &[(String, Arc<ExportStats>)]) -> Value {
+    match stats {
+        [(_, one)] => one.to_json(),
+        many => Value::Object(
+            many.iter()
+                .map(|(name, s)| (name.clone(), s.to_json()))
+                .collect(),
+        ),
+    }
+}
+
+async fn write_stats(path: PathBuf, stats: Vec<(String, Arc<ExportStats>)>) {
     loop {
         let tmp = path.with_extension("tmp");
-        if std::fs::write(&tmp, stats.to_json().to_string()).is_ok() {
+        if std::fs::write(&tmp, stats_json(&stats).to_string()).is_ok() {
             let _ = std::fs::rename(&tmp, &path);
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
