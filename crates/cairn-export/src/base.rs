@@ -15,7 +15,7 @@ use std::sync::{Arc, RwLock};
 use cairn_format::node::{Extent, Interior, Leaf};
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
-use cairn_repo::Repo;
+use cairn_repo::{Repo, RepoError};
 
 use crate::cache::ChunkCache;
 use crate::stats::ExportStats;
@@ -43,6 +43,20 @@ pub struct Base {
 
 fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
+}
+
+/// Reads a blob; if its pack is gone (a GC repacked it: GC does not wait for exports), re-reads
+/// the index once and tries again.
+async fn read_blob(repo: &Repo, id: &Id) -> io::Result<Vec<u8>> {
+    match repo.read_blob(id).await {
+        Ok(data) => Ok(data),
+        Err(RepoError::PackMissing { .. } | RepoError::BlobMissing { .. }) => {
+            tracing::info!(blob = %id, "pack gone; re-reading the index");
+            repo.refresh_index().await.map_err(io_err)?;
+            repo.read_blob(id).await.map_err(io_err)
+        }
+        Err(e) => Err(io_err(e)),
+    }
 }
 
 impl Base {
@@ -86,7 +100,7 @@ impl Base {
                 out.insert(index, node);
                 continue;
             }
-            let raw = repo.read_blob(&node).await.map_err(io_err)?;
+            let raw = read_blob(repo, &node).await?;
             stats
                 .metadata_bytes_fetched
                 .fetch_add(raw.len() as u64, Ordering::Relaxed);
@@ -135,7 +149,7 @@ impl Base {
                 chunk: None,
             }),
             Some(leaf_id) => {
-                let raw = self.repo.read_blob(leaf_id).await.map_err(io_err)?;
+                let raw = read_blob(&self.repo, leaf_id).await?;
                 self.stats
                     .metadata_bytes_fetched
                     .fetch_add(raw.len() as u64, Ordering::Relaxed);
@@ -205,7 +219,7 @@ impl Base {
             }
             None => {
                 self.stats.cache_misses.fetch_add(1, Ordering::Relaxed);
-                match self.repo.read_blob(id).await {
+                match read_blob(&self.repo, id).await {
                     Ok(data) => {
                         self.stats.chunks_fetched.fetch_add(1, Ordering::Relaxed);
                         self.stats

@@ -224,8 +224,32 @@ impl Repo {
 
     /// Reads every index file (in parallel) into the in-memory blob index.
     async fn load_index(&mut self, superseded: &HashSet<Id>) -> RepoResult<()> {
-        let files: Vec<_> = self
-            .store
+        let (index, errors) = Self::read_index(&self.store, superseded).await?;
+        self.index_errors.extend(errors);
+        *self.index.write().expect("index lock") = index;
+        Ok(())
+    }
+
+    /// Re-reads the index as a newly opened process would (skipping the index files that
+    /// pending GC plans supersede). For long-lived readers such as exports: a GC that moved
+    /// blobs (repacking) leaves them reading packs that no longer exist until they refresh.
+    pub async fn refresh_index(&self) -> RepoResult<()> {
+        let mut superseded = HashSet::new();
+        for plan in self.gc_plans().await? {
+            superseded.extend(plan.superseded_index);
+        }
+        let (index, _) = Self::read_index(&self.store, &superseded).await?;
+        *self.index.write().expect("index lock") = index;
+        Ok(())
+    }
+
+    /// Every index file except `superseded`, and the damaged ones' errors.
+    async fn read_index(
+        store: &Arc<dyn ObjectStore>,
+        superseded: &HashSet<Id>,
+    ) -> RepoResult<(BlobIndex, Vec<String>)> {
+        let mut errors = Vec::new();
+        let files: Vec<_> = store
             .list(index::PREFIX)
             .await?
             .into_iter()
@@ -241,7 +265,7 @@ impl Repo {
         loop {
             while tasks.len() < 16 {
                 let Some(meta) = pending.next() else { break };
-                let store = self.store.clone();
+                let store = store.clone();
                 tasks.spawn(async move {
                     // A GC deletes only index files it has replaced (its consolidated index
                     // was written first, so this listing has it): one gone since is skipped.
@@ -263,14 +287,13 @@ impl Repo {
                         Some(Ok(file)) => index.add_file(&file),
                         Some(Err(damaged)) => {
                             tracing::warn!("{damaged}");
-                            self.index_errors.push(damaged.to_string());
+                            errors.push(damaged.to_string());
                         }
                     }
                 }
             }
         }
-        *self.index.write().expect("index lock") = index;
-        Ok(())
+        Ok((index, errors))
     }
 
     /// Index files that were damaged at open, one line each.

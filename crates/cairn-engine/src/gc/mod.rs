@@ -285,6 +285,12 @@ async fn put_index(repo: &Repo, packs: Vec<PackIndex>) -> EngineResult<Id> {
     Ok(id)
 }
 
+/// Session kinds GC does not wait for: exports live for days and only read live versions
+/// (their COMMIT opens a session of its own). A repacked blob they then miss is found again by
+/// re-reading the index (`Repo::refresh_index`); a version deleted while exported fails its
+/// reads with an error, never wrong data.
+pub const NOT_WAITED_FOR: &[&str] = &["export"];
+
 /// Sessions that started up to this long after a plan was published are waited for too, in
 /// case the clocks of the hosts sharing a repository disagree.
 pub const CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(1);
@@ -301,7 +307,9 @@ async fn wait_for_sessions(repo: &Repo, cutoff_ns: i64, options: &GcOptions) -> 
             .filter(|(key, s)| {
                 Some(key) != me.as_ref()
                     && s.as_ref().is_some_and(|s| {
-                        s.started_ns <= cutoff_ns && now - s.heartbeat_ns < stale_ns
+                        s.started_ns <= cutoff_ns
+                            && now - s.heartbeat_ns < stale_ns
+                            && !NOT_WAITED_FOR.contains(&s.kind.as_str())
                     })
             })
             .map(|(key, s)| format!("{key} ({})", s.map(|s| s.kind).unwrap_or_default()))
