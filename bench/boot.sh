@@ -3,14 +3,16 @@
 # the systemd marker, from a local raw file and then from `cairn export` with a cold chunk
 # cache; then pa-a.raw from a second export sharing that cache. Reports boot times (wall
 # clock to the marker, and the guest's uptime at the marker), bytes the guest read, and bytes
-# fetched from the repository.
+# fetched from the repository. Finally su-1 boots from a *writable* export (no snapshot=on):
+# what the guest wrote is committed back as su-1@2, which must restore byte for byte to what
+# the export showed.
 #
 #   bench/boot.sh [DATASET_DIR]     (default: .data/full, built if missing; ~2-3 minutes)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck disable=SC1091
 source "$ROOT/scripts/lib.sh"
-ensure_apt_packages qemu-system-x86 qemu-utils jq
+ensure_apt_packages qemu-system-x86 qemu-utils libnbd-bin jq bc
 DS=${1:-$(dataset_dir full)}
 CAIRN=$(cairn_bin)
 WORK=$(mktemp -d -p "$ROOT/.data" boot-bench.XXXXXX)
@@ -26,7 +28,7 @@ boot() {
     -display none -monitor none -serial "file:$log" -no-reboot \
     -kernel "$DS/boot/vmlinuz" -initrd "$DS/boot/initrd.img" \
     -append 'root=/dev/vda ro console=ttyS0 quiet' \
-    -drive "$drive,format=raw,if=virtio,snapshot=on" >/dev/null 2>&1 &
+    -drive "$drive,format=raw,if=virtio${SNAPSHOT-,snapshot=on}" >/dev/null 2>&1 &
   local qemu=$!
   until grep -q SYSTEMD-MARKER-REACHED "$log" 2>/dev/null; do
     kill -0 "$qemu" 2>/dev/null || { echo "qemu exited before the marker: $(tail -5 "$log")" >&2; exit 1; }
@@ -38,14 +40,16 @@ boot() {
   printf '%.1f %s\n' "$(echo "$end - $start" | bc)" "$(grep -o 'SYSTEMD-MARKER-REACHED uptime=[0-9.]*' "$log" | cut -d= -f2)"
 }
 
-# serve SPEC TAG: serves SPEC on a Unix socket with the shared cache; sets DRIVE.
+# serve SPEC TAG [FLAGS...]: serves SPEC on a Unix socket with the shared cache; sets DRIVE.
 serve() {
   local spec=$1 tag=$2
-  "$CAIRN" --repo "$WORK/repo" -q export "$spec" --name disk --socket "$WORK/$tag.sock" \
-    --cache-dir "$WORK/cache" --stats-file "$WORK/$tag.json" >"$WORK/$tag.out" 2>&1 &
+  shift 2
+  CAIRN_RUN_DIR="$WORK/run" "$CAIRN" --repo "$WORK/repo" -q export "$spec" --name "$tag" \
+    --socket "$WORK/$tag.sock" --cache-dir "$WORK/cache" --stats-file "$WORK/$tag.json" "$@" \
+    >"$WORK/$tag.out" 2>&1 &
   PIDS+=($!)
   until [ -S "$WORK/$tag.sock" ]; do sleep 0.05; done
-  DRIVE="file=nbd+unix:///disk?socket=$WORK/$tag.sock"
+  DRIVE="file=nbd+unix:///$tag?socket=$WORK/$tag.sock"
 }
 
 stat_of() { sleep 1.2; jq -r ".$2" "$WORK/$1.json"; }
@@ -64,6 +68,16 @@ read -r pa_wall pa_up < <(boot "$DRIVE" "$WORK/paa.log")
 pa_read=$(stat_of paa bytes_read); pa_fetched=$(stat_of paa bytes_fetched)
 pa_hits=$(stat_of paa cache_hits); pa_miss=$(stat_of paa cache_misses)
 
+# A writable boot: the guest's writes land in the overlay, then become su-1@2.
+serve su-1 w1 --writable --overlay "$WORK/overlay"
+SNAPSHOT='' boot "$DRIVE" "$WORK/w1.log" >/dev/null
+w_written=$(stat_of w1 bytes_written)
+nbdcopy "nbd+unix:///w1?socket=$WORK/w1.sock" "$WORK/after-boot.raw"
+commit_json=$(CAIRN_RUN_DIR="$WORK/run" "$CAIRN" --repo "$WORK/repo" --json commit su-1 --from-export w1 -m "after a boot")
+"$CAIRN" --repo "$WORK/repo" -q restore su-1@2 "$WORK/restored.raw"
+cmp "$WORK/after-boot.raw" "$WORK/restored.raw" || { echo "su-1@2 differs from what the export showed" >&2; exit 1; }
+changed=$(cmp -l "$DS/su-1.raw" "$WORK/restored.raw" | wc -l || true)
+
 echo "# Boot over cairn export — $(date -u +%F), \`bench/boot.sh\`"
 echo
 echo "QEMU $(qemu-system-x86_64 --version | head -1 | awk '{print $4}') TCG, 2 vCPUs, systemd boot to the marker; the guest disk opened with snapshot=on."
@@ -74,4 +88,7 @@ echo "| su-1, local raw file | $local_wall | $local_up | – | – | – |"
 echo "| su-1, cairn export, cold cache | $cold_wall | $cold_up | $(mib "$su1_read") | $(mib "$su1_fetched") | $(echo "scale=2; $su1_fetched / $su1_read" | bc) |"
 echo "| pa-a next, same host cache | $pa_wall | $pa_up | $(mib "$pa_read") | $(mib "$pa_fetched") | $(echo "scale=2; $pa_fetched / $pa_read" | bc) |"
 echo
+echo "| su-1, writable export, committed as su-1@2 | – | – | – | guest wrote $(mib "$w_written") MiB; commit stored $(mib "$(jq -r .stored_bytes <<<"$commit_json")") MiB in $(jq -r .new_chunks <<<"$commit_json") new chunks | – |"
+echo
+echo "su-1@2 restores byte for byte to what the writable export showed after the boot ($changed bytes differ from su-1)."
 echo "Boot time over the export ÷ local: $(echo "scale=2; $cold_wall / $local_wall" | bc) (wall), $(echo "scale=2; $cold_up / $local_up" | bc) (guest uptime). pa-a cache hits $pa_hits, misses $pa_miss."

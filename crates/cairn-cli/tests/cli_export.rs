@@ -53,24 +53,45 @@ struct Served {
 }
 
 impl Served {
-    fn start(repo: &Path, spec: &str, dir: &Path, tag: &str, cache: &Path) -> Served {
+    /// Runs `cairn export ARGS… --socket DIR/TAG.sock` (run directory DIR/run, cache DIR/cache,
+    /// counters in DIR/TAG.json) and waits until it serves and answers on its control socket.
+    fn spawn(repo: &Path, dir: &Path, tag: &str, args: &[&str]) -> Served {
         let socket = dir.join(format!("{tag}.sock"));
         let stats = dir.join(format!("{tag}.json"));
+        let _ = std::fs::remove_file(&socket);
+        // Control sockets left by an export killed earlier in the test (one at a time per dir).
+        for e in std::fs::read_dir(dir.join("run"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let _ = std::fs::remove_file(e.path());
+        }
         let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
             .arg("--repo")
             .arg(repo)
-            .args(["-q", "export", spec, "--name", "disk", "--socket"])
+            .args(["-q", "export"])
+            .args(args)
+            .arg("--socket")
             .arg(&socket)
             .arg("--cache-dir")
-            .arg(cache)
+            .arg(dir.join("cache"))
             .arg("--stats-file")
             .arg(&stats)
+            .env("CAIRN_RUN_DIR", dir.join("run"))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
         let started = Instant::now();
-        while !socket.exists() {
+        let ctl_ready = || {
+            std::fs::read_dir(dir.join("run"))
+                .map(|mut d| {
+                    d.any(|e| e.is_ok_and(|e| e.path().extension() == Some("ctl".as_ref())))
+                })
+                .unwrap_or(false)
+        };
+        while !socket.exists() || !ctl_ready() {
             assert!(
                 started.elapsed() < Duration::from_secs(20),
                 "export did not start"
@@ -82,6 +103,11 @@ impl Served {
             socket,
             stats,
         }
+    }
+
+    /// A read-only export of `spec` named `disk`.
+    fn start(repo: &Path, spec: &str, dir: &Path, tag: &str) -> Served {
+        Self::spawn(repo, dir, tag, &[spec, "--name", "disk"])
     }
 
     fn uri(&self) -> String {
@@ -130,8 +156,7 @@ fn setup() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
 #[test]
 fn real_clients_read_a_version_bit_exact_and_skip_its_holes() {
     let (dir, repo, a, _) = setup();
-    let cache = dir.path().join("cache");
-    let mut served = Served::start(&repo, "vm@1", dir.path(), "a", &cache);
+    let mut served = Served::start(&repo, "vm@1", dir.path(), "a");
 
     let out = dir.path().join("convert.raw");
     let st = tool("qemu-img", "qemu-utils")
@@ -185,9 +210,8 @@ fn real_clients_read_a_version_bit_exact_and_skip_its_holes() {
 #[test]
 fn a_second_export_fetches_only_what_the_cache_lacks() {
     let (dir, repo, _, b) = setup();
-    let cache = dir.path().join("cache");
     {
-        let served = Served::start(&repo, "vm", dir.path(), "a", &cache);
+        let served = Served::start(&repo, "vm", dir.path(), "a");
         let st = tool("qemu-img", "qemu-utils")
             .args(["convert", "-f", "raw", "-O", "raw", &served.uri()])
             .arg(dir.path().join("a-out.raw"))
@@ -196,7 +220,7 @@ fn a_second_export_fetches_only_what_the_cache_lacks() {
         assert!(st.success());
     }
     // Another image sharing its first 3 MiB: only its own last MiB comes from the repository.
-    let mut served = Served::start(&repo, "other", dir.path(), "b", &cache);
+    let mut served = Served::start(&repo, "other", dir.path(), "b");
     let out = dir.path().join("b-out.raw");
     let st = tool("qemu-img", "qemu-utils")
         .args(["convert", "-f", "raw", "-O", "raw", &served.uri()])
@@ -213,8 +237,7 @@ fn a_second_export_fetches_only_what_the_cache_lacks() {
 #[test]
 fn reads_fail_with_an_error_when_the_repository_is_gone() {
     let (dir, repo, _, _) = setup();
-    let cache = dir.path().join("cache");
-    let served = Served::start(&repo, "vm", dir.path(), "a", &cache);
+    let served = Served::start(&repo, "vm", dir.path(), "a");
     std::fs::rename(repo.join("packs"), dir.path().join("packs-away")).unwrap();
     let out = tool("qemu-io", "qemu-utils")
         .args(["-r", "-f", "raw", "-c", "read -P 0 0 65536", &served.uri()])
@@ -239,48 +262,22 @@ fn reads_fail_with_an_error_when_the_repository_is_gone() {
     assert!(text.contains("read 65536/65536 bytes"), "{text}");
 }
 
-/// A writable export: its own run directory (control sockets) and overlay directory.
+/// A writable export of `spec` named `disk`, its overlay in DIR/overlay.
 fn start_writable(repo: &Path, spec: &str, dir: &Path, tag: &str) -> Served {
-    let socket = dir.join(format!("{tag}.sock"));
-    let stats = dir.join(format!("{tag}.json"));
-    let _ = std::fs::remove_file(&socket);
-    let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .arg("--repo")
-        .arg(repo)
-        .args([
-            "-q",
-            "export",
+    let overlay = dir.join("overlay");
+    Served::spawn(
+        repo,
+        dir,
+        tag,
+        &[
             spec,
             "--name",
             "disk",
             "--writable",
-            "--socket",
-        ])
-        .arg(&socket)
-        .arg("--overlay")
-        .arg(dir.join("overlay"))
-        .arg("--cache-dir")
-        .arg(dir.join("cache"))
-        .arg("--stats-file")
-        .arg(&stats)
-        .env("CAIRN_RUN_DIR", dir.join("run"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    while !socket.exists() || !dir.join("run/disk.ctl").exists() {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "export did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Served {
-        child,
-        socket,
-        stats,
-    }
+            "--overlay",
+            overlay.to_str().unwrap(),
+        ],
+    )
 }
 
 /// `cairn` with the test's run directory, so that it finds the export's control socket.
@@ -480,26 +477,8 @@ fn overlay_snapshots_roll_back_and_flushed_writes_survive_kill_9() {
 #[test]
 fn one_process_serves_several_exports_sharing_one_cache() {
     let (dir, repo, a, b) = setup();
-    let socket = dir.path().join("multi.sock");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .arg("--repo")
-        .arg(&repo)
-        .args(["-q", "export", "vm@1=first", "other=second", "--socket"])
-        .arg(&socket)
-        .arg("--cache-dir")
-        .arg(dir.path().join("cache"))
-        .env("CAIRN_RUN_DIR", dir.path().join("run"))
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    while !socket.exists() {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "export did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let served = Served::spawn(&repo, dir.path(), "multi", &["vm@1=first", "other=second"]);
+    let socket = served.socket.clone();
     let list = tool("nbdinfo", "libnbd-bin")
         .args([
             "--list",
@@ -532,6 +511,5 @@ fn one_process_serves_several_exports_sharing_one_cache() {
     let status: Value = serde_json::from_slice(&status.stdout).unwrap();
     // The second image shares its first 3 MiB with the first: served from the cache.
     assert_eq!(status["stats"]["bytes_fetched"], 1 << 20, "{status}");
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(served);
 }

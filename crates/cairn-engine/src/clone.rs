@@ -5,8 +5,6 @@
 //! so cloning costs the same for a 4 KiB image and a 4 TiB one. The two images then evolve
 //! independently and share every unchanged subtree by id.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use cairn_format::name::validate_image_name;
 use cairn_format::refs;
 use cairn_format::version::{CommitStats, VersionRecord};
@@ -30,10 +28,7 @@ pub async fn clone_version(
     if repo.head(new_image).await?.is_some() {
         return Err(already_exists(new_image));
     }
-    let time_ns = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0);
+    let time_ns = cairn_repo::session::now_ns();
     let mut record = VersionRecord {
         image: new_image.to_string(),
         seq: 1,

@@ -19,7 +19,6 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use cairn_format::config::RepoConfig;
 use cairn_format::name::validate_image_name;
@@ -89,10 +88,7 @@ pub async fn commit(
     options: CommitOptions,
 ) -> EngineResult<CommitResult> {
     validate_image_name(image)?;
-    let time_ns = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0);
+    let time_ns = cairn_repo::session::now_ns();
     let progress = options.progress.clone().unwrap_or_default();
     if let Some(n) = source.data_hint() {
         progress.total.store(n, Ordering::Relaxed);

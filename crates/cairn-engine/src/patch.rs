@@ -21,7 +21,6 @@ use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use cairn_format::config::{Chunker, RepoConfig};
 use cairn_format::name::validate_image_name;
@@ -90,10 +89,7 @@ pub async fn commit_patch(
     options: PatchOptions,
 ) -> EngineResult<CommitResult> {
     validate_image_name(image)?;
-    let time_ns = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0);
+    let time_ns = cairn_repo::session::now_ns();
     let handle = Handle::current();
     if handle.runtime_flavor() != RuntimeFlavor::MultiThread {
         return Err(EngineError::Pipeline(
