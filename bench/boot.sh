@@ -88,7 +88,6 @@ echo "| su-1, local raw file | $local_wall | $local_up | – | – | – |"
 echo "| su-1, cairn export, cold cache | $cold_wall | $cold_up | $(mib "$su1_read") | $(mib "$su1_fetched") | $(echo "scale=2; $su1_fetched / $su1_read" | bc) |"
 echo "| pa-a next, same host cache | $pa_wall | $pa_up | $(mib "$pa_read") | $(mib "$pa_fetched") | $(echo "scale=2; $pa_fetched / $pa_read" | bc) |"
 echo
-echo "| su-1, writable export, committed as su-1@2 | – | – | – | guest wrote $(mib "$w_written") MiB; commit stored $(mib "$(jq -r .stored_bytes <<<"$commit_json")") MiB in $(jq -r .new_chunks <<<"$commit_json") new chunks | – |"
-echo
+echo "Writable boot of su-1 (no snapshot=on): the guest wrote $((w_written / 1024)) KiB; \`cairn commit su-1 --from-export\` stored $(($(jq -r .stored_bytes <<<"$commit_json") / 1024)) KiB in $(jq -r .new_chunks <<<"$commit_json") new chunks as su-1@2."
 echo "su-1@2 restores byte for byte to what the writable export showed after the boot ($changed bytes differ from su-1)."
 echo "Boot time over the export ÷ local: $(echo "scale=2; $cold_wall / $local_wall" | bc) (wall), $(echo "scale=2; $cold_up / $local_up" | bc) (guest uptime). pa-a cache hits $pa_hits, misses $pa_miss."
