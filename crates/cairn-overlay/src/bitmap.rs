@@ -207,6 +207,38 @@ impl Bitmap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Fuzzing the parser: arbitrary bytes never panic.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400), n in 0u64..2000) {
+            let _ = Bitmap::decode(&bytes, Path::new("f.bitmap"), 1, n);
+        }
+    }
+
+    #[test]
+    fn every_bit_flip_and_truncation_is_rejected() {
+        let p = Path::new("x.bitmap");
+        for n in [100u64, 5000] {
+            let mut bm = Bitmap::new(n);
+            for b in (0..n).step_by(7) {
+                bm.set(b);
+            }
+            let good = bm.encode(9);
+            for i in 0..good.len() {
+                for bit in 0..8 {
+                    let mut bad = good.clone();
+                    bad[i] ^= 1 << bit;
+                    assert!(Bitmap::decode(&bad, p, 9, n).is_err(), "flip {i}:{bit}");
+                }
+                assert!(
+                    Bitmap::decode(&good[..i], p, 9, n).is_err(),
+                    "truncated to {i}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn round_trip_both_encodings() {

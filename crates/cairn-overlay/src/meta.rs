@@ -119,6 +119,43 @@ impl Meta {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Fuzzing the parser: arbitrary bytes never panic.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let _ = Meta::decode(&bytes, Path::new("meta.json"));
+        }
+    }
+
+    #[test]
+    fn every_bit_flip_and_truncation_is_rejected() {
+        let good = sample().encode();
+        for i in 0..good.len() {
+            for bit in 0..8 {
+                let mut bad = good.clone();
+                bad[i] ^= 1 << bit;
+                // A flip inside JSON whitespace could leave the same document: then it must
+                // decode to exactly the same metadata.
+                if let Ok(m) = Meta::decode(&bad, Path::new("m")) {
+                    assert_eq!(
+                        m,
+                        sample(),
+                        "flip {i}:{bit} accepted with a different meaning"
+                    );
+                }
+            }
+            // Only dropping trailing whitespace may leave the same document.
+            if let Ok(m) = Meta::decode(&good[..i], Path::new("m")) {
+                assert!(
+                    good[i..].iter().all(|b| b.is_ascii_whitespace()),
+                    "truncated to {i}"
+                );
+                assert_eq!(m, sample());
+            }
+        }
+    }
 
     fn sample() -> Meta {
         Meta {
