@@ -68,7 +68,10 @@ async fn ref_tombstones_are_invisible_and_reusable() {
         CasOutcome::Conflict { current: Some(s) } => assert_eq!(s.version, v2),
         other => panic!("{other:?}"),
     }
-    assert_eq!(store.list_refs(&key).await.unwrap(), std::slice::from_ref(&key));
+    assert_eq!(
+        store.list_refs(&key).await.unwrap(),
+        std::slice::from_ref(&key)
+    );
     // Empty values would read as deleted: refused.
     let err = store
         .cas_ref(&key, Some(&v2), Some(Bytes::new()))
