@@ -16,7 +16,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
     max_term_width = 100
 )]
 pub struct Cli {
-    /// Repository location: a directory path.
+    /// Repository location: a directory path, or `s3://BUCKET/PREFIX` (settings as URL query:
+    /// `?endpoint=URL&region=R&path_style=true`; credentials from `AWS_*` variables).
     #[arg(long, global = true, env = "CAIRN_REPO", value_name = "PATH")]
     pub repo: Option<String>,
 

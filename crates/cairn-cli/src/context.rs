@@ -20,6 +20,11 @@ pub struct Context {
     opened: Mutex<Vec<Arc<Repo>>>,
 }
 
+/// A repository URL without its query (which holds only settings, but keep messages short).
+fn redact_query(location: &str) -> &str {
+    location.split('?').next().unwrap_or(location)
+}
+
 impl Context {
     pub fn new(cli: &Cli) -> Self {
         Context {
@@ -48,8 +53,14 @@ impl Context {
     /// The store behind --repo, created if `create` (for init).
     pub fn store(&self, create: bool) -> Result<Arc<dyn ObjectStore>> {
         let location = self.location()?;
+        if location.starts_with("s3://") {
+            // The bucket must exist; `init` writes the repository's first objects into it.
+            let store = cairn_store_s3::S3Store::open(location)
+                .with_context(|| format!("cannot open repository {}", redact_query(location)))?;
+            return Ok(Arc::new(store));
+        }
         if location.contains("://") {
-            bail!("{location}: only local directory repositories are supported in this version");
+            bail!("{location}: only local directories and s3://BUCKET/PREFIX are supported");
         }
         let path = PathBuf::from(location);
         let store = if create {

@@ -36,6 +36,16 @@ pub enum StoreError {
         source: std::io::Error,
     },
 
+    /// A request to a remote store (S3) failed after its retries, or the remote store lacks
+    /// a capability the contract needs (such as conditional writes). `location` is the full
+    /// object URL (never with credentials); `reason` is one line.
+    #[error("{op} {location}: {reason}")]
+    Remote {
+        op: &'static str,
+        location: String,
+        reason: String,
+    },
+
     /// The store cannot be reached at all (network, credentials, runtime shutting down).
     #[error("store {location} is unavailable: {reason}")]
     Unavailable { location: String, reason: String },

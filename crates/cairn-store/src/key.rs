@@ -10,13 +10,13 @@ pub const MAX_KEY_LEN: usize = 1024;
 
 /// Name prefix of the local store's temporary files; a segment may not start with it, so a
 /// half-written temp file can never be mistaken for an object.
-pub(crate) const TEMP_PREFIX: &str = ".tmp-";
+pub const TEMP_PREFIX: &str = ".tmp-";
 
 /// Name of the local store's ref lock file, relative to the ref namespace.
 pub(crate) const REF_LOCK_NAME: &str = ".lock";
 
 /// First segment reserved for refs; objects may not use it.
-pub(crate) const REFS_SEGMENT: &str = "refs";
+pub const REFS_SEGMENT: &str = "refs";
 
 fn invalid(key: &str, reason: &'static str) -> StoreError {
     StoreError::InvalidKey {
@@ -70,7 +70,7 @@ pub fn validate_key(key: &str) -> StoreResult<()> {
 
 /// [`validate_key`], plus: the first segment may not be `refs`, because refs have their own
 /// namespace and an object there would shadow (or be shadowed by) a ref on some backends.
-pub(crate) fn validate_object_key(key: &str) -> StoreResult<()> {
+pub fn validate_object_key(key: &str) -> StoreResult<()> {
     validate_key(key)?;
     if key.split('/').next() == Some(REFS_SEGMENT) {
         return Err(invalid(key, "keys under \"refs/\" are refs, not objects"));
@@ -79,7 +79,7 @@ pub(crate) fn validate_object_key(key: &str) -> StoreResult<()> {
 }
 
 /// [`validate_key`], plus: not the name of the local store's lock file.
-pub(crate) fn validate_ref_key(key: &str) -> StoreResult<()> {
+pub fn validate_ref_key(key: &str) -> StoreResult<()> {
     validate_key(key)?;
     if key == REF_LOCK_NAME {
         return Err(invalid(key, "\".lock\" is reserved for the ref lock"));
@@ -90,7 +90,7 @@ pub(crate) fn validate_ref_key(key: &str) -> StoreResult<()> {
 /// Check a listing prefix. Leniently: it may be empty, end with `/`, or stop in the middle of
 /// a segment, but every *complete* segment (one followed by `/`) must be a valid segment, so
 /// a prefix can never climb out of the store with `..`.
-pub(crate) fn validate_prefix(prefix: &str) -> StoreResult<()> {
+pub fn validate_prefix(prefix: &str) -> StoreResult<()> {
     check_chars(prefix)?;
     let mut segments: Vec<&str> = prefix.split('/').collect();
     let partial = segments.pop().unwrap_or("");

@@ -26,7 +26,9 @@ use bytes::Bytes;
 
 pub use counting::CountingStore;
 pub use error::{StoreError, StoreResult};
-pub use key::validate_key;
+pub use key::{
+    validate_key, validate_object_key, validate_prefix, validate_ref_key, REFS_SEGMENT, TEMP_PREFIX,
+};
 pub use local::LocalStore;
 pub use memory::MemoryStore;
 
