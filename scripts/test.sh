@@ -2,7 +2,9 @@
 # The test command for cairn.
 #
 #   scripts/test.sh           everything: apt deps, small dataset (.data/small), fmt, clippy,
-#                             cargo test --release (with the dataset required), scripts/e2e.sh
+#                             cargo test --release (with the dataset required), the S3 tests
+#                             against a local MinIO (built by go install the first time),
+#                             scripts/e2e.sh, the GC stress test
 #   scripts/test.sh --quick   cargo test --workspace only (no root, no dataset, no e2e)
 #
 # The full run needs root the first time (apt-get, debootstrap, loop mounts for the dataset).
@@ -52,7 +54,7 @@ if [ "$QUICK" -eq 1 ]; then
 fi
 
 step "apt packages"
-ensure_apt_packages e2fsprogs debootstrap qemu-utils libnbd-bin zstd time util-linux jq diffutils
+ensure_apt_packages e2fsprogs debootstrap qemu-utils libnbd-bin zstd time util-linux jq diffutils curl
 
 step "small dataset (.data/small)"
 DATASET=$(dataset_dir small)
@@ -69,6 +71,9 @@ cargo test -p cairn-cli --bin cairn
 
 step "cargo test --workspace --release (CAIRN_DATASET=$DATASET, CAIRN_REQUIRE_DATASET=1)"
 CAIRN_DATASET="$DATASET" CAIRN_REQUIRE_DATASET=1 cargo test --workspace --release
+
+step "S3: conformance suite and CLI end to end against a local MinIO (scripts/minio.sh)"
+bash "$ROOT/scripts/minio.sh" run cargo test --release -p cairn-store-s3 --test minio -p cairn-cli --test cli_s3
 
 step "scripts/e2e.sh"
 CAIRN_BIN=$(cairn_bin)
