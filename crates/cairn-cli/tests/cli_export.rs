@@ -513,3 +513,30 @@ fn one_process_serves_several_exports_sharing_one_cache() {
     assert_eq!(status["stats"]["bytes_fetched"], 1 << 20, "{status}");
     drop(served);
 }
+
+/// `nbdinfo [ cairn export … ]` starts the export itself (socket activation) and talks to it.
+#[test]
+fn a_client_can_start_the_export_itself() {
+    let (dir, repo, a, _) = setup();
+    let out = tool("nbdinfo", "libnbd-bin")
+        .args(["--size", "--", "["])
+        .arg(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--repo")
+        .arg(&repo)
+        .args(["-q", "export", "vm", "--cache-dir"])
+        .arg(dir.path().join("cache"))
+        .arg("]")
+        .env("CAIRN_RUN_DIR", dir.path().join("run"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let size = std::fs::metadata(&a).unwrap().len();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        size.to_string()
+    );
+}
