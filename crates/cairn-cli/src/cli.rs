@@ -7,7 +7,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// cairn — version control and lazy deployment for virtual-machine disk images.
 ///
 /// Every commit of a disk image becomes a cheap, deduplicated, immutable version that can be
-/// restored bit-exact. Start with `cairn init`, then `cairn commit IMAGE disk.raw`.
+/// restored bit-exact or served to a VM at once over NBD (`cairn export`). Start with
+/// `cairn init`, then `cairn commit IMAGE disk.raw`.
 #[derive(Debug, Parser)]
 #[command(
     name = "cairn",
