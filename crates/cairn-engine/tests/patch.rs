@@ -5,12 +5,9 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
-use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use bytes::Bytes;
 use cairn_engine::commit::CommitResult;
 use cairn_engine::diff::{diff, ChangedRange};
 use cairn_engine::gc::{gc, GcMode, GcOptions};
@@ -23,9 +20,7 @@ use cairn_format::summary;
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::{pack_key, Repo};
-use cairn_store::{
-    CasOutcome, MemoryStore, ObjectMeta, ObjectStore, PutOutcome, RefState, RefVersion, StoreResult,
-};
+use cairn_store::{CountingStore, MemoryStore, ObjectStore};
 use common::*;
 
 const CHUNK: u32 = 16 << 10;
@@ -69,66 +64,6 @@ impl PatchSource for MemPatch {
             return Err(io::Error::other("overlay file vanished"));
         }
         Ok(self.blocks[&index].clone())
-    }
-}
-
-/// A store that logs the keys of `get` and `get_range` calls.
-#[derive(Debug)]
-struct ReadLog {
-    inner: Arc<dyn ObjectStore>,
-    reads: Mutex<Vec<String>>,
-}
-
-impl ReadLog {
-    fn new() -> Arc<Self> {
-        Arc::new(ReadLog {
-            inner: Arc::new(MemoryStore::new()),
-            reads: Mutex::new(Vec::new()),
-        })
-    }
-    fn take(&self) -> Vec<String> {
-        std::mem::take(&mut self.reads.lock().unwrap())
-    }
-}
-
-#[async_trait]
-impl ObjectStore for ReadLog {
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<PutOutcome> {
-        self.inner.put_if_absent(key, data).await
-    }
-    async fn get(&self, key: &str) -> StoreResult<Bytes> {
-        self.reads.lock().unwrap().push(key.to_string());
-        self.inner.get(key).await
-    }
-    async fn get_range(&self, key: &str, range: Range<u64>) -> StoreResult<Bytes> {
-        self.reads.lock().unwrap().push(key.to_string());
-        self.inner.get_range(key, range).await
-    }
-    async fn head(&self, key: &str) -> StoreResult<Option<u64>> {
-        self.inner.head(key).await
-    }
-    async fn list(&self, prefix: &str) -> StoreResult<Vec<ObjectMeta>> {
-        self.inner.list(prefix).await
-    }
-    async fn delete(&self, key: &str) -> StoreResult<()> {
-        self.inner.delete(key).await
-    }
-    async fn read_ref(&self, key: &str) -> StoreResult<Option<RefState>> {
-        self.inner.read_ref(key).await
-    }
-    async fn list_refs(&self, prefix: &str) -> StoreResult<Vec<String>> {
-        self.inner.list_refs(prefix).await
-    }
-    async fn cas_ref(
-        &self,
-        key: &str,
-        expected: Option<&RefVersion>,
-        new: Option<Bytes>,
-    ) -> StoreResult<CasOutcome> {
-        self.inner.cas_ref(key, expected, new).await
     }
 }
 
@@ -213,7 +148,7 @@ async fn assert_summary_complete(repo: &Repo, record: &VersionRecord) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_patch_reads_and_writes_only_the_change() {
-    let log = ReadLog::new();
+    let log = Arc::new(CountingStore::new(Arc::new(MemoryStore::new())));
     let store: Arc<dyn ObjectStore> = log.clone();
     let repo = new_repo(store.clone(), Chunker::Fixed).await;
     let size = (20u64 << 20) + 5000; // the last block is partial
@@ -226,9 +161,9 @@ async fn fixed_patch_reads_and_writes_only_the_change() {
         p.set(&mut image, b, noise(CHUNK as usize, 100 + n as u64));
     }
     let before = listing(store.as_ref()).await;
-    log.take();
+    log.take_keys_read();
     let new = patch(&repo, "vm", Some(&base), size, &p).await;
-    let reads = log.take();
+    let reads = log.take_keys_read();
     let after = listing(store.as_ref()).await;
 
     // Content, parent, stats.

@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -15,7 +15,8 @@ use crate::{CasOutcome, ObjectMeta, ObjectStore, PutOutcome, RefState, RefVersio
 /// - [`reads`](Self::reads): `get` and `get_range` requests (failed ones included);
 /// - [`bytes_read`](Self::bytes_read): bytes those requests returned;
 /// - [`bytes_written`](Self::bytes_written): payloads of `put_if_absent` calls that created
-///   an object.
+///   an object;
+/// - [`take_keys_read`](Self::take_keys_read): the keys those read requests named, in order.
 ///
 /// Refs, listings and `head` are passed through uncounted.
 #[derive(Debug)]
@@ -24,6 +25,7 @@ pub struct CountingStore {
     reads: AtomicU64,
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
+    keys_read: Mutex<Vec<String>>,
 }
 
 impl CountingStore {
@@ -33,6 +35,7 @@ impl CountingStore {
             reads: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
+            keys_read: Mutex::new(Vec::new()),
         }
     }
 
@@ -56,14 +59,25 @@ impl CountingStore {
         self.bytes_written.load(Ordering::Relaxed)
     }
 
-    /// Sets every counter back to zero.
+    /// The keys of `get` and `get_range` requests since creation or the last reset or take,
+    /// in order; the log starts empty again.
+    pub fn take_keys_read(&self) -> Vec<String> {
+        std::mem::take(&mut *self.keys_read.lock().expect("key log lock"))
+    }
+
+    /// Sets every counter back to zero and empties the key log.
     pub fn reset(&self) {
         self.reads.store(0, Ordering::Relaxed);
         self.bytes_read.store(0, Ordering::Relaxed);
         self.bytes_written.store(0, Ordering::Relaxed);
+        self.take_keys_read();
     }
 
-    fn count_read(&self, result: &StoreResult<Bytes>) {
+    fn count_read(&self, key: &str, result: &StoreResult<Bytes>) {
+        self.keys_read
+            .lock()
+            .expect("key log lock")
+            .push(key.to_string());
         self.reads.fetch_add(1, Ordering::Relaxed);
         if let Ok(data) = result {
             self.bytes_read
@@ -89,13 +103,13 @@ impl ObjectStore for CountingStore {
 
     async fn get(&self, key: &str) -> StoreResult<Bytes> {
         let result = self.inner.get(key).await;
-        self.count_read(&result);
+        self.count_read(key, &result);
         result
     }
 
     async fn get_range(&self, key: &str, range: Range<u64>) -> StoreResult<Bytes> {
         let result = self.inner.get_range(key, range).await;
-        self.count_read(&result);
+        self.count_read(key, &result);
         result
     }
 
