@@ -22,6 +22,12 @@ pub struct Cli {
     #[arg(long, global = true, env = "CAIRN_REPO", value_name = "PATH")]
     pub repo: Option<String>,
 
+    /// Local cache of index files and manifest nodes, so repeated commands on a remote (S3)
+    /// repository download only what is new. Default: ~/.cache/cairn/meta for s3:// repositories
+    /// ($CAIRN_META_CACHE_DIR or $XDG_CACHE_HOME move it), none for local ones; `off` disables it.
+    #[arg(long, global = true, env = "CAIRN_META_CACHE", value_name = "DIR|off")]
+    pub meta_cache: Option<String>,
+
     /// Print machine-readable JSON on stdout instead of text.
     #[arg(long, global = true)]
     pub json: bool,

@@ -4,13 +4,18 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context as _, Result};
-use cairn_repo::Repo;
+use cairn_repo::{ContentCache, Repo};
 use cairn_store::{LocalStore, ObjectStore};
 
 use crate::cli::Cli;
 
+/// Size limit of the metadata cache (least recently used objects are evicted beyond it).
+const META_CACHE_LIMIT: u64 = 2 << 30;
+
 pub struct Context {
     pub repo: Option<String>,
+    /// --meta-cache as given.
+    meta_cache: Option<String>,
     pub json: bool,
     /// Progress bars wanted (not --json, not --quiet).
     pub progress: bool,
@@ -29,6 +34,7 @@ impl Context {
     pub fn new(cli: &Cli) -> Self {
         Context {
             repo: cli.repo.clone(),
+            meta_cache: cli.meta_cache.clone(),
             json: cli.json,
             progress: !cli.json && !cli.quiet,
             quiet: cli.quiet,
@@ -77,10 +83,31 @@ impl Context {
         }
     }
 
+    /// The metadata cache for --repo: --meta-cache, else the default for remote repositories.
+    fn meta_cache(&self) -> Result<Option<Arc<ContentCache>>> {
+        let dir = match self.meta_cache.as_deref() {
+            Some("off") => return Ok(None),
+            Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+            _ if self.location()?.starts_with("s3://") => ContentCache::default_meta_dir(),
+            _ => return Ok(None),
+        };
+        match ContentCache::open(&dir, META_CACHE_LIMIT) {
+            Ok(cache) => Ok(Some(Arc::new(cache))),
+            // A cache is an optimisation: work without one rather than fail the command.
+            Err(e) => {
+                tracing::warn!(
+                    "metadata cache {} unusable, going without: {e}",
+                    dir.display()
+                );
+                Ok(None)
+            }
+        }
+    }
+
     /// Opens the repository at --repo; `kind` names the session (commit, restore, ...).
     pub async fn open_as(&self, kind: &str) -> Result<Arc<Repo>> {
         let store = self.store(false)?;
-        let repo = Arc::new(Repo::open_as(store, kind).await?);
+        let repo = Arc::new(Repo::open_cached(store, kind, self.meta_cache()?).await?);
         self.opened.lock().expect("opened lock").push(repo.clone());
         Ok(repo)
     }

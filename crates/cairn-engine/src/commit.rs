@@ -52,25 +52,14 @@ pub struct CommitProgress {
     pub stored: AtomicU64,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct CommitOptions {
     pub message: String,
     /// Hashing/compression threads; 0 = one per core.
     pub workers: usize,
-    /// Packs uploading at once.
-    pub uploads: usize,
+    /// Packs uploading at once (default: the store's hint).
+    pub uploads: Option<usize>,
     pub progress: Option<Arc<CommitProgress>>,
-}
-
-impl Default for CommitOptions {
-    fn default() -> Self {
-        CommitOptions {
-            message: String::new(),
-            workers: 0,
-            uploads: 3,
-            progress: None,
-        }
-    }
 }
 
 /// The published version.
@@ -325,7 +314,8 @@ fn run_pipeline(
         drop((seg_rx, result_tx, recycle_tx));
         let packer = {
             let (repo, handle, config) = (repo.clone(), handle.clone(), &config);
-            s.spawn(move || pack_blobs(repo, handle, config, blob_rx, options.uploads, progress))
+            let uploads = options.uploads.unwrap_or(repo.store().hints().uploads);
+            s.spawn(move || pack_blobs(repo, handle, config, blob_rx, uploads, progress))
         };
 
         // Collector: gather leaf ids in segment order.

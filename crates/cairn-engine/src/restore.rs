@@ -61,8 +61,9 @@ pub struct RestoreStats {
 pub struct RestoreOptions {
     /// Ranged reads in flight.
     pub parallel_reads: usize,
-    /// Blobs closer than this in one pack are fetched in one read.
-    pub coalesce_gap: u64,
+    /// Blobs closer than this in one pack are fetched in one read (default: the store's
+    /// hint — small on a local disk, megabytes on S3).
+    pub coalesce_gap: Option<u64>,
     /// Upper bound of one coalesced read.
     pub max_read: u64,
     pub progress: Option<Arc<RestoreProgress>>,
@@ -72,7 +73,7 @@ impl Default for RestoreOptions {
     fn default() -> Self {
         RestoreOptions {
             parallel_reads: 8,
-            coalesce_gap: 256 * 1024,
+            coalesce_gap: None,
             max_read: 16 * 1024 * 1024,
             progress: None,
         }
@@ -218,6 +219,9 @@ async fn run(
         version,
         sink,
         options,
+        coalesce_gap: options
+            .coalesce_gap
+            .unwrap_or(repo.store().hints().read_gap),
         progress: progress.clone(),
         path,
         written_to: 0,
@@ -237,6 +241,8 @@ struct BatchWriter<'a> {
     version: &'a VersionRecord,
     sink: &'a Sink,
     options: &'a RestoreOptions,
+    /// Blobs closer than this in one pack share a read.
+    coalesce_gap: u64,
     progress: Arc<RestoreProgress>,
     path: &'a Path,
     /// Everything before this offset has been written (stdout) or handled.
@@ -388,7 +394,7 @@ impl BatchWriter<'_> {
             match reads.last_mut() {
                 Some(cur)
                     if cur.pack == loc.pack
-                        && r.start <= cur.end + self.options.coalesce_gap
+                        && r.start <= cur.end + self.coalesce_gap
                         && r.end - cur.start <= self.options.max_read =>
                 {
                     cur.end = cur.end.max(r.end);

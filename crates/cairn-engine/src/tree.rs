@@ -7,7 +7,6 @@ use cairn_format::node::{tree_height, Interior, Leaf};
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::Repo;
-use tokio::task::JoinSet;
 
 use crate::error::{EngineError, EngineResult};
 
@@ -66,7 +65,7 @@ pub async fn read_leaf(repo: &Repo, id: &Id) -> EngineResult<Leaf> {
 }
 
 /// Visits the leaves of a version in increasing segment order, in batches (the leaves under
-/// one level-1 node, fetched in parallel). Segments without a leaf are zeros and skipped.
+/// one level-1 node, fetched together). Segments without a leaf are zeros and skipped.
 pub async fn for_each_leaf_batch<F>(
     repo: &Arc<Repo>,
     version: &VersionRecord,
@@ -96,15 +95,14 @@ where
             }
             continue;
         }
-        let mut tasks = JoinSet::new();
-        for &(slot, child) in &node.children {
-            let repo = repo.clone();
-            let seg = base + slot as u64;
-            tasks.spawn(async move { read_leaf(&repo, &child).await.map(|l| (seg, l)) });
-        }
-        let mut batch = Vec::with_capacity(node.children.len());
-        while let Some(r) = tasks.join_next().await {
-            batch.push(r.map_err(|e| EngineError::Pipeline(format!("leaf reader: {e}")))??);
+        // The leaves under one level-1 node, in few coalesced reads.
+        let ids: Vec<Id> = node.children.iter().map(|&(_, child)| child).collect();
+        let raws = repo.read_blobs(&ids).await?;
+        let mut batch = Vec::with_capacity(ids.len());
+        for (&(slot, child), raw) in node.children.iter().zip(raws) {
+            let leaf = Leaf::decode(&raw)
+                .map_err(|e| EngineError::Pipeline(format!("manifest leaf {child}: {e}")))?;
+            batch.push((base + slot as u64, leaf));
         }
         batch.sort_by_key(|(seg, _)| *seg);
         visit.visit(batch).await?;

@@ -17,8 +17,8 @@ use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::{Repo, RepoError};
 
-use crate::cache::ChunkCache;
 use crate::stats::ExportStats;
+use cairn_repo::ContentCache;
 
 /// One extent of a loaded leaf, with its offset in the image.
 #[derive(Debug, Clone, Copy)]
@@ -31,7 +31,7 @@ pub struct Piece {
 
 pub struct Base {
     repo: Arc<Repo>,
-    cache: Arc<ChunkCache>,
+    cache: Arc<ContentCache>,
     stats: Arc<ExportStats>,
     id: Id,
     record: VersionRecord,
@@ -63,7 +63,7 @@ impl Base {
     /// Opens version `id` (reading its interior nodes).
     pub async fn open(
         repo: Arc<Repo>,
-        cache: Arc<ChunkCache>,
+        cache: Arc<ContentCache>,
         stats: Arc<ExportStats>,
         id: Id,
         record: VersionRecord,

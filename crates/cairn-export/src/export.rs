@@ -178,7 +178,7 @@ impl VersionExport {
         image: &str,
         message: String,
         readahead: usize,
-        cache: Arc<crate::cache::ChunkCache>,
+        cache: Arc<cairn_repo::ContentCache>,
     ) -> io::Result<CommitResult> {
         let overlay = self.writable()?.clone();
         let _paused = self.io.write().await;

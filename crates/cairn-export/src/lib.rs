@@ -1,6 +1,6 @@
 //! Lazy deployment: serve any stored version over NBD at once, fetching its data on demand.
 //!
-//! - [`cache`]: the host-wide, content-addressed chunk cache (LRU, size limit)
+//! - the host-wide chunk cache is a [`ContentCache`] (cairn-repo): content-addressed, LRU
 //! - [`base`]: a stored version read lazily (leaves and chunks on first use, read-ahead)
 //! - [`export`]: the NBD backend: base + the writable overlay (cairn-overlay), block status,
 //!   COMMIT of the overlay as a new version
@@ -8,12 +8,11 @@
 //! - [`control`]: the control socket (status, COMMIT, overlay snapshots) of a running export
 
 pub mod base;
-pub mod cache;
 pub mod control;
 pub mod export;
 pub mod stats;
 
 pub use base::Base;
-pub use cache::ChunkCache;
+pub use cairn_repo::ContentCache;
 pub use export::VersionExport;
 pub use stats::ExportStats;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use cairn_engine::commit::{commit, CommitOptions};
 use cairn_engine::gc::{gc, GcMode, GcOptions};
 use cairn_engine::source::StreamSource;
-use cairn_export::{Base, ChunkCache, ExportStats, VersionExport};
+use cairn_export::{Base, ContentCache, ExportStats, VersionExport};
 use cairn_format::config::{Chunker, Compression, RepoConfig};
 use cairn_nbd::Export;
 use cairn_repo::Repo;
@@ -64,7 +64,7 @@ async fn gc_repacks_under_a_running_export_which_keeps_reading_bit_exact() {
     let stats = Arc::new(ExportStats::default());
     let base = Base::open(
         export_repo.clone(),
-        Arc::new(ChunkCache::open(cache_dir.path(), 1 << 30).unwrap()),
+        Arc::new(ContentCache::open(cache_dir.path(), 1 << 30).unwrap()),
         stats.clone(),
         second.id,
         second.record.clone(),

@@ -9,6 +9,8 @@
 //! [`ObjectStore`]: cairn_store::ObjectStore
 
 mod blob_index;
+mod blob_reads;
+mod content_cache;
 mod error;
 mod history;
 mod repository;
@@ -17,6 +19,7 @@ mod summaries;
 mod versions;
 
 pub use blob_index::{BlobIndex, BlobLocation};
+pub use content_cache::ContentCache;
 pub use error::{RepoError, RepoResult};
 pub use repository::{pack_key, Repo, PACKS_PREFIX};
 pub use versions::HeadState;

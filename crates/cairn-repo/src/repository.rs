@@ -8,12 +8,13 @@ use bytes::Bytes;
 use cairn_format::config::{self, RepoConfig};
 use cairn_format::index::{self, IndexFile};
 use cairn_format::marker::{GcPlan, PLANS_PREFIX};
-use cairn_format::pack::{self, BlobEntry};
+use cairn_format::pack::{self, BlobEntry, BlobKind};
 use cairn_format::Id;
 use cairn_store::{ObjectStore, PutOutcome, StoreError};
 use tokio::task::JoinSet;
 
 use crate::blob_index::{BlobIndex, BlobLocation};
+use crate::content_cache::ContentCache;
 use crate::error::{RepoError, RepoResult};
 use crate::session::SessionHandle;
 
@@ -47,6 +48,10 @@ pub struct Repo {
     plans_seen: HashSet<Id>,
     session: Mutex<Option<SessionHandle>>,
     session_started_ns: i64,
+    /// Local copies of index files and manifest nodes (for remote stores): both are immutable
+    /// and content-addressed, so a cached copy that matches its id is always right. Listings
+    /// still come from the store, which alone says what exists.
+    meta_cache: Option<Arc<ContentCache>>,
 }
 
 impl Repo {
@@ -66,7 +71,7 @@ impl Repo {
                 })
             }
         }
-        Self::with_session(store, config, "init").await
+        Self::with_session(store, config, "init", None).await
     }
 
     /// Opens an existing repository and loads its blob index.
@@ -76,6 +81,16 @@ impl Repo {
 
     /// Opens an existing repository; `kind` names the session (commit, restore, gc, ...).
     pub async fn open_as(store: Arc<dyn ObjectStore>, kind: &str) -> RepoResult<Repo> {
+        Self::open_cached(store, kind, None).await
+    }
+
+    /// Like [`Repo::open_as`], keeping index files and manifest nodes in `meta_cache` (worth
+    /// it when the store is remote: reopening then downloads only what is new).
+    pub async fn open_cached(
+        store: Arc<dyn ObjectStore>,
+        kind: &str,
+        meta_cache: Option<Arc<ContentCache>>,
+    ) -> RepoResult<Repo> {
         let raw = match store.get(config::KEY).await {
             Ok(raw) => raw,
             Err(StoreError::NotFound { .. }) => {
@@ -87,13 +102,14 @@ impl Repo {
         };
         let config = RepoConfig::decode(&raw)
             .map_err(|e| RepoError::corrupt(format!("{}/{}", store.describe(), config::KEY), e))?;
-        Self::with_session(store, config, kind).await
+        Self::with_session(store, config, kind, meta_cache).await
     }
 
     async fn with_session(
         store: Arc<dyn ObjectStore>,
         config: RepoConfig,
         kind: &str,
+        meta_cache: Option<Arc<ContentCache>>,
     ) -> RepoResult<Repo> {
         // Order matters: session first, then plans, then the index.
         let session = match SessionHandle::register(store.clone(), kind).await {
@@ -118,6 +134,7 @@ impl Repo {
                 .as_ref()
                 .map_or_else(crate::session::now_ns, |s| s.started_ns),
             session: Mutex::new(session),
+            meta_cache,
         };
         let mut superseded = HashSet::new();
         for (id, plan) in repo.gc_plans_with_ids().await? {
@@ -224,7 +241,7 @@ impl Repo {
 
     /// Reads every index file (in parallel) into the in-memory blob index.
     async fn load_index(&mut self, superseded: &HashSet<Id>) -> RepoResult<()> {
-        let (index, errors) = Self::read_index(&self.store, superseded).await?;
+        let (index, errors) = self.read_index(superseded).await?;
         self.index_errors.extend(errors);
         *self.index.write().expect("index lock") = index;
         Ok(())
@@ -238,18 +255,16 @@ impl Repo {
         for plan in self.gc_plans().await? {
             superseded.extend(plan.superseded_index);
         }
-        let (index, _) = Self::read_index(&self.store, &superseded).await?;
+        let (index, _) = self.read_index(&superseded).await?;
         *self.index.write().expect("index lock") = index;
         Ok(())
     }
 
     /// Every index file except `superseded`, and the damaged ones' errors.
-    async fn read_index(
-        store: &Arc<dyn ObjectStore>,
-        superseded: &HashSet<Id>,
-    ) -> RepoResult<(BlobIndex, Vec<String>)> {
+    async fn read_index(&self, superseded: &HashSet<Id>) -> RepoResult<(BlobIndex, Vec<String>)> {
         let mut errors = Vec::new();
-        let files: Vec<_> = store
+        let files: Vec<_> = self
+            .store
             .list(index::PREFIX)
             .await?
             .into_iter()
@@ -265,11 +280,12 @@ impl Repo {
         loop {
             while tasks.len() < 16 {
                 let Some(meta) = pending.next() else { break };
-                let store = store.clone();
+                let store = self.store.clone();
+                let cache = self.meta_cache.clone();
                 tasks.spawn(async move {
                     // A GC deletes only index files it has replaced (its consolidated index
                     // was written first, so this listing has it): one gone since is skipped.
-                    let raw = match store.get(&meta.key).await {
+                    let raw = match fetch_index_file(&store, cache.as_deref(), &meta.key).await {
                         Ok(raw) => raw,
                         Err(StoreError::NotFound { .. }) => return Ok(None),
                         Err(e) => return Err(RepoError::from(e)),
@@ -299,6 +315,11 @@ impl Repo {
     /// Index files that were damaged at open, one line each.
     pub fn index_errors(&self) -> Vec<String> {
         self.index_errors.clone()
+    }
+
+    /// The metadata cache this repository was opened with, if any.
+    pub fn meta_cache(&self) -> Option<&Arc<ContentCache>> {
+        self.meta_cache.as_ref()
     }
 
     pub fn config(&self) -> &RepoConfig {
@@ -347,31 +368,32 @@ impl Repo {
         })
     }
 
-    /// Reads one blob, verified.
+    /// Reads one blob, verified (manifest nodes through the metadata cache, if any).
     pub async fn read_blob(&self, id: &Id) -> RepoResult<Vec<u8>> {
         let loc = self.locate(id)?;
-        let stored = match self.read_pack_range(&loc.pack, loc.entry.range()).await {
-            Ok(b) => b,
-            Err(RepoError::Store(StoreError::NotFound { .. })) => {
-                return Err(RepoError::PackMissing {
-                    pack: loc.pack,
-                    id: *id,
-                })
+        let cache = self
+            .meta_cache
+            .as_deref()
+            .filter(|_| loc.entry.kind == BlobKind::Node);
+        if let Some(plain) = cache.and_then(|c| c.get(id)) {
+            return Ok(plain);
+        }
+        let plain = self.fetch_blob(&loc).await?;
+        if let Some(cache) = cache {
+            if let Err(e) = cache.put(id, &plain) {
+                tracing::debug!("metadata cache: {e}");
             }
-            Err(RepoError::Store(e @ StoreError::RangeOutOfBounds { .. })) => {
-                return Err(RepoError::BadBlob {
-                    id: *id,
-                    pack: loc.pack,
-                    offset: loc.entry.offset,
-                    source: cairn_format::FormatError::invalid(
-                        "blob",
-                        format!("pack truncated ({e})"),
-                    ),
-                })
-            }
-            Err(e) => return Err(e),
-        };
-        Self::decode_blob(&loc, &stored)
+        }
+        Ok(plain)
+    }
+
+    /// Reads one blob from its pack, verified.
+    async fn fetch_blob(&self, loc: &BlobLocation) -> RepoResult<Vec<u8>> {
+        let stored = self
+            .read_pack_range(&loc.pack, loc.entry.range())
+            .await
+            .map_err(|e| blob_read_error(e, loc))?;
+        Self::decode_blob(loc, &stored)
     }
 
     /// Stores a finished pack under a key no other pack has. Returns the pack's final id (the
@@ -408,18 +430,68 @@ impl Repo {
                 .map(|(pack, entries)| index::PackIndex { pack, entries })
                 .collect(),
         };
-        let raw = file.encode();
+        let raw = Bytes::from(file.encode());
         let id = Id::of(&raw);
         let len = raw.len() as u64;
         let written = match self
             .store
-            .put_if_absent(&index::key(&id), Bytes::from(raw))
+            .put_if_absent(&index::key(&id), raw.clone())
             .await?
         {
             PutOutcome::Created => len,
             PutOutcome::AlreadyExists => 0,
         };
+        if let Some(cache) = &self.meta_cache {
+            if let Err(e) = cache.put(&id, &raw) {
+                tracing::debug!("metadata cache: {e}");
+            }
+        }
         self.index.write().expect("index lock").add_file(&file);
         Ok(written)
     }
+}
+
+/// What a failed read of a blob's pack means for that blob: a missing pack, or a truncated one
+/// (the blob is damaged); other errors pass through.
+pub(crate) fn blob_read_error(e: RepoError, loc: &BlobLocation) -> RepoError {
+    match e {
+        RepoError::Store(StoreError::NotFound { .. }) => RepoError::PackMissing {
+            pack: loc.pack,
+            id: loc.entry.id,
+        },
+        RepoError::Store(e @ StoreError::RangeOutOfBounds { .. }) => RepoError::BadBlob {
+            id: loc.entry.id,
+            pack: loc.pack,
+            offset: loc.entry.offset,
+            source: cairn_format::FormatError::invalid("blob", format!("pack truncated ({e})")),
+        },
+        e => e,
+    }
+}
+
+/// An index file's bytes: from the metadata cache if it holds an intact copy (its name is the
+/// BLAKE3 of its bytes), else from the store (and then cached).
+async fn fetch_index_file(
+    store: &Arc<dyn ObjectStore>,
+    cache: Option<&ContentCache>,
+    key: &str,
+) -> Result<Bytes, StoreError> {
+    let id = key
+        .strip_prefix(index::PREFIX)
+        .and_then(|name| name.parse::<Id>().ok());
+    let cache = cache.zip(id);
+    if let Some(raw) = cache.and_then(|(c, id)| c.get(&id)) {
+        return Ok(Bytes::from(raw));
+    }
+    let raw = store.get(key).await?;
+    if let Some((c, id)) = cache {
+        // Only a file whose bytes match its name is cached; a damaged one is reported by the
+        // decoder as usual.
+        if Id::of(&raw) == id {
+            if let Err(e) = c.put(&id, &raw) {
+                tracing::debug!("metadata cache: {e}");
+            }
+        }
+    }
+    Ok(raw)
 }

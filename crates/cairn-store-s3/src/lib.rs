@@ -31,7 +31,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use cairn_store::{
     validate_object_key, validate_prefix, validate_ref_key, CasOutcome, ObjectMeta, ObjectStore,
-    PutOutcome, RefState, RefVersion, StoreError, StoreResult, REFS_SEGMENT, TEMP_PREFIX,
+    PutOutcome, RefState, RefVersion, StoreError, StoreHints, StoreResult, REFS_SEGMENT,
+    TEMP_PREFIX,
 };
 use futures_util::TryStreamExt;
 use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
@@ -539,6 +540,10 @@ impl S3Store {
 
 #[async_trait]
 impl ObjectStore for S3Store {
+    fn hints(&self) -> StoreHints {
+        StoreHints::REMOTE
+    }
+
     fn describe(&self) -> String {
         self.inner.config.describe()
     }

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::{CasOutcome, ObjectMeta, ObjectStore, PutOutcome, RefState, RefVersion, StoreResult};
+use crate::{
+    CasOutcome, ObjectMeta, ObjectStore, PutOutcome, RefState, RefVersion, StoreHints, StoreResult,
+};
 
 /// An [`ObjectStore`] that delegates everything to `inner` and counts:
 /// - [`reads`](Self::reads): `get` and `get_range` requests (failed ones included);
@@ -88,6 +90,10 @@ impl CountingStore {
 
 #[async_trait]
 impl ObjectStore for CountingStore {
+    fn hints(&self) -> StoreHints {
+        self.inner.hints()
+    }
+
     fn describe(&self) -> String {
         self.inner.describe()
     }

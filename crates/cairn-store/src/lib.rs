@@ -74,6 +74,30 @@ pub enum CasOutcome {
     Conflict { current: Option<RefState> },
 }
 
+/// Access-pattern hints of a store: what one request costs compared with the bytes it moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreHints {
+    /// Unneeded bytes worth reading to save one request (blobs closer than this in a pack are
+    /// fetched in one ranged read).
+    pub read_gap: u64,
+    /// Large uploads (packs) worth running at once.
+    pub uploads: usize,
+}
+
+impl StoreHints {
+    /// A local disk: seeks are cheap, and a few writers already saturate it.
+    pub const LOCAL: StoreHints = StoreHints {
+        read_gap: 256 << 10,
+        uploads: 3,
+    };
+    /// A store across a network: every request costs a round trip, so read past gaps and keep
+    /// more uploads in flight.
+    pub const REMOTE: StoreHints = StoreHints {
+        read_gap: 2 << 20,
+        uploads: 8,
+    };
+}
+
 /// A store of immutable objects and compare-and-swap refs.
 ///
 /// Contract (checked by [`conformance::run_all`] for every implementation):
@@ -90,6 +114,11 @@ pub enum CasOutcome {
 pub trait ObjectStore: Send + Sync + Debug {
     /// Human-readable location (a path or URL) for error messages. Never contains secrets.
     fn describe(&self) -> String;
+
+    /// How the store likes to be used; readers and writers size their requests by it.
+    fn hints(&self) -> StoreHints {
+        StoreHints::LOCAL
+    }
 
     /// Store `data` under `key` unless an object with that key exists.
     async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<PutOutcome>;

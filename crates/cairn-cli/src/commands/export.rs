@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _, Result};
 use cairn_engine::resolve::{resolve, VersionSpec};
 use cairn_export::control::{self, Handler};
-use cairn_export::{Base, ChunkCache, ExportStats, VersionExport};
+use cairn_export::{Base, ContentCache, ExportStats, VersionExport};
 use cairn_nbd::Server;
 use cairn_overlay::Overlay;
 use cairn_repo::Repo;
@@ -26,9 +26,9 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
     let cache_dir = args
         .cache_dir
         .clone()
-        .unwrap_or_else(ChunkCache::default_dir);
+        .unwrap_or_else(ContentCache::default_chunk_dir);
     let cache = Arc::new(
-        ChunkCache::open(&cache_dir, args.cache_size)
+        ContentCache::open(&cache_dir, args.cache_size)
             .with_context(|| format!("cannot open the chunk cache {}", cache_dir.display()))?,
     );
     let mut server = Server::new();
@@ -97,7 +97,7 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
 /// socket. Returns (name, export, description).
 async fn open_export(
     repo: &Arc<Repo>,
-    cache: &Arc<ChunkCache>,
+    cache: &Arc<ContentCache>,
     args: &ExportArgs,
     version: &str,
     name: Option<String>,
@@ -194,7 +194,7 @@ fn default_overlay_dir(name: &str) -> PathBuf {
 fn handler(
     export: Arc<VersionExport>,
     repo: Arc<Repo>,
-    cache: Arc<ChunkCache>,
+    cache: Arc<ContentCache>,
     readahead: usize,
 ) -> Handler {
     Arc::new(move |req: Value| {
@@ -214,10 +214,14 @@ fn handler(
                     let image = req["image"].as_str().ok_or("commit needs an image")?;
                     let message = req["message"].as_str().unwrap_or_default().to_string();
                     // A session of its own, registered now, so that GC's plans cover it.
-                    let session = Repo::open_as(repo.store().clone(), "commit")
-                        .await
-                        .map(Arc::new)
-                        .map_err(|e| e.to_string())?;
+                    let session = Repo::open_cached(
+                        repo.store().clone(),
+                        "commit",
+                        repo.meta_cache().cloned(),
+                    )
+                    .await
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())?;
                     let r = export
                         .commit(session.clone(), image, message, readahead, cache)
                         .await;

@@ -1,13 +1,17 @@
-//! The host-wide chunk cache: chunks fetched from any repository by any export on this host,
-//! stored once by content id (VMAR: identical blocks of different images are served from one
-//! cached copy), with a size limit and least-recently-used eviction.
+//! A local, content-addressed cache of immutable objects, verified on every read.
 //!
-//! Layout: `<dir>/<first two hex digits>/<chunk id hex>`, the chunk's plain bytes. Files are
-//! written to `<dir>/tmp/` and renamed into place, so a reader never sees a partial chunk, and
-//! every read is checked against the id (a damaged file is deleted and counts as a miss).
-//! Recency is the file's modification time, refreshed on every hit; when the cache grows past
-//! its limit, the oldest files are deleted until it is at 90% of the limit. Several processes
-//! may share one directory: each keeps its own estimate of the total and rescans when the
+//! Two caches use it: the host-wide chunk cache of exports (chunks fetched from any repository
+//! by any export on this host, stored once by content id — VMAR: identical blocks of different
+//! images are served from one cached copy), and the metadata cache of remote repositories
+//! (index files and manifest nodes, so repeated operations do not download them again).
+//! Anything whose id is the BLAKE3 of its bytes can live here; nothing else may.
+//!
+//! Layout: `<dir>/<first two hex digits>/<id hex>`, the object's bytes. Files are written to
+//! `<dir>/tmp/` and renamed into place, so a reader never sees a partial object, and every
+//! read is checked against the id (a damaged file is deleted and counts as a miss). Recency
+//! is the file's modification time, refreshed on every hit; when the cache grows past its
+//! limit, the oldest files are deleted until it is at 90% of the limit. Several processes may
+//! share one directory: each keeps its own estimate of the total and rescans when the
 //! estimate crosses the limit.
 
 use std::collections::HashMap;
@@ -20,24 +24,34 @@ use std::time::SystemTime;
 
 use cairn_format::Id;
 
-/// (last use, size, path) of one cached chunk.
+/// `$XDG_CACHE_HOME/cairn`, else `~/.cache/cairn` (else a directory under the temp dir).
+fn user_cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("cairn")
+}
+
+/// (last use, size, path) of one cached object.
 type CachedFile = (SystemTime, u64, PathBuf);
 
-pub struct ChunkCache {
+#[derive(Debug)]
+pub struct ContentCache {
     dir: PathBuf,
     limit: u64,
     /// This process's estimate of the bytes in the cache.
     size: AtomicU64,
-    /// One lock per chunk being fetched, so concurrent readers of a chunk fetch it once.
+    /// One lock per object being fetched, so concurrent readers of an object fetch it once.
     in_flight: Mutex<HashMap<Id, Arc<tokio::sync::Mutex<()>>>>,
     evictions: AtomicU64,
 }
 
-impl ChunkCache {
+impl ContentCache {
     /// Opens (creating) the cache in `dir` with a limit of `limit` bytes.
-    pub fn open(dir: &Path, limit: u64) -> io::Result<ChunkCache> {
+    pub fn open(dir: &Path, limit: u64) -> io::Result<ContentCache> {
         fs::create_dir_all(dir.join("tmp"))?;
-        let cache = ChunkCache {
+        let cache = ContentCache {
             dir: dir.to_path_buf(),
             limit,
             size: AtomicU64::new(0),
@@ -49,17 +63,20 @@ impl ChunkCache {
         Ok(cache)
     }
 
-    /// The default location: `$CAIRN_CACHE_DIR`, else `$XDG_CACHE_HOME/cairn/chunks`, else
-    /// `~/.cache/cairn/chunks`.
-    pub fn default_dir() -> PathBuf {
-        if let Some(d) = std::env::var_os("CAIRN_CACHE_DIR") {
-            return PathBuf::from(d);
-        }
-        let base = std::env::var_os("XDG_CACHE_HOME")
+    /// The chunk cache's default location: `$CAIRN_CACHE_DIR`, else
+    /// `$XDG_CACHE_HOME/cairn/chunks`, else `~/.cache/cairn/chunks`.
+    pub fn default_chunk_dir() -> PathBuf {
+        std::env::var_os("CAIRN_CACHE_DIR")
             .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-            .unwrap_or_else(std::env::temp_dir);
-        base.join("cairn").join("chunks")
+            .unwrap_or_else(|| user_cache_dir().join("chunks"))
+    }
+
+    /// The metadata cache's default location: `$CAIRN_META_CACHE_DIR`, else
+    /// `$XDG_CACHE_HOME/cairn/meta`, else `~/.cache/cairn/meta`.
+    pub fn default_meta_dir() -> PathBuf {
+        std::env::var_os("CAIRN_META_CACHE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| user_cache_dir().join("meta"))
     }
 
     pub fn dir(&self) -> &Path {
@@ -79,12 +96,12 @@ impl ChunkCache {
         self.dir.join(&hex[..2]).join(hex)
     }
 
-    /// The chunk's bytes if cached and intact.
+    /// The object's bytes if cached and intact.
     pub fn get(&self, id: &Id) -> Option<Vec<u8>> {
         let path = self.path(id);
         let data = fs::read(&path).ok()?;
         if Id::of(&data) != *id {
-            tracing::warn!(path = %path.display(), "damaged chunk in the cache; dropping it");
+            tracing::warn!(path = %path.display(), "damaged object in the cache; dropping it");
             let _ = fs::remove_file(&path);
             return None;
         }
@@ -99,7 +116,7 @@ impl ChunkCache {
         self.path(id).exists()
     }
 
-    /// Stores a chunk (whose id the caller has verified).
+    /// Stores an object (whose id the caller has verified).
     pub fn put(&self, id: &Id, data: &[u8]) -> io::Result<()> {
         let path = self.path(id);
         if path.exists() {
@@ -167,7 +184,7 @@ impl ChunkCache {
         Ok((total, files))
     }
 
-    /// Deletes the least recently used chunks until the cache is at 90% of its limit.
+    /// Deletes the least recently used objects until the cache is at 90% of its limit.
     fn evict(&self) -> io::Result<()> {
         let (mut total, mut files) = self.scan()?;
         let target = self.limit / 10 * 9;
@@ -193,7 +210,7 @@ mod tests {
     #[test]
     fn stores_verifies_and_evicts_least_recently_used() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = ChunkCache::open(dir.path(), 10 * 1000).unwrap();
+        let cache = ContentCache::open(dir.path(), 10 * 1000).unwrap();
         let chunks: Vec<Vec<u8>> = (0..12u8).map(|i| vec![i; 1000]).collect();
         for (i, c) in chunks.iter().enumerate().take(9) {
             cache.put(&Id::of(c), c).unwrap();
@@ -227,7 +244,7 @@ mod tests {
         assert!(!cache.contains(&id));
 
         // A second process (here: a second handle) sees what the first stored.
-        let other = ChunkCache::open(dir.path(), 10 * 1000).unwrap();
+        let other = ContentCache::open(dir.path(), 10 * 1000).unwrap();
         assert_eq!(other.get(&Id::of(&chunks[0])).unwrap(), chunks[0]);
     }
 }
