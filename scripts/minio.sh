@@ -73,7 +73,7 @@ run() {
   trap 'exit 130' INT TERM
   # Credentials go through the environment only, never the command line (visible in ps).
   MINIO_ROOT_USER="$user" MINIO_ROOT_PASSWORD="$pass" MINIO_UPDATE=off \
-    MINIO_CALLHOME_ENABLE=off MINIO_BROWSER=off \
+    MINIO_CALLHOME_ENABLE=off MINIO_BROWSER=off MINIO_PROMETHEUS_AUTH_TYPE=public \
     "$bin" server --quiet --address "127.0.0.1:$port" --console-address "127.0.0.1:$console" \
     "$MINIO_DIR/data" >"$MINIO_DIR/minio.log" 2>&1 &
   MINIO_PID=$!
@@ -94,7 +94,7 @@ run() {
   CAIRN_TEST_S3_URL="s3://$bucket/test?endpoint=$endpoint&path_style=true" \
     AWS_ACCESS_KEY_ID="$user" AWS_SECRET_ACCESS_KEY="$pass" AWS_ENDPOINT_URL="$endpoint" \
     AWS_REGION=us-east-1 AWS_ALLOW_HTTP=true CAIRN_REQUIRE_S3=1 \
-    CAIRN_TEST_S3_BUCKET="$bucket" "$@" || status=$?
+    CAIRN_TEST_S3_BUCKET="$bucket" CAIRN_TEST_S3_SERVER=minio "$@" || status=$?
   stop_minio
   return "$status"
 }
