@@ -61,6 +61,11 @@ pub struct S3Config {
     pub path_style: Option<bool>,
     /// Most requests in flight at once.
     pub max_requests: usize,
+    /// Longest a single request may take before it counts as failed (and is retried).
+    pub timeout: Duration,
+    /// How long to keep retrying a failing request (throttling, 5xx, refused connections)
+    /// before giving up with an error.
+    pub retry_timeout: Duration,
 }
 
 impl fmt::Debug for S3Config {
@@ -78,7 +83,8 @@ fn config_error(url: &str, reason: impl Into<String>) -> StoreError {
 }
 
 impl S3Config {
-    /// Parse `s3://BUCKET[/PREFIX][?endpoint=URL&region=R&path_style=true|false&max_requests=N]`.
+    /// Parse `s3://BUCKET[/PREFIX][?endpoint=URL&region=R&path_style=true|false&max_requests=N
+    /// &timeout=SECONDS&retry_timeout=SECONDS]`.
     pub fn parse(url: &str) -> StoreResult<Self> {
         let rest = url
             .strip_prefix("s3://")
@@ -99,6 +105,8 @@ impl S3Config {
             region: None,
             path_style: None,
             max_requests: 32,
+            timeout: Duration::from_secs(300),
+            retry_timeout: Duration::from_secs(120),
         };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -117,13 +125,29 @@ impl S3Config {
                             config_error(url, format!("max_requests={value}: want a number > 0"))
                         })?
                 }
+                "timeout" | "retry_timeout" => {
+                    let secs = value
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .ok_or_else(|| {
+                            config_error(url, format!("{name}={value}: want seconds > 0"))
+                        })?;
+                    let d = Duration::from_secs(secs);
+                    if name == "timeout" {
+                        config.timeout = d;
+                    } else {
+                        config.retry_timeout = d;
+                    }
+                }
                 _ => {
                     // Deliberately not echoing the value: it might be a secret.
                     return Err(config_error(
                         url,
                         format!(
                             "unknown URL parameter {name:?} (known: endpoint, region, \
-                             path_style, max_requests; credentials come from AWS_* variables)"
+                             path_style, max_requests, timeout, retry_timeout; credentials \
+                             come from AWS_* variables)"
                         ),
                     ));
                 }
@@ -234,12 +258,12 @@ impl S3Store {
         }
         let retry = RetryConfig {
             max_retries: 8,
-            retry_timeout: Duration::from_secs(120),
+            retry_timeout: config.retry_timeout,
             ..RetryConfig::default()
         };
         let options = ClientOptions::new()
             .with_connect_timeout(Duration::from_secs(10))
-            .with_timeout(Duration::from_secs(300));
+            .with_timeout(config.timeout);
         // Client options first: they replace allow_http as a whole.
         builder = builder.with_retry(retry).with_client_options(options);
         let endpoint = builder
@@ -796,12 +820,20 @@ mod tests {
         let c = S3Config::parse("s3://bkt").unwrap();
         assert_eq!((c.bucket.as_str(), c.prefix.as_str()), ("bkt", ""));
         assert_eq!(c.describe(), "s3://bkt");
+        assert_eq!(c.timeout, Duration::from_secs(300));
+        assert_eq!(c.retry_timeout, Duration::from_secs(120));
+
+        let c = S3Config::parse("s3://bkt/p?timeout=5&retry_timeout=20").unwrap();
+        assert_eq!(c.timeout, Duration::from_secs(5));
+        assert_eq!(c.retry_timeout, Duration::from_secs(20));
 
         for bad in [
             "http://x/y",
             "s3:///p",
             "s3://b/a/../c",
             "s3://b?path_style=maybe",
+            "s3://b?timeout=0",
+            "s3://b?retry_timeout=soon",
         ] {
             assert!(S3Config::parse(bad).is_err(), "{bad} accepted");
         }
