@@ -98,7 +98,11 @@ async fn neighbouring_blobs_share_a_read() {
     // ranged read per pack that holds them, not one per leaf.
     let log = Arc::new(CountingStore::new(Arc::new(MemoryStore::new())));
     let store: Arc<dyn ObjectStore> = log.clone();
-    let repo = Arc::new(Repo::init(store.clone(), config(CHUNK, SEGMENT)).await.unwrap());
+    let repo = Arc::new(
+        Repo::init(store.clone(), config(CHUNK, SEGMENT))
+            .await
+            .unwrap(),
+    );
     commit_bytes(&repo, "vm", noise(12 << 20, 5)).await;
     let by_pack = repo.index().by_pack();
     let mut leaves = Vec::new();

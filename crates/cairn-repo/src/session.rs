@@ -92,6 +92,9 @@ impl SessionHandle {
                 .cas_ref(&self.key, Some(&state.version), None)
                 .await?;
         }
+        // Session keys are random and never reused, so what the deletion left (a tombstone on
+        // S3) can go; the key is a whole segment, so the prefix matches only this session.
+        self.store.forget_deleted_refs(&self.key).await?;
         Ok(())
     }
 }
@@ -109,6 +112,7 @@ impl Drop for SessionHandle {
             rt.spawn(async move {
                 if let Ok(Some(state)) = store.read_ref(&key).await {
                     let _ = store.cas_ref(&key, Some(&state.version), None).await;
+                    let _ = store.forget_deleted_refs(&key).await;
                 }
             });
         }

@@ -10,9 +10,10 @@
 //!   CAS-writing a *tombstone* — an empty object — over the expected version. Readers treat an
 //!   empty ref object as absent (`read_ref` returns `None`, `list_refs` skips it, `cas_ref`
 //!   with `expected = None` overwrites it with `If-Match` on the tombstone's ETag). Hence an
-//!   empty ref *value* cannot be stored here and is refused. Tombstones are never removed
-//!   (removing one unconditionally could erase a ref re-created meanwhile); each costs one
-//!   empty object.
+//!   empty ref *value* cannot be stored here and is refused. A tombstone is removed only under
+//!   prefixes whose keys are never reused (`forget_deleted_refs`: sessions, whose keys are
+//!   random) — elsewhere removing one unconditionally could erase a ref re-created meanwhile,
+//!   so those stay, one empty object each.
 //! - Before its first write the store checks once that the server honours conditional
 //!   writes (a second create must fail, an `If-Match` on a wrong ETag must fail) and refuses
 //!   to write at all if not, rather than risk a lost update.
@@ -724,6 +725,26 @@ impl ObjectStore for S3Store {
             .filter(|(_, size)| *size > 0)
             .filter_map(|(key, _)| key.strip_prefix(&refs).map(str::to_owned))
             .collect())
+    }
+
+    async fn forget_deleted_refs(&self, prefix: &str) -> StoreResult<usize> {
+        validate_prefix(prefix)?;
+        let refs = format!("{REFS_SEGMENT}/");
+        let mut removed = 0;
+        for (key, size) in self.list_raw(&format!("{refs}{prefix}")).await? {
+            if size > 0 {
+                continue;
+            }
+            // Unconditional: safe only because keys under `prefix` are never reused (the
+            // caller's promise), so nobody can have re-created this ref meanwhile.
+            let path = self.path(&key);
+            let _permit = self.permit().await;
+            match self.inner.client.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => removed += 1,
+                Err(e) => return Err(self.remote("delete", &path, e)),
+            }
+        }
+        Ok(removed)
     }
 
     async fn cas_ref(

@@ -33,6 +33,42 @@ async fn conformance() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tombstones_of_never_reused_keys_can_be_removed() {
+    let Some(store) = store() else { return };
+    let prefix = format!("sess-{}/", rand_hex());
+    let mut versions = Vec::new();
+    for n in 0..3 {
+        let key = format!("{prefix}{n}");
+        match store
+            .cas_ref(&key, None, Some(Bytes::from("live")))
+            .await
+            .unwrap()
+        {
+            CasOutcome::Swapped { version: Some(v) } => versions.push((key, v)),
+            other => panic!("{other:?}"),
+        }
+    }
+    for (key, v) in &versions[..2] {
+        let r = store.cas_ref(key, Some(v), None).await.unwrap();
+        assert_eq!(r, CasOutcome::Swapped { version: None });
+    }
+    assert_eq!(store.forget_deleted_refs(&prefix).await.unwrap(), 2);
+    assert_eq!(store.forget_deleted_refs(&prefix).await.unwrap(), 0);
+    let live = format!("{prefix}2");
+    assert_eq!(store.list_refs(&prefix).await.unwrap(), vec![live.clone()]);
+    assert_eq!(
+        &store.read_ref(&live).await.unwrap().unwrap().data[..],
+        b"live"
+    );
+    // A removed tombstone's key can be created again from scratch.
+    let again = store
+        .cas_ref(&versions[0].0, None, Some(Bytes::from("x")))
+        .await
+        .unwrap();
+    assert!(matches!(again, CasOutcome::Swapped { version: Some(_) }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ref_tombstones_are_invisible_and_reusable() {
     let Some(store) = store() else { return };
     let key = format!("tomb-{}/head", rand_hex());

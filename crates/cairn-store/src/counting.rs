@@ -147,6 +147,10 @@ impl ObjectStore for CountingStore {
     ) -> StoreResult<CasOutcome> {
         self.inner.cas_ref(key, expected, new).await
     }
+
+    async fn forget_deleted_refs(&self, prefix: &str) -> StoreResult<usize> {
+        self.inner.forget_deleted_refs(prefix).await
+    }
 }
 
 #[cfg(test)]

@@ -151,4 +151,13 @@ pub trait ObjectStore: Send + Sync + Debug {
         expected: Option<&RefVersion>,
         new: Option<Bytes>,
     ) -> StoreResult<CasOutcome>;
+
+    /// Physically removes what deleted refs under `prefix` left behind, if the store keeps
+    /// anything (S3 keeps a tombstone per deleted ref); returns how many were removed. Only for
+    /// prefixes whose keys are never used again (session refs): on a reused key, removing a
+    /// tombstone could race with a re-creation of the ref.
+    async fn forget_deleted_refs(&self, prefix: &str) -> StoreResult<usize> {
+        validate_prefix(prefix)?;
+        Ok(0)
+    }
 }

@@ -44,6 +44,7 @@ use bytes::Bytes;
 use cairn_format::index::{self, IndexFile, PackIndex};
 use cairn_format::marker::{
     decode_gc_lock, encode_gc_last, encode_gc_lock, GcPlan, GC_LAST_REF, GC_LOCK_REF, PLANS_PREFIX,
+    SESSIONS_PREFIX,
 };
 use cairn_format::pack::{self, BlobEntry, BlobKind, PackBuilder};
 use cairn_format::Id;
@@ -354,6 +355,8 @@ async fn remove_stale_sessions(store: &dyn ObjectStore, options: &GcOptions) -> 
             }
         }
     }
+    // Session keys are never reused: the tombstones of every closed or removed session go.
+    store.forget_deleted_refs(SESSIONS_PREFIX).await?;
     Ok(())
 }
 
