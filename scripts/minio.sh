@@ -84,10 +84,16 @@ run() {
     [ "$i" -lt 100 ] || { cat "$MINIO_DIR/minio.log" >&2; die "MinIO not ready after 20 s"; }
     sleep 0.2
   done
-  # The credentials go to curl in a config file on stdin, not on its command line.
-  printf 'user = "%s:%s"\n' "$user" "$pass" \
-    | curl -fsS -K - --aws-sigv4 "aws:amz:us-east-1:s3" -X PUT "$endpoint/$bucket" >/dev/null \
-    || die "creating bucket $bucket on $endpoint failed"
+  # The credentials go to curl in a config file on stdin, not on its command line. A server
+  # that is ready may still answer 503 for a moment while it initialises: retry.
+  for i in $(seq 1 50); do
+    if printf 'user = "%s:%s"\n' "$user" "$pass" \
+      | curl -fsS -K - --aws-sigv4 "aws:amz:us-east-1:s3" -X PUT "$endpoint/$bucket" >/dev/null 2>&1; then
+      break
+    fi
+    [ "$i" -lt 50 ] || die "creating bucket $bucket on $endpoint failed (50 attempts in 10 s)"
+    sleep 0.2
+  done
   log "MinIO at $endpoint (pid $MINIO_PID), bucket $bucket"
 
   local status=0
