@@ -59,6 +59,18 @@ async fn read_blob(repo: &Repo, id: &Id) -> io::Result<Vec<u8>> {
     }
 }
 
+/// Reads blobs in one coalesced batch, with the same retry as [`read_blob`].
+async fn read_blobs(repo: &Arc<Repo>, ids: &[Id]) -> io::Result<Vec<Vec<u8>>> {
+    match repo.read_blobs(ids).await {
+        Ok(data) => Ok(data),
+        Err(RepoError::PackMissing { .. } | RepoError::BlobMissing { .. }) => {
+            repo.refresh_index().await.map_err(io_err)?;
+            repo.read_blobs(ids).await.map_err(io_err)
+        }
+        Err(e) => Err(io_err(e)),
+    }
+}
+
 impl Base {
     /// Opens version `id` (reading its interior nodes).
     pub async fn open(
@@ -304,12 +316,32 @@ impl Base {
                 .filter_map(|p| p.chunk)
                 .take(me.readahead)
                 .collect();
-            for id in ids {
-                if me.cache.contains(&id) {
-                    continue;
+            let missing: Vec<Id> = ids
+                .into_iter()
+                .filter(|id| !me.cache.contains(id))
+                .collect();
+            if missing.is_empty() {
+                return;
+            }
+            // One batch: neighbours in a pack come in one ranged read (what makes read-ahead
+            // pay on S3, where each request is a round trip).
+            me.stats
+                .readahead_chunks
+                .fetch_add(missing.len() as u64, Ordering::Relaxed);
+            match read_blobs(&me.repo, &missing).await {
+                Ok(chunks) => {
+                    for (id, data) in missing.iter().zip(chunks) {
+                        me.stats.chunks_fetched.fetch_add(1, Ordering::Relaxed);
+                        me.stats
+                            .bytes_fetched
+                            .fetch_add(data.len() as u64, Ordering::Relaxed);
+                        if let Err(e) = me.cache.put(id, &data) {
+                            tracing::warn!("chunk cache: {e}");
+                        }
+                    }
                 }
-                me.stats.readahead_chunks.fetch_add(1, Ordering::Relaxed);
-                let _ = me.chunk(&id).await;
+                // Read-ahead is a guess: a failure here surfaces when the data is really read.
+                Err(e) => tracing::debug!("read-ahead: {e}"),
             }
         });
     }
