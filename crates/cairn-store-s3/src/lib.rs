@@ -211,6 +211,29 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// How the server wants the ETag in `If-Match` on PUT (found by the conditional-write probe).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum IfMatchStyle {
+    /// As the server sent it, quoted (RFC 9110; MinIO, AWS).
+    Quoted,
+    /// Without the quotes: Ceph RGW (16.2 at least) compares the header byte for byte with the
+    /// bare MD5 it stores, so a quoted ETag never matches.
+    Bare,
+}
+
+impl IfMatchStyle {
+    fn update(self, etag: &str) -> PutMode {
+        let e_tag = match self {
+            IfMatchStyle::Quoted => etag.to_owned(),
+            IfMatchStyle::Bare => etag.trim_matches('"').to_owned(),
+        };
+        PutMode::Update(UpdateVersion {
+            e_tag: Some(e_tag),
+            version: None,
+        })
+    }
+}
+
 /// An [`ObjectStore`] on an S3-compatible bucket. Cheap to clone.
 #[derive(Clone)]
 pub struct S3Store {
@@ -223,7 +246,7 @@ struct Inner {
     /// Bounds requests in flight.
     permits: Semaphore,
     /// Result of the one-time conditional-write check (`Err` holds the reason).
-    conditional: OnceCell<Result<(), String>>,
+    conditional: OnceCell<Result<IfMatchStyle, String>>,
     /// Strings that must never appear in an error message (the secret key, the token).
     secrets: Vec<String>,
 }
@@ -342,7 +365,7 @@ impl S3Store {
 
     /// Fail (every time, with the same reason) if the server does not honour conditional
     /// writes; checked once per store, before the first write.
-    async fn require_conditional_writes(&self) -> StoreResult<()> {
+    async fn require_conditional_writes(&self) -> StoreResult<IfMatchStyle> {
         let result = self
             .inner
             .conditional
@@ -355,7 +378,7 @@ impl S3Store {
         })
     }
 
-    async fn probe_conditional_writes(&self) -> Result<(), String> {
+    async fn probe_conditional_writes(&self) -> Result<IfMatchStyle, String> {
         let name = format!(
             "{TEMP_PREFIX}cas-probe-{}",
             hex::encode(rand::random::<[u8; 8]>())
@@ -376,7 +399,7 @@ impl S3Store {
             }
         };
         let reason = |e: object_store::Error| one_line(&e.to_string(), &self.inner.secrets);
-        put(b"probe", PutMode::Create).await.map_err(reason)?;
+        let created = put(b"probe", PutMode::Create).await.map_err(reason)?;
         let verdict = async {
             match put(b"again", PutMode::Create).await {
                 Err(object_store::Error::AlreadyExists { .. }) => {}
@@ -393,15 +416,32 @@ impl S3Store {
                 version: None,
             };
             match put(b"stale", PutMode::Update(stale)).await {
-                Err(object_store::Error::Precondition { .. }) => Ok(()),
-                Ok(_) => Err(
-                    "the server ignores If-Match on PUT (a write with a wrong ETag \
-                              succeeded); refusing to write, since compare-and-swap would lose \
-                              updates"
-                        .to_owned(),
-                ),
-                Err(e) => Err(reason(e)),
+                Err(object_store::Error::Precondition { .. }) => {}
+                Ok(_) => {
+                    return Err(
+                        "the server ignores If-Match on PUT (a write with a wrong ETag \
+                                succeeded); refusing to write, since compare-and-swap would \
+                                lose updates"
+                            .to_owned(),
+                    )
+                }
+                Err(e) => return Err(reason(e)),
             }
+            // A write on the right ETag must succeed, quoted as the server sent it or bare.
+            let etag = created
+                .e_tag
+                .ok_or("the server sent no ETag, which compare-and-swap needs")?;
+            for style in [IfMatchStyle::Quoted, IfMatchStyle::Bare] {
+                match put(b"update", style.update(&etag)).await {
+                    Ok(_) => return Ok(style),
+                    Err(object_store::Error::Precondition { .. }) => {}
+                    Err(e) => return Err(reason(e)),
+                }
+            }
+            Err(format!(
+                "the server refuses If-Match on PUT with the object's own ETag {etag}, quoted or \
+                 not; compare-and-swap cannot work"
+            ))
         }
         .await;
         let _permit = self.permit().await;
@@ -763,7 +803,7 @@ impl ObjectStore for S3Store {
                     .into(),
             });
         }
-        self.require_conditional_writes().await?;
+        let style = self.require_conditional_writes().await?;
         let payload = new.clone().unwrap_or_default();
         let swapped = |version: RefVersion| CasOutcome::Swapped {
             version: new.is_some().then_some(version),
@@ -775,10 +815,7 @@ impl ObjectStore for S3Store {
                 // Not a version read_ref can hand out; never overwrite a tombstone with it.
                 return Ok(conflict(self.read_raw_ref(key).await?));
             }
-            let mode = PutMode::Update(UpdateVersion {
-                e_tag: Some(expected.0.clone()),
-                version: None,
-            });
+            let mode = style.update(&expected.0);
             return match self.put_ref(key, payload, mode).await? {
                 Some(version) => Ok(swapped(version)),
                 None => Ok(conflict(self.read_raw_ref(key).await?)),
@@ -794,10 +831,7 @@ impl ObjectStore for S3Store {
                 Some((data, _)) if !data.is_empty() => return Ok(conflict(raw)),
                 // Tombstone: deleting is a no-op, creating replaces it conditionally.
                 Some(_) if new.is_none() => return Ok(CasOutcome::Swapped { version: None }),
-                Some((_, etag)) => PutMode::Update(UpdateVersion {
-                    e_tag: Some(etag.clone()),
-                    version: None,
-                }),
+                Some((_, etag)) => style.update(etag),
             };
             if let Some(version) = self.put_ref(key, payload.clone(), mode).await? {
                 return Ok(swapped(version));
