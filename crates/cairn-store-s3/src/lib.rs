@@ -26,7 +26,7 @@
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -281,7 +281,9 @@ impl S3Store {
             builder = builder.with_virtual_hosted_style_request(!path_style);
         }
         let retry = RetryConfig {
-            max_retries: 8,
+            // retry_timeout is the bound that matters; a count would end an outage's retries
+            // within seconds.
+            max_retries: usize::MAX,
             retry_timeout: config.retry_timeout,
             ..RetryConfig::default()
         };
@@ -351,7 +353,7 @@ impl S3Store {
         StoreError::Remote {
             op,
             location: self.url(path),
-            reason: one_line(&err.to_string(), &self.inner.secrets),
+            reason: one_line(&tidy_reason(&err.to_string()), &self.inner.secrets),
         }
     }
 
@@ -529,6 +531,57 @@ fn is_tombstone_version(version: &RefVersion) -> bool {
 }
 
 /// One line, secrets masked, bounded length.
+/// object_store's error text without what the caller prints anyway (the store name, the
+/// request URL) and with an S3 XML error body reduced to its code and message, so the line
+/// stays short enough to show the server's reason (`XMinioStorageFull: Storage backend ...`).
+fn tidy_reason(text: &str) -> String {
+    let mut s = text
+        .strip_prefix("Generic S3 error: ")
+        .unwrap_or(text)
+        .to_owned();
+    if let Some(start) = s.find("Error performing ") {
+        let rest = &s[start + "Error performing ".len()..];
+        // "Error performing <METHOD> <URL> in <time>..." → "<METHOD> in <time>..."
+        if let (Some(sp), Some(inn)) = (rest.find(' '), rest.find(" in ")) {
+            if sp < inn {
+                s = format!("{}{}{}", &s[..start], &rest[..sp], &rest[inn..]);
+            }
+        }
+    }
+    // The retry count is unbounded (retry_timeout bounds it): drop its meaningless maximum.
+    if let Some(at) = s.find(", max_retries: ") {
+        let end = s[at + 2..].find(',').map_or(s.len(), |i| at + 2 + i);
+        s.replace_range(at..end, "");
+    }
+    let tag = |name: &str| {
+        let open = format!("<{name}>");
+        let close = format!("</{name}>");
+        let from = s.find(&open)? + open.len();
+        let to = from + s[from..].find(&close)?;
+        Some(s[from..to].to_owned())
+    };
+    if let (Some(code), Some(xml)) = (tag("Code"), s.find("<?xml").or_else(|| s.find("<Error>"))) {
+        let message = tag("Message").unwrap_or_default();
+        s = format!("{}{code}: {message}", &s[..xml]);
+    }
+    s
+}
+
+/// Whether the request failed in transport (connection refused, reset, timed out) rather
+/// than with an answer from the server.
+fn is_transport_error(e: &object_store::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.downcast_ref::<object_store::client::HttpError>()
+            .is_some()
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
 fn one_line(text: &str, secrets: &[String]) -> String {
     let mut s: String = text
         .chars()
@@ -618,14 +671,38 @@ impl ObjectStore for S3Store {
         self.require_conditional_writes().await?;
         let path = self.object_path(key);
         let _permit = self.permit().await;
-        let opts = PutOptions {
-            mode: PutMode::Create,
-            ..PutOptions::default()
-        };
-        match self.inner.client.put_opts(&path, data.into(), opts).await {
-            Ok(_) => Ok(PutOutcome::Created),
-            Err(object_store::Error::AlreadyExists { .. }) => Ok(PutOutcome::AlreadyExists),
-            Err(e) => Err(self.remote("put", &path, e)),
+        // object_store does not retry a conditional PUT whose connection broke or timed out
+        // (it may have landed), so this does, within retry_timeout. If an earlier attempt did
+        // land, the retry answers AlreadyExists: callers treat that conservatively (a pack is
+        // re-salted and stored again, leaving an orphan for `gc --repair`).
+        let deadline = Instant::now() + self.inner.config.retry_timeout;
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            let opts = PutOptions {
+                mode: PutMode::Create,
+                ..PutOptions::default()
+            };
+            match self
+                .inner
+                .client
+                .put_opts(&path, data.clone().into(), opts)
+                .await
+            {
+                Ok(_) => return Ok(PutOutcome::Created),
+                Err(object_store::Error::AlreadyExists { .. }) => {
+                    return Ok(PutOutcome::AlreadyExists)
+                }
+                Err(e) if is_transport_error(&e) && Instant::now() + backoff < deadline => {
+                    tracing::info!(
+                        "put {}: {}; retrying in {backoff:?}",
+                        self.url(&path),
+                        one_line(&e.to_string(), &self.inner.secrets)
+                    );
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                }
+                Err(e) => return Err(self.remote("put", &path, e)),
+            }
         }
     }
 
@@ -902,6 +979,28 @@ mod tests {
         assert!(msg.contains("secret_access_key"), "{msg}");
         let c = S3Config::parse("s3://b/p?endpoint=http://user:pw@h:9000").unwrap();
         assert!(!c.describe().contains("pw"), "{}", c.describe());
+    }
+
+    #[test]
+    fn error_text_keeps_the_servers_reason() {
+        let raw = "Generic S3 error: Error performing PUT http://127.0.0.1:9000/b/p/packs/a0/x \
+                   in 1.13s, after 8 retries, max_retries: 18446744073709551615, retry_timeout: \
+                   8s  - Server returned non-2xx status code: 507 \
+                   Insufficient Storage: <?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error>\
+                   <Code>XMinioStorageFull</Code><Message>Storage backend has reached its \
+                   minimum free drive threshold.</Message><Key>p/packs/a0/x</Key></Error>";
+        assert_eq!(
+            tidy_reason(raw),
+            "PUT in 1.13s, after 8 retries, retry_timeout: 8s  - Server returned non-2xx status \
+             code: 507 Insufficient Storage: XMinioStorageFull: Storage backend has reached its \
+             minimum free drive threshold."
+        );
+        let plain = "Generic S3 error: Error performing GET http://h/k in 2.0s - HTTP error: \
+                     error sending request";
+        assert_eq!(
+            tidy_reason(plain),
+            "GET in 2.0s - HTTP error: error sending request"
+        );
     }
 
     #[test]
