@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
 use cairn_repo::{ContentCache, Repo};
@@ -117,12 +118,30 @@ impl Context {
         self.open_as("read").await
     }
 
-    /// Ends the sessions of every repository this command opened.
-    pub async fn close(&self) {
+    /// Ends the sessions of every repository this command opened. After a failed command
+    /// the packs it stored but never published are deleted first; the store may be what
+    /// failed, so this gets a few seconds and stays quiet (the command's own error is the
+    /// line that matters; what is left behind goes stale and GC removes it).
+    pub async fn close(&self, succeeded: bool) {
         let repos = std::mem::take(&mut *self.opened.lock().expect("opened lock"));
         for repo in repos {
-            if let Err(e) = repo.close().await {
-                tracing::warn!("closing the session: {e}");
+            if succeeded {
+                if let Err(e) = repo.close().await {
+                    tracing::warn!("closing the session: {e}");
+                }
+                continue;
+            }
+            let cleanup = async {
+                let discarded = repo.discard_unindexed_packs().await;
+                if discarded > 0 {
+                    tracing::info!("deleted the {discarded} packs the failed command had stored");
+                }
+                repo.close().await
+            };
+            match tokio::time::timeout(Duration::from_secs(3), cleanup).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!("closing the session after a failure: {e}"),
+                Err(_) => tracing::debug!("closing the session after a failure: timed out"),
             }
         }
     }

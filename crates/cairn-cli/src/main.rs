@@ -53,7 +53,7 @@ fn main() -> ExitCode {
             Command::Status(args) => commands::export::status(&ctx, args).await,
             Command::Overlay(args) => commands::export::overlay(&ctx, args).await,
         };
-        ctx.close().await;
+        ctx.close(result.is_ok()).await;
         result
     });
     match result {
@@ -89,6 +89,7 @@ fn init_logging(verbose: u8) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();
 }

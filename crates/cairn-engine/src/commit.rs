@@ -497,7 +497,10 @@ pub(crate) fn pack_blobs(
     progress: &CommitProgress,
 ) -> EngineResult<(Vec<PackedPack>, u64)> {
     let limit = Arc::new(Semaphore::new(uploads.max(1)));
-    let mut in_flight: Vec<Upload> = Vec::new();
+    let mut in_flight = Uploads {
+        handle: &handle,
+        list: Vec::new(),
+    };
     let mut packs = Vec::new();
     let mut written = 0u64;
     let mut data = PackBuilder::new();
@@ -546,20 +549,38 @@ pub(crate) fn pack_blobs(
             blob.raw_len,
         );
         if builder.len() >= target {
-            flush(builder, &mut packs, &mut in_flight, &mut written)?;
+            flush(builder, &mut packs, &mut in_flight.list, &mut written)?;
         }
     }
     for builder in [&mut data, &mut nodes] {
         if !builder.is_empty() {
-            flush(builder, &mut packs, &mut in_flight, &mut written)?;
+            flush(builder, &mut packs, &mut in_flight.list, &mut written)?;
         }
     }
-    for upload in in_flight {
+    while !in_flight.list.is_empty() {
+        let upload = in_flight.list.remove(0);
         let (id, entries, n) = join_upload(&handle, upload, progress)?;
         packs.push((id, entries));
         written += n;
     }
     Ok((packs, written))
+}
+
+/// Pack uploads still running. On an early return (an error) they are cancelled and waited
+/// for, so that when a failed commit returns, every pack it stored is known to
+/// `Repo::discard_unindexed_packs` and none lands later.
+struct Uploads<'h> {
+    handle: &'h Handle,
+    list: Vec<Upload>,
+}
+
+impl Drop for Uploads<'_> {
+    fn drop(&mut self) {
+        for upload in self.list.drain(..) {
+            upload.abort();
+            let _ = self.handle.block_on(upload);
+        }
+    }
 }
 
 fn join_upload(

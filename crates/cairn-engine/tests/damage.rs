@@ -241,3 +241,54 @@ async fn a_repository_that_refuses_writes_can_still_be_read() {
     let err = Repo::open_as(read_only, "commit").await.unwrap_err();
     assert!(err.to_string().contains("injected failure"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_commit_can_take_back_its_packs() {
+    // The store fails mid-commit (a full bucket); once it accepts deletes again, the packs the
+    // commit stored but never indexed are deleted, and the repository is what it was.
+    let inner = Arc::new(MemoryStore::new());
+    let repo = Arc::new(
+        Repo::init(inner.clone(), config(16384, 1 << 20))
+            .await
+            .unwrap(),
+    );
+    commit_bytes(&repo, "vm", noise(3 << 20, 1)).await;
+    let packs = |store: Arc<MemoryStore>| async move {
+        let mut keys: Vec<String> = store
+            .list("packs/")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.key)
+            .collect();
+        keys.sort();
+        keys
+    };
+    let before = packs(inner.clone()).await;
+    for allowed in [2, 4, 7] {
+        let failing = Arc::new(FailingStore::new(inner.clone(), allowed));
+        let repo_f = Arc::new(Repo::open(failing.clone()).await.unwrap());
+        let src = StreamSource::new("test", std::io::Cursor::new(noise(8 << 20, 2)));
+        let err = commit(
+            repo_f.clone(),
+            "vm",
+            Box::new(src),
+            CommitOptions::default(),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("injected failure"), "{err}");
+        assert!(
+            packs(inner.clone()).await.len() > before.len(),
+            "allowed {allowed}: some packs landed"
+        );
+        failing
+            .allowed
+            .store(usize::MAX, std::sync::atomic::Ordering::SeqCst);
+        assert!(repo_f.discard_unindexed_packs().await > 0);
+        assert_eq!(packs(inner.clone()).await, before, "allowed {allowed}");
+        repo_f.close().await.unwrap();
+    }
+    let report = verify(reopen(&inner).await).await.unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}

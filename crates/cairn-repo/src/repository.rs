@@ -52,6 +52,9 @@ pub struct Repo {
     /// and content-addressed, so a cached copy that matches its id is always right. Listings
     /// still come from the store, which alone says what exists.
     meta_cache: Option<Arc<ContentCache>>,
+    /// Packs this process stored that no index file names yet: garbage if it fails before
+    /// publishing them (see [`Repo::discard_unindexed_packs`]).
+    unindexed: Mutex<HashSet<Id>>,
 }
 
 impl Repo {
@@ -135,6 +138,7 @@ impl Repo {
                 .map_or_else(crate::session::now_ns, |s| s.started_ns),
             session: Mutex::new(session),
             meta_cache,
+            unindexed: Mutex::new(HashSet::new()),
         };
         let mut superseded = HashSet::new();
         for (id, plan) in repo.gc_plans_with_ids().await? {
@@ -409,7 +413,10 @@ impl Repo {
                 .put_if_absent(&pack_key(&id), Bytes::from(bytes.clone()))
                 .await?
             {
-                PutOutcome::Created => return Ok((id, len)),
+                PutOutcome::Created => {
+                    self.unindexed.lock().expect("unindexed lock").insert(id);
+                    return Ok((id, len));
+                }
                 PutOutcome::AlreadyExists => {
                     tracing::debug!(%id, "pack key taken; re-salting");
                     id = pack::resalt(&mut bytes);
@@ -430,6 +437,14 @@ impl Repo {
                 .map(|(pack, entries)| index::PackIndex { pack, entries })
                 .collect(),
         };
+        let (_, written) = self.put_index_file(&file).await?;
+        self.index.write().expect("index lock").add_file(&file);
+        Ok(written)
+    }
+
+    /// Stores an index file (without adding it to this process's view: GC writes index files
+    /// for the next readers). Returns its id and the bytes written (0 if it existed).
+    pub async fn put_index_file(&self, file: &IndexFile) -> RepoResult<(Id, u64)> {
         let raw = Bytes::from(file.encode());
         let id = Id::of(&raw);
         let len = raw.len() as u64;
@@ -446,8 +461,31 @@ impl Repo {
                 tracing::debug!("metadata cache: {e}");
             }
         }
-        self.index.write().expect("index lock").add_file(&file);
-        Ok(written)
+        let mut unindexed = self.unindexed.lock().expect("unindexed lock");
+        for p in &file.packs {
+            unindexed.remove(&p.pack);
+        }
+        Ok((id, written))
+    }
+
+    /// Deletes the packs this process stored but never indexed: what a failed commit (or GC)
+    /// leaves behind. Safe because nothing can refer to a blob before its index file exists,
+    /// and only this process knows these packs. Best effort: returns how many were deleted.
+    pub async fn discard_unindexed_packs(&self) -> usize {
+        let packs: Vec<Id> = self
+            .unindexed
+            .lock()
+            .expect("unindexed lock")
+            .drain()
+            .collect();
+        let mut deleted = 0;
+        for pack in packs {
+            match self.store.delete(&pack_key(&pack)).await {
+                Ok(()) => deleted += 1,
+                Err(e) => tracing::debug!("deleting unindexed pack {pack}: {e}"),
+            }
+        }
+        deleted
     }
 }
 

@@ -278,11 +278,7 @@ async fn write_pack(repo: &Repo, builder: PackBuilder) -> EngineResult<PackIndex
 }
 
 async fn put_index(repo: &Repo, packs: Vec<PackIndex>) -> EngineResult<Id> {
-    let raw = IndexFile { packs }.encode();
-    let id = Id::of(&raw);
-    repo.store()
-        .put_if_absent(&index::key(&id), Bytes::from(raw))
-        .await?;
+    let (id, _) = repo.put_index_file(&IndexFile { packs }).await?;
     Ok(id)
 }
 
