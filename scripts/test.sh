@@ -2,9 +2,10 @@
 # The test command for cairn.
 #
 #   scripts/test.sh           everything: apt deps, small dataset (.data/small), fmt, clippy,
-#                             cargo test --release (with the dataset required), the S3 tests
-#                             against a local MinIO (built by go install the first time),
-#                             scripts/e2e.sh, the GC stress test
+#                             cargo test --release (with the dataset required), the S3 suite
+#                             against a local MinIO (built by go install the first time) and a
+#                             local Ceph RGW (apt), the S3 fault tests, scripts/e2e.sh, the GC
+#                             stress test
 #   scripts/test.sh --quick   cargo test --workspace only (no root, no dataset, no e2e)
 #
 # The full run needs root the first time (apt-get, debootstrap, loop mounts for the dataset).
@@ -19,7 +20,7 @@ for a in "$@"; do
   case "$a" in
     --quick) QUICK=1 ;;
     -h | --help)
-      sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *) echo "test.sh: unknown argument: $a (try --help)" >&2; exit 2 ;;
@@ -72,11 +73,20 @@ cargo test -p cairn-cli --bin cairn
 step "cargo test --workspace --release (CAIRN_DATASET=$DATASET, CAIRN_REQUIRE_DATASET=1)"
 CAIRN_DATASET="$DATASET" CAIRN_REQUIRE_DATASET=1 cargo test --workspace --release
 
-step "S3: conformance suite and CLI end to end against a local MinIO (scripts/minio.sh)"
-bash "$ROOT/scripts/minio.sh" run cargo test --release -p cairn-store-s3 --test minio -p cairn-cli --test cli_s3
+CAIRN_BIN=$(cairn_bin)
+export CAIRN_BIN
+
+step "S3 on MinIO: conformance, CLI, many hosts, GC stress (scripts/minio.sh run scripts/s3_suite.sh)"
+bash "$ROOT/scripts/minio.sh" run bash "$ROOT/scripts/s3_suite.sh" "$DATASET"
+
+step "S3 on Ceph RGW: the same suite (scripts/ceph.sh: single-node cluster on loopback)"
+bash "$ROOT/scripts/ceph.sh" install >/dev/null
+bash "$ROOT/scripts/ceph.sh" run bash "$ROOT/scripts/s3_suite.sh" "$DATASET"
+
+step "S3 faults: the server killed, hung, throttled or full mid-commit (scripts/s3_faults.py)"
+python3 "$ROOT/scripts/s3_faults.py"
 
 step "scripts/e2e.sh"
-CAIRN_BIN=$(cairn_bin)
 CAIRN_BIN="$CAIRN_BIN" CAIRN_DATASET="$DATASET" bash "$ROOT/scripts/e2e.sh"
 
 step "scripts/stress_gc.py (4 committers + prune/gc for 60 s, then 20 kill -9 of gc)"
