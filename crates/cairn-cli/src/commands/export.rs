@@ -225,6 +225,10 @@ fn handler(
                     let r = export
                         .commit(session.clone(), image, message, readahead, cache)
                         .await;
+                    if r.is_err() {
+                        // What the failed commit stored is unreferenced: take it back.
+                        session.discard_unindexed_packs().await;
+                    }
                     let _ = session.close().await;
                     let r = r.map_err(|e| e.to_string())?;
                     Ok(json!({
