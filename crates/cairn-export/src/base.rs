@@ -316,11 +316,35 @@ impl Base {
                 .filter_map(|p| p.chunk)
                 .take(me.readahead)
                 .collect();
-            let missing: Vec<Id> = ids
-                .into_iter()
-                .filter(|id| !me.cache.contains(id))
-                .collect();
+            // Take the fetch lock of each chunk not cached yet, without waiting: a chunk whose
+            // lock is held is being fetched by a reader already, and a reader that comes
+            // later waits for this batch and then finds the chunk cached. Fetched once either
+            // way.
+            let mut missing = Vec::new();
+            let mut guards = Vec::new();
+            for id in ids {
+                if me.cache.contains(&id) {
+                    continue;
+                }
+                if let Ok(guard) = me.cache.fetch_lock(&id).try_lock_owned() {
+                    if me.cache.contains(&id) {
+                        // Fetched while we looked.
+                        drop(guard);
+                        me.cache.release_fetch_lock(&id);
+                        continue;
+                    }
+                    missing.push(id);
+                    guards.push(guard);
+                }
+            }
+            let release = |me: &Base, guards: Vec<_>, ids: &[Id]| {
+                drop(guards);
+                for id in ids {
+                    me.cache.release_fetch_lock(id);
+                }
+            };
             if missing.is_empty() {
+                release(&me, guards, &missing);
                 return;
             }
             // One batch: neighbours in a pack come in one ranged read (what makes read-ahead
@@ -343,6 +367,7 @@ impl Base {
                 // Read-ahead is a guess: a failure here surfaces when the data is really read.
                 Err(e) => tracing::debug!("read-ahead: {e}"),
             }
+            release(&me, guards, &missing);
         });
     }
 
