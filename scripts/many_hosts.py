@@ -22,7 +22,6 @@ must restore bit-exact, and the export must have served at least one full copy.
 """
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -32,17 +31,10 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import Checks, sha  # noqa: E402
+
 HOSTS = 4
-
-
-def sha(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(1 << 22)
-            if not b:
-                return h.hexdigest()
-            h.update(b)
 
 
 class Host:
@@ -65,20 +57,6 @@ class Host:
 
     def popen(self, *args, **kw):
         return subprocess.Popen([self.binary, "--repo", self.repo, "-q", *args], env=self.env, **kw)
-
-
-class Checks:
-    def __init__(self):
-        self.passed, self.failed = 0, 0
-        self.lock = threading.Lock()
-
-    def ok(self, cond, what):
-        with self.lock:
-            if cond:
-                self.passed += 1
-            else:
-                self.failed += 1
-                print(f"many_hosts: FAIL: {what}", file=sys.stderr, flush=True)
 
 
 def main():

@@ -27,7 +27,6 @@ skipped with a note otherwise). Prints one line per scenario, then "s3_faults: N
 """
 
 import argparse
-import hashlib
 import http.client
 import http.server
 import json
@@ -44,20 +43,15 @@ import threading
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import Checks, sha  # noqa: E402
+
 IMAGE_SIZE = 192 << 20
 SMALL_SIZE = 8 << 20
 KILL_AFTER_PACKS = 8  # of the ~48 4 MiB packs a 192 MiB commit uploads
 MAX_STREAK = 4  # the proxy refuses one request at most this many times in a row
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def sha(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def make_image(path, size):
@@ -82,19 +76,6 @@ def stderr_lines(text):
         if line:
             out.append(line)
     return out
-
-
-class Checks:
-    def __init__(self):
-        self.passed, self.failed = 0, 0
-
-    def ok(self, cond, what):
-        if cond:
-            self.passed += 1
-        else:
-            self.failed += 1
-            print(f"  FAIL  {what}", flush=True)
-        return cond
 
 
 class Minio:

@@ -22,7 +22,6 @@ Prints "stress_gc: N passed, 0 failed" and exits non-zero on any failure.
 """
 
 import argparse
-import hashlib
 import json
 import os
 import random
@@ -34,6 +33,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import Checks, sha  # noqa: E402
+
 IMAGE_SIZE = 64 << 20
 CHANGE = 1 << 20
 
@@ -43,14 +45,6 @@ def run(binary, repo, *args, check=True):
     if check and p.returncode != 0:
         raise RuntimeError(f"cairn {' '.join(args)} failed ({p.returncode}): {p.stderr.strip()}")
     return p
-
-
-def sha(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def make_image(path, rng):
@@ -113,19 +107,6 @@ def collector(binary, repo, deadline, results):
         with results.lock:
             results.gc_runs += 1
         time.sleep(0.2)
-
-
-class Checks:
-    def __init__(self):
-        self.passed = 0
-        self.failed = 0
-
-    def ok(self, cond, what):
-        if cond:
-            self.passed += 1
-        else:
-            self.failed += 1
-            print(f"  FAIL  {what}", flush=True)
 
 
 def restore_matches(binary, repo, spec, digest, work):

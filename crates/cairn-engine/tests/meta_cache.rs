@@ -6,6 +6,7 @@ mod common;
 
 use std::sync::Arc;
 
+use cairn_engine::commit::CommitResult;
 use cairn_format::index;
 use cairn_format::pack::BlobKind;
 use cairn_format::Id;
@@ -32,10 +33,11 @@ async fn open(store: &Arc<dyn ObjectStore>, cache: &Arc<ContentCache>) -> Arc<Re
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reopening_downloads_only_what_is_new() {
-    let log = Arc::new(CountingStore::new(Arc::new(MemoryStore::new())));
-    let store: Arc<dyn ObjectStore> = log.clone();
+/// A repository in `store` holding one commit of `image` as "vm", and an empty cache.
+async fn setup(
+    store: &Arc<dyn ObjectStore>,
+    image: &[u8],
+) -> (tempfile::TempDir, Arc<ContentCache>, CommitResult) {
     let cache_dir = tempfile::tempdir().unwrap();
     let cache = Arc::new(ContentCache::open(cache_dir.path(), 1 << 30).unwrap());
     let repo = Arc::new(
@@ -43,9 +45,17 @@ async fn reopening_downloads_only_what_is_new() {
             .await
             .unwrap(),
     );
-    let image = noise(3 << 20, 1);
-    let v1 = commit_bytes(&repo, "vm", image.clone()).await;
+    let v1 = commit_bytes(&repo, "vm", image.to_vec()).await;
     repo.close().await.unwrap();
+    (cache_dir, cache, v1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reopening_downloads_only_what_is_new() {
+    let log = Arc::new(CountingStore::new(Arc::new(MemoryStore::new())));
+    let store: Arc<dyn ObjectStore> = log.clone();
+    let image = noise(3 << 20, 1);
+    let (_cache_dir, cache, v1) = setup(&store, &image).await;
 
     // First open: every index file comes from the store; restoring reads nodes and chunks.
     log.take_keys_read();
@@ -130,16 +140,8 @@ async fn neighbouring_blobs_share_a_read() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damaged_cached_copies_are_fetched_again() {
     let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
-    let cache_dir = tempfile::tempdir().unwrap();
-    let cache = Arc::new(ContentCache::open(cache_dir.path(), 1 << 30).unwrap());
-    let repo = Arc::new(
-        Repo::init(store.clone(), config(CHUNK, SEGMENT))
-            .await
-            .unwrap(),
-    );
     let image = noise(2 << 20, 3);
-    let v1 = commit_bytes(&repo, "vm", image.clone()).await;
-    repo.close().await.unwrap();
+    let (cache_dir, cache, v1) = setup(&store, &image).await;
     let warm = open(&store, &cache).await;
     assert_eq!(restore_bytes(&warm, &v1.record).await.unwrap(), image);
     warm.close().await.unwrap();
@@ -170,15 +172,7 @@ async fn the_listing_decides_what_exists() {
     // An index file deleted from the store (as GC does after replacing it) is not resurrected
     // from the cache: its packs' blobs are no longer indexed.
     let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
-    let cache_dir = tempfile::tempdir().unwrap();
-    let cache = Arc::new(ContentCache::open(cache_dir.path(), 1 << 30).unwrap());
-    let repo = Arc::new(
-        Repo::init(store.clone(), config(CHUNK, SEGMENT))
-            .await
-            .unwrap(),
-    );
-    commit_bytes(&repo, "vm", noise(1 << 20, 4)).await;
-    repo.close().await.unwrap();
+    let (_cache_dir, cache, _) = setup(&store, &noise(1 << 20, 4)).await;
     let warm = open(&store, &cache).await;
     let blobs = warm.index().len();
     assert!(blobs > 0);
