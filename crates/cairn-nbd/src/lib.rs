@@ -33,6 +33,7 @@
 //! Not supported: oldstyle and non-fixed newstyle negotiation, TLS,
 //! extended headers, `NBD_CMD_FLAG_FAST_ZERO`, resize.
 
+pub mod client;
 pub mod error;
 pub mod export;
 pub mod listen;
