@@ -4,8 +4,9 @@
 #   scripts/test.sh           everything: apt deps, small dataset (.data/small), fmt, clippy,
 #                             cargo test --release (with the dataset required), the S3 suite
 #                             against a local MinIO (built by go install the first time) and a
-#                             local Ceph RGW (apt), the S3 fault tests, scripts/e2e.sh, the GC
-#                             stress test
+#                             local Ceph RGW (apt), the S3 fault tests, the disk-format tests
+#                             (qcow2, NBD, dirty bitmaps), a bounded fuzz run of the qcow2
+#                             parser, scripts/e2e.sh, the GC stress test
 #   scripts/test.sh --quick   cargo test --workspace only (no root, no dataset, no e2e)
 #
 # The full run needs root the first time (apt-get, debootstrap, loop mounts for the dataset).
@@ -20,7 +21,7 @@ for a in "$@"; do
   case "$a" in
     --quick) QUICK=1 ;;
     -h | --help)
-      sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *) echo "test.sh: unknown argument: $a (try --help)" >&2; exit 2 ;;
@@ -55,7 +56,7 @@ if [ "$QUICK" -eq 1 ]; then
 fi
 
 step "apt packages"
-ensure_apt_packages e2fsprogs debootstrap qemu-utils libnbd-bin zstd time util-linux jq diffutils curl
+ensure_apt_packages e2fsprogs debootstrap qemu-utils qemu-system-common libnbd-bin zstd time util-linux jq diffutils curl
 
 step "small dataset (.data/small)"
 DATASET=$(dataset_dir small)
@@ -85,6 +86,12 @@ bash "$ROOT/scripts/ceph.sh" run bash "$ROOT/scripts/s3_suite.sh" "$DATASET"
 
 step "S3 faults: the server killed, hung, throttled or full mid-commit (scripts/s3_faults.py)"
 python3 "$ROOT/scripts/s3_faults.py"
+
+step "disk formats: qcow2 in and out, backing chains, NBD, dirty bitmaps, polite scans (scripts/formats.py)"
+CAIRN_TEST_TMP="$ROOT/.data" python3 "$ROOT/scripts/formats.py" --dataset "$DATASET" --bin "$CAIRN_BIN"
+
+step "fuzz the qcow2 parser for ${CAIRN_FUZZ_SECONDS:-60} s (scripts/fuzz.sh)"
+bash "$ROOT/scripts/fuzz.sh" "${CAIRN_FUZZ_SECONDS:-60}"
 
 step "scripts/e2e.sh"
 CAIRN_BIN="$CAIRN_BIN" CAIRN_DATASET="$DATASET" bash "$ROOT/scripts/e2e.sh"

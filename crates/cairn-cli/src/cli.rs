@@ -50,9 +50,26 @@ pub enum Command {
     Init(InitArgs),
     /// Store the current content of a disk image as a new version of IMAGE.
     ///
-    /// SOURCE is a raw image file, a block device, or `-` for standard input. Files are read
-    /// sparse-aware: holes are never read. Only chunks the repository does not hold yet are
-    /// stored.
+    /// SOURCE is a raw image file, a qcow2 image (v2/v3, compressed and zero clusters,
+    /// backing chains), a block device, an NBD export (`nbd://HOST[:PORT]/EXPORT`,
+    /// `nbd+unix:///EXPORT?socket=PATH`: any disk QEMU opens — vmdk, vhdx, vdi… — via qemu-nbd
+    /// or qemu-storage-daemon), or `-` for standard input. Only allocated data is read
+    /// (holes, zero and unallocated clusters, NBD holes never are), and only chunks the
+    /// repository does not hold yet are stored.
+    ///
+    /// Incremental commits read only what changed since a parent version:
+    ///   - a qcow2 overlay whose backing file cairn committed or restored earlier (found
+    ///     automatically), or any overlay with --parent: only the overlay's own clusters;
+    ///   - an NBD export with --dirty-bitmap NAME: only the extents QEMU's dirty bitmap marks.
+    ///
+    /// Scans are polite to a live host: pages the scan brings into the page cache are dropped
+    /// again (--keep-cache to keep them), --rate-limit caps the read rate, --direct bypasses
+    /// the page cache.
+    ///
+    /// Examples:
+    ///   cairn commit web01/disk0 /var/lib/libvirt/images/web01.qcow2
+    ///   cairn commit web01/disk0 web01-overlay.qcow2 --parent web01/disk0@7
+    ///   cairn commit web01/disk0 'nbd+unix:///disk0?socket=/run/qsd.sock' --dirty-bitmap b0
     Commit(CommitArgs),
     /// List the versions of an image, newest first.
     Log(LogArgs),
@@ -102,10 +119,17 @@ pub enum Command {
     Images,
     /// Show one version in detail.
     Show(ShowArgs),
-    /// Write a version out as a raw image, bit-exact.
+    /// Write a version out as a raw or qcow2 image, bit-exact.
     ///
-    /// OUTPUT is a file (created or replaced; zero runs become holes), a block device, or `-`
-    /// for standard output.
+    /// OUTPUT is a file (created or replaced, atomically; zero runs become holes), a block
+    /// device (every byte written, zeros too), or `-` for standard output. With
+    /// --format qcow2 the file is a compact qcow2 v3 image: clusters without data stay
+    /// unallocated, so it is as small as the version's data and QEMU can boot it directly.
+    ///
+    /// Examples:
+    ///   cairn restore web01/disk0@7 web01.raw
+    ///   cairn restore web01/disk0 web01.qcow2 --format qcow2
+    ///   cairn restore web01/disk0 /dev/vg0/web01
     Restore(RestoreArgs),
     /// Show the byte ranges where two versions may differ.
     ///
@@ -230,6 +254,19 @@ pub enum ChunkerArg {
     Fastcdc,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SourceFormatArg {
+    Auto,
+    Raw,
+    Qcow2,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormatArg {
+    Raw,
+    Qcow2,
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum CompressionArg {
     Zstd,
@@ -267,12 +304,35 @@ pub struct InitArgs {
 pub struct CommitArgs {
     /// Image name, e.g. web01/disk0.
     pub image: String,
-    /// Raw image file, block device, or `-` for stdin.
+    /// Image file (raw or qcow2), block device, NBD URL, or `-` for stdin.
     #[arg(
         required_unless_present = "from_export",
         conflicts_with = "from_export"
     )]
-    pub source: Option<PathBuf>,
+    pub source: Option<String>,
+    /// Container format of a file SOURCE (auto: qcow2 if it starts with the qcow2 magic).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub format: SourceFormatArg,
+    /// The version SOURCE changed from: commit only a qcow2 overlay's own clusters (its
+    /// backing chain must hold exactly this version), or with --dirty-bitmap only the dirty
+    /// extents (default there: IMAGE's newest version).
+    #[arg(long, value_name = "VERSION")]
+    pub parent: Option<String>,
+    /// Read only the extents that the NBD export's `qemu:dirty-bitmap:NAME` context marks
+    /// dirty (QEMU changed-block tracking; the bitmap must have been created when the parent
+    /// version was taken, and the export must expose it).
+    #[arg(long, value_name = "NAME")]
+    pub dirty_bitmap: Option<String>,
+    /// Cap the source read rate, in MiB/s.
+    #[arg(long, value_name = "MIB_PER_S")]
+    pub rate_limit: Option<f64>,
+    /// Keep what the scan reads in the page cache (default: pages the scan brought in are
+    /// dropped again, so it does not evict the host's cache).
+    #[arg(long)]
+    pub keep_cache: bool,
+    /// Read raw files and block devices with O_DIRECT, bypassing the page cache.
+    #[arg(long, conflicts_with = "keep_cache")]
+    pub direct: bool,
     /// Commit what a running writable export holds (its base + the writes in its overlay),
     /// reading and storing only the overlay; the export goes on serving the new version with
     /// an empty overlay. IMAGE may be a new image: its history then starts at the export's base.
@@ -327,6 +387,10 @@ pub struct RestoreArgs {
     pub spec: String,
     /// Output file, block device, or `-` for stdout.
     pub output: PathBuf,
+    /// Output format: raw (sparse file, device or stdout) or qcow2 (a compact qcow2 v3 file
+    /// whose clusters without data stay unallocated).
+    #[arg(long, value_enum, default_value = "raw")]
+    pub format: OutputFormatArg,
 }
 
 #[derive(Debug, Args)]

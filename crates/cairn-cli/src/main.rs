@@ -9,6 +9,7 @@ mod commands;
 mod context;
 mod output;
 mod progress;
+mod provenance;
 
 use std::process::ExitCode;
 

@@ -39,6 +39,9 @@ pub enum EngineError {
     },
     #[error("commit pipeline: {0}")]
     Pipeline(String),
+    /// A disk image source could not be opened or read.
+    #[error("{0}")]
+    Image(#[from] cairn_image::ImageError),
 }
 
 impl From<cairn_store::StoreError> for EngineError {

@@ -1,8 +1,10 @@
 //! The versioning engine of cairn: everything between a disk image and the repository.
 //!
-//! - [`source`]: where data comes from (sparse-aware files, block devices, streams)
+//! - [`source`]: where data comes from (disk images: raw files and devices, qcow2 chains,
+//!   NBD exports; streams), read politely
 //! - [`chunker`]: segments → chunks (fixed or FastCDC, restarting at segment boundaries)
 //! - [`commit`]: the parallel commit pipeline and ordered publication
+//! - [`incremental`]: commit only what a qcow2 overlay or a dirty bitmap says changed
 //! - [`patch`]: commit a base version plus changed blocks (a writable export's overlay),
 //!   reading and storing only what changed
 //! - [`tree`]: building and walking manifest trees (versioned segment trees)
@@ -23,6 +25,7 @@ pub mod commit;
 pub mod diff;
 mod error;
 pub mod gc;
+pub mod incremental;
 pub mod live;
 pub mod patch;
 pub mod remove;

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use cairn_format::node::{Extent, Leaf};
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
+use cairn_image::qcow2::Qcow2Writer;
 use cairn_repo::{BlobLocation, Repo};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -31,8 +32,11 @@ use crate::tree::{for_each_leaf_batch, AsyncLeafVisitor};
 /// Where to restore to.
 #[derive(Debug, Clone)]
 pub enum RestoreTarget {
-    /// A regular file (created or replaced) or an existing block device.
+    /// A regular file (created or replaced) or an existing block device, raw.
     Path(PathBuf),
+    /// A compact qcow2 v3 file (created or replaced): clusters without data stay
+    /// unallocated.
+    Qcow2(PathBuf),
     /// Standard output, in order.
     Stdout,
 }
@@ -86,7 +90,12 @@ enum Sink {
     File { file: Arc<File>, zeros_needed: bool },
     /// Stdout: the current batch is assembled in memory, then written in order.
     Stdout { batch: Arc<Mutex<Vec<u8>>> },
+    /// A qcow2 image being written: positioned writes from many threads.
+    Qcow2 { writer: Arc<Qcow2Writer> },
 }
+
+/// Cluster size of qcow2 outputs: QEMU's default.
+const QCOW2_CLUSTER_BITS: u32 = 16;
 
 pub async fn restore(
     repo: Arc<Repo>,
@@ -106,7 +115,10 @@ pub async fn restore(
             run(repo, version, &sink, &options, &progress, Path::new("-")).await
         }
         RestoreTarget::Path(path) => {
-            restore_to_path(repo, version, &path, &options, &progress).await
+            restore_to_path(repo, version, &path, false, &options, &progress).await
+        }
+        RestoreTarget::Qcow2(path) => {
+            restore_to_path(repo, version, &path, true, &options, &progress).await
         }
     }
 }
@@ -115,6 +127,7 @@ async fn restore_to_path(
     repo: Arc<Repo>,
     version: &VersionRecord,
     path: &Path,
+    qcow2: bool,
     options: &RestoreOptions,
     progress: &Arc<RestoreProgress>,
 ) -> EngineResult<RestoreStats> {
@@ -126,12 +139,25 @@ async fn restore_to_path(
     let is_device = std::fs::metadata(path)
         .map(|m| m.file_type().is_block_device())
         .unwrap_or(false);
+    if is_device && qcow2 {
+        return Err(out_err(
+            "cannot restore to",
+            path,
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a block device takes raw output, not --format qcow2",
+            ),
+        ));
+    }
     if is_device {
         let file = OpenOptions::new()
             .write(true)
             .open(path)
             .map_err(|e| out_err("cannot open", path, e))?;
-        let dev_size = crate::source::open_path(path)?.size_hint().unwrap_or(0);
+        let dev_size = {
+            use cairn_image::DiskImage;
+            cairn_image::RawImage::open(path, Default::default())?.size()
+        };
         if dev_size < version.logical_size {
             return Err(out_err(
                 "cannot restore to",
@@ -182,16 +208,35 @@ async fn restore_to_path(
         .open(&tmp)
         .map_err(|e| out_err("cannot create", &tmp, e))?;
     let result = async {
-        file.set_len(version.logical_size)
-            .map_err(|e| out_err("cannot size", &tmp, e))?;
-        let sink = Sink::File {
-            file: Arc::new(file),
-            zeros_needed: false,
+        let sink = if qcow2 {
+            Sink::Qcow2 {
+                writer: Arc::new(Qcow2Writer::create(
+                    file,
+                    &tmp,
+                    version.logical_size,
+                    QCOW2_CLUSTER_BITS,
+                )?),
+            }
+        } else {
+            file.set_len(version.logical_size)
+                .map_err(|e| out_err("cannot size", &tmp, e))?;
+            Sink::File {
+                file: Arc::new(file),
+                zeros_needed: false,
+            }
         };
         let stats = run(repo, version, &sink, options, progress, path).await?;
-        if let Sink::File { file, .. } = &sink {
-            file.sync_all()
-                .map_err(|e| out_err("cannot sync", &tmp, e))?;
+        match sink {
+            Sink::File { file, .. } => file
+                .sync_all()
+                .map_err(|e| out_err("cannot sync", &tmp, e))?,
+            Sink::Qcow2 { writer } => {
+                let writer = Arc::into_inner(writer).ok_or_else(|| {
+                    EngineError::Pipeline("qcow2 writer still in use after the restore".into())
+                })?;
+                writer.finish()?; // syncs
+            }
+            Sink::Stdout { .. } => unreachable!("a path restore has no stdout sink"),
         }
         std::fs::rename(&tmp, path).map_err(|e| out_err("cannot rename into place", path, e))?;
         if let Ok(d) = File::open(dir) {
@@ -264,7 +309,7 @@ impl AsyncLeafVisitor for &mut BatchWriter<'_> {
         // take the whole batch at once (fewer pauses between parallel rounds).
         let part_len = match self.sink {
             Sink::Stdout { .. } => 32,
-            Sink::File { .. } => batch.len().max(1),
+            Sink::File { .. } | Sink::Qcow2 { .. } => batch.len().max(1),
         };
         for part in batch.chunks(part_len) {
             self.visit_part(part).await?;
@@ -325,6 +370,7 @@ impl BatchWriter<'_> {
             let sink = match self.sink {
                 Sink::File { file, zeros_needed } => SinkRef::File(file.clone(), !zeros_needed),
                 Sink::Stdout { batch } => SinkRef::Buffer(batch.clone(), first),
+                Sink::Qcow2 { writer } => SinkRef::Qcow2(writer.clone()),
             };
             let path = self.path.to_path_buf();
             tasks.spawn(async move {
@@ -426,7 +472,7 @@ impl BatchWriter<'_> {
                 &[(self.written_to, upto - self.written_to)],
                 self.path,
             )?,
-            Sink::File { .. } => {}
+            Sink::File { .. } | Sink::Qcow2 { .. } => {}
             Sink::Stdout { .. } => {
                 let zeros = vec![0u8; 1 << 20];
                 let mut left = upto - self.written_to;
@@ -448,6 +494,7 @@ enum SinkRef {
     File(Arc<File>, bool),
     /// The batch buffer and the logical offset of its first byte.
     Buffer(Arc<Mutex<Vec<u8>>>, u64),
+    Qcow2(Arc<Qcow2Writer>),
 }
 
 fn missing_pack_context(e: cairn_repo::RepoError, read: &Read) -> cairn_repo::RepoError {
@@ -497,6 +544,7 @@ fn write_blobs(
                     buf.lock().expect("batch lock")[start..start + plain.len()]
                         .copy_from_slice(&plain);
                 }
+                SinkRef::Qcow2(writer) => write_qcow2(writer, &plain, off)?,
             }
             written += len as u64;
         }
@@ -534,6 +582,24 @@ fn write_file(f: &File, sparse: bool, data: &[u8], off: u64, path: &Path) -> Eng
     }
     if let Some(s) = run_start {
         f.write_all_at(&data[s..], off + s as u64).map_err(err)?;
+    }
+    Ok(())
+}
+
+/// Writes a chunk into a qcow2 output, cluster piece by cluster piece, skipping all-zero
+/// pieces: every guest byte is written at most once and unwritten bytes read as zeros, so a
+/// cluster holding only zeros is never allocated.
+fn write_qcow2(writer: &Qcow2Writer, data: &[u8], off: u64) -> EngineResult<()> {
+    let cluster = 1u64 << QCOW2_CLUSTER_BITS;
+    let mut pos = 0usize;
+    while pos < data.len() {
+        let at = off + pos as u64;
+        let end = (pos as u64 + cluster - at % cluster).min(data.len() as u64) as usize;
+        let piece = &data[pos..end];
+        if !crate::chunker::is_zero(piece) {
+            writer.write_at(piece, at)?;
+        }
+        pos = end;
     }
     Ok(())
 }

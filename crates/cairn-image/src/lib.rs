@@ -7,14 +7,19 @@
 //!
 //! - [`qcow2`]: a careful reader of qcow2 v2/v3 (compressed clusters, zero clusters, backing
 //!   chains of qcow2 and raw files) and a compact writer.
+//! - [`raw`]: raw files (sparse-aware) and block devices, with polite or direct reads.
 //! - [`detect`]: which container a file is (`--format auto`).
+//! - [`pagecache`]: reading without evicting the host's page cache.
 
 pub mod detect;
 pub mod error;
+pub mod pagecache;
 pub mod qcow2;
+pub mod raw;
 
 pub use detect::{detect_format, ImageFormat};
 pub use error::{ImageError, ImageResult};
+pub use raw::{RawImage, RawOptions};
 
 /// How a guest range is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -25,7 +25,7 @@ use std::time::SystemTime;
 use cairn_format::Id;
 
 /// `$XDG_CACHE_HOME/cairn`, else `~/.cache/cairn` (else a directory under the temp dir).
-fn user_cache_dir() -> PathBuf {
+pub fn user_cache_dir() -> PathBuf {
     std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))

@@ -19,7 +19,7 @@ mod summaries;
 mod versions;
 
 pub use blob_index::{BlobIndex, BlobLocation};
-pub use content_cache::ContentCache;
+pub use content_cache::{user_cache_dir, ContentCache};
 pub use error::{RepoError, RepoResult};
 pub use repository::{pack_key, Repo, PACKS_PREFIX};
 pub use versions::HeadState;

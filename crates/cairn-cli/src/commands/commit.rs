@@ -1,39 +1,279 @@
+//! `cairn commit`: a full commit of any source, or an incremental one when the source can
+//! say what changed (a qcow2 overlay on a known parent, an NBD dirty bitmap).
+
+use std::path::Path;
 use std::process::ExitCode;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::Result;
-use cairn_engine::commit::{commit, CommitOptions, CommitProgress};
-use cairn_engine::source::{open_path, Source, StreamSource};
+use anyhow::{bail, Result};
+use cairn_engine::commit::{commit, CommitOptions, CommitProgress, CommitResult};
+use cairn_engine::incremental::{commit_changes, layer_changes, IncrementalStats};
+use cairn_engine::resolve::{resolve, VersionSpec};
+use cairn_engine::source::{
+    open_image, ImageSource, RateLimited, ReadPolicy, Source, SourceFormat, StreamSource,
+};
 use cairn_format::name::validate_image_name;
+use cairn_format::version::VersionRecord;
+use cairn_format::Id;
+use cairn_image::DiskImage;
+use cairn_nbd::client::NbdImage;
+use cairn_repo::Repo;
 
-use crate::cli::CommitArgs;
+use crate::cli::{CommitArgs, SourceFormatArg};
 use crate::context::Context;
 use crate::output::{bytes, print_json, rate, version_json};
 use crate::progress::Ticker;
+use crate::provenance::{FileIdentity, Provenance};
+
+/// The opened source of a commit.
+enum Opened {
+    Stream,
+    /// A local file or device (recorded in the provenance when committed in full).
+    Local(Arc<dyn DiskImage>),
+    /// An NBD export, with its dirty extents when --dirty-bitmap was given.
+    Nbd(Arc<dyn DiskImage>, Option<Vec<(u64, u64)>>),
+}
+
+/// How the version will be made.
+enum Plan {
+    Full(Box<dyn Source>),
+    Incremental {
+        image: Arc<dyn DiskImage>,
+        parent: Box<(Id, VersionRecord)>,
+        changed: Vec<(u64, u64)>,
+        /// Why this parent, for the summary line.
+        because: String,
+    },
+}
+
+pub fn is_nbd_url(s: &str) -> bool {
+    s.starts_with("nbd://") || s.starts_with("nbd+unix://") || s.starts_with("nbds")
+}
 
 pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
     validate_image_name(&args.image).map_err(|e| anyhow::anyhow!("invalid {e}"))?;
     if let Some(export) = &args.from_export {
         return crate::commands::export::commit_from(ctx, &args.image, export, &args.message).await;
     }
-    let path = args
+    let spec = args
         .source
         .clone()
         .expect("clap requires SOURCE without --from-export");
-    let repo = ctx.open_as("commit").await?;
-    let source: Box<dyn Source> = if path.as_os_str() == "-" {
-        Box::new(StreamSource::new("stdin", std::io::stdin()))
-    } else {
-        open_path(&path)?
+    let policy = ReadPolicy {
+        rate_limit: match args.rate_limit {
+            Some(r) if r.is_finite() && r > 0.0 => Some((r * 1024.0 * 1024.0) as u64),
+            Some(r) => bail!("--rate-limit must be a positive number of MiB/s, not {r}"),
+            None => None,
+        },
+        drop_cache: !args.keep_cache,
+        direct: args.direct,
     };
+    let identity_before = FileIdentity::of(Path::new(&spec));
+    let opened = open_source(&spec, &args, policy)?;
+    let repo = ctx.open_as("commit").await?;
+    let plan = plan(&repo, &args, &opened).await?;
+
+    let started = Instant::now();
+    let (result, incremental, read_bytes, because) = match plan {
+        Plan::Full(source) => {
+            let (result, read) = full_commit(ctx, repo.clone(), &args, source).await?;
+            if let Opened::Local(_) = opened {
+                Provenance::for_repo(&repo.config().repo_id).record(
+                    Path::new(&spec),
+                    identity_before,
+                    &result.id,
+                );
+            }
+            (result, None, read, None)
+        }
+        Plan::Incremental {
+            image,
+            parent,
+            changed,
+            because,
+        } => {
+            let (result, stats) =
+                commit_changes(repo, &args.image, *parent, image, &changed, &args.message).await?;
+            let read = stats.read_bytes;
+            (result, Some(stats), read, Some(because))
+        }
+    };
+    let elapsed = started.elapsed();
+    report(ctx, &result, incremental, read_bytes, because, elapsed);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn open_source(spec: &str, args: &CommitArgs, policy: ReadPolicy) -> Result<Opened> {
+    if spec == "-" {
+        if args.parent.is_some() || args.dirty_bitmap.is_some() {
+            bail!("--parent and --dirty-bitmap need a file or NBD source, not standard input");
+        }
+        return Ok(Opened::Stream);
+    }
+    if is_nbd_url(spec) {
+        if args.format == SourceFormatArg::Qcow2 {
+            bail!("an NBD export is read as raw guest data; --format qcow2 does not apply");
+        }
+        if args.direct {
+            bail!("--direct applies to local files and block devices, not to NBD exports");
+        }
+        let nbd = NbdImage::connect(spec, args.dirty_bitmap.as_deref())?;
+        let dirty = match &args.dirty_bitmap {
+            Some(_) => Some(nbd.dirty_extents()?),
+            None => None,
+        };
+        let image: Arc<dyn DiskImage> = match policy.rate_limit {
+            Some(r) => Arc::new(RateLimited::new(Box::new(nbd), r)),
+            None => Arc::new(nbd),
+        };
+        return Ok(Opened::Nbd(image, dirty));
+    }
+    if args.dirty_bitmap.is_some() {
+        bail!(
+            "--dirty-bitmap reads QEMU's dirty bitmap over NBD: SOURCE must be an nbd:// or \
+             nbd+unix:// URL, not {spec}"
+        );
+    }
+    let format = match args.format {
+        SourceFormatArg::Auto => SourceFormat::Auto,
+        SourceFormatArg::Raw => SourceFormat::Raw,
+        SourceFormatArg::Qcow2 => SourceFormat::Qcow2,
+    };
+    Ok(Opened::Local(open_image(Path::new(spec), format, policy)?))
+}
+
+async fn plan(repo: &Arc<Repo>, args: &CommitArgs, opened: &Opened) -> Result<Plan> {
+    let parent_arg = match &args.parent {
+        Some(p) => Some(resolve(repo, &VersionSpec::parse(p)?).await?),
+        None => None,
+    };
+    match opened {
+        Opened::Stream => Ok(Plan::Full(Box::new(StreamSource::new(
+            "stdin",
+            std::io::stdin(),
+        )))),
+        Opened::Nbd(image, None) => {
+            if parent_arg.is_some() {
+                bail!("--parent with an NBD source needs --dirty-bitmap (what changed since it)");
+            }
+            Ok(Plan::Full(Box::new(ImageSource::new(image.clone())?)))
+        }
+        Opened::Nbd(image, Some(dirty)) => {
+            let parent = match parent_arg {
+                Some(p) => p,
+                None => resolve(repo, &VersionSpec::parse(&args.image)?)
+                    .await
+                    .map_err(|e| {
+                        anyhow::anyhow!(
+                            "--dirty-bitmap commits on top of a parent version, and {e}: commit \
+                             the image in full first (without --dirty-bitmap), or pass --parent"
+                        )
+                    })?,
+            };
+            let because = format!(
+                "dirty bitmap {} since {}@{}",
+                args.dirty_bitmap.as_deref().unwrap_or_default(),
+                parent.1.image,
+                parent.1.seq
+            );
+            Ok(Plan::Incremental {
+                image: image.clone(),
+                parent: Box::new(parent),
+                changed: dirty.clone(),
+                because,
+            })
+        }
+        Opened::Local(image) => {
+            let layers = image.layers();
+            if layers.len() < 2 {
+                if parent_arg.is_some() {
+                    bail!(
+                        "--parent needs a qcow2 overlay (an image with a backing file) or an NBD \
+                         source with --dirty-bitmap; {} has no backing file",
+                        image.describe()
+                    );
+                }
+                return Ok(Plan::Full(Box::new(ImageSource::new(image.clone())?)));
+            }
+            // An overlay: which layer of the chain holds a known version?
+            let (depth, parent, because) = match parent_arg {
+                Some(p) => {
+                    let because = format!(
+                        "overlay {} on {}@{} (--parent)",
+                        layers[0].path.display(),
+                        p.1.image,
+                        p.1.seq
+                    );
+                    (1, p, because)
+                }
+                None => match known_layer(repo, &layers).await? {
+                    Some((depth, id, record)) => {
+                        let because = format!(
+                            "{} holds {}@{}",
+                            layers[depth].path.display(),
+                            record.image,
+                            record.seq
+                        );
+                        (depth, (id, record), because)
+                    }
+                    None => return Ok(Plan::Full(Box::new(ImageSource::new(image.clone())?))),
+                },
+            };
+            let backing_size = layers[depth].size;
+            if backing_size != parent.1.logical_size {
+                bail!(
+                    "{} has {backing_size} bytes but {}@{} has {}: the backing chain does not hold \
+                     that version",
+                    layers[depth].path.display(),
+                    parent.1.image,
+                    parent.1.seq,
+                    parent.1.logical_size
+                );
+            }
+            let changed = layer_changes(image.as_ref(), depth)?;
+            Ok(Plan::Incremental {
+                image: image.clone(),
+                parent: Box::new(parent),
+                changed,
+                because,
+            })
+        }
+    }
+}
+
+/// The shallowest backing layer that provenance records say holds a version that still
+/// exists.
+async fn known_layer(
+    repo: &Arc<Repo>,
+    layers: &[cairn_image::Layer],
+) -> Result<Option<(usize, Id, VersionRecord)>> {
+    let provenance = Provenance::for_repo(&repo.config().repo_id);
+    for (depth, layer) in layers.iter().enumerate().skip(1) {
+        if let Some(id) = provenance.lookup(&layer.path) {
+            match repo.load_version(&id).await {
+                Ok(record) => return Ok(Some((depth, id, record))),
+                Err(e) => tracing::debug!(
+                    "{} was recorded as version {id}, which cannot be loaded: {e}",
+                    layer.path.display()
+                ),
+            }
+        }
+    }
+    Ok(None)
+}
+
+async fn full_commit(
+    ctx: &Context,
+    repo: Arc<Repo>,
+    args: &CommitArgs,
+    source: Box<dyn Source>,
+) -> Result<(CommitResult, u64)> {
     let progress = Arc::new(CommitProgress::default());
     let ticker = {
         let (p1, p2) = (progress.clone(), progress.clone());
-        let total = Arc::new(std::sync::atomic::AtomicU64::new(
-            source.data_hint().unwrap_or(0),
-        ));
+        let total = Arc::new(AtomicU64::new(source.data_hint().unwrap_or(0)));
         Ticker::start(
             ctx.progress,
             total,
@@ -49,35 +289,58 @@ pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
             },
         )
     };
-    let started = Instant::now();
     let options = CommitOptions {
-        message: args.message,
+        message: args.message.clone(),
         workers: args.threads,
-        progress: Some(progress),
+        progress: Some(progress.clone()),
         ..Default::default()
     };
     let result = commit(repo, &args.image, source, options).await;
     drop(ticker);
-    let result = result?;
-    let elapsed = started.elapsed();
+    Ok((result?, progress.read.load(Ordering::Relaxed)))
+}
+
+fn report(
+    ctx: &Context,
+    result: &CommitResult,
+    incremental: Option<IncrementalStats>,
+    read_bytes: u64,
+    because: Option<String>,
+    elapsed: std::time::Duration,
+) {
     let r = &result.record;
     if ctx.json {
         let mut v = version_json(&result.id, r);
         v["duration_s"] = serde_json::json!(elapsed.as_secs_f64());
+        v["read_bytes"] = serde_json::json!(read_bytes);
+        v["incremental"] = match (incremental, &because) {
+            (Some(s), Some(b)) => serde_json::json!({
+                "changed_bytes": s.changed_bytes,
+                "basis": b,
+            }),
+            _ => serde_json::Value::Null,
+        };
         print_json(&v);
-    } else {
-        println!(
-            "committed {}@{} {} — {} logical, {} data, {} new, {} stored, in {:.2} s ({})",
-            r.image,
-            r.seq,
-            result.id.short(),
-            bytes(r.logical_size),
-            bytes(r.stats.data_bytes),
-            bytes(r.stats.new_chunk_bytes),
-            bytes(r.stats.stored_bytes),
-            elapsed.as_secs_f64(),
-            rate(r.stats.data_bytes, elapsed),
-        );
+        return;
     }
-    Ok(ExitCode::SUCCESS)
+    let how = match (&because, incremental) {
+        (Some(b), Some(s)) => format!(
+            " — incremental: {b}, {} changed, {} read",
+            bytes(s.changed_bytes),
+            bytes(read_bytes)
+        ),
+        _ => String::new(),
+    };
+    println!(
+        "committed {}@{} {} — {} logical, {} data, {} new, {} stored, in {:.2} s ({}){how}",
+        r.image,
+        r.seq,
+        result.id.short(),
+        bytes(r.logical_size),
+        bytes(r.stats.data_bytes),
+        bytes(r.stats.new_chunk_bytes),
+        bytes(r.stats.stored_bytes),
+        elapsed.as_secs_f64(),
+        rate(read_bytes, elapsed),
+    );
 }

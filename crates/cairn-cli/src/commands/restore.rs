@@ -8,20 +8,24 @@ use cairn_engine::resolve::{resolve, VersionSpec};
 use cairn_engine::restore::{restore, RestoreOptions, RestoreProgress, RestoreTarget};
 use serde_json::json;
 
-use crate::cli::RestoreArgs;
+use crate::cli::{OutputFormatArg, RestoreArgs};
 use crate::context::Context;
 use crate::output::{bytes, print_json, rate};
 use crate::progress::Ticker;
+use crate::provenance::{FileIdentity, Provenance};
 
 pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
     let spec = VersionSpec::parse(&args.spec)?;
     let repo = ctx.open_as("restore").await?;
     let (id, record) = resolve(&repo, &spec).await?;
+    let repo_id = repo.config().repo_id;
     let to_stdout = args.output.as_os_str() == "-";
-    let target = if to_stdout {
-        RestoreTarget::Stdout
-    } else {
-        RestoreTarget::Path(args.output.clone())
+    let qcow2 = args.format == OutputFormatArg::Qcow2;
+    let target = match (to_stdout, qcow2) {
+        (true, true) => anyhow::bail!("--format qcow2 needs an output file, not stdout"),
+        (true, false) => RestoreTarget::Stdout,
+        (false, false) => RestoreTarget::Path(args.output.clone()),
+        (false, true) => RestoreTarget::Qcow2(args.output.clone()),
     };
     let progress = Arc::new(RestoreProgress::default());
     progress.total.store(record.logical_size, Ordering::Relaxed);
@@ -44,11 +48,16 @@ pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
     drop(ticker);
     let stats = stats?;
     let elapsed = started.elapsed();
+    if !to_stdout {
+        // A regular file now holds this version: an overlay on it commits incrementally.
+        Provenance::for_repo(&repo_id).record(&args.output, FileIdentity::of(&args.output), &id);
+    }
     let summary = json!({
         "id": id.to_hex(),
         "image": record.image,
         "seq": record.seq,
         "output": args.output.display().to_string(),
+        "format": if qcow2 { "qcow2" } else { "raw" },
         "logical_bytes": stats.logical_bytes,
         "data_bytes": stats.data_bytes,
         "fetched_bytes": stats.fetched_bytes,

@@ -1,0 +1,164 @@
+//! Which local files hold which version, so a qcow2 overlay on top of one is committed
+//! incrementally without being told its parent.
+//!
+//! When cairn commits a local file in full, or restores a version to a regular file, it
+//! records the file's identity — path, device, inode, size, mtime and ctime — and the
+//! version. When a later commit's source is a qcow2 overlay, the files of its backing chain
+//! are looked up: a file whose identity still matches exactly holds that version's bytes (any
+//! write since would have changed its mtime and ctime, and ctime cannot be set back by
+//! users), so only the layers above it need reading.
+//!
+//! The records are a host-local cache (`$XDG_CACHE_HOME/cairn/provenance/REPO_ID.json`, or
+//! `$CAIRN_STATE_DIR`): losing them costs one full scan, never correctness. Concurrent
+//! writers may lose each other's records (last rename wins), with the same consequence.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use cairn_format::Id;
+use serde::{Deserialize, Serialize};
+
+/// Records kept per repository (the oldest are dropped beyond it).
+const MAX_RECORDS: usize = 4096;
+
+/// What identifies a file's current content without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileIdentity {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i64,
+    ctime_ns: i64,
+}
+
+impl FileIdentity {
+    /// The identity of a regular file now (`None` for anything else or on error).
+    pub fn of(path: &Path) -> Option<FileIdentity> {
+        let m = fs::metadata(path).ok()?;
+        m.is_file().then(|| FileIdentity {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    identity: FileIdentity,
+    version: String,
+    /// When the record was written (ns since the epoch), to drop the oldest.
+    at_ns: i64,
+}
+
+pub struct Provenance {
+    file: PathBuf,
+}
+
+impl Provenance {
+    /// The records of the repository with id `repo_id`.
+    pub fn for_repo(repo_id: &[u8; 16]) -> Provenance {
+        let dir = std::env::var_os("CAIRN_STATE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| cairn_repo::user_cache_dir().join("provenance"));
+        Provenance {
+            file: dir.join(format!("{}.json", hex::encode(repo_id))),
+        }
+    }
+
+    fn load(&self) -> BTreeMap<PathBuf, Record> {
+        fs::read(&self.file)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    /// Records that `path` holds `version`, if its identity is still `before` (the file did
+    /// not change while it was read or written). Failures are logged, never fatal.
+    pub fn record(&self, path: &Path, before: Option<FileIdentity>, version: &Id) {
+        let (Some(before), Ok(canonical)) = (before, fs::canonicalize(path)) else {
+            return;
+        };
+        if FileIdentity::of(path) != Some(before) {
+            tracing::debug!(path = %path.display(), "changed while cairn used it; not recorded");
+            return;
+        }
+        let mut records = self.load();
+        records.insert(
+            canonical,
+            Record {
+                identity: before,
+                version: version.to_hex(),
+                at_ns: cairn_repo::session::now_ns(),
+            },
+        );
+        while records.len() > MAX_RECORDS {
+            let oldest = records
+                .iter()
+                .min_by_key(|(_, r)| r.at_ns)
+                .map(|(p, _)| p.clone())
+                .expect("non-empty");
+            records.remove(&oldest);
+        }
+        if let Err(e) = self.save(&records) {
+            tracing::debug!(file = %self.file.display(), "cannot save provenance: {e}");
+        }
+    }
+
+    fn save(&self, records: &BTreeMap<PathBuf, Record>) -> std::io::Result<()> {
+        let dir = self.file.parent().expect("provenance file has a directory");
+        fs::create_dir_all(dir)?;
+        let tmp = self
+            .file
+            .with_extension(format!("json.tmp-{}", std::process::id()));
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(&serde_json::to_vec(records).map_err(std::io::Error::other)?)?;
+        f.sync_all()?;
+        fs::rename(&tmp, &self.file)
+    }
+
+    /// The version `path` holds, if cairn recorded it and the file has not changed since.
+    pub fn lookup(&self, path: &Path) -> Option<Id> {
+        let canonical = fs::canonicalize(path).ok()?;
+        let identity = FileIdentity::of(&canonical)?;
+        let records = self.load();
+        let r = records.get(&canonical)?;
+        (r.identity == identity)
+            .then(|| r.version.parse().ok())
+            .flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_holds_until_the_file_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let p = Provenance {
+            file: state.join("r.json"),
+        };
+        let img = dir.path().join("base.raw");
+        fs::write(&img, b"version one").unwrap();
+        let id = Id::of(b"v1");
+        p.record(&img, FileIdentity::of(&img), &id);
+        assert_eq!(p.lookup(&img), Some(id));
+        // A write changes mtime/ctime (and here the size): the record no longer applies.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        fs::write(&img, b"version two").unwrap();
+        assert_eq!(p.lookup(&img), None);
+        // A file that changed while being committed is not recorded at all.
+        let before = FileIdentity::of(&img);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        fs::write(&img, b"version three").unwrap();
+        p.record(&img, before, &Id::of(b"v3"));
+        assert_eq!(p.lookup(&img), None);
+    }
+}

@@ -1,0 +1,432 @@
+#!/usr/bin/env python3
+"""Real VM disk formats end to end, against the real QEMU tools.
+
+- qcow2 round trips: each dataset image converted with `qemu-img convert -O qcow2` (v3, v2
+  and compressed) is committed and restored; `qemu-img compare` against the raw original
+  must report identical. `restore --format qcow2` must pass `qemu-img check` and compare
+  identical too.
+- Backing chains of three levels (`qemu-img convert -B`): a full commit of the top reads
+  through the chain; then the chain is committed level by level, and each overlay commit must
+  be incremental (the backing file was committed just before: found automatically), read
+  only the overlay's clusters and restore bit-exact; `--parent` does the same explicitly.
+- NBD sources: a vmdk served by qemu-nbd is committed over `nbd+unix://`.
+- Changed-block tracking: qemu-storage-daemon serves a qcow2 with a persistent dirty bitmap
+  created over QMP; after writes through NBD, `commit --dirty-bitmap` reads only the dirty
+  extents; restore compares identical. Twice, clearing the bitmap in between.
+- Restore onto a block device (a loop device).
+- Polite scans: after a commit, the source's pages that the scan brought in are gone from
+  the page cache while a busy file stays cached; with --keep-cache they stay; --direct and
+  --rate-limit commits restore bit-exact.
+- Errors: truncated qcow2, missing backing file, encrypted qcow2, missing dirty bitmap, an
+  NBD server killed mid-commit: one line, non-zero exit, no version published, verify clean.
+
+    scripts/formats.py --dataset DIR [--bin target/release/cairn]
+
+Needs root (loop devices) and qemu-utils, qemu-system-common (qemu-storage-daemon),
+util-linux (fincore, losetup). Prints "formats: N passed, 0 failed"; exits non-zero on
+any failure.
+"""
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import Checks, sha  # noqa: E402
+
+CHECKS = Checks()
+ok = CHECKS.ok
+
+
+def sh(*cmd, check=True, **kw):
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))}: exit {p.returncode}: {p.stderr.strip()}")
+    return p
+
+
+class Cairn:
+    def __init__(self, binary, repo, state):
+        self.binary, self.repo = binary, repo
+        self.env = dict(os.environ, CAIRN_STATE_DIR=state)
+
+    def run(self, *args, check=True):
+        p = subprocess.run([self.binary, "--repo", self.repo, "-q", *map(str, args)],
+                           capture_output=True, text=True, env=self.env)
+        if check and p.returncode != 0:
+            raise RuntimeError(f"cairn {' '.join(map(str, args))}: {p.stderr.strip()}")
+        return p
+
+    def json(self, *args):
+        return json.loads(self.run("--json", *args).stdout)
+
+    def versions(self, image):
+        p = self.run("--json", "log", image, check=False)
+        return len(json.loads(p.stdout)) if p.returncode == 0 else 0
+
+
+def identical(a, fmt_a, raw_b, what):
+    p = sh("qemu-img", "compare", "-f", fmt_a, "-F", "raw", a, raw_b, check=False)
+    return ok(p.returncode == 0 and "Images are identical" in p.stdout,
+              f"{what}: qemu-img compare: {p.stdout.strip()} {p.stderr.strip()}")
+
+
+def one_error_line(p, needle, what):
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    good = p.returncode != 0 and len(lines) == 1 and needle in lines[0]
+    ok(good, f"{what}: expected one error line containing {needle!r}, got exit {p.returncode}: "
+             f"{p.stderr.strip()!r}")
+    if good:
+        print(f"  {what}: {lines[0]}")
+
+
+class Qmp:
+    """A minimal QMP client over a unix socket."""
+
+    def __init__(self, path):
+        for _ in range(100):
+            try:
+                self.s = socket.socket(socket.AF_UNIX)
+                self.s.connect(path)
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError(f"QMP socket {path} did not appear")
+        self.f = self.s.makefile("rw")
+        json.loads(self.f.readline())  # greeting
+        self.cmd("qmp_capabilities")
+
+    def cmd(self, name, **args):
+        self.f.write(json.dumps({"execute": name, "arguments": args}) + "\n")
+        self.f.flush()
+        while True:
+            msg = json.loads(self.f.readline())
+            if "return" in msg:
+                return msg["return"]
+            if "error" in msg:
+                raise RuntimeError(f"QMP {name}: {msg['error']}")
+
+
+def wait_for(path, proc, what):
+    for _ in range(200):
+        if os.path.exists(path):
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited: {proc.stderr.read() if proc.stderr else ''}")
+        time.sleep(0.05)
+    raise RuntimeError(f"{what}: {path} did not appear")
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def resident(path):
+    out = sh("fincore", "-b", "-n", "-o", "RES", path).stdout.split()
+    return int(out[0]) if out else 0
+
+
+def evict(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def round_trips(c, work, images):
+    print("qcow2 round trips")
+    variants = [("v3", []), ("v2", ["-o", "compat=0.10"]), ("compressed", ["-c"])]
+    for i, raw in enumerate(images):
+        name, opts = variants[i % len(variants)]
+        q = os.path.join(work, f"rt-{i}-{name}.qcow2")
+        sh("qemu-img", "convert", "-O", "qcow2", *opts, raw, q)
+        image = f"rt/{i}"
+        v = c.json("commit", image, q)
+        ok(v["logical_bytes"] == os.path.getsize(raw), f"{name}: logical size")
+        ok(v["incremental"] is None, f"{name}: a flat qcow2 is committed in full")
+        out = os.path.join(work, f"rt-{i}.raw")
+        c.run("restore", image, out)
+        identical(out, "raw", raw, f"{name} qcow2 {os.path.basename(raw)} → commit → restore")
+        os.unlink(out)
+        os.unlink(q)
+        if i == 0:
+            oq = os.path.join(work, "rt-out.qcow2")
+            c.run("restore", image, oq, "--format", "qcow2")
+            p = sh("qemu-img", "check", oq, check=False)
+            ok(p.returncode == 0 and "No errors were found" in p.stdout,
+               f"restore --format qcow2: qemu-img check: {p.stdout.strip()} {p.stderr.strip()}")
+            identical(oq, "qcow2", raw, "restore --format qcow2")
+            size = os.path.getsize(oq)
+            data = os.stat(raw).st_blocks * 512
+            ok(size <= data * 1.05 + (8 << 20),
+               f"restore --format qcow2 is compact: {size} bytes for {data} bytes of data")
+            os.unlink(oq)
+
+
+def chains(c, work, images, state_dir):
+    print("backing chains of three levels")
+    base, mid, top = (os.path.join(work, f"{n}.qcow2") for n in ("base", "mid", "top"))
+    sh("qemu-img", "convert", "-O", "qcow2", images[0], base)
+    sh("qemu-img", "convert", "-O", "qcow2", "-B", base, "-F", "qcow2", images[1], mid)
+    sh("qemu-img", "convert", "-O", "qcow2", "-B", mid, "-F", "qcow2", images[2], top)
+
+    # A full commit through the chain (nothing known about its files).
+    fresh = Cairn(c.binary, c.repo, os.path.join(state_dir, "fresh"))
+    v = fresh.json("commit", "chain-full", top)
+    ok(v["incremental"] is None, "an unknown chain is committed in full")
+    out = os.path.join(work, "chain.raw")
+    fresh.run("restore", "chain-full", out)
+    identical(out, "raw", images[2], "full commit of a 3-level chain")
+
+    # Level by level: each overlay's backing file was just committed, so only its clusters
+    # are read.
+    c.json("commit", "chain", base)
+    for level, (path, raw) in enumerate([(mid, images[1]), (top, images[2])], start=2):
+        v = c.json("commit", "chain", path)
+        inc = v["incremental"]
+        ok(inc is not None and f"chain@{level - 1}" in inc["basis"],
+           f"overlay level {level} is incremental on chain@{level - 1}: {inc}")
+        overlay = sum(r["length"] for r in json.loads(sh(
+            "qemu-img", "map", "--output=json", path).stdout) if r["depth"] == 0 and r["data"])
+        ok(v["read_bytes"] <= overlay + (1 << 20) and v["read_bytes"] < v["data_bytes"] // 2,
+           f"level {level} read {v['read_bytes']} bytes; the overlay holds {overlay}, the image "
+           f"{v['data_bytes']}")
+        c.run("restore", f"chain@{level}", out)
+        identical(out, "raw", raw, f"incremental commit of overlay level {level}")
+
+    # --parent: explicit, with no records.
+    explicit = Cairn(c.binary, c.repo, os.path.join(state_dir, "explicit"))
+    v = explicit.json("commit", "chain-p", top, "--parent", "chain@2")
+    ok(v["incremental"] is not None, "--parent makes an overlay commit incremental")
+    explicit.run("restore", "chain-p", out)
+    identical(out, "raw", images[2], "incremental commit with --parent")
+    p = explicit.run("commit", "chain-p", images[0], "--parent", "chain@2", check=False)
+    one_error_line(p, "--parent needs a qcow2 overlay", "--parent with a raw file")
+    # An overlay whose file changed after it was recorded is no longer trusted.
+    os.utime(mid)
+    v = c.json("commit", "chain-t", top)
+    ok(v["incremental"] is None, "a backing file touched since its commit is not trusted")
+    os.unlink(out)
+    return base, mid, top
+
+
+def nbd_source(c, work, raw):
+    print("NBD source (a vmdk served by qemu-nbd)")
+    vmdk = os.path.join(work, "disk.vmdk")
+    sh("qemu-img", "convert", "-O", "vmdk", raw, vmdk)
+    sock = os.path.join(work, "nbd.sock")
+    srv = subprocess.Popen(["qemu-nbd", "-r", "-f", "vmdk", "-k", sock, "-x", "disk", "-t", vmdk],
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(sock, srv, "qemu-nbd")
+        url = f"nbd+unix:///disk?socket={sock}"
+        v = c.json("commit", "nbd/vmdk", url)
+        ok(v["read_bytes"] < v["logical_bytes"], "holes are skipped via base:allocation")
+        out = os.path.join(work, "nbd.raw")
+        c.run("restore", "nbd/vmdk", out)
+        identical(out, "raw", raw, "vmdk over nbd+unix → commit → restore")
+        os.unlink(out)
+        p = c.run("commit", "nbd/vmdk", url, "--dirty-bitmap", "nope", check=False)
+        one_error_line(p, "nope", "a dirty bitmap the export does not have")
+        ok(c.versions("nbd/vmdk") == 1, "nothing published after the bitmap error")
+    finally:
+        stop(srv)
+        os.unlink(vmdk)
+
+
+def dirty_bitmaps(c, work, raw):
+    print("changed-block tracking: qemu-storage-daemon + QMP dirty bitmap")
+    disk = os.path.join(work, "cbt.qcow2")
+    sh("qemu-img", "convert", "-O", "qcow2", raw, disk)
+    sock, qmp_sock = os.path.join(work, "qsd.sock"), os.path.join(work, "qmp.sock")
+    qsd = subprocess.Popen([
+        "qemu-storage-daemon",
+        "--blockdev", f"driver=file,node-name=file0,filename={disk}",
+        "--blockdev", "driver=qcow2,node-name=disk0,file=file0",
+        "--nbd-server", f"addr.type=unix,addr.path={sock}",
+        "--chardev", f"socket,id=qmp0,path={qmp_sock},server=on,wait=off",
+        "--monitor", "chardev=qmp0",
+    ], stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(qmp_sock, qsd, "qemu-storage-daemon")
+        qmp = Qmp(qmp_sock)
+        qmp.cmd("block-dirty-bitmap-add", node="disk0", name="b0", persistent=True,
+                granularity=65536)
+        qmp.cmd("block-export-add", type="nbd", id="exp0", **{"node-name": "disk0"},
+                name="disk", writable=True, bitmaps=["b0"])
+        url = f"nbd+unix:///disk?socket={sock}"
+        c.json("commit", "cbt", url)  # cbt@1: the bitmap was created with it
+        size = os.path.getsize(raw)
+        for round_ in (1, 2):
+            writes = [(size * k // 23 // 65536 * 65536 + 4096 * round_, 192 << 10)
+                      for k in range(1, 23, 3)]
+            args = []
+            for off, n in writes:
+                args += ["-c", f"write -P 0x{0x40 + round_:x} {off} {n}"]
+            sh("qemu-io", "-f", "raw", url, *args)
+            v = c.json("commit", "cbt", url, "--dirty-bitmap", "b0")
+            inc = v["incremental"]
+            written = sum(n for _, n in writes)
+            ok(inc is not None and "dirty bitmap b0" in inc["basis"],
+               f"round {round_}: --dirty-bitmap commit is incremental: {inc}")
+            ok(v["read_bytes"] <= written + len(writes) * 2 * 65536,
+               f"round {round_}: read {v['read_bytes']} bytes for {written} bytes written")
+            # The operator clears the bitmap once the version is safe.
+            qmp.cmd("block-dirty-bitmap-clear", node="disk0", name="b0")
+            out = os.path.join(work, "cbt.raw")
+            c.run("restore", f"cbt@{round_ + 1}", out)
+            expect = os.path.join(work, "cbt-expected.raw")
+            sh("qemu-img", "convert", "-f", "raw", "-O", "raw", url, expect)
+            identical(out, "raw", expect, f"round {round_}: dirty-bitmap commit → restore")
+            os.unlink(out)
+            os.unlink(expect)
+    finally:
+        stop(qsd)
+        os.unlink(disk)
+
+
+def block_device(c, work, raw):
+    print("restore onto a block device (loop device)")
+    backing = os.path.join(work, "loop.img")
+    with open(backing, "wb") as f:
+        f.truncate(os.path.getsize(raw))
+    # Garbage where the image has zeros: the restore must write them.
+    with open(backing, "r+b") as f:
+        for k in range(0, os.path.getsize(raw), 64 << 20):
+            f.seek(k)
+            f.write(b"\xee" * 65536)
+    dev = sh("losetup", "-f", "--show", backing).stdout.strip()
+    try:
+        c.run("restore", "rt/0", dev)
+        ok(sha(dev) == sha(raw), f"restore onto {dev} is bit-exact (zeros written)")
+        p = c.run("restore", "rt/0", dev, "--format", "qcow2", check=False)
+        one_error_line(p, "a block device takes raw output", "--format qcow2 onto a device")
+    finally:
+        sh("losetup", "-d", dev, check=False)
+        os.unlink(backing)
+
+
+def polite(c, work, raw):
+    print("polite scans: page cache, --rate-limit, --direct")
+    busy = os.path.join(work, "busy.bin")
+    with open(busy, "wb") as f:
+        f.write(os.urandom(64 << 20))
+    with open(busy, "rb") as f:
+        while f.read(1 << 22):
+            pass
+    busy_before = resident(busy)
+    evict(raw)
+    data = os.stat(raw).st_blocks * 512
+    c.run("commit", "polite", raw)
+    after = resident(raw)
+    ok(after <= data * 0.02, f"after a commit {after} of {data} bytes of the source stay cached")
+    ok(resident(busy) >= busy_before * 0.99,
+       f"the busy file stays cached ({resident(busy)} of {busy_before} bytes)")
+    print(f"  page cache after commit: source {after} / {data} bytes, busy file "
+          f"{resident(busy)} / {busy_before} bytes")
+    evict(raw)
+    c.run("commit", "polite", raw, "--keep-cache")
+    ok(resident(raw) >= data * 0.5, f"--keep-cache: {resident(raw)} of {data} bytes cached")
+    out = os.path.join(work, "polite.raw")
+    c.run("commit", "polite", raw, "--direct")
+    c.run("restore", "polite", out)
+    ok(sha(out) == sha(raw), "--direct commit restores bit-exact")
+    small = os.path.join(work, "small.raw")
+    with open(small, "wb") as f:
+        f.write(os.urandom(48 << 20))
+    started = time.monotonic()
+    c.run("commit", "polite-rate", small, "--rate-limit", "64")
+    took = time.monotonic() - started
+    ok(took >= 0.6, f"--rate-limit 64 MiB/s: 48 MiB took {took:.2f} s (≥ 0.65 s expected)")
+    c.run("restore", "polite-rate", out)
+    ok(sha(out) == sha(small), "--rate-limit commit restores bit-exact")
+    for p in (out, small, busy):
+        os.unlink(p)
+
+
+def errors(c, work, raw, base, mid, top):
+    print("errors: one line, non-zero exit, nothing published")
+    before = c.versions("err")
+    trunc = os.path.join(work, "trunc.qcow2")
+    shutil.copy(base, trunc)
+    os.truncate(trunc, os.path.getsize(base) * 6 // 10)
+    one_error_line(c.run("commit", "err", trunc, check=False), "past the end of the file",
+                   "truncated qcow2")
+    lonely = os.path.join(work, "lonely")
+    os.makedirs(lonely)
+    shutil.copy(top, os.path.join(lonely, "top.qcow2"))
+    one_error_line(c.run("commit", "err", os.path.join(lonely, "top.qcow2"), check=False),
+                   "backing file", "missing backing file")
+    enc = os.path.join(work, "enc.qcow2")
+    sh("qemu-img", "create", "-f", "qcow2", "--object", "secret,id=sec0,data=abc",
+       "-o", "encrypt.format=luks,encrypt.key-secret=sec0", enc, "16M")
+    one_error_line(c.run("commit", "err", enc, check=False), "encrypted", "encrypted qcow2")
+    # An NBD server killed in the middle of a (rate-limited, so slow) commit.
+    sock = os.path.join(work, "kill.sock")
+    srv = subprocess.Popen(["qemu-nbd", "-r", "-f", "raw", "-k", sock, "-x", "disk", raw],
+                           stderr=subprocess.PIPE, text=True)
+    wait_for(sock, srv, "qemu-nbd")
+    p = subprocess.Popen([c.binary, "--repo", c.repo, "-q", "commit", "err",
+                          f"nbd+unix:///disk?socket={sock}", "--rate-limit", "40"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=c.env)
+    time.sleep(1.5)
+    srv.kill()
+    srv.wait()
+    _, err = p.communicate(timeout=120)
+    p.stderr = err
+    one_error_line(p, "disk", "NBD server killed mid-commit")
+    ok(c.versions("err") == before, "no version published by any failed commit")
+    v = c.run("verify", check=False)
+    ok(v.returncode == 0, f"verify is clean after the failures: {v.stderr.strip()}")
+    shutil.rmtree(lonely)
+    for f in (trunc, enc):
+        os.unlink(f)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--bin", default=os.path.join(os.path.dirname(__file__), "..", "target",
+                                                  "release", "cairn"))
+    args = ap.parse_args()
+    images = sorted(glob.glob(os.path.join(args.dataset, "su-*.raw")))[:3]
+    if len(images) < 3:
+        sys.exit(f"formats: need 3 su-*.raw images in {args.dataset}")
+    work = tempfile.mkdtemp(prefix="cairn-formats-", dir=os.environ.get("CAIRN_TEST_TMP"))
+    try:
+        repo, state = os.path.join(work, "repo"), os.path.join(work, "state")
+        c = Cairn(os.path.abspath(args.bin), repo, os.path.join(state, "main"))
+        c.run("init")
+        round_trips(c, work, images)
+        base, mid, top = chains(c, work, images, state)
+        nbd_source(c, work, images[0])
+        dirty_bitmaps(c, work, images[1])
+        block_device(c, work, images[0])
+        polite(c, work, images[1])
+        errors(c, work, images[2], base, mid, top)
+        v = c.run("verify", check=False)
+        ok(v.returncode == 0, f"final verify: {v.stderr.strip()}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"formats: {CHECKS.passed} passed, {CHECKS.failed} failed")
+    sys.exit(1 if CHECKS.failed else 0)
+
+
+if __name__ == "__main__":
+    main()
