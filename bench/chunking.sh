@@ -5,6 +5,9 @@
 #
 #   bench/chunking.sh [DATASET_DIR]     (default: .data/full, built if missing)
 set -euo pipefail
+# Peers read their sources through the page cache and leave it there: so does cairn here
+# (its default drops the pages a scan brought in, to be polite to a live host).
+export CAIRN_KEEP_CACHE=1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$ROOT/scripts/lib.sh"
 DS=${1:-$(dataset_dir full)}

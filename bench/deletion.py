@@ -30,6 +30,10 @@ CHUNK = 16384
 H = 10
 CHANGE = 0.025
 
+# Peers read through the page cache and leave it warm: so does cairn here (its default
+# drops the pages a scan brought in, to be polite to a live host).
+os.environ["CAIRN_KEEP_CACHE"] = "1"
+
 
 def run(binary, repo, *args):
     p = subprocess.run([binary, "--repo", repo, "-q", *args], capture_output=True, text=True)

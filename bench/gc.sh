@@ -7,6 +7,9 @@
 #
 #   bench/gc.sh [DATASET_DIR]     (default: .data/full, built if missing)
 set -euo pipefail
+# Peers read their sources through the page cache and leave it there: so does cairn here
+# (its default drops the pages a scan brought in, to be polite to a live host).
+export CAIRN_KEEP_CACHE=1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck disable=SC1091
 source "$ROOT/scripts/lib.sh"

@@ -19,6 +19,9 @@
 # Environment: RUNS=3, SERVERS="minio ceph", CAIRN_BIN= (use this binary), BENCH_WORK= (scratch
 # directory parent; default .data — a real disk).
 set -euo pipefail
+# Peers read their sources through the page cache and leave it there: so does cairn here
+# (its default drops the pages a scan brought in, to be polite to a live host).
+export CAIRN_KEEP_CACHE=1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=scripts/lib.sh
 source "$ROOT/scripts/lib.sh"

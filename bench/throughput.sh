@@ -29,6 +29,9 @@
 #   BENCH_WORK=       where the temporary scratch directory is made (default: .data; it must
 #                     be on a real disk, not tmpfs)
 set -euo pipefail
+# Peers read their sources through the page cache and leave it there: so does cairn here
+# (its default drops the pages a scan brought in, to be polite to a live host).
+export CAIRN_KEEP_CACHE=1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=scripts/lib.sh
 source "$ROOT/scripts/lib.sh"

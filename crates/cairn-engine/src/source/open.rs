@@ -57,7 +57,8 @@ pub fn open_image(
                 path: path.to_path_buf(),
                 source: e,
             })?;
-            detect_format(&file, path)?
+            // Something unreadable (a directory…) is left to the raw reader's precise error.
+            detect_format(&file, path).unwrap_or(ImageFormat::Raw)
         }
     };
     let image: Box<dyn DiskImage> = match format {
