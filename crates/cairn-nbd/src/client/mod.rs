@@ -7,7 +7,7 @@
 //!   `base:allocation` metadata context (and `qemu:dirty-bitmap:NAME` on request), then
 //!   `NBD_OPT_GO` with `NBD_INFO_BLOCK_SIZE` (falling back to `NBD_OPT_EXPORT_NAME` on servers
 //!   without `NBD_OPT_GO`).
-//! - Reads are split at `min(maximum payload, 32 MiB)` (a multiple of the preferred block
+//! - Reads are split at `min(maximum payload, 4 MiB)` (a multiple of the preferred block
 //!   size) and aligned to the minimum block size (unaligned edges go through a bounce buffer).
 //! - One request in flight: the connection sits behind a mutex, so `&self` methods may be
 //!   called from several threads. Every socket operation has a timeout (60 s by default).
@@ -45,6 +45,10 @@ const BLOCK_STATUS_STEP: u64 = 1 << 30;
 const DEFAULT_ALIGN: u64 = 512;
 /// Preferred block size when the server advertises none.
 const DEFAULT_PREFERRED: u64 = 4096;
+/// Largest read request we send even when the server accepts more: with one request in
+/// flight, 1–4 MiB requests keep the copies (server page cache → socket → caller) inside the
+/// CPU caches and read about twice as fast from qemu-nbd as 32 MiB ones.
+const READ_REQUEST_TARGET: u64 = 4 << 20;
 
 /// A connected NBD export.
 pub struct NbdImage {
@@ -174,7 +178,7 @@ impl NbdImage {
             }
             None => (DEFAULT_ALIGN, DEFAULT_PREFERRED, u64::from(MAX_PAYLOAD)),
         };
-        let mut max_request = maximum.min(u64::from(MAX_PAYLOAD));
+        let mut max_request = maximum.min(u64::from(MAX_PAYLOAD)).min(READ_REQUEST_TARGET);
         max_request -= max_request
             % if max_request >= preferred {
                 preferred
