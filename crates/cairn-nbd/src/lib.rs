@@ -1,4 +1,6 @@
-//! `cairn-nbd`: an NBD (Network Block Device) server library.
+//! `cairn-nbd`: an NBD (Network Block Device) server library, and a blocking
+//! client ([`client::NbdImage`]) that reads any NBD export as a
+//! [`cairn_image::DiskImage`].
 //!
 //! cairn serves VM disk images lazily over NBD so that QEMU, `qemu-img`,
 //! `nbdcopy` and the kernel client can use them directly. Implement
@@ -40,6 +42,7 @@ pub mod listen;
 pub mod protocol;
 pub mod server;
 
+pub use client::NbdImage;
 pub use error::NbdError;
 pub use export::{Export, Extent, MemoryExport};
 pub use listen::{

@@ -23,6 +23,11 @@ pub const REQUEST_MAGIC: u32 = 0x2560_9513;
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 /// Prefix of a structured reply chunk.
 pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+/// What an oldstyle server sends after `NBDMAGIC` (instead of `IHAVEOPT`).
+pub const OLDSTYLE_MAGIC: u64 = 0x0000_4202_8186_1253;
+
+/// The IANA-assigned NBD port, the default of `nbd://` URLs.
+pub const NBD_DEFAULT_PORT: u16 = 10809;
 
 // ---------------------------------------------------------------- handshake flags
 
@@ -68,7 +73,8 @@ pub const NBD_REP_ACK: u32 = 1;
 pub const NBD_REP_SERVER: u32 = 2;
 pub const NBD_REP_INFO: u32 = 3;
 pub const NBD_REP_META_CONTEXT: u32 = 4;
-const NBD_REP_FLAG_ERROR: u32 = 1 << 31;
+/// Bit 31 marks an option reply as an error.
+pub const NBD_REP_FLAG_ERROR: u32 = 1 << 31;
 pub const NBD_REP_ERR_UNSUP: u32 = NBD_REP_FLAG_ERROR | 1;
 pub const NBD_REP_ERR_POLICY: u32 = NBD_REP_FLAG_ERROR | 2;
 pub const NBD_REP_ERR_INVALID: u32 = NBD_REP_FLAG_ERROR | 3;
@@ -110,6 +116,8 @@ pub const NBD_REPLY_TYPE_NONE: u16 = 0;
 pub const NBD_REPLY_TYPE_OFFSET_DATA: u16 = 1;
 pub const NBD_REPLY_TYPE_OFFSET_HOLE: u16 = 2;
 pub const NBD_REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+/// Bit 15 marks a structured reply chunk type as an error chunk.
+pub const NBD_REPLY_TYPE_FLAG_ERROR: u16 = 1 << 15;
 pub const NBD_REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
 pub const NBD_REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) | 2;
 
@@ -120,6 +128,10 @@ pub const NBD_STATE_ZERO: u32 = 1 << 1;
 
 /// The only metadata context this server knows.
 pub const BASE_ALLOCATION: &str = "base:allocation";
+/// Prefix of QEMU's dirty-bitmap metadata contexts (`qemu:dirty-bitmap:NAME`).
+pub const QEMU_DIRTY_BITMAP_PREFIX: &str = "qemu:dirty-bitmap:";
+/// `qemu:dirty-bitmap:*` flag: the extent is dirty.
+pub const NBD_STATE_DIRTY: u32 = 1 << 0;
 
 // ---------------------------------------------------------------- errors
 
@@ -131,6 +143,41 @@ pub const NBD_ENOSPC: u32 = 28;
 pub const NBD_EOVERFLOW: u32 = 75;
 pub const NBD_ENOTSUP: u32 = 95;
 pub const NBD_ESHUTDOWN: u32 = 108;
+
+/// A human-readable name for an NBD error code (`EIO (input/output error)`).
+pub fn error_name(code: u32) -> String {
+    let name = match code {
+        NBD_EPERM => "EPERM (operation not permitted)",
+        NBD_EIO => "EIO (input/output error)",
+        NBD_ENOMEM => "ENOMEM (out of memory)",
+        NBD_EINVAL => "EINVAL (invalid argument)",
+        NBD_ENOSPC => "ENOSPC (no space left on device)",
+        NBD_EOVERFLOW => "EOVERFLOW (value too large)",
+        NBD_ENOTSUP => "ENOTSUP (operation not supported)",
+        NBD_ESHUTDOWN => "ESHUTDOWN (server is shutting down)",
+        other => return format!("error {other}"),
+    };
+    name.to_owned()
+}
+
+/// A human-readable name for an option reply error type.
+pub fn option_error_name(reply_type: u32) -> String {
+    let name = match reply_type {
+        NBD_REP_ERR_UNSUP => "NBD_REP_ERR_UNSUP (unsupported option)",
+        NBD_REP_ERR_POLICY => "NBD_REP_ERR_POLICY (forbidden by server policy)",
+        NBD_REP_ERR_INVALID => "NBD_REP_ERR_INVALID (invalid option)",
+        NBD_REP_ERR_PLATFORM => "NBD_REP_ERR_PLATFORM (not supported on this platform)",
+        NBD_REP_ERR_TLS_REQD => "NBD_REP_ERR_TLS_REQD (TLS required)",
+        NBD_REP_ERR_UNKNOWN => "NBD_REP_ERR_UNKNOWN (unknown export)",
+        NBD_REP_ERR_SHUTDOWN => "NBD_REP_ERR_SHUTDOWN (server is shutting down)",
+        NBD_REP_ERR_BLOCK_SIZE_REQD => {
+            "NBD_REP_ERR_BLOCK_SIZE_REQD (block size negotiation required)"
+        }
+        NBD_REP_ERR_TOO_BIG => "NBD_REP_ERR_TOO_BIG (request too big)",
+        other => return format!("option error {other:#x}"),
+    };
+    name.to_owned()
+}
 
 // ---------------------------------------------------------------- limits
 
