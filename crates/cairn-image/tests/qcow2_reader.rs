@@ -972,3 +972,53 @@ fn parse_bytes_accepts_a_backing_name_without_opening_it() {
         .unwrap();
     assert!(matches!(err, ImageError::Backing { .. }), "{err:?}");
 }
+
+#[test]
+fn internal_snapshots_are_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let raw_path = dir.path().join("src.raw");
+    let img_path = dir.path().join("snap.qcow2");
+    make_raw(&raw_path, SIZE, 71);
+    qemu_img(&["convert", "-O", "qcow2", s(&raw_path), s(&img_path)]);
+    qemu_img(&["snapshot", "-c", "before", s(&img_path)]);
+    qemu_io(&["-f", "qcow2", "-c", "write -P 0x99 100k 300k", s(&img_path)]);
+    qemu_io(&["-f", "qcow2", "-c", "write -z 2M 128k", s(&img_path)]);
+    qemu_img(&["snapshot", "-c", "after", s(&img_path)]);
+    qemu_io(&["-f", "qcow2", "-c", "write -P 0x98 5M 64k", s(&img_path)]);
+    let out = dir.path().join("out.raw");
+    qemu_img(&["convert", "-O", "raw", s(&img_path), s(&out)]);
+    let want = fs::read(&out).unwrap();
+    let img = open(&img_path);
+    check_reads(&img, &want, 64 * KIB, 72);
+    check_map(&img.map().unwrap(), SIZE, 1, Some(&want));
+}
+
+#[test]
+fn preallocated_metadata_reads_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let raw_path = dir.path().join("src.raw");
+    let img_path = dir.path().join("pre.qcow2");
+    let raw = make_raw(&raw_path, SIZE, 81);
+    qemu_img(&[
+        "create",
+        "-f",
+        "qcow2",
+        "-o",
+        "preallocation=metadata",
+        s(&img_path),
+        &SIZE.to_string(),
+    ]);
+    qemu_img(&[
+        "convert",
+        "-n",
+        "-f",
+        "raw",
+        "-O",
+        "qcow2",
+        s(&raw_path),
+        s(&img_path),
+    ]);
+    let img = open(&img_path);
+    check_reads(&img, &raw, 64 * KIB, 82);
+    check_map(&img.map().unwrap(), SIZE, 1, Some(&raw));
+}
