@@ -1022,3 +1022,51 @@ fn preallocated_metadata_reads_zeros() {
     check_reads(&img, &raw, 64 * KIB, 82);
     check_map(&img.map().unwrap(), SIZE, 1, Some(&raw));
 }
+
+/// Bit 0 of a standard L2 entry means "reads as zeros" in version 3 only; version 2 images
+/// ignore it (as QEMU does).
+#[test]
+fn zero_bit_counts_in_v3_only() {
+    for (compat, zero) in [("1.1", true), ("0.10", false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let raw_path = dir.path().join("src.raw");
+        let img_path = dir.path().join("b.qcow2");
+        let mut raw = vec![0u8; MIB as usize];
+        Rng(91).fill(&mut raw);
+        fs::write(&raw_path, &raw).unwrap();
+        qemu_img(&[
+            "convert",
+            "-O",
+            "qcow2",
+            "-o",
+            &format!("compat={compat}"),
+            s(&raw_path),
+            s(&img_path),
+        ]);
+        let bytes = fs::read(&img_path).unwrap();
+        let l1_off = be64(&bytes, 40);
+        let l2_off = be64(&bytes, l1_off) & 0x00ff_ffff_ffff_fe00;
+        // Guest cluster 3.
+        let at = l2_off + 8 * 3;
+        patch(&img_path, at, &(be64(&bytes, at) | 1).to_be_bytes());
+        let img = open(&img_path);
+        let runs = img.map().unwrap();
+        let cluster3 = run_at(&runs, 3 * 64 * KIB);
+        if zero {
+            raw[3 * 64 * KIB as usize..4 * 64 * KIB as usize].fill(0);
+            assert_eq!(
+                cluster3,
+                MapRun {
+                    start: 3 * 64 * KIB,
+                    len: 64 * KIB,
+                    alloc: Allocation::Zero,
+                    depth: 0
+                }
+            );
+        } else {
+            assert_eq!(runs.len(), 1, "{runs:?}");
+            assert_eq!(cluster3.alloc, Allocation::Data);
+        }
+        assert_same(&read_all(&img), &raw, compat);
+    }
+}
