@@ -972,3 +972,101 @@ fn parse_bytes_accepts_a_backing_name_without_opening_it() {
         .unwrap();
     assert!(matches!(err, ImageError::Backing { .. }), "{err:?}");
 }
+
+#[test]
+fn internal_snapshots_are_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let raw_path = dir.path().join("src.raw");
+    let img_path = dir.path().join("snap.qcow2");
+    make_raw(&raw_path, SIZE, 71);
+    qemu_img(&["convert", "-O", "qcow2", s(&raw_path), s(&img_path)]);
+    qemu_img(&["snapshot", "-c", "before", s(&img_path)]);
+    qemu_io(&["-f", "qcow2", "-c", "write -P 0x99 100k 300k", s(&img_path)]);
+    qemu_io(&["-f", "qcow2", "-c", "write -z 2M 128k", s(&img_path)]);
+    qemu_img(&["snapshot", "-c", "after", s(&img_path)]);
+    qemu_io(&["-f", "qcow2", "-c", "write -P 0x98 5M 64k", s(&img_path)]);
+    let out = dir.path().join("out.raw");
+    qemu_img(&["convert", "-O", "raw", s(&img_path), s(&out)]);
+    let want = fs::read(&out).unwrap();
+    let img = open(&img_path);
+    check_reads(&img, &want, 64 * KIB, 72);
+    check_map(&img.map().unwrap(), SIZE, 1, Some(&want));
+}
+
+#[test]
+fn preallocated_metadata_reads_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let raw_path = dir.path().join("src.raw");
+    let img_path = dir.path().join("pre.qcow2");
+    let raw = make_raw(&raw_path, SIZE, 81);
+    qemu_img(&[
+        "create",
+        "-f",
+        "qcow2",
+        "-o",
+        "preallocation=metadata",
+        s(&img_path),
+        &SIZE.to_string(),
+    ]);
+    qemu_img(&[
+        "convert",
+        "-n",
+        "-f",
+        "raw",
+        "-O",
+        "qcow2",
+        s(&raw_path),
+        s(&img_path),
+    ]);
+    let img = open(&img_path);
+    check_reads(&img, &raw, 64 * KIB, 82);
+    check_map(&img.map().unwrap(), SIZE, 1, Some(&raw));
+}
+
+/// Bit 0 of a standard L2 entry means "reads as zeros" in version 3 only; version 2 images
+/// ignore it (as QEMU does).
+#[test]
+fn zero_bit_counts_in_v3_only() {
+    for (compat, zero) in [("1.1", true), ("0.10", false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let raw_path = dir.path().join("src.raw");
+        let img_path = dir.path().join("b.qcow2");
+        let mut raw = vec![0u8; MIB as usize];
+        Rng(91).fill(&mut raw);
+        fs::write(&raw_path, &raw).unwrap();
+        qemu_img(&[
+            "convert",
+            "-O",
+            "qcow2",
+            "-o",
+            &format!("compat={compat}"),
+            s(&raw_path),
+            s(&img_path),
+        ]);
+        let bytes = fs::read(&img_path).unwrap();
+        let l1_off = be64(&bytes, 40);
+        let l2_off = be64(&bytes, l1_off) & 0x00ff_ffff_ffff_fe00;
+        // Guest cluster 3.
+        let at = l2_off + 8 * 3;
+        patch(&img_path, at, &(be64(&bytes, at) | 1).to_be_bytes());
+        let img = open(&img_path);
+        let runs = img.map().unwrap();
+        let cluster3 = run_at(&runs, 3 * 64 * KIB);
+        if zero {
+            raw[3 * 64 * KIB as usize..4 * 64 * KIB as usize].fill(0);
+            assert_eq!(
+                cluster3,
+                MapRun {
+                    start: 3 * 64 * KIB,
+                    len: 64 * KIB,
+                    alloc: Allocation::Zero,
+                    depth: 0
+                }
+            );
+        } else {
+            assert_eq!(runs.len(), 1, "{runs:?}");
+            assert_eq!(cluster3.alloc, Allocation::Data);
+        }
+        assert_same(&read_all(&img), &raw, compat);
+    }
+}

@@ -21,8 +21,8 @@ const L2E_RESERVED_MASK: u64 = 0x3f00_0000_0000_01fe;
 const L2E_ZERO: u64 = 1;
 const L2E_COMPRESSED: u64 = 1 << 62;
 
-/// Bytes of L2 tables one file keeps cached.
-const L2_CACHE_BYTES: u64 = 32 << 20;
+/// Bytes of L2 tables one file keeps cached (16 MiB of 64 KiB tables map 128 GiB).
+const L2_CACHE_BYTES: u64 = 16 << 20;
 /// At most this many tables (small clusters would otherwise mean a long eviction scan).
 const L2_CACHE_MAX_TABLES: u64 = 1024;
 /// Decompressed clusters kept (a read of a compressed cluster in small pieces decompresses
