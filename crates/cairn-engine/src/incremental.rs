@@ -10,6 +10,7 @@
 //! the source holds exactly the parent version's bytes (the overlay's backing file *is* the
 //! parent; the bitmap was created when the parent was taken).
 
+use std::collections::BTreeSet;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -22,23 +23,48 @@ use cairn_repo::Repo;
 
 use crate::commit::CommitResult;
 use crate::error::{EngineError, EngineResult};
-use crate::patch::{commit_patch, PatchOptions, PatchSource};
+use crate::patch::{commit_patch, leaf_map, PatchOptions, PatchSource};
 
 /// Bytes per changed block when the repository's chunker does not dictate them (FastCDC):
 /// the qcow2 default cluster and QEMU's default dirty-bitmap granularity.
 const DEFAULT_BLOCK: u32 = 64 * 1024;
 
-/// The extents of an image that the layers above `depth` define (data or zeros): what a
-/// qcow2 overlay chain changed relative to the layer at `depth`. Sorted `(start, end)`.
-pub fn layer_changes(image: &dyn DiskImage, depth: usize) -> EngineResult<Vec<(u64, u64)>> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
+/// What a source says changed: ranges to read, and ranges it defines as zeros (which need
+/// no reading). Sorted, non-overlapping `(start, end)` pairs each.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub data: Vec<(u64, u64)>,
+    pub zeros: Vec<(u64, u64)>,
+}
+
+impl Changes {
+    /// Only data ranges (a dirty bitmap: what it marks must be read).
+    pub fn data(data: Vec<(u64, u64)>) -> Changes {
+        Changes {
+            data,
+            zeros: Vec::new(),
+        }
+    }
+}
+
+/// What the layers above `depth` of an image define (data or zeros): what a qcow2 overlay
+/// chain changed relative to the layer at `depth`.
+pub fn layer_changes(image: &dyn DiskImage, depth: usize) -> EngineResult<Changes> {
+    fn push(v: &mut Vec<(u64, u64)>, start: u64, end: u64) {
+        match v.last_mut() {
+            Some(last) if last.1 == start => last.1 = end,
+            _ => v.push((start, end)),
+        }
+    }
+    let mut out = Changes::default();
     for run in image.map()? {
-        if run.depth >= depth || run.alloc == Allocation::Unallocated {
+        if run.depth >= depth {
             continue;
         }
-        match out.last_mut() {
-            Some(last) if last.1 == run.start => last.1 = run.end(),
-            _ => out.push((run.start, run.end())),
+        match run.alloc {
+            Allocation::Data => push(&mut out.data, run.start, run.end()),
+            Allocation::Zero => push(&mut out.zeros, run.start, run.end()),
+            Allocation::Unallocated => {}
         }
     }
     Ok(out)
@@ -53,14 +79,19 @@ pub struct IncrementalStats {
     pub read_bytes: u64,
 }
 
-/// Commits `source` as a new version of `image`, reading only `changed` (sorted or not;
-/// `(start, end)` byte ranges) and taking everything else from `parent`.
+/// Commits `source` as a new version of `image`, reading only `changes.data` and taking
+/// everything else from `parent`.
+///
+/// Zero ranges are not read. Where the parent is known to be zero too (segments absent from
+/// its tree, bytes past its end) they are no change at all and are dropped: `qemu-img
+/// convert -B` marks every zero area of its input as zero clusters in the overlay, which
+/// would otherwise touch every segment.
 pub async fn commit_changes(
     repo: Arc<Repo>,
     image: &str,
     parent: (Id, VersionRecord),
     source: Arc<dyn DiskImage>,
-    changed: &[(u64, u64)],
+    changes: &Changes,
     message: &str,
 ) -> EngineResult<(CommitResult, IncrementalStats)> {
     let size = source.size();
@@ -80,9 +111,28 @@ pub async fn commit_changes(
         Chunker::FastCdc => DEFAULT_BLOCK,
     };
     let bs = block_size as u64;
+    // Zero ranges that change something: inside segments the parent holds.
+    let present: BTreeSet<u64> = leaf_map(&repo, &parent.1).await?.into_keys().collect();
+    let seg = parent.1.segment_size.max(1) as u64;
+    let mut zeros = Vec::new();
+    for &(start, end) in &changes.zeros {
+        let end = end.min(parent.1.logical_size);
+        let mut pos = start;
+        while pos < end {
+            let next = ((pos / seg) + 1) * seg;
+            if present.contains(&(pos / seg)) {
+                let piece_end = next.min(end);
+                match zeros.last_mut() {
+                    Some((_, e)) if *e == pos => *e = piece_end,
+                    _ => zeros.push((pos, piece_end)),
+                }
+            }
+            pos = next;
+        }
+    }
     let mut blocks = Vec::new();
     let mut changed_bytes = 0;
-    for &(start, end) in changed {
+    for &(start, end) in changes.data.iter().chain(&zeros) {
         let end = end.min(size);
         if start >= end {
             continue;
@@ -96,6 +146,7 @@ pub async fn commit_changes(
         source,
         block_size,
         blocks,
+        zeros,
         read: AtomicU64::new(0),
     };
     let result = commit_patch(
@@ -121,6 +172,8 @@ struct ChangedBlocks {
     source: Arc<dyn DiskImage>,
     block_size: u32,
     blocks: Vec<u64>,
+    /// Ranges known to be zeros (sorted): blocks inside one are not read.
+    zeros: Vec<(u64, u64)>,
     read: AtomicU64,
 }
 
@@ -136,6 +189,11 @@ impl PatchSource for ChangedBlocks {
         let start = index * bs;
         let len = bs.min(self.source.size() - start) as usize;
         let mut buf = vec![0u8; len];
+        let end = start + len as u64;
+        let i = self.zeros.partition_point(|&(_, e)| e <= start);
+        if self.zeros.get(i).is_some_and(|&(s, e)| s <= start && end <= e) {
+            return Ok(buf);
+        }
         self.source
             .read_at(&mut buf, start)
             .map_err(|e| io::Error::other(e.to_string()))?;

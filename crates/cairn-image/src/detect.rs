@@ -27,6 +27,13 @@ pub const QCOW2_MAGIC: [u8; 4] = *b"QFI\xfb";
 /// Detects the container of an open file from its first bytes (a file shorter than the
 /// magic is raw).
 pub fn detect_format(file: &File, path: &Path) -> ImageResult<ImageFormat> {
+    // Read the magic without readahead and without leaving it cached: a readahead here
+    // would mark pages that a later polite scan finds "already cached" and keeps.
+    crate::raw::advise(file, libc::POSIX_FADV_RANDOM);
+    crate::pagecache::read_politely(file, 0, 4, || read_magic(file, path))
+}
+
+fn read_magic(file: &File, path: &Path) -> ImageResult<ImageFormat> {
     let mut magic = [0u8; 4];
     let mut got = 0;
     while got < magic.len() {

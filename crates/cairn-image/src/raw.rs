@@ -34,6 +34,15 @@ pub struct RawImage {
     /// A second descriptor opened with `O_DIRECT`, when asked for.
     direct: Option<File>,
     options: RawOptions,
+    polite: crate::pagecache::Polite,
+}
+
+impl Drop for RawImage {
+    fn drop(&mut self) {
+        if self.options.drop_cache {
+            self.polite.finish(&self.file);
+        }
+    }
 }
 
 impl RawImage {
@@ -87,7 +96,17 @@ impl RawImage {
         } else {
             None
         };
-        advise_sequential(&file);
+        // Readahead would bring pages in ahead of the reads, where the polite check would
+        // then find them "already cached" and keep them: a polite scan reads without it (its
+        // reads are large anyway).
+        advise(
+            &file,
+            if options.drop_cache {
+                libc::POSIX_FADV_RANDOM
+            } else {
+                libc::POSIX_FADV_SEQUENTIAL
+            },
+        );
         Ok(RawImage {
             path: path.to_path_buf(),
             file,
@@ -95,6 +114,7 @@ impl RawImage {
             is_device,
             direct,
             options,
+            polite: Default::default(),
         })
     }
 
@@ -150,7 +170,7 @@ impl DiskImage for RawImage {
         let res = match &self.direct {
             Some(direct) => self.read_direct(direct, buf, offset),
             None if self.options.drop_cache => {
-                crate::pagecache::read_politely(&self.file, offset, buf.len() as u64, || {
+                self.polite.read(&self.file, offset, buf.len() as u64, || {
                     self.file.read_exact_at(buf, offset)
                 })
             }
@@ -220,10 +240,11 @@ fn device_size(file: &File) -> io::Result<u64> {
     Ok(end as u64)
 }
 
-fn advise_sequential(file: &File) {
+/// Advises the kernel of the access pattern of the whole file.
+pub(crate) fn advise(file: &File, advice: libc::c_int) {
     // SAFETY: posix_fadvise only takes an fd and integers; failure is harmless (a hint).
     unsafe {
-        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_SEQUENTIAL);
+        libc::posix_fadvise(file.as_raw_fd(), 0, 0, advice);
     }
 }
 

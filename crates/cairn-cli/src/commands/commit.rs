@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use cairn_engine::commit::{commit, CommitOptions, CommitProgress, CommitResult};
-use cairn_engine::incremental::{commit_changes, layer_changes, IncrementalStats};
+use cairn_engine::incremental::{commit_changes, layer_changes, Changes, IncrementalStats};
 use cairn_engine::resolve::{resolve, VersionSpec};
 use cairn_engine::source::{
     open_image, ImageSource, RateLimited, ReadPolicy, Source, SourceFormat, StreamSource,
@@ -42,7 +42,7 @@ enum Plan {
     Incremental {
         image: Arc<dyn DiskImage>,
         parent: Box<(Id, VersionRecord)>,
-        changed: Vec<(u64, u64)>,
+        changed: Changes,
         /// Why this parent, for the summary line.
         because: String,
     },
@@ -76,16 +76,10 @@ pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
     let plan = plan(&repo, &args, &opened).await?;
 
     let started = Instant::now();
+    let provenance = Provenance::for_repo(&repo.config().repo_id);
     let (result, incremental, read_bytes, because) = match plan {
         Plan::Full(source) => {
             let (result, read) = full_commit(ctx, repo.clone(), &args, source).await?;
-            if let Opened::Local(_) = opened {
-                Provenance::for_repo(&repo.config().repo_id).record(
-                    Path::new(&spec),
-                    identity_before,
-                    &result.id,
-                );
-            }
             (result, None, read, None)
         }
         Plan::Incremental {
@@ -101,6 +95,10 @@ pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
         }
     };
     let elapsed = started.elapsed();
+    if let Opened::Local(_) = opened {
+        // This file now holds this version: an overlay on it commits incrementally.
+        provenance.record(Path::new(&spec), identity_before, &result.id);
+    }
     report(ctx, &result, incremental, read_bytes, because, elapsed);
     Ok(ExitCode::SUCCESS)
 }
@@ -181,7 +179,7 @@ async fn plan(repo: &Arc<Repo>, args: &CommitArgs, opened: &Opened) -> Result<Pl
             Ok(Plan::Incremental {
                 image: image.clone(),
                 parent: Box::new(parent),
-                changed: dirty.clone(),
+                changed: Changes::data(dirty.clone()),
                 because,
             })
         }

@@ -5,7 +5,6 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
 
 /// A host file that can be read at any offset from several threads at once.
 pub(crate) trait HostIo: Send + Sync {
@@ -13,8 +12,6 @@ pub(crate) trait HostIo: Send + Sync {
     fn len(&self) -> u64;
     /// Fills `buf` from `offset`; a read past the end is an error.
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
-    /// Data was read from `[offset, offset + len)` and will not be needed again soon.
-    fn done_with(&self, _offset: u64, _len: u64) {}
 }
 
 /// A regular file or block device read with `pread`.
@@ -22,14 +19,29 @@ pub(crate) struct FileIo {
     file: File,
     len: u64,
     drop_cache: bool,
+    polite: crate::pagecache::Polite,
+}
+
+impl Drop for FileIo {
+    fn drop(&mut self) {
+        if self.drop_cache {
+            self.polite.finish(&self.file);
+        }
+    }
 }
 
 impl FileIo {
     pub(crate) fn new(file: File, len: u64, drop_cache: bool) -> FileIo {
+        if drop_cache {
+            // No readahead: pages it brought in would look "cached before" to the polite
+            // check (see `crate::raw`).
+            crate::raw::advise(&file, libc::POSIX_FADV_RANDOM);
+        }
         FileIo {
             file,
             len,
             drop_cache,
+            polite: Default::default(),
         }
     }
     pub(crate) fn file(&self) -> &File {
@@ -42,20 +54,14 @@ impl HostIo for FileIo {
         self.len
     }
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        FileExt::read_exact_at(&self.file, buf, offset)
-    }
-    fn done_with(&self, offset: u64, len: u64) {
-        if !self.drop_cache || len == 0 {
-            return;
-        }
-        let (Ok(off), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
-            return;
-        };
-        // SAFETY: posix_fadvise only takes a file descriptor we own (kept open by `self.file`
-        // for the duration of the call) and two integers; it touches no memory of ours. Its
-        // result is advisory, so a failure is ignored.
-        unsafe {
-            libc::posix_fadvise(self.file.as_raw_fd(), off, len, libc::POSIX_FADV_DONTNEED);
+        if self.drop_cache {
+            // Pages this read brings into the page cache are dropped again; pages that were
+            // cached before (a running VM's) stay (see `crate::pagecache`).
+            self.polite.read(&self.file, offset, buf.len() as u64, || {
+                FileExt::read_exact_at(&self.file, buf, offset)
+            })
+        } else {
+            FileExt::read_exact_at(&self.file, buf, offset)
         }
     }
 }

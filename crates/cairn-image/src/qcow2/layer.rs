@@ -340,7 +340,6 @@ impl<R: HostIo> Qcow2File<R> {
         self.io
             .read_exact_at(&mut input, host)
             .map_err(|e| read_error(&self.path, e))?;
-        self.io.done_with(host, avail);
         let cs = self.cluster_size() as usize;
         let mut out = vec![0u8; cs];
         let result = match self.header.compression {

@@ -280,7 +280,6 @@ impl Qcow2Image {
             Kind::Raw(io) => {
                 io.read_exact_at(buf, offset)
                     .map_err(|e| read_error(&layer.path, e))?;
-                io.done_with(offset, buf.len() as u64);
                 Ok(())
             }
             Kind::Qcow2(q) => self.read_qcow2(depth, q, buf, offset),
@@ -316,7 +315,6 @@ impl Qcow2Image {
                 Pending::Data(host) => {
                     q.io.read_exact_at(part, host)
                         .map_err(|e| read_error(q.path(), e))?;
-                    q.io.done_with(host, part.len() as u64);
                     Ok(())
                 }
             }
