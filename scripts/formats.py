@@ -432,10 +432,11 @@ def main():
     ap.add_argument("--bin", default=os.path.join(os.path.dirname(__file__), "..", "target",
                                                   "release", "cairn"))
     args = ap.parse_args()
-    images = sorted(glob.glob(os.path.join(args.dataset, "su-*.raw")))[:3]
+    images = sorted(glob.glob(os.path.join(os.path.abspath(args.dataset), "su-*.raw")))[:3]
     if len(images) < 3:
         sys.exit(f"formats: need 3 su-*.raw images in {args.dataset}")
-    work = tempfile.mkdtemp(prefix="cairn-formats-", dir=os.environ.get("CAIRN_TEST_TMP"))
+    work = os.path.abspath(tempfile.mkdtemp(prefix="cairn-formats-",
+                                            dir=os.environ.get("CAIRN_TEST_TMP")))
     try:
         repo, state = os.path.join(work, "repo"), os.path.join(work, "state")
         c = Cairn(os.path.abspath(args.bin), repo, os.path.join(state, "main"))
