@@ -328,7 +328,7 @@ pub struct CommitArgs {
     pub rate_limit: Option<f64>,
     /// Keep what the scan reads in the page cache (default: pages the scan brought in are
     /// dropped again, so it does not evict the host's cache).
-    #[arg(long, env = "CAIRN_KEEP_CACHE")]
+    #[arg(long, env = "CAIRN_KEEP_CACHE", value_parser = clap::builder::BoolishValueParser::new())]
     pub keep_cache: bool,
     /// Read raw files and block devices with O_DIRECT, bypassing the page cache.
     #[arg(long, conflicts_with = "keep_cache")]

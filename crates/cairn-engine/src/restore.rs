@@ -7,8 +7,13 @@
 //! first, so they stay holes. A block device gets explicit zeros; stdout gets every byte,
 //! in order, one batch at a time.
 //!
-//! A regular-file output is written under a temporary name and renamed into place only once
-//! complete and synced, so a failed restore never leaves a plausible-looking partial image.
+//! A qcow2 output (`RestoreTarget::Qcow2`) takes the same positioned writes through
+//! [`Qcow2Writer`]: clusters are allocated as data arrives, all-zero pieces are skipped, so
+//! clusters without data stay unallocated, and the metadata is written at the end.
+//!
+//! A regular-file output (raw or qcow2) is written under a temporary name and renamed into
+//! place only once complete and synced, so a failed restore never leaves a plausible-looking
+//! partial image.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
