@@ -5,7 +5,10 @@ source against full-scan commits of the same data.
 A 2 GiB dataset image (su-0 of the full dataset) gets 1% changes: 20 writes of 1 MiB of
 random data at offsets spread over its data. The same change is presented four ways:
 
-  full raw        `cairn commit IMG modified.raw`: the changed image as a raw file, full scan
+  full raw        `cairn commit IMG modified.raw`: the changed image as a sparse raw file, full
+                  scan of its data (holes are skipped already)
+  full thick      the same bytes fully allocated (`cp --sparse=never`), as a block device or a
+                  thick volume is: the full scan reads all 2 GiB
   full chain      `cairn commit IMG overlay.qcow2` with no record of its backing file: a full
                   scan through the backing chain
   overlay         `cairn commit IMG overlay.qcow2` after `base.qcow2` was committed: only the
@@ -14,9 +17,11 @@ random data at offsets spread over its data. The same change is presented four w
   dirty bitmap    the same export, `--dirty-bitmap b0`: only the extents QEMU marked dirty
 
 Every method commits into its own fresh repository that already holds the parent (the
-unchanged image), so each dedups against the same data. Each figure is the median of RUNS counted runs (default 3) after one warm-up; page cache
-warm (the commits drop only pages they bring in). Reports wall time, bytes read from the
-source (cairn's own count) and their ratios; the targets are < 3% of the image read and
+unchanged image), so each dedups against the same data. Each figure is the median of RUNS
+counted runs (default 3) after one warm-up, once with the sources in the page cache (warm)
+and once evicted before each commit (cold: the state a polite scan of a live host leaves
+them in). Reports wall time, bytes read from the source (cairn's own count) and their
+ratios; the targets are < 3% of the image read and
 < 10% of the full scan's time.
 
     bench/incremental.py [--dataset DIR] [--bin PATH]
@@ -40,7 +45,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from formats import Qmp, stop, wait_for  # noqa: E402
+from formats import Qmp, evict, stop, wait_for  # noqa: E402
 
 # Peers read through the page cache and leave it warm: so does cairn here (its default
 # drops the pages a scan brought in, to be polite to a live host).
@@ -131,31 +136,48 @@ def main():
                 f.seek(off)
                 with open(chunks[k], "rb") as c:
                     f.write(c.read())
+        thick = os.path.join(work, "thick.raw")
+        sh("cp", "--sparse=never", modified, thick)
         overlay = os.path.join(work, "overlay.qcow2")
         sh("qemu-img", "create", "-f", "qcow2", "-b", base, "-F", "qcow2", overlay)
         sh("qemu-io", "-f", "qcow2", overlay, *writes)
         sh("qemu-img", "compare", "-f", "qcow2", "-F", "raw", overlay, modified)
         changed = len(offsets) * CHANGE_LEN
 
-        results = {k: [] for k in ("full raw", "full chain", "overlay", "nbd full",
-                                   "dirty bitmap")}
-        for run in range(runs + 1):
-            # One fresh repository per method, each holding the parent (base.qcow2's content,
-            # committed as vm@1), so every method dedups against the same data.
+        methods = ("full thick", "full raw", "full chain", "overlay", "nbd full", "dirty bitmap")
+        results = {cache: {k: [] for k in methods} for cache in ("warm", "cold")}
+
+        def measure(run, cache):
+            """One commit per method; `cold` evicts the sources from the page cache first."""
             def fresh(name, record=True):
-                state = os.path.join(work, f"state-{run}-{name}")
-                c = Cairn(binary, os.path.join(work, f"repo-{run}-{name}"), state)
+                # A fresh repository holding the parent (base.qcow2's content as vm@1), so
+                # every method dedups against the same data.
+                state = os.path.join(work, f"state-{run}-{cache}-{name}")
+                c = Cairn(binary, os.path.join(work, f"repo-{run}-{cache}-{name}"), state)
                 c.run("init")
                 c.run("commit", "vm", base)
                 if not record:
                     shutil.rmtree(state, ignore_errors=True)
                 return c
 
-            got = {
-                "full raw": fresh("raw").commit("vm", modified),
-                "full chain": fresh("chain", record=False).commit("vm", overlay),
-                "overlay": fresh("overlay").commit("vm", overlay),
-            }
+            def prep(*files):
+                if cache == "cold":
+                    for f in files:
+                        evict(f)
+
+            got = {}
+            c = fresh("thick")
+            prep(thick)
+            got["full thick"] = c.commit("vm", thick)
+            c = fresh("raw")
+            prep(modified)
+            got["full raw"] = c.commit("vm", modified)
+            c = fresh("chain", record=False)
+            prep(base, overlay)
+            got["full chain"] = c.commit("vm", overlay)
+            c = fresh("overlay")
+            prep(base, overlay)
+            got["overlay"] = c.commit("vm", overlay)
             # Changed-block tracking over NBD: the export starts as base.qcow2's content, the
             # bitmap is created with it, then the same change is written through NBD.
             nbd_full, dirty = fresh("nbd"), fresh("dirty")
@@ -177,7 +199,9 @@ def main():
                         name="disk", writable=True, bitmaps=["b0"])
                 url = f"nbd+unix:///disk?socket={sock}"
                 sh("qemu-io", "-f", "raw", url, *writes)
+                prep(disk)
                 got["nbd full"] = nbd_full.commit("vm", url)
+                prep(disk)
                 got["dirty bitmap"] = dirty.commit("vm", url, "--dirty-bitmap", "b0")
             finally:
                 stop(qsd)
@@ -188,17 +212,20 @@ def main():
             for k in ("overlay", "dirty bitmap"):
                 if not got[k][2]:
                     raise RuntimeError(f"{k}: the commit was not incremental")
-            if run > 0:
-                for k, v in got.items():
-                    results[k].append(v)
-            print(f"run {run}{' (warm-up)' if run == 0 else ''}: " + ", ".join(
-                f"{k} {v[0]:.2f} s" for k, v in got.items()), file=sys.stderr)
             for d in os.listdir(work):
                 if d.startswith(("repo-", "state-")):
                     shutil.rmtree(os.path.join(work, d))
+            return got
 
-        med = {k: (statistics.median(t for t, _, _ in v), statistics.median(r for _, r, _ in v))
-               for k, v in results.items()}
+        for run in range(runs + 1):
+            for cache in ("warm", "cold"):
+                got = measure(run, cache)
+                if run > 0:
+                    for k, v in got.items():
+                        results[cache][k].append(v)
+                print(f"run {run}{' (warm-up)' if run == 0 else ''} {cache}: " + ", ".join(
+                    f"{k} {v[0]:.2f} s" for k, v in got.items()), file=sys.stderr)
+
         lines = [
             f"# bench/incremental.py — {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC",
             "",
@@ -206,17 +233,28 @@ def main():
             f"Image: {os.path.basename(raw)}, {size / 2**30:.0f} GiB, "
             f"{os.stat(raw).st_blocks * 512 / 2**20:.0f} MiB allocated; change: {len(offsets)} "
             f"× 1 MiB of random data = {changed / 2**20:.0f} MiB ({changed * 100 / size:.2f}% "
-            "of the image). Medians; page cache warm.",
-            "",
-            "| commit | time | read from source | read ÷ image | time ÷ full scan |",
-            "|---|---|---|---|---|",
+            "of the image). Medians. *warm*: the sources are in the page cache; *cold*: they "
+            "were evicted before each commit (a live host whose scans are polite).",
         ]
-        full_of = {"full raw": "full raw", "full chain": "full chain", "overlay": "full chain",
-                   "nbd full": "nbd full", "dirty bitmap": "nbd full"}
-        for k, (t, r) in med.items():
-            ref = med[full_of[k]][0]
-            lines.append(f"| {k} | {t:.2f} s | {r / 2**20:.1f} MiB | {r * 100 / size:.2f}% | "
-                         f"{t / ref:.3f}× |")
+        full_of = {"full thick": "full thick", "full raw": "full raw",
+                   "full chain": "full chain", "overlay": "full chain", "nbd full": "nbd full",
+                   "dirty bitmap": "nbd full"}
+        for cache in ("cold", "warm"):
+            med = {k: (statistics.median(t for t, _, _ in v),
+                       statistics.median(r for _, r, _ in v))
+                   for k, v in results[cache].items()}
+            lines += [
+                "",
+                f"**{cache} page cache**",
+                "",
+                "| commit | time | read from source | read ÷ image | time ÷ its full scan "
+                "| time ÷ full thick scan |",
+                "|---|---|---|---|---|---|",
+            ]
+            for k, (t, r) in med.items():
+                ref = med[full_of[k]][0]
+                lines.append(f"| {k} | {t:.2f} s | {r / 2**20:.1f} MiB | {r * 100 / size:.2f}% "
+                             f"| {t / ref:.3f}× | {t / med['full thick'][0]:.3f}× |")
         report = "\n".join(lines) + "\n"
         print(report)
         os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)

@@ -200,6 +200,18 @@ def chains(c, work, images, state_dir):
     out = os.path.join(work, "chain.raw")
     fresh.run("restore", "chain-full", out)
     identical(out, "raw", images[2], "full commit of a 3-level chain")
+    # The same with `qemu-img convert -B` chains (every data and zero cluster copied into
+    # each level, zero clusters over the backing's data).
+    cmid, ctop = os.path.join(work, "cmid.qcow2"), os.path.join(work, "ctop.qcow2")
+    sh("qemu-img", "convert", "-O", "qcow2", "-B", "base.qcow2", "-F", "qcow2", images[1], cmid,
+       cwd=work)
+    sh("qemu-img", "convert", "-O", "qcow2", "-B", "cmid.qcow2", "-F", "qcow2", images[2], ctop,
+       cwd=work)
+    fresh.run("commit", "chain-b", ctop)
+    fresh.run("restore", "chain-b", out)
+    identical(out, "raw", images[2], "full commit of a 3-level `convert -B` chain")
+    os.unlink(ctop)
+    os.unlink(cmid)
 
     # Level by level: each overlay's backing file was just committed, so only its clusters
     # are read.
