@@ -35,8 +35,6 @@ import json
 import os
 import random
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,7 +43,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from formats import Qmp, evict, stop, wait_for  # noqa: E402
+from formats import StorageDaemon, evict  # noqa: E402
 
 # Peers read through the page cache and leave it warm: so does cairn here (its default
 # drops the pages a scan brought in, to be polite to a live host).
@@ -183,32 +181,17 @@ def main():
             nbd_full, dirty = fresh("nbd"), fresh("dirty")
             disk = os.path.join(work, "cbt.qcow2")
             shutil.copy(base, disk)
-            sock, qmp_sock = os.path.join(work, "qsd.sock"), os.path.join(work, "qmp.sock")
-            qsd = subprocess.Popen([
-                "qemu-storage-daemon",
-                "--blockdev", f"driver=file,node-name=file0,filename={disk}",
-                "--blockdev", "driver=qcow2,node-name=disk0,file=file0",
-                "--nbd-server", f"addr.type=unix,addr.path={sock}",
-                "--chardev", f"socket,id=qmp0,path={qmp_sock},server=on,wait=off",
-                "--monitor", "chardev=qmp0"], stderr=subprocess.PIPE, text=True)
+            qsd = StorageDaemon(work, disk)
             try:
-                wait_for(qmp_sock, qsd, "qemu-storage-daemon")
-                qmp = Qmp(qmp_sock)
-                qmp.cmd("block-dirty-bitmap-add", node="disk0", name="b0", granularity=65536)
-                qmp.cmd("block-export-add", type="nbd", id="exp0", **{"node-name": "disk0"},
-                        name="disk", writable=True, bitmaps=["b0"])
-                url = f"nbd+unix:///disk?socket={sock}"
+                url = qsd.url
                 sh("qemu-io", "-f", "raw", url, *writes)
                 prep(disk)
                 got["nbd full"] = nbd_full.commit("vm", url)
                 prep(disk)
                 got["dirty bitmap"] = dirty.commit("vm", url, "--dirty-bitmap", "b0")
             finally:
-                stop(qsd)
+                qsd.stop()
                 os.unlink(disk)
-                for s in (sock, qmp_sock):
-                    if os.path.exists(s):
-                        os.unlink(s)
             for k in ("overlay", "dirty bitmap"):
                 if not got[k][2]:
                     raise RuntimeError(f"{k}: the commit was not incremental")

@@ -81,8 +81,7 @@ def main():
                     repo = os.path.join(work, "repo")
                     cairn(repo, "init")
                     got[name] = timed(lambda: cairn(repo, "commit", "vm", src))
-                    if name != "raw":
-                        shutil.rmtree(repo)
+                    shutil.rmtree(repo)
                 repo = os.path.join(work, "repo")
                 cairn(repo, "init")
                 cairn(repo, "commit", "vm", raw)

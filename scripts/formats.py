@@ -274,31 +274,64 @@ def nbd_source(c, work, raw):
         os.unlink(vmdk)
 
 
+class StorageDaemon:
+    """qemu-storage-daemon serving one qcow2 as NBD export "disk" on a Unix socket, with a
+    QMP monitor and a persistent dirty bitmap b0 (64 KiB granularity) exported with it."""
+
+    def __init__(self, work, disk):
+        self.sock, self.qmp_sock = os.path.join(work, "qsd.sock"), os.path.join(work, "qmp.sock")
+        self.proc = subprocess.Popen([
+            "qemu-storage-daemon",
+            "--blockdev", f"driver=file,node-name=file0,filename={disk}",
+            "--blockdev", "driver=qcow2,node-name=disk0,file=file0",
+            "--nbd-server", f"addr.type=unix,addr.path={self.sock}",
+            "--chardev", f"socket,id=qmp0,path={self.qmp_sock},server=on,wait=off",
+            "--monitor", "chardev=qmp0",
+        ], stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(self.qmp_sock, self.proc, "qemu-storage-daemon")
+            self.qmp = Qmp(self.qmp_sock)
+            # The bitmap must exist before the export that exposes it.
+            self.qmp.cmd("block-dirty-bitmap-add", node="disk0", name="b0", persistent=True,
+                         granularity=65536)
+            self.export()
+        except Exception:
+            self.stop()
+            raise
+        self.url = f"nbd+unix:///disk?socket={self.sock}"
+
+    def export(self):
+        self.qmp.cmd("block-export-add", type="nbd", id="exp0", **{"node-name": "disk0"},
+                     name="disk", writable=True, bitmaps=["b0"])
+
+    def clear_bitmap(self):
+        """Starts the next round: an exported bitmap is busy, so take the export down, clear
+        the bitmap, export again (no writes can happen in between)."""
+        self.qmp.cmd("block-export-del", id="exp0")
+        for _ in range(100):
+            try:
+                self.qmp.cmd("block-dirty-bitmap-clear", node="disk0", name="b0")
+                break
+            except RuntimeError:
+                time.sleep(0.05)
+        else:
+            raise RuntimeError("the export did not release bitmap b0")
+        self.export()
+
+    def stop(self):
+        stop(self.proc)
+        for s in (self.sock, self.qmp_sock):
+            if os.path.exists(s):
+                os.unlink(s)
+
+
 def dirty_bitmaps(c, work, raw):
     print("changed-block tracking: qemu-storage-daemon + QMP dirty bitmap")
     disk = os.path.join(work, "cbt.qcow2")
     sh("qemu-img", "convert", "-O", "qcow2", raw, disk)
-    sock, qmp_sock = os.path.join(work, "qsd.sock"), os.path.join(work, "qmp.sock")
-    qsd = subprocess.Popen([
-        "qemu-storage-daemon",
-        "--blockdev", f"driver=file,node-name=file0,filename={disk}",
-        "--blockdev", "driver=qcow2,node-name=disk0,file=file0",
-        "--nbd-server", f"addr.type=unix,addr.path={sock}",
-        "--chardev", f"socket,id=qmp0,path={qmp_sock},server=on,wait=off",
-        "--monitor", "chardev=qmp0",
-    ], stderr=subprocess.PIPE, text=True)
+    qsd = StorageDaemon(work, disk)
     try:
-        wait_for(qmp_sock, qsd, "qemu-storage-daemon")
-        qmp = Qmp(qmp_sock)
-        qmp.cmd("block-dirty-bitmap-add", node="disk0", name="b0", persistent=True,
-                granularity=65536)
-
-        def export():
-            qmp.cmd("block-export-add", type="nbd", id="exp0", **{"node-name": "disk0"},
-                    name="disk", writable=True, bitmaps=["b0"])
-
-        export()
-        url = f"nbd+unix:///disk?socket={sock}"
+        url = qsd.url
         c.json("commit", "cbt", url)  # cbt@1: the bitmap was created with it
         size = os.path.getsize(raw)
         for round_ in (1, 2):
@@ -315,19 +348,8 @@ def dirty_bitmaps(c, work, raw):
                f"round {round_}: --dirty-bitmap commit is incremental: {inc}")
             ok(v["read_bytes"] <= written + len(writes) * 2 * 65536,
                f"round {round_}: read {v['read_bytes']} bytes for {written} bytes written")
-            # Once the version is safe, the operator starts the next round: an exported bitmap
-            # is busy, so take the export down, clear the bitmap, export again (no writes
-            # happen in between).
-            qmp.cmd("block-export-del", id="exp0")
-            for _ in range(100):
-                try:
-                    qmp.cmd("block-dirty-bitmap-clear", node="disk0", name="b0")
-                    break
-                except RuntimeError:
-                    time.sleep(0.05)
-            else:
-                raise RuntimeError("the export did not release bitmap b0")
-            export()
+            # Once the version is safe, the operator starts the next round.
+            qsd.clear_bitmap()
             out = os.path.join(work, "cbt.raw")
             c.run("restore", f"cbt@{round_ + 1}", out)
             expect = os.path.join(work, "cbt-expected.raw")
@@ -336,7 +358,7 @@ def dirty_bitmaps(c, work, raw):
             os.unlink(out)
             os.unlink(expect)
     finally:
-        stop(qsd)
+        qsd.stop()
         os.unlink(disk)
 
 

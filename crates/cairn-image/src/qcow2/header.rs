@@ -7,15 +7,11 @@
 use std::path::Path;
 
 use super::io::HostIo;
+use super::layout::{MAX_CLUSTER_BITS, MAX_L1_BYTES, MIN_CLUSTER_BITS};
 use crate::detect::QCOW2_MAGIC;
 use crate::error::{ImageError, ImageResult};
 
 /// Smallest and largest cluster sizes (log2) QEMU reads.
-pub(crate) const MIN_CLUSTER_BITS: u32 = 9;
-pub(crate) const MAX_CLUSTER_BITS: u32 = 21;
-/// QEMU refuses active L1 tables larger than this (`QCOW_MAX_L1_SIZE`); so do we, before
-/// allocating one.
-pub(crate) const MAX_L1_BYTES: u64 = 32 << 20;
 /// Longest backing file name QEMU accepts.
 const MAX_BACKING_NAME: u64 = 1023;
 /// Length of a version 2 header; also the smallest file that can hold any header.

@@ -9,14 +9,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::header::{corrupt, parse_header, read_error, Compression, Header};
 use super::io::HostIo;
+use super::layout::ENTRY_OFFSET_MASK;
 use crate::error::ImageResult;
 
 /// L1 entry: bits 9-55 hold the L2 table offset, bit 63 is "copied"; the rest is reserved.
-const L1E_OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
 const L1E_RESERVED_MASK: u64 = 0x7f00_0000_0000_01ff;
 /// Standard L2 entry: bit 0 "reads as zeros" (v3), bits 9-55 host offset, bit 62
 /// compressed, bit 63 copied; bits 1-8 and 56-61 reserved.
-const L2E_OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
 const L2E_RESERVED_MASK: u64 = 0x3f00_0000_0000_01fe;
 const L2E_ZERO: u64 = 1;
 const L2E_COMPRESSED: u64 = 1 << 62;
@@ -97,7 +96,7 @@ impl<R: HostIo> Qcow2File<R> {
                     ),
                 ));
             }
-            let off = e & L1E_OFFSET_MASK;
+            let off = e & ENTRY_OFFSET_MASK;
             if off == 0 {
                 continue;
             }
@@ -167,7 +166,7 @@ impl<R: HostIo> Qcow2File<R> {
                     format!("no L1 entry {index} (internal: guest offset beyond the L1 table)"),
                 )
             })?;
-        let off = entry & L1E_OFFSET_MASK;
+        let off = entry & ENTRY_OFFSET_MASK;
         if off == 0 {
             return Ok(None);
         }
@@ -234,7 +233,7 @@ impl<R: HostIo> Qcow2File<R> {
                 ),
             ));
         }
-        let host = entry & L2E_OFFSET_MASK;
+        let host = entry & ENTRY_OFFSET_MASK;
         let zero = self.header.version >= 3 && entry & L2E_ZERO != 0;
         if host & (cs - 1) != 0 {
             return Err(corrupt(

@@ -4,6 +4,7 @@
 mod header;
 mod io;
 mod layer;
+mod layout;
 mod reader;
 mod writer;
 

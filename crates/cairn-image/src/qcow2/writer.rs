@@ -25,26 +25,18 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
+use super::layout::{
+    COPIED, MAX_CLUSTER_BITS, MAX_HOST_OFFSET, MAX_L1_BYTES, MAX_REFTABLE_BYTES, MIN_CLUSTER_BITS,
+};
+use crate::detect::QCOW2_MAGIC;
 use crate::error::{ImageError, ImageResult};
 
-/// `QFI\xfb`.
-const MAGIC: u32 = 0x5146_49fb;
 const VERSION: u32 = 3;
 /// The v3 header without the optional compression-type byte (which then defaults to zlib).
 const HEADER_LENGTH: u32 = 104;
 /// 16-bit refcounts.
 const REFCOUNT_ORDER: u32 = 4;
 const REFCOUNT_BYTES: u64 = 2;
-/// L1/L2 flag: the cluster's refcount is exactly 1 (writable in place).
-const COPIED: u64 = 1 << 63;
-/// Host offsets in L1/L2 entries use bits 9..=55.
-const MAX_HOST_OFFSET: u64 = 1 << 56;
-/// QEMU refuses images whose L1 table exceeds 32 MiB (`QCOW_MAX_L1_SIZE`)…
-const MAX_L1_BYTES: u64 = 32 << 20;
-/// …or whose refcount table exceeds 8 MiB (`QCOW_MAX_REFTABLE_SIZE`).
-const MAX_REFTABLE_BYTES: u64 = 8 << 20;
-pub(crate) const MIN_CLUSTER_BITS: u32 = 9;
-pub(crate) const MAX_CLUSTER_BITS: u32 = 21;
 
 /// Writes a qcow2 v3 image whose never-written clusters stay unallocated.
 /// `write_at` may be called from several threads, at any offsets, in any order.
@@ -286,7 +278,7 @@ impl Qcow2Writer {
         // Header, last.
         let mut header = vec![0u8; HEADER_LENGTH as usize + 8];
         let mut put = |at: usize, bytes: &[u8]| header[at..at + bytes.len()].copy_from_slice(bytes);
-        put(0, &MAGIC.to_be_bytes());
+        put(0, &QCOW2_MAGIC);
         put(4, &VERSION.to_be_bytes());
         // 8: backing_file_offset, 16: backing_file_size = 0
         put(20, &cb.to_be_bytes());
