@@ -70,6 +70,7 @@ pub enum Command {
     ///   cairn commit web01/disk0 /var/lib/libvirt/images/web01.qcow2
     ///   cairn commit web01/disk0 web01-overlay.qcow2 --parent web01/disk0@7
     ///   cairn commit web01/disk0 'nbd+unix:///disk0?socket=/run/qsd.sock' --dirty-bitmap b0
+    #[command(verbatim_doc_comment)]
     Commit(CommitArgs),
     /// List the versions of an image, newest first.
     Log(LogArgs),
@@ -130,6 +131,7 @@ pub enum Command {
     ///   cairn restore web01/disk0@7 web01.raw
     ///   cairn restore web01/disk0 web01.qcow2 --format qcow2
     ///   cairn restore web01/disk0 /dev/vg0/web01
+    #[command(verbatim_doc_comment)]
     Restore(RestoreArgs),
     /// Show the byte ranges where two versions may differ.
     ///
