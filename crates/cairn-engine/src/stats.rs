@@ -2,6 +2,7 @@
 
 use std::collections::BTreeSet;
 
+use cairn_format::pack::BlobKind;
 use cairn_repo::{Repo, PACKS_PREFIX};
 
 use crate::error::EngineResult;
@@ -24,6 +25,10 @@ pub struct RepoStats {
     pub metadata_bytes: u64,
     /// Distinct blobs (chunks and manifest nodes) indexed.
     pub blobs: u64,
+    /// Manifest tree nodes indexed, and their stored (compressed) bytes inside the packs:
+    /// the part of `pack_bytes` that is metadata rather than disk data.
+    pub tree_nodes: u64,
+    pub tree_bytes: u64,
 }
 
 pub async fn repo_stats(repo: &Repo) -> EngineResult<RepoStats> {
@@ -47,5 +52,6 @@ pub async fn repo_stats(repo: &Repo) -> EngineResult<RepoStats> {
     }
     s.images = images.len() as u64;
     s.blobs = repo.index().len() as u64;
+    (s.tree_nodes, s.tree_bytes) = repo.index().totals(BlobKind::Node);
     Ok(s)
 }

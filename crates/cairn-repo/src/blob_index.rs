@@ -96,6 +96,14 @@ impl BlobIndex {
         self.blobs.is_empty()
     }
 
+    /// Count and stored bytes of the blobs of one kind (e.g. manifest nodes, for stats).
+    pub fn totals(&self, kind: BlobKind) -> (u64, u64) {
+        self.blobs
+            .values()
+            .filter(|s| s.kind == kind)
+            .fold((0, 0), |(n, b), s| (n + 1, b + u64::from(s.stored_len)))
+    }
+
     pub fn pack_count(&self) -> usize {
         self.packs.len()
     }

@@ -26,6 +26,8 @@ pub async fn run(ctx: &Context) -> Result<ExitCode> {
             "metadata_bytes": s.metadata_bytes,
             "packs": s.packs,
             "blobs": s.blobs,
+            "tree_nodes": s.tree_nodes,
+            "tree_bytes": s.tree_bytes,
             "reduction": ratio,
         }));
     } else {
@@ -39,6 +41,11 @@ pub async fn run(ctx: &Context) -> Result<ExitCode> {
             bytes(s.pack_bytes),
             s.packs,
             bytes(s.metadata_bytes)
+        );
+        println!(
+            "tree nodes      {} in {} nodes (inside the packs)",
+            bytes(s.tree_bytes),
+            s.tree_nodes
         );
         println!("reduction       {ratio:.1}x of non-zero data");
     }
