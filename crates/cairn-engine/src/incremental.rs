@@ -10,7 +10,7 @@
 //! the source holds exactly the parent version's bytes (the overlay's backing file *is* the
 //! parent; the bitmap was created when the parent was taken).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -112,7 +112,7 @@ pub async fn commit_changes(
     };
     let bs = block_size as u64;
     // Zero ranges that change something: inside segments the parent holds.
-    let present: BTreeSet<u64> = leaf_map(&repo, &parent.1).await?.into_keys().collect();
+    let parent_leaves = leaf_map(&repo, &parent.1).await?;
     let seg = parent.1.segment_size.max(1) as u64;
     let mut zeros = Vec::new();
     for &(start, end) in &changes.zeros {
@@ -120,7 +120,7 @@ pub async fn commit_changes(
         let mut pos = start;
         while pos < end {
             let next = ((pos / seg) + 1) * seg;
-            if present.contains(&(pos / seg)) {
+            if parent_leaves.contains_key(&(pos / seg)) {
                 let piece_end = next.min(end);
                 match zeros.last_mut() {
                     Some((_, e)) if *e == pos => *e = piece_end,
@@ -158,6 +158,7 @@ pub async fn commit_changes(
         &patch,
         PatchOptions {
             message: message.to_string(),
+            base_leaves: Some(parent_leaves),
         },
     )
     .await?;

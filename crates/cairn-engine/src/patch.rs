@@ -58,6 +58,10 @@ pub trait PatchSource: Send + Sync {
 #[derive(Debug, Clone, Default)]
 pub struct PatchOptions {
     pub message: String,
+    /// The base's segment → leaf map, when the caller has already loaded it (an incremental
+    /// commit needs it first to drop zero writes over absent segments): saves walking the
+    /// base's interior nodes a second time. Must be `leaf_map` of the base passed along.
+    pub base_leaves: Option<BTreeMap<u64, Id>>,
 }
 
 /// Base chunk reads in flight while materializing one segment.
@@ -86,7 +90,7 @@ pub async fn commit_patch(
     base: Option<(Id, VersionRecord)>,
     new_size: u64,
     patch: &dyn PatchSource,
-    options: PatchOptions,
+    mut options: PatchOptions,
 ) -> EngineResult<CommitResult> {
     validate_image_name(image)?;
     let time_ns = cairn_repo::session::now_ns();
@@ -134,10 +138,14 @@ pub async fn commit_patch(
                     record.image, record.seq, record.logical_size
                 )));
             }
+            let leaves = match options.base_leaves.take() {
+                Some(leaves) => leaves,
+                None => leaf_map(&repo, record).await?,
+            };
             (
                 Some(*id),
                 record.logical_size,
-                leaf_map(&repo, record).await?,
+                leaves,
                 record.stats,
                 record.root,
             )

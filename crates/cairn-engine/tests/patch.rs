@@ -98,6 +98,7 @@ async fn patch(
         p,
         PatchOptions {
             message: "patch".into(),
+            ..PatchOptions::default()
         },
     )
     .await

@@ -191,7 +191,10 @@ impl VersionExport {
             Some((base.id(), base.record().clone())),
             base.size(),
             &patch,
-            PatchOptions { message },
+            PatchOptions {
+                message,
+                ..PatchOptions::default()
+            },
         )
         .await
         .map_err(io_err)?;
