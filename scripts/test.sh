@@ -6,7 +6,8 @@
 #                             against a local MinIO (built by go install the first time) and a
 #                             local Ceph RGW (apt), the S3 fault tests, the disk-format tests
 #                             (qcow2, NBD, dirty bitmaps), a bounded fuzz run of the qcow2
-#                             parser, scripts/e2e.sh, the GC stress test
+#                             parser, scripts/e2e.sh, the GC stress test; the benchmark
+#                             scripts parse and the committed peer report regenerates
 #   scripts/test.sh --quick   cargo test --workspace only (no root, no dataset, no e2e)
 #
 # The full run needs root the first time (apt-get, debootstrap, loop mounts for the dataset).
@@ -21,7 +22,7 @@ for a in "$@"; do
   case "$a" in
     --quick) QUICK=1 ;;
     -h | --help)
-      sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *) echo "test.sh: unknown argument: $a (try --help)" >&2; exit 2 ;;
@@ -56,7 +57,7 @@ if [ "$QUICK" -eq 1 ]; then
 fi
 
 step "apt packages"
-ensure_apt_packages e2fsprogs debootstrap qemu-utils qemu-system-common libnbd-bin zstd time util-linux jq diffutils curl
+ensure_apt_packages e2fsprogs debootstrap qemu-utils qemu-system-common libnbd-bin zstd time util-linux jq diffutils curl python3-matplotlib
 
 step "small dataset (.data/small)"
 DATASET=$(dataset_dir small)
@@ -67,6 +68,19 @@ cargo fmt --all -- --check
 
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+
+step "benchmark scripts: syntax; each committed peer report regenerates from its measurements"
+for f in bench/*.sh scripts/*.sh; do bash -n "$f"; done
+python3 -c 'import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]' bench/*.py scripts/*.py
+for json in bench/results/compare-*.json; do
+  [ -e "$json" ] || continue
+  scratch=$(mktemp -d)
+  cp "$json" "$scratch/"
+  /usr/bin/python3 bench/compare_report.py "$scratch/$(basename "$json")" >/dev/null
+  diff -u "${json%.json}.md" "$scratch/$(basename "${json%.json}").md" \
+    || { rm -rf "$scratch"; die "${json%.json}.md is not what bench/compare_report.py makes of $json"; }
+  rm -rf "$scratch"
+done
 
 step "cargo test -p cairn-cli --bin cairn (debug: clap checks its definitions only in debug builds)"
 cargo test -p cairn-cli --bin cairn

@@ -1,5 +1,5 @@
 //! `cairn-limits FILE...`: the machine's upper bounds for committing each file, measured in one
-//! process, so that `bench/throughput.sh` can say how close `cairn commit` gets to them.
+//! process, so that `bench/compare.py` can say how close `cairn commit` gets to them.
 //!
 //! For every file it prints one JSON object on stdout:
 //!
