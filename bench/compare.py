@@ -369,11 +369,15 @@ class Env:
             self.src.unlink()
         os.link(self.dataset / f"{image}.raw", self.src)
 
-    def fresh(self, name: str) -> Path:
-        p = self.work / name
-        for q in self.work.glob(name + "*"):
+    def remove(self, prefix: str) -> None:
+        """Removes everything in the scratch directory whose name starts with `prefix` (a
+        repository and the files its tool keeps beside it)."""
+        for q in self.work.glob(prefix + "*"):
             shutil.rmtree(q) if q.is_dir() else q.unlink()
-        return p
+
+    def fresh(self, name: str) -> Path:
+        self.remove(name)
+        return self.work / name
 
     def cleanup(self) -> None:
         shutil.rmtree(self.work, ignore_errors=True)
@@ -398,14 +402,7 @@ def run_series(env: Env, tools: list[str], runs: int, out: dict) -> None:
             else:
                 tool = TOOLS[name](env, env.fresh(f"repo-{name}-{run}"))
                 tool.init()
-                for step in steps:
-                    env.use_image(step)
-                    before = tool.size()
-                    t = env.timer.run(tool.commit(step), cwd=tool.cwd(), durable=env.work)
-                    t.pop("stdout")
-                    after = tool.size()
-                    rows.append(dict(tool=name, run=run, step=step, added=after - before,
-                                     total=after, **t))
+                rows += commit_steps(env, tool, steps, tool=name, run=run)
                 if isinstance(tool, Cairn) and run == 0:
                     out.setdefault("cairn_stats", {})[name] = tool.stats()
             for which, step in (("newest", steps[-1]), ("oldest", steps[0])):
@@ -419,8 +416,20 @@ def run_series(env: Env, tools: list[str], runs: int, out: dict) -> None:
                 restore_rows.append(dict(tool=name, run=run, which=which, step=step, **t))
                 shutil.rmtree(dest)
             if name != "cp":
-                for q in env.work.glob(f"repo-{name}-{run}*"):
-                    shutil.rmtree(q) if q.is_dir() else q.unlink()
+                env.remove(f"repo-{name}-{run}")
+
+
+def commit_steps(env: Env, repo: Tool, steps: list[str], **tags) -> list[dict]:
+    """Commits each image in turn (durably, timed); one row per step with the bytes added."""
+    rows = []
+    for step in steps:
+        env.use_image(step)
+        before = repo.size()
+        t = env.timer.run(repo.commit(step), cwd=repo.cwd(), durable=env.work)
+        t.pop("stdout")
+        after = repo.size()
+        rows.append(dict(tags, step=step, added=after - before, total=after, **t))
+    return rows
 
 
 def run_fleet(env: Env, tools: list[str], out: dict) -> None:
@@ -429,14 +438,8 @@ def run_fleet(env: Env, tools: list[str], out: dict) -> None:
         log(f"fleet: {name}")
         tool = TOOLS[name](env, env.fresh(f"fleet-{name}"))
         tool.init()
-        for step in FLEET:
-            env.use_image(step)
-            before = tool.size()
-            t = env.timer.run(tool.commit(step), cwd=tool.cwd(), durable=env.work)
-            t.pop("stdout")
-            rows.append(dict(tool=name, step=step, added=tool.size() - before, **t))
-        for q in env.work.glob(f"fleet-{name}*"):
-            shutil.rmtree(q) if q.is_dir() else q.unlink()
+        rows += commit_steps(env, tool, FLEET, tool=name)
+        env.remove(f"fleet-{name}")
 
 
 # ---------------------------------------------------------------------------------------------
