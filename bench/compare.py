@@ -232,7 +232,7 @@ class Borg64k(Borg):
 
 class Casync(Tool):
     """casync/desync: a chunk store plus one .caibx index per version."""
-    name, label = "casync", "casync 2 (64 KiB avg chunks, default compression)"
+    name, label = "casync", "casync 2 (64 KiB avg chunks, zstd: its default)"
 
     def init(self):
         (self.repo / "store").mkdir(parents=True)
