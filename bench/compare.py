@@ -113,7 +113,7 @@ def parse_time_v(text: str) -> dict:
                 rss_kib=int(field("Maximum resident set size (kbytes)")))
 
 
-def tree_bytes(path: Path) -> int:
+def dir_bytes(path: Path) -> int:
     """Apparent bytes of every file under path (what a repository occupies)."""
     if path.is_file():
         return path.stat().st_size
@@ -148,7 +148,7 @@ class Tool:
     def commit(self, step: str) -> list[str]: ...  # the command to time
     def restore(self, step: str, out: Path) -> tuple[list[str], Path]: ...
     def size(self) -> int:
-        return tree_bytes(self.repo)
+        return dir_bytes(self.repo)
     def cwd(self) -> Path | None:
         return None
 

@@ -55,19 +55,20 @@ class Data:
     def counted(self, rows):
         return [r for r in rows if r.get("run", 1) >= 1]
 
-    def step(self, tool, step, key):
-        rows = [r for r in self.counted(self.d.get("series", []))
-                if r["tool"] == tool and r["step"] == step]
+    def _median(self, part, key, **match):
+        """Median over the counted runs of `part`'s rows matching `match`; key "cpu" is
+        user + sys."""
+        rows = [r for r in self.counted(self.d.get(part, []))
+                if all(r[k] == v for k, v in match.items())]
         if key == "cpu":
             return median(r["user"] + r["sys"] for r in rows)
         return median(r[key] for r in rows)
 
+    def step(self, tool, step, key):
+        return self._median("series", key, tool=tool, step=step)
+
     def restore(self, tool, which, key):
-        rows = [r for r in self.counted(self.d.get("restore", []))
-                if r["tool"] == tool and r["which"] == which]
-        if key == "cpu":
-            return median(r["user"] + r["sys"] for r in rows)
-        return median(r[key] for r in rows)
+        return self._median("restore", key, tool=tool, which=which)
 
     def data_bytes(self, image):
         return self.limits.get(image, {}).get("data_bytes")
@@ -132,7 +133,8 @@ def series_section(D: Data) -> list[str]:
     bt, bv = D.best_peer(totals)
     out += [f"Total repository size after the series: "
             + ", ".join(f"{t} {totals[t] / MIB:,.1f} MiB" for t in D.tools)
-            + f". cairn ÷ best peer ({bt}): **{totals['cairn'] / bv:.2f}**.", ""]
+            + (f". cairn ÷ best peer ({bt}): **{totals['cairn'] / bv:.2f}**." if bv else "."),
+            ""]
     out += ["### Commit wall time per step (s); target cairn ≤ 1/3 of the fastest peer", "",
             per_step_table(D, "wall", 1, 2, TARGET_COMMIT), ""]
     out += ["### Commit CPU time per step (user + sys, s)", "",
@@ -277,6 +279,8 @@ def scaling_section(D: Data) -> list[str]:
 
 def targets_section(D: Data) -> list[str]:
     out = ["## Targets (issue 7, su-* series)", ""]
+    if not D.peers:
+        return out + ["No peer was in this run.", ""]
     chain = CHAIN in D.tools
     kinds = [False, True] if chain else [False]
     name = {False: "best peer", True: "best backup tool"}
