@@ -11,6 +11,10 @@ use cairn_repo::Repo;
 
 use crate::error::{EngineError, EngineResult};
 
+/// The shortest run of digits that may be an id prefix when no version has it as its sequence
+/// number (`log` prints 12 hex digits; 8 is still far above any real sequence number).
+pub const MIN_DIGIT_ID_PREFIX: usize = 8;
+
 /// A parsed `IMAGE[@REF]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VersionSpec {
@@ -50,6 +54,11 @@ impl std::fmt::Display for VersionSpec {
 /// (1 = the image's first version); otherwise a tag of the image, or else a hex prefix of a
 /// version id. No reference means the newest version that is not deleted.
 /// Deleted versions cannot be named.
+///
+/// One in ~110 ids starts with 10 decimal digits, so a copied id prefix can look like a
+/// sequence number: a run of at least [`MIN_DIGIT_ID_PREFIX`] digits that is no version's
+/// sequence number is tried as an id prefix. Shorter runs are only ever sequence numbers, so
+/// `vm@7` never silently names some other version whose id starts with 7.
 pub async fn resolve(repo: &Repo, spec: &VersionSpec) -> EngineResult<(Id, VersionRecord)> {
     let deleted = repo.deleted_versions().await?;
     let (id, record) = resolve_including_deleted(repo, spec, &deleted).await?;
@@ -98,6 +107,18 @@ async fn resolve_including_deleted(
             }
             id = record.parent;
         }
+        if reference.len() >= MIN_DIGIT_ID_PREFIX {
+            let mut matches = versions_with_id_prefix(repo, &spec.image, reference).await?;
+            match matches.len() {
+                0 => {}
+                1 => return Ok(matches.pop().expect("one")),
+                n => return Err(ambiguous_prefix(spec, n)),
+            }
+            return Err(EngineError::BadRef(format!(
+                "{spec}: image {:?} has no version {seq} and no version of it has an id starting with {reference}",
+                spec.image
+            )));
+        }
         return Err(EngineError::BadRef(format!(
             "{spec}: image {:?} has no version {seq}",
             spec.image
@@ -114,21 +135,35 @@ async fn resolve_including_deleted(
             "{spec}: no tag {reference:?}; a reference is a version number, a tag, or a hex prefix of a version id"
         )));
     }
-    let mut matches = Vec::new();
-    for id in repo.versions_with_prefix(reference).await? {
-        let record = repo.load_version(&id).await?;
-        if record.image == spec.image {
-            matches.push((id, record));
-        }
-    }
+    let mut matches = versions_with_id_prefix(repo, &spec.image, reference).await?;
     match matches.len() {
         1 => Ok(matches.pop().expect("one")),
         0 => Err(EngineError::BadRef(format!(
             "{spec}: no tag {reference:?} and no version of {:?} has an id starting with {reference}",
             spec.image
         ))),
-        n => Err(EngineError::BadRef(format!("{spec}: {n} versions match; use a longer prefix"))),
+        n => Err(ambiguous_prefix(spec, n)),
     }
+}
+
+/// The versions of `image` whose id starts with the hex `prefix`.
+async fn versions_with_id_prefix(
+    repo: &Repo,
+    image: &str,
+    prefix: &str,
+) -> EngineResult<Vec<(Id, VersionRecord)>> {
+    let mut matches = Vec::new();
+    for id in repo.versions_with_prefix(prefix).await? {
+        let record = repo.load_version(&id).await?;
+        if record.image == image {
+            matches.push((id, record));
+        }
+    }
+    Ok(matches)
+}
+
+fn ambiguous_prefix(spec: &VersionSpec, n: usize) -> EngineError {
+    EngineError::BadRef(format!("{spec}: {n} versions match; use a longer prefix"))
 }
 
 /// The live versions of an image, newest first, following parents while they belong to the

@@ -234,6 +234,74 @@ async fn tags_name_versions_and_never_move() {
     assert_eq!(resolve(&repo, &spec("vm@1")).await.unwrap().0, id1);
 }
 
+/// A hand-made version of "vm" whose id starts with `digits` decimal digits: `time_ns` is
+/// counted up from 0 until the hash fits, so the search is the same on every run.
+fn version_with_digit_id(seq: u64, parent: Option<Id>, digits: usize) -> (Id, VersionRecord) {
+    (0..1_000_000i64)
+        .map(|time_ns| VersionRecord {
+            image: "vm".into(),
+            seq,
+            parent,
+            time_ns,
+            logical_size: 0,
+            root: None,
+            height: 1,
+            segment_size: 1 << 20,
+            fanout: 256,
+            stats: CommitStats::default(),
+            message: String::new(),
+        })
+        .map(|record| (Id::of(&record.encode()), record))
+        .find(|(id, _)| id.to_hex()[..digits].bytes().all(|b| b.is_ascii_digit()))
+        .expect("one in ~110 ids starts with 10 digits")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_prefix_of_only_digits_names_its_version() {
+    let repo = memory_repo().await;
+    let (id1, v1) = version_with_digit_id(1, None, 0);
+    assert_eq!(repo.put_version(&v1).await.unwrap().0, id1);
+    assert!(repo.swap_head("vm", None, &id1).await.unwrap());
+    let (id2, v2) = version_with_digit_id(2, Some(id1), 10);
+    assert_eq!(repo.put_version(&v2).await.unwrap().0, id2);
+    let head = repo.head("vm").await.unwrap();
+    assert!(repo.swap_head("vm", head.as_ref(), &id2).await.unwrap());
+
+    // What `log` prints (12 hex digits) and shorter copies of it down to 8 digits.
+    let hex = id2.to_hex();
+    for len in [12, 10, 8] {
+        let (id, record) = resolve(&repo, &spec(&format!("vm@{}", &hex[..len])))
+            .await
+            .unwrap();
+        assert_eq!((id, record.seq), (id2, 2), "prefix of {len}");
+    }
+    // A sequence number still means the sequence number.
+    assert_eq!(resolve(&repo, &spec("vm@2")).await.unwrap().0, id2);
+    assert_eq!(resolve(&repo, &spec("vm@1")).await.unwrap().0, id1);
+    // Fewer than 8 digits are only ever sequence numbers.
+    let seven = &hex[..7];
+    assert_eq!(
+        resolve_err(&repo, &format!("vm@{seven}")).await,
+        format!(
+            "vm@{seven}: image \"vm\" has no version {}",
+            seven.parse::<u64>().unwrap()
+        )
+    );
+    // Eight or more digits that are neither a sequence number nor an id prefix.
+    let other = if hex.starts_with('9') {
+        "88888888"
+    } else {
+        "99999999"
+    };
+    assert!(!id1.to_hex().starts_with(other));
+    assert_eq!(
+        resolve_err(&repo, &format!("vm@{other}")).await,
+        format!(
+            "vm@{other}: image \"vm\" has no version {other} and no version of it has an id starting with {other}"
+        )
+    );
+}
+
 // ---- rm ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
