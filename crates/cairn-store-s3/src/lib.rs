@@ -23,6 +23,10 @@
 //! `AWS_ENDPOINT_URL`, `AWS_REGION`, ...); credentials are never accepted in the URL and never
 //! appear in [`ObjectStore::describe`] or in errors.
 
+mod conditional;
+mod config;
+mod error_text;
+
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
@@ -40,199 +44,19 @@ use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path;
 use object_store::{
     ClientOptions, GetOptions, ObjectStore as _, ObjectStoreExt as _, PutMode, PutOptions,
-    PutPayload, RetryConfig, UpdateVersion,
+    RetryConfig,
 };
 use tokio::sync::{OnceCell, Semaphore};
+
+use conditional::IfMatchStyle;
+pub use config::S3Config;
+use error_text::{is_transport_error, one_line, tidy_reason};
 
 /// ETag of an empty object (MD5 of nothing): the version of every tombstone.
 const EMPTY_ETAG: &str = "d41d8cd98f00b204e9800998ecf8427e";
 
 /// How many times `cas_ref` re-reads and retries when a tombstone changes under it.
 const CAS_ATTEMPTS: usize = 64;
-
-/// Where and how to reach the bucket, parsed from `s3://BUCKET/PREFIX?...`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct S3Config {
-    pub bucket: String,
-    /// Key prefix inside the bucket, without leading or trailing `/` (may be empty).
-    pub prefix: String,
-    pub endpoint: Option<String>,
-    pub region: Option<String>,
-    /// `Some(true)`: path-style requests (`ENDPOINT/BUCKET/KEY`), what MinIO and Ceph want.
-    pub path_style: Option<bool>,
-    /// Most requests in flight at once.
-    pub max_requests: usize,
-    /// Longest a single request may take before it counts as failed (and is retried).
-    pub timeout: Duration,
-    /// How long to keep retrying a failing request (throttling, 5xx, refused connections)
-    /// before giving up with an error.
-    pub retry_timeout: Duration,
-}
-
-impl fmt::Debug for S3Config {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.describe())
-    }
-}
-
-fn config_error(url: &str, reason: impl Into<String>) -> StoreError {
-    StoreError::Remote {
-        op: "open",
-        location: url.split('?').next().unwrap_or("").to_owned(),
-        reason: reason.into(),
-    }
-}
-
-impl S3Config {
-    /// Parse `s3://BUCKET[/PREFIX][?endpoint=URL&region=R&path_style=true|false&max_requests=N
-    /// &timeout=SECONDS&retry_timeout=SECONDS]`.
-    pub fn parse(url: &str) -> StoreResult<Self> {
-        let rest = url
-            .strip_prefix("s3://")
-            .ok_or_else(|| config_error(url, "not an s3:// URL"))?;
-        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (bucket, prefix) = path.split_once('/').unwrap_or((path, ""));
-        let prefix = prefix.trim_matches('/');
-        if bucket.is_empty() {
-            return Err(config_error(url, "no bucket name (s3://BUCKET/PREFIX)"));
-        }
-        if !prefix.is_empty() {
-            cairn_store::validate_key(prefix).map_err(|e| config_error(url, e.to_string()))?;
-        }
-        let mut config = S3Config {
-            bucket: bucket.to_owned(),
-            prefix: prefix.to_owned(),
-            endpoint: None,
-            region: None,
-            path_style: None,
-            max_requests: 32,
-            timeout: Duration::from_secs(300),
-            retry_timeout: Duration::from_secs(120),
-        };
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = percent_decode(value);
-            match name {
-                "endpoint" => config.endpoint = Some(value),
-                "region" => config.region = Some(value),
-                "path_style" => {
-                    config.path_style = Some(parse_bool(&value).ok_or_else(|| {
-                        config_error(url, format!("path_style={value}: want true or false"))
-                    })?)
-                }
-                "max_requests" => {
-                    config.max_requests =
-                        value.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
-                            config_error(url, format!("max_requests={value}: want a number > 0"))
-                        })?
-                }
-                "timeout" | "retry_timeout" => {
-                    let secs = value
-                        .parse::<u64>()
-                        .ok()
-                        .filter(|&n| n > 0)
-                        .ok_or_else(|| {
-                            config_error(url, format!("{name}={value}: want seconds > 0"))
-                        })?;
-                    let d = Duration::from_secs(secs);
-                    if name == "timeout" {
-                        config.timeout = d;
-                    } else {
-                        config.retry_timeout = d;
-                    }
-                }
-                _ => {
-                    // Deliberately not echoing the value: it might be a secret.
-                    return Err(config_error(
-                        url,
-                        format!(
-                            "unknown URL parameter {name:?} (known: endpoint, region, \
-                             path_style, max_requests, timeout, retry_timeout; credentials \
-                             come from AWS_* variables)"
-                        ),
-                    ));
-                }
-            }
-        }
-        Ok(config)
-    }
-
-    /// `s3://BUCKET/PREFIX` plus the endpoint if one was given in the URL; no secrets.
-    pub fn describe(&self) -> String {
-        let mut s = format!("s3://{}", self.bucket);
-        if !self.prefix.is_empty() {
-            s.push('/');
-            s.push_str(&self.prefix);
-        }
-        if let Some(endpoint) = &self.endpoint {
-            s.push_str(" at ");
-            s.push_str(strip_userinfo(endpoint));
-        }
-        s
-    }
-}
-
-fn parse_bool(s: &str) -> Option<bool> {
-    match s {
-        "true" | "1" | "yes" => Some(true),
-        "false" | "0" | "no" => Some(false),
-        _ => None,
-    }
-}
-
-/// `http://user:pw@host` → `host...`: never show userinfo of an endpoint.
-fn strip_userinfo(endpoint: &str) -> &str {
-    match endpoint.split_once('@') {
-        Some((_, host)) => host,
-        None => endpoint,
-    }
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let escaped = (bytes[i] == b'%')
-            .then(|| s.get(i + 1..i + 3))
-            .flatten()
-            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
-        match escaped {
-            Some(b) => {
-                out.push(b);
-                i += 3;
-            }
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// How the server wants the ETag in `If-Match` on PUT (found by the conditional-write probe).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum IfMatchStyle {
-    /// As the server sent it, quoted (RFC 9110; MinIO, AWS).
-    Quoted,
-    /// Without the quotes: Ceph RGW (16.2 at least) compares the header byte for byte with the
-    /// bare MD5 it stores, so a quoted ETag never matches.
-    Bare,
-}
-
-impl IfMatchStyle {
-    fn update(self, etag: &str) -> PutMode {
-        let e_tag = match self {
-            IfMatchStyle::Quoted => etag.to_owned(),
-            IfMatchStyle::Bare => etag.trim_matches('"').to_owned(),
-        };
-        PutMode::Update(UpdateVersion {
-            e_tag: Some(e_tag),
-            version: None,
-        })
-    }
-}
 
 /// An [`ObjectStore`] on an S3-compatible bucket. Cheap to clone.
 #[derive(Clone)]
@@ -365,97 +189,6 @@ impl S3Store {
             .expect("the request semaphore is never closed")
     }
 
-    /// Fail (every time, with the same reason) if the server does not honour conditional
-    /// writes; checked once per store, before the first write.
-    async fn require_conditional_writes(&self) -> StoreResult<IfMatchStyle> {
-        let result = self
-            .inner
-            .conditional
-            .get_or_init(|| async { self.probe_conditional_writes().await })
-            .await;
-        result.clone().map_err(|reason| StoreError::Remote {
-            op: "check conditional writes at",
-            location: self.describe(),
-            reason,
-        })
-    }
-
-    async fn probe_conditional_writes(&self) -> Result<IfMatchStyle, String> {
-        let name = format!(
-            "{TEMP_PREFIX}cas-probe-{}",
-            hex::encode(rand::random::<[u8; 8]>())
-        );
-        let path = self.path(&name);
-        let put = |data: &'static [u8], mode: PutMode| {
-            let path = path.clone();
-            async move {
-                let _permit = self.permit().await;
-                let opts = PutOptions {
-                    mode,
-                    ..PutOptions::default()
-                };
-                self.inner
-                    .client
-                    .put_opts(&path, PutPayload::from_static(data), opts)
-                    .await
-            }
-        };
-        let reason = |e: object_store::Error| one_line(&e.to_string(), &self.inner.secrets);
-        let created = put(b"probe", PutMode::Create).await.map_err(reason)?;
-        let verdict = async {
-            match put(b"again", PutMode::Create).await {
-                Err(object_store::Error::AlreadyExists { .. }) => {}
-                Ok(_) => {
-                    return Err("the server ignores If-None-Match on PUT (a second create \
-                                succeeded); refusing to write, since compare-and-swap would \
-                                lose updates"
-                        .to_owned())
-                }
-                Err(e) => return Err(reason(e)),
-            }
-            let stale = UpdateVersion {
-                e_tag: Some(format!("\"{}\"", "0".repeat(32))),
-                version: None,
-            };
-            match put(b"stale", PutMode::Update(stale)).await {
-                Err(object_store::Error::Precondition { .. }) => {}
-                Ok(_) => {
-                    return Err(
-                        "the server ignores If-Match on PUT (a write with a wrong ETag \
-                                succeeded); refusing to write, since compare-and-swap would \
-                                lose updates"
-                            .to_owned(),
-                    )
-                }
-                Err(e) => return Err(reason(e)),
-            }
-            // A write on the right ETag must succeed, quoted as the server sent it or bare.
-            let etag = created
-                .e_tag
-                .ok_or("the server sent no ETag, which compare-and-swap needs")?;
-            for style in [IfMatchStyle::Quoted, IfMatchStyle::Bare] {
-                match put(b"update", style.update(&etag)).await {
-                    Ok(_) => return Ok(style),
-                    Err(object_store::Error::Precondition { .. }) => {}
-                    Err(e) => return Err(reason(e)),
-                }
-            }
-            Err(format!(
-                "the server refuses If-Match on PUT with the object's own ETag {etag}, quoted or \
-                 not; compare-and-swap cannot work"
-            ))
-        }
-        .await;
-        let _permit = self.permit().await;
-        if let Err(e) = self.inner.client.delete(&path).await {
-            tracing::warn!("removing the conditional-write probe: {}", reason(e));
-        }
-        if let Err(why) = &verdict {
-            tracing::error!("{}: {why}", self.describe());
-        }
-        verdict
-    }
-
     /// The raw ref object: `(data, etag)`, `None` if there is no object at all.
     async fn read_raw_ref(&self, key: &str) -> StoreResult<Option<(Bytes, String)>> {
         let path = self.ref_path(key);
@@ -528,78 +261,6 @@ fn live(raw: Option<(Bytes, String)>) -> Option<RefState> {
 
 fn is_tombstone_version(version: &RefVersion) -> bool {
     version.0.trim_matches('"') == EMPTY_ETAG
-}
-
-/// One line, secrets masked, bounded length.
-/// object_store's error text without what the caller prints anyway (the store name, the
-/// request URL) and with an S3 XML error body reduced to its code and message, so the line
-/// stays short enough to show the server's reason (`XMinioStorageFull: Storage backend ...`).
-fn tidy_reason(text: &str) -> String {
-    let mut s = text
-        .strip_prefix("Generic S3 error: ")
-        .unwrap_or(text)
-        .to_owned();
-    if let Some(start) = s.find("Error performing ") {
-        let rest = &s[start + "Error performing ".len()..];
-        // "Error performing <METHOD> <URL> in <time>..." → "<METHOD> in <time>..."
-        if let (Some(sp), Some(inn)) = (rest.find(' '), rest.find(" in ")) {
-            if sp < inn {
-                s = format!("{}{}{}", &s[..start], &rest[..sp], &rest[inn..]);
-            }
-        }
-    }
-    // The retry count is unbounded (retry_timeout bounds it): drop its meaningless maximum.
-    if let Some(at) = s.find(", max_retries: ") {
-        let end = s[at + 2..].find(',').map_or(s.len(), |i| at + 2 + i);
-        s.replace_range(at..end, "");
-    }
-    let tag = |name: &str| {
-        let open = format!("<{name}>");
-        let close = format!("</{name}>");
-        let from = s.find(&open)? + open.len();
-        let to = from + s[from..].find(&close)?;
-        Some(s[from..to].to_owned())
-    };
-    if let (Some(code), Some(xml)) = (tag("Code"), s.find("<?xml").or_else(|| s.find("<Error>"))) {
-        let message = tag("Message").unwrap_or_default();
-        s = format!("{}{code}: {message}", &s[..xml]);
-    }
-    s
-}
-
-/// Whether the request failed in transport (connection refused, reset, timed out) rather
-/// than with an answer from the server.
-fn is_transport_error(e: &object_store::Error) -> bool {
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        if s.downcast_ref::<object_store::client::HttpError>()
-            .is_some()
-        {
-            return true;
-        }
-        source = s.source();
-    }
-    false
-}
-
-fn one_line(text: &str, secrets: &[String]) -> String {
-    let mut s: String = text
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    for secret in secrets {
-        s = s.replace(secret.as_str(), "[redacted]");
-    }
-    const MAX: usize = 400;
-    if s.len() > MAX {
-        let mut cut = MAX;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-        s.push_str("...");
-    }
-    s
 }
 
 /// Store keys of a listing: strip the store prefix, drop what is not an object of ours.
@@ -934,83 +595,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_urls() {
-        let c = S3Config::parse(
-            "s3://bkt/some/prefix/?endpoint=http%3A%2F%2F127.0.0.1%3A9000&region=eu-1&path_style=true",
-        )
-        .unwrap();
-        assert_eq!(c.bucket, "bkt");
-        assert_eq!(c.prefix, "some/prefix");
-        assert_eq!(c.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
-        assert_eq!(c.region.as_deref(), Some("eu-1"));
-        assert_eq!(c.path_style, Some(true));
-        assert_eq!(
-            c.describe(),
-            "s3://bkt/some/prefix at http://127.0.0.1:9000"
-        );
-
-        let c = S3Config::parse("s3://bkt").unwrap();
-        assert_eq!((c.bucket.as_str(), c.prefix.as_str()), ("bkt", ""));
-        assert_eq!(c.describe(), "s3://bkt");
-        assert_eq!(c.timeout, Duration::from_secs(300));
-        assert_eq!(c.retry_timeout, Duration::from_secs(120));
-
-        let c = S3Config::parse("s3://bkt/p?timeout=5&retry_timeout=20").unwrap();
-        assert_eq!(c.timeout, Duration::from_secs(5));
-        assert_eq!(c.retry_timeout, Duration::from_secs(20));
-
-        for bad in [
-            "http://x/y",
-            "s3:///p",
-            "s3://b/a/../c",
-            "s3://b?path_style=maybe",
-            "s3://b?timeout=0",
-            "s3://b?retry_timeout=soon",
-        ] {
-            assert!(S3Config::parse(bad).is_err(), "{bad} accepted");
-        }
-    }
-
-    #[test]
-    fn never_echoes_secrets_from_the_url() {
-        let err = S3Config::parse("s3://b/p?secret_access_key=hunter2hunter2").unwrap_err();
-        let msg = err.to_string();
-        assert!(!msg.contains("hunter2"), "{msg}");
-        assert!(msg.contains("secret_access_key"), "{msg}");
-        let c = S3Config::parse("s3://b/p?endpoint=http://user:pw@h:9000").unwrap();
-        assert!(!c.describe().contains("pw"), "{}", c.describe());
-    }
-
-    #[test]
-    fn error_text_keeps_the_servers_reason() {
-        let raw = "Generic S3 error: Error performing PUT http://127.0.0.1:9000/b/p/packs/a0/x \
-                   in 1.13s, after 8 retries, max_retries: 18446744073709551615, retry_timeout: \
-                   8s  - Server returned non-2xx status code: 507 \
-                   Insufficient Storage: <?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error>\
-                   <Code>XMinioStorageFull</Code><Message>Storage backend has reached its \
-                   minimum free drive threshold.</Message><Key>p/packs/a0/x</Key></Error>";
-        assert_eq!(
-            tidy_reason(raw),
-            "PUT in 1.13s, after 8 retries, retry_timeout: 8s  - Server returned non-2xx status \
-             code: 507 Insufficient Storage: XMinioStorageFull: Storage backend has reached its \
-             minimum free drive threshold."
-        );
-        let plain = "Generic S3 error: Error performing GET http://h/k in 2.0s - HTTP error: \
-                     error sending request";
-        assert_eq!(
-            tidy_reason(plain),
-            "GET in 2.0s - HTTP error: error sending request"
-        );
-    }
-
-    #[test]
-    fn error_text_is_one_line_and_redacted() {
-        let s = one_line("a\nsecretKEY b\r\n", &["secretKEY".to_owned()]);
-        assert_eq!(s, "a [redacted] b  ");
-        assert!(one_line(&"x".repeat(1000), &[]).len() < 410);
-    }
-
-    #[test]
     fn listing_keys() {
         assert_eq!(store_key("p", "p/a/b"), Some("a/b"));
         assert_eq!(store_key("p", "pq/a"), None);
@@ -1019,6 +603,5 @@ mod tests {
         assert!(is_tombstone_version(&RefVersion(format!(
             "\"{EMPTY_ETAG}\""
         ))));
-        assert_eq!(percent_decode("a%2Fb%"), "a/b%");
     }
 }
