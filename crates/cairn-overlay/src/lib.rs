@@ -87,10 +87,12 @@
 mod bitmap;
 mod error;
 mod fsutil;
+mod layer_files;
 mod meta;
+mod snapshots;
 
 use std::collections::HashSet;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -99,6 +101,7 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use bitmap::Bitmap;
 pub use error::OverlayError;
 use fsutil::{atomic_write, read_at_zero_fill, read_meta_file, zero_range};
+use layer_files::{bitmap_name, check_no_lost_layers, create_layer, data_name, gc, lock_dir};
 use meta::{LayerMeta, Meta};
 
 /// Smallest allowed block size.
@@ -176,45 +179,6 @@ impl std::fmt::Debug for Overlay {
     }
 }
 
-fn data_name(id: u64) -> String {
-    format!("layer-{id}.data")
-}
-
-fn bitmap_name(id: u64) -> String {
-    format!("layer-{id}.bitmap")
-}
-
-/// The layer id of a `layer-<id>.data` / `layer-<id>.bitmap` file name.
-fn parse_layer_file(name: &str) -> Option<u64> {
-    let rest = name.strip_prefix("layer-")?;
-    let id = rest
-        .strip_suffix(".data")
-        .or_else(|| rest.strip_suffix(".bitmap"))?;
-    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    id.parse().ok()
-}
-
-fn validate_name(name: &str) -> Result<(), OverlayError> {
-    let bad = |reason| {
-        Err(OverlayError::InvalidName {
-            name: name.to_string(),
-            reason,
-        })
-    };
-    if name.is_empty() {
-        return bad("empty");
-    }
-    if name.len() > 255 {
-        return bad("longer than 255 bytes");
-    }
-    if name.chars().any(char::is_control) {
-        return bad("contains control characters");
-    }
-    Ok(())
-}
-
 fn build_table(layers: &[Layer], nblocks: u64) -> (Vec<u16>, u64) {
     let mut table = vec![NONE; nblocks as usize];
     for (i, l) in layers.iter().enumerate() {
@@ -224,29 +188,6 @@ fn build_table(layers: &[Layer], nblocks: u64) -> (Vec<u16>, u64) {
     }
     let held = table.iter().filter(|&&e| e != NONE).count() as u64;
     (table, held)
-}
-
-fn lock_dir(dir: &Path) -> Result<File, OverlayError> {
-    let path = dir.join(LOCK_FILE);
-    let f = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(|e| OverlayError::io("open", &path, e))?;
-    use std::os::fd::AsRawFd;
-    // SAFETY: plain syscall on a valid, owned descriptor.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Err(OverlayError::Locked {
-                path: dir.to_path_buf(),
-            });
-        }
-        return Err(OverlayError::io("lock", &path, e));
-    }
-    Ok(f)
 }
 
 impl Overlay {
@@ -578,189 +519,6 @@ impl Overlay {
         }
     }
 
-    /// Snapshot names, oldest first.
-    pub fn snapshots(&self) -> Vec<String> {
-        let st = self.read();
-        st.layers.iter().filter_map(|l| l.name.clone()).collect()
-    }
-
-    /// iROW snapshot: flushes, freezes the top layer under `name` and starts a new empty top
-    /// layer. No data is copied and the merged table does not change.
-    pub fn snapshot(&self, name: &str) -> Result<(), OverlayError> {
-        validate_name(name)?;
-        let mut st = self.write();
-        check_failed(&st)?;
-        if st.layers.iter().any(|l| l.name.as_deref() == Some(name)) {
-            return Err(OverlayError::SnapshotExists(name.to_string()));
-        }
-        if st.layers.len() >= MAX_LAYERS {
-            return Err(OverlayError::TooManyLayers(st.layers.len()));
-        }
-        self.flush_locked(&mut st)?;
-        let new_id = st.next_layer_id;
-        let new_top = create_layer(&self.dir, new_id, self.nblocks)?;
-        let mut meta = self.meta_of(&st);
-        meta.layers.last_mut().expect("top").snapshot = Some(name.to_string());
-        meta.layers.push(LayerMeta {
-            id: new_id,
-            snapshot: None,
-        });
-        meta.next_layer_id = new_id + 1;
-        self.commit(&mut st, &meta)?;
-        st.layers.last_mut().expect("top").name = Some(name.to_string());
-        st.layers.push(new_top);
-        st.next_layer_id = new_id + 1;
-        st.epoch += 1;
-        tracing::debug!(dir = %self.dir.display(), name, layers = st.layers.len(), "overlay snapshot");
-        Ok(())
-    }
-
-    /// Discards every layer above snapshot `name` — writes since it (flushed or not) and
-    /// later snapshots — so reads see the image as it was at the snapshot. The snapshot
-    /// itself stays, under a new empty top layer.
-    pub fn rollback(&self, name: &str) -> Result<(), OverlayError> {
-        let mut st = self.write();
-        check_failed(&st)?;
-        let k = find_snapshot(&st, name)?;
-        let new_id = st.next_layer_id;
-        let new_top = create_layer(&self.dir, new_id, self.nblocks)?;
-        let mut meta = self.meta_of(&st);
-        meta.layers.truncate(k + 1);
-        meta.layers.push(LayerMeta {
-            id: new_id,
-            snapshot: None,
-        });
-        meta.next_layer_id = new_id + 1;
-        self.commit(&mut st, &meta)?;
-        let removed: Vec<Layer> = st.layers.drain(k + 1..).collect();
-        st.layers.push(new_top);
-        st.next_layer_id = new_id + 1;
-        st.epoch += 1;
-        st.bitmap_dirty = false;
-        self.data_dirty.store(false, Ordering::SeqCst);
-        let (table, held) = build_table(&st.layers, self.nblocks);
-        st.table = table;
-        st.held = held;
-        drop(st);
-        for l in removed {
-            self.remove_layer_files(l);
-        }
-        tracing::debug!(dir = %self.dir.display(), name, "overlay rollback");
-        Ok(())
-    }
-
-    /// Deletes snapshot `name`; what it and the layers above it show stays visible. Its
-    /// layer is merged into the layer above: if that one is empty it adopts the snapshot's
-    /// files, otherwise the blocks it lacks are copied up. Flushes first.
-    pub fn delete_snapshot(&self, name: &str) -> Result<(), OverlayError> {
-        let mut st = self.write();
-        check_failed(&st)?;
-        let k = find_snapshot(&st, name)?;
-        let u = k + 1; // exists: the top layer has no name
-        let top = st.layers.len() - 1;
-        self.flush_locked(&mut st)?;
-        let mut meta = self.meta_of(&st);
-        let gone = if st.layers[u].bitmap.count() == 0 {
-            // Adopt: layer k takes u's place and name; u's (empty) files go.
-            meta.layers[k].snapshot = meta.layers[u].snapshot.take();
-            meta.layers.remove(u);
-            self.commit(&mut st, &meta)?;
-            let up = st.layers.remove(u);
-            st.layers[k].name = up.name.clone();
-            up
-        } else {
-            let to_copy: Vec<u64> = {
-                let upper = &st.layers[u].bitmap;
-                st.layers[k]
-                    .bitmap
-                    .iter()
-                    .filter(|&b| !upper.get(b))
-                    .collect()
-            };
-            let mut merged = st.layers[u].bitmap.clone();
-            {
-                let (lower, upper) = (&st.layers[k], &st.layers[u]);
-                let upath = self.dir.join(data_name(upper.id));
-                let mut buf = vec![0u8; self.block_size as usize];
-                for &b in &to_copy {
-                    let len = self.block_len(b) as usize;
-                    let pos = b * self.block_size as u64;
-                    read_at_zero_fill(&lower.file, &mut buf[..len], pos).map_err(|e| {
-                        OverlayError::io("read", self.dir.join(data_name(lower.id)), e)
-                    })?;
-                    let r = if buf[..len].iter().all(|&x| x == 0) {
-                        zero_range(&upper.file, pos, len as u64)
-                    } else {
-                        upper.file.write_all_at(&buf[..len], pos)
-                    };
-                    r.map_err(|e| OverlayError::io("write", &upath, e))?;
-                    merged.set(b);
-                }
-                if let Err(e) = upper.file.sync_data() {
-                    let err = OverlayError::io("fdatasync", &upath, e);
-                    st.failed = Some(err.to_string());
-                    return Err(err);
-                }
-                // u now shows what k showed beneath it: the old manifest reads the same.
-                atomic_write(&self.dir, &bitmap_name(upper.id), &merged.encode(upper.id))?;
-            }
-            meta.layers.remove(k);
-            self.commit(&mut st, &meta)?;
-            st.layers[u].bitmap = merged;
-            if u == top {
-                st.bitmap_dirty = false;
-            }
-            st.layers.remove(k)
-        };
-        for e in st.table.iter_mut() {
-            if *e != NONE && *e as usize > k {
-                *e -= 1;
-            }
-        }
-        st.epoch += 1;
-        drop(st);
-        self.remove_layer_files(gone);
-        tracing::debug!(dir = %self.dir.display(), name, "overlay snapshot deleted");
-        Ok(())
-    }
-
-    /// After a commit made the overlay's contents a new base version: drops every layer and
-    /// snapshot and starts empty over `new_base`. Also clears a failed state.
-    pub fn reset(&self, new_base: &str) -> Result<(), OverlayError> {
-        let mut st = self.write();
-        let new_id = st.next_layer_id;
-        let new_top = create_layer(&self.dir, new_id, self.nblocks)?;
-        let meta = Meta {
-            base: new_base.to_string(),
-            next_layer_id: new_id + 1,
-            layers: vec![LayerMeta {
-                id: new_id,
-                snapshot: None,
-            }],
-            ..self.meta_of(&st)
-        };
-        // Not `commit`: a failed overlay may reset, and a failure here keeps it failed.
-        if let Err(e) = atomic_write(&self.dir, META_FILE, &meta.encode()) {
-            st.failed = Some(e.to_string());
-            return Err(e);
-        }
-        let removed = std::mem::replace(&mut st.layers, vec![new_top]);
-        st.base = new_base.to_string();
-        st.next_layer_id = new_id + 1;
-        st.table.fill(NONE);
-        st.held = 0;
-        st.bitmap_dirty = false;
-        st.failed = None;
-        st.epoch += 1;
-        self.data_dirty.store(false, Ordering::SeqCst);
-        drop(st);
-        for l in removed {
-            self.remove_layer_files(l);
-        }
-        tracing::debug!(dir = %self.dir.display(), new_base, "overlay reset");
-        Ok(())
-    }
-
     fn read(&self) -> RwLockReadGuard<'_, State> {
         self.state.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -843,13 +601,6 @@ fn check_failed(st: &State) -> Result<(), OverlayError> {
     }
 }
 
-fn find_snapshot(st: &State, name: &str) -> Result<usize, OverlayError> {
-    st.layers
-        .iter()
-        .position(|l| l.name.as_deref() == Some(name))
-        .ok_or_else(|| OverlayError::NoSuchSnapshot(name.to_string()))
-}
-
 /// Sets blocks `first..first+count` in the top bitmap and the merged table.
 fn mark_held(st: &mut State, first: u64, count: u64) {
     let top_index = (st.layers.len() - 1) as u16;
@@ -866,101 +617,9 @@ fn mark_held(st: &mut State, first: u64, count: u64) {
     }
 }
 
-/// Creates (or truncates) layer `id`'s data file and writes its empty bitmap durably.
-fn create_layer(dir: &Path, id: u64, nblocks: u64) -> Result<Layer, OverlayError> {
-    let dpath = dir.join(data_name(id));
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&dpath)
-        .map_err(|e| OverlayError::io("create", &dpath, e))?;
-    let bitmap = Bitmap::new(nblocks);
-    // The rename's directory fsync also makes the data file's directory entry durable.
-    atomic_write(dir, &bitmap_name(id), &bitmap.encode(id))?;
-    Ok(Layer {
-        id,
-        name: None,
-        file,
-        bitmap,
-    })
-}
-
-/// Before creating a fresh overlay: errors if the directory holds layer data that only a
-/// (now missing) manifest could explain.
-fn check_no_lost_layers(dir: &Path, meta_path: &Path) -> Result<(), OverlayError> {
-    let entries = fs::read_dir(dir).map_err(|e| OverlayError::io("list", dir, e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| OverlayError::io("list", dir, e))?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some(id) = parse_layer_file(name) else {
-            continue;
-        };
-        let empty_data =
-            name == data_name(0) && entry.metadata().map(|m| m.len() == 0).unwrap_or(false);
-        if id != 0 || (name != bitmap_name(0) && !empty_data) {
-            return Err(OverlayError::corrupt(
-                meta_path,
-                format!("missing, but the directory holds layer data ({name})"),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Whether `name` is a temporary of [`atomic_write`] for one of our files.
-fn is_our_tmp(name: &str) -> bool {
-    name.strip_suffix(".tmp")
-        .is_some_and(|n| n == META_FILE || parse_layer_file(n).is_some())
-}
-
-/// Removes temporaries and files of layers not in `keep`. Best effort.
-fn gc(dir: &Path, keep: &HashSet<u64>) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    let mut removed = false;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let stale =
-            is_our_tmp(name) || parse_layer_file(name).is_some_and(|id| !keep.contains(&id));
-        if stale {
-            let p = entry.path();
-            match fs::remove_file(&p) {
-                Ok(()) => {
-                    removed = true;
-                    tracing::debug!(path = %p.display(), "removed leftover overlay file");
-                }
-                Err(e) => {
-                    tracing::warn!(path = %p.display(), error = %e, "cannot remove leftover overlay file")
-                }
-            }
-        }
-    }
-    if removed {
-        let _ = fsutil::sync_dir(dir);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn layer_file_names() {
-        assert_eq!(parse_layer_file("layer-12.data"), Some(12));
-        assert_eq!(parse_layer_file("layer-0.bitmap"), Some(0));
-        assert_eq!(parse_layer_file("layer-.data"), None);
-        assert_eq!(parse_layer_file("layer-1.bitmap.tmp"), None);
-        assert_eq!(parse_layer_file("layer-+1.data"), None);
-        assert_eq!(parse_layer_file("meta.json"), None);
-        assert!(is_our_tmp("meta.json.tmp"));
-        assert!(is_our_tmp("layer-3.bitmap.tmp"));
-        assert!(!is_our_tmp("notes.tmp"));
-    }
 
     #[test]
     fn overlay_is_send_sync() {
