@@ -3,7 +3,9 @@
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
+use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use crate::bitmap::Bitmap;
 use crate::fsutil::{self, atomic_write};
@@ -29,6 +31,13 @@ fn parse_layer_file(name: &str) -> Option<u64> {
     id.parse().ok()
 }
 
+/// How long [`lock_dir`] keeps trying before it reports the directory as open elsewhere. A
+/// lock can be held for a moment by no one: between `fork` and `exec`, a child process spawned
+/// by any thread of this process holds a copy of every descriptor (close-on-exec closes them
+/// only at `exec`), so an overlay dropped a moment ago can still look locked.
+const LOCK_PATIENCE: Duration = Duration::from_millis(500);
+
+/// Takes the directory's exclusive lock, held until the returned file is closed.
 pub(crate) fn lock_dir(dir: &Path) -> Result<File, OverlayError> {
     let path = dir.join(LOCK_FILE);
     let f = OpenOptions::new()
@@ -38,18 +47,23 @@ pub(crate) fn lock_dir(dir: &Path) -> Result<File, OverlayError> {
         .write(true)
         .open(&path)
         .map_err(|e| OverlayError::io("open", &path, e))?;
-    use std::os::fd::AsRawFd;
-    // SAFETY: plain syscall on a valid, owned descriptor.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    let deadline = Instant::now() + LOCK_PATIENCE;
+    loop {
+        // SAFETY: plain syscall on a valid, owned descriptor.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(f);
+        }
         let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(OverlayError::io("lock", &path, e));
+        }
+        if Instant::now() >= deadline {
             return Err(OverlayError::Locked {
                 path: dir.to_path_buf(),
             });
         }
-        return Err(OverlayError::io("lock", &path, e));
+        std::thread::sleep(Duration::from_millis(10));
     }
-    Ok(f)
 }
 
 /// Creates (or truncates) layer `id`'s data file and writes its empty bitmap durably.

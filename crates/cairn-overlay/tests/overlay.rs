@@ -160,6 +160,28 @@ fn second_open_is_locked() {
     open(d.path());
 }
 
+/// A child process spawned by another thread holds a copy of every descriptor between its
+/// `fork` and its `exec`, including a just-dropped overlay's locked file: reopening must wait
+/// that moment out rather than report the overlay as open elsewhere.
+#[test]
+fn reopening_while_other_threads_spawn_processes() {
+    let d = tempfile::tempdir().unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spawner = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::process::Command::new("true").status().unwrap();
+            }
+        })
+    };
+    for _ in 0..300 {
+        drop(open(d.path()));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    spawner.join().unwrap();
+}
+
 #[test]
 fn snapshot_write_rollback() {
     let d = tempfile::tempdir().unwrap();
