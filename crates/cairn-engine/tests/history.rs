@@ -234,23 +234,28 @@ async fn tags_name_versions_and_never_move() {
     assert_eq!(resolve(&repo, &spec("vm@1")).await.unwrap().0, id1);
 }
 
+/// A version record of "vm" for an all-zero, empty image: enough to test naming and retention.
+fn empty_record(seq: u64, parent: Option<Id>, time_ns: i64) -> VersionRecord {
+    VersionRecord {
+        image: "vm".into(),
+        seq,
+        parent,
+        time_ns,
+        logical_size: 0,
+        root: None,
+        height: 1,
+        segment_size: 1 << 20,
+        fanout: 256,
+        stats: CommitStats::default(),
+        message: String::new(),
+    }
+}
+
 /// A hand-made version of "vm" whose id starts with `digits` decimal digits: `time_ns` is
 /// counted up from 0 until the hash fits, so the search is the same on every run.
 fn version_with_digit_id(seq: u64, parent: Option<Id>, digits: usize) -> (Id, VersionRecord) {
     (0..1_000_000i64)
-        .map(|time_ns| VersionRecord {
-            image: "vm".into(),
-            seq,
-            parent,
-            time_ns,
-            logical_size: 0,
-            root: None,
-            height: 1,
-            segment_size: 1 << 20,
-            fanout: 256,
-            stats: CommitStats::default(),
-            message: String::new(),
-        })
+        .map(|time_ns| empty_record(seq, parent, time_ns))
         .map(|record| (Id::of(&record.encode()), record))
         .find(|(id, _)| id.to_hex()[..digits].bytes().all(|b| b.is_ascii_digit()))
         .expect("one in ~110 ids starts with 10 digits")
@@ -438,20 +443,7 @@ fn versions(times: &[i64]) -> Vec<(Id, VersionRecord)> {
         .enumerate()
         .map(|(i, &time_ns)| {
             let seq = n - i as u64;
-            let record = VersionRecord {
-                image: "vm".into(),
-                seq,
-                parent: None,
-                time_ns,
-                logical_size: 0,
-                root: None,
-                height: 1,
-                segment_size: 1 << 20,
-                fanout: 256,
-                stats: CommitStats::default(),
-                message: String::new(),
-            };
-            (Id::of(&seq.to_le_bytes()), record)
+            (Id::of(&seq.to_le_bytes()), empty_record(seq, None, time_ns))
         })
         .collect()
 }
