@@ -435,8 +435,16 @@ def errors(c, work, raw, base, mid, top):
     one_error_line(c.run("commit", "err", os.path.join(lonely, "top.qcow2"), check=False),
                    "backing file", "missing backing file")
     enc = os.path.join(work, "enc.qcow2")
-    sh("qemu-img", "create", "-f", "qcow2", "--object", "secret,id=sec0,data=abc",
-       "-o", "encrypt.format=luks,encrypt.key-secret=sec0", enc, "16M")
+    # QEMU 7.2 times a PBKDF2 run with the thread's CPU clock to pick LUKS iterations, and gives
+    # up ("Unable to get accurate CPU usage") when that clock has not ticked; try again then.
+    for attempt in range(5):
+        p = sh("qemu-img", "create", "-f", "qcow2", "--object", "secret,id=sec0,data=abc",
+               "-o", "encrypt.format=luks,encrypt.key-secret=sec0", enc, "16M",
+               check=(attempt == 4))
+        if p.returncode == 0:
+            break
+        if "Unable to get accurate CPU usage" not in p.stderr:
+            raise RuntimeError(f"qemu-img create (LUKS): exit {p.returncode}: {p.stderr.strip()}")
     one_error_line(c.run("commit", "err", enc, check=False), "encrypted", "encrypted qcow2")
     # An NBD server killed in the middle of a (rate-limited, so slow) commit.
     sock = os.path.join(work, "kill.sock")
