@@ -20,9 +20,16 @@ pub fn tags_prefix(image: &str) -> String {
     format!("{TAGS_PREFIX}{}/", escape(image))
 }
 
-/// Key of tag `tag` of `image`: `tags/<escaped image>/<tag>`.
+/// Key of tag `tag` of `image`: `tags/<escaped image>/<escaped tag>` (a tag name is
+/// percent-encoded like an image name: `+` is not a key character).
 pub fn tag_key(image: &str, tag: &str) -> String {
-    format!("{}{tag}", tags_prefix(image))
+    format!("{}{}", tags_prefix(image), escape(tag))
+}
+
+/// The tag name in a tag ref key (`tags/<escaped image>/<escaped tag>`, or its last segment).
+pub fn tag_from_key(key: &str) -> String {
+    let last = key.rsplit('/').next().unwrap_or(key);
+    crate::name::unescape_segment(last).unwrap_or_else(|_| last.to_string())
 }
 
 /// Checks a tag name: 1..=100 bytes of `[A-Za-z0-9._+-]`, not only digits (those name
@@ -34,8 +41,8 @@ pub fn validate_tag_name(tag: &str) -> FormatResult<()> {
             format!("{tag:?}: {reason}"),
         ))
     };
-    if tag.is_empty() || tag.len() > 100 {
-        return bad("must be 1 to 100 bytes");
+    if tag.is_empty() || tag.len() > 80 {
+        return bad("must be 1 to 80 bytes");
     }
     if !tag
         .bytes()
@@ -76,5 +83,11 @@ mod tests {
         let id = Id::of(b"v");
         assert_eq!(decode(&encode(&id)).unwrap(), id);
         assert_eq!(head_key("web01/disk0"), "heads/web01%2Fdisk0");
+        // `+` is allowed in tags but not in keys: it is percent-encoded, and decoded back.
+        let key = tag_key("vm", "v1+build.2");
+        assert_eq!(key, "tags/vm/v1%2Bbuild.2");
+        assert_eq!(tag_from_key(&key), "v1+build.2");
+        validate_tag_name(&"+".repeat(80)).unwrap(); // 240 bytes encoded: fits a file name
+        assert!(validate_tag_name(&"a".repeat(81)).is_err());
     }
 }

@@ -151,6 +151,17 @@ impl ObjectStore for CountingStore {
     async fn forget_deleted_refs(&self, prefix: &str) -> StoreResult<usize> {
         self.inner.forget_deleted_refs(prefix).await
     }
+
+    async fn remove_stale_temporaries(
+        &self,
+        before: std::time::SystemTime,
+    ) -> StoreResult<(u64, u64)> {
+        self.inner.remove_stale_temporaries(before).await
+    }
+
+    async fn replenish_reserve(&self) -> StoreResult<bool> {
+        self.inner.replenish_reserve().await
+    }
 }
 
 #[cfg(test)]

@@ -46,6 +46,13 @@ pub enum StoreError {
         reason: String,
     },
 
+    /// The file system holding a local repository is full (or over quota).
+    #[error(
+        "the file system of {location} is full: free space, or delete versions with `cairn rm` \
+         or `cairn prune` (they can run on a full disk)"
+    )]
+    Full { location: String },
+
     /// The store cannot be reached at all (network, credentials, runtime shutting down).
     #[error("store {location} is unavailable: {reason}")]
     Unavailable { location: String, reason: String },

@@ -20,6 +20,7 @@ pub mod conformance;
 
 use std::fmt::Debug;
 use std::ops::Range;
+use std::time::SystemTime;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -29,7 +30,7 @@ pub use error::{StoreError, StoreResult};
 pub use key::{
     validate_key, validate_object_key, validate_prefix, validate_ref_key, REFS_SEGMENT, TEMP_PREFIX,
 };
-pub use local::LocalStore;
+pub use local::{LocalStore, RESERVE_NAME};
 pub use memory::MemoryStore;
 
 /// What `put_if_absent` did.
@@ -159,5 +160,20 @@ pub trait ObjectStore: Send + Sync + Debug {
     async fn forget_deleted_refs(&self, prefix: &str) -> StoreResult<usize> {
         validate_prefix(prefix)?;
         Ok(0)
+    }
+
+    /// Removes what interrupted writes left behind (the local store's temporary files) that
+    /// was last modified before `before` — a time before which every writer that is still
+    /// alive started. Returns how many were removed and their bytes. Stores that write
+    /// atomically without temporaries (S3) have nothing to remove.
+    async fn remove_stale_temporaries(&self, before: SystemTime) -> StoreResult<(u64, u64)> {
+        let _ = before;
+        Ok((0, 0))
+    }
+
+    /// After space was freed: reallocates a space reserve that a write on a full disk
+    /// released (local stores; see `LocalStore::for_deletion`). Returns whether it did.
+    async fn replenish_reserve(&self) -> StoreResult<bool> {
+        Ok(false)
     }
 }

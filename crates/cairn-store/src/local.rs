@@ -6,17 +6,23 @@
 //! `flock`, which excludes other cairn processes too.
 
 mod fsutil;
+mod reserve;
+
+pub use reserve::RESERVE_NAME;
 
 use std::fs::{self, File};
 use std::io;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use self::fsutil::{create_dirs, fsync_dir, is_absent, list_files, write_temp, FileLock};
+use self::fsutil::{
+    create_dirs, fsync_dir, is_absent, list_files, remove_temp_files, write_temp, FileLock,
+};
 use crate::key::{
     validate_object_key, validate_prefix, validate_ref_key, REFS_SEGMENT, REF_LOCK_NAME,
 };
@@ -29,6 +35,9 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct LocalStore {
     root: PathBuf,
+    /// Writes that hit a full file system may release the space reserve (see
+    /// [`LocalStore::for_deletion`]).
+    may_use_reserve: bool,
 }
 
 impl LocalStore {
@@ -41,7 +50,58 @@ impl LocalStore {
             let e = io::Error::from_raw_os_error(libc::ENOTDIR);
             return Err(StoreError::io("open repository", &root, e));
         }
-        Ok(LocalStore { root })
+        Ok(LocalStore {
+            root,
+            may_use_reserve: false,
+        })
+    }
+
+    /// This store, allowed to release the space reserve when the file system is full: for
+    /// commands that free space (`rm`, `prune`, `gc`, `repair`), never for commits.
+    pub fn for_deletion(mut self) -> Self {
+        self.may_use_reserve = true;
+        self
+    }
+
+    /// Preallocates the space reserve (`cairn init`; 0 bytes: none). See the `reserve` module.
+    pub fn create_reserve(&self, bytes: u64) -> StoreResult<()> {
+        reserve::create(&self.root, bytes)
+            .map_err(|e| StoreError::io("create space reserve", reserve::path(&self.root), e))
+    }
+
+    /// Runs a blocking write; on a full file system a store opened [`for_deletion`] releases
+    /// the reserve and tries once more, and the error says the disk is full (never naming a
+    /// temporary file).
+    ///
+    /// [`for_deletion`]: LocalStore::for_deletion
+    async fn write<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: Fn() -> StoreResult<T> + Clone + Send + 'static,
+    {
+        let is_full = |r: &StoreResult<T>| matches!(r, Err(StoreError::Io { source, .. }) if reserve::is_full(source));
+        let first = self.blocking(f.clone()).await;
+        if !is_full(&first) {
+            return first;
+        }
+        if self.may_use_reserve {
+            let root = self.root.clone();
+            let freed = self.blocking(move || Ok(reserve::release(&root))).await?;
+            if freed > 0 {
+                tracing::warn!(
+                    "{}: the file system is full; released the {} MiB space reserve to free space",
+                    self.root.display(),
+                    freed >> 20
+                );
+                let again = self.blocking(f).await;
+                if !is_full(&again) {
+                    return again;
+                }
+            }
+        }
+        Err(StoreError::Full {
+            location: self.describe(),
+        })
     }
 
     /// Open `root`, creating it (and its parents) first if missing.
@@ -220,8 +280,7 @@ impl ObjectStore for LocalStore {
     async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<PutOutcome> {
         validate_object_key(key)?;
         let (root, key) = (self.root.clone(), key.to_owned());
-        self.blocking(move || put_blocking(&root, &key, &data))
-            .await
+        self.write(move || put_blocking(&root, &key, &data)).await
     }
 
     async fn get(&self, key: &str) -> StoreResult<Bytes> {
@@ -254,7 +313,7 @@ impl ObjectStore for LocalStore {
     async fn list(&self, prefix: &str) -> StoreResult<Vec<ObjectMeta>> {
         validate_prefix(prefix)?;
         let (root, prefix) = (self.root.clone(), prefix.to_owned());
-        self.blocking(move || list_files(&root, &prefix, &[REFS_SEGMENT]))
+        self.blocking(move || list_files(&root, &prefix, &[REFS_SEGMENT, RESERVE_NAME]))
             .await
     }
 
@@ -291,7 +350,22 @@ impl ObjectStore for LocalStore {
     ) -> StoreResult<CasOutcome> {
         validate_ref_key(key)?;
         let (refs, key, expected) = (self.refs_dir(), key.to_owned(), expected.cloned());
-        self.blocking(move || cas_blocking(&refs, &key, expected, new))
+        self.write(move || cas_blocking(&refs, &key, expected.clone(), new.clone()))
             .await
+    }
+
+    async fn remove_stale_temporaries(&self, before: SystemTime) -> StoreResult<(u64, u64)> {
+        let root = self.root.clone();
+        self.blocking(move || remove_temp_files(&root, before))
+            .await
+    }
+
+    async fn replenish_reserve(&self) -> StoreResult<bool> {
+        let root = self.root.clone();
+        self.blocking(move || {
+            reserve::replenish(&root)
+                .map_err(|e| StoreError::io("reallocate space reserve", reserve::path(&root), e))
+        })
+        .await
     }
 }

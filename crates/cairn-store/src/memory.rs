@@ -70,6 +70,22 @@ impl MemoryStore {
         data.truncate(len);
     }
 
+    /// Flip the lowest bit of byte `offset` of a ref's value (bit rot in a head or tag).
+    /// Panics if the ref does not exist or is too short.
+    pub fn corrupt_ref(&self, key: &str, offset: usize) {
+        let mut refs = lock(&self.refs);
+        let state = refs
+            .get_mut(key)
+            .unwrap_or_else(|| panic!("corrupt_ref: no ref {key:?}"));
+        assert!(
+            offset < state.data.len(),
+            "corrupt_ref: offset past the end"
+        );
+        let mut bytes = state.data.to_vec();
+        bytes[offset] ^= 1;
+        state.data = Bytes::from(bytes);
+    }
+
     fn fresh_version(&self) -> RefVersion {
         RefVersion(format!(
             "m{}",

@@ -6,6 +6,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use crate::key::TEMP_PREFIX;
 use crate::{ObjectMeta, StoreError, StoreResult};
@@ -79,6 +80,53 @@ pub(super) fn write_temp(dir: &Path, data: &[u8]) -> StoreResult<PathBuf> {
         return Err(e);
     }
     Ok(path)
+}
+
+/// Removes every `.tmp-*` file under `root` (objects and refs) last modified before `before`:
+/// what writers killed between writing a temporary file and linking or renaming it left.
+/// Returns how many were removed and their bytes.
+pub(super) fn remove_temp_files(root: &Path, before: SystemTime) -> StoreResult<(u64, u64)> {
+    let mut removed = (0u64, 0u64);
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let entries = match fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if is_absent(&e) => continue,
+            Err(e) => return Err(StoreError::io("list directory", &dir, e)),
+        };
+        let mut changed = false;
+        for entry in entries {
+            let entry = entry.map_err(|e| StoreError::io("list directory", &dir, e))?;
+            let path = entry.path();
+            let Ok(meta) = fs::symlink_metadata(&path) else {
+                continue; // gone meanwhile
+            };
+            if meta.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let is_temp = entry
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(TEMP_PREFIX));
+            let old = meta.modified().is_ok_and(|m| m < before);
+            if is_temp && meta.is_file() && old {
+                match fs::remove_file(&path) {
+                    Ok(()) => {
+                        removed.0 += 1;
+                        removed.1 += meta.len();
+                        changed = true;
+                    }
+                    Err(e) if is_absent(&e) => {}
+                    Err(e) => return Err(StoreError::io("remove", &path, e)),
+                }
+            }
+        }
+        if changed {
+            fsync_dir(&dir)?;
+        }
+    }
+    Ok(removed)
 }
 
 /// An exclusive `flock` on a lock file, released when dropped (closing the descriptor
