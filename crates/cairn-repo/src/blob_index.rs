@@ -3,7 +3,7 @@
 //! Built at open from every index file; updated as a commit publishes its own index file.
 //! Pack ids are interned so an entry costs ~20 bytes plus the 32-byte key.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use cairn_format::index::IndexFile;
 use cairn_format::pack::{BlobEncoding, BlobEntry, BlobKind};
@@ -31,11 +31,32 @@ pub struct BlobIndex {
     packs: Vec<Id>,
     pack_numbers: HashMap<Id, u32>,
     blobs: HashMap<Id, Slot>,
+    /// Copies (pack, blob) left out: quarantined as damaged (see `crate::quarantine`).
+    skip: HashSet<(Id, Id)>,
 }
 
 impl BlobIndex {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty index that will leave out the copies in `skip` (quarantined ones), so that
+    /// another copy of the same blob, if any file lists one, is used instead.
+    pub fn without(skip: HashSet<(Id, Id)>) -> Self {
+        BlobIndex {
+            skip,
+            ..Self::default()
+        }
+    }
+
+    /// Drops `id` if its known location is `pack` (a copy just found damaged).
+    pub fn forget_at(&mut self, id: &Id, pack: &Id) {
+        self.skip.insert((*pack, *id));
+        if let Some(slot) = self.blobs.get(id) {
+            if self.packs[slot.pack as usize] == *pack {
+                self.blobs.remove(id);
+            }
+        }
     }
 
     fn intern(&mut self, pack: Id) -> u32 {
@@ -59,6 +80,9 @@ impl BlobIndex {
         let n = self.intern(pack);
         self.blobs.reserve(entries.len());
         for e in entries {
+            if !self.skip.is_empty() && self.skip.contains(&(pack, e.id)) {
+                continue;
+            }
             self.blobs.entry(e.id).or_insert(Slot {
                 pack: n,
                 offset: e.offset,
@@ -102,6 +126,11 @@ impl BlobIndex {
             .values()
             .filter(|s| s.kind == kind)
             .fold((0, 0), |(n, b), s| (n + 1, b + u64::from(s.stored_len)))
+    }
+
+    /// Whether some indexed blob lives in `pack`.
+    pub fn has_pack(&self, pack: &Id) -> bool {
+        self.pack_numbers.contains_key(pack)
     }
 
     pub fn pack_count(&self) -> usize {

@@ -98,7 +98,10 @@ impl Repo {
     async fn fetch_read(&self, read: Read) -> RepoResult<Vec<(usize, Vec<u8>)>> {
         let bytes = match self.read_pack_range(&read.pack, read.range.clone()).await {
             Ok(b) => b,
-            Err(e) => return Err(blob_read_error(e, &read.blobs[0].1)),
+            Err(e) => {
+                let loc = &read.blobs[0].1;
+                return Err(self.quarantine_if_damaged(blob_read_error(e, loc), loc));
+            }
         };
         if bytes.len() as u64 != read.range.end - read.range.start {
             let loc = &read.blobs[0].1;
@@ -117,7 +120,7 @@ impl Repo {
             let r = loc.entry.range();
             let start = (r.start - read.range.start) as usize;
             let stored = &bytes[start..start + (r.end - r.start) as usize];
-            let plain = Repo::decode_blob(&loc, stored)?;
+            let plain = self.check_blob(&loc, stored)?;
             if loc.entry.kind == BlobKind::Node {
                 if let Some(cache) = self.meta_cache() {
                     if let Err(e) = cache.put(&loc.entry.id, &plain) {

@@ -31,6 +31,13 @@ pub enum RepoError {
     },
     #[error("pack {pack} is missing (needed for blob {id})")]
     PackMissing { pack: Id, id: Id },
+    #[error(
+        "blob {id} in pack {pack}: the only copy is damaged (quarantined); commit its data \
+         again or run `cairn repair --from IMAGE_FILE`"
+    )]
+    Quarantined { id: Id, pack: Id },
+    #[error("version {id} does not exist")]
+    VersionMissing { id: Id },
     #[error("{0}")]
     Invalid(String),
     #[error("image {0:?} has no versions")]
@@ -47,5 +54,20 @@ impl RepoError {
             key: key.into(),
             source,
         }
+    }
+
+    /// Whether this error means stored data is damaged or missing — a finding about the
+    /// repository — rather than that the store could not be asked (which says nothing about
+    /// the data and must never be mistaken for damage).
+    pub fn is_damage(&self) -> bool {
+        matches!(
+            self,
+            RepoError::Corrupt { .. }
+                | RepoError::VersionMissing { .. }
+                | RepoError::BlobMissing { .. }
+                | RepoError::BadBlob { .. }
+                | RepoError::PackMissing { .. }
+                | RepoError::Quarantined { .. }
+        )
     }
 }

@@ -11,6 +11,7 @@ use cairn_store::{CasOutcome, PutOutcome};
 use crate::error::{RepoError, RepoResult};
 use crate::repository::Repo;
 use crate::session::now_ns;
+use crate::versions::Damaged;
 
 impl Repo {
     /// The version a tag names, if the tag exists.
@@ -66,7 +67,7 @@ impl Repo {
         let prefix = tags_prefix(image);
         let mut out = Vec::new();
         for key in self.store().list_refs(&prefix).await? {
-            let name = key[prefix.len()..].to_string();
+            let name = refs::tag_from_key(&key);
             if let Some(state) = self.store().read_ref(&key).await? {
                 let id = refs::decode(&state.data)
                     .map_err(|e| RepoError::corrupt(format!("refs/{key}"), e))?;
@@ -76,17 +77,32 @@ impl Repo {
         Ok(out)
     }
 
-    /// Every tag in the repository as (ref key, version): GC roots.
+    /// Every tag in the repository as (ref key, version): GC roots. Fails on a damaged tag;
+    /// [`Repo::all_tag_targets_checked`] reports it instead.
     pub async fn all_tag_targets(&self) -> RepoResult<Vec<(String, Id)>> {
+        let (tags, damaged) = self.all_tag_targets_checked().await?;
+        match damaged.into_iter().next() {
+            Some(d) => Err(RepoError::Invalid(d.to_string())),
+            None => Ok(tags),
+        }
+    }
+
+    /// Every readable tag as (ref key, version), and the tags that cannot be read.
+    pub async fn all_tag_targets_checked(&self) -> RepoResult<(Vec<(String, Id)>, Vec<Damaged>)> {
         let mut out = Vec::new();
+        let mut damaged = Vec::new();
         for key in self.store().list_refs(refs::TAGS_PREFIX).await? {
             if let Some(state) = self.store().read_ref(&key).await? {
-                let id = refs::decode(&state.data)
-                    .map_err(|e| RepoError::corrupt(format!("refs/{key}"), e))?;
-                out.push((key, id));
+                match refs::decode(&state.data) {
+                    Ok(id) => out.push((key, id)),
+                    Err(e) => damaged.push(Damaged {
+                        key: format!("refs/{key}"),
+                        problem: e.to_string(),
+                    }),
+                }
             }
         }
-        Ok(out)
+        Ok((out, damaged))
     }
 
     /// Marks a version deleted. Idempotent.

@@ -13,8 +13,10 @@ mod blob_reads;
 mod content_cache;
 mod error;
 mod history;
+mod quarantine;
 mod repository;
 pub mod session;
+mod set_aside;
 mod summaries;
 mod versions;
 
@@ -22,4 +24,5 @@ pub use blob_index::{BlobIndex, BlobLocation};
 pub use content_cache::{user_cache_dir, ContentCache};
 pub use error::{RepoError, RepoResult};
 pub use repository::{pack_key, Repo, PACKS_PREFIX};
-pub use versions::HeadState;
+pub use set_aside::SET_ASIDE_PREFIX;
+pub use versions::{Damaged, HeadState};

@@ -42,8 +42,6 @@ pub struct Repo {
     /// Index files that could not be read at open (reported by verify; their blobs count as
     /// missing, so a later commit stores them again).
     index_errors: Vec<String>,
-    /// Blobs that pending GC plans are deleting: never deduplicated against.
-    doomed: HashSet<Id>,
     /// The GC plans pending when this repository was opened (by id).
     plans_seen: HashSet<Id>,
     session: Mutex<Option<SessionHandle>>,
@@ -55,6 +53,12 @@ pub struct Repo {
     /// Packs this process stored that no index file names yet: garbage if it fails before
     /// publishing them (see [`Repo::discard_unindexed_packs`]).
     unindexed: Mutex<HashSet<Id>>,
+    /// Blob copies (pack, blob) known to be damaged: left out of the index (`quarantine`).
+    quarantined: Mutex<HashSet<(Id, Id)>>,
+    /// Quarantine markers not written yet.
+    pending_markers: Mutex<Vec<crate::quarantine::PendingMarker>>,
+    /// The pack of a quarantined copy of each blob, for messages.
+    quarantined_packs: Mutex<std::collections::HashMap<Id, Id>>,
 }
 
 impl Repo {
@@ -131,7 +135,6 @@ impl Repo {
             config,
             index: RwLock::new(BlobIndex::new()),
             index_errors: Vec::new(),
-            doomed: HashSet::new(),
             plans_seen: HashSet::new(),
             session_started_ns: session
                 .as_ref()
@@ -139,20 +142,50 @@ impl Repo {
             session: Mutex::new(session),
             meta_cache,
             unindexed: Mutex::new(HashSet::new()),
+            quarantined: Mutex::new(HashSet::new()),
+            pending_markers: Mutex::new(Vec::new()),
+            quarantined_packs: Mutex::new(std::collections::HashMap::new()),
         };
         let mut superseded = HashSet::new();
         for (id, plan) in repo.gc_plans_with_ids().await? {
             repo.plans_seen.insert(id);
-            repo.doomed.extend(plan.dead_blobs);
             superseded.extend(plan.superseded_index);
         }
+        let markers = repo.quarantine_markers().await?;
+        repo.quarantined_packs()
+            .extend(markers.iter().map(|(pack, blob)| (*blob, *pack)));
+        repo.quarantined_set().extend(markers);
         repo.load_index(&superseded).await?;
         Ok(repo)
     }
 
-    /// Ends this process's session (removes its ref). Call when done; a process that dies
-    /// leaves a session that goes stale.
+    pub(crate) fn quarantined_set(&self) -> std::sync::MutexGuard<'_, HashSet<(Id, Id)>> {
+        self.quarantined.lock().expect("quarantine lock")
+    }
+
+    pub(crate) fn pending_markers(
+        &self,
+    ) -> std::sync::MutexGuard<'_, Vec<crate::quarantine::PendingMarker>> {
+        self.pending_markers.lock().expect("quarantine lock")
+    }
+
+    pub(crate) fn quarantined_packs(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<Id, Id>> {
+        self.quarantined_packs.lock().expect("quarantine lock")
+    }
+
+    pub(crate) fn index_mut(&self) -> std::sync::RwLockWriteGuard<'_, BlobIndex> {
+        self.index.write().expect("index lock")
+    }
+
+    /// Ends this process's session (removes its ref), after writing the quarantine markers of
+    /// damage found meanwhile. Call when done; a process that dies leaves a session that goes
+    /// stale.
     pub async fn close(&self) -> RepoResult<()> {
+        if let Err(e) = self.flush_quarantine().await {
+            tracing::warn!("could not record damaged blobs: {e}");
+        }
         let session = self.session.lock().expect("session lock").take();
         match session {
             Some(s) => s.close().await,
@@ -238,11 +271,6 @@ impl Repo {
         self.plans_seen.contains(id)
     }
 
-    /// Whether a pending GC plan (seen at open) is deleting this blob.
-    pub fn is_doomed(&self, id: &Id) -> bool {
-        self.doomed.contains(id)
-    }
-
     /// Reads every index file (in parallel) into the in-memory blob index.
     async fn load_index(&mut self, superseded: &HashSet<Id>) -> RepoResult<()> {
         let (index, errors) = self.read_index(superseded).await?;
@@ -264,6 +292,16 @@ impl Repo {
         Ok(())
     }
 
+    /// A new blob index read from the store now, as a newly opened process would see it (for
+    /// work that must not hold this process's index lock across reads).
+    pub async fn fresh_index(&self) -> RepoResult<BlobIndex> {
+        let mut superseded = HashSet::new();
+        for plan in self.gc_plans().await? {
+            superseded.extend(plan.superseded_index);
+        }
+        Ok(self.read_index(&superseded).await?.0)
+    }
+
     /// Every index file except `superseded`, and the damaged ones' errors.
     async fn read_index(&self, superseded: &HashSet<Id>) -> RepoResult<(BlobIndex, Vec<String>)> {
         let mut errors = Vec::new();
@@ -280,7 +318,7 @@ impl Repo {
             .collect();
         let mut tasks = JoinSet::new();
         let mut pending = files.into_iter();
-        let mut index = BlobIndex::new();
+        let mut index = BlobIndex::without(self.quarantined());
         loop {
             while tasks.len() < 16 {
                 let Some(meta) = pending.next() else { break };
@@ -344,17 +382,26 @@ impl Repo {
         self.index.read().expect("index lock")
     }
 
-    /// Whether a commit may deduplicate against `id`: the repository holds it and no pending
-    /// GC plan (seen at open) is deleting it. Doomed blobs are still readable where a live
-    /// copy is indexed; only reuse is refused.
+    /// Whether a commit may deduplicate against `id`: this process's index holds a copy.
+    ///
+    /// A pending GC plan needs no check here: a session that saw the plan skipped the index
+    /// files it supersedes, and their replacements name no pack the GC deletes, so every copy
+    /// this index holds survives the GC. (Refusing every copy of a blob the plan names dead —
+    /// as this once did — made commits store second copies of blobs that still had a
+    /// surviving copy in a pack the GC kept: duplicates that only `gc --repair` removed,
+    /// several percent of a repository under commits running during prunes.)
     pub fn has_blob(&self, id: &Id) -> bool {
-        !self.doomed.contains(id) && self.index().contains(id)
+        self.index().contains(id)
     }
 
     pub fn locate(&self, id: &Id) -> RepoResult<BlobLocation> {
-        self.index()
-            .get(id)
-            .ok_or(RepoError::BlobMissing { id: *id })
+        if let Some(loc) = self.index().get(id) {
+            return Ok(loc);
+        }
+        Err(match self.quarantined_copy(id) {
+            Some(pack) => RepoError::Quarantined { id: *id, pack },
+            None => RepoError::BlobMissing { id: *id },
+        })
     }
 
     /// Bytes `range` of a pack.
@@ -391,13 +438,13 @@ impl Repo {
         Ok(plain)
     }
 
-    /// Reads one blob from its pack, verified.
+    /// Reads one blob from its pack, verified (a damaged copy is quarantined).
     async fn fetch_blob(&self, loc: &BlobLocation) -> RepoResult<Vec<u8>> {
         let stored = self
             .read_pack_range(&loc.pack, loc.entry.range())
             .await
-            .map_err(|e| blob_read_error(e, loc))?;
-        Self::decode_blob(loc, &stored)
+            .map_err(|e| self.quarantine_if_damaged(blob_read_error(e, loc), loc))?;
+        self.check_blob(loc, &stored)
     }
 
     /// Stores a finished pack under a key no other pack has. Returns the pack's final id (the

@@ -4,18 +4,117 @@
 //! This is half of the GC safety protocol (see docs/ARCHITECTURE.md): a session is registered
 //! *before* the process reads GC plans and loads the index. A GC publishes its plan and then
 //! waits for every session that existed at that moment; any session registered later is
-//! guaranteed to see the plan and to avoid the blobs it names. A session whose heartbeat is
-//! older than the staleness limit belongs to a dead process and is not waited for.
+//! guaranteed to see the plan and to avoid the blobs it names.
+//!
+//! A session is dead when its process is: on the host that runs it, that is known at once
+//! (the session records the boot, PID namespace, pid and start time of its process — see
+//! [`ProcessTag`]); from any other host, when its heartbeat is older than the staleness limit.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use cairn_format::marker::{Session, SESSIONS_PREFIX};
+use cairn_format::marker::{ProcessTag, Session, SESSIONS_PREFIX};
 use cairn_store::{CasOutcome, ObjectStore};
 use tokio::task::JoinHandle;
 
 use crate::error::RepoResult;
+
+/// This process's tag (`None` where `/proc` does not tell: then only heartbeats count).
+pub fn current_process() -> Option<&'static ProcessTag> {
+    static TAG: OnceLock<Option<ProcessTag>> = OnceLock::new();
+    TAG.get_or_init(|| {
+        let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+        let pid_namespace = pid_namespace("/proc/self/ns/pid")?;
+        let (start_ticks, _) = proc_stat(std::process::id())?;
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default();
+        Some(ProcessTag {
+            boot_id: boot_id.trim().to_string(),
+            pid_namespace,
+            start_ticks,
+            host,
+        })
+    })
+    .as_ref()
+}
+
+/// The inode of a namespace link such as `/proc/self/ns/pid` (`pid:[4026531836]`).
+fn pid_namespace(link: &str) -> Option<u64> {
+    let target = std::fs::read_link(link).ok()?;
+    let t = target.to_str()?;
+    t.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// Start time (clock ticks since boot) and state letter of process `pid`, from
+/// `/proc/<pid>/stat`; `None` if there is no such process.
+fn proc_stat(pid: u32) -> Option<(u64, char)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may contain anything: parse after it.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split(' ');
+    let state = fields.next()?.chars().next()?;
+    // `rest` starts at field 3 (state); the start time is field 22.
+    let start = fields.nth(22 - 4)?.parse().ok()?;
+    Some((start, state))
+}
+
+/// Whether process `pid` that started at `start_ticks` (see [`ProcessTag`]) still runs on
+/// this host. A zombie counts as gone; so does a pid now used by a later process.
+pub fn process_alive(pid: u32, start_ticks: u64) -> bool {
+    matches!(proc_stat(pid), Some((start, state)) if start == start_ticks && !matches!(state, 'Z' | 'X'))
+}
+
+/// Whether a session's process may still be working.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Liveness {
+    Alive,
+    /// Dead for certain (its process is gone) or presumed dead (no heartbeat for too long);
+    /// the text says which, for messages.
+    Dead(String),
+}
+
+/// Judges `session` as seen at `now_ns`: dead if its heartbeat is older than `stale_after`,
+/// or if it ran on this host (same boot and PID namespace) and no process with its pid and
+/// start time exists (a zombie counts as gone).
+pub fn liveness(session: &Session, now_ns: i64, stale_after: Duration) -> Liveness {
+    let age_ns = now_ns.saturating_sub(session.heartbeat_ns);
+    if age_ns >= stale_after.as_nanos() as i64 {
+        return Liveness::Dead(format!("no heartbeat for {:.0} s", age_ns as f64 / 1e9));
+    }
+    let (Some(tag), Some(me)) = (&session.process, current_process()) else {
+        return Liveness::Alive;
+    };
+    if tag.boot_id != me.boot_id || tag.pid_namespace != me.pid_namespace {
+        return Liveness::Alive; // another host or container: only its heartbeat tells
+    }
+    match proc_stat(session.pid) {
+        None => Liveness::Dead(format!("process {} has exited", session.pid)),
+        Some((_, 'Z' | 'X')) => Liveness::Dead(format!("process {} has exited", session.pid)),
+        Some((start, _)) if start != tag.start_ticks => Liveness::Dead(format!(
+            "process {} has exited (the pid now belongs to another process)",
+            session.pid
+        )),
+        Some(_) => Liveness::Alive,
+    }
+}
+
+/// A session as a person reads it: its kind, process and age.
+pub fn describe(key: &str, session: &Session, now_ns: i64) -> String {
+    let host = session
+        .process
+        .as_ref()
+        .map(|p| format!(" on {}", p.host))
+        .unwrap_or_default();
+    format!(
+        "{} (pid {}{host}, started {:.0} s ago, session {})",
+        session.kind,
+        session.pid,
+        now_ns.saturating_sub(session.started_ns) as f64 / 1e9,
+        key.strip_prefix(SESSIONS_PREFIX).unwrap_or(key)
+    )
+}
 
 /// How often a live session refreshes its heartbeat.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
@@ -47,6 +146,7 @@ impl SessionHandle {
             heartbeat_ns: started_ns,
             pid: std::process::id(),
             kind: kind.to_string(),
+            process: current_process().cloned(),
         };
         let mut version = match store
             .cas_ref(&key, None, Some(Bytes::from(session.encode())))

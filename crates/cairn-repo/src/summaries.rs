@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use bytes::Bytes;
-use cairn_format::marker::{encode_freed, freed_key, FREED_PREFIX};
+use cairn_format::marker::{encode_freed, freed_key, GcLeftover, FREED_PREFIX, LEFTOVER_PREFIX};
 use cairn_format::summary::{self, Summary};
 use cairn_format::Id;
 use cairn_store::StoreError;
@@ -56,6 +56,39 @@ impl Repo {
             )
             .await?;
         Ok(())
+    }
+
+    /// Records the dead blobs a fast deletion left in packs it did not repack, for the next
+    /// one to judge again. Returns the object's key.
+    pub async fn put_gc_leftover(&self, leftover: &GcLeftover) -> RepoResult<String> {
+        let raw = leftover.encode();
+        let key = format!("{LEFTOVER_PREFIX}{}", Id::of(&raw));
+        self.store().put_if_absent(&key, Bytes::from(raw)).await?;
+        Ok(key)
+    }
+
+    /// Every leftover list, by key (a damaged one is skipped with a warning: it is advisory).
+    pub async fn gc_leftovers(&self) -> RepoResult<Vec<(String, GcLeftover)>> {
+        let mut out = Vec::new();
+        for meta in self.store().list(LEFTOVER_PREFIX).await? {
+            match self.store().get(&meta.key).await {
+                Ok(raw) => match GcLeftover::decode(&raw) {
+                    Ok(l) => out.push((meta.key, l)),
+                    Err(e) => {
+                        tracing::warn!("{}: {e}", meta.key);
+                        out.push((meta.key, GcLeftover::default()));
+                    }
+                },
+                Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes a leftover list (its blobs were judged again, or swept by the exact pass).
+    pub async fn delete_gc_leftover(&self, key: &str) -> RepoResult<()> {
+        Ok(self.store().delete(key).await?)
     }
 
     /// Deleted versions whose space some GC has already given back.

@@ -10,6 +10,21 @@ use cairn_store::{CasOutcome, PutOutcome, RefVersion, StoreError};
 use crate::error::{RepoError, RepoResult};
 use crate::repository::Repo;
 
+/// A metadata object that cannot be read: which, and why. Damage of this kind is reported
+/// (by `verify`, `log`, `images`), never allowed to block work on the rest of the repository.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damaged {
+    /// The object or ref key (`versions/<id>`, `refs/heads/<image>`).
+    pub key: String,
+    pub problem: String,
+}
+
+impl std::fmt::Display for Damaged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.key, self.problem)
+    }
+}
+
 /// An image's head as read, with the token needed to swap it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeadState {
@@ -51,16 +66,33 @@ impl Repo {
         Ok(matches!(outcome, CasOutcome::Swapped { .. }))
     }
 
-    /// Every image that has a head, sorted.
+    /// Every image that has a head, sorted. A head whose key is not a valid image name is
+    /// skipped (and logged); [`Repo::images_checked`] reports it.
     pub async fn images(&self) -> RepoResult<Vec<String>> {
+        let (images, damaged) = self.images_checked().await?;
+        for d in damaged {
+            tracing::warn!("{d}");
+        }
+        Ok(images)
+    }
+
+    /// Every image that has a head, sorted, and the head keys that name no valid image.
+    pub async fn images_checked(&self) -> RepoResult<(Vec<String>, Vec<Damaged>)> {
         let keys = self.store().list_refs(refs::HEADS_PREFIX).await?;
         let mut out = Vec::with_capacity(keys.len());
+        let mut damaged = Vec::new();
         for k in keys {
             let seg = &k[refs::HEADS_PREFIX.len()..];
-            out.push(unescape(seg).map_err(|e| RepoError::corrupt(format!("refs/{k}"), e))?);
+            match unescape(seg) {
+                Ok(name) => out.push(name),
+                Err(e) => damaged.push(Damaged {
+                    key: format!("refs/{k}"),
+                    problem: e.to_string(),
+                }),
+            }
         }
         out.sort();
-        Ok(out)
+        Ok((out, damaged))
     }
 
     /// Reads and checks a version record.
@@ -68,9 +100,7 @@ impl Repo {
         let key = version::key(id);
         let raw = match self.store().get(&key).await {
             Ok(raw) => raw,
-            Err(StoreError::NotFound { .. }) => {
-                return Err(RepoError::Invalid(format!("version {id} does not exist")))
-            }
+            Err(StoreError::NotFound { .. }) => return Err(RepoError::VersionMissing { id: *id }),
             Err(e) => return Err(e.into()),
         };
         if Id::of(&raw) != *id {
