@@ -87,9 +87,11 @@ pub async fn commit(
         let repo = repo.clone();
         let options = options.clone();
         let progress = progress.clone();
-        tokio::task::spawn_blocking(move || run_pipeline(repo, handle, source, &options, &progress))
-            .await
-            .map_err(|e| EngineError::Pipeline(format!("pipeline thread: {e}")))??
+        tokio::task::spawn_blocking(move || {
+            run_pipeline(repo, handle, source, &options, &progress, None)
+        })
+        .await
+        .map_err(|e| EngineError::Pipeline(format!("pipeline thread: {e}")))??
     };
 
     publish(
@@ -232,26 +234,43 @@ pub(crate) struct Dedup<'a> {
     pub claimed: Mutex<HashSet<Id>>,
     /// Blobs this commit refers to without storing them (found in the repository).
     pub reused: Mutex<HashSet<Id>>,
+    /// Repair from a source: store only these blobs (the ones versions need and lack).
+    pub only: Option<HashSet<Id>>,
 }
 
-impl Dedup<'_> {
+impl<'a> Dedup<'a> {
+    pub fn new(repo: &'a Repo, only: Option<HashSet<Id>>) -> Self {
+        Dedup {
+            repo,
+            claimed: Mutex::new(HashSet::new()),
+            reused: Mutex::new(HashSet::new()),
+            only,
+        }
+    }
+
     /// True if the caller must store `id`: it is neither in the repository nor already
-    /// claimed by another worker of this commit.
+    /// claimed by another worker of this commit (and, when repairing, it is wanted).
     pub fn claim(&self, id: &Id) -> bool {
         if self.repo.has_blob(id) {
             self.reused.lock().expect("dedup lock").insert(*id);
+            return false;
+        }
+        if self.only.as_ref().is_some_and(|only| !only.contains(id)) {
             return false;
         }
         self.claimed.lock().expect("dedup lock").insert(*id)
     }
 }
 
-fn run_pipeline(
+/// Chunks, hashes and stores `source` (only the blobs in `only`, if given) and builds its
+/// tree; publishes nothing.
+pub(crate) fn run_pipeline(
     repo: Arc<Repo>,
     handle: Handle,
     mut source: Box<dyn Source>,
     options: &CommitOptions,
     progress: &CommitProgress,
+    only: Option<HashSet<Id>>,
 ) -> EngineResult<PipelineOutput> {
     let config = repo.config().clone();
     let workers = match options.workers {
@@ -263,11 +282,7 @@ fn run_pipeline(
     let (blob_tx, blob_rx) = bounded::<EncodedBlob>(workers * 16);
     let (result_tx, result_rx) = bounded::<SegmentResult>(workers * 4);
     let cancel = AtomicBool::new(false);
-    let dedup = Dedup {
-        repo: &repo,
-        claimed: Mutex::new(HashSet::new()),
-        reused: Mutex::new(HashSet::new()),
-    };
+    let dedup = Dedup::new(&repo, only);
 
     std::thread::scope(|s| -> EngineResult<PipelineOutput> {
         let reader = s.spawn(|| {
@@ -389,6 +404,7 @@ fn read_source(
     progress: &CommitProgress,
 ) -> EngineResult<()> {
     while !cancel.load(Ordering::Relaxed) {
+        crate::interrupt::check()?;
         let buf = recycle_rx.try_recv().unwrap_or_default();
         let Some(seg) = source.next_segment(config.segment_size, buf)? else {
             return Ok(());

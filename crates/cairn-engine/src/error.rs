@@ -39,6 +39,9 @@ pub enum EngineError {
     },
     #[error("commit pipeline: {0}")]
     Pipeline(String),
+    /// A SIGINT or SIGTERM asked the work to stop (see [`crate::interrupt`]).
+    #[error("interrupted by {signal}")]
+    Interrupted { signal: &'static str },
     /// A disk image source could not be opened or read.
     #[error("{0}")]
     Image(#[from] cairn_image::ImageError),

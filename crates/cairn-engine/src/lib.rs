@@ -12,10 +12,12 @@
 //! - [`diff`]: which byte ranges differ between two versions, reading only changed subtrees
 //! - [`verify`]: re-read everything, name the damaged versions
 //! - [`gc`]: garbage collection, safe with concurrent commits
+//! - [`interrupt`]: SIGINT/SIGTERM end long work at its next safe point
 //! - [`resolve`]: `IMAGE[@REF]` and history
 //! - [`live`]: which versions are alive (GC roots, retention)
 //! - [`clone`]: a new image from an existing version, in O(1)
 //! - [`remove`]: removing versions and images
+//! - [`repair`]: rebuild heads, index and summaries; store lost blobs again from a source
 //! - [`retention`]: keep-last/hourly/daily/weekly/monthly policies and prune
 //! - [`stats`]: repository-wide figures
 
@@ -26,9 +28,11 @@ pub mod diff;
 mod error;
 pub mod gc;
 pub mod incremental;
+pub mod interrupt;
 pub mod live;
 pub mod patch;
 pub mod remove;
+pub mod repair;
 pub mod resolve;
 pub mod restore;
 pub mod retention;

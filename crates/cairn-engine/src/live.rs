@@ -3,12 +3,19 @@
 //! Parent chains are followed through deleted versions (their records stay as links), so an
 //! image's history survives the deletion of versions in the middle, and a clone keeps its
 //! origin even after the origin image is removed.
+//!
+//! **Damaged metadata never blocks this walk.** A head or tag that cannot be decoded, or a
+//! version record that is missing or fails its checksum, is recorded as a finding
+//! ([`LiveVersions::damage`]) and the walk goes on. Because a broken link hides the versions
+//! behind it, the image it belongs to falls back to a conservative answer: every readable,
+//! undeleted record of that image counts as live. Over-keeping in a damaged repository costs
+//! space until `cairn repair`; under-keeping would lose intact versions.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
-use cairn_format::version::VersionRecord;
+use cairn_format::version::{self, VersionRecord};
 use cairn_format::Id;
-use cairn_repo::Repo;
+use cairn_repo::{Damaged, Repo, RepoError};
 
 use crate::error::EngineResult;
 
@@ -20,32 +27,104 @@ pub struct LiveVersions {
     pub deleted: HashSet<Id>,
     /// Version ids named by tags, with the tag's ref key.
     pub tagged: HashMap<Id, Vec<String>>,
+    /// Every version record reached from a head or a tag, live or deleted.
+    pub reachable: HashSet<Id>,
+    /// Damaged metadata met on the way, one finding per object.
+    pub damage: Vec<Damaged>,
+    /// Images whose history is broken by that damage (their records were all kept live).
+    pub broken_images: BTreeSet<String>,
+}
+
+/// A version record, or `Ok(None)` with the finding pushed to `damage` when it is damaged or
+/// missing. Errors of the store itself (unreachable, denied) still fail: they say nothing
+/// about the data.
+pub async fn load_or_report(
+    repo: &Repo,
+    id: &Id,
+    damage: &mut Vec<Damaged>,
+) -> EngineResult<Option<VersionRecord>> {
+    match repo.load_version(id).await {
+        Ok(record) => Ok(Some(record)),
+        // A record `cairn repair` already found lost is a known break, not new damage.
+        Err(RepoError::VersionMissing { .. }) if repo.is_known_lost_version(id).await? => Ok(None),
+        Err(e) if e.is_damage() => {
+            let finding = Damaged {
+                key: version::key(id),
+                problem: match e {
+                    RepoError::VersionMissing { .. } => "missing".to_string(),
+                    RepoError::Corrupt { source, .. } => source.to_string(),
+                    other => other.to_string(),
+                },
+            };
+            if !damage.contains(&finding) {
+                damage.push(finding);
+            }
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Walks every head and tag down its parent chain.
 pub async fn live_versions(repo: &Repo) -> EngineResult<LiveVersions> {
     let deleted = repo.deleted_versions().await?;
-    let mut roots = Vec::new();
-    for image in repo.images().await? {
-        if let Some(h) = repo.head(&image).await? {
-            roots.push(h.version);
+    let mut damage = Vec::new();
+    let mut broken: BTreeSet<String> = BTreeSet::new();
+    // (root version, the image whose chain it starts)
+    let mut roots: Vec<(Id, String)> = Vec::new();
+    let (images, bad_heads) = repo.images_checked().await?;
+    damage.extend(bad_heads);
+    for image in images {
+        match repo.head(&image).await {
+            Ok(Some(h)) => roots.push((h.version, image)),
+            Ok(None) => {}
+            Err(RepoError::Corrupt { key, source }) => {
+                damage.push(Damaged {
+                    key,
+                    problem: source.to_string(),
+                });
+                broken.insert(image);
+            }
+            Err(e) => return Err(e.into()),
         }
     }
     let mut tagged: HashMap<Id, Vec<String>> = HashMap::new();
-    for (key, id) in repo.all_tag_targets().await? {
-        roots.push(id);
+    let (tags, bad_tags) = repo.all_tag_targets_checked().await?;
+    for d in bad_tags {
+        if let Some(image) = tag_image(&d.key) {
+            broken.insert(image);
+        }
+        damage.push(d);
+    }
+    for (key, id) in tags {
+        let image = tag_image(&format!("refs/{key}")).unwrap_or_default();
+        roots.push((id, image));
         tagged.entry(id).or_default().push(key);
     }
-    let mut seen = HashSet::new();
+    let mut reachable = HashSet::new();
     let mut live = HashMap::new();
-    for root in roots {
+    for (root, image) in roots {
         let mut cur = Some(root);
+        let mut chain_image = image;
         while let Some(id) = cur {
-            if !seen.insert(id) {
+            if !reachable.insert(id) {
                 break;
             }
-            let record = repo.load_version(&id).await?;
+            let Some(record) = load_or_report(repo, &id, &mut damage).await? else {
+                reachable.remove(&id);
+                broken.insert(chain_image.clone());
+                break;
+            };
             cur = record.parent;
+            chain_image = record.image.clone();
+            if !deleted.contains(&id) {
+                live.insert(id, record);
+            }
+        }
+    }
+    if !broken.is_empty() {
+        for (id, record) in records_of(repo, &broken, &mut damage).await? {
+            reachable.insert(id);
             if !deleted.contains(&id) {
                 live.insert(id, record);
             }
@@ -55,5 +134,38 @@ pub async fn live_versions(repo: &Repo) -> EngineResult<LiveVersions> {
         live,
         deleted,
         tagged,
+        reachable,
+        damage,
+        broken_images: broken,
     })
+}
+
+/// Every readable version record of the given images (a listing of all records: only done
+/// when damage broke a history). Unreadable records are reported in `damage`.
+pub async fn records_of(
+    repo: &Repo,
+    images: &BTreeSet<String>,
+    damage: &mut Vec<Damaged>,
+) -> EngineResult<Vec<(Id, VersionRecord)>> {
+    let mut out = Vec::new();
+    for meta in repo.store().list(version::PREFIX).await? {
+        let Ok(id) = meta.key[version::PREFIX.len()..].parse::<Id>() else {
+            continue;
+        };
+        if let Some(record) = load_or_report(repo, &id, damage).await? {
+            if images.contains(&record.image) {
+                out.push((id, record));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The image a tag ref key (`refs/tags/<escaped image>/<tag>`) belongs to.
+fn tag_image(key: &str) -> Option<String> {
+    let rest = key
+        .strip_prefix("refs/")?
+        .strip_prefix(cairn_format::refs::TAGS_PREFIX)?;
+    let (escaped, _) = rest.split_once('/')?;
+    cairn_format::name::unescape(escaped).ok()
 }

@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use cairn_format::config::{Chunker, RepoConfig};
 use cairn_format::name::validate_image_name;
@@ -331,11 +331,7 @@ fn run(
         .min(tasks.len())
         .max(1);
     let (blob_tx, blob_rx) = bounded::<EncodedBlob>(workers * 16);
-    let dedup = Dedup {
-        repo: ctx.repo,
-        claimed: Mutex::new(HashSet::new()),
-        reused: Mutex::new(HashSet::new()),
-    };
+    let dedup = Dedup::new(ctx.repo, None);
     let next = AtomicUsize::new(0);
     let cancel = AtomicBool::new(false);
     let progress = CommitProgress::default();
@@ -702,6 +698,7 @@ fn materialize(
 
 /// Reads a changed block and checks its length.
 fn read_block(ctx: &Context<'_>, index: u64) -> EngineResult<Vec<u8>> {
+    crate::interrupt::check()?;
     let data = ctx
         .patch
         .read_block(index)

@@ -30,7 +30,7 @@ pub async fn remove_versions(
             targets.push((id, record));
         }
     }
-    let tags = repo.all_tag_targets().await?;
+    let (tags, _damaged) = repo.all_tag_targets_checked().await?;
     for (id, record) in &targets {
         if let Some((key, _)) = tags.iter().find(|(_, t)| t == id) {
             return Err(EngineError::BadRef(format!(

@@ -7,9 +7,10 @@ use cairn_format::name::validate_image_name;
 use cairn_format::refs::validate_tag_name;
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
-use cairn_repo::Repo;
+use cairn_repo::{Damaged, Repo, RepoError};
 
 use crate::error::{EngineError, EngineResult};
+use crate::live::{load_or_report, records_of};
 
 /// The shortest run of digits that may be an id prefix when no version has it as its sequence
 /// number (`log` prints 12 hex digits; 8 is still far above any real sequence number).
@@ -81,31 +82,33 @@ async fn resolve_including_deleted(
     let Some(reference) = &spec.reference else {
         return history_with(repo, &spec.image, deleted)
             .await?
+            .versions
             .into_iter()
             .next()
             .ok_or_else(|| {
                 EngineError::BadRef(format!("image {:?} has no versions left", spec.image))
             });
     };
-    let head = repo
-        .head(&spec.image)
-        .await?
-        .ok_or_else(|| EngineError::BadRef(format!("image {:?} does not exist", spec.image)))?;
+    // A damaged head still lets versions be named: they are then found by listing.
+    let head = match repo.head(&spec.image).await {
+        Ok(Some(h)) => Some(h.version),
+        Ok(None) => {
+            return Err(EngineError::BadRef(format!(
+                "image {:?} does not exist",
+                spec.image
+            )))
+        }
+        Err(e) if e.is_damage() => None,
+        Err(e) => return Err(e.into()),
+    };
     // Up to 12 digits is a sequence number; a longer run of digits can only be an id prefix.
     if reference.len() <= 12 && reference.bytes().all(|b| b.is_ascii_digit()) {
         let seq: u64 = reference
             .parse()
             .map_err(|_| EngineError::BadRef(format!("{spec}: sequence number too large")))?;
-        let mut id = Some(head.version);
-        while let Some(cur) = id {
-            let record = repo.load_version(&cur).await?;
-            if record.image != spec.image || record.seq < seq {
-                break;
-            }
-            if record.seq == seq {
-                return Ok((cur, record));
-            }
-            id = record.parent;
+        let chain = chain_of(repo, &spec.image, head, seq).await?;
+        if let Some((id, record)) = chain.versions.into_iter().find(|(_, r)| r.seq == seq) {
+            return Ok((id, record));
         }
         if reference.len() >= MIN_DIGIT_ID_PREFIX {
             let mut matches = versions_with_id_prefix(repo, &spec.image, reference).await?;
@@ -153,10 +156,12 @@ async fn versions_with_id_prefix(
     prefix: &str,
 ) -> EngineResult<Vec<(Id, VersionRecord)>> {
     let mut matches = Vec::new();
+    let mut damage = Vec::new();
     for id in repo.versions_with_prefix(prefix).await? {
-        let record = repo.load_version(&id).await?;
-        if record.image == image {
-            matches.push((id, record));
+        if let Some(record) = load_or_report(repo, &id, &mut damage).await? {
+            if record.image == image {
+                matches.push((id, record));
+            }
         }
     }
     Ok(matches)
@@ -167,46 +172,124 @@ fn ambiguous_prefix(spec: &VersionSpec, n: usize) -> EngineError {
 }
 
 /// The live versions of an image, newest first, following parents while they belong to the
-/// image (deleted versions are skipped but their links followed).
+/// image (deleted versions are skipped but their links followed). Damaged metadata on the way
+/// (see [`history_checked`]) is logged as a warning, and what could be found is returned.
 pub async fn history(repo: &Repo, image: &str) -> EngineResult<Vec<(Id, VersionRecord)>> {
+    let h = history_checked(repo, image).await?;
+    for d in &h.damage {
+        tracing::warn!(
+            "history of {image:?} is damaged: {d}; run `cairn repair` (versions found by listing are shown)"
+        );
+    }
+    Ok(h.versions)
+}
+
+/// An image's history as far as it can be read.
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    /// Live versions, newest first.
+    pub versions: Vec<(Id, VersionRecord)>,
+    /// Damaged metadata that broke the walk (the head, or a version record). Versions past
+    /// the break were found by listing every record of the image.
+    pub damage: Vec<Damaged>,
+}
+
+/// [`history`], with the damage that broke it, if any.
+pub async fn history_checked(repo: &Repo, image: &str) -> EngineResult<History> {
     let deleted = repo.deleted_versions().await?;
     history_with(repo, image, &deleted).await
 }
 
-async fn history_with(
+async fn history_with(repo: &Repo, image: &str, deleted: &HashSet<Id>) -> EngineResult<History> {
+    validate_image_name(image)?;
+    let head = match repo.head(image).await {
+        Ok(Some(h)) => Some(h.version),
+        Ok(None) => {
+            return Err(EngineError::BadRef(format!(
+                "image {image:?} does not exist"
+            )))
+        }
+        Err(RepoError::Corrupt { key, source }) => {
+            let mut h = chain_of(repo, image, None, 0).await?;
+            h.damage.insert(
+                0,
+                Damaged {
+                    key,
+                    problem: source.to_string(),
+                },
+            );
+            h.versions.retain(|(id, _)| !deleted.contains(id));
+            return Ok(h);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let mut h = chain_of(repo, image, head, 0).await?;
+    h.versions.retain(|(id, _)| !deleted.contains(id));
+    Ok(h)
+}
+
+/// Every version of `image` (deleted ones included) from `head` down its parent chain, newest
+/// first, down to sequence number `down_to` (0: all). Where the chain breaks (a damaged or
+/// missing record, or no readable head: `None`), the image's older records are found by
+/// listing instead.
+async fn chain_of(
     repo: &Repo,
     image: &str,
-    deleted: &HashSet<Id>,
-) -> EngineResult<Vec<(Id, VersionRecord)>> {
-    validate_image_name(image)?;
-    let head = repo
-        .head(image)
-        .await?
-        .ok_or_else(|| EngineError::BadRef(format!("image {image:?} does not exist")))?;
-    let mut out = Vec::new();
-    let mut id = Some(head.version);
+    head: Option<Id>,
+    down_to: u64,
+) -> EngineResult<History> {
+    let mut out = History::default();
+    let mut id = head;
+    let mut broken = head.is_none();
     while let Some(cur) = id {
-        let record = repo.load_version(&cur).await?;
+        let Some(record) = load_or_report(repo, &cur, &mut out.damage).await? else {
+            broken = true;
+            break;
+        };
         if record.image != image {
             break;
         }
         id = record.parent;
-        if !deleted.contains(&cur) {
-            out.push((cur, record));
+        let done = record.seq <= down_to;
+        out.versions.push((cur, record));
+        if done {
+            break;
         }
+    }
+    if broken {
+        let below = out.versions.last().map_or(u64::MAX, |(_, r)| r.seq);
+        let have: HashSet<Id> = out.versions.iter().map(|(id, _)| *id).collect();
+        let images = std::collections::BTreeSet::from([image.to_string()]);
+        let mut found: Vec<(Id, VersionRecord)> = records_of(repo, &images, &mut out.damage)
+            .await?
+            .into_iter()
+            .filter(|(id, r)| r.seq < below && !have.contains(id))
+            .collect();
+        found.sort_by_key(|(_, r)| std::cmp::Reverse((r.seq, r.time_ns)));
+        out.versions.extend(found);
     }
     Ok(out)
 }
 
 /// Where an image's history starts: the version of another image it was cloned from.
+/// A history broken by damage has no known origin (`None`).
 pub async fn origin(repo: &Repo, image: &str) -> EngineResult<Option<(Id, VersionRecord)>> {
-    let head = repo
-        .head(image)
-        .await?
-        .ok_or_else(|| EngineError::BadRef(format!("image {image:?} does not exist")))?;
+    let head = match repo.head(image).await {
+        Ok(Some(h)) => h,
+        Ok(None) => {
+            return Err(EngineError::BadRef(format!(
+                "image {image:?} does not exist"
+            )))
+        }
+        Err(e) if e.is_damage() => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
     let mut id = Some(head.version);
+    let mut damage = Vec::new();
     while let Some(cur) = id {
-        let record = repo.load_version(&cur).await?;
+        let Some(record) = load_or_report(repo, &cur, &mut damage).await? else {
+            return Ok(None);
+        };
         if record.image != image {
             return Ok(Some((cur, record)));
         }

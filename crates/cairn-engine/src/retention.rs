@@ -12,7 +12,6 @@
 
 use std::collections::{HashMap, HashSet};
 
-use cairn_format::refs::TAGS_PREFIX;
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::Repo;
@@ -136,8 +135,10 @@ pub async fn prune(
 /// Every tagged version with the names of its tags.
 pub(crate) async fn tag_names(repo: &Repo) -> EngineResult<HashMap<Id, Vec<String>>> {
     let mut out: HashMap<Id, Vec<String>> = HashMap::new();
-    for (key, id) in repo.all_tag_targets().await? {
-        out.entry(id).or_default().push(tag_name(&key).to_string());
+    // A tag that cannot be read protects nothing it could name: reported by verify.
+    let (tags, _damaged) = repo.all_tag_targets_checked().await?;
+    for (key, id) in tags {
+        out.entry(id).or_default().push(tag_name(&key));
     }
     for names in out.values_mut() {
         names.sort();
@@ -146,9 +147,8 @@ pub(crate) async fn tag_names(repo: &Repo) -> EngineResult<HashMap<Id, Vec<Strin
 }
 
 /// `tags/<escaped image>/<tag>` → `<tag>` (escaped image names contain no '/').
-pub(crate) fn tag_name(key: &str) -> &str {
-    let rest = key.strip_prefix(TAGS_PREFIX).unwrap_or(key);
-    rest.split_once('/').map_or(rest, |(_, tag)| tag)
+pub(crate) fn tag_name(key: &str) -> String {
+    cairn_format::refs::tag_from_key(key)
 }
 
 // ---- time buckets (UTC) ----

@@ -17,14 +17,84 @@ use cairn_format::node::{Extent, Interior, Leaf};
 use cairn_format::pack::{self, BlobEntry};
 use cairn_format::version::{self, VersionRecord};
 use cairn_format::Id;
-use cairn_repo::{pack_key, Repo, RepoError};
+use cairn_repo::{pack_key, BlobLocation, Damaged, Repo, RepoError};
 use cairn_store::StoreError;
 use tokio::task::JoinSet;
 
 use crate::error::{EngineError, EngineResult};
 
+/// Which packs a verify reads in full (restic's `--read-data-subset`): metadata is always
+/// checked whole; data only in the chosen packs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PackSubset {
+    /// Every pack.
+    All,
+    /// Part `k` of `n` (1-based): the packs whose id, read as a number, is `k - 1` modulo
+    /// `n`. Running 1/n … n/n on successive days covers every pack.
+    Part { k: u32, n: u32 },
+    /// A random sample of this fraction (0..=1) of the packs.
+    Fraction(f64),
+}
+
+impl PackSubset {
+    /// Parses `N%`, `K/N` or `all`.
+    pub fn parse(s: &str) -> Result<PackSubset, String> {
+        let bad = || format!("{s:?}: expected N% (0 < N <= 100), K/N (1 <= K <= N) or all");
+        if s == "all" {
+            return Ok(PackSubset::All);
+        }
+        if let Some(p) = s.strip_suffix('%') {
+            let p: f64 = p.trim().parse().map_err(|_| bad())?;
+            if !(p > 0.0 && p <= 100.0) {
+                return Err(bad());
+            }
+            return Ok(PackSubset::Fraction(p / 100.0));
+        }
+        let (k, n) = s.split_once('/').ok_or_else(bad)?;
+        let (k, n): (u32, u32) = (
+            k.trim().parse().map_err(|_| bad())?,
+            n.trim().parse().map_err(|_| bad())?,
+        );
+        if k == 0 || n == 0 || k > n {
+            return Err(bad());
+        }
+        Ok(PackSubset::Part { k, n })
+    }
+
+    fn includes(&self, pack: &Id) -> bool {
+        match *self {
+            PackSubset::All => true,
+            PackSubset::Part { k, n } => {
+                let x = u32::from_le_bytes(pack.as_bytes()[..4].try_into().expect("4 bytes"));
+                x % n == k - 1
+            }
+            PackSubset::Fraction(f) => rand::random::<f64>() < f,
+        }
+    }
+}
+
+/// What to verify.
+#[derive(Debug, Clone)]
+pub struct VerifyOptions {
+    /// Only these versions (and the blobs they use); empty: the whole repository.
+    pub versions: Vec<(Id, VersionRecord)>,
+    /// Which packs to read in full.
+    pub subset: PackSubset,
+}
+
+impl Default for VerifyOptions {
+    fn default() -> Self {
+        VerifyOptions {
+            versions: Vec::new(),
+            subset: PackSubset::All,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct VerifyReport {
+    /// Packs in the scope, and those read in full (fewer with a subset).
+    pub packs_in_scope: u64,
     pub packs_checked: u64,
     pub blobs_checked: u64,
     pub bytes_read: u64,
@@ -33,11 +103,18 @@ pub struct VerifyReport {
     pub problems: Vec<String>,
     /// Versions that cannot be restored intact, sorted by image and sequence.
     pub damaged_versions: Vec<DamagedVersion>,
+    /// Metadata objects (version records, heads, tags) that cannot be read.
+    pub damaged_metadata: Vec<Damaged>,
+    /// Blob copies found damaged and quarantined by this run (the next commit that meets
+    /// their content stores them again).
+    pub quarantined: u64,
 }
 
 impl VerifyReport {
     pub fn is_clean(&self) -> bool {
-        self.problems.is_empty() && self.damaged_versions.is_empty()
+        self.problems.is_empty()
+            && self.damaged_versions.is_empty()
+            && self.damaged_metadata.is_empty()
     }
 }
 
@@ -52,52 +129,114 @@ pub struct DamagedVersion {
 
 /// Verifies the whole repository.
 pub async fn verify(repo: Arc<Repo>) -> EngineResult<VerifyReport> {
+    verify_with(repo, &VerifyOptions::default()).await
+}
+
+/// Verifies the repository, or the versions `options` names, reading the packs it selects.
+pub async fn verify_with(repo: Arc<Repo>, options: &VerifyOptions) -> EngineResult<VerifyReport> {
     let mut report = VerifyReport::default();
     report.problems.extend(repo.index_errors());
+    let scoped = !options.versions.is_empty();
 
-    // 1. Packs and blobs.
-    let bad_blobs = check_packs(&repo, &mut report).await?;
+    // The versions to walk: the given ones, or every live one (damaged metadata is a finding,
+    // never a reason to stop).
+    let mut versions: Vec<(Id, VersionRecord)> = if scoped {
+        options.versions.clone()
+    } else {
+        let live = crate::live::live_versions(&repo).await?;
+        report.damaged_metadata.extend(live.damage);
+        live.live.into_iter().collect()
+    };
+    versions.sort_by(|a, b| (&a.1.image, a.1.seq).cmp(&(&b.1.image, b.1.seq)));
 
-    // 2. Version records and heads.
-    let mut versions: Vec<(Id, VersionRecord)> = Vec::new();
-    for meta in repo.store().list(version::PREFIX).await? {
-        let Ok(id) = meta.key[version::PREFIX.len()..].parse::<Id>() else {
-            report
-                .problems
-                .push(format!("{}: not a version record name", meta.key));
-            continue;
-        };
-        match repo.load_version(&id).await {
-            Ok(record) => versions.push((id, record)),
-            Err(e) => report.problems.push(e.to_string()),
+    // 1. Packs and blobs: every indexed blob, or (scoped) those the versions use.
+    let by_pack = if scoped {
+        let used = used_blobs(&repo, &versions).await;
+        let mut by_pack: HashMap<Id, Vec<BlobEntry>> = HashMap::new();
+        let index = repo.index();
+        for id in &used {
+            if let Some(loc) = index.get(id) {
+                by_pack.entry(loc.pack).or_default().push(loc.entry);
+            }
+        }
+        by_pack
+    } else {
+        repo.index().by_pack()
+    };
+    report.packs_in_scope = by_pack.len() as u64;
+    let by_pack: Vec<(Id, Vec<BlobEntry>)> = by_pack
+        .into_iter()
+        .filter(|(pack, _)| options.subset.includes(pack))
+        .collect();
+    let bad_blobs = check_packs(&repo, by_pack, &mut report).await?;
+
+    // 2. Version records and heads (the whole repository only).
+    let mut known: HashSet<Id> = versions.iter().map(|(id, _)| *id).collect();
+    if !scoped {
+        for meta in repo.store().list(version::PREFIX).await? {
+            let Ok(id) = meta.key[version::PREFIX.len()..].parse::<Id>() else {
+                report
+                    .problems
+                    .push(format!("{}: not a version record name", meta.key));
+                continue;
+            };
+            match repo.load_version(&id).await {
+                Ok(_) => {
+                    known.insert(id);
+                }
+                Err(e) if e.is_damage() => {
+                    let d = Damaged {
+                        key: meta.key.clone(),
+                        problem: match e {
+                            RepoError::Corrupt { source, .. } => source.to_string(),
+                            other => other.to_string(),
+                        },
+                    };
+                    if !report.damaged_metadata.contains(&d) {
+                        report.damaged_metadata.push(d);
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let (images, bad_heads) = repo.images_checked().await?;
+        for d in bad_heads {
+            if !report.damaged_metadata.contains(&d) {
+                report.damaged_metadata.push(d);
+            }
+        }
+        for image in images {
+            match repo.head(&image).await {
+                Ok(Some(h)) if !known.contains(&h.version) => report.problems.push(format!(
+                    "head of image {image:?} names version {} which is missing or unreadable",
+                    h.version
+                )),
+                Ok(_) => {}
+                Err(RepoError::Corrupt { key, source }) => {
+                    let d = Damaged {
+                        key,
+                        problem: source.to_string(),
+                    };
+                    if !report.damaged_metadata.contains(&d) {
+                        report.damaged_metadata.push(d);
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
     }
-    let known: HashSet<Id> = versions.iter().map(|(id, _)| *id).collect();
-    for image in repo.images().await? {
-        match repo.head(&image).await {
-            Ok(Some(h)) if !known.contains(&h.version) => report.problems.push(format!(
-                "head of image {image:?} names version {} which is missing or unreadable",
-                h.version
-            )),
-            Ok(_) => {}
-            Err(e) => report.problems.push(e.to_string()),
-        }
-    }
 
-    // 3. Manifest trees of the live versions. Deleted versions (and records no ref reaches,
-    // left by interrupted commits) may legitimately have lost their data to GC.
-    let live = crate::live::live_versions(&repo).await?;
-    versions.retain(|(id, _)| live.live.contains_key(id));
+    // 3. Manifest trees of the versions. Deleted versions (and records no ref reaches, left
+    // by interrupted commits) may legitimately have lost their data to GC.
     let mut walker = TreeChecker {
         repo: repo.clone(),
         bad_blobs: &bad_blobs,
         memo: HashMap::new(),
     };
-    versions.sort_by(|a, b| (&a.1.image, a.1.seq).cmp(&(&b.1.image, b.1.seq)));
     for (id, record) in &versions {
         report.versions_checked += 1;
         if let Some(parent) = record.parent {
-            if !known.contains(&parent) {
+            if !scoped && !known.contains(&parent) {
                 report.problems.push(format!(
                     "version {}@{} ({}): parent {} is missing",
                     record.image,
@@ -117,19 +256,57 @@ pub async fn verify(repo: Arc<Repo>) -> EngineResult<VerifyReport> {
             });
         }
     }
+    report.damaged_metadata.sort_by(|a, b| a.key.cmp(&b.key));
+    report.damaged_metadata.dedup();
+    if let Err(e) = repo.flush_quarantine().await {
+        report.problems.push(format!(
+            "could not record the damaged blobs (quarantine): {e}"
+        ));
+    }
     Ok(report)
+}
+
+/// Every blob (manifest nodes and chunks) the versions use, as far as their trees can be read
+/// (what cannot be read is reported by the tree walk later).
+async fn used_blobs(repo: &Arc<Repo>, versions: &[(Id, VersionRecord)]) -> HashSet<Id> {
+    let mut used = HashSet::new();
+    for (_, record) in versions {
+        let Some(root) = record.root else { continue };
+        let mut stack = vec![(root, record.height)];
+        while let Some((node, level)) = stack.pop() {
+            if !used.insert(node) {
+                continue;
+            }
+            let Ok(raw) = repo.read_blob(&node).await else {
+                continue;
+            };
+            if level == 0 {
+                if let Ok(leaf) = Leaf::decode(&raw) {
+                    for e in leaf.extents {
+                        if let Extent::Chunk { id, .. } = e {
+                            used.insert(id);
+                        }
+                    }
+                }
+            } else if let Ok(n) = Interior::decode(&raw) {
+                stack.extend(n.children.into_iter().map(|(_, c)| (c, level - 1)));
+            }
+        }
+    }
+    used
 }
 
 /// Reads every indexed pack and checks every blob; returns the bad blobs with the reason.
 async fn check_packs(
     repo: &Arc<Repo>,
+    by_pack: Vec<(Id, Vec<BlobEntry>)>,
     report: &mut VerifyReport,
 ) -> EngineResult<HashMap<Id, String>> {
-    let by_pack = repo.index().by_pack();
     let mut bad = HashMap::new();
     let mut tasks = JoinSet::new();
     let mut pending = by_pack.into_iter();
     loop {
+        crate::interrupt::check()?;
         while tasks.len() < 4 {
             let Some((pack, entries)) = pending.next() else {
                 break;
@@ -145,16 +322,28 @@ async fn check_packs(
         report.blobs_checked += outcome.blobs;
         report.bytes_read += outcome.bytes;
         report.problems.extend(outcome.problems);
-        bad.extend(outcome.bad);
+        for (entry, reason) in outcome.bad {
+            // The next commit that meets this content stores it again.
+            repo.quarantine(
+                &BlobLocation {
+                    pack: outcome.pack,
+                    entry,
+                },
+                &reason,
+            );
+            report.quarantined += 1;
+            bad.insert(entry.id, reason);
+        }
     }
     Ok(bad)
 }
 
 struct PackOutcome {
+    pack: Id,
     blobs: u64,
     bytes: u64,
     problems: Vec<String>,
-    bad: Vec<(Id, String)>,
+    bad: Vec<(BlobEntry, String)>,
 }
 
 async fn check_pack(repo: &Repo, pack: Id, entries: Vec<BlobEntry>) -> EngineResult<PackOutcome> {
@@ -164,9 +353,10 @@ async fn check_pack(repo: &Repo, pack: Id, entries: Vec<BlobEntry>) -> EngineRes
         Err(StoreError::NotFound { .. }) => {
             let reason = format!("pack {pack} is missing");
             return Ok(PackOutcome {
+                pack,
                 blobs: entries.len() as u64,
                 bytes: 0,
-                bad: entries.iter().map(|e| (e.id, reason.clone())).collect(),
+                bad: entries.iter().map(|e| (*e, reason.clone())).collect(),
                 problems: vec![format!("{key}: missing ({} blobs lost)", entries.len())],
             });
         }
@@ -209,10 +399,11 @@ async fn check_pack(repo: &Repo, pack: Id, entries: Vec<BlobEntry>) -> EngineRes
             };
             if let Err(reason) = outcome {
                 problems.push(reason.clone());
-                bad.push((e.id, reason));
+                bad.push((*e, reason));
             }
         }
         PackOutcome {
+            pack,
             blobs: entries.len() as u64,
             bytes,
             problems,

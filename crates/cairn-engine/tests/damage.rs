@@ -59,6 +59,17 @@ async fn flipped_byte_in_a_chunk_names_exactly_the_affected_versions() {
     let loc = repo.locate(&unique).unwrap();
     store.corrupt_object(&pack_key(&loc.pack), loc.entry.offset as usize + 100);
 
+    // A restore that meets the damage names the blob, the pack and the offset...
+    let repo = reopen(&store).await;
+    let err = restore_bytes(&repo, &v3).await.unwrap_err();
+    assert!(
+        err.starts_with(&format!(
+            "blob {unique} in pack {} at offset {}: ",
+            loc.pack, loc.entry.offset
+        )),
+        "{err}"
+    );
+    // ...and so does verify, which names exactly the damaged version.
     let repo = reopen(&store).await;
     let report = verify(repo.clone()).await.unwrap();
     assert!(!report.is_clean());
@@ -77,13 +88,15 @@ async fn flipped_byte_in_a_chunk_names_exactly_the_affected_versions() {
         report.problems
     );
 
+    // The damaged copy is quarantined now: a restore says so.
     let err = restore_bytes(&repo, &v3).await.unwrap_err();
-    assert!(
-        err.starts_with(&format!(
-            "blob {unique} in pack {} at offset {}: ",
-            loc.pack, loc.entry.offset
-        )),
-        "{err}"
+    assert_eq!(
+        err,
+        format!(
+            "blob {unique} in pack {}: the only copy is damaged (quarantined); commit its data \
+             again or run `cairn repair --from IMAGE_FILE`",
+            loc.pack
+        )
     );
     for (i, expected) in contents.iter().enumerate().take(2) {
         let v = version(&repo, &format!("vm@{}", i + 1)).await;
@@ -98,6 +111,11 @@ async fn truncated_pack_damages_every_version_that_uses_it() {
     let shared = Id::of(&contents[0][..16384]);
     let loc = repo.locate(&shared).unwrap();
     store.truncate_object(&pack_key(&loc.pack), loc.entry.offset as usize + 10);
+    let repo = reopen(&store).await;
+    let err = restore_bytes(&repo, &version(&repo, "vm@1").await)
+        .await
+        .unwrap_err();
+    assert!(err.contains("truncated"), "{err}");
     let repo = reopen(&store).await;
     let report = verify(repo.clone()).await.unwrap();
     let seqs: Vec<u64> = report.damaged_versions.iter().map(|d| d.seq).collect();
@@ -114,7 +132,7 @@ async fn truncated_pack_damages_every_version_that_uses_it() {
     let err = restore_bytes(&repo, &version(&repo, "vm@1").await)
         .await
         .unwrap_err();
-    assert!(err.contains("truncated"), "{err}");
+    assert!(err.contains("quarantined"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

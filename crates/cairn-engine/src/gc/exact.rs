@@ -15,10 +15,12 @@ use cairn_format::Id;
 use cairn_repo::session::now_ns;
 use cairn_repo::{pack_key, BlobIndex, BlobLocation, Repo};
 
+use super::leftovers::remove_orphan_records;
 use super::summaries::{ensure_summary, SummaryCheck};
 use super::{
-    bad_node, finish, pack_payload, publish_and_wait, put_index, read_node, rescue, sorted,
-    stored_bytes, sweep, write_pack, GcOptions, GcReport, Repacker, Snapshot,
+    bad_node, delete_orphans, finish, orphan_packs, pack_payload, publish_and_wait, put_index,
+    read_node, rescue, sorted, stored_bytes, sweep, write_pack, GcOptions, GcReport, Repacker,
+    Snapshot,
 };
 use crate::error::{EngineError, EngineResult};
 use crate::live::live_versions;
@@ -31,6 +33,8 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     // its ref points at it, so the snapshot holds everything the marked versions use.
     let live = live_versions(repo).await?;
     let snapshot = Snapshot::load(repo).await?;
+    // Leftover lists of fast deletion: this pass sweeps every dead blob, so they go too.
+    let leftovers = repo.gc_leftovers().await?;
     let summaries_before = repo.summary_roots().await?;
     let mut marker = Marker::default();
     for (id, record) in &live.live {
@@ -50,6 +54,10 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     // Entries each pack's index lists, to tell blob bytes from header and trailer overhead.
     let mut indexed_entries: HashMap<Id, u64> = HashMap::new();
     let mut indexed_packs: HashSet<Id> = HashSet::new();
+    // Quarantined copies of live blobs: used only where no good copy exists, and then their
+    // pack is kept as it is (never repacked: the copy would fail its check).
+    let quarantined = repo.quarantined();
+    let mut damaged_copies: Vec<(Id, BlobEntry)> = Vec::new();
     for (_, file) in &snapshot.files {
         for p in &file.packs {
             indexed_packs.insert(p.pack);
@@ -60,6 +68,8 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             for e in &p.entries {
                 if !marker.live.contains(&e.id) {
                     dead.insert(e.id);
+                } else if quarantined.contains(&(p.pack, e.id)) {
+                    damaged_copies.push((p.pack, *e));
                 } else if let std::collections::hash_map::Entry::Vacant(slot) =
                     canonical.entry(e.id)
                 {
@@ -67,6 +77,14 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
                     *live_bytes.entry(p.pack).or_default() += e.stored_len as u64;
                 }
             }
+        }
+    }
+    let mut pinned: HashSet<Id> = HashSet::new();
+    for (pack, e) in damaged_copies {
+        if let std::collections::hash_map::Entry::Vacant(slot) = canonical.entry(e.id) {
+            slot.insert((pack, e));
+            *live_bytes.entry(pack).or_default() += e.stored_len as u64;
+            pinned.insert(pack);
         }
     }
     report.dead_blobs = dead.len() as u64;
@@ -79,7 +97,9 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         };
         let lb = live_bytes.get(pack).copied().unwrap_or(0);
         let payload = pack_payload(size, indexed_entries.get(pack).copied().unwrap_or(0));
-        if lb == 0 {
+        if pinned.contains(pack) {
+            kept.push(*pack);
+        } else if lb == 0 {
             to_delete.push(*pack);
         } else if (lb as f64) < options.repack_threshold * payload as f64 {
             to_repack.push(*pack);
@@ -87,11 +107,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             kept.push(*pack);
         }
     }
-    let orphans: Vec<Id> = pack_sizes
-        .keys()
-        .filter(|p| !indexed_packs.contains(p))
-        .copied()
-        .collect();
+    let orphans = orphan_packs(&pack_sizes, &indexed_packs);
     report.packs_deleted = to_delete.len() as u64;
     report.packs_repacked = to_repack.len() as u64;
     report.index_files_replaced = snapshot.files.len() as u64;
@@ -128,6 +144,10 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         for v in &unfreed {
             repo.mark_freed(v).await?;
         }
+        remove_orphan_records(repo, &live, options, &mut report).await?;
+        for (key, _) in &leftovers {
+            repo.delete_gc_leftover(key).await?;
+        }
         report.freed_versions = unfreed.len() as u64;
         report.bytes_after = report.bytes_before;
         return Ok(report);
@@ -154,7 +174,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             let r = e.range();
             let stored = &data[r.start as usize..r.end as usize];
             // Verify before copying: never launder a corrupt blob into a new pack.
-            Repo::decode_blob(
+            repo.check_blob(
                 &BlobLocation {
                     pack: *pack,
                     entry: e,
@@ -201,30 +221,23 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
                 .await?;
         }
     }
-    let rescued = rescue(
+    let doomed_set: HashSet<Id> = to_delete.iter().chain(&to_repack).copied().collect();
+    rescue(
         repo,
         &snapshot.index,
         &dead,
         |id| marker.live.contains(id),
+        Some(&now_index),
+        &doomed_set,
         &mut written_index,
         &mut report,
     )
     .await?;
 
     let doomed: Vec<Id> = to_delete.iter().chain(&to_repack).copied().collect();
-    sweep(repo, &superseded, &written_index, &doomed, &rescued).await?;
-    let indexed_now: HashSet<Id> = repo
-        .load_all_index_files()
-        .await?
-        .iter()
-        .flat_map(|(_, f)| f.packs.iter().map(|p| p.pack))
-        .collect();
-    for pack in &orphans {
-        if !indexed_now.contains(pack) {
-            store.delete(&pack_key(pack)).await?;
-            report.orphan_packs_deleted += 1;
-        }
-    }
+    sweep(repo, &superseded, &written_index, &doomed).await?;
+    delete_orphans(repo, &orphans, &mut report).await?;
+    remove_orphan_records(repo, &live_now, options, &mut report).await?;
     // Summaries of trees no live version has (deleted versions, crashed commits). Only those
     // listed before the plan: a commit that started later may be about to publish its tree.
     let live_roots_now: HashSet<Id> = live_now.live.values().filter_map(|r| r.root).collect();
@@ -237,6 +250,9 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         repo.mark_freed(v).await?;
     }
     report.freed_versions = unfreed.len() as u64;
+    for (key, _) in &leftovers {
+        repo.delete_gc_leftover(key).await?;
+    }
     finish(repo, &published, options).await?;
     report.bytes_after = stored_bytes(repo).await?.0;
     Ok(report)

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use cairn_format::index::PackIndex;
-use cairn_format::marker::GcPlan;
+use cairn_format::marker::{GcLeftover, GcPlan};
 use cairn_format::node::{Extent, Interior, Leaf};
 use cairn_format::pack::BlobEntry;
 use cairn_format::Id;
@@ -22,8 +22,8 @@ use cairn_repo::{pack_key, BlobLocation, Repo};
 
 use super::summaries::{ensure_summary, LiveFilters, SummaryCheck};
 use super::{
-    finish, pack_payload, publish_and_wait, put_index, read_node, rescue, stored_bytes, sweep,
-    write_pack, GcOptions, GcReport, Repacker, Snapshot,
+    delete_orphans, finish, orphan_packs, pack_payload, publish_and_wait, put_index, read_node,
+    rescue, stored_bytes, sweep, write_pack, GcOptions, GcReport, Repacker, Snapshot,
 };
 use crate::error::EngineResult;
 use crate::live::live_versions;
@@ -36,17 +36,29 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     let freed = repo.freed_versions().await?;
     let mut pending: Vec<Id> = live.deleted.difference(&freed).copied().collect();
     pending.sort();
-    if pending.is_empty() {
-        return Ok(report);
+    // The pack listing is taken before the plan, for orphans (packs no index file names).
+    let (bytes_before, pack_sizes) = stored_bytes(repo).await?;
+    report.bytes_before = bytes_before;
+    report.bytes_after = bytes_before;
+    if pending.is_empty() && pack_sizes.keys().all(|p| repo.index().has_pack(p)) {
+        return Ok(report); // nothing deleted, and every pack is indexed
     }
     let snapshot = Snapshot::load(repo).await?;
+    let orphans = orphan_packs(&pack_sizes, &snapshot.packs());
+    if pending.is_empty() && orphans.is_empty() {
+        return Ok(report);
+    }
     let store_rebuilt = !options.dry_run;
 
-    // The live side: one summary per distinct live tree, merged per image.
+    // The live side: one summary per distinct live tree, merged per image (only needed to
+    // judge the blobs of deleted versions).
     let mut filters = LiveFilters::default();
     let mut live_roots: HashSet<Id> = HashSet::new();
     let mut records: Vec<_> = live.live.iter().collect();
     records.sort_by_key(|(id, _)| **id);
+    if pending.is_empty() {
+        records.clear();
+    }
     for (_, record) in records {
         let Some(root) = record.root else { continue };
         if !live_roots.insert(root) {
@@ -133,11 +145,26 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             }
         }
     }
+    // Dead blobs earlier fast deletions left in packs they did not repack: judged again, so
+    // they are freed once their pack is worth repacking.
+    let leftovers = if pending.is_empty() {
+        Vec::new()
+    } else {
+        repo.gc_leftovers().await?
+    };
+    for id in leftovers.iter().flat_map(|(_, l)| &l.blobs) {
+        if !seen.insert(*id) || !snapshot.index.contains(id) {
+            continue;
+        }
+        if filters.maybe_chunk(id) || filters.maybe_node(id) {
+            report.kept_by_summary += 1;
+        } else {
+            dead.insert(*id);
+        }
+    }
     drop(seen);
 
     // Which packs hold dead blobs, and what to do with each.
-    let (bytes_before, pack_sizes) = stored_bytes(repo).await?;
-    report.bytes_before = bytes_before;
     let mut entries_of: HashMap<Id, BTreeMap<u32, BlobEntry>> = HashMap::new();
     for (_, file) in &snapshot.files {
         for p in &file.packs {
@@ -149,6 +176,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     }
     let mut to_delete = Vec::new();
     let mut to_repack = Vec::new();
+    let mut left: Vec<Id> = Vec::new();
     let mut freed_bytes = 0u64;
     for (pack, entries) in &entries_of {
         let Some(&size) = pack_sizes.get(pack) else {
@@ -159,7 +187,18 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             .filter(|e| !dead.contains(&e.id))
             .map(|e| e.stored_len as u64)
             .sum();
-        if live_bytes == 0 {
+        // A live blob whose only copy here is quarantined cannot be copied: keep the pack.
+        let pinned = entries
+            .values()
+            .any(|e| !dead.contains(&e.id) && repo.is_quarantined(pack, &e.id));
+        if pinned {
+            left.extend(
+                entries
+                    .values()
+                    .filter(|e| dead.contains(&e.id))
+                    .map(|e| e.id),
+            );
+        } else if live_bytes == 0 {
             to_delete.push(*pack);
             freed_bytes += size;
         } else if (live_bytes as f64)
@@ -168,10 +207,17 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             to_repack.push(*pack);
             freed_bytes += size.saturating_sub(live_bytes);
         } else {
-            report.dead_left_in_packs +=
-                entries.values().filter(|e| dead.contains(&e.id)).count() as u64;
+            left.extend(
+                entries
+                    .values()
+                    .filter(|e| dead.contains(&e.id))
+                    .map(|e| e.id),
+            );
         }
     }
+    left.sort();
+    left.dedup();
+    report.dead_left_in_packs = left.len() as u64;
     to_delete.sort();
     to_repack.sort();
     let doomed: HashSet<Id> = to_delete.iter().chain(&to_repack).copied().collect();
@@ -188,7 +234,8 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     report.packs_repacked = to_repack.len() as u64;
     report.freed_versions = processed.len() as u64;
     if options.dry_run {
-        report.bytes_after = report.bytes_before - freed_bytes;
+        let orphan_bytes: u64 = orphans.iter().map(|p| pack_sizes[p]).sum();
+        report.bytes_after = report.bytes_before - freed_bytes - orphan_bytes;
         return Ok(report);
     }
 
@@ -204,7 +251,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
                 let r = e.range();
                 let stored = &data[r.start as usize..r.end as usize];
                 // Verify before copying: never launder a corrupt blob into a new pack.
-                Repo::decode_blob(
+                repo.check_blob(
                     &BlobLocation {
                         pack: *pack,
                         entry: *e,
@@ -262,18 +309,22 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         let e = ensure_summary(repo, index, record, SummaryCheck::Load, true).await?;
         newcomers.add(&record.image, e.summary);
     }
-    let rescued = rescue(
+    let doomed_set: HashSet<Id> = to_delete.iter().chain(&to_repack).copied().collect();
+    rescue(
         repo,
         &snapshot.index,
         &plan_dead,
         |id| newcomers.maybe_chunk(id) || newcomers.maybe_node(id),
+        now_index.as_ref(),
+        &doomed_set,
         &mut written_index,
         &mut report,
     )
     .await?;
 
     let doomed: Vec<Id> = to_delete.iter().chain(&to_repack).copied().collect();
-    sweep(repo, &superseded, &written_index, &doomed, &rescued).await?;
+    sweep(repo, &superseded, &written_index, &doomed).await?;
+    delete_orphans(repo, &orphans, &mut report).await?;
     let live_roots_now: HashSet<Id> = live_now.live.values().filter_map(|r| r.root).collect();
     for root in &pending_roots {
         if !live_roots.contains(root) && !live_roots_now.contains(root) {
@@ -282,6 +333,17 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     }
     for v in &processed {
         repo.mark_freed(v).await?;
+    }
+    // The new leftover list is durable before the lists it replaces go.
+    if !left.is_empty() {
+        repo.put_gc_leftover(&GcLeftover {
+            created_ns: now_ns(),
+            blobs: left,
+        })
+        .await?;
+    }
+    for (key, _) in &leftovers {
+        repo.delete_gc_leftover(key).await?;
     }
     finish(repo, &published, options).await?;
     report.bytes_after = stored_bytes(repo).await?.0;

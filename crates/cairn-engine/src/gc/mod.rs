@@ -34,9 +34,10 @@
 
 mod exact;
 mod fast;
-mod summaries;
+mod leftovers;
+pub(crate) mod summaries;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,9 +49,9 @@ use cairn_format::marker::{
 };
 use cairn_format::pack::{self, BlobEntry, BlobKind, PackBuilder};
 use cairn_format::Id;
-use cairn_repo::session::{list_sessions, now_ns};
-use cairn_repo::{pack_key, BlobIndex, Repo, RepoError, PACKS_PREFIX};
-use cairn_store::{CasOutcome, ObjectStore};
+use cairn_repo::session::{describe, list_sessions, liveness, now_ns, Liveness};
+use cairn_repo::{pack_key, BlobIndex, BlobLocation, Repo, RepoError, PACKS_PREFIX};
+use cairn_store::{CasOutcome, ObjectStore, StoreError};
 
 use crate::error::{EngineError, EngineResult};
 
@@ -73,7 +74,10 @@ impl GcMode {
     }
 }
 
-#[derive(Debug, Clone)]
+/// Called while GC waits for older sessions, with one line per session it waits for.
+pub type WaitNotice = Arc<dyn Fn(&[String]) + Send + Sync>;
+
+#[derive(Clone)]
 pub struct GcOptions {
     pub mode: GcMode,
     /// Report what would be done; change nothing.
@@ -86,6 +90,24 @@ pub struct GcOptions {
     pub wait_limit: Duration,
     /// Poll interval while waiting.
     pub poll: Duration,
+    /// Told what GC waits for, about every [`WAIT_NOTICE_EVERY`] while it waits.
+    pub on_wait: Option<WaitNotice>,
+}
+
+/// How often a waiting GC says what it waits for.
+pub const WAIT_NOTICE_EVERY: Duration = Duration::from_secs(5);
+
+impl std::fmt::Debug for GcOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GcOptions")
+            .field("mode", &self.mode)
+            .field("dry_run", &self.dry_run)
+            .field("repack_threshold", &self.repack_threshold)
+            .field("stale_after", &self.stale_after)
+            .field("wait_limit", &self.wait_limit)
+            .field("poll", &self.poll)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for GcOptions {
@@ -97,6 +119,7 @@ impl Default for GcOptions {
             stale_after: Duration::from_secs(600),
             wait_limit: Duration::from_secs(3600),
             poll: Duration::from_millis(200),
+            on_wait: None,
         }
     }
 }
@@ -133,6 +156,14 @@ pub struct GcReport {
     pub bytes_repacked: u64,
     /// Manifest node bytes read while marking.
     pub metadata_bytes_read: u64,
+    /// Temporary files of killed writers removed from the store, and their bytes.
+    pub temporaries_removed: u64,
+    pub temporary_bytes_removed: u64,
+    /// Partial files of killed restores removed on this host, and their bytes.
+    pub partial_files_removed: u64,
+    pub partial_bytes_removed: u64,
+    /// Exact pass: version records of commits that never published them, removed.
+    pub orphan_records_removed: u64,
     pub waited_s: f64,
     pub duration_s: f64,
 }
@@ -152,10 +183,49 @@ pub async fn gc(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport>
     } else {
         Some(acquire_lock(repo, options).await?)
     };
-    let result = match options.mode {
-        GcMode::Fast => fast::run(repo, options).await,
-        GcMode::Repair => exact::run(repo, options).await,
-    };
+    let result = async {
+        let run = |options: GcOptions| async move {
+            match options.mode {
+                GcMode::Fast => fast::run(repo, &options).await,
+                GcMode::Repair => exact::run(repo, &options).await,
+            }
+        };
+        let mut report = match run(options.clone()).await {
+            // A blob found damaged while repacking was quarantined and nothing was deleted:
+            // run once more, now leaving that copy where it is.
+            Err(EngineError::Repo(e @ RepoError::BadBlob { .. })) if !options.dry_run => {
+                tracing::warn!("gc: {e}; the copy is quarantined, collecting again without it");
+                repo.discard_unindexed_packs().await;
+                run(options.clone()).await?
+            }
+            // No room to write repacked packs: free what can be freed without repacking
+            // (whole dead packs); the next gc repacks.
+            Err(EngineError::Repo(RepoError::Store(StoreError::Full { .. })))
+                if !options.dry_run =>
+            {
+                tracing::warn!("gc: the disk is full; deleting dead packs without repacking");
+                repo.discard_unindexed_packs().await;
+                withdraw_plans(repo).await;
+                run(GcOptions {
+                    repack_threshold: 0.0,
+                    ..options.clone()
+                })
+                .await?
+            }
+            other => other?,
+        };
+        if !options.dry_run {
+            leftovers::remove_stale_files(repo, options, &mut report).await?;
+            if let Err(e) = repo.store().replenish_reserve().await {
+                tracing::debug!("space reserve not reallocated yet: {e}");
+            }
+        }
+        Ok::<_, EngineError>(report)
+    }
+    .await;
+    if result.is_err() && lock.is_some() {
+        withdraw_plans(repo).await;
+    }
     if let Some(version) = lock {
         // Release only if still ours; a failure here leaves a lock that dies with our session.
         let _ = repo
@@ -168,6 +238,18 @@ pub async fn gc(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport>
     report.dry_run = options.dry_run;
     report.duration_s = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// Withdraws published plans after a failed GC: we hold the lock, so every plan is ours or a
+/// dead GC's. Safe at any step: the sweep deletes index files before the packs they name, so
+/// a pack it did not reach is still indexed (and live for every reader) or named by no index
+/// at all (and reused by no one).
+async fn withdraw_plans(repo: &Repo) {
+    if let Ok(plans) = repo.store().list(PLANS_PREFIX).await {
+        for meta in plans {
+            let _ = repo.store().delete(&meta.key).await;
+        }
+    }
 }
 
 async fn acquire_lock(repo: &Repo, options: &GcOptions) -> EngineResult<cairn_store::RefVersion> {
@@ -184,9 +266,9 @@ async fn acquire_lock(repo: &Repo, options: &GcOptions) -> EngineResult<cairn_st
                 current: Some(current),
             } => {
                 let holder = decode_gc_lock(&current.data).unwrap_or_default();
-                if session_alive(store.as_ref(), &holder, options).await? {
+                if let Some(alive) = live_session(store.as_ref(), &holder, options).await? {
                     return Err(EngineError::Pipeline(format!(
-                        "another gc is running (session {holder}); try again when it has finished"
+                        "another gc is running: {alive}; try again when it has finished"
                     )));
                 }
                 // The holder died: take the lock over.
@@ -194,7 +276,7 @@ async fn acquire_lock(repo: &Repo, options: &GcOptions) -> EngineResult<cairn_st
                     .cas_ref(GC_LOCK_REF, Some(&current.version), Some(data.clone()))
                     .await?
                 {
-                    tracing::warn!("took over the gc lock of dead session {holder}");
+                    tracing::info!("took over the gc lock of dead session {holder}");
                     return version.ok_or_else(lock_lost);
                 }
             }
@@ -207,18 +289,23 @@ fn lock_lost() -> EngineError {
     EngineError::Pipeline("could not take the gc lock (it keeps changing)".into())
 }
 
-async fn session_alive(
+/// The session `key` described, if it is alive.
+async fn live_session(
     store: &dyn ObjectStore,
     key: &str,
     options: &GcOptions,
-) -> EngineResult<bool> {
+) -> EngineResult<Option<String>> {
     let Some(state) = store.read_ref(key).await? else {
-        return Ok(false);
+        return Ok(None);
     };
     let Ok(s) = cairn_format::marker::Session::decode(&state.data) else {
-        return Ok(false);
+        return Ok(None);
     };
-    Ok(now_ns() - s.heartbeat_ns < options.stale_after.as_nanos() as i64)
+    let now = now_ns();
+    Ok(match liveness(&s, now, options.stale_after) {
+        Liveness::Alive => Some(describe(key, &s, now)),
+        Liveness::Dead(_) => None,
+    })
 }
 
 /// Everything GC learned from the index files it read (the snapshot S0).
@@ -228,9 +315,18 @@ struct Snapshot {
 }
 
 impl Snapshot {
+    /// Every pack some index file of the snapshot names.
+    fn packs(&self) -> HashSet<Id> {
+        self.files
+            .iter()
+            .flat_map(|(_, f)| f.packs.iter().map(|p| p.pack))
+            .collect()
+    }
+
     async fn load(repo: &Repo) -> EngineResult<Snapshot> {
         let files = repo.load_all_index_files().await?;
-        let mut index = BlobIndex::new();
+        // Quarantined copies are no copies: a blob is found at a good one, if any.
+        let mut index = BlobIndex::without(repo.quarantined());
         for (_, f) in &files {
             index.add_file(f);
         }
@@ -295,24 +391,30 @@ pub const CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(1);
 async fn wait_for_sessions(repo: &Repo, cutoff_ns: i64, options: &GcOptions) -> EngineResult<()> {
     let me = repo.session_key();
     let started = Instant::now();
+    let mut noticed: Option<Instant> = None;
     loop {
-        let stale_ns = options.stale_after.as_nanos() as i64;
         let now = now_ns();
         let pending: Vec<String> = list_sessions(repo.store().as_ref())
             .await?
             .into_iter()
-            .filter(|(key, s)| {
-                Some(key) != me.as_ref()
-                    && s.as_ref().is_some_and(|s| {
-                        s.started_ns <= cutoff_ns
-                            && now - s.heartbeat_ns < stale_ns
-                            && !NOT_WAITED_FOR.contains(&s.kind.as_str())
-                    })
+            .filter_map(|(key, s)| {
+                let s = s?;
+                let waited = Some(&key) != me.as_ref()
+                    && s.started_ns <= cutoff_ns
+                    && !NOT_WAITED_FOR.contains(&s.kind.as_str())
+                    && liveness(&s, now, options.stale_after) == Liveness::Alive;
+                waited.then(|| describe(&key, &s, now))
             })
-            .map(|(key, s)| format!("{key} ({})", s.map(|s| s.kind).unwrap_or_default()))
             .collect();
         if pending.is_empty() {
             return Ok(());
+        }
+        crate::interrupt::check()?;
+        if let Some(notice) = &options.on_wait {
+            if noticed.is_none_or(|t| t.elapsed() >= WAIT_NOTICE_EVERY) {
+                notice(&pending);
+                noticed = Some(Instant::now());
+            }
         }
         if started.elapsed() > options.wait_limit {
             return Err(EngineError::Pipeline(format!(
@@ -342,10 +444,9 @@ async fn set_gc_last(store: &dyn ObjectStore, cutoff_ns: i64, plan: &Id) -> Engi
 }
 
 async fn remove_stale_sessions(store: &dyn ObjectStore, options: &GcOptions) -> EngineResult<()> {
-    let stale_ns = options.stale_after.as_nanos() as i64;
     let now = now_ns();
     for (key, session) in list_sessions(store).await? {
-        if session.is_none_or(|s| now - s.heartbeat_ns >= stale_ns) {
+        if session.is_none_or(|s| liveness(&s, now, options.stale_after) != Liveness::Alive) {
             if let Some(state) = store.read_ref(&key).await? {
                 let _ = store.cas_ref(&key, Some(&state.version), None).await;
             }
@@ -382,10 +483,11 @@ async fn read_node(
     id: &Id,
     bytes_read: &mut u64,
 ) -> EngineResult<Vec<u8>> {
+    crate::interrupt::check()?;
     let loc = index.get(id).ok_or(RepoError::BlobMissing { id: *id })?;
     let stored = repo.read_pack_range(&loc.pack, loc.entry.range()).await?;
     *bytes_read += stored.len() as u64;
-    Ok(Repo::decode_blob(&loc, &stored)?)
+    Ok(repo.check_blob(&loc, &stored)?)
 }
 
 fn bad_node(id: &Id, e: cairn_format::FormatError) -> EngineError {
@@ -407,6 +509,7 @@ async fn publish_and_wait(
     options: &GcOptions,
     report: &mut GcReport,
 ) -> EngineResult<Published> {
+    crate::interrupt::check()?;
     let raw = plan.encode();
     let id = Id::of(&raw);
     let key = format!("{PLANS_PREFIX}{id}");
@@ -425,62 +528,122 @@ async fn publish_and_wait(
     Ok(Published { key, id, cutoff_ns })
 }
 
-/// Step 5: keeps the packs of dead blobs that versions published meanwhile use (`used`), and
-/// lists those blobs in a rescue index file. Returns the rescued packs.
+/// Step 5: dead blobs that versions published meanwhile use (`used`) are *rescued*: copied
+/// (verified) into new packs listed by a rescue index file, so the sweep can still delete
+/// every doomed pack whole. (Keeping a doomed pack for the few blobs a newcomer uses instead
+/// left the rest of it — dead, and no longer in any index — for `gc --repair` to find: under
+/// commits running during prunes that was most of the space fast deletion should have freed.)
+///
+/// A blob that already has a copy outside the doomed packs in `now` (the index as read after
+/// the wait) needs no rescue: a commit that saw the plan stored its own copy.
+#[allow(clippy::too_many_arguments)]
 async fn rescue(
     repo: &Repo,
     located_in: &BlobIndex,
     dead: &[Id],
     used: impl Fn(&Id) -> bool,
+    now: Option<&Snapshot>,
+    doomed: &HashSet<Id>,
     written_index: &mut HashSet<Id>,
     report: &mut GcReport,
-) -> EngineResult<HashSet<Id>> {
-    let mut packs: HashMap<Id, Vec<BlobEntry>> = HashMap::new();
-    for id in dead.iter().filter(|id| used(id)) {
+) -> EngineResult<()> {
+    let wanted: HashSet<Id> = dead.iter().filter(|id| used(id)).copied().collect();
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let covered: HashSet<Id> = now
+        .map(|now| {
+            now.files
+                .iter()
+                .flat_map(|(_, f)| &f.packs)
+                .filter(|p| !doomed.contains(&p.pack))
+                .flat_map(|p| p.entries.iter().map(|e| e.id))
+                .filter(|id| wanted.contains(id))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut packs: BTreeMap<Id, Vec<BlobEntry>> = BTreeMap::new();
+    for id in wanted.iter().filter(|id| !covered.contains(id)) {
         if let Some(loc) = located_in.get(id) {
             packs.entry(loc.pack).or_default().push(loc.entry);
         }
     }
     report.rescued_blobs = packs.values().map(|v| v.len() as u64).sum();
     if packs.is_empty() {
-        return Ok(HashSet::new());
+        return Ok(());
     }
     tracing::info!(
         blobs = report.rescued_blobs,
         "rescued blobs used by concurrent commits"
     );
-    let rescued = packs.keys().copied().collect();
-    let index = put_index(
-        repo,
-        packs
-            .into_iter()
-            .map(|(pack, entries)| PackIndex {
-                pack,
-                entries: sorted(&entries),
-            })
-            .collect(),
-    )
-    .await?;
-    written_index.insert(index);
-    Ok(rescued)
+    let mut written = Vec::new();
+    let mut repacker = Repacker::new(repo.config().pack_target as usize);
+    for (pack, entries) in packs {
+        for e in sorted(&entries) {
+            let stored = repo.read_pack_range(&pack, e.range()).await?;
+            // Verify before copying: never launder a corrupt blob into a new pack.
+            repo.check_blob(&BlobLocation { pack, entry: e }, &stored)?;
+            report.bytes_repacked += stored.len() as u64;
+            if let Some(done) = repacker.push(&e, &stored) {
+                written.push(write_pack(repo, done).await?);
+            }
+        }
+    }
+    for done in repacker.finish() {
+        written.push(write_pack(repo, done).await?);
+    }
+    report.packs_written += written.len() as u64;
+    written_index.insert(put_index(repo, written).await?);
+    Ok(())
 }
 
 /// Step 6 (deletions): the superseded index files first — their replacements are written —
-/// then the doomed packs that were not rescued.
+/// then the doomed packs.
 async fn sweep(
     repo: &Repo,
     superseded: &[Id],
     written_index: &HashSet<Id>,
     doomed_packs: &[Id],
-    rescued_packs: &HashSet<Id>,
 ) -> EngineResult<()> {
     let store = repo.store();
     for id in superseded.iter().filter(|id| !written_index.contains(id)) {
         store.delete(&index::key(id)).await?;
     }
     for pack in doomed_packs {
-        if !rescued_packs.contains(pack) {
-            store.delete(&pack_key(pack)).await?;
+        store.delete(&pack_key(pack)).await?;
+    }
+    Ok(())
+}
+
+/// Packs in the store that no index file names (`indexed`): left by commits and GCs that
+/// died before publishing their index. Only those listed *before* the plan was published
+/// may be deleted, and only if still unindexed after the wait (see `delete_orphans`).
+fn orphan_packs(pack_sizes: &HashMap<Id, u64>, indexed: &HashSet<Id>) -> Vec<Id> {
+    let mut v: Vec<Id> = pack_sizes
+        .keys()
+        .filter(|p| !indexed.contains(p))
+        .copied()
+        .collect();
+    v.sort();
+    v
+}
+
+/// Deletes the orphan packs (found before the plan) that no index file names now, after the
+/// wait: every session that could still have published an index naming them has ended.
+async fn delete_orphans(repo: &Repo, orphans: &[Id], report: &mut GcReport) -> EngineResult<()> {
+    if orphans.is_empty() {
+        return Ok(());
+    }
+    let indexed_now: HashSet<Id> = repo
+        .load_all_index_files()
+        .await?
+        .iter()
+        .flat_map(|(_, f)| f.packs.iter().map(|p| p.pack))
+        .collect();
+    for pack in orphans {
+        if !indexed_now.contains(pack) {
+            repo.store().delete(&pack_key(pack)).await?;
+            report.orphan_packs_deleted += 1;
         }
     }
     Ok(())

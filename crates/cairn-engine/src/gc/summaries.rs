@@ -14,14 +14,14 @@ use crate::error::{EngineError, EngineResult};
 
 /// Whether a summary is expected to exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum SummaryCheck {
+pub(crate) enum SummaryCheck {
     /// Load it; rebuild it if it is missing or damaged.
     Load,
     /// Known to be missing: rebuild it.
     Missing,
 }
 
-pub(super) struct Ensured {
+pub(crate) struct Ensured {
     pub summary: Summary,
     /// Bytes of summary and manifest read.
     pub read: u64,
@@ -32,7 +32,7 @@ pub(super) struct Ensured {
 /// The summary of `record`'s tree, rebuilt from the manifest (and stored) when it is missing or
 /// damaged. A manifest node that cannot be read is an error: the caller must not delete
 /// anything on the strength of an incomplete summary.
-pub(super) async fn ensure_summary(
+pub(crate) async fn ensure_summary(
     repo: &Repo,
     index: &BlobIndex,
     record: &VersionRecord,

@@ -11,14 +11,15 @@
 //! [`Qcow2Writer`]: clusters are allocated as data arrives, all-zero pieces are skipped, so
 //! clusters without data stay unallocated, and the metadata is written at the end.
 //!
-//! A regular-file output (raw or qcow2) is written under a temporary name and renamed into
-//! place only once complete and synced, so a failed restore never leaves a plausible-looking
-//! partial image.
+//! A regular-file output (raw or qcow2) is written under a temporary name and put into place
+//! only once complete and synced, so a failed restore never leaves a plausible-looking
+//! partial image ([`partial`]). What may be written at all — never an existing file without
+//! `force`, never a mounted device, never a FIFO — is decided first ([`target`]).
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Write};
-use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,14 +33,20 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::error::{EngineError, EngineResult};
-use crate::tree::{for_each_leaf_batch, AsyncLeafVisitor};
+use crate::tree::{for_each_leaf_batch, for_each_readable_leaf_batch, AsyncLeafVisitor};
+
+pub mod partial;
+pub mod target;
+
+use partial::Partial;
+use target::{check_output, OutputKind};
 
 /// Where to restore to.
 #[derive(Debug, Clone)]
 pub enum RestoreTarget {
-    /// A regular file (created or replaced) or an existing block device, raw.
+    /// A regular file (created, or replaced with `force`) or a block device (with `force`), raw.
     Path(PathBuf),
-    /// A compact qcow2 v3 file (created or replaced): clusters without data stay
+    /// A compact qcow2 v3 file (created, or replaced with `force`): clusters without data stay
     /// unallocated.
     Qcow2(PathBuf),
     /// Standard output, in order.
@@ -57,13 +64,39 @@ pub struct RestoreProgress {
     pub fetched: AtomicU64,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RestoreStats {
     pub logical_bytes: u64,
     pub data_bytes: u64,
     pub fetched_bytes: u64,
     /// Ranged reads issued (a measure of fragmentation).
     pub reads: u64,
+    /// With `allow_damage`: the byte ranges that could not be read and were written as
+    /// zeros, sorted and merged.
+    pub damaged: Vec<DamagedRange>,
+}
+
+/// A range of the image a damaged restore filled with zeros, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DamagedRange {
+    pub offset: u64,
+    pub len: u64,
+    pub reason: String,
+}
+
+/// Sorts ranges and merges those that touch or overlap (keeping the first reason).
+fn merge_ranges(mut ranges: Vec<DamagedRange>) -> Vec<DamagedRange> {
+    ranges.sort_by_key(|r| r.offset);
+    let mut out: Vec<DamagedRange> = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        match out.last_mut() {
+            Some(last) if r.offset <= last.offset + last.len => {
+                last.len = last.len.max(r.offset + r.len - last.offset);
+            }
+            _ => out.push(r),
+        }
+    }
+    out
 }
 
 #[derive(Debug, Clone)]
@@ -76,6 +109,11 @@ pub struct RestoreOptions {
     /// Upper bound of one coalesced read.
     pub max_read: u64,
     pub progress: Option<Arc<RestoreProgress>>,
+    /// Replace an existing file, or overwrite a block device (see [`target`]).
+    pub force: bool,
+    /// Write everything readable and fill what is damaged or missing with zeros, listing
+    /// those ranges in [`RestoreStats::damaged`], instead of failing at the first damage.
+    pub allow_damage: bool,
 }
 
 impl Default for RestoreOptions {
@@ -85,6 +123,8 @@ impl Default for RestoreOptions {
             coalesce_gap: None,
             max_read: 16 * 1024 * 1024,
             progress: None,
+            force: false,
+            allow_damage: false,
         }
     }
 }
@@ -141,119 +181,126 @@ async fn restore_to_path(
         path: p.to_path_buf(),
         source: e,
     };
-    let is_device = std::fs::metadata(path)
-        .map(|m| m.file_type().is_block_device())
-        .unwrap_or(false);
-    if is_device && qcow2 {
-        return Err(out_err(
-            "cannot restore to",
-            path,
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "a block device takes raw output, not --format qcow2",
-            ),
-        ));
+    let removed = partial::remove_stale();
+    if !removed.is_empty() {
+        tracing::info!(
+            files = removed.len(),
+            "removed partial files of restores that were killed"
+        );
     }
-    if is_device {
-        let file = OpenOptions::new()
-            .write(true)
-            .open(path)
-            .map_err(|e| out_err("cannot open", path, e))?;
-        let dev_size = {
-            use cairn_image::DiskImage;
-            cairn_image::RawImage::open(path, Default::default())?.size()
-        };
-        if dev_size < version.logical_size {
-            return Err(out_err(
-                "cannot restore to",
-                path,
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!(
-                        "device has {dev_size} bytes, the image needs {}",
-                        version.logical_size
-                    ),
-                ),
-            ));
+    let (target, replace) = match check_output(path, options.force, qcow2)? {
+        OutputKind::Device { path: dev, file } => {
+            return restore_to_device(repo, version, path, &dev, file, options, progress).await
         }
-        let sink = Sink::File {
-            file: Arc::new(file),
-            zeros_needed: true,
-        };
-        let stats = run(repo, version, &sink, options, progress, path).await?;
-        if let Sink::File { file, .. } = &sink {
-            file.sync_all()
-                .map_err(|e| out_err("cannot sync", path, e))?;
-        }
-        return Ok(stats);
-    }
+        OutputKind::New(p) => (p, false),
+        OutputKind::Replace(p) => (p, true),
+    };
 
-    // Regular file: write a temporary sibling, then rename over the target.
-    let dir = path
+    // A file: written under a temporary name next to it, synced, then put in place.
+    let (partial, file) =
+        Partial::create(&target).map_err(|e| out_err("cannot create a file next to", path, e))?;
+    let tmp = partial.path.clone();
+    let sink = if qcow2 {
+        Sink::Qcow2 {
+            writer: Arc::new(Qcow2Writer::create(
+                file,
+                &tmp,
+                version.logical_size,
+                QCOW2_CLUSTER_BITS,
+            )?),
+        }
+    } else {
+        file.set_len(version.logical_size)
+            .map_err(|e| out_err("cannot size", path, e))?;
+        Sink::File {
+            file: Arc::new(file),
+            zeros_needed: false,
+        }
+    };
+    let stats = run(repo, version, &sink, options, progress, path).await?;
+    match sink {
+        Sink::File { file, .. } => file
+            .sync_all()
+            .map_err(|e| out_err("cannot sync", path, e))?,
+        Sink::Qcow2 { writer } => {
+            let writer = Arc::into_inner(writer).ok_or_else(|| {
+                EngineError::Pipeline("qcow2 writer still in use after the restore".into())
+            })?;
+            writer.finish()?; // syncs
+        }
+        Sink::Stdout { .. } => unreachable!("a path restore has no stdout sink"),
+    }
+    if replace {
+        std::fs::rename(&tmp, &target).map_err(|e| out_err("cannot rename into place", path, e))?;
+    } else {
+        // No-replace: a file that appeared at the target since the check is not clobbered.
+        match std::fs::hard_link(&tmp, &target) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(out_err(
+                    "will not restore to",
+                    path,
+                    io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        "a file appeared there during the restore; pass --force to replace it",
+                    ),
+                ))
+            }
+            Err(e) => return Err(out_err("cannot link into place", path, e)),
+        }
+        let _ = std::fs::remove_file(&tmp);
+    }
+    partial.keep();
+    let dir = target
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let name = path.file_name().ok_or_else(|| {
-        out_err(
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(stats)
+}
+
+/// Restores onto a block device opened by [`check_output`]: every byte is written, zeros too.
+async fn restore_to_device(
+    repo: Arc<Repo>,
+    version: &VersionRecord,
+    shown: &Path,
+    dev: &Path,
+    file: File,
+    options: &RestoreOptions,
+    progress: &Arc<RestoreProgress>,
+) -> EngineResult<RestoreStats> {
+    let out_err = |op: &'static str, e: io::Error| EngineError::Output {
+        op,
+        path: shown.to_path_buf(),
+        source: e,
+    };
+    let dev_size = {
+        use cairn_image::DiskImage;
+        cairn_image::RawImage::open(dev, Default::default())?.size()
+    };
+    if dev_size < version.logical_size {
+        return Err(out_err(
             "cannot restore to",
-            path,
-            io::ErrorKind::InvalidInput.into(),
-        )
-    })?;
-    let tmp = dir.join(format!(
-        ".{}.cairn-partial-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let file = OpenOptions::new()
-        .write(true)
-        .read(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)
-        .map_err(|e| out_err("cannot create", &tmp, e))?;
-    let result = async {
-        let sink = if qcow2 {
-            Sink::Qcow2 {
-                writer: Arc::new(Qcow2Writer::create(
-                    file,
-                    &tmp,
-                    version.logical_size,
-                    QCOW2_CLUSTER_BITS,
-                )?),
-            }
-        } else {
-            file.set_len(version.logical_size)
-                .map_err(|e| out_err("cannot size", &tmp, e))?;
-            Sink::File {
-                file: Arc::new(file),
-                zeros_needed: false,
-            }
-        };
-        let stats = run(repo, version, &sink, options, progress, path).await?;
-        match sink {
-            Sink::File { file, .. } => file
-                .sync_all()
-                .map_err(|e| out_err("cannot sync", &tmp, e))?,
-            Sink::Qcow2 { writer } => {
-                let writer = Arc::into_inner(writer).ok_or_else(|| {
-                    EngineError::Pipeline("qcow2 writer still in use after the restore".into())
-                })?;
-                writer.finish()?; // syncs
-            }
-            Sink::Stdout { .. } => unreachable!("a path restore has no stdout sink"),
-        }
-        std::fs::rename(&tmp, path).map_err(|e| out_err("cannot rename into place", path, e))?;
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(stats)
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "device has {dev_size} bytes, the image needs {}",
+                    version.logical_size
+                ),
+            ),
+        ));
     }
-    .await;
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    let sink = Sink::File {
+        file: Arc::new(file),
+        zeros_needed: true,
+    };
+    let stats = run(repo, version, &sink, options, progress, shown).await?;
+    if let Sink::File { file, .. } = &sink {
+        file.sync_all().map_err(|e| out_err("cannot sync", e))?;
     }
-    result
+    Ok(stats)
 }
 
 async fn run(
@@ -279,10 +326,32 @@ async fn run(
             logical_bytes: version.logical_size,
             ..Default::default()
         },
+        damaged: Vec::new(),
     };
-    for_each_leaf_batch(&repo, version, &mut writer).await?;
+    if options.allow_damage {
+        let mut skipped = Vec::new();
+        for_each_readable_leaf_batch(&repo, version, &mut writer, &mut skipped).await?;
+        let seg = version.segment_size as u64;
+        for (first, count, reason) in skipped {
+            let offset = first.saturating_mul(seg).min(version.logical_size);
+            let end = first
+                .saturating_add(count)
+                .saturating_mul(seg)
+                .min(version.logical_size);
+            if end > offset {
+                writer.damaged.push(DamagedRange {
+                    offset,
+                    len: end - offset,
+                    reason,
+                });
+            }
+        }
+    } else {
+        for_each_leaf_batch(&repo, version, &mut writer).await?;
+    }
     writer.finish_zeros(version.logical_size).await?;
     progress.done.store(version.logical_size, Ordering::Relaxed);
+    writer.stats.damaged = merge_ranges(std::mem::take(&mut writer.damaged));
     Ok(writer.stats)
 }
 
@@ -298,6 +367,8 @@ struct BatchWriter<'a> {
     /// Everything before this offset has been written (stdout) or handled.
     written_to: u64,
     stats: RestoreStats,
+    /// Damaged ranges found so far (with `allow_damage`).
+    damaged: Vec<DamagedRange>,
 }
 
 /// One coalesced read: a byte range of a pack and the blobs inside it.
@@ -325,13 +396,15 @@ impl AsyncLeafVisitor for &mut BatchWriter<'_> {
 
 impl BatchWriter<'_> {
     async fn visit_part(&mut self, part: &[(u64, Leaf)]) -> EngineResult<()> {
+        crate::interrupt::check()?;
         let seg_size = self.version.segment_size as u64;
         let first = part[0].0 * seg_size;
         let last = ((part[part.len() - 1].0 + 1) * seg_size).min(self.version.logical_size);
         // Zeros between the previous batch and this one.
         self.finish_zeros(first).await?;
 
-        // Where each chunk goes, and which zero runs a device needs.
+        // Where each chunk goes, which zero runs a device needs, and what is damaged.
+        let mut part_damage: Vec<DamagedRange> = Vec::new();
         let mut places: HashMap<Id, Vec<(u64, u32)>> = HashMap::new();
         let mut zeros: Vec<(u64, u64)> = Vec::new();
         let mut next = first;
@@ -349,16 +422,30 @@ impl BatchWriter<'_> {
                 }
                 off += e.len() as u64;
             }
-            if leaf.len() != (seg_size).min(self.version.logical_size - seg * seg_size) {
-                return Err(EngineError::Pipeline(format!(
-                    "manifest leaf of segment {seg} covers {} bytes, expected {}",
-                    leaf.len(),
-                    seg_size.min(self.version.logical_size - seg * seg_size)
-                )));
+            let expected = seg_size.min(self.version.logical_size - seg * seg_size);
+            if leaf.len() != expected {
+                let reason = format!(
+                    "manifest leaf of segment {seg} covers {} bytes, expected {expected}",
+                    leaf.len()
+                );
+                if !self.options.allow_damage {
+                    return Err(EngineError::Pipeline(reason));
+                }
+                // Its chunks are not placed: the whole segment counts as damaged.
+                for v in places.values_mut() {
+                    v.retain(|&(off, _)| off < seg * seg_size || off >= seg * seg_size + expected);
+                }
+                places.retain(|_, v| !v.is_empty());
+                zeros.retain(|&(off, _)| off < seg * seg_size || off >= seg * seg_size + expected);
+                part_damage.push(DamagedRange {
+                    offset: seg * seg_size,
+                    len: expected,
+                    reason,
+                });
             }
         }
 
-        let reads = self.plan_reads(&places)?;
+        let reads = self.plan_reads(&places, &mut part_damage)?;
         self.stats.reads += reads.len() as u64;
         if let Sink::Stdout { batch } = self.sink {
             let mut b = batch.lock().expect("batch lock");
@@ -378,31 +465,54 @@ impl BatchWriter<'_> {
                 Sink::Qcow2 { writer } => SinkRef::Qcow2(writer.clone()),
             };
             let path = self.path.to_path_buf();
+            let tolerant = self.options.allow_damage;
             tasks.spawn(async move {
                 let bytes = repo.read_pack_range(&read.pack, read.start..read.end).await;
                 let bytes = match bytes {
                     Ok(b) => b,
-                    Err(e) => return Err(EngineError::from(missing_pack_context(e, &read))),
+                    Err(e) => {
+                        let e = missing_pack_context(e, &read);
+                        if !(tolerant && e.is_damage()) {
+                            return Err(EngineError::from(
+                                repo.quarantine_if_damaged(e, &read.blobs[0]),
+                            ));
+                        }
+                        // Every blob of the read is lost: zeros where each one goes.
+                        let reason = e.to_string();
+                        let mut damaged = Vec::new();
+                        for loc in &read.blobs {
+                            repo.quarantine(loc, &reason);
+                            damaged.extend(places[&loc.entry.id].iter().map(|&(off, len)| {
+                                DamagedRange {
+                                    offset: off,
+                                    len: len as u64,
+                                    reason: reason.clone(),
+                                }
+                            }));
+                        }
+                        drop(permit);
+                        return Ok((0, 0, damaged));
+                    }
                 };
                 progress
                     .fetched
                     .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                 let n = bytes.len() as u64;
-                let written = tokio::task::spawn_blocking(move || {
-                    write_blobs(&read, &bytes, &places, &sink, &path)
+                let (written, damaged) = tokio::task::spawn_blocking(move || {
+                    write_blobs(&repo, &read, &bytes, &places, &sink, &path, tolerant)
                 })
                 .await
                 .map_err(|e| EngineError::Pipeline(format!("restore writer: {e}")))??;
                 drop(permit);
-                Ok::<_, EngineError>((n, written))
+                Ok::<_, EngineError>((n, written, damaged))
             });
             // Surface errors early rather than after the whole batch.
             while let Some(done) = tasks.try_join_next() {
-                self.account(done)?;
+                self.account(done, &mut part_damage)?;
             }
         }
         while let Some(done) = tasks.join_next().await {
-            self.account(done)?;
+            self.account(done, &mut part_damage)?;
         }
 
         if let Sink::File {
@@ -410,8 +520,11 @@ impl BatchWriter<'_> {
             zeros_needed: true,
         } = self.sink
         {
+            // A device held other data there: damaged ranges are written as zeros too.
+            zeros.extend(part_damage.iter().map(|d| (d.offset, d.len)));
             write_zero_runs(file, &zeros, self.path)?;
         }
+        self.damaged.append(&mut part_damage);
         if let Sink::Stdout { batch } = self.sink {
             let b = std::mem::take(&mut *batch.lock().expect("batch lock"));
             write_stdout(&b)?;
@@ -423,20 +536,38 @@ impl BatchWriter<'_> {
 
     fn account(
         &mut self,
-        done: Result<EngineResult<(u64, u64)>, tokio::task::JoinError>,
+        done: Result<ReadOutcome, tokio::task::JoinError>,
+        damaged: &mut Vec<DamagedRange>,
     ) -> EngineResult<()> {
-        let (fetched, data) =
+        let (fetched, data, mut lost) =
             done.map_err(|e| EngineError::Pipeline(format!("restore task: {e}")))??;
         self.stats.fetched_bytes += fetched;
         self.stats.data_bytes += data;
+        damaged.append(&mut lost);
         Ok(())
     }
 
-    /// Groups the batch's blobs by pack and coalesces neighbours into ranged reads.
-    fn plan_reads(&self, places: &HashMap<Id, Vec<(u64, u32)>>) -> EngineResult<Vec<Read>> {
+    /// Groups the batch's blobs by pack and coalesces neighbours into ranged reads. With
+    /// `allow_damage`, a chunk no index locates is added to `damaged` instead of failing.
+    fn plan_reads(
+        &self,
+        places: &HashMap<Id, Vec<(u64, u32)>>,
+        damaged: &mut Vec<DamagedRange>,
+    ) -> EngineResult<Vec<Read>> {
         let mut locs = Vec::with_capacity(places.len());
-        for id in places.keys() {
-            locs.push(self.repo.locate(id)?);
+        for (id, at) in places {
+            match self.repo.locate(id) {
+                Ok(loc) => locs.push(loc),
+                Err(e) if self.options.allow_damage && e.is_damage() => {
+                    let reason = e.to_string();
+                    damaged.extend(at.iter().map(|&(offset, len)| DamagedRange {
+                        offset,
+                        len: len as u64,
+                        reason: reason.clone(),
+                    }));
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
         locs.sort_by_key(|l| (l.pack, l.entry.offset));
         let mut reads: Vec<Read> = Vec::new();
@@ -520,27 +651,58 @@ fn missing_pack_context(e: cairn_repo::RepoError, read: &Read) -> cairn_repo::Re
     }
 }
 
+/// What one read task did: bytes fetched, plain bytes written, ranges lost to damage.
+type ReadOutcome = EngineResult<(u64, u64, Vec<DamagedRange>)>;
+
 /// Decodes and verifies every blob of one read and writes it wherever the batch uses it.
-/// Returns the plain bytes written.
+/// A blob that fails its check is quarantined; with `tolerant` its places are returned as
+/// damaged (left as zeros) instead of failing the restore. Returns the plain bytes written.
 fn write_blobs(
+    repo: &Repo,
     read: &Read,
     bytes: &[u8],
     places: &HashMap<Id, Vec<(u64, u32)>>,
     sink: &SinkRef,
     path: &Path,
-) -> EngineResult<u64> {
+    tolerant: bool,
+) -> EngineResult<(u64, Vec<DamagedRange>)> {
     let mut written = 0;
+    let mut damaged = Vec::new();
     for loc in &read.blobs {
         let r = loc.entry.range();
         let stored = &bytes[(r.start - read.start) as usize..(r.end - read.start) as usize];
-        let plain = Repo::decode_blob(loc, stored)?;
+        let plain =
+            match repo.check_blob(loc, stored) {
+                Ok(plain) => plain,
+                Err(e) if tolerant => {
+                    let reason = e.to_string();
+                    damaged.extend(places[&loc.entry.id].iter().map(|&(offset, len)| {
+                        DamagedRange {
+                            offset,
+                            len: len as u64,
+                            reason: reason.clone(),
+                        }
+                    }));
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
         for &(off, len) in &places[&loc.entry.id] {
             if len as usize != plain.len() {
-                return Err(EngineError::Pipeline(format!(
+                let reason = format!(
                     "chunk {} has {} bytes but the manifest says {len}",
                     loc.entry.id,
                     plain.len()
-                )));
+                );
+                if !tolerant {
+                    return Err(EngineError::Pipeline(reason));
+                }
+                damaged.push(DamagedRange {
+                    offset: off,
+                    len: len as u64,
+                    reason,
+                });
+                continue;
             }
             match sink {
                 SinkRef::File(f, sparse) => write_file(f, *sparse, &plain, off, path)?,
@@ -554,7 +716,7 @@ fn write_blobs(
             written += len as u64;
         }
     }
-    Ok(written)
+    Ok((written, damaged))
 }
 
 /// Writes a chunk at `off`. On a sparse target, all-zero 4 KiB blocks inside the chunk are

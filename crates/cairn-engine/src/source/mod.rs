@@ -19,7 +19,7 @@ pub use cairn_image::raw::data_extents;
 pub use image::ImageSource;
 pub use open::{open_image, open_path, ReadPolicy, SourceFormat};
 pub use polite::RateLimited;
-pub use stream::StreamSource;
+pub use stream::{InterruptibleStdin, StreamSource};
 
 use crate::error::EngineResult;
 

@@ -6,6 +6,43 @@ use std::path::PathBuf;
 use super::{Segment, Source};
 use crate::error::{EngineError, EngineResult};
 
+/// Standard input, read so that a SIGINT or SIGTERM ends a read that is waiting for data
+/// (a plain blocking read would keep a commit from a silent pipe waiting forever).
+#[derive(Debug, Default)]
+pub struct InterruptibleStdin;
+
+impl Read for InterruptibleStdin {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::unix::io::FromRawFd;
+        loop {
+            if crate::interrupt::requested().is_some() {
+                return Err(io::Error::other("interrupted by a signal"));
+            }
+            let mut pfd = libc::pollfd {
+                fd: 0,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: `pfd` is one valid pollfd for the duration of the call.
+            let rc = unsafe { libc::poll(&mut pfd, 1, 200) };
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if rc == 0 {
+                continue; // nothing yet: look at the stop request again
+            }
+            // SAFETY: fd 0 stays open for the life of the process; ManuallyDrop keeps this
+            // File from closing it.
+            let mut stdin = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(0) });
+            return stdin.read(buf);
+        }
+    }
+}
+
 pub struct StreamSource<R: Read + Send> {
     name: String,
     reader: R,
@@ -57,11 +94,12 @@ impl<R: Read + Send> Source for StreamSource<R> {
                 Ok(n) => filled += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
+                    crate::interrupt::check()?; // a read ended by SIGINT/SIGTERM
                     return Err(EngineError::Source {
                         op: "read error in",
                         path: PathBuf::from(&self.name),
                         source: e,
-                    })
+                    });
                 }
             }
         }

@@ -1,0 +1,81 @@
+//! What killed processes leave outside the data GC plans: the local store's temporary files
+//! (a writer killed between writing a temporary and linking it into place), partial files of
+//! killed restores on this host, and version records of commits that never published them.
+//!
+//! None of this needs the plan-and-wait protocol: a leftover is recognised by its age against
+//! the start of every session that is still alive. A writer that is alive started after
+//! `before` (the oldest live session's start, minus the clock-skew margin), so everything it
+//! writes is newer than that; anything older belongs to a process that is gone.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use cairn_format::version;
+use cairn_format::Id;
+use cairn_repo::session::{list_sessions, liveness, now_ns, Liveness};
+use cairn_repo::Repo;
+
+use super::{GcOptions, GcReport, CLOCK_SKEW_MARGIN};
+use crate::error::EngineResult;
+use crate::live::LiveVersions;
+
+/// The time (ns since the epoch) before which no live session started, minus the margin.
+pub(super) async fn oldest_live_start(repo: &Repo, options: &GcOptions) -> EngineResult<i64> {
+    let now = now_ns();
+    let mut oldest = now;
+    for (_, session) in list_sessions(repo.store().as_ref()).await? {
+        let Some(s) = session else { continue };
+        if liveness(&s, now, options.stale_after) == Liveness::Alive {
+            oldest = oldest.min(s.started_ns);
+        }
+    }
+    Ok(oldest - CLOCK_SKEW_MARGIN.as_nanos() as i64)
+}
+
+/// Removes stale temporary files of the store and stale partial files of restores on this
+/// host, counting them in `report`.
+pub(super) async fn remove_stale_files(
+    repo: &Repo,
+    options: &GcOptions,
+    report: &mut GcReport,
+) -> EngineResult<()> {
+    let before_ns = oldest_live_start(repo, options).await?;
+    let before = UNIX_EPOCH + Duration::from_nanos(before_ns.max(0) as u64);
+    let (n, bytes) = repo.store().remove_stale_temporaries(before).await?;
+    report.temporaries_removed += n;
+    report.temporary_bytes_removed += bytes;
+    for (path, size) in crate::restore::partial::remove_stale() {
+        tracing::info!(path = %path.display(), "removed the partial file of a killed restore");
+        report.partial_files_removed += 1;
+        report.partial_bytes_removed += size;
+    }
+    Ok(())
+}
+
+/// Deletes version records no ref or parent chain reaches that are neither marked deleted
+/// nor younger than the oldest live session: records of commits that lost their ref race and
+/// died, or were killed between writing the record and swapping the ref. (A commit that is
+/// still running wrote its record after its session started, so it is younger.)
+pub(super) async fn remove_orphan_records(
+    repo: &Repo,
+    live: &LiveVersions,
+    options: &GcOptions,
+    report: &mut GcReport,
+) -> EngineResult<()> {
+    let before_ns = oldest_live_start(repo, options).await?;
+    for meta in repo.store().list(version::PREFIX).await? {
+        let Ok(id) = meta.key[version::PREFIX.len()..].parse::<Id>() else {
+            continue;
+        };
+        if live.reachable.contains(&id) || live.deleted.contains(&id) {
+            continue;
+        }
+        let Ok(record) = repo.load_version(&id).await else {
+            continue; // unreadable: verify reports it, repair sets it aside
+        };
+        if record.time_ns < before_ns {
+            repo.store().delete(&meta.key).await?;
+            report.orphan_records_removed += 1;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,434 @@
+//! `cairn repair`: rebuild what can be rebuilt, set aside what cannot be read, and say exactly
+//! what stays lost.
+//!
+//! In order, each step only adding objects or replacing what is unreadable:
+//!
+//! 1. **Version records** that are corrupt are set aside (`damaged/versions/<id>`); missing
+//!    ones are recorded as known lost. Either way the version is gone, and later walks treat
+//!    the break in its image's chain as known.
+//! 2. **Heads** that cannot be decoded, or that name a lost version, are rebuilt from the
+//!    newest intact, undeleted version record of the image; an image with none left loses
+//!    its head. **Tags** that cannot be decoded are set aside (the version they named is
+//!    unknown: the tag is lost, the version is not).
+//! 3. **Index**: index files that cannot be decoded are replaced by an index rebuilt from the
+//!    trailers of the packs no readable index names (every entry verified), then set aside,
+//!    so GC, which refuses a partial view, can run again.
+//! 4. **Blobs from a source** (`--from IMAGE_FILE`): the file is chunked exactly as a commit
+//!    would, and every chunk or manifest node that live versions need but the repository lacks
+//!    (missing, or only a quarantined copy) is stored. Nodes restored this way reveal the
+//!    blobs below them, so this runs until nothing new is found (at most once per tree level).
+//! 5. **Reference summaries** of live trees that are missing or damaged are rebuilt.
+//!
+//! The report ends with what is still lost: blobs no copy of which is readable, and the
+//! versions that need them.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use cairn_format::index::{self, IndexFile, PackIndex};
+use cairn_format::node::{Extent, Interior, Leaf};
+use cairn_format::pack::{self, BlobEntry};
+use cairn_format::version::VersionRecord;
+use cairn_format::Id;
+use cairn_repo::{pack_key, BlobLocation, Repo, RepoError, PACKS_PREFIX};
+use cairn_store::StoreError;
+
+use crate::commit::{run_pipeline, CommitOptions, CommitProgress};
+use crate::error::{EngineError, EngineResult};
+use crate::gc::summaries::{ensure_summary, SummaryCheck};
+use crate::live::{live_versions, records_of, LiveVersions};
+use crate::source::Source;
+
+/// Opens the source a repair reads blobs from, once per pass (it may be read several times).
+pub type SourceOpener = Box<dyn Fn() -> EngineResult<Box<dyn Source>> + Send + Sync>;
+
+#[derive(Default)]
+pub struct RepairOptions {
+    /// Report what would be done; change nothing.
+    pub dry_run: bool,
+    /// A disk image holding (some of) the lost data, e.g. the disk a damaged version was
+    /// committed from.
+    pub from: Option<SourceOpener>,
+}
+
+/// A version that still cannot be restored intact, and how many of its blobs are lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LostVersion {
+    pub image: String,
+    pub seq: u64,
+    pub id: Id,
+    pub missing_blobs: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RepairReport {
+    pub dry_run: bool,
+    /// Version records set aside (corrupt) or recorded as lost (missing).
+    pub records_set_aside: Vec<String>,
+    /// Heads rebuilt: (image, new head as `IMAGE@SEQ`, or None if the image had no intact
+    /// version left and its head was removed).
+    pub heads_rebuilt: Vec<(String, Option<String>)>,
+    /// Tag refs that could not be read and were set aside.
+    pub tags_lost: Vec<String>,
+    /// Index files that could not be read and were set aside.
+    pub index_files_set_aside: Vec<String>,
+    /// Packs whose trailers were read to rebuild the index, and the blobs indexed from them.
+    pub packs_reindexed: u64,
+    pub blobs_reindexed: u64,
+    /// Blobs stored again from `--from`, and their plain bytes.
+    pub blobs_restored: u64,
+    pub bytes_restored: u64,
+    pub summaries_rebuilt: u64,
+    /// Blobs live versions need that no readable copy holds, after the repair.
+    pub blobs_lost: u64,
+    /// The live versions those blobs belong to.
+    pub lost_versions: Vec<LostVersion>,
+}
+
+impl RepairReport {
+    /// Whether anything stays lost.
+    pub fn is_clean(&self) -> bool {
+        self.blobs_lost == 0
+    }
+}
+
+pub async fn repair(repo: &Arc<Repo>, options: RepairOptions) -> EngineResult<RepairReport> {
+    let mut report = RepairReport {
+        dry_run: options.dry_run,
+        ..Default::default()
+    };
+    let live = live_versions(repo).await?;
+    repair_metadata(repo, &live, options.dry_run, &mut report).await?;
+    repair_index(repo, options.dry_run, &mut report).await?;
+    let live = live_versions(repo).await?;
+
+    if let Some(open) = &options.from {
+        let mut tried: HashSet<Id> = HashSet::new();
+        loop {
+            crate::interrupt::check()?;
+            let (wanted, _) = lost_blobs(repo, &live).await?;
+            let new: HashSet<Id> = wanted.difference(&tried).copied().collect();
+            if new.is_empty() || options.dry_run {
+                break;
+            }
+            tried.extend(new.iter().copied());
+            let (n, bytes) = store_from(repo, open()?, new).await?;
+            report.blobs_restored += n;
+            report.bytes_restored += bytes;
+            if n == 0 {
+                break;
+            }
+        }
+    }
+
+    if !options.dry_run {
+        let index = repo.fresh_index().await?;
+        let mut seen = HashSet::new();
+        for record in live.live.values() {
+            let Some(root) = record.root else { continue };
+            if !seen.insert(root) {
+                continue;
+            }
+            let needs = match repo.load_summary(&root).await {
+                Ok(Some(_)) => None,
+                Ok(None) => Some(SummaryCheck::Missing),
+                Err(_) => Some(SummaryCheck::Load),
+            };
+            if let Some(check) = needs {
+                // A tree that cannot be read keeps its summary missing: reported as lost below.
+                if let Ok(e) = ensure_summary(repo, &index, record, check, true).await {
+                    report.summaries_rebuilt += u64::from(e.written > 0);
+                }
+            }
+        }
+    }
+
+    let (lost, per_version) = lost_blobs(repo, &live).await?;
+    report.blobs_lost = lost.len() as u64;
+    report.lost_versions = per_version;
+    Ok(report)
+}
+
+/// Steps 1 and 2: records, heads, tags.
+async fn repair_metadata(
+    repo: &Repo,
+    live: &LiveVersions,
+    dry_run: bool,
+    report: &mut RepairReport,
+) -> EngineResult<()> {
+    let mut lost_versions: HashSet<Id> = HashSet::new();
+    for d in &live.damage {
+        if let Some(id) = d
+            .key
+            .strip_prefix(cairn_format::version::PREFIX)
+            .and_then(|h| h.parse::<Id>().ok())
+        {
+            lost_versions.insert(id);
+            report
+                .records_set_aside
+                .push(format!("{}: {}", d.key, d.problem));
+            if !dry_run {
+                repo.set_aside_object(&d.key).await?;
+                repo.acknowledge_lost_version(&id).await?;
+            }
+        }
+    }
+    // Heads that cannot be read, or name a lost version, and tags that cannot be read.
+    for d in &live.damage {
+        if d.key.starts_with("refs/tags/") {
+            report.tags_lost.push(format!("{}: {}", d.key, d.problem));
+            if !dry_run {
+                repo.set_aside_ref(&d.key["refs/".len()..]).await?;
+            }
+        }
+    }
+    let (images, bad_keys) = repo.images_checked().await?;
+    for d in bad_keys {
+        report.heads_rebuilt.push((d.key.clone(), None));
+        if !dry_run {
+            repo.set_aside_ref(&d.key["refs/".len()..]).await?;
+        }
+    }
+    for image in images {
+        let broken = match repo.head(&image).await {
+            Ok(Some(h)) => {
+                lost_versions.contains(&h.version) || !version_readable(repo, &h.version).await?
+            }
+            Ok(None) => false,
+            Err(e) if e.is_damage() => true,
+            Err(e) => return Err(e.into()),
+        };
+        if !broken {
+            continue;
+        }
+        let mut damage = Vec::new();
+        let images = std::collections::BTreeSet::from([image.clone()]);
+        let newest = records_of(repo, &images, &mut damage)
+            .await?
+            .into_iter()
+            .filter(|(id, _)| !live.deleted.contains(id))
+            .max_by_key(|(_, r)| (r.seq, r.time_ns));
+        let key = cairn_format::refs::head_key(&image);
+        match newest {
+            Some((id, record)) => {
+                report
+                    .heads_rebuilt
+                    .push((image.clone(), Some(format!("{image}@{}", record.seq))));
+                if !dry_run {
+                    let token = repo.store().read_ref(&key).await?.map(|s| s.version);
+                    repo.store()
+                        .cas_ref(
+                            &key,
+                            token.as_ref(),
+                            Some(bytes::Bytes::from(cairn_format::refs::encode(&id))),
+                        )
+                        .await?;
+                }
+            }
+            None => {
+                report.heads_rebuilt.push((image.clone(), None));
+                if !dry_run {
+                    repo.set_aside_ref(&key).await?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether a version record can be read (a store error is still an error).
+async fn version_readable(repo: &Repo, id: &Id) -> EngineResult<bool> {
+    match repo.load_version(id).await {
+        Ok(_) => Ok(true),
+        Err(e) if e.is_damage() => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Step 3: an index rebuilt from the trailers of unindexed packs, where index files are
+/// damaged or blobs are missing.
+async fn repair_index(repo: &Repo, dry_run: bool, report: &mut RepairReport) -> EngineResult<()> {
+    let mut damaged_files = Vec::new();
+    let mut indexed: HashSet<Id> = HashSet::new();
+    for meta in repo.store().list(index::PREFIX).await? {
+        let raw = match repo.store().get(&meta.key).await {
+            Ok(raw) => raw,
+            Err(StoreError::NotFound { .. }) => continue,
+            Err(e) => return Err(RepoError::from(e).into()),
+        };
+        match IndexFile::decode(&raw) {
+            Ok(file) => indexed.extend(file.packs.iter().map(|p| p.pack)),
+            Err(e) => damaged_files.push((meta.key.clone(), e.to_string())),
+        }
+    }
+    if damaged_files.is_empty() {
+        return Ok(());
+    }
+    let mut orphans: Vec<Id> = repo
+        .store()
+        .list(PACKS_PREFIX)
+        .await?
+        .iter()
+        .filter_map(|m| m.key.rsplit('/').next()?.parse::<Id>().ok())
+        .filter(|p| !indexed.contains(p))
+        .collect();
+    orphans.sort();
+    let mut rebuilt: Vec<PackIndex> = Vec::new();
+    for pack in orphans {
+        crate::interrupt::check()?;
+        let data = match repo.store().get(&pack_key(&pack)).await {
+            Ok(d) => d,
+            Err(StoreError::NotFound { .. }) => continue,
+            Err(e) => return Err(RepoError::from(e).into()),
+        };
+        let Ok(entries) = pack::parse_pack(&data) else {
+            continue; // no readable trailer: nothing to index from it
+        };
+        let good: Vec<BlobEntry> = entries
+            .into_iter()
+            .filter(|e| {
+                let r = e.range();
+                r.end <= data.len() as u64
+                    && repo
+                        .check_blob(
+                            &BlobLocation { pack, entry: *e },
+                            &data[r.start as usize..r.end as usize],
+                        )
+                        .is_ok()
+            })
+            .collect();
+        if !good.is_empty() {
+            report.packs_reindexed += 1;
+            report.blobs_reindexed += good.len() as u64;
+            rebuilt.push(PackIndex {
+                pack,
+                entries: good,
+            });
+        }
+    }
+    if dry_run {
+        report
+            .index_files_set_aside
+            .extend(damaged_files.into_iter().map(|(k, e)| format!("{k}: {e}")));
+        return Ok(());
+    }
+    // The rebuilt index is durable before the damaged files go.
+    if !rebuilt.is_empty() {
+        repo.put_index_file(&IndexFile { packs: rebuilt }).await?;
+    }
+    for (key, e) in damaged_files {
+        repo.set_aside_object(&key).await?;
+        report.index_files_set_aside.push(format!("{key}: {e}"));
+    }
+    repo.refresh_index().await?;
+    Ok(())
+}
+
+/// Stores the blobs in `wanted` that `source` holds; returns how many, and their plain bytes.
+async fn store_from(
+    repo: &Arc<Repo>,
+    source: Box<dyn Source>,
+    wanted: HashSet<Id>,
+) -> EngineResult<(u64, u64)> {
+    let handle = tokio::runtime::Handle::current();
+    let progress = Arc::new(CommitProgress::default());
+    let out = {
+        let (repo, progress) = (repo.clone(), progress.clone());
+        tokio::task::spawn_blocking(move || {
+            run_pipeline(
+                repo,
+                handle,
+                source,
+                &CommitOptions::default(),
+                &progress,
+                Some(wanted),
+            )
+        })
+        .await
+        .map_err(|e| EngineError::Pipeline(format!("repair thread: {e}")))??
+    };
+    let n: u64 = out.packs.iter().map(|(_, e)| e.len() as u64).sum();
+    let bytes: u64 = out
+        .packs
+        .iter()
+        .flat_map(|(_, e)| e.iter().map(|e| e.raw_len as u64))
+        .sum();
+    repo.put_index(out.packs).await?;
+    Ok((n, bytes))
+}
+
+/// The blobs live versions need that no readable copy holds (as far as their trees can be
+/// read: a lost node counts, its subtree is unknown), and per version how many it needs.
+async fn lost_blobs(
+    repo: &Repo,
+    live: &LiveVersions,
+) -> EngineResult<(HashSet<Id>, Vec<LostVersion>)> {
+    let mut lost: HashSet<Id> = HashSet::new();
+    let mut per_version = Vec::new();
+    // Node id → the lost blobs under it (memoised: versions share subtrees).
+    let mut memo: BTreeMap<Id, Vec<Id>> = BTreeMap::new();
+    let mut records: Vec<(&Id, &VersionRecord)> = live.live.iter().collect();
+    records.sort_by(|a, b| (&a.1.image, a.1.seq).cmp(&(&b.1.image, b.1.seq)));
+    for (id, record) in records {
+        let Some(root) = record.root else { continue };
+        let mine = lost_under(repo, root, record.height, &mut memo).await?;
+        if !mine.is_empty() {
+            lost.extend(mine.iter().copied());
+            per_version.push(LostVersion {
+                image: record.image.clone(),
+                seq: record.seq,
+                id: *id,
+                missing_blobs: mine.len() as u64,
+            });
+        }
+    }
+    Ok((lost, per_version))
+}
+
+/// The lost blobs under `node` (the node itself if it cannot be read). `memo` remembers the
+/// verdict for leaves and unreadable nodes, which versions share.
+async fn lost_under(
+    repo: &Repo,
+    root: Id,
+    height: u8,
+    memo: &mut BTreeMap<Id, Vec<Id>>,
+) -> EngineResult<HashSet<Id>> {
+    let mut out = HashSet::new();
+    let mut stack = vec![(root, height)];
+    while let Some((node, level)) = stack.pop() {
+        if let Some(known) = memo.get(&node) {
+            out.extend(known.iter().copied());
+            continue;
+        }
+        let mut here = Vec::new();
+        let mut memoise = true;
+        match repo.read_blob(&node).await {
+            Err(e) if e.is_damage() => here.push(node),
+            Err(e) => return Err(e.into()),
+            Ok(raw) if level == 0 => match Leaf::decode(&raw) {
+                Ok(leaf) => {
+                    for e in leaf.extents {
+                        if let Extent::Chunk { id, .. } = e {
+                            if !repo.index().contains(&id) {
+                                here.push(id);
+                            }
+                        }
+                    }
+                }
+                Err(_) => here.push(node),
+            },
+            Ok(raw) => match Interior::decode(&raw) {
+                Ok(n) => {
+                    memoise = false; // its verdict is its children's
+                    stack.extend(n.children.into_iter().map(|(_, c)| (c, level - 1)));
+                }
+                Err(_) => here.push(node),
+            },
+        }
+        out.extend(here.iter().copied());
+        if memoise {
+            memo.insert(node, here);
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,151 @@
+//! What a restore may write to, decided before any byte is written: a restore never
+//! replaces something by surprise.
+//!
+//! - a path that does not exist: created (under a temporary name, then linked into place
+//!   with no-replace semantics, so a file that appears meanwhile is not clobbered either);
+//! - an existing regular file: replaced only with `force`, and never while another process
+//!   holds a lock on it (QEMU locks the images a VM uses);
+//! - a block device: written only with `force`, opened `O_EXCL`, so a device that is
+//!   mounted or held by another exclusive opener (a VM, LVM, a RAID) is refused;
+//! - character devices, FIFOs, sockets, directories: refused (standard output is `-`).
+//!
+//! Symbolic links are followed (`/dev/vg0/web01` is a link to `/dev/dm-3`).
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use crate::error::{EngineError, EngineResult};
+
+/// What a restore path turned out to be.
+#[derive(Debug)]
+pub enum OutputKind {
+    /// Nothing there yet: create `path`.
+    New(PathBuf),
+    /// A regular file the caller allowed to be replaced (the resolved path).
+    Replace(PathBuf),
+    /// A block device, opened for writing with `O_EXCL`.
+    Device { path: PathBuf, file: File },
+}
+
+fn refuse(path: &Path, why: impl Into<String>) -> EngineError {
+    EngineError::Output {
+        op: "will not restore to",
+        path: path.to_path_buf(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, why.into()),
+    }
+}
+
+/// Decides what restoring to `path` means, refusing anything that would clobber by surprise.
+pub fn check_output(path: &Path, force: bool, qcow2: bool) -> EngineResult<OutputKind> {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if std::fs::symlink_metadata(path).is_ok() {
+                return Err(refuse(path, "it is a dangling symbolic link"));
+            }
+            return Ok(OutputKind::New(path.to_path_buf()));
+        }
+        Err(e) => {
+            return Err(EngineError::Output {
+                op: "cannot inspect",
+                path: path.to_path_buf(),
+                source: e,
+            })
+        }
+    };
+    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let ft = meta.file_type();
+    if ft.is_file() {
+        if !force {
+            return Err(refuse(
+                path,
+                "it exists; pass --force to replace it (the new image is written aside and \
+                 renamed over it only when complete)",
+            ));
+        }
+        if let Some(holder) = lock_holder(&real)? {
+            return Err(refuse(path, format!("it is in use: {holder}")));
+        }
+        return Ok(OutputKind::Replace(real));
+    }
+    if ft.is_block_device() {
+        if qcow2 {
+            return Err(refuse(
+                path,
+                "a block device takes raw output, not --format qcow2",
+            ));
+        }
+        if !force {
+            return Err(refuse(
+                path,
+                "it is a block device and every byte of it would be overwritten; pass --force",
+            ));
+        }
+        let file = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_EXCL)
+            .open(&real)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::EBUSY) => refuse(
+                    path,
+                    "the device is in use (mounted, or held open exclusively by another process)",
+                ),
+                _ => EngineError::Output {
+                    op: "cannot open",
+                    path: path.to_path_buf(),
+                    source: e,
+                },
+            })?;
+        return Ok(OutputKind::Device { path: real, file });
+    }
+    let what = if ft.is_dir() {
+        "it is a directory"
+    } else if ft.is_char_device() {
+        "it is a character device"
+    } else if ft.is_fifo() {
+        "it is a FIFO"
+    } else if ft.is_socket() {
+        "it is a socket"
+    } else {
+        "it is not a regular file or block device"
+    };
+    Err(refuse(
+        path,
+        format!("{what}; restore writes files and block devices (`-` writes to standard output)"),
+    ))
+}
+
+/// Who holds a POSIX or OFD lock on the file, if anyone (QEMU locks the images it has open).
+fn lock_holder(path: &Path) -> EngineResult<Option<String>> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(_) => return Ok(None), // unreadable: the rename decides
+    };
+    // SAFETY: `flock` is a plain C struct for which all-zero is a valid value.
+    let mut probe: libc::flock = unsafe { std::mem::zeroed() };
+    probe.l_type = libc::F_WRLCK as libc::c_short;
+    probe.l_whence = libc::SEEK_SET as libc::c_short;
+    probe.l_start = 0;
+    probe.l_len = 0; // to the end, however far
+                     // SAFETY: `file` owns a valid descriptor for the whole call and `probe` is a valid flock
+                     // the kernel may overwrite; F_OFD_GETLK takes no other pointer.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut probe) };
+    if rc != 0 {
+        return Ok(None); // the file system cannot tell: nothing to report
+    }
+    if probe.l_type == libc::F_UNLCK as libc::c_short {
+        return Ok(None);
+    }
+    Ok(Some(if probe.l_pid > 0 {
+        format!(
+            "process {} holds a lock on it (a running VM?); stop it first",
+            probe.l_pid
+        )
+    } else {
+        "another process holds a lock on it (QEMU locks the images of a running VM); stop it first"
+            .to_string()
+    }))
+}
