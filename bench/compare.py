@@ -173,7 +173,7 @@ class Cairn(Tool):
 
     def restore(self, step, out):
         n = self.steps.index(step) + 1
-        return self.cli("restore", f"vm@{n}", out / "disk.raw"), out / "disk.raw"
+        return self.cli("restore", f"vm@{n}", out / "disk.raw", "--force"), out / "disk.raw"
 
     def stats(self) -> dict:
         return json.loads(sh(self.cli("--json", "stats")))
@@ -504,7 +504,7 @@ def run_scaling(env: Env, runs: int, out: dict) -> None:
             t2.pop("stdout")
             dest = env.fresh("restore-out")
             dest.mkdir()
-            t3 = env.timer.run(c.cli("restore", "vm", dest / "disk.raw"))
+            t3 = env.timer.run(c.cli("restore", "vm", dest / "disk.raw", "--force"))
             t3.pop("stdout")
             if run == 0 and not same_file(dest / "disk.raw", img):
                 die(f"cairn restored the {gib} GiB image wrong")
@@ -534,7 +534,7 @@ def run_scaling(env: Env, runs: int, out: dict) -> None:
             row["log"].pop("stdout")
             dest = env.fresh("restore-out")
             dest.mkdir()
-            row["restore_oldest"] = env.timer.run(c.cli("restore", "vm@1", dest / "disk.raw"))
+            row["restore_oldest"] = env.timer.run(c.cli("restore", "vm@1", dest / "disk.raw", "--force"))
             row["restore_oldest"].pop("stdout")
             shutil.rmtree(dest)
             log(f"scaling: {n} versions, repository {row['stats']['stored_bytes'] / MIB:.1f} MiB")

@@ -86,10 +86,10 @@ def main():
                 cairn(repo, "init")
                 cairn(repo, "commit", "vm", raw)
                 out = os.path.join(work, "out")
-                got["restore raw"] = timed(lambda: cairn(repo, "restore", "vm", out))
+                got["restore raw"] = timed(lambda: cairn(repo, "restore", "vm", out, "--force"))
                 os.unlink(out)
                 got["restore qcow2"] = timed(
-                    lambda: cairn(repo, "restore", "vm", out, "--format", "qcow2"))
+                    lambda: cairn(repo, "restore", "vm", out, "--format", "qcow2", "--force"))
                 if run == 0:
                     p = subprocess.run(["qemu-img", "check", out], capture_output=True, text=True)
                     if "No errors were found" not in p.stdout:

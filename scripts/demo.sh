@@ -73,7 +73,7 @@ STATS=$(cairn --json stats)
 
 banner "restore the newest version to $OUT"
 t0=$(now_ms)
-cairn restore demo/vm "$OUT"
+cairn restore demo/vm "$OUT" --force
 RESTORE_MS=$(($(now_ms) - t0))
 ls -ls "$OUT"
 if cmp "$OUT" "$DS/su-2.raw"; then

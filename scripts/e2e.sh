@@ -117,7 +117,7 @@ cairn() { "$BIN" "$@"; }
 restore_and_compare() { # DESC-PREFIX SPEC SOURCE [qemu]
   local d=$1 spec=$2 src=$3 mode=${4:-} out="$T/restored.raw"
   rm -f "$out"
-  expect_ok "$d: cairn restore $spec exits 0" cairn --repo "$REPO" restore "$spec" "$out"
+  expect_ok "$d: cairn restore $spec exits 0" cairn --repo "$REPO" restore "$spec" "$out" --force
   if [ "$RC" -ne 0 ] || [ ! -f "$out" ]; then
     fail "$d: restored file exists" "$out missing"
     return 0
@@ -299,7 +299,7 @@ if [ "$(id -u)" -eq 0 ] && command -v losetup >/dev/null; then
   # Fill the device with garbage first: a device restore must write the zeros explicitly.
   head -c $((8 << 20)) /dev/urandom | dd of="$backing" conv=notrunc status=none
   if loopdev=$(losetup -f --show "$backing" 2>/dev/null); then
-    expect_ok "cairn restore vm/disk0@1 onto $loopdev" cairn --repo "$REPO" -q restore vm/disk0@1 "$loopdev"
+    expect_ok "cairn restore vm/disk0@1 onto $loopdev" cairn --repo "$REPO" -q restore vm/disk0@1 "$loopdev" --force
     check "the loop device equals su-0.raw (cmp)" cmp -s "$loopdev" "$DS/su-0.raw"
     expect_ok "cairn commit from the block device $loopdev" cairn --repo "$REPO" -q commit blockdev/img "$loopdev"
     restore_and_compare "from a block device:" blockdev/img "$DS/su-0.raw"

@@ -163,13 +163,13 @@ def round_trips(c, work, images):
         ok(v["logical_bytes"] == os.path.getsize(raw), f"{name}: logical size")
         ok(v["incremental"] is None, f"{name}: a flat qcow2 is committed in full")
         out = os.path.join(work, f"rt-{i}.raw")
-        c.run("restore", image, out)
+        c.run("restore", image, out, "--force")
         identical(out, "raw", raw, f"{name} qcow2 {os.path.basename(raw)} → commit → restore")
         os.unlink(out)
         os.unlink(q)
         if i == 0:
             oq = os.path.join(work, "rt-out.qcow2")
-            c.run("restore", image, oq, "--format", "qcow2")
+            c.run("restore", image, oq, "--format", "qcow2", "--force")
             p = sh("qemu-img", "check", oq, check=False)
             ok(p.returncode == 0 and "No errors were found" in p.stdout,
                f"restore --format qcow2: qemu-img check: {p.stdout.strip()} {p.stderr.strip()}")
@@ -198,7 +198,7 @@ def chains(c, work, images, state_dir):
     v = fresh.json("commit", "chain-full", top)
     ok(v["incremental"] is None, "an unknown chain is committed in full")
     out = os.path.join(work, "chain.raw")
-    fresh.run("restore", "chain-full", out)
+    fresh.run("restore", "chain-full", out, "--force")
     identical(out, "raw", images[2], "full commit of a 3-level chain")
     # The same with `qemu-img convert -B` chains (every data and zero cluster copied into
     # each level, zero clusters over the backing's data).
@@ -208,7 +208,7 @@ def chains(c, work, images, state_dir):
     sh("qemu-img", "convert", "-O", "qcow2", "-B", "cmid.qcow2", "-F", "qcow2", images[2], ctop,
        cwd=work)
     fresh.run("commit", "chain-b", ctop)
-    fresh.run("restore", "chain-b", out)
+    fresh.run("restore", "chain-b", out, "--force")
     identical(out, "raw", images[2], "full commit of a 3-level `convert -B` chain")
     os.unlink(ctop)
     os.unlink(cmid)
@@ -226,14 +226,14 @@ def chains(c, work, images, state_dir):
         ok(v["read_bytes"] <= overlay + (1 << 20) and v["read_bytes"] < v["data_bytes"],
            f"level {level} read {v['read_bytes']} bytes; the overlay holds {overlay}, the image "
            f"{v['data_bytes']}")
-        c.run("restore", f"chain@{level}", out)
+        c.run("restore", f"chain@{level}", out, "--force")
         identical(out, "raw", raw, f"incremental commit of overlay level {level}")
 
     # --parent: explicit, with no records.
     explicit = Cairn(c.binary, c.repo, os.path.join(state_dir, "explicit"))
     v = explicit.json("commit", "chain-p", top, "--parent", "chain@2")
     ok(v["incremental"] is not None, "--parent makes an overlay commit incremental")
-    explicit.run("restore", "chain-p", out)
+    explicit.run("restore", "chain-p", out, "--force")
     identical(out, "raw", images[2], "incremental commit with --parent")
     p = explicit.run("commit", "chain-p", images[0], "--parent", "chain@2", check=False)
     one_error_line(p, "--parent needs a qcow2 overlay", "--parent with a raw file")
@@ -244,7 +244,7 @@ def chains(c, work, images, state_dir):
     inc = v["incremental"]
     ok(inc is not None and "chain@1" in inc["basis"] and "base.qcow2" in inc["basis"],
        f"a touched backing file is not trusted; base.qcow2 still is: {inc}")
-    c.run("restore", "chain-t", out)
+    c.run("restore", "chain-t", out, "--force")
     identical(out, "raw", images[2], "incremental commit on the untouched deeper layer")
     os.unlink(out)
     return base, mid, top
@@ -263,7 +263,7 @@ def nbd_source(c, work, raw):
         v = c.json("commit", "nbd/vmdk", url)
         ok(v["read_bytes"] < v["logical_bytes"], "holes are skipped via base:allocation")
         out = os.path.join(work, "nbd.raw")
-        c.run("restore", "nbd/vmdk", out)
+        c.run("restore", "nbd/vmdk", out, "--force")
         identical(out, "raw", raw, "vmdk over nbd+unix → commit → restore")
         os.unlink(out)
         p = c.run("commit", "nbd/vmdk", url, "--dirty-bitmap", "nope", check=False)
@@ -351,7 +351,7 @@ def dirty_bitmaps(c, work, raw):
             # Once the version is safe, the operator starts the next round.
             qsd.clear_bitmap()
             out = os.path.join(work, "cbt.raw")
-            c.run("restore", f"cbt@{round_ + 1}", out)
+            c.run("restore", f"cbt@{round_ + 1}", out, "--force")
             expect = os.path.join(work, "cbt-expected.raw")
             sh("qemu-img", "convert", "-f", "raw", "-O", "raw", url, expect)
             identical(out, "raw", expect, f"round {round_}: dirty-bitmap commit → restore")
@@ -374,9 +374,9 @@ def block_device(c, work, raw):
             f.write(b"\xee" * 65536)
     dev = sh("losetup", "-f", "--show", backing).stdout.strip()
     try:
-        c.run("restore", "rt/0", dev)
+        c.run("restore", "rt/0", dev, "--force")
         ok(sha(dev) == sha(raw), f"restore onto {dev} is bit-exact (zeros written)")
-        p = c.run("restore", "rt/0", dev, "--format", "qcow2", check=False)
+        p = c.run("restore", "rt/0", dev, "--format", "qcow2", "--force", check=False)
         one_error_line(p, "a block device takes raw output", "--format qcow2 onto a device")
     finally:
         sh("losetup", "-d", dev, check=False)
@@ -406,7 +406,7 @@ def polite(c, work, raw):
     ok(resident(raw) >= data * 0.5, f"--keep-cache: {resident(raw)} of {data} bytes cached")
     out = os.path.join(work, "polite.raw")
     c.run("commit", "polite", raw, "--direct")
-    c.run("restore", "polite", out)
+    c.run("restore", "polite", out, "--force")
     ok(sha(out) == sha(raw), "--direct commit restores bit-exact")
     small = os.path.join(work, "small.raw")
     with open(small, "wb") as f:
@@ -415,7 +415,7 @@ def polite(c, work, raw):
     c.run("commit", "polite-rate", small, "--rate-limit", "64")
     took = time.monotonic() - started
     ok(took >= 0.6, f"--rate-limit 64 MiB/s: 48 MiB took {took:.2f} s (≥ 0.65 s expected)")
-    c.run("restore", "polite-rate", out)
+    c.run("restore", "polite-rate", out, "--force")
     ok(sha(out) == sha(small), "--rate-limit commit restores bit-exact")
     for p in (out, small, busy):
         os.unlink(p)

@@ -162,12 +162,12 @@ def main():
         checks.ok(p.returncode == 0, f"verify is clean: {p.stdout.strip()} {p.stderr.strip()}")
         out = os.path.join(work, "restore.raw")
         for image, seq, src in [("golden", 1, images[0])] + committed:
-            p = auditor.run("restore", f"{image}@{seq}", out, check=False)
+            p = auditor.run("restore", f"{image}@{seq}", out, "--force", check=False)
             checks.ok(p.returncode == 0 and sha(out) == digests[src],
                       f"{image}@{seq} restores bit-exact ({p.stderr.strip()})")
             if os.path.exists(out):
                 os.remove(out)
-        p = auditor.run("restore", "host1@1", out, check=False)
+        p = auditor.run("restore", "host1@1", out, "--force", check=False)
         checks.ok(p.returncode != 0, "the removed version is gone")
     finally:
         if export is not None:

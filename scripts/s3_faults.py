@@ -398,7 +398,7 @@ class Scenario:
     def check_restores(self, what, repo=None):
         out = os.path.join(self.work, "restored.raw")
         for seq, digest in self.versions:
-            p, _ = self.run("restore", f"{self.image}@{seq}", out, repo=repo)
+            p, _ = self.run("restore", f"{self.image}@{seq}", out, "--force", repo=repo)
             same = p.returncode == 0 and sha(out) == digest
             self.ok(same, f"{what}: {self.image}@{seq} restores bit-exact "
                     f"({' | '.join(stderr_lines(p.stderr)) or 'content differs'})")

@@ -122,15 +122,20 @@ pub enum Command {
     Show(ShowArgs),
     /// Write a version out as a raw or qcow2 image, bit-exact.
     ///
-    /// OUTPUT is a file (created or replaced, atomically; zero runs become holes), a block
-    /// device (every byte written, zeros too), or `-` for standard output. With
-    /// --format qcow2 the file is a compact qcow2 v3 image: clusters without data stay
-    /// unallocated, so it is as small as the version's data and QEMU can boot it directly.
+    /// OUTPUT is a new file (written aside and put in place only when complete; zero runs
+    /// become holes), a block device (every byte written, zeros too), or `-` for standard
+    /// output. With --format qcow2 the file is a compact qcow2 v3 image: clusters without data
+    /// stay unallocated, so it is as small as the version's data and QEMU can boot it directly.
+    ///
+    /// Nothing is overwritten by surprise: an existing file or a block device needs --force;
+    /// a device that is mounted or in use, and a file another process holds locked (QEMU locks
+    /// a running VM's images), are refused even then; character devices, FIFOs, sockets and
+    /// directories are refused (write to `-` and redirect instead).
     ///
     /// Examples:
     ///   cairn restore web01/disk0@7 web01.raw
     ///   cairn restore web01/disk0 web01.qcow2 --format qcow2
-    ///   cairn restore web01/disk0 /dev/vg0/web01
+    ///   cairn restore web01/disk0 /dev/vg0/web01 --force
     #[command(verbatim_doc_comment)]
     Restore(RestoreArgs),
     /// Show the byte ranges where two versions may differ.
@@ -144,10 +149,36 @@ pub enum Command {
     Diff(DiffArgs),
     /// Re-read every object and report damage and the versions it affects.
     ///
+    /// Without arguments the whole repository is checked: every pack is read in full, every
+    /// version record, head and tag, and the manifest of every live version. With IMAGE or
+    /// IMAGE@REF only those versions and the blobs they use are checked. --read-data-subset
+    /// reads only some packs (metadata is always checked whole): `5%` a random sample, `2/7`
+    /// the second of seven parts (run 1/7 … 7/7 on successive days to cover everything).
+    ///
+    /// A damaged copy of a blob is quarantined: no commit deduplicates against it any more,
+    /// so the next commit that meets its content stores it again, which heals every version
+    /// that uses it (or use `cairn repair --from IMAGE_FILE`).
+    ///
     /// Exit status 0 when everything is intact, 3 when damage was found.
-    Verify,
+    #[command(verbatim_doc_comment)]
+    Verify(VerifyArgs),
     /// Repository-wide figures: logical size, stored size, dedup ratio.
     Stats,
+    /// Rebuild what damage left behind, and say exactly what stays lost.
+    ///
+    /// Sets aside version records that cannot be read and rebuilds the heads that named them
+    /// (from the newest intact version of the image); sets aside unreadable tags; rebuilds
+    /// the index from the packs' own trailers where index files are damaged; rebuilds missing
+    /// or damaged reference summaries. With --from, reads a disk image (the disk a damaged
+    /// version was committed from, or a copy) and stores again every chunk and manifest node
+    /// that live versions need and no readable copy holds — one good copy heals every version
+    /// that uses it. Damaged objects are moved under `damaged/` in the repository, never
+    /// deleted. Exit status 0 when every live version can be restored intact afterwards, 3
+    /// when some data stays lost (listed).
+    ///
+    /// Examples: cairn repair · cairn repair --from /var/lib/libvirt/images/web01.raw
+    #[command(verbatim_doc_comment)]
+    Repair(RepairArgs),
     /// Reclaim the space of deleted versions and of data no version uses any more.
     ///
     /// By default, fast deletion: the data of versions deleted since the last gc is freed
@@ -300,6 +331,10 @@ pub struct InitArgs {
     /// more space leaked until `cairn gc --repair` (24 bits leak < 0.01% of deleted chunks).
     #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u8).range(4..=64))]
     pub summary_bits: u8,
+    /// Space a local repository keeps preallocated for deletion: on a full disk `rm`,
+    /// `prune` and `gc` release it to free space (commits never use it). 0 disables it.
+    #[arg(long, default_value = "32M", value_parser = parse_size)]
+    pub reserve: u64,
 }
 
 #[derive(Debug, Args)]
@@ -393,6 +428,36 @@ pub struct RestoreArgs {
     /// whose clusters without data stay unallocated).
     #[arg(long, value_enum, default_value = "raw")]
     pub format: OutputFormatArg,
+    /// Replace an existing OUTPUT file, or overwrite a block device.
+    #[arg(short, long)]
+    pub force: bool,
+    /// Restore what is readable of a damaged version: ranges whose data or manifest is
+    /// damaged or missing are written as zeros and listed; the exit status is then 3.
+    #[arg(long)]
+    pub allow_damage: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RepairArgs {
+    /// A disk image (raw or qcow2) to take lost chunks and manifest nodes from.
+    #[arg(long, value_name = "IMAGE_FILE")]
+    pub from: Option<PathBuf>,
+    /// Container format of --from (auto: qcow2 if it starts with the qcow2 magic).
+    #[arg(long, value_enum, default_value = "auto", requires = "from")]
+    pub format: SourceFormatArg,
+    /// Report what would be done; change nothing.
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// Check only these versions: IMAGE (all its versions) or IMAGE@REF.
+    #[arg(value_name = "IMAGE[@REF]")]
+    pub targets: Vec<String>,
+    /// Read only a subset of the packs in full: N% (a random sample) or K/N (part K of N).
+    #[arg(long, value_name = "N%|K/N")]
+    pub read_data_subset: Option<String>,
 }
 
 #[derive(Debug, Args)]

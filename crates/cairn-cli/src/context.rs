@@ -59,6 +59,18 @@ impl Context {
 
     /// The store behind --repo, created if `create` (for init).
     pub fn store(&self, create: bool) -> Result<Arc<dyn ObjectStore>> {
+        self.store_for(create, false)
+    }
+
+    /// The local directory behind --repo, if it is one.
+    pub fn local_path(&self) -> Option<PathBuf> {
+        let location = self.location().ok()?;
+        (!location.contains("://")).then(|| PathBuf::from(location))
+    }
+
+    /// The store behind --repo; `deletion`: for a command that frees space, which may use a
+    /// local repository's space reserve when the disk is full.
+    fn store_for(&self, create: bool, deletion: bool) -> Result<Arc<dyn ObjectStore>> {
         let location = self.location()?;
         if location.starts_with("s3://") {
             // The bucket must exist; `init` writes the repository's first objects into it.
@@ -76,6 +88,7 @@ impl Context {
             LocalStore::open(&path)
         };
         match store {
+            Ok(s) if deletion => Ok(Arc::new(s.for_deletion())),
             Ok(s) => Ok(Arc::new(s)),
             Err(_) if !create && !path.exists() => {
                 bail!("no cairn repository at {location} (the directory does not exist; run `cairn init` first)")
@@ -106,8 +119,10 @@ impl Context {
     }
 
     /// Opens the repository at --repo; `kind` names the session (commit, restore, ...).
+    /// Commands that free space (`edit`: rm and prune, `gc`, `repair`) may use the space
+    /// reserve of a local repository on a full disk.
     pub async fn open_as(&self, kind: &str) -> Result<Arc<Repo>> {
-        let store = self.store(false)?;
+        let store = self.store_for(false, matches!(kind, "edit" | "gc" | "repair"))?;
         let repo = Arc::new(Repo::open_cached(store, kind, self.meta_cache()?).await?);
         self.opened.lock().expect("opened lock").push(repo.clone());
         Ok(repo)

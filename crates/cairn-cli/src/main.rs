@@ -3,6 +3,13 @@
 //! Error policy: library crates return typed errors; here they become one line on stderr,
 //! `cairn: error: ...`, with exit status 1 (3 for `verify` finding damage, 2 for usage errors,
 //! which clap reports itself).
+//!
+//! Signals: SIGINT and SIGTERM stop long work (commit, restore, verify, gc, rm, prune) at its
+//! next safe point, through the same cleanup as any failure (unpublished packs deleted,
+//! temporary files removed, GC plan withdrawn, session closed), then exit 130 or 143 with one
+//! line. A second signal, or a cleanup that takes longer than [`CLEANUP_GRACE`], exits at
+//! once; what is left then (a session, a temporary file) belongs to a dead process, which
+//! the next `cairn gc` recognises and removes. Other commands exit at once.
 
 mod cli;
 mod commands;
@@ -12,7 +19,9 @@ mod progress;
 mod provenance;
 
 use std::process::ExitCode;
+use std::time::Duration;
 
+use cairn_engine::{interrupt, EngineError};
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
@@ -33,7 +42,12 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let graceful = stops_gracefully(&cli.command);
+    let watches_signals = !matches!(cli.command, Command::Export(_));
     let result = runtime.block_on(async {
+        if watches_signals {
+            tokio::spawn(watch_signals(graceful));
+        }
         let result = match cli.command {
             Command::Init(args) => commands::init::run(&ctx, args).await,
             Command::Commit(args) => commands::commit::run(&ctx, args).await,
@@ -47,8 +61,9 @@ fn main() -> ExitCode {
             Command::Show(args) => commands::show::run(&ctx, args).await,
             Command::Restore(args) => commands::restore::run(&ctx, args).await,
             Command::Diff(args) => commands::diff::run(&ctx, args).await,
-            Command::Verify => commands::verify::run(&ctx).await,
+            Command::Verify(args) => commands::verify::run(&ctx, args).await,
             Command::Stats => commands::stats::run(&ctx).await,
+            Command::Repair(args) => commands::repair::run(&ctx, args).await,
             Command::Gc(args) => commands::gc::run(&ctx, args).await,
             Command::Export(args) => commands::export::run(&ctx, args).await,
             Command::Status(args) => commands::export::status(&ctx, args).await,
@@ -59,11 +74,75 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(code) => code,
-        Err(e) => {
-            eprintln!("cairn: error: {}", one_line(&e));
-            ExitCode::from(1)
-        }
+        Err(e) => match interrupted_by(&e) {
+            Some(signal) => {
+                eprintln!(
+                    "cairn: interrupted by {}; stopped cleanly, nothing half-done was kept",
+                    interrupt::signal_name(signal)
+                );
+                ExitCode::from(128 + signal as u8)
+            }
+            None => {
+                eprintln!("cairn: error: {}", one_line(&e));
+                ExitCode::from(1)
+            }
+        },
     }
+}
+
+/// How long a command interrupted by a signal may take to clean up before it exits anyway.
+const CLEANUP_GRACE: Duration = Duration::from_secs(20);
+
+/// Commands that stop at a safe point on SIGINT/SIGTERM (they call `interrupt::check`).
+fn stops_gracefully(command: &Command) -> bool {
+    match command {
+        Command::Commit(args) => args.from_export.is_none(),
+        Command::Restore(_)
+        | Command::Verify(_)
+        | Command::Repair(_)
+        | Command::Gc(_)
+        | Command::Rm(_)
+        | Command::Prune(_) => true,
+        _ => false,
+    }
+}
+
+/// The signal behind an interrupted command's error, if that is what ended it.
+fn interrupted_by(e: &anyhow::Error) -> Option<i32> {
+    e.chain()
+        .find_map(|cause| match cause.downcast_ref::<EngineError>() {
+            Some(EngineError::Interrupted { .. }) => interrupt::requested(),
+            _ => None,
+        })
+}
+
+/// Turns SIGINT/SIGTERM into a stop request (or an immediate exit for commands that have
+/// nothing to clean up); a second signal or an overlong cleanup exits at once.
+async fn watch_signals(graceful: bool) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return;
+    };
+    let first = tokio::select! {
+        _ = int.recv() => libc::SIGINT,
+        _ = term.recv() => libc::SIGTERM,
+    };
+    let name = interrupt::signal_name(first);
+    if !graceful {
+        eprintln!("cairn: interrupted by {name}");
+        std::process::exit(128 + first);
+    }
+    interrupt::request(first);
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+        _ = tokio::time::sleep(CLEANUP_GRACE) => {}
+    }
+    eprintln!("cairn: interrupted by {name}; exited before the cleanup finished (`cairn gc` removes what is left)");
+    std::process::exit(128 + first);
 }
 
 /// The whole cause chain on one line, skipping causes whose text a higher level already

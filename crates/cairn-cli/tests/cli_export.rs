@@ -375,7 +375,13 @@ fn writes_go_to_the_overlay_and_commit_back_as_a_new_version() {
     let restored = dir.path().join("v2.raw");
     assert!(cairn(
         &repo,
-        &["-q", "restore", "vm@2", restored.to_str().unwrap()]
+        &[
+            "-q",
+            "restore",
+            "vm@2",
+            restored.to_str().unwrap(),
+            "--force"
+        ]
     )
     .status
     .success());

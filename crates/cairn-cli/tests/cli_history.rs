@@ -92,7 +92,10 @@ fn clone_text_json_and_errors() {
     // The clone restores like its source.
     let dir = tempfile::tempdir().unwrap();
     let out_path = dir.path().join("web.raw");
-    ok(&repo, &["restore", "web", out_path.to_str().unwrap()]);
+    ok(
+        &repo,
+        &["restore", "web", out_path.to_str().unwrap(), "--force"],
+    );
     assert_eq!(std::fs::read(&out_path).unwrap(), vec![1u8; 100_000]);
 
     // log shows where the clone came from.
@@ -218,7 +221,10 @@ fn rm_versions_and_images() {
     );
     let dir = tempfile::tempdir().unwrap();
     let out_path = dir.path().join("one.raw");
-    ok(&repo, &["restore", "vm@1", out_path.to_str().unwrap()]);
+    ok(
+        &repo,
+        &["restore", "vm@1", out_path.to_str().unwrap(), "--force"],
+    );
     assert_eq!(std::fs::read(&out_path).unwrap(), vec![1u8; 100_000]);
 
     // Text output names what went and what space came back: nothing, as a clone uses it.
@@ -261,7 +267,10 @@ fn rm_versions_and_images() {
         error_line(&repo, &["log", "vm"]),
         "cairn: error: image \"vm\" does not exist"
     );
-    ok(&repo, &["restore", "web", out_path.to_str().unwrap()]);
+    ok(
+        &repo,
+        &["restore", "web", out_path.to_str().unwrap(), "--force"],
+    );
     assert_eq!(std::fs::read(&out_path).unwrap(), vec![3u8; 100_000]);
 
     let v = json(&repo, &["rm", "web"]);
@@ -341,7 +350,10 @@ fn prune_with_keep_last() {
     // The clone of a pruned version still restores.
     let dir = tempfile::tempdir().unwrap();
     let out_path = dir.path().join("web.raw");
-    ok(&repo, &["restore", "web", out_path.to_str().unwrap()]);
+    ok(
+        &repo,
+        &["restore", "web", out_path.to_str().unwrap(), "--force"],
+    );
     assert_eq!(std::fs::read(&out_path).unwrap(), vec![1u8; 100_000]);
 
     let again = json(&repo, &["prune", "--all", "--keep-daily", "1"]);

@@ -83,16 +83,16 @@ fn init_commit_restore_gc_on_s3() {
         &["-q", "commit", "vm", img.to_str().unwrap(), "-m", "two"],
     );
 
-    ok(&repo, &["-q", "restore", "vm@1", out_s]);
+    ok(&repo, &["-q", "restore", "vm@1", out_s, "--force"]);
     assert!(std::fs::read(&out).unwrap() == v1, "vm@1 restored wrong");
-    ok(&repo, &["-q", "restore", "vm", out_s]);
+    ok(&repo, &["-q", "restore", "vm", out_s, "--force"]);
     assert!(std::fs::read(&out).unwrap() == v2, "vm restored wrong");
     ok(&repo, &["-q", "verify"]);
 
     // Deleting a version and collecting garbage goes through ref deletion and object delete.
     ok(&repo, &["-q", "rm", "vm@1"]);
     ok(&repo, &["-q", "gc"]);
-    ok(&repo, &["-q", "restore", "vm", out_s]);
+    ok(&repo, &["-q", "restore", "vm", out_s, "--force"]);
     assert!(
         std::fs::read(&out).unwrap() == v2,
         "vm restored wrong after gc"

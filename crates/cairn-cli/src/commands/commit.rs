@@ -12,7 +12,8 @@ use cairn_engine::commit::{commit, CommitOptions, CommitProgress, CommitResult};
 use cairn_engine::incremental::{commit_changes, layer_changes, Changes, IncrementalStats};
 use cairn_engine::resolve::{resolve, VersionSpec};
 use cairn_engine::source::{
-    open_image, ImageSource, RateLimited, ReadPolicy, Source, SourceFormat, StreamSource,
+    open_image, ImageSource, InterruptibleStdin, RateLimited, ReadPolicy, Source, SourceFormat,
+    StreamSource,
 };
 use cairn_format::name::validate_image_name;
 use cairn_format::version::VersionRecord;
@@ -150,7 +151,7 @@ async fn plan(repo: &Arc<Repo>, args: &CommitArgs, opened: &Opened) -> Result<Pl
     match opened {
         Opened::Stream => Ok(Plan::Full(Box::new(StreamSource::new(
             "stdin",
-            std::io::stdin(),
+            InterruptibleStdin,
         )))),
         Opened::Nbd(image, None) => {
             if parent_arg.is_some() {

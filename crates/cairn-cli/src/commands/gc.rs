@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use cairn_engine::gc::{gc, GcMode, GcOptions, GcReport};
+use cairn_engine::gc::{gc, GcMode, GcOptions, GcReport, WaitNotice};
 use cairn_repo::Repo;
 use serde_json::{json, Value};
 
@@ -28,6 +28,7 @@ pub async fn run(ctx: &Context, args: GcArgs) -> Result<ExitCode> {
         repack_threshold: args.repack_threshold,
         stale_after: Duration::from_secs(args.stale_after),
         wait_limit: Duration::from_secs(args.wait_limit),
+        on_wait: wait_notice(ctx),
         ..Default::default()
     };
     let r = gc(&repo, &options).await?;
@@ -48,9 +49,10 @@ pub async fn run(ctx: &Context, args: GcArgs) -> Result<ExitCode> {
 /// Frees the space of the versions just deleted (fast deletion, waiting at most a minute for
 /// older sessions). The deletion itself already stands, so a GC that cannot run now is a
 /// warning, not a failure: the next `cairn gc` frees the space.
-pub async fn free_deleted(repo: &Arc<Repo>) -> Option<GcReport> {
+pub async fn free_deleted(ctx: &Context, repo: &Arc<Repo>) -> Option<GcReport> {
     let options = GcOptions {
         wait_limit: Duration::from_secs(60),
+        on_wait: wait_notice(ctx),
         ..Default::default()
     };
     match gc(repo, &options).await {
@@ -60,6 +62,21 @@ pub async fn free_deleted(repo: &Arc<Repo>) -> Option<GcReport> {
             None
         }
     }
+}
+
+/// Says on stderr (unless --quiet) what a GC is waiting for.
+fn wait_notice(ctx: &Context) -> Option<WaitNotice> {
+    if ctx.quiet {
+        return None;
+    }
+    Some(Arc::new(|sessions: &[String]| {
+        eprintln!(
+            "gc: waiting for {} older session{} to finish before deleting: {}",
+            sessions.len(),
+            if sessions.len() == 1 { "" } else { "s" },
+            sessions.join("; ")
+        );
+    }))
 }
 
 pub fn report_json(r: &GcReport) -> Value {
@@ -79,6 +96,11 @@ pub fn report_json(r: &GcReport) -> Value {
         "orphan_packs_deleted": r.orphan_packs_deleted,
         "index_files_replaced": r.index_files_replaced,
         "rescued_blobs": r.rescued_blobs,
+        "temporaries_removed": r.temporaries_removed,
+        "temporary_bytes_removed": r.temporary_bytes_removed,
+        "partial_files_removed": r.partial_files_removed,
+        "partial_bytes_removed": r.partial_bytes_removed,
+        "orphan_records_removed": r.orphan_records_removed,
         "bytes_before": r.bytes_before,
         "bytes_after": r.bytes_after,
         "bytes_reclaimed": r.reclaimed(),
@@ -91,6 +113,42 @@ pub fn report_json(r: &GcReport) -> Value {
 }
 
 pub fn report_line(r: &GcReport) -> String {
+    let mut line = main_line(r);
+    let mut extra = Vec::new();
+    if r.orphan_packs_deleted > 0 && r.mode == GcMode::Fast {
+        extra.push(format!(
+            "{} packs of interrupted commits deleted",
+            r.orphan_packs_deleted
+        ));
+    }
+    if r.temporaries_removed > 0 {
+        extra.push(format!(
+            "{} temporary files of killed processes removed ({})",
+            r.temporaries_removed,
+            bytes(r.temporary_bytes_removed)
+        ));
+    }
+    if r.partial_files_removed > 0 {
+        extra.push(format!(
+            "{} partial files of killed restores removed ({})",
+            r.partial_files_removed,
+            bytes(r.partial_bytes_removed)
+        ));
+    }
+    if r.orphan_records_removed > 0 {
+        extra.push(format!(
+            "{} unpublished version records removed",
+            r.orphan_records_removed
+        ));
+    }
+    if !extra.is_empty() {
+        line.push_str("; ");
+        line.push_str(&extra.join("; "));
+    }
+    line
+}
+
+fn main_line(r: &GcReport) -> String {
     let verb = if r.dry_run {
         "would reclaim"
     } else {
@@ -103,9 +161,10 @@ pub fn report_line(r: &GcReport) -> String {
         bytes(r.bytes_after)
     );
     match r.mode {
-        GcMode::Fast if r.freed_versions == 0 => {
+        GcMode::Fast if r.freed_versions == 0 && r.reclaimed() == 0 => {
             "nothing to free: no version was deleted since the last gc".to_string()
         }
+        GcMode::Fast if r.freed_versions == 0 => format!("{head}: no version was deleted since the last gc"),
         GcMode::Fast => format!(
             "{head}: freed {} deleted {}, {} dead blobs; {} packs deleted, {} repacked ({} copied); read {} of summaries and {} of manifests in {:.2} s",
             r.freed_versions,

@@ -41,6 +41,11 @@ pub async fn run(ctx: &Context, args: InitArgs) -> Result<ExitCode> {
     let store = ctx.store(true)?;
     let repo = Repo::init(store, config.clone()).await?;
     repo.close().await?;
+    if let Some(path) = ctx.local_path() {
+        cairn_store::LocalStore::open(&path)?
+            .create_reserve(args.reserve)
+            .context("the repository was created, but its space reserve was not")?;
+    }
     if ctx.json {
         print_json(&json!({
             "repository": repo.describe(),

@@ -9,6 +9,7 @@ pub mod images;
 pub mod init;
 pub mod log;
 pub mod prune;
+pub mod repair;
 pub mod restore;
 pub mod rm;
 pub mod show;

@@ -74,7 +74,7 @@ pub async fn run(ctx: &Context, args: PruneArgs) -> Result<ExitCode> {
     let freed = if args.dry_run || args.no_gc || removed == 0 {
         None
     } else {
-        free_deleted(&repo).await
+        free_deleted(ctx, &repo).await
     };
     if ctx.json {
         print_json(&json!({

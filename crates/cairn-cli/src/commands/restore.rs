@@ -42,16 +42,19 @@ pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
     let started = Instant::now();
     let options = RestoreOptions {
         progress: Some(progress),
+        force: args.force,
+        allow_damage: args.allow_damage,
         ..Default::default()
     };
     let stats = restore(repo, &record, target, options).await;
     drop(ticker);
     let stats = stats?;
     let elapsed = started.elapsed();
-    if !to_stdout {
+    if !to_stdout && stats.damaged.is_empty() {
         // A regular file now holds this version: an overlay on it commits incrementally.
         Provenance::for_repo(&repo_id).record(&args.output, FileIdentity::of(&args.output), &id);
     }
+    let damaged_bytes: u64 = stats.damaged.iter().map(|d| d.len).sum();
     let summary = json!({
         "id": id.to_hex(),
         "image": record.image,
@@ -63,22 +66,58 @@ pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
         "fetched_bytes": stats.fetched_bytes,
         "reads": stats.reads,
         "duration_s": elapsed.as_secs_f64(),
+        "damaged_bytes": damaged_bytes,
+        "damaged": stats.damaged.iter().map(|d| json!({
+            "offset": d.offset,
+            "len": d.len,
+            "reason": d.reason,
+        })).collect::<Vec<_>>(),
     });
     if ctx.json && !to_stdout {
         print_json(&summary);
     } else if to_stdout {
         tracing::info!("{summary}");
+        for d in &stats.damaged {
+            eprintln!(
+                "damaged: bytes {}..{} written as zeros: {}",
+                d.offset,
+                d.offset + d.len,
+                d.reason
+            );
+        }
     } else {
+        for d in &stats.damaged {
+            println!(
+                "damaged: bytes {}..{} ({}) written as zeros: {}",
+                d.offset,
+                d.offset + d.len,
+                bytes(d.len),
+                d.reason
+            );
+        }
         println!(
-            "restored {}@{} to {} — {} logical, {} data in {:.2} s ({})",
+            "restored {}@{} to {} — {} logical, {} data in {:.2} s ({}){}",
             record.image,
             record.seq,
             args.output.display(),
             bytes(stats.logical_bytes),
             bytes(stats.data_bytes),
             elapsed.as_secs_f64(),
-            rate(stats.data_bytes, elapsed)
+            rate(stats.data_bytes, elapsed),
+            if stats.damaged.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; {} in {} ranges could not be read and are zeros",
+                    bytes(damaged_bytes),
+                    stats.damaged.len()
+                )
+            }
         );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if stats.damaged.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    })
 }

@@ -41,7 +41,7 @@ pub async fn run(ctx: &Context, args: RmArgs) -> Result<ExitCode> {
     let freed = if args.no_gc {
         None
     } else {
-        free_deleted(&repo).await
+        free_deleted(ctx, &repo).await
     };
 
     if ctx.json {

@@ -1,18 +1,36 @@
+//! `cairn verify [IMAGE[@REF]…] [--read-data-subset N%|K/N]`.
+
 use std::process::ExitCode;
 
-use anyhow::Result;
-use cairn_engine::verify::verify;
+use anyhow::{anyhow, Result};
+use cairn_engine::resolve::{history, resolve, VersionSpec};
+use cairn_engine::verify::{verify_with, PackSubset, VerifyOptions};
 use serde_json::json;
 
+use crate::cli::VerifyArgs;
 use crate::context::Context;
 use crate::output::{bytes, print_json};
 
-pub async fn run(ctx: &Context) -> Result<ExitCode> {
+pub async fn run(ctx: &Context, args: VerifyArgs) -> Result<ExitCode> {
+    let subset = match &args.read_data_subset {
+        Some(s) => PackSubset::parse(s).map_err(|e| anyhow!("--read-data-subset {e}"))?,
+        None => PackSubset::All,
+    };
     let repo = ctx.open_as("verify").await?;
-    let report = verify(repo).await?;
+    let mut versions = Vec::new();
+    for target in &args.targets {
+        let spec = VersionSpec::parse(target)?;
+        if spec.reference.is_some() {
+            versions.push(resolve(&repo, &spec).await?);
+        } else {
+            versions.extend(history(&repo, &spec.image).await?);
+        }
+    }
+    let report = verify_with(repo, &VerifyOptions { versions, subset }).await?;
     if ctx.json {
         print_json(&json!({
             "clean": report.is_clean(),
+            "packs_in_scope": report.packs_in_scope,
             "packs_checked": report.packs_checked,
             "blobs_checked": report.blobs_checked,
             "bytes_read": report.bytes_read,
@@ -24,10 +42,20 @@ pub async fn run(ctx: &Context) -> Result<ExitCode> {
                 "id": d.id.to_hex(),
                 "reason": d.reason,
             })).collect::<Vec<_>>(),
+            "damaged_metadata": report.damaged_metadata.iter().map(|d| json!({
+                "key": d.key,
+                "problem": d.problem,
+            })).collect::<Vec<_>>(),
+            "quarantined": report.quarantined,
         }));
     } else {
+        let subset = if report.packs_checked < report.packs_in_scope {
+            format!(" of {} in scope", report.packs_in_scope)
+        } else {
+            String::new()
+        };
         println!(
-            "checked {} packs ({}), {} blobs, {} versions",
+            "checked {} packs{subset} ({}), {} blobs, {} versions",
             report.packs_checked,
             bytes(report.bytes_read),
             report.blobs_checked,
@@ -35,6 +63,9 @@ pub async fn run(ctx: &Context) -> Result<ExitCode> {
         );
         for p in &report.problems {
             println!("problem: {p}");
+        }
+        for d in &report.damaged_metadata {
+            println!("damaged metadata: {d}");
         }
         for d in &report.damaged_versions {
             println!(
@@ -49,10 +80,25 @@ pub async fn run(ctx: &Context) -> Result<ExitCode> {
             println!("no problems found");
         } else {
             println!(
-                "{} problems, {} damaged versions",
+                "{} problems, {} damaged versions, {} damaged metadata objects{}",
                 report.problems.len(),
-                report.damaged_versions.len()
+                report.damaged_versions.len(),
+                report.damaged_metadata.len(),
+                if report.quarantined > 0 {
+                    format!(
+                        "; {} damaged blob copies quarantined (committing their content again, \
+                         or `cairn repair --from IMAGE_FILE`, heals the versions)",
+                        report.quarantined
+                    )
+                } else {
+                    String::new()
+                }
             );
+            if !report.damaged_metadata.is_empty() {
+                println!(
+                    "run `cairn repair` to rebuild damaged heads and set unreadable records aside"
+                );
+            }
         }
     }
     Ok(if report.is_clean() {
