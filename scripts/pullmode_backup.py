@@ -18,7 +18,8 @@ operations, so the point in time and the bitmap boundary are the same instant:
   export carries bitmap b<r-1>, and `cairn commit ... --dirty-bitmap b<r-1>` reads only what
   the bitmap marks;
 - while the commit (and a copy of the view with nbdcopy) runs, the writer keeps writing to
-  the live disk, over the very blocks the commit reads;
+  the live disk, half of it over the very blocks the commit reads (the commits are
+  rate-limited so that they last about a second);
 - then the export, the job and the fleecing node are torn down and b<r-1> is removed.
 
 Checks per round: the point-in-time export holds exactly what the disk held when the
@@ -61,8 +62,9 @@ ok = CHECKS.ok
 DISK_SIZE = 128 << 20
 GRANULARITY = 64 << 10  # of the dirty bitmaps
 IMAGE = "vm/disk0"
-# The commit reads at most this fast (MiB/s), so that the writer's writes land while it reads.
-RATE_LIMIT = "8"
+# The commits read at most this fast (MiB/s: the full one, the incremental ones), so that the
+# writer's writes land while they read.
+RATE_LIMIT = ("16", "4")
 
 
 def sh(*cmd, check=True, **kw):
@@ -276,7 +278,8 @@ def main():
                 got = os.path.join(work, "pit.raw")
                 sh("nbdcopy", url, got)
                 t0 = time.monotonic()
-                v = c.json("commit", IMAGE, url, *commit_args, "--rate-limit", RATE_LIMIT,
+                v = c.json("commit", IMAGE, url, *commit_args,
+                           "--rate-limit", RATE_LIMIT[0] if r == 0 else RATE_LIMIT[1],
                            "-m", f"round {r}")
                 t1 = time.monotonic()
             finally:
