@@ -11,8 +11,8 @@ duration first and then killing it with SIGKILL after a random delay between 0 a
   4. `cairn restore` to a file, over an earlier restore                                  (20)
 
 After every trial: `cairn verify` exits 0 and every version `cairn --json log` lists restores
-bit-exact (its sha256 is known from the commit's --json output; a version a killed commit
-published before it could print is the trial's source). After a killed restore the target
+bit-exact (to the sha256 of the source its commit read, found by the id the commit's --json
+output printed; a version a killed commit published before it could print is the trial's). After a killed restore the target
 is absent or holds a whole version (the old or the new one).
 
 After every killed commit or gc, "gc after a killed X does not wait for the dead session":

@@ -46,6 +46,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -68,7 +69,7 @@ RATE_LIMIT = ("16", "4")
 
 
 def sh(*cmd, check=True, **kw):
-    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=120, **kw)
     if check and p.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, cmd))}: exit {p.returncode}: {p.stderr.strip()}")
     return p
@@ -216,6 +217,10 @@ def bitmaps(qsd):
     return []
 
 
+def on_signal(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin", default=os.environ.get("CAIRN_BIN", os.path.join(
@@ -231,6 +236,7 @@ def main():
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
     print(f"pullmode_backup: seed {seed} (--seed {seed} repeats this run)")
     rng = random.Random(seed)
+    signal.signal(signal.SIGTERM, on_signal)
     started = time.monotonic()
     work = os.path.abspath(tempfile.mkdtemp(prefix="cairn-pullmode-",
                                             dir=os.environ.get("CAIRN_TEST_TMP")))
@@ -324,6 +330,8 @@ def main():
         ok(p.returncode == 0, f"verify is clean: {p.stdout.strip()[-300:]} {p.stderr.strip()}")
     except Exception as e:  # noqa: BLE001 - one failure line, then the summary
         ok(False, f"{type(e).__name__}: {e}")
+    except KeyboardInterrupt as e:
+        ok(False, f"interrupted ({e})")
     finally:
         if writer is not None:
             try:
