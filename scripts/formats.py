@@ -33,8 +33,6 @@ import glob
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +40,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import Checks, sha  # noqa: E402
+from qemu_helpers import StorageDaemon as Qsd, need_tools, stop, wait_for  # noqa: E402
 
 CHECKS = Checks()
 ok = CHECKS.ok
@@ -87,54 +86,6 @@ def one_error_line(p, needle, what):
              f"{p.stderr.strip()!r}")
     if good:
         print(f"  {what}: {lines[0]}")
-
-
-class Qmp:
-    """A minimal QMP client over a unix socket."""
-
-    def __init__(self, path):
-        for _ in range(100):
-            try:
-                self.s = socket.socket(socket.AF_UNIX)
-                self.s.connect(path)
-                break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError(f"QMP socket {path} did not appear")
-        self.f = self.s.makefile("rw")
-        json.loads(self.f.readline())  # greeting
-        self.cmd("qmp_capabilities")
-
-    def cmd(self, command, **args):
-        self.f.write(json.dumps({"execute": command, "arguments": args}) + "\n")
-        self.f.flush()
-        while True:
-            msg = json.loads(self.f.readline())
-            if "return" in msg:
-                return msg["return"]
-            if "error" in msg:
-                raise RuntimeError(f"QMP {command}: {msg['error']}")
-
-
-def wait_for(path, proc, what):
-    for _ in range(200):
-        if os.path.exists(path):
-            return
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited: {proc.stderr.read() if proc.stderr else ''}")
-        time.sleep(0.05)
-    raise RuntimeError(f"{what}: {path} did not appear")
-
-
-def stop(proc):
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def resident(path):
@@ -279,18 +230,10 @@ class StorageDaemon:
     QMP monitor and a persistent dirty bitmap b0 (64 KiB granularity) exported with it."""
 
     def __init__(self, work, disk):
-        self.sock, self.qmp_sock = os.path.join(work, "qsd.sock"), os.path.join(work, "qmp.sock")
-        self.proc = subprocess.Popen([
-            "qemu-storage-daemon",
-            "--blockdev", f"driver=file,node-name=file0,filename={disk}",
-            "--blockdev", "driver=qcow2,node-name=disk0,file=file0",
-            "--nbd-server", f"addr.type=unix,addr.path={self.sock}",
-            "--chardev", f"socket,id=qmp0,path={self.qmp_sock},server=on,wait=off",
-            "--monitor", "chardev=qmp0",
-        ], stderr=subprocess.PIPE, text=True)
+        self.qsd = Qsd(work, [f"driver=file,node-name=file0,filename={disk}",
+                              "driver=qcow2,node-name=disk0,file=file0"])
+        self.qmp = self.qsd.qmp
         try:
-            wait_for(self.qmp_sock, self.proc, "qemu-storage-daemon")
-            self.qmp = Qmp(self.qmp_sock)
             # The bitmap must exist before the export that exposes it.
             self.qmp.cmd("block-dirty-bitmap-add", node="disk0", name="b0", persistent=True,
                          granularity=65536)
@@ -298,11 +241,10 @@ class StorageDaemon:
         except Exception:
             self.stop()
             raise
-        self.url = f"nbd+unix:///disk?socket={self.sock}"
+        self.url = self.qsd.url("disk")
 
     def export(self):
-        self.qmp.cmd("block-export-add", type="nbd", id="exp0", **{"node-name": "disk0"},
-                     name="disk", writable=True, bitmaps=["b0"])
+        self.qsd.export("exp0", "disk0", "disk", writable=True, bitmaps=["b0"])
 
     def clear_bitmap(self):
         """Starts the next round: an exported bitmap is busy, so take the export down, clear
@@ -319,10 +261,7 @@ class StorageDaemon:
         self.export()
 
     def stop(self):
-        stop(self.proc)
-        for s in (self.sock, self.qmp_sock):
-            if os.path.exists(s):
-                os.unlink(s)
+        self.qsd.stop()
 
 
 def dirty_bitmaps(c, work, raw):
@@ -474,6 +413,8 @@ def main():
     ap.add_argument("--bin", default=os.path.join(os.path.dirname(__file__), "..", "target",
                                                   "release", "cairn"))
     args = ap.parse_args()
+    need_tools("formats", "qemu-img", "qemu-io", "qemu-nbd", "qemu-storage-daemon", "fincore",
+               "losetup")
     images = sorted(glob.glob(os.path.join(os.path.abspath(args.dataset), "su-*.raw")))[:3]
     if len(images) < 3:
         sys.exit(f"formats: need 3 su-*.raw images in {args.dataset}")

@@ -1,0 +1,469 @@
+#!/usr/bin/env python3
+"""kill -9 loops: commit, gc, rm/prune and restore killed at random moments.
+
+One local repository, one small synthetic image (a 32 MiB sparse file with 4 MiB of random
+data, 512 KiB of it rewritten before every commit). Four loops, each measuring the operation's typical
+duration first and then killing it with SIGKILL after a random delay between 0 and that:
+
+  1. `cairn commit`                              (--trials: 30 by default)
+  2. `cairn gc` / `cairn gc --repair`, after versions were removed with `rm --no-gc`   (25)
+  3. `cairn rm IMAGE@V` / `cairn prune IMAGE --keep-last K`                             (25)
+  4. `cairn restore` to a file, over an earlier restore                                  (20)
+
+After every trial: `cairn verify` exits 0 and every version `cairn --json log` lists restores
+bit-exact (to the sha256 of the source its commit read, found by the id the commit's --json
+output printed; a version a killed commit published before it could print is the trial's). After a killed restore the target
+is absent or holds a whole version (the old or the new one).
+
+After every killed commit or gc, "gc after a killed X does not wait for the dead session":
+the next `cairn gc` (default settings, with a deletion pending so it has work) must finish
+within CAIRN_KILL_GC_TIMEOUT seconds (60) with exit 0. If it does not, the check fails once
+and is not repeated in that loop (each would wait the whole timeout). Elsewhere the script
+clears dead sessions itself with `gc --stale-after 1` (after a commit and an `rm --no-gc`,
+so that the gc reaches its sweep), so that the killed gcs and rms work rather than wait.
+
+At the end: `cairn gc --repair`; then no `.tmp-*` file may remain anywhere under the
+repository, no `.*.cairn-partial-*` file in the restore target directory, and a second
+`cairn gc --repair` must reclaim nothing.
+
+    scripts/kill_loops.py [--bin target/release/cairn] [--dir DIR] [--seed N]
+                          [--trials 30,25,25,20]
+
+Prints per-loop timings and "kill_loops: N passed, M failed"; exits non-zero on any failure.
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import Checks, sha  # noqa: E402
+
+IMAGE_SIZE = 32 << 20
+IMAGE = "kill/disk"
+LIVE = 3  # versions kept between trials
+CHILDREN = set()  # every process started and not yet reaped
+
+
+class Timeout(Exception):
+    pass
+
+
+def kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def spawn(args, env):
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    CHILDREN.add(proc)
+    return proc
+
+
+def reap(proc, timeout=None):
+    """Waits for a child; on timeout kills its group and raises Timeout."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        proc.communicate()
+        CHILDREN.discard(proc)
+        raise Timeout
+    CHILDREN.discard(proc)
+    return out, err
+
+
+def on_signal(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+class Repo:
+    def __init__(self, binary, path, state):
+        self.binary, self.path = binary, path
+        self.env = dict(os.environ, CAIRN_STATE_DIR=state)
+        # The gc-wait checks are about the default staleness limit.
+        self.env.pop("CAIRN_SESSION_STALE_SECS", None)
+
+    def args(self, *args):
+        return [self.binary, "--repo", self.path, "-q", *map(str, args)]
+
+    def run(self, *args, check=True, timeout=300):
+        proc = spawn(self.args(*args), self.env)
+        try:
+            out, err = reap(proc, timeout)
+        except Timeout:
+            raise RuntimeError(f"cairn {' '.join(map(str, args))}: no answer in {timeout} s")
+        p = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        if check and p.returncode != 0:
+            raise RuntimeError(f"cairn {' '.join(map(str, args))}: exit {p.returncode}: "
+                               f"{err.strip()}")
+        return p
+
+    def json(self, *args):
+        return json.loads(self.run("--json", *args).stdout)
+
+    def listed(self, image):
+        """Version ids of `image`, oldest first."""
+        return [v["id"] for v in sorted(self.json("log", image), key=lambda v: v["seq"])]
+
+
+class Run:
+    def __init__(self, repo, work, rng, checks):
+        self.repo, self.work, self.rng, self.checks = repo, work, rng, checks
+        self.known = {}  # version id -> sha256 of what was committed
+        self.source = os.path.join(work, "src", "disk.raw")
+        self.targets = os.path.join(work, "restore")  # loop 4's restore target directory
+        self.scratch = os.path.join(work, "check")
+        for d in (os.path.dirname(self.source), self.targets, self.scratch):
+            os.makedirs(d, exist_ok=True)
+        self.last_kill = 0.0
+        self.killed = 0
+        self.finished = 0
+        self.gc_wait_failed = set()  # loops whose gc-wait check failed (not repeated)
+        self.spent = {"checks": 0.0, "clearing dead sessions": 0.0, "gc-wait checks": 0.0}
+
+    def ok(self, cond, what):
+        return self.checks.ok(cond, what)
+
+    # --- images and commits -------------------------------------------------------------
+
+    def make_image(self):
+        with open(self.source, "wb") as f:
+            f.truncate(IMAGE_SIZE)
+            for _ in range(4):
+                f.seek(self.rng.randrange(0, IMAGE_SIZE - (1 << 20), 4096))
+                f.write(self.rng.randbytes(1 << 20))
+
+    def mutate(self):
+        with open(self.source, "r+b") as f:
+            for _ in range(2):
+                f.seek(self.rng.randrange(0, IMAGE_SIZE - (256 << 10), 4096))
+                f.write(self.rng.randbytes(256 << 10))
+
+    def commit(self):
+        """A commit that is not killed; returns its id."""
+        self.mutate()
+        return self.commit_as_is(sha(self.source))
+
+    def commit_as_is(self, digest):
+        v = self.repo.json("commit", IMAGE, self.source)
+        self.known[v["id"]] = digest
+        return v["id"]
+
+    def drop_oldest(self):
+        """Records the deletion of the oldest version (`rm --no-gc`): a gc has work then."""
+        ids = self.repo.listed(IMAGE)
+        if len(ids) > 1:
+            self.repo.run("rm", "--no-gc", f"{IMAGE}@{ids[0]}")
+
+    def trim(self, keep=LIVE):
+        ids = self.repo.listed(IMAGE)
+        for vid in ids[:max(0, len(ids) - keep)]:
+            self.repo.run("rm", "--no-gc", f"{IMAGE}@{vid}")
+
+    def clear_dead_sessions(self):
+        t = time.monotonic()
+        try:
+            self._clear_dead_sessions()
+        finally:
+            self.spent["clearing dead sessions"] += time.monotonic() - t
+
+    def _clear_dead_sessions(self):
+        """Removes the sessions (and gc lock) the killed processes left, so the next gc or
+        rm works instead of waiting: a gc that counts a session without a heartbeat for 1 s
+        as dead, given a pending deletion so it reaches its sweep (where it removes them)."""
+        time.sleep(max(0.0, self.last_kill + 1.2 - time.monotonic()))
+        self.commit()
+        self.drop_oldest()
+        self.repo.run("gc", "--stale-after", "1", timeout=120)
+
+    # --- killing ------------------------------------------------------------------------
+
+    def kill_at_random(self, args, typical):
+        """Starts `cairn args`, kills it with SIGKILL after uniform(0, typical) seconds.
+        Returns (killed, stdout)."""
+        proc = spawn(self.repo.args(*args), self.repo.env)
+        time.sleep(self.rng.uniform(0.0, typical))
+        kill_group(proc)
+        out, _ = reap(proc, 60)
+        self.last_kill = time.monotonic()
+        killed = proc.returncode == -signal.SIGKILL
+        if killed:
+            self.killed += 1
+        else:
+            self.finished += 1
+        return killed, proc.returncode, out
+
+    def typical(self, what, op, prepare=lambda: None, n=3):
+        """The median duration of `op` (after an untimed `prepare`), unkilled."""
+        durations = []
+        for _ in range(n):
+            prepare()
+            t = time.monotonic()
+            op()
+            durations.append(time.monotonic() - t)
+        d = sorted(durations)[n // 2]
+        print(f"  typical {what}: {d:.3f} s", flush=True)
+        return d
+
+    # --- checks after every trial -------------------------------------------------------
+
+    def check_all(self, label):
+        t = time.monotonic()
+        try:
+            self._check_all(label)
+        finally:
+            self.spent["checks"] += time.monotonic() - t
+
+    def _check_all(self, label):
+        p = self.repo.run("verify", check=False)
+        self.ok(p.returncode == 0, f"{label}: verify exits 0 (exit {p.returncode}): "
+                                   f"{(p.stdout + p.stderr).strip()[-300:]}")
+        out = os.path.join(self.scratch, "restored.raw")
+        for vid in self.repo.listed(IMAGE):
+            want = self.known.get(vid)
+            if not self.ok(want is not None, f"{label}: {IMAGE}@{vid[:12]} is listed but no "
+                                             "commit made it"):
+                continue
+            p = self.repo.run("restore", f"{IMAGE}@{vid}", out, check=False)
+            self.ok(p.returncode == 0 and sha(out) == want,
+                    f"{label}: {IMAGE}@{vid[:12]} restores bit-exact "
+                    f"(exit {p.returncode}: {p.stderr.strip()})")
+            if os.path.exists(out):
+                os.unlink(out)
+
+    def gc_does_not_wait(self, loop, what, label, timeout):
+        """The next gc after a killed `what` (with a deletion pending) finishes promptly.
+        Returns True if it did (then the dead session is no obstacle any more)."""
+        if loop in self.gc_wait_failed:
+            return False
+        started = time.monotonic()
+        try:
+            return self._gc_does_not_wait(loop, what, label, timeout)
+        finally:
+            self.spent["gc-wait checks"] += time.monotonic() - started
+
+    def _gc_does_not_wait(self, loop, what, label, timeout):
+        self.commit()
+        self.drop_oldest()
+        t = time.monotonic()
+        try:
+            p = self.repo.run("--json", "gc", check=False, timeout=timeout)
+            took = time.monotonic() - t
+            waited = json.loads(p.stdout).get("waited_s") if p.returncode == 0 else None
+            passed = p.returncode == 0
+            why = (f"exit 0 in {took:.1f} s (waited {waited:.1f} s)" if passed else
+                   f"exit {p.returncode} in {took:.1f} s: {p.stderr.strip()}")
+        except RuntimeError:
+            passed, why = False, f"still waiting after {timeout} s; killed"
+            self.last_kill = time.monotonic()
+        self.ok(passed, f"gc after a killed {what} does not wait for the dead session "
+                        f"({label}): {why}")
+        if passed:
+            print(f"  {label}: the next gc: {why}", flush=True)
+        else:
+            self.gc_wait_failed.add(loop)
+            print(f"  (not repeated in this loop: each would take up to {timeout} s)",
+                  flush=True)
+        return passed
+
+    # --- the four loops -----------------------------------------------------------------
+
+    def loop_commit(self, trials, gc_timeout):
+        digest = []
+        typical = self.typical("commit", lambda: self.commit_as_is(digest.pop()),
+                               lambda: (self.mutate(), digest.append(sha(self.source))))
+        for trial in range(trials):
+            label = f"commit trial {trial}"
+            self.trim()
+            before = set(self.repo.listed(IMAGE))
+            self.mutate()
+            digest = sha(self.source)
+            killed, rc, out = self.kill_at_random(
+                ["--json", "commit", IMAGE, self.source], typical)
+            if not killed:
+                self.ok(rc == 0, f"{label}: an unkilled commit succeeds (exit {rc})")
+                if rc == 0:
+                    self.known[json.loads(out)["id"]] = digest
+            new = set(self.repo.listed(IMAGE)) - before
+            unknown = [v for v in new if v not in self.known]
+            self.ok(len(unknown) <= 1, f"{label}: at most one version appeared: {unknown}")
+            for v in unknown:  # published, then killed before it printed
+                self.known[v] = digest
+            self.check_all(label)
+            if killed:
+                self.gc_does_not_wait(1, "commit", label, gc_timeout)
+
+    def loop_gc(self, trials, gc_timeout):
+        self.clear_dead_sessions()
+
+        def garbage():
+            self.commit()
+            self.drop_oldest()
+        typical = self.typical("gc --repair (after a commit and an rm --no-gc)",
+                               lambda: self.repo.run("gc", "--repair"), garbage)
+        for trial in range(trials):
+            label = f"gc trial {trial}"
+            self.clear_dead_sessions()
+            self.commit()  # new garbage: a commit and a removed version
+            self.drop_oldest()
+            mode = ["--repair"] if trial % 2 else []
+            killed, rc, _ = self.kill_at_random(["gc", *mode], typical)
+            if not killed:
+                self.ok(rc == 0, f"{label}: an unkilled gc succeeds (exit {rc})")
+            self.check_all(label)
+            if killed:
+                self.gc_does_not_wait(2, "gc", label, gc_timeout)
+
+    def loop_rm(self, trials):
+        self.clear_dead_sessions()
+        image = IMAGE
+
+        oldest = []
+        typical = self.typical("rm", lambda: self.repo.run("rm", f"{image}@{oldest.pop()}"),
+                               lambda: (self.commit(), oldest.append(self.repo.listed(image)[0])))
+        for trial in range(trials):
+            label = f"rm/prune trial {trial}"
+            self.clear_dead_sessions()
+            while len(self.repo.listed(image)) < LIVE + 2:
+                self.commit()
+            ids = self.repo.listed(image)
+            if trial % 2:
+                args = ["prune", image, "--keep-last", str(len(ids) - 2)]
+            else:
+                args = ["rm", f"{image}@{self.rng.choice(ids[:-1])}"]
+            killed, rc, _ = self.kill_at_random(args, typical)
+            if not killed:
+                self.ok(rc == 0, f"{label}: an unkilled {args[0]} succeeds (exit {rc})")
+            self.check_all(label)
+        self.trim()
+
+    def loop_restore(self, trials):
+        image = IMAGE
+        target = os.path.join(self.targets, "disk.raw")
+        ids = self.repo.listed(image)
+        typical = self.typical("restore", lambda: self.repo.run(
+            "restore", f"{image}@{ids[-1]}", target))
+        os.unlink(target)
+        for trial in range(trials):
+            label = f"restore trial {trial}"
+            ids = self.repo.listed(image)
+            old = sha(target) if os.path.exists(target) else None
+            vid = self.rng.choice(ids)
+            killed, rc, _ = self.kill_at_random(["restore", f"{image}@{vid}", target], typical)
+            if not killed:
+                self.ok(rc == 0, f"{label}: an unkilled restore succeeds (exit {rc})")
+            now = sha(target) if os.path.exists(target) else None
+            self.ok(now in (old, self.known[vid]),
+                    f"{label}: the target holds a whole version (the old or the new), "
+                    f"never a torn one")
+            self.check_all(label)
+
+    def finish(self):
+        self.clear_dead_sessions()
+        p = self.repo.run("--json", "gc", "--repair", check=False, timeout=120)
+        self.ok(p.returncode == 0, f"final gc --repair succeeds: {p.stderr.strip()}")
+        if p.returncode == 0:
+            r = json.loads(p.stdout)
+            print(f"  final gc --repair: {r['bytes_before']} -> {r['bytes_after']} bytes, "
+                  f"{r['orphan_packs_deleted']} orphan packs deleted")
+        tmp = [os.path.relpath(os.path.join(d, f), self.repo.path)
+               for d, dirs, files in os.walk(self.repo.path)
+               for f in files + dirs if f.startswith(".tmp-")]
+        self.ok(not tmp, f"no .tmp-* file is left in the repository after gc --repair "
+                         f"({len(tmp)} left: {tmp[:5]})")
+        partial = [f for f in os.listdir(self.targets)
+                   if f.startswith(".") and ".cairn-partial-" in f]
+        self.ok(not partial, f"no .*.cairn-partial-* file is left in the restore target "
+                             f"directory after killed restores ({len(partial)} left: "
+                             f"{partial[:5]})")
+        p = self.repo.run("--json", "gc", "--repair", check=False, timeout=120)
+        if self.ok(p.returncode == 0, f"second gc --repair succeeds: {p.stderr.strip()}"):
+            r = json.loads(p.stdout)
+            self.ok(r["bytes_before"] == r["bytes_after"],
+                    f"a second gc --repair reclaims nothing ({r['bytes_before']} -> "
+                    f"{r['bytes_after']} bytes)")
+        self.check_all("at the end")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", default=os.environ.get("CAIRN_BIN", os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "target", "release", "cairn")))
+    ap.add_argument("--dir", help="where the repository and images go (default: a new "
+                    "temporary directory under $CAIRN_TEST_TMP or /tmp, removed at the end)")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--trials", default="30,25,25,20",
+                    help="trials of the commit, gc, rm/prune and restore loops")
+    args = ap.parse_args()
+    trials = [int(x) for x in args.trials.split(",")]
+    if len(trials) != 4:
+        sys.exit("kill_loops: --trials takes four numbers (commit,gc,rm,restore)")
+    binary = os.path.abspath(args.bin)
+    if not os.access(binary, os.X_OK):
+        sys.exit(f"kill_loops: no cairn binary at {binary} (build it: "
+                 "cargo build --release -p cairn-cli, or pass --bin)")
+    gc_timeout = float(os.environ.get("CAIRN_KILL_GC_TIMEOUT", "60"))
+    seed = args.seed if args.seed is not None else random.randrange(1 << 32)
+    print(f"kill_loops: seed {seed} (--seed {seed} repeats the choices), "
+          f"{sum(trials)} trials", flush=True)
+    signal.signal(signal.SIGTERM, on_signal)
+    if args.dir:
+        os.makedirs(args.dir, exist_ok=True)
+        work = tempfile.mkdtemp(prefix="cairn-kill-", dir=os.path.abspath(args.dir))
+    else:
+        work = tempfile.mkdtemp(prefix="cairn-kill-", dir=os.environ.get("CAIRN_TEST_TMP"))
+    checks = Checks()
+    started = time.monotonic()
+    timings = []
+    try:
+        repo = Repo(binary, os.path.join(work, "repo"), os.path.join(work, "state"))
+        repo.run("init", "--pack-size", "1M")
+        run = Run(repo, work, random.Random(seed), checks)
+        run.make_image()
+        loops = [("commit", lambda: run.loop_commit(trials[0], gc_timeout)),
+                 ("gc", lambda: run.loop_gc(trials[1], gc_timeout)),
+                 ("rm/prune", lambda: run.loop_rm(trials[2])),
+                 ("restore", lambda: run.loop_restore(trials[3])),
+                 ("final gc --repair and leak checks", run.finish)]
+        for (name, loop), n in zip(loops, trials + [0]):
+            print(f"{name}" + (f": {n} trials" if n else ""), flush=True)
+            t, k, f = time.monotonic(), run.killed, run.finished
+            failed, spent = checks.failed, dict(run.spent)
+            loop()
+            timings.append((name, time.monotonic() - t))
+            extra = (f", {run.killed - k} killed, {run.finished - f} finished before the kill"
+                     if n else "")
+            print(f"  {name}: {timings[-1][1]:.1f} s{extra}, "
+                  f"{checks.failed - failed} checks failed", flush=True)
+            print("    of which " + ", ".join(f"{k} {v - spent[k]:.1f} s"
+                                             for k, v in run.spent.items()), flush=True)
+    except Exception as e:  # noqa: BLE001 - one failure line, then the summary
+        checks.ok(False, f"{type(e).__name__}: {e}")
+    except KeyboardInterrupt as e:
+        checks.ok(False, f"interrupted ({e})")
+    finally:
+        for proc in list(CHILDREN):
+            kill_group(proc)
+            proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+    print("kill_loops: timings: " + ", ".join(f"{n} {t:.0f} s" for n, t in timings) +
+          f"; total {time.monotonic() - started:.0f} s")
+    if checks.failed:
+        print(f"kill_loops: seed {seed}")
+    print(f"kill_loops: {checks.passed} passed, {checks.failed} failed")
+    return 1 if checks.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
