@@ -5,10 +5,14 @@ One local repository, one small synthetic image (a 32 MiB sparse file with 4 MiB
 data, 512 KiB of it rewritten before every commit). Four loops, each measuring the operation's typical
 duration first and then killing it with SIGKILL after a random delay between 0 and that:
 
-  1. `cairn commit`                              (--trials: 30 by default)
+  1. `cairn commit`                              (--trials: 30 by default; every third
+                                                  trial is a SIGINT instead)
   2. `cairn gc` / `cairn gc --repair`, after versions were removed with `rm --no-gc`   (25)
   3. `cairn rm IMAGE@V` / `cairn prune IMAGE --keep-last K`                             (25)
-  4. `cairn restore` to a file, over an earlier restore                                  (20)
+  4. `cairn restore --force` to a file, over an earlier restore (every third: SIGTERM)  (20)
+
+An interrupted (SIGINT/SIGTERM) command must exit 128+signal with one line on stderr, its
+session closed and no temporary or partial file left, at once.
 
 After every trial: `cairn verify` exits 0 and every version `cairn --json log` lists restores
 bit-exact (to the sha256 of the source its commit read, found by the id the commit's --json
@@ -128,6 +132,7 @@ class Run:
             os.makedirs(d, exist_ok=True)
         self.last_kill = 0.0
         self.killed = 0
+        self.interrupted = 0
         self.finished = 0
         self.gc_wait_failed = set()  # loops whose gc-wait check failed (not repeated)
         self.spent = {"checks": 0.0, "clearing dead sessions": 0.0, "gc-wait checks": 0.0}
@@ -179,19 +184,18 @@ class Run:
             self.spent["clearing dead sessions"] += time.monotonic() - t
 
     def _clear_dead_sessions(self):
-        """Removes the sessions (and gc lock) the killed processes left, so the next gc or
-        rm works instead of waiting: a gc that counts a session without a heartbeat for 1 s
-        as dead, given a pending deletion so it reaches its sweep (where it removes them)."""
-        time.sleep(max(0.0, self.last_kill + 1.2 - time.monotonic()))
+        """Removes the sessions (and gc lock) the killed processes left: a gc (which knows a
+        session whose process is gone for dead at once), given a pending deletion so it
+        reaches its sweep, where it removes them."""
         self.commit()
         self.drop_oldest()
-        self.repo.run("gc", "--stale-after", "1", timeout=120)
+        self.repo.run("gc", timeout=120)
 
     # --- killing ------------------------------------------------------------------------
 
     def kill_at_random(self, args, typical):
         """Starts `cairn args`, kills it with SIGKILL after uniform(0, typical) seconds.
-        Returns (killed, stdout)."""
+        Returns (killed, exit status, stdout)."""
         proc = spawn(self.repo.args(*args), self.repo.env)
         time.sleep(self.rng.uniform(0.0, typical))
         kill_group(proc)
@@ -203,6 +207,42 @@ class Run:
         else:
             self.finished += 1
         return killed, proc.returncode, out
+
+    def interrupt_at_random(self, args, typical, sig, label):
+        """Starts `cairn args` and sends it `sig` (SIGINT or SIGTERM) after uniform(0,
+        typical) seconds. It must end with 0 (finished first) or 128+sig and, if interrupted,
+        exactly one line on stderr, with no session and no temporary file left behind.
+        Returns (interrupted, stdout)."""
+        sessions = os.path.join(self.repo.path, "refs", "sessions")
+
+        def leftovers():
+            found = set(os.listdir(sessions)) if os.path.isdir(sessions) else set()
+            return found | {os.path.join(d, f) for d, _, files in os.walk(self.repo.path)
+                            for f in files if f.startswith(".tmp-")}
+        before = leftovers()  # what earlier SIGKILLed trials left is not this one's
+        proc = spawn(self.repo.args(*args), self.repo.env)
+        time.sleep(self.rng.uniform(0.0, typical))
+        try:
+            proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+        out, err = reap(proc, 60)
+        name = signal.Signals(sig).name
+        interrupted = proc.returncode == 128 + sig
+        self.ok(proc.returncode in (0, 128 + sig),
+                f"{label}: {name} ends {args[0] if args[0] != '--json' else args[1]} "
+                f"with 0 or {128 + sig} (exit {proc.returncode}: {err.strip()[-200:]})")
+        if interrupted:
+            self.interrupted += 1
+            self.ok(err.strip() == f"cairn: interrupted by {name}; stopped cleanly, nothing "
+                                   "half-done was kept",
+                    f"{label}: one line says it was interrupted: {err.strip()[-300:]}")
+            new = sorted(leftovers() - before)
+            self.ok(not new, f"{label}: the interrupted process closed its session and left "
+                             f"no temporary file ({new[:3]})")
+        else:
+            self.finished += 1
+        return interrupted, out
 
     def typical(self, what, op, prepare=lambda: None, n=3):
         """The median duration of `op` (after an untimed `prepare`), unkilled."""
@@ -289,6 +329,15 @@ class Run:
             before = set(self.repo.listed(IMAGE))
             self.mutate()
             digest = sha(self.source)
+            if trial % 3 == 2:  # SIGINT (Ctrl-C) instead of SIGKILL
+                _, out = self.interrupt_at_random(["--json", "commit", IMAGE, self.source],
+                                                  typical, signal.SIGINT, label)
+                if out.strip():
+                    self.known[json.loads(out)["id"]] = digest
+                self.ok(len(set(self.repo.listed(IMAGE)) - before - set(self.known)) == 0,
+                        f"{label}: an interrupted commit published nothing")
+                self.check_all(label)
+                continue
             killed, rc, out = self.kill_at_random(
                 ["--json", "commit", IMAGE, self.source], typical)
             if not killed:
@@ -353,14 +402,26 @@ class Run:
         target = os.path.join(self.targets, "disk.raw")
         ids = self.repo.listed(image)
         typical = self.typical("restore", lambda: self.repo.run(
-            "restore", f"{image}@{ids[-1]}", target))
+            "restore", f"{image}@{ids[-1]}", target, "--force"))
         os.unlink(target)
         for trial in range(trials):
             label = f"restore trial {trial}"
             ids = self.repo.listed(image)
             old = sha(target) if os.path.exists(target) else None
             vid = self.rng.choice(ids)
-            killed, rc, _ = self.kill_at_random(["restore", f"{image}@{vid}", target], typical)
+            if trial % 3 == 2:  # SIGTERM instead of SIGKILL
+                self.interrupt_at_random(["restore", f"{image}@{vid}", target, "--force"],
+                                         typical, signal.SIGTERM, label)
+                partial = [f for f in os.listdir(self.targets) if ".cairn-partial-" in f]
+                self.ok(not partial, f"{label}: an interrupted restore removes its partial "
+                                     f"file ({partial})")
+                now = sha(target) if os.path.exists(target) else None
+                self.ok(now in (old, self.known[vid]),
+                        f"{label}: the target holds a whole version (the old or the new)")
+                self.check_all(label)
+                continue
+            killed, rc, _ = self.kill_at_random(["restore", f"{image}@{vid}", target, "--force"],
+                                                typical)
             if not killed:
                 self.ok(rc == 0, f"{label}: an unkilled restore succeeds (exit {rc})")
             now = sha(target) if os.path.exists(target) else None
@@ -438,12 +499,12 @@ def main():
                  ("final gc --repair and leak checks", run.finish)]
         for (name, loop), n in zip(loops, trials + [0]):
             print(f"{name}" + (f": {n} trials" if n else ""), flush=True)
-            t, k, f = time.monotonic(), run.killed, run.finished
+            t, k, i, f = time.monotonic(), run.killed, run.interrupted, run.finished
             failed, spent = checks.failed, dict(run.spent)
             loop()
             timings.append((name, time.monotonic() - t))
-            extra = (f", {run.killed - k} killed, {run.finished - f} finished before the kill"
-                     if n else "")
+            extra = (f", {run.killed - k} killed, {run.interrupted - i} interrupted, "
+                     f"{run.finished - f} finished before the signal" if n else "")
             print(f"  {name}: {timings[-1][1]:.1f} s{extra}, "
                   f"{checks.failed - failed} checks failed", flush=True)
             print("    of which " + ", ".join(f"{k} {v - spent[k]:.1f} s"

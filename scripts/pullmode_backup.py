@@ -319,7 +319,7 @@ def main():
             # Every version so far restores to its round's content.
             out = os.path.join(work, "restored.raw")
             for n, digest in sorted(expected.items()):
-                c.run("restore", f"{IMAGE}@{n}", out)
+                c.run("restore", f"{IMAGE}@{n}", out, "--force")
                 ok(sha(out) == digest, f"round {r}: {IMAGE}@{n} restores byte for byte")
                 os.unlink(out)
         log = c.json("log", IMAGE)

@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Operator safety on real devices and file systems (needs root: tmpfs and loop mounts).
+
+- Full disk: a repository on a small tmpfs is filled by commits until one fails with the
+  one-line "file system is full" error, then the file system is filled to its last block
+  with a filler file. `cairn rm` and `cairn gc` must still work there (they release the
+  repository's space reserve), free space, and leave every remaining version intact.
+- A mounted device: `cairn restore --force` onto a loop device whose file system is mounted
+  is refused and changes nothing; once unmounted, the same restore works bit-exact.
+
+    scripts/safety.py [--bin target/release/cairn]
+
+Prints "safety: N passed, M failed" and exits non-zero on any failure.
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import Checks, sha  # noqa: E402
+
+
+def sh(*args, check=True):
+    p = subprocess.run(list(args), capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)}: {p.stderr.strip()}")
+    return p
+
+
+class Cairn:
+    def __init__(self, binary, repo):
+        self.binary, self.repo = binary, repo
+
+    def run(self, *args, check=True):
+        p = subprocess.run([self.binary, "--repo", self.repo, *args], capture_output=True,
+                           text=True)
+        if check and p.returncode != 0:
+            raise RuntimeError(f"cairn {' '.join(args)}: {p.stderr.strip()}")
+        return p
+
+
+def free_bytes(path):
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def full_disk(binary, work, c):
+    print("full disk: rm and gc free space on a 100% full tmpfs")
+    mnt = os.path.join(work, "tmpfs")
+    os.makedirs(mnt)
+    sh("mount", "-t", "tmpfs", "-o", "size=80m", "tmpfs", mnt)
+    try:
+        repo = os.path.join(mnt, "repo")
+        cairn = Cairn(binary, repo)
+        cairn.run("init", "--reserve", "8M", "--pack-size", "4M")
+        rng = random.Random(3)
+        src = os.path.join(work, "disk.raw")  # on the big disk, not on the tmpfs
+        kept = {}
+        failure = None
+        for n in range(1, 40):
+            with open(src, "wb") as f:
+                f.write(rng.randbytes(12 << 20))
+            p = cairn.run("--json", "commit", "vm", src, check=False)
+            if p.returncode != 0:
+                failure = p
+                break
+            kept[json.loads(p.stdout)["seq"]] = sha(src)
+        c.ok(failure is not None and len(kept) >= 3,
+             f"commits fill the file system ({len(kept)} versions fit)")
+        if failure is None:
+            return
+        lines = failure.stderr.strip().splitlines()
+        c.ok(len(lines) == 1 and lines[0] ==
+             f"cairn: error: the file system of {repo} is full: free space, or delete "
+             "versions with `cairn rm` or `cairn prune` (they can run on a full disk)",
+             f"a commit on a full disk fails with one line: {failure.stderr.strip()!r}")
+        # Fill what is left to the last block.
+        filler = os.path.join(mnt, "filler")
+        with open(filler, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\1" * 4096)
+            except OSError:
+                pass
+        c.ok(free_bytes(mnt) == 0, f"the file system is 100% full ({free_bytes(mnt)} bytes free)")
+        p = cairn.run("verify", check=False)
+        c.ok(p.returncode == 0, f"verify works on the full disk: {p.stderr.strip()[-200:]}")
+
+        p = cairn.run("--json", "rm", "vm@1", "vm@2", check=False)
+        c.ok(p.returncode == 0, f"rm works on the full disk: {p.stderr.strip()}")
+        freed = free_bytes(mnt)
+        c.ok(freed > 16 << 20, f"rm freed the space of two versions ({freed} bytes free now)")
+        if p.returncode == 0:
+            gc = json.loads(p.stdout).get("gc") or {}
+            c.ok(gc.get("freed_versions") == 2, f"rm's fast deletion freed both versions: {gc}")
+        p = cairn.run("--json", "gc", "--repair", check=False)
+        c.ok(p.returncode == 0, f"gc --repair works afterwards: {p.stderr.strip()}")
+        reserve = os.path.join(repo, ".cairn-reserve")
+        c.ok(os.path.getsize(reserve) >= 8 << 20,
+             f"the space reserve is reallocated once there is room "
+             f"({os.path.getsize(reserve)} bytes)")
+        p = cairn.run("verify", check=False)
+        c.ok(p.returncode == 0, f"verify clean after freeing: {p.stdout.strip()[-200:]}")
+        out = os.path.join(work, "restored.raw")
+        for seq, digest in sorted(kept.items()):
+            if seq <= 2:
+                continue
+            p = cairn.run("restore", f"vm@{seq}", out, "--force", check=False)
+            c.ok(p.returncode == 0 and sha(out) == digest,
+                 f"vm@{seq} restores bit-exact after the full disk: {p.stderr.strip()}")
+        os.remove(filler)
+        p = cairn.run("commit", "vm", src, check=False)
+        c.ok(p.returncode == 0, f"commits work again once space is freed: {p.stderr.strip()}")
+    finally:
+        sh("umount", mnt, check=False)
+
+
+def mounted_device(binary, work, c):
+    print("restore onto a mounted loop device is refused")
+    repo = os.path.join(work, "repo-dev")
+    cairn = Cairn(binary, repo)
+    cairn.run("init", "--reserve", "0")
+    img = os.path.join(work, "dev.img")
+    with open(img, "wb") as f:
+        f.truncate(64 << 20)
+    sh("mkfs.ext4", "-q", "-F", img)
+    src = os.path.join(work, "small.raw")
+    with open(src, "wb") as f:
+        f.write(random.Random(4).randbytes(32 << 20))
+    cairn.run("commit", "small", src)
+    dev = sh("losetup", "--find", "--show", img).stdout.strip()
+    mnt = os.path.join(work, "mnt")
+    os.makedirs(mnt)
+    try:
+        sh("mount", dev, mnt)
+        try:
+            before = sha(dev)
+            p = cairn.run("restore", "small", dev, "--force", check=False)
+            lines = p.stderr.strip().splitlines()
+            c.ok(p.returncode == 1 and len(lines) == 1 and lines[0] ==
+                 f"cairn: error: will not restore to {dev}: the device is in use (mounted, or "
+                 "held open exclusively by another process)",
+                 f"restore onto a mounted device is refused with one line: {p.stderr.strip()!r}")
+            c.ok(sha(dev) == before, "the mounted device is unchanged")
+            p = cairn.run("restore", "small", dev, check=False)
+            c.ok(p.returncode == 1 and "pass --force" in p.stderr,
+                 f"without --force a block device is refused: {p.stderr.strip()!r}")
+        finally:
+            sh("umount", mnt)
+        p = cairn.run("restore", "small", dev, "--force", check=False)
+        c.ok(p.returncode == 0, f"the unmounted device takes the restore: {p.stderr.strip()}")
+        with open(dev, "rb") as f:
+            data = f.read(32 << 20)
+        with open(src, "rb") as f:
+            c.ok(data == f.read(), "the device holds the version bit-exact")
+    finally:
+        sh("losetup", "-d", dev, check=False)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default=os.environ.get("CAIRN_BIN", "target/release/cairn"))
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("safety: needs root (tmpfs and loop mounts)")
+    for tool in ("mkfs.ext4", "losetup", "mount"):
+        if not shutil.which(tool):
+            sys.exit(f"safety: {tool} is missing (Debian packages e2fsprogs, util-linux, mount)")
+    binary = os.path.abspath(args.bin)
+    work = tempfile.mkdtemp(prefix="cairn-safety-", dir=os.environ.get("CAIRN_TEST_TMP"))
+    c = Checks()
+    try:
+        full_disk(binary, work, c)
+        mounted_device(binary, work, c)
+    except Exception as e:  # noqa: BLE001 - one failure line, then the summary
+        c.ok(False, f"{type(e).__name__}: {e}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"safety: {c.passed} passed, {c.failed} failed")
+    return 1 if c.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
