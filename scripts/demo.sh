@@ -86,20 +86,38 @@ banner "serve demo/vm@1 over NBD (lazy) and read it with nbdcopy"
 SOCK="$ROOT/.data/demo-nbd.sock"
 NBD_OUT="$ROOT/.data/demo-nbd.raw"
 rm -rf "$ROOT/.data/demo-cache" "$NBD_OUT"
-CAIRN_RUN_DIR="$ROOT/.data/demo-run" cairn export demo/vm@1 --name demo --socket "$SOCK" \
-  --cache-dir "$ROOT/.data/demo-cache" &
+export CAIRN_RUN_DIR="$ROOT/.data/demo-run"
+READY="$ROOT/.data/demo-export.json"
+rm -f "$READY"
+# The binary itself in the background (not the `cairn` shell function, whose subshell would
+# be what $! names), printing one JSON line once it serves.
+"$BIN" --repo "$REPO" --json export demo/vm@1 --name demo --socket "$SOCK" \
+  --cache-dir "$ROOT/.data/demo-cache" >"$READY" &
 EXPORT_PID=$!
-trap 'kill $EXPORT_PID 2>/dev/null || true' EXIT
-for _ in $(seq 200); do [ -S "$SOCK" ] && break; sleep 0.05; done
-nbdinfo --map "nbd+unix:///demo?socket=$SOCK" | head -5
+# On every way out: stop it (it flushes and removes its files), or kill it if that fails.
+stop_export() {
+  "$BIN" exports stop demo >/dev/null 2>&1 || kill "$EXPORT_PID" 2>/dev/null || true
+  wait "$EXPORT_PID" 2>/dev/null || true
+}
+trap stop_export EXIT
+for _ in $(seq 600); do
+  [ -s "$READY" ] && break
+  kill -0 "$EXPORT_PID" 2>/dev/null || die "the export did not start"
+  sleep 0.05
+done
+[ -s "$READY" ] || die "the export did not start serving"
+URI=$(jq -r .uri <"$READY")
+nbdinfo --map "$URI" | head -5
 t0=$(now_ms)
-nbdcopy "nbd+unix:///demo?socket=$SOCK" "$NBD_OUT"
+nbdcopy "$URI" "$NBD_OUT"
 NBD_MS=$(($(now_ms) - t0))
 cmp "$NBD_OUT" "$DS/su-0.raw" || die "the export differs from su-0.raw"
 echo "cmp: the export of demo/vm@1 is byte-identical to su-0.raw"
-CAIRN_RUN_DIR="$ROOT/.data/demo-run" cairn status demo
-kill $EXPORT_PID 2>/dev/null || true
-wait $EXPORT_PID 2>/dev/null || true
+cairn status demo
+"$BIN" exports
+"$BIN" exports stop demo
+wait "$EXPORT_PID" 2>/dev/null || true
+trap - EXIT
 rm -f "$NBD_OUT"
 
 banner "cairn verify"

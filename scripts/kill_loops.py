@@ -23,8 +23,8 @@ After every killed commit or gc, "gc after a killed X does not wait for the dead
 the next `cairn gc` (default settings, with a deletion pending so it has work) must finish
 within CAIRN_KILL_GC_TIMEOUT seconds (60) with exit 0. If it does not, the check fails once
 and is not repeated in that loop (each would wait the whole timeout). Elsewhere the script
-clears dead sessions itself with `gc --stale-after 1` (after a commit and an `rm --no-gc`,
-so that the gc reaches its sweep), so that the killed gcs and rms work rather than wait.
+clears dead sessions with a plain `gc` (after a commit and an `rm --no-gc`, so that the gc
+reaches its sweep, where it removes the sessions of processes that are gone).
 
 At the end: `cairn gc --repair`; then no `.tmp-*` file may remain anywhere under the
 repository, no `.*.cairn-partial-*` file in the restore target directory, and a second

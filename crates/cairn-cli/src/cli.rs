@@ -202,17 +202,53 @@ pub enum Command {
     /// that share data fetch each shared chunk once. Zero ranges are never fetched, and
     /// block status reports them, so `qemu-img convert` and `nbdcopy` skip them.
     ///
-    /// Listens on a Unix socket (--socket; the default is `$XDG_RUNTIME_DIR/cairn/NAME.sock`),
-    /// on TCP (--listen HOST:PORT), or serves one connection on stdin (--stdio; also
-    /// socket-activated, as `nbdinfo [ cairn export ... ]` starts it). Runs until killed.
+    /// Listens on a Unix socket (--socket; the default is NAME.sock in the run directory,
+    /// `$XDG_RUNTIME_DIR/cairn` or `$TMPDIR/cairn-UID`, which must be 0700 and yours), on TCP
+    /// (--listen HOST:PORT), or serves one connection on stdin (--stdio; also
+    /// socket-activated, as `nbdinfo [ cairn export ... ]` starts it). A socket or export name
+    /// that a running export holds is refused. With --json, prints one JSON object per export
+    /// (name, uri, version, pid) once it serves.
+    ///
+    /// Runs until SIGTERM or SIGINT (or `cairn exports stop NAME`): then it stops accepting,
+    /// flushes the overlay, removes its sockets and state file and exits 0. Under systemd
+    /// (`Type=notify`) it reports READY=1 once it serves and STOPPING=1 when it stops.
+    ///
+    /// TLS (clients use nbds:// URIs): --tls-cert/--tls-key (and --tls-ca to require client
+    /// certificates), or --tls-dir with QEMU's file names. Once TLS is configured every client
+    /// must start TLS first. X.509 only: TLS with pre-shared keys is not supported (rustls
+    /// has no external PSK). A writable export on a non-loopback address needs TLS or
+    /// --insecure.
     ///
     /// Examples: cairn export web01/disk0@before-upgrade --socket /tmp/web.sock
     ///           cairn export golden@3=base web01/disk0=web --listen 127.0.0.1:10809
+    ///           cairn export vm --writable --listen 0.0.0.0:10809 --tls-dir /etc/pki/qemu
     Export(ExportArgs),
+    /// The exports running on this host (`cairn exports`), or stop one (`exports stop NAME`).
+    ///
+    /// Lists name, version, pid, address and overlay of every running export of this user
+    /// (state files in the run directory; those of exports that died are removed).
+    Exports(ExportsArgs),
     /// Counters of a running export: bytes read and fetched, cache hits, overlay contents.
     Status(StatusArgs),
-    /// Snapshots of a writable export's overlay (iROW layers): snapshot, rollback, delete, list.
+    /// Overlays: snapshots of a running export's overlay (iROW layers: snapshot, rollback,
+    /// delete, list EXPORT), and overlays on disk (list, discard).
     Overlay(OverlayArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ExportsArgs {
+    #[command(subcommand)]
+    pub action: Option<ExportsAction>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ExportsAction {
+    /// Stop a running export: SIGTERM, then wait until it has flushed its overlay and removed
+    /// its files.
+    Stop {
+        /// The export name.
+        name: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -250,9 +286,28 @@ pub struct ExportArgs {
     #[arg(long)]
     pub writable: bool,
     /// The overlay directory (default: $XDG_STATE_HOME/cairn/overlays/NAME). An overlay left by
-    /// an earlier run on the same version is reopened with its flushed writes.
+    /// an earlier run on the same version is reopened with its flushed writes; an empty one
+    /// is moved onto the version served.
     #[arg(long, requires = "writable")]
     pub overlay: Option<std::path::PathBuf>,
+    /// Serve only over TLS, with this certificate (PEM; the chain may follow it).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// Require client certificates signed by this CA (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// Serve only over TLS with the files of a directory laid out for QEMU's
+    /// tls-creds-x509: server-cert.pem, server-key.pem, and ca-cert.pem, which (when present)
+    /// makes client certificates signed by it required, as QEMU's verify-peer default does.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["tls_cert", "tls_key", "tls_ca"])]
+    pub tls_dir: Option<std::path::PathBuf>,
+    /// Allow a writable export on a non-loopback address without TLS (anyone who reaches
+    /// the address can then read and overwrite the disk).
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 #[derive(Debug, Args)]
@@ -275,8 +330,18 @@ pub enum OverlayAction {
     Rollback { export: String, name: String },
     /// Delete snapshot NAME, keeping its writes (merged into the next layer).
     Delete { export: String, name: String },
-    /// List the overlay's snapshots, oldest first.
-    List { export: String },
+    /// List a running export's snapshots, oldest first; without EXPORT, list the overlays
+    /// under the default overlay root ($XDG_STATE_HOME/cairn/overlays): base version, size
+    /// held, snapshots, and the export that holds each.
+    List { export: Option<String> },
+    /// Delete an overlay that no running export holds: its writes are lost. NAME is an export
+    /// name (its overlay under the default root) or an overlay directory path.
+    Discard {
+        name: String,
+        /// Really delete it.
+        #[arg(long)]
+        yes: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -66,6 +66,7 @@ fn main() -> ExitCode {
             Command::Repair(args) => commands::repair::run(&ctx, args).await,
             Command::Gc(args) => commands::gc::run(&ctx, args).await,
             Command::Export(args) => commands::export::run(&ctx, args).await,
+            Command::Exports(args) => commands::exports::run(&ctx, args).await,
             Command::Status(args) => commands::export::status(&ctx, args).await,
             Command::Overlay(args) => commands::export::overlay(&ctx, args).await,
         };

@@ -2,7 +2,7 @@
 //! to COMMIT its overlay, or to snapshot / roll back / delete overlay snapshots.
 //!
 //! One JSON object per line in each direction on a Unix socket
-//! (`<run dir>/<export name>.ctl`, mode 0600 via the run directory's 0700):
+//! (`<run dir>/<export name>.ctl`; the run directory is 0700 and the user's, checked):
 //! `{"op":"status"}`, `{"op":"commit","image":"…","message":"…"}`,
 //! `{"op":"snapshot"|"rollback"|"delete","name":"…"}`. Replies are `{"ok":true,…}` or
 //! `{"ok":false,"error":"…"}`.
@@ -21,34 +21,25 @@ use tokio::net::{UnixListener, UnixStream};
 pub type Handler =
     Arc<dyn Fn(Value) -> Pin<Box<dyn Future<Output = Result<Value, String>> + Send>> + Send + Sync>;
 
-/// Where control sockets live: `$CAIRN_RUN_DIR`, else `$XDG_RUNTIME_DIR/cairn`, else
-/// `/tmp/cairn-<uid>`.
+/// Where control sockets live; see [`crate::lifecycle::run_dir`].
 pub fn run_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("CAIRN_RUN_DIR") {
-        return PathBuf::from(d);
-    }
-    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
-        return PathBuf::from(d).join("cairn");
-    }
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
-    std::env::temp_dir().join(format!("cairn-{uid}"))
+    crate::lifecycle::run_dir()
 }
 
 /// The control socket of export `name`.
 pub fn socket_path(name: &str) -> PathBuf {
-    run_dir().join(format!("{}.ctl", name.replace('/', "_")))
+    crate::lifecycle::control_path(&run_dir(), name)
 }
 
-/// Serves requests on `path` until the process ends.
-pub async fn serve(path: &Path, handler: Handler) -> io::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
-    }
-    let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path)?;
+/// Binds the control socket `path`. Its directory must already be the private run directory
+/// ([`crate::lifecycle::ensure_private_dir`]) and the export name claimed
+/// ([`crate::lifecycle::claim_name`], which removes a stale socket of that name).
+pub fn bind(path: &Path) -> io::Result<UnixListener> {
+    UnixListener::bind(path)
+}
+
+/// Serves requests on `listener` until the process ends.
+pub async fn serve(listener: UnixListener, handler: Handler) -> io::Result<()> {
     loop {
         let (stream, _) = listener.accept().await?;
         let handler = handler.clone();
@@ -83,6 +74,11 @@ pub async fn request(name: &str, req: Value) -> Result<Value, String> {
     let stream = UnixStream::connect(&path)
         .await
         .map_err(|e| format!("no running export named {name:?} ({}: {e})", path.display()))?;
+    request_on(stream, name, req).await
+}
+
+/// Sends one request on a connected control socket of export `name`.
+pub async fn request_on(stream: UnixStream, name: &str, req: Value) -> Result<Value, String> {
     let (read, mut write) = stream.into_split();
     let mut line = req.to_string();
     line.push('\n');

@@ -7,7 +7,7 @@
 //! version with an empty overlay.
 
 use std::io;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
@@ -29,10 +29,16 @@ pub struct VersionExport {
     io: tokio::sync::RwLock<()>,
     /// Serializes writes (a partial-block write is a read-modify-write of its block).
     writes: tokio::sync::Mutex<()>,
+    /// Set by [`VersionExport::shutdown`]: every later request fails with `ESHUTDOWN`.
+    closed: AtomicBool,
 }
 
 fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
+}
+
+fn shutting_down() -> io::Error {
+    io::Error::from_raw_os_error(libc::ESHUTDOWN)
 }
 
 fn read_only() -> io::Error {
@@ -57,7 +63,27 @@ impl VersionExport {
             stats,
             io: tokio::sync::RwLock::new(()),
             writes: tokio::sync::Mutex::new(()),
+            closed: AtomicBool::new(false),
         }
+    }
+
+    /// Lets a request in (shared with other requests, never during a commit or after
+    /// [`shutdown`](Self::shutdown)).
+    async fn enter(&self) -> io::Result<tokio::sync::RwLockReadGuard<'_, ()>> {
+        let guard = self.io.read().await;
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(shutting_down());
+        }
+        Ok(guard)
+    }
+
+    /// Stops the export for good: waits for the requests in progress, refuses every later
+    /// one (`ESHUTDOWN`), and flushes the overlay durably, so that every write a client
+    /// was told about is found again by the next export of this overlay.
+    pub async fn shutdown(&self) -> io::Result<()> {
+        let _paused = self.io.write().await;
+        self.closed.store(true, Ordering::SeqCst);
+        self.flush_overlay().await
     }
 
     pub fn base(&self) -> Arc<Base> {
@@ -182,6 +208,9 @@ impl VersionExport {
     ) -> io::Result<CommitResult> {
         let overlay = self.writable()?.clone();
         let _paused = self.io.write().await;
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(io::Error::other("the export is stopping"));
+        }
         self.flush_overlay().await?;
         let base = self.base();
         let patch = OverlayPatch(overlay.clone());
@@ -248,7 +277,7 @@ impl Export for VersionExport {
     }
 
     async fn read(&self, offset: u64, len: u32) -> io::Result<Bytes> {
-        let _io = self.io.read().await;
+        let _io = self.enter().await?;
         let base = self.base();
         let mut buf = BytesMut::zeroed(len as usize);
         self.read_into(&base, offset, &mut buf).await?;
@@ -260,7 +289,7 @@ impl Export for VersionExport {
     }
 
     async fn write(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()> {
-        let _io = self.io.read().await;
+        let _io = self.enter().await?;
         self.write_range(offset, data.len() as u64, Some(&data))
             .await?;
         if fua {
@@ -276,7 +305,7 @@ impl Export for VersionExport {
         _may_trim: bool,
         fua: bool,
     ) -> io::Result<()> {
-        let _io = self.io.read().await;
+        let _io = self.enter().await?;
         self.write_range(offset, len as u64, None).await?;
         if fua {
             self.flush_overlay().await?;
@@ -286,22 +315,22 @@ impl Export for VersionExport {
 
     async fn trim(&self, offset: u64, len: u32) -> io::Result<()> {
         // Trimmed ranges read back as zeros (allowed: their contents become unspecified).
-        let _io = self.io.read().await;
+        let _io = self.enter().await?;
         self.write_range(offset, len as u64, None).await
     }
 
     async fn flush(&self) -> io::Result<()> {
-        let _io = self.io.read().await;
+        let _io = self.enter().await?;
         self.flush_overlay().await
     }
 
     async fn cache(&self, offset: u64, len: u32) -> io::Result<()> {
-        let _io = self.io.read().await;
+        let _io = self.enter().await?;
         self.base().prefetch(offset, len as u64).await
     }
 
     async fn block_status(&self, offset: u64, len: u32) -> io::Result<Vec<Extent>> {
-        let _io = self.io.read().await;
+        let _io = self.enter().await?;
         let base = self.base();
         let end = offset + len as u64;
         let bs = self.block_size();

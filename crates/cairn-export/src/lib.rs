@@ -6,10 +6,14 @@
 //!   COMMIT of the overlay as a new version
 //! - [`stats`]: per-export counters
 //! - [`control`]: the control socket (status, COMMIT, overlay snapshots) of a running export
+//! - [`lifecycle`]: the private run directory, state files, claiming names and sockets
+//! - [`notify`]: systemd readiness notification (`sd_notify`)
 
 pub mod base;
 pub mod control;
 pub mod export;
+pub mod lifecycle;
+pub mod notify;
 pub mod stats;
 
 pub use base::Base;

@@ -24,4 +24,12 @@ pub enum NbdError {
     /// cannot return an error, so the spec makes us drop the connection.
     #[error("client asked for unknown export {0:?}")]
     UnknownExport(String),
+    /// `NBD_OPT_EXPORT_NAME` before TLS on a server that requires TLS; that option cannot
+    /// return an error, so the spec makes us drop the connection.
+    #[error("client asked for an export before starting TLS, which this server requires")]
+    TlsRequired,
+    /// The TLS handshake after `NBD_OPT_STARTTLS` failed (untrusted or missing certificate,
+    /// no common protocol version, ...).
+    #[error("TLS handshake failed: {0}")]
+    TlsHandshake(std::io::Error),
 }

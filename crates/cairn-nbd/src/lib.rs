@@ -8,8 +8,9 @@
 //! accept loops in [`listen`].
 //!
 //! Supported (see `doc/proto.md` of NetworkBlockDevice/nbd):
-//! - fixed newstyle handshake only (with `NBD_FLAG_NO_ZEROES`), no TLS
-//!   (`NBD_OPT_STARTTLS` gets `NBD_REP_ERR_POLICY`);
+//! - fixed newstyle handshake only (with `NBD_FLAG_NO_ZEROES`);
+//! - TLS (`NBD_OPT_STARTTLS`, rustls, X.509) in FORCEDTLS mode when the server is given a
+//!   [`TlsConfig`] ([`tls`]); without one, `NBD_OPT_STARTTLS` gets `NBD_REP_ERR_POLICY`;
 //! - options `EXPORT_NAME`, `INFO`/`GO` (`NBD_INFO_EXPORT`, `BLOCK_SIZE`,
 //!   `NAME`, `DESCRIPTION`), `LIST`, `ABORT`, `STRUCTURED_REPLY`,
 //!   `LIST_META_CONTEXT`/`SET_META_CONTEXT` with `base:allocation`;
@@ -32,8 +33,8 @@
 //! # }
 //! ```
 //!
-//! Not supported: oldstyle and non-fixed newstyle negotiation, TLS,
-//! extended headers, `NBD_CMD_FLAG_FAST_ZERO`, resize.
+//! Not supported: oldstyle and non-fixed newstyle negotiation, TLS with
+//! pre-shared keys (rustls has no external PSK), extended headers, `NBD_CMD_FLAG_FAST_ZERO`, resize.
 
 pub mod client;
 pub mod error;
@@ -41,6 +42,7 @@ pub mod export;
 pub mod listen;
 pub mod protocol;
 pub mod server;
+pub mod tls;
 
 pub use client::NbdImage;
 pub use error::NbdError;
@@ -50,3 +52,4 @@ pub use listen::{
     serve_unix_listener,
 };
 pub use server::Server;
+pub use tls::{TlsConfig, TlsError};

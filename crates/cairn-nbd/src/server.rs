@@ -21,6 +21,7 @@ use tracing::{debug, trace};
 use crate::error::NbdError;
 use crate::export::Export;
 use crate::protocol::*;
+use crate::tls::{MaybeTls, TlsConfig};
 
 /// Context id we hand out for `base:allocation`.
 const BASE_ALLOCATION_ID: u32 = 1;
@@ -36,6 +37,7 @@ pub struct Server {
     exports: HashMap<String, Arc<dyn Export>>,
     descriptions: HashMap<String, String>,
     default_export: Option<Arc<dyn Export>>,
+    tls: Option<TlsConfig>,
 }
 
 /// What the option phase decided.
@@ -134,71 +136,127 @@ impl Server {
         &self,
         stream: S,
     ) -> Result<(), NbdError> {
-        let (r, w) = tokio::io::split(stream);
-        let mut r = BufReader::with_capacity(64 * 1024, r);
-        let mut w = BufWriter::with_capacity(64 * 1024, w);
-        let Some(session) = self.handshake(&mut r, &mut w).await? else {
+        let Some((session, conn)) = self.handshake(MaybeTls::Plain(stream)).await? else {
             return Ok(());
         };
+        let (r, w) = tokio::io::split(conn);
+        let r = BufReader::with_capacity(64 * 1024, r);
+        let w = BufWriter::with_capacity(64 * 1024, w);
         transmission(session, r, w).await
     }
 
-    /// Fixed-newstyle handshake and option haggling. `None` means the client
-    /// aborted (soft disconnect).
-    async fn handshake<R, W>(&self, r: &mut R, w: &mut W) -> Result<Option<Session>, NbdError>
+    /// Serve only over TLS from now on (the spec's FORCEDTLS mode; see [`crate::tls`]).
+    pub fn set_tls(&mut self, tls: TlsConfig) {
+        self.tls = Some(tls);
+    }
+
+    /// Whether connections must start TLS.
+    pub fn tls(&self) -> Option<&TlsConfig> {
+        self.tls.as_ref()
+    }
+
+    /// Fixed-newstyle handshake and option haggling, upgrading the connection to TLS on
+    /// `NBD_OPT_STARTTLS`. The stream is read unbuffered here, so nothing a client sends
+    /// after STARTTLS is consumed as plain text. `None` means the client aborted (soft
+    /// disconnect).
+    async fn handshake<S>(
+        &self,
+        mut conn: MaybeTls<S>,
+    ) -> Result<Option<(Session, MaybeTls<S>)>, NbdError>
     where
-        R: AsyncRead + Unpin,
-        W: AsyncWrite + Unpin,
+        S: AsyncRead + AsyncWrite + Unpin,
     {
-        w.write_all(&encode_greeting(
+        conn.write_all(&encode_greeting(
             NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES,
         ))
         .await?;
-        w.flush().await?;
+        conn.flush().await?;
         let mut buf = [0u8; 4];
-        r.read_exact(&mut buf).await?;
+        conn.read_exact(&mut buf).await?;
         let cf = decode_client_flags(&buf)?;
         if !cf.fixed_newstyle {
             return Err(NbdError::NotFixedNewstyle);
         }
-        let mut st = Negotiated {
+        let fresh = || Negotiated {
             no_zeroes: cf.no_zeroes,
             structured: false,
             meta_export: None,
         };
+        let mut st = fresh();
+        // Replies of one option, written out together.
+        let mut out: Vec<u8> = Vec::new();
         loop {
             let mut hdr = [0u8; OPTION_HEADER_LEN];
-            r.read_exact(&mut hdr).await?;
+            conn.read_exact(&mut hdr).await?;
             let h = decode_option_header(&hdr)?;
             let mut data = vec![0u8; h.len as usize];
-            r.read_exact(&mut data).await?;
+            conn.read_exact(&mut data).await?;
             trace!(option = h.option, len = h.len, "nbd option");
-            let outcome = match decode_option(h.option, &data) {
-                Ok(req) => self.handle_option(h.option, req, &mut st, w).await?,
-                Err(e) => {
-                    if h.option == NBD_OPT_EXPORT_NAME {
-                        // EXPORT_NAME cannot carry an error reply.
-                        return Err(e.into());
+            out.clear();
+            let outcome = if self.tls.is_some()
+                && !conn.is_tls()
+                && !matches!(h.option, NBD_OPT_STARTTLS | NBD_OPT_ABORT)
+            {
+                if h.option == NBD_OPT_EXPORT_NAME {
+                    // EXPORT_NAME cannot carry an error: end the session.
+                    return Err(NbdError::TlsRequired);
+                }
+                let msg = "TLS is required: send NBD_OPT_STARTTLS first";
+                reply_err(&mut out, h.option, NBD_REP_ERR_TLS_REQD, msg).await?;
+                OptOutcome::Continue
+            } else {
+                match decode_option(h.option, &data) {
+                    Ok(req) => {
+                        self.handle_option(h.option, req, &mut st, conn.is_tls(), &mut out)
+                            .await?
                     }
-                    reply_err(w, h.option, NBD_REP_ERR_INVALID, &e.to_string()).await?;
-                    OptOutcome::Continue
+                    Err(e) => {
+                        if h.option == NBD_OPT_EXPORT_NAME {
+                            // EXPORT_NAME cannot carry an error reply.
+                            return Err(e.into());
+                        }
+                        reply_err(&mut out, h.option, NBD_REP_ERR_INVALID, &e.to_string()).await?;
+                        OptOutcome::Continue
+                    }
                 }
             };
-            w.flush().await?;
+            conn.write_all(&out).await?;
+            conn.flush().await?;
             match outcome {
                 OptOutcome::Continue => {}
                 OptOutcome::Abort => return Ok(None),
+                OptOutcome::StartTls => {
+                    let tls = self
+                        .tls
+                        .as_ref()
+                        .expect("STARTTLS is acknowledged only with TLS");
+                    conn = match conn {
+                        MaybeTls::Plain(s) => MaybeTls::Tls(Box::new(
+                            tls.acceptor
+                                .accept(s)
+                                .await
+                                .map_err(NbdError::TlsHandshake)?,
+                        )),
+                        MaybeTls::Tls(_) => unreachable!("STARTTLS is refused once TLS is on"),
+                    };
+                    debug!("nbd: TLS started");
+                    // Nothing negotiated before TLS counts after it.
+                    st = fresh();
+                }
                 OptOutcome::Go(sel) => {
                     let base_allocation =
                         st.structured && st.meta_export.as_deref() == Some(sel.name.as_str());
                     let size = sel.export.size();
-                    debug!(export = %sel.name, size, structured = st.structured, base_allocation, "nbd transmission");
-                    return Ok(Some(Session {
-                        export: sel.export,
-                        size,
-                        structured: st.structured,
-                        base_allocation,
-                    }));
+                    debug!(export = %sel.name, size, structured = st.structured, base_allocation, tls = conn.is_tls(), "nbd transmission");
+                    return Ok(Some((
+                        Session {
+                            export: sel.export,
+                            size,
+                            structured: st.structured,
+                            base_allocation,
+                        },
+                        conn,
+                    )));
                 }
             }
         }
@@ -209,6 +267,7 @@ impl Server {
         option: u32,
         req: OptionRequest,
         st: &mut Negotiated,
+        tls_on: bool,
         w: &mut W,
     ) -> Result<OptOutcome, NbdError> {
         match req {
@@ -237,7 +296,15 @@ impl Server {
                 reply(w, option, NBD_REP_ACK, &[]).await?;
             }
             OptionRequest::StartTls => {
-                reply_err(w, option, NBD_REP_ERR_POLICY, "TLS is not supported").await?;
+                if self.tls.is_none() {
+                    let msg = "TLS is not configured on this server";
+                    reply_err(w, option, NBD_REP_ERR_POLICY, msg).await?;
+                } else if tls_on {
+                    reply_err(w, option, NBD_REP_ERR_INVALID, "TLS is already on").await?;
+                } else {
+                    reply(w, option, NBD_REP_ACK, &[]).await?;
+                    return Ok(OptOutcome::StartTls);
+                }
             }
             OptionRequest::StructuredReply => {
                 st.structured = true;
@@ -346,6 +413,7 @@ impl Server {
 enum OptOutcome {
     Continue,
     Abort,
+    StartTls,
     Go(Selected),
 }
 
@@ -721,6 +789,7 @@ pub fn io_errno(e: io::Error) -> (u32, String) {
         Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG) => NBD_ENOSPC,
         Some(libc::EINVAL) => NBD_EINVAL,
         Some(libc::EOVERFLOW) => NBD_EOVERFLOW,
+        Some(libc::ESHUTDOWN) => NBD_ESHUTDOWN,
         Some(_) => NBD_EIO,
         None => match e.kind() {
             io::ErrorKind::PermissionDenied => NBD_EPERM,

@@ -31,6 +31,15 @@ pub enum OverlayError {
         requested: String,
     },
 
+    /// The directory has no overlay manifest (`meta.json`).
+    #[error("{} is not an overlay (no meta.json)", path.display())]
+    NotAnOverlay { path: PathBuf },
+
+    /// A file in an overlay directory that is not the overlay's: discarding the directory
+    /// would delete it too, so nothing is deleted.
+    #[error("{} is not an overlay file; refusing to delete the overlay's directory with it", path.display())]
+    ForeignFile { path: PathBuf },
+
     /// Another `Overlay` (in this or another process) has the directory open.
     #[error("overlay {} is already open elsewhere (lock held)", path.display())]
     Locked { path: PathBuf },

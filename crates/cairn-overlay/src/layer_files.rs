@@ -110,6 +110,11 @@ pub(crate) fn check_no_lost_layers(dir: &Path, meta_path: &Path) -> Result<(), O
     Ok(())
 }
 
+/// Whether `name` is one of the files an overlay directory may hold.
+pub(crate) fn is_overlay_file(name: &str) -> bool {
+    name == META_FILE || name == LOCK_FILE || parse_layer_file(name).is_some() || is_our_tmp(name)
+}
+
 /// Whether `name` is a temporary of [`atomic_write`] for one of our files.
 fn is_our_tmp(name: &str) -> bool {
     name.strip_suffix(".tmp")

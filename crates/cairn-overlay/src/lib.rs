@@ -24,6 +24,14 @@
 //!   is empty the lower layer's files are simply adopted) and drops it; contents are
 //!   unchanged.
 //!
+//! # Managing overlays from outside
+//!
+//! [`Overlay::inspect`] reads what a directory holds (base, snapshots, blocks held as of the
+//! last flush) without opening or locking it; [`Overlay::open_rebasing_empty`] opens an
+//! overlay and, if it sits on another base but holds nothing (no block, no snapshot), moves
+//! it onto the requested base; [`Overlay::discard`] deletes an overlay no process holds
+//! (manifest first), refusing a directory with files that are not the overlay's.
+//!
 //! # On-disk layout
 //!
 //! All files live in the overlay directory:
@@ -88,6 +96,7 @@ mod bitmap;
 mod error;
 mod fsutil;
 mod layer_files;
+mod manage;
 mod meta;
 mod snapshots;
 
@@ -102,6 +111,7 @@ use bitmap::Bitmap;
 pub use error::OverlayError;
 use fsutil::{atomic_write, read_at_zero_fill, read_meta_file, zero_range};
 use layer_files::{bitmap_name, check_no_lost_layers, create_layer, data_name, gc, lock_dir};
+pub use manage::OverlayInfo;
 use meta::{LayerMeta, Meta};
 
 /// Smallest allowed block size.

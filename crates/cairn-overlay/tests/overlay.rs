@@ -421,3 +421,93 @@ fn data_files_are_sparse() {
     // one block written near the end of a 4 MiB image: far less than the image allocated
     assert!(s.data_bytes_allocated < 512 * 1024, "{s:?}");
 }
+
+#[test]
+fn inspect_reads_an_overlay_without_opening_it() {
+    let d = tempfile::tempdir().unwrap();
+    let o = open(d.path());
+    write(&o, 1, 1);
+    write(&o, 10, 1);
+    o.snapshot("s1").unwrap();
+    write(&o, 1, 2);
+    write(&o, 4, 2);
+    o.flush().unwrap();
+    // Works while the overlay is open (no lock taken) and after.
+    for _ in 0..2 {
+        let i = Overlay::inspect(d.path()).unwrap();
+        assert_eq!(i.base, "base-v1");
+        assert_eq!((i.size, i.block_size), (SIZE, BS));
+        assert_eq!(i.snapshots, vec!["s1".to_string()]);
+        assert_eq!((i.blocks_held, i.bytes_held), (3, 2 * BS as u64 + 1000));
+        assert_eq!(i.layers, 2);
+    }
+    drop(o);
+    let e = tempfile::tempdir().unwrap();
+    assert!(matches!(
+        Overlay::inspect(e.path()),
+        Err(OverlayError::NotAnOverlay { .. })
+    ));
+}
+
+#[test]
+fn an_empty_overlay_is_rebased_and_a_used_one_is_not() {
+    let d = tempfile::tempdir().unwrap();
+    drop(open(d.path()));
+    let (o, old) = Overlay::open_rebasing_empty(d.path(), SIZE, BS, "base-v2").unwrap();
+    assert_eq!(old.as_deref(), Some("base-v1"));
+    assert_eq!(o.base(), "base-v2");
+    write(&o, 2, 1);
+    o.flush().unwrap();
+    drop(o);
+    // Same base: nothing to do.
+    let (o, old) = Overlay::open_rebasing_empty(d.path(), SIZE, BS, "base-v2").unwrap();
+    assert_eq!(old, None);
+    drop(o);
+    // Writes depend on their base: refused, and nothing changed.
+    let err = Overlay::open_rebasing_empty(d.path(), SIZE, BS, "base-v3").unwrap_err();
+    assert!(
+        matches!(err, OverlayError::Mismatch { field: "base", .. }),
+        "{err}"
+    );
+    assert_eq!(Overlay::inspect(d.path()).unwrap().base, "base-v2");
+    // So do snapshots, even empty ones.
+    let f = tempfile::tempdir().unwrap();
+    let o = open(f.path());
+    o.snapshot("empty").unwrap();
+    drop(o);
+    assert!(Overlay::open_rebasing_empty(f.path(), SIZE, BS, "base-v2").is_err());
+    // Size and block size still have to match.
+    let g = tempfile::tempdir().unwrap();
+    drop(open(g.path()));
+    assert!(matches!(
+        Overlay::open_rebasing_empty(g.path(), SIZE + 1, BS, "base-v2"),
+        Err(OverlayError::Mismatch { field: "size", .. })
+    ));
+}
+
+#[test]
+fn discard_deletes_an_overlay_nobody_holds() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("ov");
+    let o = open(&dir);
+    write(&o, 1, 1);
+    o.snapshot("s").unwrap();
+    o.flush().unwrap();
+    assert!(matches!(
+        Overlay::discard(&dir),
+        Err(OverlayError::Locked { .. })
+    ));
+    drop(o);
+    // A file that is not the overlay's is not deleted: nothing is.
+    std::fs::write(dir.join("notes.txt"), b"mine").unwrap();
+    let err = Overlay::discard(&dir).unwrap_err();
+    assert!(err.to_string().contains("notes.txt"), "{err}");
+    assert!(dir.join("meta.json").exists());
+    std::fs::remove_file(dir.join("notes.txt")).unwrap();
+    Overlay::discard(&dir).unwrap();
+    assert!(!dir.exists());
+    assert!(matches!(
+        Overlay::discard(&dir),
+        Err(OverlayError::NotAnOverlay { .. })
+    ));
+}

@@ -1,6 +1,15 @@
-//! `cairn export VERSION`: serve a version over NBD, fetching data on demand.
+//! `cairn export VERSION`: serve a version over NBD, fetching data on demand, until SIGTERM
+//! or SIGINT; `cairn status`, `cairn overlay` and `cairn commit --from-export` talk to a
+//! running export over its control socket.
+//!
+//! The life of an export (see `cairn_export::lifecycle`): the run directory is checked
+//! (0700, the user's), the export names and the NBD socket are claimed (a live holder is
+//! refused, naming its pid), the versions are opened, the control sockets bound, a state file
+//! written per export, and readiness announced (`--json` lines, systemd's `READY=1`). On
+//! SIGTERM/SIGINT it stops accepting, pauses and flushes every export, removes its files,
+//! prints one line and exits 0.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,20 +17,137 @@ use std::time::Duration;
 use anyhow::{bail, Context as _, Result};
 use cairn_engine::resolve::{resolve, VersionSpec};
 use cairn_export::control::{self, Handler};
-use cairn_export::{Base, ContentCache, ExportStats, VersionExport};
-use cairn_nbd::Server;
-use cairn_overlay::Overlay;
+use cairn_export::lifecycle::{self, ExportState, NameClaim, SocketClaim};
+use cairn_export::{notify, Base, ContentCache, ExportStats, VersionExport};
+use cairn_format::Id;
+use cairn_nbd::{Server, TlsConfig};
+use cairn_overlay::{Overlay, OverlayError};
 use cairn_repo::Repo;
 use serde_json::{json, Value};
+use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::{ExportArgs, OverlayAction, OverlayArgs, StatusArgs};
+use crate::commands::exports;
 use crate::context::Context;
 use crate::output::{bytes, print_json};
 
+/// One export being served.
+struct Opened {
+    name: String,
+    export: Arc<VersionExport>,
+    /// `IMAGE@N (short id)`.
+    described: String,
+    /// `IMAGE@N` and the full id.
+    version: String,
+    id: String,
+    overlay: Option<PathBuf>,
+}
+
+/// Where the NBD server listens.
+enum Listener {
+    Unix(tokio::net::UnixListener, PathBuf),
+    Tcp(tokio::net::TcpListener, String),
+    /// One connection on stdin/stdout, or a socket handed over by socket activation.
+    Stdio,
+}
+
+/// What an export leaves in the run directory, removed when it stops (or fails to start):
+/// state files first, then control sockets, then the NBD socket; the claims on names and
+/// socket go last.
+struct Files {
+    run: PathBuf,
+    states: Vec<String>,
+    controls: Vec<PathBuf>,
+    socket: Option<SocketClaim>,
+    _names: Vec<NameClaim>,
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        for name in &self.states {
+            ExportState::remove(&self.run, name);
+        }
+        for ctl in &self.controls {
+            if let Err(e) = std::fs::remove_file(ctl) {
+                tracing::warn!("cannot remove {}: {e}", ctl.display());
+            }
+        }
+        if let Some(claim) = &self.socket {
+            claim.remove();
+        }
+    }
+}
+
 pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
+    // From here on SIGTERM and SIGINT stop the export cleanly instead of killing it.
+    let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
     if args.specs.len() > 1 && (args.name.is_some() || args.overlay.is_some()) {
         bail!("with several versions, name each as VERSION=NAME (--name and --overlay take one)");
     }
+    let mut plan: Vec<(String, String)> = Vec::new();
+    for spec in &args.specs {
+        let (version, name) = match spec.split_once('=') {
+            Some((v, n)) => (v.to_string(), n.to_string()),
+            None => {
+                let image = VersionSpec::parse(spec)?.image;
+                (spec.clone(), args.name.clone().unwrap_or(image))
+            }
+        };
+        if plan.iter().any(|(_, n)| *n == name) {
+            bail!("export name {name:?} is given twice");
+        }
+        plan.push((version, name));
+    }
+    let tls = tls_config(&args)?;
+    if let Some(addr) = &args.listen {
+        if args.writable
+            && tls.is_none()
+            && !args.insecure
+            && is_loopback(addr).await == Some(false)
+        {
+            bail!(
+                "refusing a writable export on {addr} without TLS: anyone who can reach that \
+                 address could read and overwrite the disk; serve TLS (--tls-dir DIR, or \
+                 --tls-cert FILE --tls-key FILE), listen on a loopback address, or pass --insecure"
+            );
+        }
+    }
+    let stdio = args.stdio || std::env::var_os("LISTEN_FDS").is_some();
+
+    // Claim the names and the socket before opening anything.
+    let run = lifecycle::run_dir();
+    lifecycle::ensure_private_dir(&run)?;
+    let mut names = Vec::new();
+    for (_, name) in &plan {
+        names.push(lifecycle::claim_name(&run, name).await?);
+    }
+    let mut files = Files {
+        run: run.clone(),
+        states: Vec::new(),
+        controls: Vec::new(),
+        socket: None,
+        _names: names,
+    };
+    let listener = if stdio {
+        Listener::Stdio
+    } else if let Some(addr) = &args.listen {
+        let l = bind_tcp(addr, &run).await?;
+        let local = l
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| addr.clone());
+        Listener::Tcp(l, local)
+    } else {
+        let path = match &args.socket {
+            Some(p) => p.clone(),
+            None => run.join(format!("{}.sock", lifecycle::file_key(&plan[0].1))),
+        };
+        let (claim, l) = lifecycle::claim_socket(&run, &path).await?;
+        files.socket = Some(claim);
+        Listener::Unix(l, path)
+    };
+
     let repo = ctx.open_as("export").await?;
     let cache_dir = args
         .cache_dir
@@ -32,76 +158,231 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
             .with_context(|| format!("cannot open the chunk cache {}", cache_dir.display()))?,
     );
     let mut server = Server::new();
-    let mut served_stats = Vec::new();
-    let mut lines = Vec::new();
-    for spec in &args.specs {
-        let (version, explicit) = match spec.split_once('=') {
-            Some((v, n)) => (v, Some(n.to_string())),
-            None => (spec.as_str(), None),
-        };
-        let (name, export, described) = open_export(
-            &repo,
-            &cache,
-            &args,
-            version,
-            explicit.or(args.name.clone()),
-        )
-        .await?;
-        server.set_description(&name, format!("cairn {described}"));
-        server.add_export(&name, export.clone());
-        if args.specs.len() == 1 {
-            server.set_default_export(export.clone());
+    let mut opened = Vec::new();
+    for (version, name) in &plan {
+        let o = open_export(ctx, &repo, &cache, &args, version, name).await?;
+        server.set_description(&o.name, format!("cairn {}", o.described));
+        server.add_export(&o.name, o.export.clone());
+        if plan.len() == 1 {
+            server.set_default_export(o.export.clone());
         }
-        served_stats.push((name.clone(), export.stats().clone()));
-        lines.push((name, described));
+        opened.push(o);
+    }
+    let tls_on = tls.is_some();
+    if let Some(tls) = tls {
+        server.set_tls(tls);
     }
     let server = Arc::new(server);
+    for o in &opened {
+        let ctl = lifecycle::control_path(&run, &o.name);
+        let listener = control::bind(&ctl)
+            .with_context(|| format!("cannot bind the control socket {}", ctl.display()))?;
+        files.controls.push(ctl.clone());
+        let handler = handler(
+            o.export.clone(),
+            repo.clone(),
+            cache.clone(),
+            args.readahead,
+        );
+        tokio::spawn(async move {
+            if let Err(e) = control::serve(listener, handler).await {
+                tracing::error!("control socket {}: {e}", ctl.display());
+            }
+        });
+    }
+    let served_stats: Vec<(String, Arc<ExportStats>)> = opened
+        .iter()
+        .map(|o| (o.name.clone(), o.export.stats().clone()))
+        .collect();
     if let Some(path) = args.stats_file.clone() {
         tokio::spawn(write_stats(path, served_stats.clone()));
     }
 
-    let served = if args.stdio || std::env::var_os("LISTEN_FDS").is_some() {
-        if std::env::var_os("LISTEN_FDS").is_some() {
-            cairn_nbd::serve_socket_activation(server).await
-        } else {
-            cairn_nbd::serve_stdio(server)
-                .await
-                .map_err(std::io::Error::other)
-        }
-    } else if let Some(addr) = &args.listen {
-        for (name, described) in &lines {
-            ctx.note(&format!("serving {described} as nbd://{addr}/{name}"));
-        }
-        cairn_nbd::serve_tcp(server, addr.as_str()).await
-    } else {
-        let path = match &args.socket {
-            Some(p) => p.clone(),
-            None => default_socket(&lines[0].0)?,
-        };
-        for (name, described) in &lines {
-            ctx.note(&format!(
-                "serving {described} as nbd+unix:///{name}?socket={}",
-                path.display()
-            ));
-        }
-        cairn_nbd::serve_unix(server, &path).await
+    // Announce: state files, then --json lines or notes, then systemd.
+    let (socket, listen) = match &listener {
+        Listener::Unix(_, p) => (Some(p.clone()), None),
+        Listener::Tcp(_, a) => (None, Some(a.clone())),
+        Listener::Stdio => (None, None),
     };
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut status = Vec::new();
+    for o in &opened {
+        let uri = uri(&o.name, socket.as_deref(), listen.as_deref(), tls_on);
+        let state = ExportState {
+            name: o.name.clone(),
+            pid: std::process::id(),
+            version: o.version.clone(),
+            id: o.id.clone(),
+            uri: uri.clone(),
+            socket: socket
+                .as_ref()
+                .map(|p| std::path::absolute(p).unwrap_or(p.clone())),
+            listen: listen.clone(),
+            writable: o.overlay.is_some(),
+            tls: tls_on,
+            overlay: o.overlay.clone(),
+            started,
+        };
+        state.write(&run)?;
+        files.states.push(o.name.clone());
+        if !stdio {
+            if ctx.json {
+                let line = json!({
+                    "name": o.name,
+                    "uri": uri,
+                    "version": o.version,
+                    "id": o.id,
+                    "pid": std::process::id(),
+                    "socket": socket.as_ref().map(|p| p.display().to_string()),
+                    "listen": listen,
+                    "writable": o.overlay.is_some(),
+                    "tls": tls_on,
+                    "overlay": o.overlay.as_ref().map(|p| p.display().to_string()),
+                });
+                println!("{line}");
+            } else {
+                ctx.note(&format!("serving {} as {uri}", o.described));
+            }
+        }
+        status.push(format!("{} ({}) at {uri}", o.name, o.version));
+    }
+    {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+    }
+    notify_systemd(&format!("READY=1\nSTATUS=serving {}", status.join("; ")));
+
+    // Serve until a signal (or, on stdin, the end of the connection).
+    let serving = async {
+        match listener {
+            Listener::Stdio if std::env::var_os("LISTEN_FDS").is_some() => {
+                cairn_nbd::serve_socket_activation(server).await
+            }
+            Listener::Stdio => cairn_nbd::serve_stdio(server)
+                .await
+                .map_err(std::io::Error::other),
+            Listener::Tcp(l, _) => cairn_nbd::serve_tcp_listener(server, l).await,
+            Listener::Unix(l, _) => cairn_nbd::serve_unix_listener(server, l).await,
+        }
+    };
+    let (signal, served) = tokio::select! {
+        r = serving => (None, r),
+        _ = sigterm.recv() => (Some("SIGTERM"), Ok(())),
+        _ = sigint.recv() => (Some("SIGINT"), Ok(())),
+    };
+    if let Some(sig) = signal {
+        notify_systemd(&format!("STOPPING=1\nSTATUS=stopping ({sig})"));
+    }
+    // No new connection; let requests in progress finish, then flush every overlay.
+    let mut failed = Vec::new();
+    for o in &opened {
+        if let Err(e) = o.export.shutdown().await {
+            failed.push(format!("{}: {e}", o.name));
+        }
+    }
+    drop(files);
     if let Some(path) = &args.stats_file {
         let _ = std::fs::write(path, stats_json(&served_stats).to_string());
     }
+    let names: Vec<&str> = opened.iter().map(|o| o.name.as_str()).collect();
+    let what = match names.as_slice() {
+        [one] => format!("export {one}"),
+        many => format!("exports {}", many.join(", ")),
+    };
+    let why = signal.unwrap_or("connection ended");
+    if !failed.is_empty() {
+        bail!(
+            "{what} stopped ({why}) but could not flush its overlay: {}",
+            failed.join("; ")
+        );
+    }
     served.context("nbd server")?;
+    if signal.is_some() {
+        let flushed = match opened.iter().filter(|o| o.overlay.is_some()).count() {
+            0 => "",
+            1 => "; overlay flushed",
+            _ => "; overlays flushed",
+        };
+        ctx.note(&format!("cairn: {what} stopped ({why}){flushed}"));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Opens one export: resolves the version, opens its base (and overlay), starts its control
-/// socket. Returns (name, export, description).
+/// `nbd[s]+unix:///NAME?socket=PATH` or `nbd[s]://ADDR/NAME`.
+fn uri(name: &str, socket: Option<&Path>, listen: Option<&str>, tls: bool) -> String {
+    let s = if tls { "s" } else { "" };
+    match (socket, listen) {
+        (Some(p), _) => format!("nbd{s}+unix:///{name}?socket={}", p.display()),
+        (None, Some(a)) => format!("nbd{s}://{a}/{name}"),
+        (None, None) => "stdio".to_string(),
+    }
+}
+
+fn notify_systemd(message: &str) {
+    if let Err(e) = notify::notify(message) {
+        tracing::warn!("cannot notify systemd (NOTIFY_SOCKET): {e}");
+    }
+}
+
+fn tls_config(args: &ExportArgs) -> Result<Option<TlsConfig>> {
+    Ok(match (&args.tls_dir, &args.tls_cert, &args.tls_key) {
+        (Some(dir), _, _) => Some(TlsConfig::from_dir(dir)?),
+        (None, Some(cert), Some(key)) => Some(TlsConfig::from_pem_files(
+            cert,
+            key,
+            args.tls_ca.as_deref(),
+        )?),
+        _ => None,
+    })
+}
+
+/// Whether every address `addr` resolves to is a loopback one (`None`: it does not resolve;
+/// binding it will say why).
+async fn is_loopback(addr: &str) -> Option<bool> {
+    let addrs: Vec<_> = tokio::net::lookup_host(addr).await.ok()?.collect();
+    if addrs.is_empty() {
+        return None;
+    }
+    Some(addrs.iter().all(|a| a.ip().is_loopback()))
+}
+
+/// Binds the TCP address; an address in use names the export that has it, if one does.
+async fn bind_tcp(addr: &str, run: &Path) -> Result<tokio::net::TcpListener> {
+    match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => Ok(l),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            let holder = lifecycle::live_exports(run)
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .find(|x| x.state.listen.as_deref() == Some(addr));
+            match holder {
+                Some(x) => bail!(
+                    "address {addr} is in use by export {:?} (pid {}); stop it with `cairn \
+                     exports stop {}` or choose another --listen",
+                    x.state.name,
+                    x.pid,
+                    x.state.name
+                ),
+                None => bail!("cannot listen on {addr}: address in use; choose another --listen"),
+            }
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot listen on {addr}")),
+    }
+}
+
+/// Opens one export: resolves the version, opens its base (and overlay).
 async fn open_export(
+    ctx: &Context,
     repo: &Arc<Repo>,
     cache: &Arc<ContentCache>,
     args: &ExportArgs,
     version: &str,
-    name: Option<String>,
-) -> Result<(String, Arc<VersionExport>, String)> {
+    name: &str,
+) -> Result<Opened> {
     let spec = VersionSpec::parse(version)?;
     let (id, record) = resolve(repo, &spec).await?;
     let stats = Arc::new(ExportStats::default());
@@ -115,50 +396,106 @@ async fn open_export(
     )
     .await
     .with_context(|| format!("cannot open {}@{}", record.image, record.seq))?;
-    let name = name.unwrap_or_else(|| record.image.clone());
+    let version = format!("{}@{}", record.image, record.seq);
     let overlay = if args.writable {
         let dir = args
             .overlay
             .clone()
-            .unwrap_or_else(|| default_overlay_dir(&name));
+            .unwrap_or_else(|| exports::default_overlay_dir(name));
+        let dir = std::path::absolute(&dir).unwrap_or(dir);
         let block = repo.config().chunk_size;
-        let o = Overlay::open(&dir, record.logical_size, block, &id.to_hex())
-            .with_context(|| format!("cannot open the overlay {}", dir.display()))?;
+        let o = match Overlay::open_rebasing_empty(&dir, record.logical_size, block, &id.to_hex()) {
+            Ok((o, rebased)) => {
+                if let Some(old) = rebased {
+                    ctx.note(&format!(
+                        "overlay {} held nothing; moved it from base {} to {version}",
+                        dir.display(),
+                        &old[..old.len().min(12)]
+                    ));
+                }
+                o
+            }
+            Err(OverlayError::Mismatch { field: "base", .. }) => {
+                let explicit = args.overlay.is_some();
+                return Err(base_mismatch(repo, &dir, explicit, name, &version, &id).await);
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot open the overlay {}", dir.display()))
+            }
+        };
         let held = o.stats().blocks_held;
         if held > 0 {
-            eprintln!(
+            ctx.note(&format!(
                 "reopened the overlay {} with {held} blocks written",
                 dir.display()
-            );
+            ));
         }
         Some(Arc::new(o))
     } else {
         None
     };
+    let overlay_dir = overlay.as_ref().map(|o| o.dir().to_path_buf());
     let export = Arc::new(VersionExport::with_overlay(base, overlay, stats));
-    let ctl = control::socket_path(&name);
-    tokio::spawn({
-        let handler = handler(export.clone(), repo.clone(), cache.clone(), args.readahead);
-        let ctl = ctl.clone();
-        async move {
-            if let Err(e) = control::serve(&ctl, handler).await {
-                tracing::error!("control socket {}: {e}", ctl.display());
-            }
-        }
-    });
-    let described = format!("{}@{} ({})", record.image, record.seq, id.short());
-    Ok((name, export, described))
+    Ok(Opened {
+        name: name.to_string(),
+        export,
+        described: format!("{version} ({})", id.short()),
+        version,
+        id: id.to_hex(),
+        overlay: overlay_dir,
+    })
 }
 
-fn default_socket(name: &str) -> Result<PathBuf> {
-    let dir = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir)
-        .join("cairn");
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    Ok(dir.join(format!("{}.sock", name.replace('/', "_"))))
+/// The overlay in `dir` holds writes on another version than `requested`: say which, and
+/// the ways out.
+async fn base_mismatch(
+    repo: &Repo,
+    dir: &Path,
+    explicit: bool,
+    name: &str,
+    requested: &str,
+    requested_id: &Id,
+) -> anyhow::Error {
+    let info = match Overlay::inspect(dir) {
+        Ok(i) => i,
+        Err(e) => return anyhow::Error::new(e),
+    };
+    let o = dir.display();
+    let discard = if explicit {
+        format!("`cairn overlay discard {o} --yes`")
+    } else {
+        format!("`cairn overlay discard {name} --yes`")
+    };
+    let short = &info.base[..info.base.len().min(12)];
+    let held = bytes(info.bytes_held);
+    let base = match info.base.parse::<Id>() {
+        Ok(id) => match repo.deleted_versions().await {
+            Ok(deleted) if deleted.contains(&id) => None,
+            _ => repo.load_version(&id).await.ok(),
+        },
+        Err(_) => None,
+    };
+    let Some(base) = base else {
+        return anyhow::anyhow!(
+            "overlay {o} holds {held} of writes made over version {short}, which this \
+             repository does not have (not over {requested} ({})): discard them with {discard}",
+            requested_id.short()
+        );
+    };
+    let base = format!("{}@{}", base.image, base.seq);
+    let overlay_flag = if explicit {
+        format!(" --overlay {o}")
+    } else {
+        String::new()
+    };
+    anyhow::anyhow!(
+        "overlay {o} holds {held} of writes made over {base} ({short}), not over {requested} \
+         ({}): continue with `cairn export {base} --writable --name {name}{overlay_flag}`, \
+         commit them while that runs with `cairn commit IMAGE --from-export {name}`, or \
+         discard them with {discard}",
+        requested_id.short()
+    )
 }
-
 /// One export: its counters; several: an object of counters by export name.
 fn stats_json(stats: &[(String, Arc<ExportStats>)]) -> Value {
     match stats {
@@ -179,15 +516,6 @@ async fn write_stats(path: PathBuf, stats: Vec<(String, Arc<ExportStats>)>) {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-}
-
-fn default_overlay_dir(name: &str) -> PathBuf {
-    std::env::var_os("XDG_STATE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
-        .unwrap_or_else(std::env::temp_dir)
-        .join("cairn/overlays")
-        .join(name.replace('/', "_"))
 }
 
 /// What the control socket of this export answers.
@@ -264,6 +592,7 @@ fn handler(
 fn status_json(export: &VersionExport) -> Value {
     let base = export.base();
     let mut v = json!({
+        "pid": std::process::id(),
         "image": base.record().image,
         "seq": base.record().seq,
         "id": base.id().to_hex(),
@@ -335,7 +664,8 @@ pub async fn status(ctx: &Context, args: StatusArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `cairn overlay snapshot|rollback|delete|list EXPORT [NAME]`.
+/// `cairn overlay snapshot|rollback|delete|list EXPORT [NAME]`; `overlay list` and
+/// `overlay discard NAME` work on overlays on disk (see `exports.rs`).
 pub async fn overlay(ctx: &Context, args: OverlayArgs) -> Result<ExitCode> {
     let (export, req) = match &args.action {
         OverlayAction::Snapshot { export, name } => {
@@ -345,7 +675,13 @@ pub async fn overlay(ctx: &Context, args: OverlayArgs) -> Result<ExitCode> {
             (export, json!({"op": "rollback", "name": name}))
         }
         OverlayAction::Delete { export, name } => (export, json!({"op": "delete", "name": name})),
-        OverlayAction::List { export } => (export, json!({"op": "snapshots"})),
+        OverlayAction::List {
+            export: Some(export),
+        } => (export, json!({"op": "snapshots"})),
+        OverlayAction::List { export: None } => return exports::list_overlays(ctx).await,
+        OverlayAction::Discard { name, yes } => {
+            return exports::discard_overlay(ctx, name, *yes).await
+        }
     };
     let v = control::request(export, req)
         .await

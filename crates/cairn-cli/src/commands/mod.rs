@@ -4,6 +4,7 @@ pub mod clone;
 pub mod commit;
 pub mod diff;
 pub mod export;
+pub mod exports;
 pub mod gc;
 pub mod images;
 pub mod init;
