@@ -875,6 +875,40 @@ fn exports_lists_running_exports_and_stops_one() {
     assert!(!d.join("run/ro.ctl").exists());
     assert!(!r.socket.exists());
 
+    // A restore onto what the running export serves from (its overlay, its socket) is
+    // refused, even with --force, and changes nothing.
+    let data = overlay.join("data");
+    let inside = if data.exists() {
+        data.clone()
+    } else {
+        overlay.join("new.raw")
+    };
+    let before = std::fs::read(&inside).ok();
+    for target in [inside.clone(), w.socket.clone()] {
+        let out = cairn_in(
+            d,
+            &[
+                "--repo",
+                repo_s,
+                "restore",
+                "vm",
+                target.to_str().unwrap(),
+                "--force",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(1));
+        assert_eq!(
+            common::stderr_line(&out),
+            format!(
+                "cairn: error: will not restore to {}: it belongs to the running export disk \
+                 (pid {}); stop it first with `cairn exports stop disk`",
+                target.display(),
+                w.pid()
+            )
+        );
+    }
+    assert_eq!(std::fs::read(&inside).ok(), before);
+
     // Stop: the export flushes, cleans up and exits 0; then it is gone.
     let out = cairn_in(d, &["--repo", repo_s, "exports", "stop", "disk"]);
     assert_eq!(

@@ -39,6 +39,9 @@ pub enum EngineError {
     },
     #[error("commit pipeline: {0}")]
     Pipeline(String),
+    /// GC declined to act (it never acts on a partial view); the text says why and what to do.
+    #[error("gc: {0}")]
+    Gc(String),
     /// A SIGINT or SIGTERM asked the work to stop (see [`crate::interrupt`]).
     #[error("interrupted by {signal}")]
     Interrupted { signal: &'static str },

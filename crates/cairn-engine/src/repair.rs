@@ -312,13 +312,33 @@ async fn repair_index(repo: &Repo, dry_run: bool, report: &mut RepairReport) -> 
             .extend(damaged_files.into_iter().map(|(k, e)| format!("{k}: {e}")));
         return Ok(());
     }
-    // The rebuilt index is durable before the damaged files go.
-    if !rebuilt.is_empty() {
-        repo.put_index_file(&IndexFile { packs: rebuilt }).await?;
+    // The rebuilt index is durable before the damaged files go. Rebuilt from the same packs
+    // it may encode exactly as a damaged file did before the damage, i.e. under that file's
+    // key: then it is written in another order (same content, another key), so that no
+    // moment passes without an index naming these packs.
+    let mut file = IndexFile { packs: rebuilt };
+    let damaged_keys: HashSet<&str> = damaged_files.iter().map(|(k, _)| k.as_str()).collect();
+    let mut late = None;
+    if !file.packs.is_empty() {
+        if damaged_keys.contains(index::key(&Id::of(&file.encode())).as_str()) {
+            if let Some(p) = file.packs.iter_mut().find(|p| p.entries.len() > 1) {
+                p.entries.reverse();
+            } else if file.packs.len() > 1 {
+                file.packs.reverse();
+            } else {
+                late = Some(file.clone()); // one blob: written once its damaged copy is gone
+            }
+        }
+        if late.is_none() {
+            repo.put_index_file(&file).await?;
+        }
     }
-    for (key, e) in damaged_files {
-        repo.set_aside_object(&key).await?;
+    for (key, e) in &damaged_files {
+        repo.set_aside_object(key).await?;
         report.index_files_set_aside.push(format!("{key}: {e}"));
+    }
+    if let Some(file) = late {
+        repo.put_index_file(&file).await?;
     }
     repo.refresh_index().await?;
     Ok(())

@@ -108,6 +108,9 @@ pub struct VerifyReport {
     /// Blob copies found damaged and quarantined by this run (the next commit that meets
     /// their content stores them again).
     pub quarantined: u64,
+    /// Packs damaged only in copies quarantined before this run: known, not used, and
+    /// rewritten or deleted by the next `gc --repair`. Not a problem by themselves.
+    pub packs_with_quarantined: u64,
 }
 
 impl VerifyReport {
@@ -236,7 +239,7 @@ pub async fn verify_with(repo: Arc<Repo>, options: &VerifyOptions) -> EngineResu
     for (id, record) in &versions {
         report.versions_checked += 1;
         if let Some(parent) = record.parent {
-            if !scoped && !known.contains(&parent) {
+            if !scoped && !known.contains(&parent) && !repo.is_known_lost_version(&parent).await? {
                 report.problems.push(format!(
                     "version {}@{} ({}): parent {} is missing",
                     record.image,
@@ -322,6 +325,7 @@ async fn check_packs(
         report.blobs_checked += outcome.blobs;
         report.bytes_read += outcome.bytes;
         report.problems.extend(outcome.problems);
+        report.packs_with_quarantined += u64::from(outcome.known_damaged);
         for (entry, reason) in outcome.bad {
             // The next commit that meets this content stores it again.
             repo.quarantine(
@@ -340,6 +344,8 @@ async fn check_packs(
 
 struct PackOutcome {
     pack: Id,
+    /// The pack is damaged, but only in copies quarantined before this run.
+    known_damaged: bool,
     blobs: u64,
     bytes: u64,
     problems: Vec<String>,
@@ -348,12 +354,17 @@ struct PackOutcome {
 
 async fn check_pack(repo: &Repo, pack: Id, entries: Vec<BlobEntry>) -> EngineResult<PackOutcome> {
     let key = pack_key(&pack);
+    // A pack holding a copy quarantined earlier no longer matches its id, and is known to:
+    // its other blobs are checked as usual, the copy is not used, and the next
+    // `gc --repair` rewrites or deletes the pack.
+    let known_damaged = repo.quarantined().iter().any(|(p, _)| *p == pack);
     let data = match repo.store().get(&key).await {
         Ok(d) => d,
         Err(StoreError::NotFound { .. }) => {
             let reason = format!("pack {pack} is missing");
             return Ok(PackOutcome {
                 pack,
+                known_damaged: false,
                 blobs: entries.len() as u64,
                 bytes: 0,
                 bad: entries.iter().map(|e| (*e, reason.clone())).collect(),
@@ -366,11 +377,7 @@ async fn check_pack(repo: &Repo, pack: Id, entries: Vec<BlobEntry>) -> EngineRes
     tokio::task::spawn_blocking(move || {
         let mut problems = Vec::new();
         let mut bad = Vec::new();
-        if Id::of(&data) != pack {
-            problems.push(format!(
-                "{key}: content does not match its id (corrupt or truncated)"
-            ));
-        }
+        let mismatch = Id::of(&data) != pack;
         match pack::parse_pack(&data) {
             Ok(trailer) => {
                 let listed: HashSet<&BlobEntry> = trailer.iter().collect();
@@ -402,8 +409,16 @@ async fn check_pack(repo: &Repo, pack: Id, entries: Vec<BlobEntry>) -> EngineRes
                 bad.push((*e, reason));
             }
         }
+        let known = known_damaged && bad.is_empty() && problems.is_empty();
+        if mismatch && !known {
+            problems.insert(
+                0,
+                format!("{key}: content does not match its id (corrupt or truncated)"),
+            );
+        }
         PackOutcome {
             pack,
+            known_damaged: mismatch && known,
             blobs: entries.len() as u64,
             bytes,
             problems,

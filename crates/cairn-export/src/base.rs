@@ -48,26 +48,43 @@ fn io_err(e: impl std::fmt::Display) -> io::Error {
 /// Reads a blob; if its pack is gone (a GC repacked it: GC does not wait for exports), re-reads
 /// the index once and tries again.
 async fn read_blob(repo: &Repo, id: &Id) -> io::Result<Vec<u8>> {
-    match repo.read_blob(id).await {
-        Ok(data) => Ok(data),
+    let r = match repo.read_blob(id).await {
         Err(RepoError::PackMissing { .. } | RepoError::BlobMissing { .. }) => {
             tracing::info!(blob = %id, "pack gone; re-reading the index");
             repo.refresh_index().await.map_err(io_err)?;
-            repo.read_blob(id).await.map_err(io_err)
+            repo.read_blob(id).await
         }
-        Err(e) => Err(io_err(e)),
-    }
+        other => other,
+    };
+    record_damage(repo, r).await
 }
 
 /// Reads blobs in one coalesced batch, with the same retry as [`read_blob`].
 async fn read_blobs(repo: &Arc<Repo>, ids: &[Id]) -> io::Result<Vec<Vec<u8>>> {
-    match repo.read_blobs(ids).await {
-        Ok(data) => Ok(data),
+    let r = match repo.read_blobs(ids).await {
         Err(RepoError::PackMissing { .. } | RepoError::BlobMissing { .. }) => {
             repo.refresh_index().await.map_err(io_err)?;
-            repo.read_blobs(ids).await.map_err(io_err)
+            repo.read_blobs(ids).await
         }
-        Err(e) => Err(io_err(e)),
+        other => other,
+    };
+    record_damage(repo, r).await
+}
+
+/// A read that found damage has quarantined the damaged copy in this process; an export runs
+/// for days, so the marker is written now rather than at exit (the next commit that meets
+/// the content then stores it again).
+async fn record_damage<T>(repo: &Repo, r: Result<T, RepoError>) -> io::Result<T> {
+    match r {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            if e.is_damage() {
+                if let Err(f) = repo.flush_quarantine().await {
+                    tracing::warn!("could not record the damaged blob: {f}");
+                }
+            }
+            Err(io_err(e))
+        }
     }
 }
 

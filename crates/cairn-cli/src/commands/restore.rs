@@ -1,9 +1,10 @@
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use cairn_engine::resolve::{resolve, VersionSpec};
 use cairn_engine::restore::{restore, RestoreOptions, RestoreProgress, RestoreTarget};
 use serde_json::json;
@@ -21,6 +22,9 @@ pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
     let repo_id = repo.config().repo_id;
     let to_stdout = args.output.as_os_str() == "-";
     let qcow2 = args.format == OutputFormatArg::Qcow2;
+    if !to_stdout {
+        refuse_export_files(&args.output).await?;
+    }
     let target = match (to_stdout, qcow2) {
         (true, true) => anyhow::bail!("--format qcow2 needs an output file, not stdout"),
         (true, false) => RestoreTarget::Stdout,
@@ -120,4 +124,39 @@ pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
     } else {
         ExitCode::from(3)
     })
+}
+
+/// Refuses to restore onto what a running export of this host serves from: its overlay
+/// directory or its socket. (Restoring there would pull the disk from under a running VM.)
+async fn refuse_export_files(output: &Path) -> Result<()> {
+    let run = cairn_export::lifecycle::run_dir();
+    if !run.is_dir() {
+        return Ok(());
+    }
+    let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    // The target may not exist yet: its directory decides then.
+    let target = match output.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) if !output.exists() => real(dir).join(output.file_name().unwrap_or_default()),
+        _ => real(output),
+    };
+    let live = cairn_export::lifecycle::live_exports(&run)
+        .await
+        .unwrap_or_default();
+    for export in live {
+        let overlay = export.state.overlay.as_deref().map(real);
+        let socket = export.state.socket.as_deref().map(real);
+        let inside =
+            overlay.is_some_and(|o| target.starts_with(&o)) || socket.is_some_and(|s| s == target);
+        if inside {
+            bail!(
+                "will not restore to {}: it belongs to the running export {} (pid {}); stop it \
+                 first with `cairn exports stop {}`",
+                output.display(),
+                export.state.name,
+                export.pid,
+                export.state.name
+            );
+        }
+    }
+    Ok(())
 }

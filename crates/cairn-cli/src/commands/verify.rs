@@ -47,6 +47,7 @@ pub async fn run(ctx: &Context, args: VerifyArgs) -> Result<ExitCode> {
                 "problem": d.problem,
             })).collect::<Vec<_>>(),
             "quarantined": report.quarantined,
+            "packs_with_quarantined_copies": report.packs_with_quarantined,
         }));
     } else {
         let subset = if report.packs_checked < report.packs_in_scope {
@@ -74,6 +75,13 @@ pub async fn run(ctx: &Context, args: VerifyArgs) -> Result<ExitCode> {
                 d.seq,
                 d.id.short(),
                 d.reason
+            );
+        }
+        if report.packs_with_quarantined > 0 {
+            println!(
+                "{} packs hold copies quarantined earlier (not used; `cairn gc --repair` \
+                 rewrites them)",
+                report.packs_with_quarantined
             );
         }
         if report.is_clean() {

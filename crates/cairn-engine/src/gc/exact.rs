@@ -15,7 +15,7 @@ use cairn_format::Id;
 use cairn_repo::session::now_ns;
 use cairn_repo::{pack_key, BlobIndex, BlobLocation, Repo};
 
-use super::leftovers::remove_orphan_records;
+use super::leftovers::{remove_orphan_records, remove_stale_markers};
 use super::summaries::{ensure_summary, SummaryCheck};
 use super::{
     bad_node, delete_orphans, finish, orphan_packs, pack_payload, publish_and_wait, put_index,
@@ -97,11 +97,14 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         };
         let lb = live_bytes.get(pack).copied().unwrap_or(0);
         let payload = pack_payload(size, indexed_entries.get(pack).copied().unwrap_or(0));
+        // A pack holding a quarantined copy no longer matches its id: rewrite it (unless
+        // that copy is the only one left), so the repository verifies clean again.
+        let damaged = quarantined.iter().any(|(p, _)| p == pack);
         if pinned.contains(pack) {
             kept.push(*pack);
         } else if lb == 0 {
             to_delete.push(*pack);
-        } else if (lb as f64) < options.repack_threshold * payload as f64 {
+        } else if damaged || (lb as f64) < options.repack_threshold * payload as f64 {
             to_repack.push(*pack);
         } else {
             kept.push(*pack);
@@ -254,7 +257,9 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         repo.delete_gc_leftover(key).await?;
     }
     finish(repo, &published, options).await?;
-    report.bytes_after = stored_bytes(repo).await?.0;
+    let (bytes_after, packs_after) = stored_bytes(repo).await?;
+    report.bytes_after = bytes_after;
+    remove_stale_markers(repo, &packs_after).await?;
     Ok(report)
 }
 

@@ -20,6 +20,7 @@ use cairn_format::Id;
 use cairn_repo::session::now_ns;
 use cairn_repo::{pack_key, BlobLocation, Repo};
 
+use super::leftovers::remove_stale_markers;
 use super::summaries::{ensure_summary, LiveFilters, SummaryCheck};
 use super::{
     delete_orphans, finish, orphan_packs, pack_payload, publish_and_wait, put_index, read_node,
@@ -346,6 +347,8 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         repo.delete_gc_leftover(key).await?;
     }
     finish(repo, &published, options).await?;
-    report.bytes_after = stored_bytes(repo).await?.0;
+    let (bytes_after, packs_after) = stored_bytes(repo).await?;
+    report.bytes_after = bytes_after;
+    remove_stale_markers(repo, &packs_after).await?;
     Ok(report)
 }

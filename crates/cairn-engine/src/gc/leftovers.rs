@@ -79,3 +79,17 @@ pub(super) async fn remove_orphan_records(
     }
     Ok(())
 }
+
+/// Deletes the quarantine markers of copies whose pack no longer exists (deleted or repacked
+/// by this or an earlier GC): a marker only matters while its copy is there.
+pub(super) async fn remove_stale_markers(
+    repo: &Repo,
+    packs: &std::collections::HashMap<Id, u64>,
+) -> EngineResult<()> {
+    for (pack, blob) in repo.quarantine_markers().await? {
+        if !packs.contains_key(&pack) {
+            repo.delete_quarantine_marker(&pack, &blob).await?;
+        }
+    }
+    Ok(())
+}

@@ -324,7 +324,13 @@ impl Snapshot {
     }
 
     async fn load(repo: &Repo) -> EngineResult<Snapshot> {
-        let files = repo.load_all_index_files().await?;
+        let files = repo.load_all_index_files().await.map_err(|e| match e {
+            RepoError::Corrupt { key, source } => EngineError::Gc(format!(
+                "index file {key} is damaged ({source}); gc acts only on a complete index: run \
+                 `cairn repair`, which rebuilds it from the packs; nothing was deleted"
+            )),
+            e => e.into(),
+        })?;
         // Quarantined copies are no copies: a blob is found at a good one, if any.
         let mut index = BlobIndex::without(repo.quarantined());
         for (_, f) in &files {
