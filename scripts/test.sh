@@ -5,9 +5,11 @@
 #                             cargo test --release (with the dataset required), the S3 suite
 #                             against a local MinIO (built by go install the first time) and a
 #                             local Ceph RGW (apt), the S3 fault tests, the disk-format tests
-#                             (qcow2, NBD, dirty bitmaps), a bounded fuzz run of the qcow2
-#                             parser, scripts/e2e.sh, the GC stress test; the benchmark
-#                             scripts parse and the committed peer report regenerates
+#                             (qcow2, NBD, dirty bitmaps), operator safety (full disk, mounted
+#                             device), the kill -9 loops, the pull-mode backup of a running
+#                             disk, a bounded fuzz run of the qcow2 parser, scripts/e2e.sh,
+#                             the GC stress and leak test; the benchmark scripts parse and the
+#                             committed peer report regenerates
 #   scripts/test.sh --quick   cargo test --workspace only (no root, no dataset, no e2e)
 #
 # The full run needs root the first time (apt-get, debootstrap, loop mounts for the dataset).
@@ -22,7 +24,7 @@ for a in "$@"; do
   case "$a" in
     --quick) QUICK=1 ;;
     -h | --help)
-      sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *) echo "test.sh: unknown argument: $a (try --help)" >&2; exit 2 ;;
@@ -104,13 +106,22 @@ python3 "$ROOT/scripts/s3_faults.py"
 step "disk formats: qcow2 in and out, backing chains, NBD, dirty bitmaps, polite scans (scripts/formats.py)"
 CAIRN_TEST_TMP="$ROOT/.data" python3 "$ROOT/scripts/formats.py" --dataset "$DATASET" --bin "$CAIRN_BIN"
 
+step "operator safety as root: a 100% full tmpfs freed by rm and gc, a mounted device refused (scripts/safety.py)"
+CAIRN_TEST_TMP="$ROOT/.data" python3 "$ROOT/scripts/safety.py" --bin "$CAIRN_BIN"
+
+step "kill -9 loops: 100 trials of commit, gc, rm/prune and restore killed or interrupted (scripts/kill_loops.py)"
+CAIRN_TEST_TMP="$ROOT/.data" python3 "$ROOT/scripts/kill_loops.py" --bin "$CAIRN_BIN"
+
+step "pull-mode incremental backup of a running disk with qemu-storage-daemon (scripts/pullmode_backup.py)"
+CAIRN_TEST_TMP="$ROOT/.data" python3 "$ROOT/scripts/pullmode_backup.py" --bin "$CAIRN_BIN"
+
 step "fuzz the qcow2 parser for ${CAIRN_FUZZ_SECONDS:-60} s (scripts/fuzz.sh)"
 bash "$ROOT/scripts/fuzz.sh" "${CAIRN_FUZZ_SECONDS:-60}"
 
 step "scripts/e2e.sh"
 CAIRN_BIN="$CAIRN_BIN" CAIRN_DATASET="$DATASET" bash "$ROOT/scripts/e2e.sh"
 
-step "scripts/stress_gc.py (4 committers + prune/gc for 60 s, then 20 kill -9 of gc)"
+step "scripts/stress_gc.py (4 committers + prune/gc for 60 s, 20 kill -9 of gc, then the fast-deletion leak check)"
 CAIRN_BIN="$CAIRN_BIN" CAIRN_STRESS_DIR="$ROOT/.data" python3 "$ROOT/scripts/stress_gc.py" --seconds 60
 
 CURRENT_STEP="done"
