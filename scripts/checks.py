@@ -1,6 +1,9 @@
-"""Helpers shared by cairn's Python test scripts (stress_gc.py, many_hosts.py, s3_faults.py)."""
+"""Helpers shared by cairn's Python test scripts: sha(), Checks, sh() and the Cairn runner."""
 
 import hashlib
+import json
+import os
+import subprocess
 import threading
 
 
@@ -28,3 +31,36 @@ class Checks:
                 self.failed += 1
                 print(f"  FAIL  {what}", flush=True)
         return cond
+
+
+def sh(*cmd, check=True, timeout=None, **kw):
+    """Runs a command (text output captured); raises with its stderr if it fails and `check`."""
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,
+                       **kw)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))}: exit {p.returncode}: {p.stderr.strip()}")
+    return p
+
+
+class Cairn:
+    """`cairn --repo REPO -q ARGS...` with the host state (provenance) in `state`."""
+
+    def __init__(self, binary, repo, state=None, timeout=None):
+        self.binary, self.repo, self.timeout = binary, repo, timeout
+        self.env = dict(os.environ)
+        if state:
+            self.env["CAIRN_STATE_DIR"] = state
+
+    def run(self, *args, check=True):
+        p = subprocess.run([self.binary, "--repo", self.repo, "-q", *map(str, args)],
+                           capture_output=True, text=True, env=self.env, timeout=self.timeout)
+        if check and p.returncode != 0:
+            raise RuntimeError(f"cairn {' '.join(map(str, args))}: {p.stderr.strip()}")
+        return p
+
+    def json(self, *args):
+        return json.loads(self.run("--json", *args).stdout)
+
+    def versions(self, image):
+        p = self.run("--json", "log", image, check=False)
+        return len(json.loads(p.stdout)) if p.returncode == 0 else 0

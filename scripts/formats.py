@@ -39,38 +39,11 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checks import Checks, sha  # noqa: E402
+from checks import Cairn, Checks, sh, sha  # noqa: E402
 from qemu_helpers import StorageDaemon as Qsd, need_tools, stop, wait_for  # noqa: E402
 
 CHECKS = Checks()
 ok = CHECKS.ok
-
-
-def sh(*cmd, check=True, **kw):
-    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, cmd))}: exit {p.returncode}: {p.stderr.strip()}")
-    return p
-
-
-class Cairn:
-    def __init__(self, binary, repo, state):
-        self.binary, self.repo = binary, repo
-        self.env = dict(os.environ, CAIRN_STATE_DIR=state)
-
-    def run(self, *args, check=True):
-        p = subprocess.run([self.binary, "--repo", self.repo, "-q", *map(str, args)],
-                           capture_output=True, text=True, env=self.env)
-        if check and p.returncode != 0:
-            raise RuntimeError(f"cairn {' '.join(map(str, args))}: {p.stderr.strip()}")
-        return p
-
-    def json(self, *args):
-        return json.loads(self.run("--json", *args).stdout)
-
-    def versions(self, image):
-        p = self.run("--json", "log", image, check=False)
-        return len(json.loads(p.stdout)) if p.returncode == 0 else 0
 
 
 def identical(a, fmt_a, raw_b, what):

@@ -42,19 +42,24 @@ any failure.
 """
 
 import argparse
-import json
 import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checks import Checks, sha  # noqa: E402
+from checks import Cairn, Checks, sha  # noqa: E402
+from checks import sh as _sh  # noqa: E402
+
+
+def sh(*cmd, **kw):
+    """checks.sh with a time limit: no tool may hang the script."""
+    kw.setdefault("timeout", 120)
+    return _sh(*cmd, **kw)
 from qemu_helpers import StorageDaemon, need_tools  # noqa: E402
 
 CHECKS = Checks()
@@ -66,29 +71,6 @@ IMAGE = "vm/disk0"
 # The commits read at most this fast (MiB/s: the full one, the incremental ones), so that the
 # writer's writes land while they read.
 RATE_LIMIT = ("16", "4")
-
-
-def sh(*cmd, check=True, **kw):
-    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=120, **kw)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, cmd))}: exit {p.returncode}: {p.stderr.strip()}")
-    return p
-
-
-class Cairn:
-    def __init__(self, binary, repo, state):
-        self.binary, self.repo = binary, repo
-        self.env = dict(os.environ, CAIRN_STATE_DIR=state)
-
-    def run(self, *args, check=True):
-        p = subprocess.run([self.binary, "--repo", self.repo, "-q", *map(str, args)],
-                           capture_output=True, text=True, env=self.env, timeout=300)
-        if check and p.returncode != 0:
-            raise RuntimeError(f"cairn {' '.join(map(str, args))}: {p.stderr.strip()}")
-        return p
-
-    def json(self, *args):
-        return json.loads(self.run("--json", *args).stdout)
 
 
 class Writer:
@@ -242,7 +224,7 @@ def main():
                                             dir=os.environ.get("CAIRN_TEST_TMP")))
     qsd = writer = None
     try:
-        c = Cairn(binary, os.path.join(work, "repo"), os.path.join(work, "state"))
+        c = Cairn(binary, os.path.join(work, "repo"), os.path.join(work, "state"), timeout=300)
         c.run("init")
         disk = os.path.join(work, "disk0.qcow2")
         initial_disk(disk, rng)

@@ -18,31 +18,11 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checks import Checks, sha  # noqa: E402
-
-
-def sh(*args, check=True):
-    p = subprocess.run(list(args), capture_output=True, text=True)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)}: {p.stderr.strip()}")
-    return p
-
-
-class Cairn:
-    def __init__(self, binary, repo):
-        self.binary, self.repo = binary, repo
-
-    def run(self, *args, check=True):
-        p = subprocess.run([self.binary, "--repo", self.repo, *args], capture_output=True,
-                           text=True)
-        if check and p.returncode != 0:
-            raise RuntimeError(f"cairn {' '.join(args)}: {p.stderr.strip()}")
-        return p
+from checks import Cairn, Checks, sh, sha  # noqa: E402
 
 
 def free_bytes(path):

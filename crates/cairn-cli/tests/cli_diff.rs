@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::cairn;
+use common::{cairn, noise};
 
 use std::path::Path;
 use std::process::Output;
@@ -16,18 +16,6 @@ fn ok(out: Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
-}
-
-fn noise(len: usize) -> Vec<u8> {
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// Commits `data` as a new version of `vm` and returns its id.
@@ -50,7 +38,7 @@ fn diff_of_two_versions() {
         &repo,
         &["init", "--chunk-size", "4K", "--segment-size", "64K"],
     ));
-    let v1 = noise(200_000);
+    let v1 = noise(200_000, 1);
     let mut v2 = v1.clone();
     v2[70_000] ^= 1; // in the chunk at 0x11000
     v2[131_072..139_264].fill(0); // two whole chunks at 0x20000

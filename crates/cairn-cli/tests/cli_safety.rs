@@ -3,7 +3,7 @@
 //! cleanly, and nothing is left behind.
 
 mod common;
-use common::{cairn, stderr_line};
+use common::{cairn, noise, stderr_line};
 
 use std::io::Write;
 use std::os::unix::fs::FileTypeExt;
@@ -11,19 +11,6 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// Deterministic noise.
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 fn init(dir: &Path) -> PathBuf {
     let repo = dir.join("repo");
@@ -298,9 +285,14 @@ fn sigint_and_sigterm_end_a_commit_cleanly() {
             assert!(Instant::now() < deadline, "no pack was stored");
             std::thread::sleep(Duration::from_millis(20));
         }
+        // Hold stdin open until the process has exited (wait_with_output would close it,
+        // and an EOF could let the commit finish before it handles the signal).
+        let mut child = commit.child;
+        let stdin = child.stdin.take();
         // SAFETY: kill with a valid pid and signal number.
-        assert_eq!(unsafe { libc::kill(commit.child.id() as i32, signal) }, 0);
-        let out = commit.child.wait_with_output().unwrap();
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let out = child.wait_with_output().unwrap();
+        drop(stdin);
         assert_eq!(out.status.code(), Some(code), "{out:?}");
         assert_eq!(
             stderr_line(&out),

@@ -183,10 +183,18 @@ pub(crate) async fn publish(
         let own = record.encode().len() as u64 + refs::encode(&Id::ZERO).len() as u64;
         record.stats.stored_bytes += own;
         let (id, _) = repo.put_version(&record).await?;
-        if repo.swap_head(image, head.as_ref(), &id).await? {
-            progress.stored.fetch_add(own, Ordering::Relaxed);
-            tracing::info!(image, seq, %id, attempt, "committed");
-            return Ok(CommitResult { id, record });
+        match repo.swap_head(image, head.as_ref(), &id).await {
+            Ok(true) => {
+                progress.stored.fetch_add(own, Ordering::Relaxed);
+                tracing::info!(image, seq, %id, attempt, "committed");
+                return Ok(CommitResult { id, record });
+            }
+            // Another commit moved the head first: the record no ref will ever name is taken
+            // back (its time makes it unique to this commit, so nothing else refers to it).
+            // After an error the swap may still have happened (a request cut off after the
+            // server acted), so the record stays; what is left is removed by the exact GC.
+            Ok(false) => repo.delete_unpublished_version(&id).await,
+            Err(e) => return Err(e.into()),
         }
         tracing::debug!(image, attempt, "head moved during commit; retrying");
     }

@@ -130,6 +130,14 @@ impl Repo {
         Ok((id, written))
     }
 
+    /// Deletes a version record this process wrote but never published (its ref swap failed).
+    /// Best effort: a record left behind is garbage for the exact GC pass.
+    pub async fn delete_unpublished_version(&self, id: &Id) {
+        if let Err(e) = self.store().delete(&version::key(id)).await {
+            tracing::debug!(%id, "could not delete an unpublished version record: {e}");
+        }
+    }
+
     /// Ids of every stored version record whose hex id starts with `prefix`.
     pub async fn versions_with_prefix(&self, prefix: &str) -> RepoResult<Vec<Id>> {
         let prefix = prefix.to_ascii_lowercase();
