@@ -289,12 +289,15 @@ impl Marker {
             let raw = read_node(repo, index, &node, &mut self.bytes_read)
                 .await
                 .map_err(|e| {
-                    EngineError::Pipeline(format!(
-                    "gc: cannot read manifest of live version {}@{} ({}): {e}; nothing was deleted",
-                    record.image,
-                    record.seq,
-                    id.short()
-                ))
+                    EngineError::Gc(format!(
+                        "cannot read the manifest of live version {}@{} ({}): {e}; nothing was \
+                     deleted (restore what can be restored with `cairn restore --allow-damage`, \
+                     store it again with `cairn repair --from IMAGE_FILE`, or remove the version \
+                     with `cairn rm`)",
+                        record.image,
+                        record.seq,
+                        id.short()
+                    ))
                 })?;
             if level == 0 {
                 let leaf = Leaf::decode(&raw).map_err(|e| bad_node(&node, e))?;

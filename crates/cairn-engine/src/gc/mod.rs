@@ -253,9 +253,9 @@ async fn withdraw_plans(repo: &Repo) {
 }
 
 async fn acquire_lock(repo: &Repo, options: &GcOptions) -> EngineResult<cairn_store::RefVersion> {
-    let me = repo
-        .session_key()
-        .ok_or_else(|| EngineError::Pipeline("gc needs an open session".into()))?;
+    let me = repo.session_key().ok_or_else(|| {
+        EngineError::Gc("it needs a session of its own (the repository refuses writes?)".into())
+    })?;
     let data = Bytes::from(encode_gc_lock(&me));
     let store = repo.store();
     for _ in 0..5 {
@@ -267,7 +267,7 @@ async fn acquire_lock(repo: &Repo, options: &GcOptions) -> EngineResult<cairn_st
             } => {
                 let holder = decode_gc_lock(&current.data).unwrap_or_default();
                 if let Some(alive) = live_session(store.as_ref(), &holder, options).await? {
-                    return Err(EngineError::Pipeline(format!(
+                    return Err(EngineError::Gc(format!(
                         "another gc is running: {alive}; try again when it has finished"
                     )));
                 }
@@ -286,7 +286,7 @@ async fn acquire_lock(repo: &Repo, options: &GcOptions) -> EngineResult<cairn_st
 }
 
 fn lock_lost() -> EngineError {
-    EngineError::Pipeline("could not take the gc lock (it keeps changing)".into())
+    EngineError::Gc("could not take the gc lock (it keeps changing)".into())
 }
 
 /// The session `key` described, if it is alive.
@@ -423,8 +423,8 @@ async fn wait_for_sessions(repo: &Repo, cutoff_ns: i64, options: &GcOptions) -> 
             }
         }
         if started.elapsed() > options.wait_limit {
-            return Err(EngineError::Pipeline(format!(
-                "gc: waited {:.0} s for {} older session(s) to finish ({}); nothing was deleted",
+            return Err(EngineError::Gc(format!(
+                "waited {:.0} s for {} older session(s) to finish ({}); nothing was deleted",
                 started.elapsed().as_secs_f64(),
                 pending.len(),
                 pending.join(", ")
@@ -497,7 +497,7 @@ async fn read_node(
 }
 
 fn bad_node(id: &Id, e: cairn_format::FormatError) -> EngineError {
-    EngineError::Pipeline(format!("gc: manifest node {id}: {e}; nothing was deleted"))
+    EngineError::Gc(format!("manifest node {id}: {e}; nothing was deleted"))
 }
 
 /// A published plan and the session cutoff that goes with it.

@@ -92,8 +92,10 @@ pub(super) async fn summarize_tree(
             let raw = read_node(repo, index, &node, bytes_read)
                 .await
                 .map_err(|e| {
-                    EngineError::Pipeline(format!(
-                        "gc: cannot read manifest of live version {}@{}: {e}; nothing was deleted",
+                    EngineError::Gc(format!(
+                        "cannot read the manifest of live version {}@{}: {e}; nothing was \
+                         deleted (store it again with `cairn repair --from IMAGE_FILE`, or \
+                         remove the version with `cairn rm`)",
                         record.image, record.seq
                     ))
                 })?;
