@@ -282,7 +282,11 @@ def main():
         if args.leak_seconds > 0:
             leak_work = os.path.join(work, "leak")
             os.makedirs(leak_work)
-            leak_repo = args.repo + "-leak" if args.repo else os.path.join(leak_work, "repo")
+            if args.repo:  # a sibling prefix: ".../stress?query" -> ".../stress-leak?query"
+                base, sep, query = args.repo.partition("?")
+                leak_repo = f"{base}-leak{sep}{query}"
+            else:
+                leak_repo = os.path.join(leak_work, "repo")
             leak_check(binary, leak_repo, leak_work, args.leak_seconds, checks)
     finally:
         shutil.rmtree(work, ignore_errors=True)
