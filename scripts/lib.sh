@@ -8,7 +8,7 @@
 #   die MSG...                 log and exit 1
 #   need_root [WHY]            exit unless running as root
 #   ensure_apt_packages PKG... install the missing ones (apt-get update runs at most once)
-#   cairn_bin                  build the release CLI (once) and echo its path
+#   cairn_bin                  build the CLI (once; release, or $CAIRN_PROFILE) and echo its path
 #   dataset_dir small|full     echo $ROOT/.data/small or $ROOT/.data/full, building it if needed
 
 # Guard against double sourcing.
@@ -84,18 +84,21 @@ _cargo_target_dir() {
   esac
 }
 
-# Builds the release CLI once per process tree and echoes the binary's path. Set CAIRN_BIN to an
-# existing executable to skip the build. Cargo's output goes to stderr.
+# Builds the CLI once per process tree and echoes the binary's path: the release profile, or
+# $CAIRN_PROFILE (the test suite uses `ci`). Set CAIRN_BIN to an existing executable to skip
+# the build. Cargo's output goes to stderr.
 cairn_bin() {
   if [ -n "${CAIRN_BIN:-}" ] && [ -x "$CAIRN_BIN" ]; then
     printf '%s\n' "$CAIRN_BIN"
     return 0
   fi
   command -v cargo >/dev/null 2>&1 || die "cargo not found (install Rust: https://rustup.rs)"
-  log "cargo build --release -p cairn-cli"
-  (cd "$ROOT" && cargo build --release -p cairn-cli >&2) || die "cargo build --release -p cairn-cli failed"
+  local profile=${CAIRN_PROFILE:-release}
+  log "cargo build --profile $profile -p cairn-cli"
+  (cd "$ROOT" && cargo build --profile "$profile" -p cairn-cli >&2) \
+    || die "cargo build --profile $profile -p cairn-cli failed"
   local bin
-  bin="$(_cargo_target_dir)/release/cairn"
+  bin="$(_cargo_target_dir)/$profile/cairn"
   [ -x "$bin" ] || die "build succeeded but $bin is missing"
   printf '%s\n' "$bin"
 }

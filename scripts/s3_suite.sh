@@ -4,7 +4,7 @@
 #   scripts/minio.sh run bash scripts/s3_suite.sh DATASET_DIR
 #   scripts/ceph.sh run bash scripts/s3_suite.sh DATASET_DIR
 #
-# 1. the store conformance suite and the CLI end to end (cargo test, release);
+# 1. the store conformance suite and the CLI end to end (cargo test; profile $CAIRN_PROFILE, or release);
 # 2. scripts/many_hosts.py: four hosts commit dataset images while another serves a version
 #    over NBD and a collector removes a version and runs gc; verify and bit-exact restores;
 # 3. scripts/stress_gc.py on the bucket: committers against prune+gc, then kill -9 of gc.
@@ -24,7 +24,7 @@ base=${CAIRN_TEST_S3_URL%%\?*}
 query=${CAIRN_TEST_S3_URL#*\?}
 
 log "$SERVER: conformance suite and CLI end to end"
-(cd "$ROOT" && cargo test --release -p cairn-store-s3 --test minio -p cairn-cli --test cli_s3)
+(cd "$ROOT" && cargo test --profile "${CAIRN_PROFILE:-release}" -p cairn-store-s3 --test minio -p cairn-cli --test cli_s3)
 
 log "$SERVER: many hosts on one bucket"
 python3 "$ROOT/scripts/many_hosts.py" --dataset "$DATASET"
