@@ -1,6 +1,8 @@
 //! Running the `cairn` binary from integration tests.
 #![allow(dead_code)]
 
+pub mod export;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
