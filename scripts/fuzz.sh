@@ -51,6 +51,6 @@ else
   # About 4,000 cases per second on 2 cores.
   cases=$((SECONDS_LIMIT * 4000))
   log "no nightly toolchain: running the stable mutation fuzzer, $cases cases"
-  CAIRN_FUZZ_CASES=$cases cargo test --profile "${CAIRN_PROFILE:-release}" -p cairn-image --test fuzz_qcow2 >&2
+  CAIRN_FUZZ_CASES=$cases cargo test --profile "${CAIRN_PROFILE:-release}" --workspace --test fuzz_qcow2 >&2
   echo "fuzz: the mutation fuzzer ran $cases cases without a finding"
 fi

@@ -46,7 +46,8 @@ class Host:
         self.env["CAIRN_META_CACHE"] = os.path.join(work, name, "meta")
         self.env["CAIRN_CACHE_DIR"] = os.path.join(work, name, "chunks")
         self.env["CAIRN_RUN_DIR"] = os.path.join(work, name, "run")
-        os.makedirs(self.env["CAIRN_RUN_DIR"], exist_ok=True)
+        # Private, as cairn requires of a run directory (it refuses one others can enter).
+        os.makedirs(self.env["CAIRN_RUN_DIR"], mode=0o700, exist_ok=True)
 
     def run(self, *args, check=True):
         p = subprocess.run([self.binary, "--repo", self.repo, "-q", *args],
@@ -96,7 +97,9 @@ def main():
             if os.path.exists(sock) or export.poll() is not None:
                 break
             time.sleep(0.05)
-        checks.ok(os.path.exists(sock), "the export listens")
+        if not checks.ok(os.path.exists(sock), "the export listens"):
+            if export.poll() is not None:
+                print(f"  export: {export.stderr.read().decode(errors='replace').strip()}")
 
         done = threading.Event()
         lock = threading.Lock()

@@ -595,7 +595,7 @@ def main():
         env.update(AWS_ACCESS_KEY_ID=user, AWS_SECRET_ACCESS_KEY=secret, AWS_REGION="us-east-1",
                    CAIRN_META_CACHE="off", CAIRN_CACHE_DIR=os.path.join(ctx.work, "cache"),
                    CAIRN_RUN_DIR=os.path.join(ctx.work, "run"))
-        os.makedirs(env["CAIRN_RUN_DIR"])
+        os.makedirs(env["CAIRN_RUN_DIR"], mode=0o700)
         ctx.cairn = Cairn(os.path.abspath(a.bin), env)
         ctx.cleanup.append(ctx.cairn.kill_all)
         ctx.img_a, ctx.img_b, ctx.img_c = (os.path.join(ctx.work, f"{n}.raw") for n in "abc")

@@ -24,7 +24,8 @@ base=${CAIRN_TEST_S3_URL%%\?*}
 query=${CAIRN_TEST_S3_URL#*\?}
 
 log "$SERVER: conformance suite and CLI end to end"
-(cd "$ROOT" && cargo test --profile "${CAIRN_PROFILE:-release}" -p cairn-store-s3 --test minio -p cairn-cli --test cli_s3)
+# --workspace, so that features unify as in the suite's own build and nothing is rebuilt.
+(cd "$ROOT" && cargo test --profile "${CAIRN_PROFILE:-release}" --workspace --test minio --test cli_s3)
 
 log "$SERVER: many hosts on one bucket"
 python3 "$ROOT/scripts/many_hosts.py" --dataset "$DATASET"
