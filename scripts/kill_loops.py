@@ -229,9 +229,15 @@ class Run:
         out, err = reap(proc, 60)
         name = signal.Signals(sig).name
         interrupted = proc.returncode == 128 + sig
-        self.ok(proc.returncode in (0, 128 + sig),
+        # -sig: the signal came before cairn installed its handler (the first milliseconds of
+        # the process, before it opened anything): the default disposition ended it.
+        self.ok(proc.returncode in (0, 128 + sig, -sig),
                 f"{label}: {name} ends {args[0] if args[0] != '--json' else args[1]} "
                 f"with 0 or {128 + sig} (exit {proc.returncode}: {err.strip()[-200:]})")
+        if proc.returncode == -sig:
+            self.ok(not (leftovers() - before),
+                    f"{label}: a process ended by {name} before it started left nothing")
+            return False, out
         if interrupted:
             self.interrupted += 1
             self.ok(err.strip() == f"cairn: interrupted by {name}; stopped cleanly, nothing "

@@ -46,7 +46,15 @@ fn main() -> ExitCode {
     let watches_signals = !matches!(cli.command, Command::Export(_));
     let result = runtime.block_on(async {
         if watches_signals {
-            tokio::spawn(watch_signals(graceful));
+            // Installed here, before the command starts, not inside the spawned task: a
+            // signal must never meet the default disposition once a session may exist.
+            use tokio::signal::unix::{signal, SignalKind};
+            if let (Ok(int), Ok(term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) {
+                tokio::spawn(watch_signals(graceful, int, term));
+            }
         }
         let result = match cli.command {
             Command::Init(args) => commands::init::run(&ctx, args).await,
@@ -119,14 +127,11 @@ fn interrupted_by(e: &anyhow::Error) -> Option<i32> {
 
 /// Turns SIGINT/SIGTERM into a stop request (or an immediate exit for commands that have
 /// nothing to clean up); a second signal or an overlong cleanup exits at once.
-async fn watch_signals(graceful: bool) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        return;
-    };
+async fn watch_signals(
+    graceful: bool,
+    mut int: tokio::signal::unix::Signal,
+    mut term: tokio::signal::unix::Signal,
+) {
     let first = tokio::select! {
         _ = int.recv() => libc::SIGINT,
         _ = term.recv() => libc::SIGTERM,
