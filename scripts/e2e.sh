@@ -331,7 +331,7 @@ restore_and_compare "after kill -9:" killed/img "$DS/su-2.raw"
 
 # --- 8. damage is detected ------------------------------------------------------------------------------------
 section "verify detects damage"
-victim=$(find "$REPO" -type f -printf '%s\t%p\n' | sort -rn | awk 'NR == 1' | cut -f2-)
+victim=$(find "$REPO/packs" -type f -printf '%s\t%p\n' | sort -rn | awk 'NR == 1' | cut -f2-)
 if [ -n "$victim" ] && [ "$(size_of "$victim")" -gt 0 ]; then
   vsize=$(size_of "$victim")
   off=$((vsize / 2))
@@ -339,8 +339,9 @@ if [ -n "$victim" ] && [ "$(size_of "$victim")" -gt 0 ]; then
   printf '%b' "\\0$(printf '%03o' $(((orig ^ 255) & 255)))" |
     dd of="$victim" bs=1 seek="$off" count=1 conv=notrunc status=none
   printf '        flipped byte %s of %s (%s bytes)\n' "$off" "${victim#"$REPO"/}" "$vsize"
-  expect_fail "cairn verify fails after a byte of the largest repository file is flipped" \
+  expect_fail "cairn verify fails after a byte of the largest pack is flipped" \
     cairn --repo "$REPO" verify
+  check "verify exits 3 (damage found), not 1 (could not run): got $RC" test "$RC" -eq 3
 else
   fail "verify detects damage" "no files found in $REPO"
 fi
