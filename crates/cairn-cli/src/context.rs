@@ -9,6 +9,7 @@ use cairn_repo::{ContentCache, Repo};
 use cairn_store::{LocalStore, ObjectStore};
 
 use crate::cli::Cli;
+use crate::failure::NoRepository;
 
 /// Size limit of the metadata cache (least recently used objects are evicted beyond it).
 const META_CACHE_LIMIT: u64 = 2 << 30;
@@ -53,7 +54,10 @@ impl Context {
     fn location(&self) -> Result<&str> {
         match self.repo.as_deref() {
             Some(r) if !r.is_empty() => Ok(r),
-            _ => bail!("no repository given: pass --repo PATH or set CAIRN_REPO"),
+            _ => Err(NoRepository(
+                "no repository given: pass --repo PATH or set CAIRN_REPO".into(),
+            )
+            .into()),
         }
     }
 
@@ -91,7 +95,10 @@ impl Context {
             Ok(s) if deletion => Ok(Arc::new(s.for_deletion())),
             Ok(s) => Ok(Arc::new(s)),
             Err(_) if !create && !path.exists() => {
-                bail!("no cairn repository at {location} (the directory does not exist; run `cairn init` first)")
+                Err(NoRepository(format!(
+                    "no cairn repository at {location} (the directory does not exist; run `cairn init` first)"
+                ))
+                .into())
             }
             Err(e) => Err(e).with_context(|| format!("cannot open repository {location}")),
         }

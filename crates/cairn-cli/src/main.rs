@@ -1,8 +1,9 @@
 //! The `cairn` binary: flags → settings → engine calls → text or JSON.
 //!
 //! Error policy: library crates return typed errors; here they become one line on stderr,
-//! `cairn: error: ...`, with exit status 1 (3 for `verify` finding damage, 2 for usage errors,
-//! which clap reports itself).
+//! `cairn: error: ...` (one JSON object under `--json`), with a stable code and an exit status
+//! by kind: see [`failure`]. What commands print goes through [`output`], which survives a
+//! closed pipe.
 //!
 //! Signals: SIGINT and SIGTERM stop long work (commit, restore, verify, gc, rm, prune) at its
 //! next safe point, through the same cleanup as any failure (unpublished packs deleted,
@@ -11,17 +12,19 @@
 //! once; what is left then (a session, a temporary file) belongs to a dead process, which
 //! the next `cairn gc` recognises and removes. Other commands exit at once.
 
+#[macro_use]
+mod output;
 mod cli;
 mod commands;
 mod context;
-mod output;
+mod failure;
 mod progress;
 mod provenance;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use cairn_engine::{interrupt, EngineError};
+use cairn_engine::interrupt;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
@@ -29,17 +32,20 @@ use crate::cli::{Cli, Command};
 use crate::context::Context;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_command_line();
     init_logging(cli.verbose);
     let ctx = Context::new(&cli);
+    let json = cli.json;
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("cairn: error: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
+            return failure::report(
+                &anyhow::anyhow!("cannot start the async runtime: {e}"),
+                json,
+            )
         }
     };
     let graceful = stops_gracefully(&cli.command);
@@ -81,21 +87,25 @@ fn main() -> ExitCode {
         ctx.close(result.is_ok()).await;
         result
     });
-    match result {
+    match result.and_then(|code| output::finish().map(|()| code)) {
         Ok(code) => code,
-        Err(e) => match interrupted_by(&e) {
-            Some(signal) => {
-                eprintln!(
-                    "cairn: interrupted by {}; stopped cleanly, nothing half-done was kept",
-                    interrupt::signal_name(signal)
-                );
-                ExitCode::from(128 + signal as u8)
-            }
-            None => {
-                eprintln!("cairn: error: {}", one_line(&e));
-                ExitCode::from(1)
-            }
-        },
+        Err(e) => failure::report(&e, json),
+    }
+}
+
+/// The command line, or exit: help and version on stdout (0); a usage error as clap prints
+/// it, or under `--json` as one JSON object (2).
+fn parse_command_line() -> Cli {
+    match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if e.use_stderr() && std::env::args_os().any(|a| a == "--json") => {
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("invalid command line");
+            let message = first.strip_prefix("error: ").unwrap_or(first);
+            failure::print_error(failure::Kind::USAGE, message, true);
+            std::process::exit(failure::Kind::USAGE.exit.into());
+        }
+        Err(e) => e.exit(),
     }
 }
 
@@ -114,15 +124,6 @@ fn stops_gracefully(command: &Command) -> bool {
         | Command::Prune(_) => true,
         _ => false,
     }
-}
-
-/// The signal behind an interrupted command's error, if that is what ended it.
-fn interrupted_by(e: &anyhow::Error) -> Option<i32> {
-    e.chain()
-        .find_map(|cause| match cause.downcast_ref::<EngineError>() {
-            Some(EngineError::Interrupted { .. }) => interrupt::requested(),
-            _ => None,
-        })
 }
 
 /// Turns SIGINT/SIGTERM into a stop request (or an immediate exit for commands that have
@@ -149,20 +150,6 @@ async fn watch_signals(
     }
     eprintln!("cairn: interrupted by {name}; exited before the cleanup finished (`cairn gc` removes what is left)");
     std::process::exit(128 + first);
-}
-
-/// The whole cause chain on one line, skipping causes whose text a higher level already
-/// included in its own message.
-fn one_line(e: &anyhow::Error) -> String {
-    let mut line = e.to_string();
-    for cause in e.chain().skip(1) {
-        let text = cause.to_string();
-        if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-    }
-    line.replace('\n', " ")
 }
 
 fn init_logging(verbose: u8) {

@@ -1,5 +1,15 @@
 //! Printing: human text or JSON, human-friendly sizes and times.
+//!
+//! Everything a command prints for the user goes through `outln!` (or
+//! [`print_json`]): a closed pipe (`cairn log IMAGE | head -1`) then ends nothing — later
+//! output is dropped, the command finishes its work (and its cleanup) and exits 0, as
+//! command-line tools do. Any other failure to write standard output (a full disk behind a
+//! redirection) is remembered and turns a successful command into an error at the end
+//! ([`finish`]), so output is never lost silently.
 
+use std::io::{ErrorKind, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use cairn_format::version::VersionRecord;
@@ -73,15 +83,52 @@ pub fn version_json(id: &Id, r: &VersionRecord) -> Value {
     })
 }
 
-/// Prints JSON on stdout. A closed pipe (`cairn log --json | head`) ends the process quietly,
-/// as command-line tools do, instead of panicking.
-pub fn print_json(v: &Value) {
-    use std::io::Write;
-    let text = serde_json::to_string_pretty(v).expect("JSON");
-    let mut out = std::io::stdout().lock();
-    if writeln!(out, "{text}").and_then(|()| out.flush()).is_err() {
-        std::process::exit(0);
+/// `println!` for what a command prints: see the module's documentation.
+macro_rules! outln {
+    () => {
+        $crate::output::write_stdout(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::output::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// Standard output was found closed: what follows is dropped.
+static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
+/// The first failure to write standard output other than a closed pipe.
+static STDOUT_FAILED: Mutex<Option<String>> = Mutex::new(None);
+
+/// Writes to standard output (flushed, so a closed pipe is seen at once).
+pub fn write_stdout(args: std::fmt::Arguments<'_>) {
+    if STDOUT_CLOSED.load(Ordering::Relaxed) {
+        return;
     }
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.flush()) {
+        STDOUT_CLOSED.store(true, Ordering::Relaxed);
+        if e.kind() != ErrorKind::BrokenPipe {
+            let mut failed = STDOUT_FAILED.lock().unwrap_or_else(|p| p.into_inner());
+            failed.get_or_insert_with(|| e.to_string());
+        }
+    }
+}
+
+/// The error to report if standard output could not be written (other than a closed pipe).
+pub fn finish() -> anyhow::Result<()> {
+    let failed = STDOUT_FAILED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    match failed {
+        Some(e) => anyhow::bail!("cannot write to standard output: {e}"),
+        None => Ok(()),
+    }
+}
+
+/// Prints JSON on stdout (pretty, one value).
+pub fn print_json(v: &Value) {
+    let text = serde_json::to_string_pretty(v).expect("JSON");
+    outln!("{text}");
 }
 
 #[cfg(test)]

@@ -99,6 +99,6 @@ fn diff_of_two_versions() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         String::from_utf8_lossy(&out.stderr).trim_end(),
-        "cairn: error: vm@3: image \"vm\" has no version 3"
+        "cairn: error: vm@3: image \"vm\" has no version 3 (its newest is vm@2)"
     );
 }

@@ -10,7 +10,7 @@ fn missing_repository() {
     let dir = tempfile::tempdir().unwrap();
     let repo = dir.path().join("nope");
     let out = cairn(&repo, &["log", "vm"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(4), "exit 4: no repository here");
     assert_eq!(
         stderr_line(&out),
         format!(
@@ -123,7 +123,7 @@ fn unknown_versions() {
     let out = cairn(&repo, &["show", "vm@7"]);
     assert_eq!(
         stderr_line(&out),
-        "cairn: error: vm@7: image \"vm\" has no version 7"
+        "cairn: error: vm@7: image \"vm\" has no version 7 (its newest is vm@1)"
     );
     let out = cairn(&repo, &["show", "other"]);
     assert_eq!(

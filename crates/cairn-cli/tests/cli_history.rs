@@ -113,7 +113,7 @@ fn clone_text_json_and_errors() {
     );
     assert_eq!(
         error_line(&repo, &["clone", "vm@5", "x"]),
-        "cairn: error: vm@5: image \"vm\" has no version 5"
+        "cairn: error: vm@5: image \"vm\" has no version 5 (its newest is vm@2)"
     );
     assert_eq!(
         error_line(&repo, &["clone", "vm", "../x"]),
@@ -191,7 +191,7 @@ fn rm_versions_and_images() {
     );
     assert_eq!(
         error_line(&repo, &["rm", "vm@2", "vm@7"]),
-        "cairn: error: vm@7: image \"vm\" has no version 7"
+        "cairn: error: vm@7: image \"vm\" has no version 7 (its newest is vm@3)"
     );
     assert_eq!(
         error_line(&repo, &["rm", "vm@2", "ghost"]),

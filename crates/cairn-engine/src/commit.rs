@@ -91,7 +91,7 @@ pub async fn commit(
             run_pipeline(repo, handle, source, &options, &progress, None)
         })
         .await
-        .map_err(|e| EngineError::Pipeline(format!("pipeline thread: {e}")))??
+        .map_err(|e| EngineError::internal("pipeline thread", e))??
     };
 
     publish(
@@ -117,10 +117,7 @@ pub(crate) async fn check_stale_gc(repo: &Repo, reused: &HashSet<Id>) -> EngineR
             let present = repo.indexed_blobs_now().await?;
             let missing = reused.iter().filter(|id| !present.contains(id)).count();
             if missing > 0 {
-                return Err(EngineError::Pipeline(format!(
-                    "a garbage collection that treated this commit as dead removed {missing} blobs it \
-                     reuses; nothing was published, run the commit again"
-                )));
+                return Err(EngineError::RacedGc { missing });
             }
         }
     }
@@ -438,7 +435,7 @@ fn hash_segments(
     cancel: &AtomicBool,
     progress: &CommitProgress,
 ) -> EngineResult<()> {
-    let stopped = || EngineError::Pipeline("the packer stopped".into());
+    let stopped = || EngineError::internal("packer", "stopped early");
     for seg in seg_rx {
         if cancel.load(Ordering::Relaxed) {
             break;
@@ -487,7 +484,7 @@ fn hash_segments(
                 chunks,
                 stats,
             })
-            .map_err(|_| EngineError::Pipeline("the collector stopped".into()))?;
+            .map_err(|_| EngineError::internal("collector", "stopped early"))?;
     }
     Ok(())
 }
@@ -539,7 +536,7 @@ pub(crate) fn pack_blobs(
         let (id, bytes, entries) = std::mem::take(builder).finish();
         let permit = handle
             .block_on(limit.clone().acquire_owned())
-            .map_err(|e| EngineError::Pipeline(format!("upload limiter: {e}")))?;
+            .map_err(|e| EngineError::internal("upload limiter", e))?;
         let repo = repo.clone();
         in_flight.push(handle.spawn(async move {
             let r = repo.put_pack(&id, bytes).await;
@@ -614,7 +611,7 @@ fn join_upload(
 ) -> EngineResult<Uploaded> {
     let done = handle
         .block_on(upload)
-        .map_err(|e| EngineError::Pipeline(format!("upload task: {e}")))??;
+        .map_err(|e| EngineError::internal("upload task", e))??;
     progress.stored.fetch_add(done.2, Ordering::Relaxed);
     Ok(done)
 }

@@ -109,8 +109,8 @@ async fn children(repo: &Repo, side: Side, level: u8) -> EngineResult<(Vec<(u16,
         Side::Node(id) => {
             let node = read_interior(repo, &id).await?;
             if node.level != level {
-                return Err(EngineError::Pipeline(format!(
-                    "manifest node {id} is at level {} where level {level} was expected",
+                return Err(EngineError::Manifest(format!(
+                    "node {id} is at level {} where level {level} was expected",
                     node.level
                 )));
             }
@@ -237,17 +237,14 @@ async fn compare_leaf_batch(
                     tasks.spawn(async move { read_leaf(&repo, &id).await.map(|l| (i, which, l)) });
                 }
                 Side::Lifted(..) => {
-                    return Err(EngineError::Pipeline(
-                        "manifest tree walk: a lifted root below level 1".into(),
-                    ))
+                    return Err(EngineError::Manifest("a lifted root below level 1".into()))
                 }
             }
         }
     }
     let mut leaves: Vec<[Option<Leaf>; 2]> = vec![[None, None]; pairs.len()];
     while let Some(r) = tasks.join_next().await {
-        let (i, which, leaf) =
-            r.map_err(|e| EngineError::Pipeline(format!("leaf reader: {e}")))??;
+        let (i, which, leaf) = r.map_err(|e| EngineError::internal("leaf reader", e))??;
         report.nodes_read += 1;
         leaves[i][which] = Some(leaf);
     }
@@ -271,8 +268,8 @@ fn leaf_extents(leaf: Option<&Leaf>, side: Side, segment_size: u64) -> EngineRes
             Side::Node(id) | Side::Lifted(id, _) => id.to_hex(),
             Side::Absent => String::new(),
         };
-        return Err(EngineError::Pipeline(format!(
-            "manifest leaf {id} covers {} bytes, more than a segment ({segment_size})",
+        return Err(EngineError::Manifest(format!(
+            "leaf {id} covers {} bytes, more than a segment ({segment_size})",
             leaf.len()
         )));
     }

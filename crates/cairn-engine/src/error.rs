@@ -1,5 +1,15 @@
-//! Errors of the engine. Policy: one line naming what failed and where; library errors keep
-//! their source so the CLI can print the whole chain on that one line.
+//! Errors of the engine.
+//!
+//! Policy:
+//! - Every variant says what it means, not where it arose: damage of stored data
+//!   ([`EngineError::Manifest`], or a [`RepoError`] whose `is_damage()` holds), bad input,
+//!   a source or output file that failed, a refusal of GC, an interruption, a bug
+//!   ([`EngineError::Internal`]). Callers branch on the variant, never on the text.
+//! - Each message is one line naming what failed and where (an id, a path, a segment);
+//!   errors of lower layers are kept as the source, so the CLI prints the whole chain on that
+//!   one line and can classify it ([`EngineError::is_damage`] → exit status 3).
+//! - Nothing here is logged: the caller decides whether an error is fatal, tolerated
+//!   (`--allow-damage`) or retried.
 
 use std::io;
 use std::path::PathBuf;
@@ -37,8 +47,23 @@ pub enum EngineError {
         #[source]
         source: io::Error,
     },
-    #[error("commit pipeline: {0}")]
-    Pipeline(String),
+    /// A manifest tree is damaged: a node that does not decode, sits at the wrong level or
+    /// covers the wrong number of bytes, or a chunk whose size disagrees with its leaf.
+    #[error("damaged manifest: {0}")]
+    Manifest(String),
+    /// The input of a command is not acceptable (a patch past the end of its image, ...).
+    #[error("{0}")]
+    BadInput(String),
+    /// A GC that judged this commit dead removed blobs it reuses; nothing was published.
+    #[error(
+        "a garbage collection that treated this commit as dead removed {missing} blobs it \
+         reuses; nothing was published, run the commit again"
+    )]
+    RacedGc { missing: usize },
+    /// A worker thread or task of the command failed or stopped early: a bug or a panic,
+    /// never a property of the repository.
+    #[error("internal error: {what}: {detail}")]
+    Internal { what: &'static str, detail: String },
     /// GC declined to act (it never acts on a partial view); the text says why and what to do.
     #[error("gc: {0}")]
     Gc(String),
@@ -53,6 +78,26 @@ pub enum EngineError {
 impl From<cairn_store::StoreError> for EngineError {
     fn from(e: cairn_store::StoreError) -> Self {
         EngineError::Repo(RepoError::Store(e))
+    }
+}
+
+impl EngineError {
+    /// A worker (`what`) that failed, from its join or channel error.
+    pub(crate) fn internal(what: &'static str, detail: impl std::fmt::Display) -> Self {
+        EngineError::Internal {
+            what,
+            detail: detail.to_string(),
+        }
+    }
+
+    /// Whether the error means stored data is damaged or missing (exit status 3 in the CLI),
+    /// as opposed to a failure of the store, the input or the program.
+    pub fn is_damage(&self) -> bool {
+        match self {
+            EngineError::Repo(r) => r.is_damage(),
+            EngineError::Manifest(_) => true,
+            _ => false,
+        }
     }
 }
 

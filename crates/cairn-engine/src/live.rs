@@ -78,7 +78,9 @@ pub async fn live_versions(repo: &Repo) -> EngineResult<LiveVersions> {
         match repo.head(&image).await {
             Ok(Some(h)) => roots.push((h.version, image)),
             Ok(None) => {}
-            Err(RepoError::Corrupt { key, source }) => {
+            Err(RepoError::Corrupt { key, source })
+                if !matches!(source, cairn_format::FormatError::TooNew { .. }) =>
+            {
                 damage.push(Damaged {
                     key,
                     problem: source.to_string(),

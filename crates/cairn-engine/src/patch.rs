@@ -96,14 +96,15 @@ pub async fn commit_patch(
     let time_ns = cairn_repo::session::now_ns();
     let handle = Handle::current();
     if handle.runtime_flavor() != RuntimeFlavor::MultiThread {
-        return Err(EngineError::Pipeline(
-            "commit_patch needs a multi-threaded tokio runtime".into(),
+        return Err(EngineError::internal(
+            "commit_patch",
+            "needs a multi-threaded tokio runtime",
         ));
     }
     let config = repo.config().clone();
     let block_size = patch.block_size() as u64;
     if block_size == 0 {
-        return Err(EngineError::Pipeline("patch block size is 0".into()));
+        return Err(EngineError::BadInput("patch block size is 0".into()));
     }
     let segment_size = config.segment_size as u64;
 
@@ -159,7 +160,7 @@ pub async fn commit_patch(
     let block_count = new_size.div_ceil(block_size);
     if let Some(&last) = blocks.last() {
         if last >= block_count {
-            return Err(EngineError::Pipeline(format!(
+            return Err(EngineError::BadInput(format!(
                 "patch block {last} is past the end of the image ({new_size} bytes, {block_count} \
                  blocks of {block_size})"
             )));
@@ -454,8 +455,8 @@ fn rebuild_segment(
         Some(id) => {
             let leaf = ctx.handle.block_on(read_leaf(ctx.repo, id))?;
             if leaf.len() != old_len as u64 {
-                return Err(EngineError::Pipeline(format!(
-                    "manifest leaf {id} of segment {} covers {} bytes where {old_len} were expected",
+                return Err(EngineError::Manifest(format!(
+                    "leaf {id} of segment {} covers {} bytes where {old_len} were expected",
                     task.segment,
                     leaf.len()
                 )));
@@ -513,7 +514,7 @@ fn rebuild_segment(
         if dedup.claim(&id) {
             blob_tx
                 .send(encode(id, BlobKind::Node, &bytes, ctx.config))
-                .map_err(|_| EngineError::Pipeline("the packer stopped".into()))?;
+                .map_err(|_| EngineError::internal("packer", "stopped early"))?;
         }
         Some(id)
     };
@@ -553,7 +554,7 @@ impl LeafBuilder<'_> {
             self.stats.new_chunk_bytes += len as u64;
             self.blob_tx
                 .send(encode(id, BlobKind::Data, data, self.ctx.config))
-                .map_err(|_| EngineError::Pipeline("the packer stopped".into()))?;
+                .map_err(|_| EngineError::internal("packer", "stopped early"))?;
         }
         Ok(())
     }
@@ -671,14 +672,14 @@ fn materialize(
                 set.spawn(async move { repo.read_blob(&id).await.map(|d| (pos, len, id, d)) });
             }
             while let Some(r) = set.join_next().await {
-                out.push(r.map_err(|e| EngineError::Pipeline(format!("chunk reader: {e}")))??);
+                out.push(r.map_err(|e| EngineError::internal("chunk reader", e))??);
             }
         }
         Ok::<_, EngineError>(out)
     })?;
     for (pos, len, id, data) in read {
         if data.len() != len {
-            return Err(EngineError::Pipeline(format!(
+            return Err(EngineError::Manifest(format!(
                 "chunk {id} has {} bytes where its leaf says {len}",
                 data.len()
             )));
@@ -734,10 +735,10 @@ pub async fn leaf_map(repo: &Arc<Repo>, record: &VersionRecord) -> EngineResult<
             }
             while let Some(r) = set.join_next().await {
                 let (index, id, node) =
-                    r.map_err(|e| EngineError::Pipeline(format!("node reader: {e}")))??;
+                    r.map_err(|e| EngineError::internal("node reader", e))??;
                 if node.level != level {
-                    return Err(EngineError::Pipeline(format!(
-                        "manifest node {id} is at level {} where level {level} was expected",
+                    return Err(EngineError::Manifest(format!(
+                        "node {id} is at level {} where level {level} was expected",
                         node.level
                     )));
                 }
@@ -841,7 +842,7 @@ async fn summarize(
             set.spawn(async move { read_leaf(&repo, &id).await });
         }
         while let Some(r) = set.join_next().await {
-            let leaf = r.map_err(|e| EngineError::Pipeline(format!("leaf reader: {e}")))??;
+            let leaf = r.map_err(|e| EngineError::internal("leaf reader", e))??;
             chunks.extend(leaf.extents.iter().filter_map(|e| match e {
                 Extent::Chunk { id, .. } => Some(ProbeKey::of(id)),
                 Extent::Zero { .. } => None,

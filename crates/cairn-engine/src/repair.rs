@@ -365,7 +365,7 @@ async fn store_from(
             )
         })
         .await
-        .map_err(|e| EngineError::Pipeline(format!("repair thread: {e}")))??
+        .map_err(|e| EngineError::internal("repair thread", e))??
     };
     let n: u64 = out.packs.iter().map(|(_, e)| e.len() as u64).sum();
     let bytes: u64 = out

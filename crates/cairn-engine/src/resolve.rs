@@ -92,12 +92,7 @@ async fn resolve_including_deleted(
     // A damaged head still lets versions be named: they are then found by listing.
     let head = match repo.head(&spec.image).await {
         Ok(Some(h)) => Some(h.version),
-        Ok(None) => {
-            return Err(EngineError::BadRef(format!(
-                "image {:?} does not exist",
-                spec.image
-            )))
-        }
+        Ok(None) => return Err(unknown_image(repo, &spec.image).await),
         Err(e) if e.is_damage() => None,
         Err(e) => return Err(e.into()),
     };
@@ -107,6 +102,7 @@ async fn resolve_including_deleted(
             .parse()
             .map_err(|_| EngineError::BadRef(format!("{spec}: sequence number too large")))?;
         let chain = chain_of(repo, &spec.image, head, seq).await?;
+        let newest = chain.versions.first().map(|(_, r)| r.seq);
         if let Some((id, record)) = chain.versions.into_iter().find(|(_, r)| r.seq == seq) {
             return Ok((id, record));
         }
@@ -122,8 +118,12 @@ async fn resolve_including_deleted(
                 spec.image
             )));
         }
+        let newest = match newest {
+            Some(n) if n < seq => format!(" (its newest is {}@{n})", spec.image),
+            _ => String::new(),
+        };
         return Err(EngineError::BadRef(format!(
-            "{spec}: image {:?} has no version {seq}",
+            "{spec}: image {:?} has no version {seq}{newest}",
             spec.image
         )));
     }
@@ -146,6 +146,23 @@ async fn resolve_including_deleted(
             spec.image
         ))),
         n => Err(ambiguous_prefix(spec, n)),
+    }
+}
+
+/// The error for an image that does not exist, naming the closest existing one (a typo).
+async fn unknown_image(repo: &Repo, image: &str) -> EngineError {
+    // Listing is best effort: the error is about the name, not the listing.
+    let images = repo.images().await.unwrap_or_default();
+    let closest = images
+        .iter()
+        .map(|name| (strsim::jaro_winkler(image, name), name))
+        .filter(|(score, _)| *score > 0.8)
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    match closest {
+        Some((_, name)) => EngineError::BadRef(format!(
+            "image {image:?} does not exist; did you mean {name:?}?"
+        )),
+        None => EngineError::BadRef(format!("image {image:?} does not exist")),
     }
 }
 
@@ -204,12 +221,10 @@ async fn history_with(repo: &Repo, image: &str, deleted: &HashSet<Id>) -> Engine
     validate_image_name(image)?;
     let head = match repo.head(image).await {
         Ok(Some(h)) => Some(h.version),
-        Ok(None) => {
-            return Err(EngineError::BadRef(format!(
-                "image {image:?} does not exist"
-            )))
-        }
-        Err(RepoError::Corrupt { key, source }) => {
+        Ok(None) => return Err(unknown_image(repo, image).await),
+        Err(RepoError::Corrupt { key, source })
+            if !matches!(source, cairn_format::FormatError::TooNew { .. }) =>
+        {
             let mut h = chain_of(repo, image, None, 0).await?;
             h.damage.insert(
                 0,
@@ -276,11 +291,7 @@ async fn chain_of(
 pub async fn origin(repo: &Repo, image: &str) -> EngineResult<Option<(Id, VersionRecord)>> {
     let head = match repo.head(image).await {
         Ok(Some(h)) => h,
-        Ok(None) => {
-            return Err(EngineError::BadRef(format!(
-                "image {image:?} does not exist"
-            )))
-        }
+        Ok(None) => return Err(unknown_image(repo, image).await),
         Err(e) if e.is_damage() => return Ok(None),
         Err(e) => return Err(e.into()),
     };

@@ -55,13 +55,13 @@ pub fn build_tree(
 /// Reads a node blob and decodes it as an interior node.
 pub async fn read_interior(repo: &Repo, id: &Id) -> EngineResult<Interior> {
     let raw = repo.read_blob(id).await?;
-    Interior::decode(&raw).map_err(|e| EngineError::Pipeline(format!("manifest node {id}: {e}")))
+    Interior::decode(&raw).map_err(|e| EngineError::Manifest(format!("node {id}: {e}")))
 }
 
 /// Reads a node blob and decodes it as a leaf.
 pub async fn read_leaf(repo: &Repo, id: &Id) -> EngineResult<Leaf> {
     let raw = repo.read_blob(id).await?;
-    Leaf::decode(&raw).map_err(|e| EngineError::Pipeline(format!("manifest leaf {id}: {e}")))
+    Leaf::decode(&raw).map_err(|e| EngineError::Manifest(format!("leaf {id}: {e}")))
 }
 
 /// Visits the leaves of a version in increasing segment order, in batches (the leaves under
@@ -97,11 +97,7 @@ where
 
 /// Whether an error of reading a manifest node means the node is damaged or missing.
 fn node_damaged(e: &EngineError) -> bool {
-    match e {
-        EngineError::Repo(r) => r.is_damage(),
-        EngineError::Pipeline(_) => true, // decoding and level checks
-        _ => false,
-    }
+    e.is_damage()
 }
 
 async fn walk_leaf_batches<F>(
@@ -129,8 +125,8 @@ where
             if node.level == level {
                 Ok(node)
             } else {
-                Err(EngineError::Pipeline(format!(
-                    "manifest node {id} is at level {} where level {level} was expected",
+                Err(EngineError::Manifest(format!(
+                    "node {id} is at level {} where level {level} was expected",
                     node.level
                 )))
             }
@@ -168,8 +164,7 @@ where
         for (&(slot, child), raw) in node.children.iter().zip(raws) {
             let seg = base + slot as u64;
             let leaf = raw.and_then(|raw| {
-                Leaf::decode(&raw)
-                    .map_err(|e| EngineError::Pipeline(format!("manifest leaf {child}: {e}")))
+                Leaf::decode(&raw).map_err(|e| EngineError::Manifest(format!("leaf {child}: {e}")))
             });
             match leaf {
                 Ok(leaf) => batch.push((seg, leaf)),

@@ -215,7 +215,9 @@ pub async fn verify_with(repo: Arc<Repo>, options: &VerifyOptions) -> EngineResu
                     h.version
                 )),
                 Ok(_) => {}
-                Err(RepoError::Corrupt { key, source }) => {
+                Err(RepoError::Corrupt { key, source })
+                    if !matches!(source, cairn_format::FormatError::TooNew { .. }) =>
+                {
                     let d = Damaged {
                         key,
                         problem: source.to_string(),
@@ -320,7 +322,7 @@ async fn check_packs(
         let Some(done) = tasks.join_next().await else {
             break;
         };
-        let outcome = done.map_err(|e| EngineError::Pipeline(format!("verify task: {e}")))??;
+        let outcome = done.map_err(|e| EngineError::internal("verify task", e))??;
         report.packs_checked += 1;
         report.blobs_checked += outcome.blobs;
         report.bytes_read += outcome.bytes;
@@ -426,7 +428,7 @@ async fn check_pack(repo: &Repo, pack: Id, entries: Vec<BlobEntry>) -> EngineRes
         }
     })
     .await
-    .map_err(|e| EngineError::Pipeline(format!("verify task: {e}")))
+    .map_err(|e| EngineError::internal("verify task", e))
 }
 
 /// Walks manifest trees, remembering the verdict for every node it has seen.

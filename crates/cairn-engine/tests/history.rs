@@ -188,7 +188,10 @@ async fn clone_refuses_existing_and_bad_names() {
     let err = clone_version(&repo, &spec("vm@9"), "new", None)
         .await
         .unwrap_err();
-    assert_eq!(err.to_string(), "vm@9: image \"vm\" has no version 9");
+    assert_eq!(
+        err.to_string(),
+        "vm@9: image \"vm\" has no version 9 (its newest is vm@3)"
+    );
     assert_eq!(repo.images().await.unwrap(), vec!["other", "vm"]);
 }
 
@@ -288,7 +291,7 @@ async fn an_id_prefix_of_only_digits_names_its_version() {
     assert_eq!(
         resolve_err(&repo, &format!("vm@{seven}")).await,
         format!(
-            "vm@{seven}: image \"vm\" has no version {}",
+            "vm@{seven}: image \"vm\" has no version {} (its newest is vm@2)",
             seven.parse::<u64>().unwrap()
         )
     );
@@ -361,7 +364,10 @@ async fn rm_checks_everything_before_changing_anything() {
     let err = remove_versions(&repo, &[spec("vm@1"), spec("vm@9")])
         .await
         .unwrap_err();
-    assert_eq!(err.to_string(), "vm@9: image \"vm\" has no version 9");
+    assert_eq!(
+        err.to_string(),
+        "vm@9: image \"vm\" has no version 9 (its newest is vm@3)"
+    );
     let err = remove_versions(&repo, &[spec("vm@1"), spec("vm@2")])
         .await
         .unwrap_err();

@@ -79,6 +79,8 @@ async fn record_damage<T>(repo: &Repo, r: Result<T, RepoError>) -> io::Result<T>
         Ok(v) => Ok(v),
         Err(e) => {
             if e.is_damage() {
+                // The NBD client only sees EIO: the operator learns of the damage here.
+                tracing::warn!("damaged data, the client gets an I/O error: {e}");
                 if let Err(f) = repo.flush_quarantine().await {
                     tracing::warn!("could not record the damaged blob: {f}");
                 }

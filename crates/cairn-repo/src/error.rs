@@ -58,8 +58,12 @@ impl RepoError {
 
     /// Whether this error means stored data is damaged or missing — a finding about the
     /// repository — rather than that the store could not be asked (which says nothing about
-    /// the data and must never be mistaken for damage).
+    /// the data and must never be mistaken for damage). An object written in a newer format
+    /// is not damage either: it is refused, never set aside or skipped.
     pub fn is_damage(&self) -> bool {
+        if self.is_too_new() {
+            return false;
+        }
         matches!(
             self,
             RepoError::Corrupt { .. }
@@ -68,6 +72,17 @@ impl RepoError {
                 | RepoError::BadBlob { .. }
                 | RepoError::PackMissing { .. }
                 | RepoError::Quarantined { .. }
+        )
+    }
+
+    /// Whether an object is in a format newer than this cairn reads ("upgrade cairn").
+    pub fn is_too_new(&self) -> bool {
+        matches!(
+            self,
+            RepoError::Corrupt {
+                source: FormatError::TooNew { .. },
+                ..
+            }
         )
     }
 }

@@ -56,7 +56,9 @@ impl Repo {
         if !self.quarantined_set().insert(key) {
             return; // known already
         }
-        tracing::warn!(blob = %loc.entry.id, pack = %loc.pack, "quarantined a damaged copy: {reason}");
+        // Info, not a warning: every caller reports the damage in its own terms (an error,
+        // verify's report, restore's damaged ranges, the export's warning).
+        tracing::info!(blob = %loc.entry.id, pack = %loc.pack, "quarantined a damaged copy: {reason}");
         self.index_mut().forget_at(&loc.entry.id, &loc.pack);
         self.quarantined_packs().insert(loc.entry.id, loc.pack);
         self.pending_markers().push(PendingMarker {

@@ -119,6 +119,9 @@ pub fn describe(key: &str, session: &Session, now_ns: i64) -> String {
 /// How often a live session refreshes its heartbeat.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
 
+/// How long heartbeats must keep failing before the failure is logged as a warning.
+const HEARTBEAT_WARN_AFTER: Duration = Duration::from_secs(60);
+
 pub fn now_ns() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -160,6 +163,7 @@ impl SessionHandle {
             let key = key.clone();
             tokio::spawn(async move {
                 let mut session = session;
+                let mut failing_since: Option<std::time::Instant> = None;
                 loop {
                     tokio::time::sleep(HEARTBEAT).await;
                     session.heartbeat_ns = now_ns();
@@ -167,9 +171,25 @@ impl SessionHandle {
                         .cas_ref(&key, version.as_ref(), Some(Bytes::from(session.encode())))
                         .await
                     {
-                        Ok(CasOutcome::Swapped { version: v }) => version = v,
+                        Ok(CasOutcome::Swapped { version: v }) => {
+                            version = v;
+                            failing_since = None;
+                        }
                         Ok(CasOutcome::Conflict { .. }) => return,
-                        Err(e) => tracing::warn!("session heartbeat {key}: {e}"),
+                        Err(e) => {
+                            // A missed beat or two is harmless (sessions go stale after
+                            // minutes) and, when the store is failing, the command's own
+                            // error says so: only a lasting failure is worth a warning.
+                            let since = *failing_since.get_or_insert_with(std::time::Instant::now);
+                            if since.elapsed() >= HEARTBEAT_WARN_AFTER {
+                                tracing::warn!(
+                                    "session heartbeat {key} failing for {} s: {e}",
+                                    since.elapsed().as_secs()
+                                );
+                            } else {
+                                tracing::debug!("session heartbeat {key}: {e}");
+                            }
+                        }
                     }
                 }
             })

@@ -24,7 +24,7 @@ pub async fn run(ctx: &Context, args: CloneArgs) -> Result<ExitCode> {
             }
             None => source.to_string(),
         };
-        println!(
+        outln!(
             "cloned {from} to {}@{} {}",
             record.image,
             record.seq,

@@ -330,7 +330,7 @@ fn report(
         ),
         _ => String::new(),
     };
-    println!(
+    outln!(
         "committed {}@{} {} — {} logical, {} data, {} new, {} stored, in {:.2} s ({}){how}",
         r.image,
         r.seq,

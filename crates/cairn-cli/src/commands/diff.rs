@@ -25,10 +25,10 @@ pub async fn run(ctx: &Context, args: DiffArgs) -> Result<ExitCode> {
     }
     if !args.stat {
         for r in &report.ranges {
-            println!("{:#x} +{}", r.offset, bytes(r.len));
+            outln!("{:#x} +{}", r.offset, bytes(r.len));
         }
     }
-    println!("{}", summary(&report));
+    outln!("{}", summary(&report));
     Ok(ExitCode::SUCCESS)
 }
 

@@ -242,7 +242,7 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
                     "tls": tls_on,
                     "overlay": o.overlay.as_ref().map(|p| p.display().to_string()),
                 });
-                println!("{line}");
+                outln!("{line}");
             } else {
                 ctx.note(&format!("serving {} as {uri}", o.described));
             }
@@ -625,7 +625,7 @@ pub async fn status(ctx: &Context, args: StatusArgs) -> Result<ExitCode> {
     }
     let s = &v["stats"];
     let n = |k: &str| s[k].as_u64().unwrap_or(0);
-    println!(
+    outln!(
         "{} serves {}@{} ({}), {}{}",
         args.name,
         v["image"].as_str().unwrap_or_default(),
@@ -638,7 +638,7 @@ pub async fn status(ctx: &Context, args: StatusArgs) -> Result<ExitCode> {
             ""
         }
     );
-    println!(
+    outln!(
         "read {} in {} requests ({} of zeros); fetched {} in {} chunks from the repository; cache {} hits, {} misses, {} read ahead",
         bytes(n("bytes_read")),
         n("reads"),
@@ -650,7 +650,7 @@ pub async fn status(ctx: &Context, args: StatusArgs) -> Result<ExitCode> {
         n("readahead_chunks"),
     );
     if let Some(o) = v.get("overlay") {
-        println!(
+        outln!(
             "overlay {}: {} in {} blocks, {} layers; {} writes ({}), {} flushes",
             o["dir"].as_str().unwrap_or_default(),
             bytes(o["bytes_held"].as_u64().unwrap_or(0)),
@@ -694,9 +694,9 @@ pub async fn overlay(ctx: &Context, args: OverlayArgs) -> Result<ExitCode> {
             .map(|a| a.iter().filter_map(|s| s.as_str()).collect())
             .unwrap_or_default();
         if names.is_empty() {
-            println!("{export}: no snapshots");
+            outln!("{export}: no snapshots");
         } else {
-            println!("{export}: snapshots {}", names.join(", "));
+            outln!("{export}: snapshots {}", names.join(", "));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -721,7 +721,7 @@ pub async fn commit_from(
     if ctx.json {
         print_json(&v);
     } else {
-        println!(
+        outln!(
             "committed {}@{} {} from export {export} — {} new chunks ({}), {} stored",
             v["image"].as_str().unwrap_or_default(),
             v["seq"],

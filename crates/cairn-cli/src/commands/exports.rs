@@ -86,7 +86,7 @@ async fn list(ctx: &Context) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if rows.is_empty() {
-        println!("no running exports");
+        outln!("no running exports");
     }
     for (x, status) in &rows {
         let s = &x.state;
@@ -100,7 +100,7 @@ async fn list(ctx: &Context) -> Result<ExitCode> {
             (None, Some(d)) => format!("overlay {}", d.display()),
             (None, None) => "read-only".to_string(),
         };
-        println!(
+        outln!(
             "{}  {version} ({}), pid {}, {}, {overlay}",
             s.name,
             &id[..id.len().min(12)],
@@ -168,9 +168,9 @@ async fn stop(ctx: &Context, name: &str) -> Result<ExitCode> {
     if ctx.json {
         print_json(&json!({"stopped": names, "pid": pid}));
     } else if names.len() == 1 {
-        println!("stopped export {} (pid {pid})", names[0]);
+        outln!("stopped export {} (pid {pid})", names[0]);
     } else {
-        println!("stopped exports {} (pid {pid})", names.join(", "));
+        outln!("stopped exports {} (pid {pid})", names.join(", "));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -266,7 +266,7 @@ pub async fn list_overlays(ctx: &Context) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if rows.is_empty() {
-        println!("no overlays in {}", root.display());
+        outln!("no overlays in {}", root.display());
     }
     for (i, version, held_by) in &rows {
         let short = &i.base[..i.base.len().min(12)];
@@ -283,7 +283,7 @@ pub async fn list_overlays(ctx: &Context) -> Result<ExitCode> {
             Some((n, p)) => format!("in use by export {n:?} (pid {p})"),
             None => "not in use".to_string(),
         };
-        println!(
+        outln!(
             "{}  base {base}, {} held in {} block{}, {snapshots}, {used}",
             file_name(&i.dir),
             bytes(i.bytes_held),
@@ -346,7 +346,7 @@ pub async fn discard_overlay(ctx: &Context, name: &str, yes: bool) -> Result<Exi
     if ctx.json {
         print_json(&json!({"discarded": dir.display().to_string(), "bytes_held": info.bytes_held}));
     } else {
-        println!("discarded overlay {label} ({held} of writes)");
+        outln!("discarded overlay {label} ({held} of writes)");
     }
     Ok(ExitCode::SUCCESS)
 }

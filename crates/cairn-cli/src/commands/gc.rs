@@ -35,9 +35,9 @@ pub async fn run(ctx: &Context, args: GcArgs) -> Result<ExitCode> {
     if ctx.json {
         print_json(&report_json(&r));
     } else {
-        println!("{}", report_line(&r));
+        outln!("{}", report_line(&r));
         if r.rescued_blobs > 0 {
-            println!(
+            outln!(
                 "{} blobs were kept because concurrent commits started using them",
                 r.rescued_blobs
             );

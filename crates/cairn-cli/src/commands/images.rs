@@ -34,7 +34,7 @@ pub async fn run(ctx: &Context) -> Result<ExitCode> {
         ));
     } else {
         for (image, count, id, r) in &rows {
-            println!(
+            outln!(
                 "{image}  {count} versions, newest @{} {} at {} ({})",
                 r.seq,
                 id.short(),

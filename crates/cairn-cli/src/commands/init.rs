@@ -60,7 +60,7 @@ pub async fn run(ctx: &Context, args: InitArgs) -> Result<ExitCode> {
             },
         }));
     } else {
-        println!(
+        outln!(
             "initialized cairn repository at {} ({} chunks of {}, segments of {})",
             repo.describe(),
             config.chunker.name(),

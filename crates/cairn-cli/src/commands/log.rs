@@ -37,7 +37,7 @@ pub async fn run(ctx: &Context, args: LogArgs) -> Result<ExitCode> {
             } else {
                 format!("[{}] ", names.join(", "))
             };
-            println!(
+            outln!(
                 "{}@{:<4} {}  {}  {:>10} logical {:>10} stored  {tag_text}{}",
                 r.image,
                 r.seq,
@@ -49,7 +49,7 @@ pub async fn run(ctx: &Context, args: LogArgs) -> Result<ExitCode> {
             );
         }
         if let Some((id, r)) = origin(&repo, &args.image).await? {
-            println!("cloned from {}@{} ({})", r.image, r.seq, id.short());
+            outln!("cloned from {}@{} ({})", r.image, r.seq, id.short());
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -60,7 +60,7 @@ pub async fn run(ctx: &Context, args: PruneArgs) -> Result<ExitCode> {
                     "reasons": d.reasons,
                 }));
             } else {
-                println!(
+                outln!(
                     "{:<6} {image}@{:<4} {}  {}  {}",
                     if d.keep { "keep" } else { "remove" },
                     d.seq,
@@ -85,20 +85,20 @@ pub async fn run(ctx: &Context, args: PruneArgs) -> Result<ExitCode> {
     }
     let versions = |n: usize| if n == 1 { "version" } else { "versions" };
     if args.dry_run {
-        println!(
+        outln!(
             "dry run: would keep {kept} {}, remove {removed} {}; nothing was changed",
             versions(kept),
             versions(removed)
         );
     } else {
-        println!(
+        outln!(
             "kept {kept} {}, removed {removed} {}",
             versions(kept),
             versions(removed)
         );
         match &freed {
-            Some(r) => println!("{}", report_line(r)),
-            None if removed > 0 && args.no_gc => println!("{GC_HINT}"),
+            Some(r) => outln!("{}", report_line(r)),
+            None if removed > 0 && args.no_gc => outln!("{GC_HINT}"),
             None => {}
         }
     }

@@ -80,28 +80,29 @@ fn report_json(r: &RepairReport) -> serde_json::Value {
 fn print_text(r: &RepairReport, from: Option<&PathBuf>) {
     let would = if r.dry_run { "would " } else { "" };
     for s in &r.records_set_aside {
-        println!("{would}set aside version record {s}");
+        outln!("{would}set aside version record {s}");
     }
     for (image, head) in &r.heads_rebuilt {
         match head {
-            Some(h) => println!("{would}rebuild the head of {image}: now {h}"),
-            None => println!("{would}remove the head of {image}: no intact version is left"),
+            Some(h) => outln!("{would}rebuild the head of {image}: now {h}"),
+            None => outln!("{would}remove the head of {image}: no intact version is left"),
         }
     }
     for t in &r.tags_lost {
-        println!("{would}set aside the unreadable tag {t}");
+        outln!("{would}set aside the unreadable tag {t}");
     }
     for i in &r.index_files_set_aside {
-        println!("{would}set aside index file {i}");
+        outln!("{would}set aside index file {i}");
     }
     if r.packs_reindexed > 0 {
-        println!(
+        outln!(
             "{would}index {} blobs from the trailers of {} packs",
-            r.blobs_reindexed, r.packs_reindexed
+            r.blobs_reindexed,
+            r.packs_reindexed
         );
     }
     if let Some(path) = from {
-        println!(
+        outln!(
             "stored {} lost blobs ({}) again from {}",
             r.blobs_restored,
             bytes(r.bytes_restored),
@@ -109,13 +110,13 @@ fn print_text(r: &RepairReport, from: Option<&PathBuf>) {
         );
     }
     if r.summaries_rebuilt > 0 {
-        println!("rebuilt {} reference summaries", r.summaries_rebuilt);
+        outln!("rebuilt {} reference summaries", r.summaries_rebuilt);
     }
     if r.is_clean() {
-        println!("nothing is lost: every live version can be restored intact");
+        outln!("nothing is lost: every live version can be restored intact");
     } else {
         for v in &r.lost_versions {
-            println!(
+            outln!(
                 "still damaged: {}@{} ({}): {} blobs lost",
                 v.image,
                 v.seq,
@@ -123,7 +124,7 @@ fn print_text(r: &RepairReport, from: Option<&PathBuf>) {
                 v.missing_blobs
             );
         }
-        println!(
+        outln!(
             "{} blobs are lost, affecting {} versions: commit their content again, or run \
              `cairn repair --from IMAGE_FILE` with a disk that holds it; `cairn restore \
              --allow-damage` restores the rest",

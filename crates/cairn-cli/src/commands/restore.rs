@@ -91,7 +91,7 @@ pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
         }
     } else {
         for d in &stats.damaged {
-            println!(
+            outln!(
                 "damaged: bytes {}..{} ({}) written as zeros: {}",
                 d.offset,
                 d.offset + d.len,
@@ -99,7 +99,7 @@ pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
                 d.reason
             );
         }
-        println!(
+        outln!(
             "restored {}@{} to {} — {} logical, {} data in {:.2} s ({}){}",
             record.image,
             record.seq,

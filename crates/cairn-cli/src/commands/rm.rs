@@ -57,7 +57,7 @@ pub async fn run(ctx: &Context, args: RmArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     for (id, r) in &removed {
-        println!(
+        outln!(
             "removed {}@{} {}  {}  {}",
             r.image,
             r.seq,
@@ -67,7 +67,7 @@ pub async fn run(ctx: &Context, args: RmArgs) -> Result<ExitCode> {
         );
     }
     for i in &removed_images {
-        println!(
+        outln!(
             "removed image {} ({} {}, {} {})",
             i.image,
             i.versions.len(),
@@ -80,7 +80,7 @@ pub async fn run(ctx: &Context, args: RmArgs) -> Result<ExitCode> {
             if i.tags.len() == 1 { "tag" } else { "tags" },
         );
         for (id, r) in &i.versions {
-            println!(
+            outln!(
                 "  {}@{} {}  {}  {}",
                 r.image,
                 r.seq,
@@ -90,12 +90,12 @@ pub async fn run(ctx: &Context, args: RmArgs) -> Result<ExitCode> {
             );
         }
         for (name, id) in &i.tags {
-            println!("  tag {name} {}", id.short());
+            outln!("  tag {name} {}", id.short());
         }
     }
     match &freed {
-        Some(r) => println!("{}", report_line(r)),
-        None if args.no_gc => println!("{GC_HINT}"),
+        Some(r) => outln!("{}", report_line(r)),
+        None if args.no_gc => outln!("{GC_HINT}"),
         None => {}
     }
     Ok(ExitCode::SUCCESS)

@@ -14,31 +14,31 @@ pub async fn run(ctx: &Context, args: ShowArgs) -> Result<ExitCode> {
     if ctx.json {
         print_json(&version_json(&id, &r));
     } else {
-        println!("version   {}@{}", r.image, r.seq);
-        println!("id        {id}");
-        println!(
+        outln!("version   {}@{}", r.image, r.seq);
+        outln!("id        {id}");
+        outln!(
             "parent    {}",
             r.parent.map_or("(none)".to_string(), |p| p.to_hex())
         );
-        println!("time      {}", time(r.time_ns));
-        println!("message   {}", r.message);
-        println!(
+        outln!("time      {}", time(r.time_ns));
+        outln!("message   {}", r.message);
+        outln!(
             "size      {} ({} bytes)",
             bytes(r.logical_size),
             r.logical_size
         );
-        println!(
+        outln!(
             "data      {} in {} chunks",
             bytes(r.stats.data_bytes),
             r.stats.chunks
         );
-        println!(
+        outln!(
             "new       {} in {} chunks; {} stored by this commit",
             bytes(r.stats.new_chunk_bytes),
             r.stats.new_chunks,
             bytes(r.stats.stored_bytes)
         );
-        println!(
+        outln!(
             "manifest  root {} height {} segments of {}",
             r.root.map_or("(all zeros)".to_string(), |p| p.short()),
             r.height,

@@ -31,23 +31,23 @@ pub async fn run(ctx: &Context) -> Result<ExitCode> {
             "reduction": ratio,
         }));
     } else {
-        println!("images          {}", s.images);
-        println!("versions        {}", s.versions);
-        println!("logical size    {} (all versions)", bytes(s.logical_bytes));
-        println!("non-zero data   {}", bytes(s.data_bytes));
-        println!(
+        outln!("images          {}", s.images);
+        outln!("versions        {}", s.versions);
+        outln!("logical size    {} (all versions)", bytes(s.logical_bytes));
+        outln!("non-zero data   {}", bytes(s.data_bytes));
+        outln!(
             "stored          {} ({} in {} packs, {} other)",
             bytes(s.stored_bytes),
             bytes(s.pack_bytes),
             s.packs,
             bytes(s.metadata_bytes)
         );
-        println!(
+        outln!(
             "tree nodes      {} in {} nodes (inside the packs)",
             bytes(s.tree_bytes),
             s.tree_nodes
         );
-        println!("reduction       {ratio:.1}x of non-zero data");
+        outln!("reduction       {ratio:.1}x of non-zero data");
     }
     Ok(ExitCode::SUCCESS)
 }

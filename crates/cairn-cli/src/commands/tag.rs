@@ -30,7 +30,7 @@ pub async fn run(ctx: &Context, args: TagArgs) -> Result<ExitCode> {
             "seq": record.seq,
         }));
     } else {
-        println!(
+        outln!(
             "tagged {}@{} {} as {}",
             record.image,
             record.seq,
@@ -60,7 +60,7 @@ async fn delete(ctx: &Context, args: TagArgs) -> Result<ExitCode> {
             "deleted": true,
         }));
     } else {
-        println!("deleted tag {} of {image} (was {})", args.name, id.short());
+        outln!("deleted tag {} of {image} (was {})", args.name, id.short());
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -86,7 +86,7 @@ pub async fn list(ctx: &Context, args: TagsArgs) -> Result<ExitCode> {
     } else {
         let width = rows.iter().map(|(n, _, _)| n.len()).max().unwrap_or(0);
         for (name, id, r) in &rows {
-            println!(
+            outln!(
                 "{name:<width$}  {}@{} {}  {}  {}",
                 r.image,
                 r.seq,

@@ -55,7 +55,7 @@ pub async fn run(ctx: &Context, args: VerifyArgs) -> Result<ExitCode> {
         } else {
             String::new()
         };
-        println!(
+        outln!(
             "checked {} packs{subset} ({}), {} blobs, {} versions",
             report.packs_checked,
             bytes(report.bytes_read),
@@ -63,13 +63,13 @@ pub async fn run(ctx: &Context, args: VerifyArgs) -> Result<ExitCode> {
             report.versions_checked
         );
         for p in &report.problems {
-            println!("problem: {p}");
+            outln!("problem: {p}");
         }
         for d in &report.damaged_metadata {
-            println!("damaged metadata: {d}");
+            outln!("damaged metadata: {d}");
         }
         for d in &report.damaged_versions {
-            println!(
+            outln!(
                 "damaged: {}@{} ({}): {}",
                 d.image,
                 d.seq,
@@ -78,16 +78,16 @@ pub async fn run(ctx: &Context, args: VerifyArgs) -> Result<ExitCode> {
             );
         }
         if report.packs_with_quarantined > 0 {
-            println!(
+            outln!(
                 "{} packs hold copies quarantined earlier (not used; `cairn gc --repair` \
                  rewrites them)",
                 report.packs_with_quarantined
             );
         }
         if report.is_clean() {
-            println!("no problems found");
+            outln!("no problems found");
         } else {
-            println!(
+            outln!(
                 "{} problems, {} damaged versions, {} damaged metadata objects{}",
                 report.problems.len(),
                 report.damaged_versions.len(),
@@ -103,7 +103,7 @@ pub async fn run(ctx: &Context, args: VerifyArgs) -> Result<ExitCode> {
                 }
             );
             if !report.damaged_metadata.is_empty() {
-                println!(
+                outln!(
                     "run `cairn repair` to rebuild damaged heads and set unreadable records aside"
                 );
             }

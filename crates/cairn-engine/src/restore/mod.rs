@@ -224,7 +224,7 @@ async fn restore_to_path(
             .map_err(|e| out_err("cannot sync", path, e))?,
         Sink::Qcow2 { writer } => {
             let writer = Arc::into_inner(writer).ok_or_else(|| {
-                EngineError::Pipeline("qcow2 writer still in use after the restore".into())
+                EngineError::internal("qcow2 writer", "still in use after the restore")
             })?;
             writer.finish()?; // syncs
         }
@@ -429,7 +429,7 @@ impl BatchWriter<'_> {
                     leaf.len()
                 );
                 if !self.options.allow_damage {
-                    return Err(EngineError::Pipeline(reason));
+                    return Err(EngineError::Manifest(reason));
                 }
                 // Its chunks are not placed: the whole segment counts as damaged.
                 for v in places.values_mut() {
@@ -502,7 +502,7 @@ impl BatchWriter<'_> {
                     write_blobs(&repo, &read, &bytes, &places, &sink, &path, tolerant)
                 })
                 .await
-                .map_err(|e| EngineError::Pipeline(format!("restore writer: {e}")))??;
+                .map_err(|e| EngineError::internal("restore writer", e))??;
                 drop(permit);
                 Ok::<_, EngineError>((n, written, damaged))
             });
@@ -540,7 +540,7 @@ impl BatchWriter<'_> {
         damaged: &mut Vec<DamagedRange>,
     ) -> EngineResult<()> {
         let (fetched, data, mut lost) =
-            done.map_err(|e| EngineError::Pipeline(format!("restore task: {e}")))??;
+            done.map_err(|e| EngineError::internal("restore task", e))??;
         self.stats.fetched_bytes += fetched;
         self.stats.data_bytes += data;
         damaged.append(&mut lost);
@@ -695,7 +695,7 @@ fn write_blobs(
                     plain.len()
                 );
                 if !tolerant {
-                    return Err(EngineError::Pipeline(reason));
+                    return Err(EngineError::Manifest(reason));
                 }
                 damaged.push(DamagedRange {
                     offset: off,
