@@ -28,6 +28,7 @@
 //!
 //! Hash rates are the best of three passes (a limit is what the machine can do at best).
 //! Zero detection, compression and pack writing are not included: those are cairn's own costs.
+#![forbid(unsafe_code)]
 
 use std::fs::File;
 use std::hint::black_box;

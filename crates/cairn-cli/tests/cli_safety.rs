@@ -85,12 +85,13 @@ fn restore_never_clobbers() {
         .write(true)
         .open(&locked)
         .unwrap();
-    // SAFETY: a zeroed flock is valid; `holder` owns a valid descriptor during the call.
+    // SAFETY: a zeroed flock (plain integers) is a valid value.
     let mut lock: libc::flock = unsafe { std::mem::zeroed() };
     lock.l_type = libc::F_RDLCK as libc::c_short;
     lock.l_whence = libc::SEEK_SET as libc::c_short;
     lock.l_start = 100;
     lock.l_len = 1;
+    // SAFETY: `holder` owns a valid descriptor during the call; `lock` outlives it.
     let rc = unsafe { libc::fcntl(holder.as_raw_fd(), libc::F_OFD_SETLK, &lock) };
     assert_eq!(rc, 0);
     let out = cairn(

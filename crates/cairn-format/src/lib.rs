@@ -4,6 +4,7 @@
 //! its input as untrusted: lengths are bounds-checked, magics and versions are checked, and
 //! every structure carries a checksum (BLAKE3) that is verified before anything is parsed.
 //! All integers are little-endian.
+#![forbid(unsafe_code)]
 
 pub mod codec;
 pub mod config;

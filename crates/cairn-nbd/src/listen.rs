@@ -153,6 +153,7 @@ fn fstat(fd: i32) -> Option<libc::stat> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: fstat writes a full `stat` on success; we only read it then.
     let rc = unsafe { libc::fstat(fd, st.as_mut_ptr()) };
+    // SAFETY: only when fstat returned 0, i.e. it initialised the whole `stat`.
     (rc == 0).then(|| unsafe { st.assume_init() })
 }
 

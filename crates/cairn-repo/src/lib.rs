@@ -7,6 +7,7 @@
 //! unreferenced garbage.
 //!
 //! [`ObjectStore`]: cairn_store::ObjectStore
+#![forbid(unsafe_code)]
 
 mod blob_index;
 mod blob_reads;

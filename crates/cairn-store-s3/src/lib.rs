@@ -22,6 +22,7 @@
 //! standard environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`,
 //! `AWS_ENDPOINT_URL`, `AWS_REGION`, ...); credentials are never accepted in the URL and never
 //! appear in [`ObjectStore::describe`] or in errors.
+#![forbid(unsafe_code)]
 
 mod conditional;
 mod config;
