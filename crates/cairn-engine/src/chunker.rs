@@ -51,15 +51,10 @@ mod tests {
 
     fn cfg(chunker: Chunker, chunk_size: u32) -> RepoConfig {
         RepoConfig {
-            repo_id: [0; 16],
             chunker,
             chunk_size,
-            segment_size: 1 << 20,
-            fanout: 256,
             compression: Compression::None,
-            pack_target: 16 << 20,
-            created_ns: 0,
-            summary_bits: 24,
+            ..RepoConfig::default()
         }
     }
 

@@ -300,9 +300,7 @@ async fn a_failed_commit_can_take_back_its_packs() {
             packs(inner.clone()).await.len() > before.len(),
             "allowed {allowed}: some packs landed"
         );
-        failing
-            .allowed
-            .store(usize::MAX, std::sync::atomic::Ordering::SeqCst);
+        failing.allow(usize::MAX);
         assert!(repo_f.discard_unindexed_packs().await > 0);
         assert_eq!(packs(inner.clone()).await, before, "allowed {allowed}");
         repo_f.close().await.unwrap();

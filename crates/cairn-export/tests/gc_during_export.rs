@@ -7,22 +7,11 @@ use cairn_engine::commit::{commit, CommitOptions};
 use cairn_engine::gc::{gc, GcMode, GcOptions};
 use cairn_engine::source::StreamSource;
 use cairn_export::{Base, ContentCache, ExportStats, VersionExport};
-use cairn_format::config::{Chunker, Compression, RepoConfig};
+use cairn_format::config::RepoConfig;
 use cairn_nbd::Export;
 use cairn_repo::Repo;
 use cairn_store::MemoryStore;
-
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+use cairn_testkit::noise;
 
 async fn commit_bytes(repo: &Arc<Repo>, data: Vec<u8>) -> cairn_engine::commit::CommitResult {
     let src = StreamSource::new("test", std::io::Cursor::new(data));
@@ -35,15 +24,8 @@ async fn commit_bytes(repo: &Arc<Repo>, data: Vec<u8>) -> cairn_engine::commit::
 async fn gc_repacks_under_a_running_export_which_keeps_reading_bit_exact() {
     let store = Arc::new(MemoryStore::new());
     let config = RepoConfig {
-        repo_id: [1; 16],
-        chunker: Chunker::Fixed,
-        chunk_size: 16384,
-        segment_size: 1 << 20,
-        fanout: 256,
-        compression: Compression::Zstd { level: 3 },
         pack_target: 1 << 20,
-        created_ns: 0,
-        summary_bits: 24,
+        ..RepoConfig::default()
     };
     let repo = Arc::new(Repo::init(store.clone(), config).await.unwrap());
     // v1, then v2 rewriting every other chunk: every pack of v1 becomes half dead.

@@ -205,6 +205,24 @@ impl RepoConfig {
     }
 }
 
+impl Default for RepoConfig {
+    /// The settings `cairn init` uses unless told otherwise (its flags' defaults are checked
+    /// against these), with a zero `repo_id` and creation time: `init` sets both.
+    fn default() -> Self {
+        RepoConfig {
+            repo_id: [0; 16],
+            chunker: Chunker::Fixed,
+            chunk_size: 16 * 1024,
+            segment_size: 1024 * 1024,
+            fanout: 256,
+            compression: Compression::Zstd { level: 3 },
+            pack_target: 16 * 1024 * 1024,
+            created_ns: 0,
+            summary_bits: 24,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@
 
 mod counting;
 mod error;
+mod failing;
 mod key;
 mod local;
 mod memory;
@@ -27,6 +28,7 @@ use bytes::Bytes;
 
 pub use counting::CountingStore;
 pub use error::{StoreError, StoreResult};
+pub use failing::FailingStore;
 pub use key::{
     validate_key, validate_object_key, validate_prefix, validate_ref_key, REFS_SEGMENT, TEMP_PREFIX,
 };

@@ -11,29 +11,13 @@ use crate::context::Context;
 use crate::output::{bytes, print_json};
 
 pub async fn run(ctx: &Context, args: InitArgs) -> Result<ExitCode> {
-    let to_u32 =
-        |v: u64, what: &str| u32::try_from(v).with_context(|| format!("{what} {v} is too large"));
     let config = RepoConfig {
         repo_id: RepoConfig::new_repo_id(),
-        chunker: match args.chunker {
-            ChunkerArg::Fixed => Chunker::Fixed,
-            ChunkerArg::Fastcdc => Chunker::FastCdc,
-        },
-        chunk_size: to_u32(args.chunk_size, "chunk size")?,
-        segment_size: to_u32(args.segment_size, "segment size")?,
-        fanout: 256,
-        compression: match args.compression {
-            CompressionArg::Zstd => Compression::Zstd {
-                level: args.zstd_level,
-            },
-            CompressionArg::None => Compression::None,
-        },
-        pack_target: to_u32(args.pack_size, "pack size")?,
         created_ns: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos() as i64)
             .unwrap_or(0),
-        summary_bits: args.summary_bits,
+        ..settings(&args)?
     };
     config
         .validate()
@@ -69,4 +53,44 @@ pub async fn run(ctx: &Context, args: InitArgs) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The repository settings the flags ask for (no id or creation time yet).
+fn settings(args: &InitArgs) -> Result<RepoConfig> {
+    let to_u32 =
+        |v: u64, what: &str| u32::try_from(v).with_context(|| format!("{what} {v} is too large"));
+    Ok(RepoConfig {
+        chunker: match args.chunker {
+            ChunkerArg::Fixed => Chunker::Fixed,
+            ChunkerArg::Fastcdc => Chunker::FastCdc,
+        },
+        chunk_size: to_u32(args.chunk_size, "chunk size")?,
+        segment_size: to_u32(args.segment_size, "segment size")?,
+        compression: match args.compression {
+            CompressionArg::Zstd => Compression::Zstd {
+                level: args.zstd_level,
+            },
+            CompressionArg::None => Compression::None,
+        },
+        pack_target: to_u32(args.pack_size, "pack size")?,
+        summary_bits: args.summary_bits,
+        ..RepoConfig::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    /// The defaults live in cairn-format; the flags' defaults (text, for the help) must agree.
+    #[test]
+    fn the_flags_default_to_the_formats_defaults() {
+        let Command::Init(args) = Cli::try_parse_from(["cairn", "init"]).unwrap().command else {
+            panic!("not init");
+        };
+        assert_eq!(settings(&args).unwrap(), RepoConfig::default());
+    }
 }

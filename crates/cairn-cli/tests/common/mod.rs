@@ -24,15 +24,5 @@ pub fn stderr_line(out: &Output) -> String {
     s.trim_end().to_string()
 }
 
-/// Deterministic pseudo-random bytes (xorshift64 from `seed`).
-pub fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+#[allow(unused_imports)] // not every test file needs it
+pub use cairn_testkit::noise;

@@ -1,0 +1,141 @@
+//! A wrapper that lets a number of writes through and then fails every write: a disk that
+//! fills up or a server that dies mid-commit, for fault-injection tests.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::{
+    CasOutcome, ObjectMeta, ObjectStore, PutOutcome, RefState, RefVersion, StoreError, StoreHints,
+    StoreResult,
+};
+
+/// An [`ObjectStore`] that delegates to `inner` but fails every write (`put_if_absent`,
+/// `delete`, `cas_ref`) once `allowed` writes have succeeded, with
+/// [`StoreError::Unavailable`]. Reads always pass. [`allow`](Self::allow) sets the budget
+/// again (the disk was freed, the server came back).
+#[derive(Debug)]
+pub struct FailingStore {
+    inner: Arc<dyn ObjectStore>,
+    allowed: AtomicUsize,
+}
+
+impl FailingStore {
+    pub fn new(inner: Arc<dyn ObjectStore>, allowed: usize) -> Self {
+        FailingStore {
+            inner,
+            allowed: AtomicUsize::new(allowed),
+        }
+    }
+
+    /// Lets `n` more writes through from now on.
+    pub fn allow(&self, n: usize) {
+        self.allowed.store(n, Ordering::SeqCst);
+    }
+
+    /// Writes still allowed.
+    pub fn allowed(&self) -> usize {
+        self.allowed.load(Ordering::SeqCst)
+    }
+
+    fn spend(&self, key: &str) -> StoreResult<()> {
+        let ok = self
+            .allowed
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if ok {
+            Ok(())
+        } else {
+            Err(StoreError::Unavailable {
+                location: format!("test store ({key})"),
+                reason: "injected failure: no space left".into(),
+            })
+        }
+    }
+}
+
+#[async_trait]
+impl ObjectStore for FailingStore {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn hints(&self) -> StoreHints {
+        self.inner.hints()
+    }
+    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<PutOutcome> {
+        self.spend(key)?;
+        self.inner.put_if_absent(key, data).await
+    }
+    async fn get(&self, key: &str) -> StoreResult<Bytes> {
+        self.inner.get(key).await
+    }
+    async fn get_range(&self, key: &str, range: Range<u64>) -> StoreResult<Bytes> {
+        self.inner.get_range(key, range).await
+    }
+    async fn head(&self, key: &str) -> StoreResult<Option<u64>> {
+        self.inner.head(key).await
+    }
+    async fn list(&self, prefix: &str) -> StoreResult<Vec<ObjectMeta>> {
+        self.inner.list(prefix).await
+    }
+    async fn delete(&self, key: &str) -> StoreResult<()> {
+        self.spend(key)?;
+        self.inner.delete(key).await
+    }
+    async fn read_ref(&self, key: &str) -> StoreResult<Option<RefState>> {
+        self.inner.read_ref(key).await
+    }
+    async fn list_refs(&self, prefix: &str) -> StoreResult<Vec<String>> {
+        self.inner.list_refs(prefix).await
+    }
+    async fn cas_ref(
+        &self,
+        key: &str,
+        expected: Option<&RefVersion>,
+        new: Option<Bytes>,
+    ) -> StoreResult<CasOutcome> {
+        self.spend(key)?;
+        self.inner.cas_ref(key, expected, new).await
+    }
+    async fn forget_deleted_refs(&self, prefix: &str) -> StoreResult<usize> {
+        self.inner.forget_deleted_refs(prefix).await
+    }
+    async fn remove_stale_temporaries(&self, before: SystemTime) -> StoreResult<(u64, u64)> {
+        self.inner.remove_stale_temporaries(before).await
+    }
+    async fn replenish_reserve(&self) -> StoreResult<bool> {
+        self.inner.replenish_reserve().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryStore;
+
+    #[tokio::test]
+    async fn fails_writes_past_the_budget_and_never_reads() {
+        let store = FailingStore::new(Arc::new(MemoryStore::new()), 1);
+        store
+            .put_if_absent("a", Bytes::from_static(b"1"))
+            .await
+            .unwrap();
+        let err = store
+            .put_if_absent("b", Bytes::from_static(b"2"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Unavailable { .. }), "{err}");
+        assert!(store.head("b").await.unwrap().is_none(), "nothing written");
+        assert_eq!(store.get("a").await.unwrap(), Bytes::from_static(b"1"));
+        store.allow(1);
+        store
+            .put_if_absent("b", Bytes::from_static(b"2"))
+            .await
+            .unwrap();
+        assert_eq!(store.allowed(), 0);
+    }
+}
