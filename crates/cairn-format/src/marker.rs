@@ -126,11 +126,6 @@ impl Quarantine {
             envelope::open(QUARANTINE_MAGIC, data, "quarantine marker")?,
             "quarantine marker",
         );
-        let l = GcLeftover {
-            created_ns: 3,
-            blobs: vec![Id::of(b"x"), Id::of(b"y")],
-        };
-        assert_eq!(GcLeftover::decode(&l.encode()).unwrap(), l);
         let q = Quarantine {
             time_ns: d.i64()?,
             offset: d.u32()?,
@@ -360,11 +355,6 @@ mod tests {
         };
         assert_eq!(GcPlan::decode(&p.encode()).unwrap(), p);
         assert_eq!(decode_gc_last(&encode_gc_last(77, &v)).unwrap(), (77, v));
-        let l = GcLeftover {
-            created_ns: 3,
-            blobs: vec![Id::of(b"x"), Id::of(b"y")],
-        };
-        assert_eq!(GcLeftover::decode(&l.encode()).unwrap(), l);
         let q = Quarantine {
             time_ns: 5,
             offset: 4096,

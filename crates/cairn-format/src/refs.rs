@@ -32,7 +32,7 @@ pub fn tag_from_key(key: &str) -> String {
     crate::name::unescape_segment(last).unwrap_or_else(|_| last.to_string())
 }
 
-/// Checks a tag name: 1..=100 bytes of `[A-Za-z0-9._+-]`, not only digits (those name
+/// Checks a tag name: 1..=80 bytes of `[A-Za-z0-9._+-]`, not only digits (those name
 /// sequence numbers), not starting with '.'.
 pub fn validate_tag_name(tag: &str) -> FormatResult<()> {
     let bad = |reason: &str| {

@@ -1,0 +1,1224 @@
+//! Golden test vectors for every on-disk structure of format v1 (`docs/FORMAT.md`).
+//!
+//! Each structure is built from fixed inputs, encoded, and compared byte for byte with a
+//! checked-in vector (`tests/golden/<name>.hex`); the checked-in bytes are then decoded and
+//! compared with the built value. Where a key or id derives from the content (the BLAKE3 of
+//! an object names it), that key is pinned as a literal too. So no later change (format v2
+//! included) can alter what v1 writes, or how v1 bytes read, without a test here failing.
+//!
+//! To (re)create the vectors after a deliberate change: `CAIRN_BLESS_GOLDEN=1 cargo test -p
+//! cairn-format --test golden`, then review the diff of `tests/golden/`. A v1 vector should
+//! never need that: a diff there means v1 repositories are read or written differently.
+
+use std::collections::BTreeSet;
+use std::fmt::Display;
+use std::path::PathBuf;
+
+use cairn_format::codec::{Decoder, Encoder};
+use cairn_format::config::{self, Chunker, Compression, RepoConfig};
+use cairn_format::index::{self, IndexFile, PackIndex};
+use cairn_format::marker::{self, GcLeftover, GcPlan, ProcessTag, Quarantine, Session};
+use cairn_format::name::{escape, unescape, unescape_segment};
+use cairn_format::node::{Extent, Interior, Leaf};
+use cairn_format::pack::{
+    self, decode_blob, encode_blob, BlobEncoding, BlobEntry, BlobKind, PackBuilder,
+};
+use cairn_format::summary::{self, ProbeKey, Summary};
+use cairn_format::version::{self, CommitStats, VersionRecord};
+use cairn_format::{envelope, refs, FormatError, Id, FORMAT_VERSION};
+
+// ---------------------------------------------------------------------------------------------
+// Vector files: compare, bless, list.
+// ---------------------------------------------------------------------------------------------
+
+/// Set to `1` to (re)write the vector files instead of comparing with them.
+const BLESS_ENV: &str = "CAIRN_BLESS_GOLDEN";
+
+/// Hex digits per line of a vector file (32 bytes), so that diffs stay readable.
+const HEX_PER_LINE: usize = 64;
+
+/// Every vector this test owns. A vector missing from the directory fails its test; a file
+/// in the directory that is not listed here fails `vector_directory_holds_exactly_the_list`
+/// (a vector whose test was deleted is coverage silently lost).
+const VECTORS: &[&str] = &[
+    "envelope_empty",
+    "envelope_payload",
+    "config_fixed_none",
+    "config_fastcdc_zstd_negative",
+    "config_fixed_zstd_max",
+    "config_legacy_no_summary_bits",
+    "blob_entries",
+    "blob_raw_none",
+    "blob_raw_incompressible",
+    "blob_raw_tiny",
+    "blob_zstd",
+    "pack",
+    "pack_empty",
+    "index_three_packs",
+    "index_empty",
+    "leaf_mixed",
+    "leaf_one_chunk",
+    "interior_level1",
+    "interior_level3",
+    "version_first",
+    "version_child_zero_image",
+    "version_child_with_root",
+    "ref",
+    "summary_small",
+    "summary_sized",
+    "summary_empty",
+    "deleted_marker",
+    "freed_marker",
+    "session_v1_0",
+    "session_v1_1",
+    "gc_plan",
+    "gc_plan_empty",
+    "gc_lock",
+    "gc_last",
+    "quarantine",
+    "quarantine_empty_reason",
+    "gc_leftover",
+    "gc_leftover_empty",
+];
+
+fn golden_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+}
+
+fn vector_path(name: &str) -> PathBuf {
+    golden_dir().join(format!("{name}.hex"))
+}
+
+fn blessing() -> bool {
+    std::env::var(BLESS_ENV).is_ok_and(|v| v == "1")
+}
+
+/// The canonical text of a vector: lowercase hex, `HEX_PER_LINE` digits a line.
+fn to_hex_lines(bytes: &[u8]) -> String {
+    let hex = hex::encode(bytes);
+    let mut out = String::with_capacity(hex.len() + hex.len() / HEX_PER_LINE + 1);
+    for line in hex.as_bytes().chunks(HEX_PER_LINE) {
+        out.push_str(std::str::from_utf8(line).expect("hex is ASCII"));
+        out.push('\n');
+    }
+    out
+}
+
+/// Reads a vector; a missing or malformed file is a failure, never a silent pass.
+fn read_vector(name: &str) -> Vec<u8> {
+    assert!(VECTORS.contains(&name), "vector {name} is not in VECTORS");
+    let path = vector_path(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "golden vector {name}: cannot read {}: {e} (create it with {BLESS_ENV}=1)",
+            path.display()
+        )
+    });
+    let digits: String = text.split_whitespace().collect();
+    let bytes = hex::decode(&digits)
+        .unwrap_or_else(|e| panic!("golden vector {name}: {} is not hex: {e}", path.display()));
+    assert_eq!(
+        text,
+        to_hex_lines(&bytes),
+        "golden vector {name}: {} is not in canonical form (lowercase, {HEX_PER_LINE} digits a line)",
+        path.display()
+    );
+    bytes
+}
+
+/// Writes a vector (bless mode), atomically so that a parallel reader never sees half a file.
+fn write_vector(name: &str, bytes: &[u8]) {
+    assert!(VECTORS.contains(&name), "vector {name} is not in VECTORS");
+    std::fs::create_dir_all(golden_dir()).expect("create tests/golden");
+    let path = vector_path(name);
+    let tmp = golden_dir().join(format!(".{name}.hex.tmp"));
+    std::fs::write(&tmp, to_hex_lines(bytes)).expect("write vector");
+    std::fs::rename(&tmp, &path).expect("rename vector into place");
+}
+
+/// Fails with the vector's name and the first differing offset unless the bytes are equal.
+fn assert_same_bytes(name: &str, expected: &[u8], actual: &[u8]) {
+    if expected == actual {
+        return;
+    }
+    let at = expected
+        .iter()
+        .zip(actual)
+        .position(|(a, b)| a != b)
+        .unwrap_or(expected.len().min(actual.len()));
+    let around =
+        |b: &[u8]| hex::encode(&b[at.saturating_sub(8).min(b.len())..(at + 8).min(b.len())]);
+    panic!(
+        "golden vector {name}: encoding differs at byte {at} (0x{at:x}); golden is {} bytes, \
+         encoder wrote {}\n  golden  [{}..]: {}\n  encoded [{}..]: {}\n\
+         v1 bytes must never change; if this is deliberate, rerun with {BLESS_ENV}=1 and review",
+        expected.len(),
+        actual.len(),
+        at.saturating_sub(8),
+        around(expected),
+        at.saturating_sub(8),
+        around(actual),
+    );
+}
+
+/// Encode direction: `encoded` must equal the vector (in bless mode it becomes the vector).
+/// Returns the golden bytes, for the decode direction.
+fn golden(name: &str, encoded: &[u8]) -> Vec<u8> {
+    if blessing() {
+        write_vector(name, encoded);
+        return encoded.to_vec();
+    }
+    let expected = read_vector(name);
+    assert_same_bytes(name, &expected, encoded);
+    expected
+}
+
+/// Decode direction only, for bytes whose encoding may legitimately vary (zstd frames): in
+/// bless mode the vector becomes what the code writes now; else it is read as checked in.
+fn golden_decode_only(name: &str, current: impl FnOnce() -> Vec<u8>) -> Vec<u8> {
+    if blessing() {
+        let bytes = current();
+        write_vector(name, &bytes);
+        return bytes;
+    }
+    read_vector(name)
+}
+
+/// Pins a key or id derived from content (or from a name) as a literal.
+fn pin(what: &str, actual: impl Display, expected: &str) {
+    assert_eq!(actual.to_string(), expected, "{what} changed");
+}
+
+#[test]
+fn vector_directory_holds_exactly_the_list() {
+    if blessing() {
+        return; // the other tests are writing the files right now
+    }
+    let listed: BTreeSet<String> = VECTORS.iter().map(|s| s.to_string()).collect();
+    assert_eq!(listed.len(), VECTORS.len(), "VECTORS has duplicates");
+    let dir = std::fs::read_dir(golden_dir()).expect("tests/golden exists");
+    let present: BTreeSet<String> = dir
+        .map(|e| {
+            e.expect("dir entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .map(|f| f.strip_suffix(".hex").map(str::to_string).unwrap_or(f))
+        .collect();
+    let missing: Vec<_> = listed.difference(&present).collect();
+    let stray: Vec<_> = present.difference(&listed).collect();
+    assert!(
+        missing.is_empty() && stray.is_empty(),
+        "missing vectors {missing:?}, unlisted files {stray:?} in {}",
+        golden_dir().display()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fixed inputs.
+// ---------------------------------------------------------------------------------------------
+
+/// 2026-01-01T00:00:00.123456789Z in ns since the epoch.
+const T0: i64 = 1_767_225_600_123_456_789;
+
+/// A fixed id whose 32 bytes are all `n`.
+fn id(n: u8) -> Id {
+    Id([n; 32])
+}
+
+/// A fixed id with distinct bytes (a real BLAKE3 output), for places where the bytes matter.
+fn hid(tag: &str) -> Id {
+    Id::of(tag.as_bytes())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Envelope.
+// ---------------------------------------------------------------------------------------------
+
+/// The envelope every metadata object shares: magic, version 1, length, payload, BLAKE3.
+#[test]
+fn envelope() {
+    const MAGIC: &[u8; 8] = b"CRNTEST\0";
+    for (name, payload) in [
+        ("envelope_empty", &b""[..]),
+        ("envelope_payload", &b"golden payload \x00\xff"[..]),
+    ] {
+        let bytes = golden(name, &envelope::seal(MAGIC, payload));
+        assert_eq!(&bytes[8..12], &1u32.to_le_bytes(), "{name}: format version");
+        assert_eq!(envelope::open(MAGIC, &bytes, "test").unwrap(), payload);
+    }
+    assert_eq!(FORMAT_VERSION, 1, "this file pins format v1");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Config.
+// ---------------------------------------------------------------------------------------------
+
+fn config_fixed_none() -> RepoConfig {
+    RepoConfig {
+        repo_id: *b"golden-repo-id16",
+        chunker: Chunker::Fixed,
+        chunk_size: 4096,
+        segment_size: 64 * 1024,
+        fanout: 2,
+        compression: Compression::None,
+        pack_target: 1 << 20,
+        created_ns: T0,
+        summary_bits: 4,
+    }
+}
+
+/// Every chunker and compression, a negative zstd level (stored as i8), a pre-1970 time.
+#[test]
+fn config() {
+    let cases = [
+        ("config_fixed_none", config_fixed_none()),
+        (
+            "config_fastcdc_zstd_negative",
+            RepoConfig {
+                repo_id: [0xc0; 16],
+                chunker: Chunker::FastCdc,
+                chunk_size: 64 * 1024,
+                segment_size: 4 << 20,
+                fanout: 256,
+                compression: Compression::Zstd { level: -7 },
+                pack_target: 16 << 20,
+                created_ns: -1_000_000_007,
+                summary_bits: 24,
+            },
+        ),
+        (
+            "config_fixed_zstd_max",
+            RepoConfig {
+                repo_id: [0x01; 16],
+                chunker: Chunker::Fixed,
+                chunk_size: 4 << 20,
+                segment_size: 64 << 20,
+                fanout: 4096,
+                compression: Compression::Zstd { level: 19 },
+                pack_target: 1 << 30,
+                created_ns: i64::MAX,
+                summary_bits: 64,
+            },
+        ),
+    ];
+    for (name, cfg) in cases {
+        cfg.validate().unwrap();
+        let bytes = golden(name, &cfg.encode());
+        assert_eq!(RepoConfig::decode(&bytes).unwrap(), cfg, "{name}");
+    }
+    pin("config key", config::KEY, "config");
+}
+
+/// Configs written before reference summaries existed have no summary-bits byte; they read
+/// as 24 bits per chunk. (Only decoded: v1 always writes the byte now.)
+#[test]
+fn config_legacy_without_summary_bits() {
+    let cfg = config_fixed_none();
+    let full = cfg.encode();
+    let payload = envelope::open(b"CRNCONF\0", &full, "config").unwrap();
+    let legacy = envelope::seal(b"CRNCONF\0", &payload[..payload.len() - 1]);
+    let bytes = golden("config_legacy_no_summary_bits", &legacy);
+    let back = RepoConfig::decode(&bytes).unwrap();
+    assert_eq!(
+        back,
+        RepoConfig {
+            summary_bits: summary::DEFAULT_BITS_PER_CHUNK,
+            ..cfg
+        }
+    );
+    assert_eq!(summary::DEFAULT_BITS_PER_CHUNK, 24);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Blobs and packs.
+// ---------------------------------------------------------------------------------------------
+
+/// The 48-byte blob entry of pack trailers and index files: every kind × encoding, extreme
+/// values.
+#[test]
+fn blob_entries() {
+    let entries = [
+        BlobEntry {
+            id: id(0x01),
+            kind: BlobKind::Data,
+            encoding: BlobEncoding::Raw,
+            offset: 16,
+            stored_len: 4096,
+            raw_len: 4096,
+        },
+        BlobEntry {
+            id: id(0x02),
+            kind: BlobKind::Data,
+            encoding: BlobEncoding::Zstd,
+            offset: 4112,
+            stored_len: 100,
+            raw_len: 65536,
+        },
+        BlobEntry {
+            id: id(0x03),
+            kind: BlobKind::Node,
+            encoding: BlobEncoding::Raw,
+            offset: 0x0102_0304,
+            stored_len: 8,
+            raw_len: 8,
+        },
+        BlobEntry {
+            id: hid("node"),
+            kind: BlobKind::Node,
+            encoding: BlobEncoding::Zstd,
+            offset: u32::MAX - 1,
+            stored_len: u32::MAX,
+            raw_len: u32::MAX,
+        },
+    ];
+    let mut e = Encoder::new();
+    for entry in &entries {
+        entry.encode(&mut e);
+    }
+    let bytes = golden("blob_entries", &e.finish());
+    assert_eq!(bytes.len(), entries.len() * pack::ENTRY_LEN);
+    let mut d = Decoder::new(&bytes, "test");
+    for entry in &entries {
+        assert_eq!(&BlobEntry::decode(&mut d, "test").unwrap(), entry);
+    }
+    d.finish().unwrap();
+    // The reserved u16 (bytes 34..36) is written as zero and ignored by v1 readers: a v2
+    // that gives it a meaning cannot count on v1 readers noticing it.
+    let mut reserved = bytes[..pack::ENTRY_LEN].to_vec();
+    reserved[34..36].copy_from_slice(&[0xff, 0xff]);
+    let mut d = Decoder::new(&reserved, "test");
+    assert_eq!(BlobEntry::decode(&mut d, "test").unwrap(), entries[0]);
+}
+
+fn raw_plain() -> Vec<u8> {
+    b"cairn golden blob, stored raw\n".to_vec()
+}
+
+/// 1 KiB that zstd cannot shrink by 1/32: the BLAKE3 output stream of a fixed key.
+fn incompressible_plain() -> Vec<u8> {
+    let mut out = vec![0; 1024];
+    blake3::Hasher::new()
+        .update(b"golden incompressible")
+        .finalize_xof()
+        .fill(&mut out);
+    out
+}
+
+/// Text that zstd shrinks well.
+fn zstd_plain() -> Vec<u8> {
+    (0..100)
+        .flat_map(|i| format!("block {i:05} of the golden zstd blob\n").into_bytes())
+        .collect()
+}
+
+/// The stored bytes of the zstd vector, for other tests (read only: its own test writes it).
+fn zstd_stored() -> Vec<u8> {
+    if blessing() {
+        encode_blob(&zstd_plain(), Compression::Zstd { level: 3 }).0
+    } else {
+        read_vector("blob_zstd")
+    }
+}
+
+fn entry_for(plain: &[u8], encoding: BlobEncoding, stored: &[u8]) -> BlobEntry {
+    BlobEntry {
+        id: Id::of(plain),
+        kind: BlobKind::Data,
+        encoding,
+        offset: 16,
+        stored_len: stored.len() as u32,
+        raw_len: plain.len() as u32,
+    }
+}
+
+/// Blobs stored raw: without compression, and with zstd when it does not save 1/32 (a tiny
+/// blob, random bytes). Both directions are pinned: raw is the plain bytes.
+#[test]
+fn blobs_raw() {
+    let cases = [
+        ("blob_raw_none", raw_plain(), Compression::None),
+        (
+            "blob_raw_incompressible",
+            incompressible_plain(),
+            Compression::Zstd { level: 3 },
+        ),
+        (
+            "blob_raw_tiny",
+            b"tiny".to_vec(),
+            Compression::Zstd { level: 19 },
+        ),
+    ];
+    for (name, plain, compression) in cases {
+        let (stored, encoding) = encode_blob(&plain, compression);
+        assert_eq!(encoding, BlobEncoding::Raw, "{name}");
+        let bytes = golden(name, &stored);
+        assert_eq!(bytes, plain, "{name}: raw is the plain bytes");
+        let entry = entry_for(&plain, BlobEncoding::Raw, &bytes);
+        assert_eq!(decode_blob(&entry, &bytes).unwrap(), plain, "{name}");
+    }
+    pin(
+        "id of blob_raw_none",
+        Id::of(&raw_plain()),
+        "4501ede1d00fc40a7eb3e731cbbf1a6317c42a8a84b9a0d9a2ca9ace0327978a",
+    );
+}
+
+/// A zstd-encoded blob. zstd's output may differ between library versions (and levels), and
+/// any valid frame is fine for v1, so only the decode direction is pinned: the checked-in
+/// frame must decode to the plain bytes. The encode direction is checked for its decision
+/// (zstd, because it pays) and its round trip, not its bytes.
+#[test]
+fn blob_zstd() {
+    let plain = zstd_plain();
+    let compression = Compression::Zstd { level: 3 };
+    let bytes = golden_decode_only("blob_zstd", || encode_blob(&plain, compression).0);
+    let entry = entry_for(&plain, BlobEncoding::Zstd, &bytes);
+    assert_eq!(decode_blob(&entry, &bytes).unwrap(), plain);
+    assert!(bytes.len() + plain.len() / 32 < plain.len());
+
+    let (stored, encoding) = encode_blob(&plain, compression);
+    assert_eq!(encoding, BlobEncoding::Zstd);
+    let now = entry_for(&plain, BlobEncoding::Zstd, &stored);
+    assert_eq!(decode_blob(&now, &stored).unwrap(), plain);
+
+    // The frame read as raw bytes, or with a wrong plain length, is refused.
+    let as_raw = entry_for(&plain, BlobEncoding::Raw, &bytes);
+    assert_eq!(
+        decode_blob(&as_raw, &bytes),
+        Err(FormatError::Checksum { what: "blob" })
+    );
+    let short = BlobEntry {
+        raw_len: plain.len() as u32 - 1,
+        ..entry
+    };
+    assert!(decode_blob(&short, &bytes).is_err());
+}
+
+/// The salt the pack vectors use instead of a random one (the only random bytes of a pack).
+const SALT: u32 = 0x5a17_c0de;
+
+/// Finishes `builder` and replaces its random salt with `SALT`; returns (id, bytes, entries).
+fn finish_salted(builder: PackBuilder) -> (Id, Vec<u8>, Vec<BlobEntry>) {
+    let (_, mut bytes, entries) = builder.finish();
+    bytes[12..16].copy_from_slice(&SALT.to_le_bytes());
+    (Id::of(&bytes), bytes, entries)
+}
+
+/// A pack with a raw data blob, a zstd data blob (the golden frame, so the pack's bytes do not
+/// depend on the zstd version) and a raw manifest node; header, offsets, trailer and footer.
+#[test]
+fn pack_with_blobs() {
+    let raw = raw_plain();
+    let zplain = zstd_plain();
+    let zstored = zstd_stored();
+    let node = leaf_mixed().encode();
+    let mut builder = PackBuilder::new();
+    builder.push(
+        Id::of(&raw),
+        BlobKind::Data,
+        BlobEncoding::Raw,
+        &raw,
+        raw.len() as u32,
+    );
+    builder.push(
+        Id::of(&zplain),
+        BlobKind::Data,
+        BlobEncoding::Zstd,
+        &zstored,
+        zplain.len() as u32,
+    );
+    builder.push(
+        Id::of(&node),
+        BlobKind::Node,
+        BlobEncoding::Raw,
+        &node,
+        node.len() as u32,
+    );
+    let expected_len = builder.len();
+    let (pack_id, encoded, entries) = finish_salted(builder);
+    assert_eq!(encoded.len(), expected_len);
+    let expected_entries = vec![
+        BlobEntry {
+            id: Id::of(&raw),
+            kind: BlobKind::Data,
+            encoding: BlobEncoding::Raw,
+            offset: 16,
+            stored_len: raw.len() as u32,
+            raw_len: raw.len() as u32,
+        },
+        BlobEntry {
+            id: Id::of(&zplain),
+            kind: BlobKind::Data,
+            encoding: BlobEncoding::Zstd,
+            offset: 16 + raw.len() as u32,
+            stored_len: zstored.len() as u32,
+            raw_len: zplain.len() as u32,
+        },
+        BlobEntry {
+            id: Id::of(&node),
+            kind: BlobKind::Node,
+            encoding: BlobEncoding::Raw,
+            offset: 16 + (raw.len() + zstored.len()) as u32,
+            stored_len: node.len() as u32,
+            raw_len: node.len() as u32,
+        },
+    ];
+    assert_eq!(entries, expected_entries);
+
+    let bytes = golden("pack", &encoded);
+    assert_eq!(&bytes[..8], pack::MAGIC);
+    assert_eq!(&bytes[8..12], &1u32.to_le_bytes());
+    assert_eq!(&bytes[12..16], &SALT.to_le_bytes());
+    assert_eq!(pack::parse_pack(&bytes).unwrap(), expected_entries);
+    let footer = &bytes[bytes.len() - pack::FOOTER_LEN..];
+    let (n, trailer_len, sum) = pack::parse_footer(footer).unwrap();
+    assert_eq!((n, trailer_len), (3, 3 * 48));
+    let trailer_start = bytes.len() - pack::FOOTER_LEN - trailer_len as usize;
+    assert_eq!(
+        &sum,
+        blake3::hash(&bytes[trailer_start..bytes.len() - pack::FOOTER_LEN]).as_bytes()
+    );
+    for (entry, plain) in expected_entries.iter().zip([&raw, &zplain, &node]) {
+        let r = entry.range();
+        assert_eq!(
+            &decode_blob(entry, &bytes[r.start as usize..r.end as usize]).unwrap(),
+            plain
+        );
+    }
+    // The pack's id (and so its key `packs/<hh>/<id>`, built in cairn-repo) is its BLAKE3.
+    pin(
+        "pack id",
+        Id::of(&bytes),
+        "3368cc3bfe40f028137f34ddda6925dac80c3332ae716082a39445eb72a58e2e",
+    );
+    assert_eq!(pack_id, Id::of(&bytes));
+}
+
+/// A pack with no blob: header and a footer over an empty trailer (parse_pack accepts it).
+#[test]
+fn pack_empty() {
+    let (_, encoded, entries) = finish_salted(PackBuilder::new());
+    assert!(entries.is_empty());
+    let bytes = golden("pack_empty", &encoded);
+    assert_eq!(bytes.len(), pack::HEADER_LEN + pack::FOOTER_LEN);
+    assert_eq!(pack::parse_pack(&bytes).unwrap(), vec![]);
+    assert_eq!(&bytes[bytes.len() - 8..], pack::END_MAGIC);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Index files.
+// ---------------------------------------------------------------------------------------------
+
+fn index_three_packs() -> IndexFile {
+    let entry = |n: u8, kind, encoding, offset| BlobEntry {
+        id: id(n),
+        kind,
+        encoding,
+        offset,
+        stored_len: 1000 + n as u32,
+        raw_len: 4096,
+    };
+    IndexFile {
+        packs: vec![
+            PackIndex {
+                pack: hid("pack a"),
+                entries: vec![
+                    entry(0x10, BlobKind::Data, BlobEncoding::Zstd, 16),
+                    entry(0x11, BlobKind::Data, BlobEncoding::Raw, 1032),
+                    entry(0x12, BlobKind::Node, BlobEncoding::Raw, 2049),
+                ],
+            },
+            PackIndex {
+                pack: hid("pack b (no blobs)"),
+                entries: vec![],
+            },
+            PackIndex {
+                pack: hid("pack c"),
+                entries: vec![entry(0x20, BlobKind::Node, BlobEncoding::Zstd, 16)],
+            },
+        ],
+    }
+}
+
+/// Index files: several packs (one without entries), and none at all. Pins `index/<id>`.
+#[test]
+fn index_files() {
+    let cases = [
+        (
+            "index_three_packs",
+            index_three_packs(),
+            "index/61a93910d326c4cd4100be88dd92dcea567cfd7002be89c353bc61e81e8890b3",
+        ),
+        (
+            "index_empty",
+            IndexFile::default(),
+            "index/952a5bf9a10e74d6c1293b7ecca78d42e2862e62b7303f15f695aabc8ea4d796",
+        ),
+    ];
+    for (name, file, key) in cases {
+        let bytes = golden(name, &file.encode());
+        assert_eq!(IndexFile::decode(&bytes).unwrap(), file, "{name}");
+        pin(name, index::key(&Id::of(&bytes)), key);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Manifest nodes.
+// ---------------------------------------------------------------------------------------------
+
+/// Zero runs and chunks, adjacent zero runs merged by `push`.
+fn leaf_mixed() -> Leaf {
+    let mut leaf = Leaf::default();
+    leaf.push(Extent::Zero { len: 4096 });
+    leaf.push(Extent::Zero { len: 4096 });
+    leaf.push(Extent::Chunk {
+        id: hid("chunk 1"),
+        len: 16384,
+    });
+    leaf.push(Extent::Chunk {
+        id: hid("chunk 2"),
+        len: 8192,
+    });
+    leaf.push(Extent::Zero { len: 1 });
+    leaf.push(Extent::Chunk {
+        id: id(0x33),
+        len: 32767,
+    });
+    leaf
+}
+
+/// Leaves (the kind-1 blobs for one segment). A leaf's id is the BLAKE3 of its encoding.
+#[test]
+fn leaves() {
+    let mixed = leaf_mixed();
+    assert_eq!(mixed.extents.len(), 5, "two zero runs merged");
+    assert_eq!(mixed.len(), 64 * 1024);
+    let one = Leaf {
+        extents: vec![Extent::Chunk {
+            id: id(0xee),
+            len: 1 << 20,
+        }],
+    };
+    let cases = [
+        (
+            "leaf_mixed",
+            mixed,
+            "480d20e658f746f42372f3711874d22c0224b19b63e85b1c1f29f18468ccbb62",
+        ),
+        (
+            "leaf_one_chunk",
+            one,
+            "fe4c47f9a94e23da816ac0fdf68d7cf9ecdfb2d0ff2e8569816c064bdc17b592",
+        ),
+    ];
+    for (name, leaf, node_id) in cases {
+        let bytes = golden(name, &leaf.encode());
+        assert_eq!(Leaf::decode(&bytes).unwrap(), leaf, "{name}");
+        pin(name, Id::of(&bytes), node_id);
+    }
+}
+
+/// Interior nodes: level 1 (children are leaves) and a higher level with the widest slots.
+#[test]
+fn interiors() {
+    let cases = [
+        (
+            "interior_level1",
+            Interior {
+                level: 1,
+                children: vec![
+                    (0, hid("leaf 0")),
+                    (1, hid("leaf 1")),
+                    (255, hid("leaf 255")),
+                ],
+            },
+            "6f8967dfd4e756cb76a0dcf5c66d1035563fc6ad266920478812883d6bb88497",
+        ),
+        (
+            "interior_level3",
+            Interior {
+                level: 3,
+                children: vec![(7, id(0x07)), (4095, id(0xff))],
+            },
+            "6d796757235dc3a1bdecea52e99ee293ab1c37f6b021077ab98d9330f80d0e33",
+        ),
+    ];
+    for (name, node, node_id) in cases {
+        let bytes = golden(name, &node.encode());
+        assert_eq!(Interior::decode(&bytes).unwrap(), node, "{name}");
+        pin(name, Id::of(&bytes), node_id);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Version records and refs.
+// ---------------------------------------------------------------------------------------------
+
+fn version_first() -> VersionRecord {
+    VersionRecord {
+        image: "web01/disk0".into(),
+        seq: 1,
+        parent: None,
+        time_ns: T0,
+        logical_size: 10 << 30,
+        root: Some(hid("root 1")),
+        height: 2,
+        segment_size: 1 << 20,
+        fanout: 256,
+        stats: CommitStats {
+            data_bytes: 3 << 20,
+            chunks: 48,
+            new_chunks: 47,
+            new_chunk_bytes: (3 << 20) - 65536,
+            stored_bytes: 1_234_567,
+        },
+        message: "first ✓ «golden»\nsecond line".into(),
+    }
+}
+
+/// Version records: without parent (first), without root (an all-zero image), with both;
+/// unicode, empty and multi-line messages. Pins `versions/<id>`.
+#[test]
+fn version_records() {
+    let first = version_first();
+    let zero_image = VersionRecord {
+        image: "vm-1.2_x+y".into(),
+        seq: 2,
+        parent: Some(id(0x42)),
+        time_ns: T0 + 1,
+        logical_size: 0,
+        root: None,
+        height: 1,
+        segment_size: 64 * 1024,
+        fanout: 2,
+        stats: CommitStats::default(),
+        message: String::new(),
+    };
+    let with_root = VersionRecord {
+        seq: u64::MAX,
+        parent: Some(hid("parent")),
+        root: Some(hid("root 2")),
+        height: 3,
+        fanout: 4096,
+        logical_size: u64::MAX,
+        stats: CommitStats {
+            data_bytes: u64::MAX,
+            chunks: 1,
+            new_chunks: 0,
+            new_chunk_bytes: 0,
+            stored_bytes: 42,
+        },
+        message: "m".into(),
+        ..version_first()
+    };
+    let cases = [
+        (
+            "version_first",
+            first,
+            "versions/0d66a9401ae7402e685a2714baccd9ad32767a2da4dbd36d723c38d636a4626b",
+        ),
+        (
+            "version_child_zero_image",
+            zero_image,
+            "versions/b19279ae6b1df8624a120f9b3ed46c378885f9e6c116eedb8acd6f06463ccdd7",
+        ),
+        (
+            "version_child_with_root",
+            with_root,
+            "versions/129f0e5896f82a4fb2fed94578a11a8c18b15406b647ffee2d901cbee8ac56a5",
+        ),
+    ];
+    for (name, record, key) in cases {
+        let bytes = golden(name, &record.encode());
+        assert_eq!(VersionRecord::decode(&bytes).unwrap(), record, "{name}");
+        pin(name, version::key(&Id::of(&bytes)), key);
+    }
+}
+
+/// Head and tag refs hold the same envelope around a version id; their keys escape names.
+#[test]
+fn refs_and_their_keys() {
+    let target = hid("version");
+    let bytes = golden("ref", &refs::encode(&target));
+    assert_eq!(refs::decode(&bytes).unwrap(), target);
+    pin(
+        "head key",
+        refs::head_key("web01/disk0"),
+        "heads/web01%2Fdisk0",
+    );
+    pin(
+        "head key with +",
+        refs::head_key("a+b/c.d_e-f"),
+        "heads/a%2Bb%2Fc.d_e-f",
+    );
+    pin(
+        "tags prefix",
+        refs::tags_prefix("web01/disk0"),
+        "tags/web01%2Fdisk0/",
+    );
+    pin(
+        "tag key",
+        refs::tag_key("web01/disk0", "v1+build.2"),
+        "tags/web01%2Fdisk0/v1%2Bbuild.2",
+    );
+    pin(
+        "tag key, plain",
+        refs::tag_key("vm", "release-1_0"),
+        "tags/vm/release-1_0",
+    );
+    pin(
+        "tag from key",
+        refs::tag_from_key("tags/web01%2Fdisk0/v1%2Bbuild.2"),
+        "v1+build.2",
+    );
+}
+
+/// How names become key segments: only `A-Z a-z 0-9 . _ -` stay, every other byte is `%XX`
+/// with uppercase hex; decoding accepts lowercase too.
+#[test]
+fn name_escaping() {
+    let printable: String = (0x20u8..0x7f).map(char::from).collect();
+    pin(
+        "escape of printable ASCII",
+        escape(&printable),
+        "%20%21%22%23%24%25%26%27%28%29%2A%2B%2C-.%2F0123456789%3A%3B%3C%3D%3E%3F%40\
+         ABCDEFGHIJKLMNOPQRSTUVWXYZ%5B%5C%5D%5E_%60abcdefghijklmnopqrstuvwxyz%7B%7C%7D%7E",
+    );
+    assert_eq!(unescape_segment(&escape(&printable)).unwrap(), printable);
+    pin("escape of UTF-8", escape("é\n"), "%C3%A9%0A");
+    assert_eq!(unescape_segment("%c3%a9").unwrap(), "é");
+    assert_eq!(unescape("web01%2Fdisk0").unwrap(), "web01/disk0");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reference summaries.
+// ---------------------------------------------------------------------------------------------
+
+fn keys(tag: &str, n: usize) -> Vec<Id> {
+    (0..n).map(|i| hid(&format!("{tag} {i}"))).collect()
+}
+
+fn probe_keys(ids: &[Id]) -> Vec<ProbeKey> {
+    ids.iter().map(ProbeKey::of).collect()
+}
+
+/// Checks one filter of a golden summary against FORMAT.md directly (not through `Bloom`):
+/// geometry bytes, length, and every member's probe bits (h1 + i·h2 mod 2^k, LSB first).
+/// Returns the offset after the filter.
+fn check_filter_as_documented(payload: &[u8], at: usize, k: u8, j: u8, members: &[Id]) -> usize {
+    assert_eq!(
+        (payload[at], payload[at + 1]),
+        (k, j),
+        "filter geometry at {at}"
+    );
+    let bits = &payload[at + 2..at + 2 + (1usize << (k - 3))];
+    for m in members {
+        let b = m.as_bytes();
+        let h1 = u64::from_le_bytes(b[0..8].try_into().unwrap());
+        let h2 = u64::from_le_bytes(b[8..16].try_into().unwrap()) | 1;
+        for i in 0..j as u64 {
+            let bit = (h1.wrapping_add(i.wrapping_mul(h2)) & ((1u64 << k) - 1)) as usize;
+            assert!(
+                bits[bit / 8] & (1 << (bit % 8)) != 0,
+                "{m:?} probe {i} unset"
+            );
+        }
+    }
+    at + 2 + bits.len()
+}
+
+/// Summaries: the smallest filters, larger ones at other bits per chunk (with duplicate
+/// inputs, which count once), and an empty tree's. Pins `summaries/<root>`.
+#[test]
+fn summaries() {
+    let dup = |mut v: Vec<Id>| {
+        v.extend(v.clone());
+        v
+    };
+    // (name, chunks, nodes, bits per chunk, expected chunk (k, j), expected node (k, j))
+    let cases = [
+        (
+            "summary_small",
+            keys("chunk", 3),
+            keys("node", 2),
+            24,
+            (9, 12),
+            (9, 16),
+        ),
+        (
+            "summary_sized",
+            dup(keys("chunk", 100)),
+            keys("node", 5),
+            10,
+            (10, 5),
+            (11, 16),
+        ),
+        ("summary_empty", vec![], vec![], 64, (9, 32), (9, 16)),
+    ];
+    for (name, chunks, nodes, bits, cg, ng) in cases {
+        let s = Summary::build(probe_keys(&chunks), probe_keys(&nodes), bits);
+        let bytes = golden(name, &s.encode());
+        let back = Summary::decode(&bytes).unwrap();
+        assert_eq!(back, s, "{name}");
+        assert_eq!(back.chunks.geometry(), cg, "{name}");
+        assert_eq!(back.nodes.geometry(), ng, "{name}");
+        let distinct: BTreeSet<Id> = chunks.iter().copied().collect();
+        assert_eq!(back.chunk_items, distinct.len() as u64, "{name}");
+        assert_eq!(back.node_items, nodes.len() as u64, "{name}");
+        assert!(chunks.iter().all(|c| back.chunks.contains(c)), "{name}");
+        assert!(nodes.iter().all(|n| back.nodes.contains(n)), "{name}");
+        let payload = envelope::open(b"CRNSUMM\0", &bytes, "summary").unwrap();
+        let at = check_filter_as_documented(payload, 16, cg.0, cg.1, &chunks);
+        let end = check_filter_as_documented(payload, at, ng.0, ng.1, &nodes);
+        assert_eq!(end, payload.len(), "{name}");
+    }
+    pin(
+        "summary key",
+        summary::key(&id(0x5e)),
+        "summaries/5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e",
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deletion, sessions and GC records.
+// ---------------------------------------------------------------------------------------------
+
+/// Deletion and freed markers: (version id, time). Pins `deleted/<id>` and `gc/freed/<id>`.
+#[test]
+fn deleted_and_freed_markers() {
+    let v = hid("deleted version");
+    let bytes = golden("deleted_marker", &marker::encode_deleted(&v, T0));
+    assert_eq!(marker::decode_deleted(&bytes).unwrap(), (v, T0));
+    let bytes = golden("freed_marker", &marker::encode_freed(&v, T0 + 5));
+    assert_eq!(marker::decode_freed(&bytes).unwrap(), (v, T0 + 5));
+    pin(
+        "deleted key",
+        marker::deleted_key(&id(0xde)),
+        "deleted/dededededededededededededededededededededededededededededededede",
+    );
+    pin(
+        "freed key",
+        marker::freed_key(&id(0xf1)),
+        "gc/freed/f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1",
+    );
+    // The two markers differ only in their magic: neither decodes as the other.
+    assert!(marker::decode_deleted(&bytes).is_err());
+}
+
+/// Sessions as 1.0 wrote them (no process tag) and as 1.1 writes them (with one); 1.1 reads
+/// both.
+#[test]
+fn sessions() {
+    let old = Session {
+        started_ns: T0,
+        heartbeat_ns: T0 + 10_000_000_000,
+        pid: 4242,
+        kind: "commit".into(),
+        process: None,
+    };
+    let new = Session {
+        kind: "gc".into(),
+        pid: u32::MAX,
+        process: Some(ProcessTag {
+            boot_id: "6f1c1d8e-5a0b-4e0a-9d2e-3c1b2a0f9e8d".into(),
+            pid_namespace: 4_026_531_836,
+            start_ticks: 123_456_789,
+            host: "node1.example".into(),
+        }),
+        ..old.clone()
+    };
+    for (name, session) in [("session_v1_0", old), ("session_v1_1", new)] {
+        let bytes = golden(name, &session.encode());
+        assert_eq!(Session::decode(&bytes).unwrap(), session, "{name}");
+    }
+    pin("sessions prefix", marker::SESSIONS_PREFIX, "sessions/");
+}
+
+/// GC plans (dead blobs and superseded index files; both lists empty too), the lock and the
+/// completion record.
+#[test]
+fn gc_records() {
+    let plan = GcPlan {
+        created_ns: T0,
+        dead_blobs: vec![id(0xd1), id(0xd2), hid("dead")],
+        superseded_index: vec![hid("old index")],
+    };
+    let empty = GcPlan {
+        created_ns: -5,
+        ..GcPlan::default()
+    };
+    for (name, p) in [("gc_plan", plan), ("gc_plan_empty", empty)] {
+        let bytes = golden(name, &p.encode());
+        assert_eq!(GcPlan::decode(&bytes).unwrap(), p, "{name}");
+    }
+    let session_key = "sessions/00112233445566778899aabbccddeeff";
+    let bytes = golden("gc_lock", &marker::encode_gc_lock(session_key));
+    assert_eq!(marker::decode_gc_lock(&bytes).unwrap(), session_key);
+    let plan_id = hid("plan");
+    let bytes = golden("gc_last", &marker::encode_gc_last(T0 - 1, &plan_id));
+    assert_eq!(marker::decode_gc_last(&bytes).unwrap(), (T0 - 1, plan_id));
+    pin("plans prefix", marker::PLANS_PREFIX, "gc/plans/");
+    pin("gc lock ref", marker::GC_LOCK_REF, "gc/lock");
+    pin("gc last ref", marker::GC_LAST_REF, "gc/last");
+}
+
+/// Quarantine markers (1.1): time, offset in the pack, reason. Pins the key and its parse.
+#[test]
+fn quarantine_markers() {
+    let cases = [
+        (
+            "quarantine",
+            Quarantine {
+                time_ns: T0,
+                offset: 4112,
+                reason: "blake3 mismatch ✗".into(),
+            },
+        ),
+        (
+            "quarantine_empty_reason",
+            Quarantine {
+                time_ns: 0,
+                offset: u32::MAX,
+                reason: String::new(),
+            },
+        ),
+    ];
+    for (name, q) in cases {
+        let bytes = golden(name, &q.encode());
+        assert_eq!(Quarantine::decode(&bytes).unwrap(), q, "{name}");
+    }
+    let key = marker::quarantine_key(&id(0xaa), &id(0xbb));
+    pin(
+        "quarantine key",
+        &key,
+        "quarantine/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/\
+         bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
+    );
+    assert_eq!(
+        marker::parse_quarantine_key(&key).unwrap(),
+        (id(0xaa), id(0xbb))
+    );
+}
+
+/// A reason longer than a str16 holds is cut on a character boundary: 40000 × "é" (80000
+/// bytes) is stored as 32767 of them (65534 bytes). Pinned by the id of the encoding rather
+/// than a 64 KiB vector file.
+#[test]
+fn quarantine_long_reason_is_cut() {
+    let q = Quarantine {
+        time_ns: T0,
+        offset: 16,
+        reason: "é".repeat(40_000),
+    };
+    let bytes = q.encode();
+    let back = Quarantine::decode(&bytes).unwrap();
+    assert_eq!(back.reason, "é".repeat(32_767));
+    pin(
+        "id of the cut quarantine marker",
+        Id::of(&bytes),
+        "caa6f1f504964ee7ff8bfb778be52444d3d057ad93cd87491a24c4ccd89cee01",
+    );
+}
+
+/// Leftover lists (1.1): dead blobs fast deletion left in packs it did not repack.
+#[test]
+fn gc_leftovers() {
+    let cases = [
+        (
+            "gc_leftover",
+            GcLeftover {
+                created_ns: T0,
+                blobs: vec![id(0x01), hid("left over")],
+            },
+        ),
+        ("gc_leftover_empty", GcLeftover::default()),
+    ];
+    for (name, l) in cases {
+        let bytes = golden(name, &l.encode());
+        assert_eq!(GcLeftover::decode(&bytes).unwrap(), l, "{name}");
+    }
+    pin("leftover prefix", marker::LEFTOVER_PREFIX, "gc/leftover/");
+    pin(
+        "quarantine prefix",
+        marker::QUARANTINE_PREFIX,
+        "quarantine/",
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The vectors are really checked: a changed byte is noticed.
+// ---------------------------------------------------------------------------------------------
+
+/// Flips every byte of `bytes` (three ways) and requires `decodes_to_original` to be false,
+/// except at the offsets in `unchecked`, where it must be true (a known blind spot).
+fn every_flip_is_noticed(
+    name: &str,
+    bytes: &[u8],
+    unchecked: &[usize],
+    decodes_to_original: impl Fn(&[u8]) -> bool,
+) {
+    assert!(
+        decodes_to_original(bytes),
+        "{name}: golden bytes do not decode"
+    );
+    for i in 0..bytes.len() {
+        for mask in [0x01u8, 0x80, 0xff] {
+            let mut bad = bytes.to_vec();
+            bad[i] ^= mask;
+            let same = decodes_to_original(&bad);
+            if unchecked.contains(&i) {
+                assert!(same, "{name}: byte {i} is no longer ignored");
+            } else {
+                assert!(
+                    !same,
+                    "{name}: flip 0x{mask:02x} at byte {i} went unnoticed"
+                );
+            }
+        }
+    }
+}
+
+/// Enveloped structures (config, version record, index file) refuse every flip (checksum); a
+/// leaf has no checksum of its own (its id is its BLAKE3), so a flip must fail to decode or
+/// decode to another leaf, except the reserved byte 3, which v1 readers ignore.
+#[test]
+fn flipped_bytes_of_golden_vectors_are_noticed() {
+    let cfg = config_fixed_none();
+    every_flip_is_noticed(
+        "config_fixed_none",
+        &read_or_bless("config_fixed_none"),
+        &[],
+        |b| RepoConfig::decode(b).is_ok_and(|c| c == cfg),
+    );
+    let v = version_first();
+    every_flip_is_noticed("version_first", &read_or_bless("version_first"), &[], |b| {
+        VersionRecord::decode(b).is_ok_and(|r| r == v)
+    });
+    let f = index_three_packs();
+    every_flip_is_noticed(
+        "index_three_packs",
+        &read_or_bless("index_three_packs"),
+        &[],
+        |b| IndexFile::decode(b).is_ok_and(|x| x == f),
+    );
+    let leaf = leaf_mixed();
+    every_flip_is_noticed("leaf_mixed", &read_or_bless("leaf_mixed"), &[3], |b| {
+        Leaf::decode(b).is_ok_and(|l| l == leaf)
+    });
+}
+
+/// The golden bytes (or, in bless mode, what the encoder writes, as the file may be in flux).
+fn read_or_bless(name: &str) -> Vec<u8> {
+    if !blessing() {
+        return read_vector(name);
+    }
+    match name {
+        "config_fixed_none" => config_fixed_none().encode(),
+        "version_first" => version_first().encode(),
+        "index_three_packs" => index_three_packs().encode(),
+        "leaf_mixed" => leaf_mixed().encode(),
+        _ => unreachable!("{name}"),
+    }
+}
