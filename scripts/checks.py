@@ -1,4 +1,5 @@
-"""Helpers shared by cairn's Python test scripts: sha(), Checks, sh() and the Cairn runner."""
+"""Helpers shared by cairn's Python test scripts: sha(), Checks, sh(), the Cairn runner, and
+as_plain()/error_code() for the errors of `--json` commands."""
 
 import hashlib
 import json
@@ -14,6 +15,40 @@ def sha(path):
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def _json_error(line):
+    """The `error` object of a `--json` error line, or None for any other line."""
+    try:
+        v = json.loads(line)
+    except ValueError:
+        return None
+    return v.get("error") if isinstance(v, dict) and isinstance(v.get("error"), dict) else None
+
+
+def as_plain(stderr):
+    """stderr with each `--json` error object (`{"error": {"code", "message", "exit_code"}}`)
+    written as the line cairn prints without --json (`cairn: error: MESSAGE`, or
+    `cairn: MESSAGE` when interrupted), so checks compare one text for both forms."""
+    out = []
+    for line in stderr.splitlines():
+        e = _json_error(line)
+        if e is None:
+            out.append(line)
+        elif e.get("code") == "interrupted":
+            out.append(f"cairn: {e.get('message')}")
+        else:
+            out.append(f"cairn: error: {e.get('message')}")
+    return "\n".join(out) + ("\n" if stderr.endswith("\n") else "")
+
+
+def error_code(stderr):
+    """The stable code of a `--json` error on stderr (None if there is none)."""
+    for line in stderr.splitlines():
+        e = _json_error(line)
+        if e is not None:
+            return e.get("code")
+    return None
 
 
 class Checks:

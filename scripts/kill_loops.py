@@ -48,7 +48,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checks import Checks, sha  # noqa: E402
+from checks import Checks, as_plain, sha  # noqa: E402
 
 IMAGE_SIZE = 32 << 20
 IMAGE = "kill/disk"
@@ -240,7 +240,7 @@ class Run:
             return False, out
         if interrupted:
             self.interrupted += 1
-            self.ok(err.strip() == f"cairn: interrupted by {name}; stopped cleanly, nothing "
+            self.ok(as_plain(err).strip() == f"cairn: interrupted by {name}; stopped cleanly, nothing "
                                    "half-done was kept",
                     f"{label}: one line says it was interrupted: {err.strip()[-300:]}")
             new = sorted(leftovers() - before)

@@ -44,7 +44,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checks import Checks, sha  # noqa: E402
+from checks import Checks, as_plain, error_code, sha  # noqa: E402
 
 IMAGE_SIZE = 192 << 20
 SMALL_SIZE = 8 << 20
@@ -368,6 +368,10 @@ class Scenario:
     def error_line(self, code, err, secs, limit, words):
         """The failed command's stderr: exit status 1, within LIMIT s, one line naming the
         operation (WORDS) and the object."""
+        # Commits run with --json: the error is one JSON object with the code "store".
+        self.ok(error_code(err) == "store",
+                f"the --json error has the code 'store' (got {error_code(err)!r})")
+        err = as_plain(err)
         lines = stderr_lines(err)
         self.ok(code == 1, f"the failing command exits with status 1 (got {code})")
         self.ok(secs <= limit, f"it fails within {limit:.0f} s (took {secs:.1f} s)")

@@ -22,7 +22,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checks import Cairn, Checks, sh, sha  # noqa: E402
+from checks import Cairn, Checks, as_plain, sh, sha  # noqa: E402
 
 
 def free_bytes(path):
@@ -55,7 +55,7 @@ def full_disk(binary, work, c):
              f"commits fill the file system ({len(kept)} versions fit)")
         if failure is None:
             return
-        lines = failure.stderr.strip().splitlines()
+        lines = as_plain(failure.stderr).strip().splitlines()
         c.ok(len(lines) == 1 and lines[0] ==
              f"cairn: error: the file system of {repo} is full: free space, or delete "
              "versions with `cairn rm` or `cairn prune` (they can run on a full disk)",
