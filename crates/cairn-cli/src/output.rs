@@ -61,8 +61,9 @@ pub fn time(ns: i64) -> String {
     )
 }
 
-/// The JSON form of a version, shared by commit, log and show.
-pub fn version_json(id: &Id, r: &VersionRecord) -> Value {
+/// The JSON form of a version, the same object wherever a version is printed (commit, log,
+/// show, images, clone, rm); `tags` are the tags naming it.
+pub fn version_json(id: &Id, r: &VersionRecord, tags: &[String]) -> Value {
     json!({
         "id": id.to_hex(),
         "image": r.image,
@@ -80,6 +81,7 @@ pub fn version_json(id: &Id, r: &VersionRecord) -> Value {
         "root": r.root.map(|p| p.to_hex()),
         "tree_height": r.height,
         "segment_size": r.segment_size,
+        "tags": tags,
     })
 }
 

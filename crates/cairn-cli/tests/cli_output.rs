@@ -161,3 +161,59 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// `log`, `show`, `images` and `commit` print one and the same version object.
+#[test]
+fn json_names_the_same_things_the_same_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = repo_with_two_versions(dir.path());
+    assert!(cairn(&repo, &["tag", "web01/disk0@2", "gold"])
+        .status
+        .success());
+    let json = |args: &[&str]| -> Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let out = cairn(&repo, &all);
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let log = json(&["log", "web01/disk0"]);
+    let newest = &log[0];
+    assert_eq!(
+        (newest["seq"].as_u64(), &newest["tags"]),
+        (Some(2), &serde_json::json!(["gold"]))
+    );
+    assert_eq!(
+        &json(&["show", "web01/disk0"]),
+        newest,
+        "show = log's entry, tags included"
+    );
+    assert_eq!(&json(&["show", "web01/disk0@1"]), &log[1]);
+    let images = json(&["images"]);
+    assert_eq!(images[0]["image"], "web01/disk0");
+    assert_eq!(images[0]["versions"], 2);
+    assert_eq!(&images[0]["newest"], newest, "images' newest = log's entry");
+    // Every version object has the same fields.
+    let fields = |v: &Value| -> Vec<String> {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(fields(&log[1]), fields(newest));
+    for name in [
+        "id",
+        "image",
+        "seq",
+        "parent",
+        "time",
+        "time_ns",
+        "logical_bytes",
+        "stored_bytes",
+        "tags",
+    ] {
+        assert!(
+            newest.get(name).is_some(),
+            "version objects carry {name:?}: {newest}"
+        );
+    }
+}

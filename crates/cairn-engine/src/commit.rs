@@ -300,10 +300,21 @@ pub(crate) fn run_pipeline(
                 progress,
             );
             drop(seg_tx);
+            let r = r.and_then(|()| {
+                let size = source.final_size();
+                match source.size_now() {
+                    Some(now) if now != size => Err(EngineError::SourceResized {
+                        what: source.describe(),
+                        was: size,
+                        now,
+                    }),
+                    _ => Ok(size),
+                }
+            });
             if r.is_err() {
                 cancel.store(true, Ordering::Relaxed);
             }
-            r.map(|()| source.final_size())
+            r
         });
         let mut worker_handles = Vec::new();
         for _ in 0..workers {

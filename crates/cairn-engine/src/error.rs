@@ -51,6 +51,12 @@ pub enum EngineError {
     /// covers the wrong number of bytes, or a chunk whose size disagrees with its leaf.
     #[error("damaged manifest: {0}")]
     Manifest(String),
+    /// The source changed size while it was read: its data is not one point in time.
+    #[error(
+        "{what} changed size while it was read ({was} -> {now} bytes); nothing was \
+         published: commit a stopped VM's disk, or a snapshot of it"
+    )]
+    SourceResized { what: String, was: u64, now: u64 },
     /// The input of a command is not acceptable (a patch past the end of its image, ...).
     #[error("{0}")]
     BadInput(String),

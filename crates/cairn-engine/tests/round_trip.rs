@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use cairn_engine::resolve::{history, resolve, VersionSpec};
 use cairn_engine::restore::{restore, RestoreOptions, RestoreTarget};
+use cairn_engine::source::Source;
 use cairn_format::config::Chunker;
 use cairn_repo::Repo;
 use cairn_store::{LocalStore, MemoryStore};
@@ -201,4 +202,57 @@ async fn file_and_stream_sources_give_the_same_version_content() {
     );
     let log = history(&repo, "file").await.unwrap();
     assert_eq!(log.len(), 1);
+}
+
+/// A source that reports a size other than the one it was read at (a file resized during
+/// the commit).
+struct ResizedSource(cairn_engine::source::StreamSource<std::io::Cursor<Vec<u8>>>);
+
+impl Source for ResizedSource {
+    fn describe(&self) -> String {
+        "disk.raw".into()
+    }
+    fn size_hint(&self) -> Option<u64> {
+        self.0.size_hint()
+    }
+    fn data_hint(&self) -> Option<u64> {
+        self.0.data_hint()
+    }
+    fn next_segment(
+        &mut self,
+        segment_size: u32,
+        buf: Vec<u8>,
+    ) -> cairn_engine::EngineResult<Option<cairn_engine::source::Segment>> {
+        self.0.next_segment(segment_size, buf)
+    }
+    fn final_size(&self) -> u64 {
+        self.0.final_size()
+    }
+    fn size_now(&self) -> Option<u64> {
+        Some(self.0.final_size() + 4096)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_that_changes_size_while_read_publishes_nothing() {
+    let repo = memory_repo(4096, 65536).await;
+    let data = noise(300_000, 9);
+    let src = ResizedSource(cairn_engine::source::StreamSource::new(
+        "disk.raw",
+        std::io::Cursor::new(data),
+    ));
+    let err = cairn_engine::commit::commit(
+        repo.clone(),
+        "vm",
+        Box::new(src),
+        cairn_engine::commit::CommitOptions::default(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "disk.raw changed size while it was read (300000 -> 304096 bytes); nothing was \
+         published: commit a stopped VM's disk, or a snapshot of it"
+    );
+    assert!(repo.images().await.unwrap().is_empty(), "nothing published");
 }

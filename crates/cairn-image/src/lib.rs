@@ -63,8 +63,14 @@ pub struct Layer {
 pub trait DiskImage: Send + Sync {
     /// What the image is, for messages (a path, an NBD URL).
     fn describe(&self) -> String;
-    /// Guest-visible size in bytes.
+    /// Guest-visible size in bytes (as found when the image was opened).
     fn size(&self) -> u64;
+    /// The size the image has now, where it can change under a reader (a raw file someone
+    /// resized); `None` where it cannot be known cheaply. Lets a commit notice a source that
+    /// changed size while it was read.
+    fn size_now(&self) -> Option<u64> {
+        None
+    }
     /// The allocation map: sorted, non-overlapping runs covering exactly `[0, size())`, with
     /// adjacent runs of equal `(alloc, depth)` merged.
     fn map(&self) -> ImageResult<Vec<MapRun>>;

@@ -154,6 +154,12 @@ impl DiskImage for RawImage {
     fn size(&self) -> u64 {
         self.size
     }
+    fn size_now(&self) -> Option<u64> {
+        // A device's size does not change under a reader; a file's can (truncate, resize).
+        (!self.is_device)
+            .then(|| self.file.metadata().ok().map(|m| m.len()))
+            .flatten()
+    }
     fn map(&self) -> ImageResult<Vec<MapRun>> {
         let extents = if self.is_device {
             vec![(0, self.size)]
@@ -312,6 +318,21 @@ mod tests {
         img.read_at(&mut buf, (10 << 20) - 500).unwrap();
         assert_eq!(&buf[..500], &[0u8; 500][..]);
         assert_eq!(&buf[500..5500], &[7u8; 5000][..]);
+    }
+
+    #[test]
+    fn size_now_follows_the_file_after_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = sparse_file(dir.path());
+        let img = RawImage::open(&path, RawOptions::default()).unwrap();
+        assert_eq!(img.size_now(), Some(64 << 20));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(65 << 20)
+            .unwrap();
+        assert_eq!((img.size(), img.size_now()), (64 << 20, Some(65 << 20)));
     }
 
     #[test]

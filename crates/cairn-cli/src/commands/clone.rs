@@ -15,7 +15,7 @@ pub async fn run(ctx: &Context, args: CloneArgs) -> Result<ExitCode> {
     let repo = ctx.open_as("edit").await?;
     let (id, record) = clone_version(&repo, &source, &args.new_image, args.message).await?;
     if ctx.json {
-        print_json(&version_json(&id, &record));
+        print_json(&version_json(&id, &record, &[]));
     } else {
         let from = match record.parent {
             Some(p) => {

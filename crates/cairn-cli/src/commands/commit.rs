@@ -309,7 +309,7 @@ fn report(
 ) {
     let r = &result.record;
     if ctx.json {
-        let mut v = version_json(&result.id, r);
+        let mut v = version_json(&result.id, r, &[]);
         v["duration_s"] = serde_json::json!(elapsed.as_secs_f64());
         v["read_bytes"] = serde_json::json!(read_bytes);
         v["incremental"] = match (incremental, &because) {

@@ -5,7 +5,7 @@ use cairn_engine::resolve::history;
 use serde_json::{json, Value};
 
 use crate::context::Context;
-use crate::output::{bytes, print_json, time};
+use crate::output::{bytes, print_json, time, version_json};
 
 pub async fn run(ctx: &Context) -> Result<ExitCode> {
     let repo = ctx.open().await?;
@@ -14,26 +14,32 @@ pub async fn run(ctx: &Context) -> Result<ExitCode> {
     for image in repo.images().await? {
         let versions = history(&repo, &image).await?;
         if let Some((id, r)) = versions.first() {
-            rows.push((image, versions.len(), *id, r.clone()));
+            let tags: Vec<String> = if ctx.json {
+                let all = repo.tags(&image).await?;
+                all.into_iter()
+                    .filter_map(|(name, target)| (target == *id).then_some(name))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            rows.push((image, versions.len(), *id, r.clone(), tags));
         }
     }
     if ctx.json {
         print_json(&Value::Array(
             rows.iter()
-                .map(|(image, count, id, r)| {
+                .map(|(image, count, id, r, tags)| {
+                    // The newest version is the same object `log` and `show` print.
                     json!({
                         "image": image,
                         "versions": count,
-                        "newest_seq": r.seq,
-                        "head": id.to_hex(),
-                        "time": time(r.time_ns),
-                        "logical_bytes": r.logical_size,
+                        "newest": version_json(id, r, tags),
                     })
                 })
                 .collect(),
         ));
     } else {
-        for (image, count, id, r) in &rows {
+        for (image, count, id, r, _) in &rows {
             outln!(
                 "{image}  {count} versions, newest @{} {} at {} ({})",
                 r.seq,

@@ -22,11 +22,7 @@ pub async fn run(ctx: &Context, args: LogArgs) -> Result<ExitCode> {
         print_json(&Value::Array(
             versions
                 .iter()
-                .map(|(id, r)| {
-                    let mut v = version_json(id, r);
-                    v["tags"] = tags_of(id).into();
-                    v
-                })
+                .map(|(id, r)| version_json(id, r, &tags_of(id)))
                 .collect(),
         ));
     } else {

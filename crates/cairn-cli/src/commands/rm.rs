@@ -46,10 +46,10 @@ pub async fn run(ctx: &Context, args: RmArgs) -> Result<ExitCode> {
 
     if ctx.json {
         print_json(&json!({
-            "versions": Value::Array(removed.iter().map(|(id, r)| version_json(id, r)).collect()),
+            "versions": Value::Array(removed.iter().map(|(id, r)| version_json(id, r, &[])).collect()),
             "images": Value::Array(removed_images.iter().map(|i| json!({
                 "image": i.image,
-                "versions": Value::Array(i.versions.iter().map(|(id, r)| version_json(id, r)).collect()),
+                "versions": Value::Array(i.versions.iter().map(|(id, r)| version_json(id, r, &[])).collect()),
                 "tags": Value::Array(i.tags.iter().map(|(name, id)| json!({"name": name, "id": id.to_hex()})).collect()),
             })).collect()),
             "gc": freed.as_ref().map(report_json),

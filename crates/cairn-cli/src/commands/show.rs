@@ -11,8 +11,15 @@ pub async fn run(ctx: &Context, args: ShowArgs) -> Result<ExitCode> {
     let spec = VersionSpec::parse(&args.spec)?;
     let repo = ctx.open().await?;
     let (id, r) = resolve(&repo, &spec).await?;
+    // The tags naming this version, as `log` shows them.
+    let tags: Vec<String> = repo
+        .tags(&r.image)
+        .await?
+        .into_iter()
+        .filter_map(|(name, target)| (target == id).then_some(name))
+        .collect();
     if ctx.json {
-        print_json(&version_json(&id, &r));
+        print_json(&version_json(&id, &r, &tags));
     } else {
         outln!("version   {}@{}", r.image, r.seq);
         outln!("id        {id}");
@@ -22,6 +29,9 @@ pub async fn run(ctx: &Context, args: ShowArgs) -> Result<ExitCode> {
         );
         outln!("time      {}", time(r.time_ns));
         outln!("message   {}", r.message);
+        if !tags.is_empty() {
+            outln!("tags      {}", tags.join(", "));
+        }
         outln!(
             "size      {} ({} bytes)",
             bytes(r.logical_size),

@@ -53,6 +53,9 @@ impl Source for ImageSource {
     fn final_size(&self) -> u64 {
         self.size
     }
+    fn size_now(&self) -> Option<u64> {
+        self.image.size_now()
+    }
 
     fn next_segment(
         &mut self,

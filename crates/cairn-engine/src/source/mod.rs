@@ -42,4 +42,9 @@ pub trait Source: Send {
     fn next_segment(&mut self, segment_size: u32, buf: Vec<u8>) -> EngineResult<Option<Segment>>;
     /// The logical size, valid once `next_segment` returned `None`.
     fn final_size(&self) -> u64;
+    /// The source's size now, where it can change while it is read (a raw file); `None` if
+    /// unknown. A commit whose source changed size publishes nothing.
+    fn size_now(&self) -> Option<u64> {
+        None
+    }
 }
