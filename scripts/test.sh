@@ -13,7 +13,8 @@
 #   scripts/test.sh --quick   cargo test --workspace only (no root, no dataset, no e2e)
 #
 # The full run needs root the first time (apt-get, debootstrap, loop mounts for the dataset).
-# Exits non-zero at the first failing step.
+# Every check step runs even after one failed; the failures are listed at the end (exit 1).
+# A failure of the set-up (packages, dataset, the build of the binary) stops the run at once.
 set -euo pipefail
 
 # shellcheck source=lib.sh
@@ -24,7 +25,7 @@ for a in "$@"; do
   case "$a" in
     --quick) QUICK=1 ;;
     -h | --help)
-      sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *) echo "test.sh: unknown argument: $a (try --help)" >&2; exit 2 ;;
@@ -50,6 +51,40 @@ step() { # step NAME: announce a step
   printf '\n==> %s  [%ss]\n' "$1" "$(($(date +%s) - START))" >&2
 }
 
+# Checks run to the end even when one fails: every failure is listed at the end, so one run
+# shows everything that is wrong. Set-up (packages, dataset, the build) stops the run.
+FAILED_STEPS=()
+check() { # check NAME CMD...: a check step; its failure is recorded and the suite goes on
+  step "$1"
+  shift
+  local rc=0
+  "$@" || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    FAILED_STEPS+=("$CURRENT_STEP (exit $rc)")
+    echo "test.sh: FAILED (exit $rc): $CURRENT_STEP; going on with the next step" >&2
+  fi
+}
+
+# Each committed peer report regenerates exactly from its committed measurements.
+bench_scripts_parse_and_reports_regenerate() {
+  local f json scratch
+  for f in bench/*.sh scripts/*.sh; do bash -n "$f" || return 1; done
+  python3 -c 'import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]' \
+    bench/*.py scripts/*.py || return 1
+  for json in bench/results/compare-*.json; do
+    [ -e "$json" ] || continue
+    scratch=$(mktemp -d)
+    cp "$json" "$scratch/"
+    /usr/bin/python3 bench/compare_report.py "$scratch/$(basename "$json")" >/dev/null || return 1
+    if ! diff -u "${json%.json}.md" "$scratch/$(basename "${json%.json}").md"; then
+      echo "${json%.json}.md is not what bench/compare_report.py makes of $json" >&2
+      rm -rf "$scratch"
+      return 1
+    fi
+    rm -rf "$scratch"
+  done
+}
+
 if [ "$QUICK" -eq 1 ]; then
   step "cargo test --workspace (quick)"
   cargo test --workspace
@@ -65,66 +100,66 @@ step "small dataset (.data/small)"
 DATASET=$(dataset_dir small)
 ls -ls "$DATASET" >&2
 
-step "cargo fmt --all -- --check"
-cargo fmt --all -- --check
+check "cargo fmt --all -- --check" cargo fmt --all -- --check
 
-step "cargo clippy --workspace --all-targets -- -D warnings"
-cargo clippy --workspace --all-targets -- -D warnings
+check "cargo clippy --workspace --all-targets -- -D warnings" \
+  cargo clippy --workspace --all-targets -- -D warnings
 
-step "benchmark scripts: syntax; each committed peer report regenerates from its measurements"
-for f in bench/*.sh scripts/*.sh; do bash -n "$f"; done
-python3 -c 'import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]' bench/*.py scripts/*.py
-for json in bench/results/compare-*.json; do
-  [ -e "$json" ] || continue
-  scratch=$(mktemp -d)
-  cp "$json" "$scratch/"
-  /usr/bin/python3 bench/compare_report.py "$scratch/$(basename "$json")" >/dev/null
-  diff -u "${json%.json}.md" "$scratch/$(basename "${json%.json}").md" \
-    || { rm -rf "$scratch"; die "${json%.json}.md is not what bench/compare_report.py makes of $json"; }
-  rm -rf "$scratch"
-done
+check "benchmark scripts: syntax; each committed peer report regenerates from its measurements" \
+  bench_scripts_parse_and_reports_regenerate
 
 # The `ci` profile: optimized without LTO or debug info (minutes less to compile on 2 cores),
 # with clap's debug checks on so that `cli_is_consistent` checks the command definitions.
 # Every later cargo invocation of the suite uses it too (CAIRN_PROFILE), so nothing is built
 # twice.
 export CAIRN_PROFILE=ci
-step "cargo test --workspace --profile ci (CAIRN_DATASET=$DATASET, CAIRN_REQUIRE_DATASET=1)"
-CAIRN_DATASET="$DATASET" CAIRN_REQUIRE_DATASET=1 cargo test --workspace --profile ci
+check "cargo test --workspace --profile ci (CAIRN_DATASET=$DATASET, CAIRN_REQUIRE_DATASET=1)" \
+  env CAIRN_DATASET="$DATASET" CAIRN_REQUIRE_DATASET=1 cargo test --workspace --profile ci
 
+step "build the cairn binary the scripts test (profile ci)"
 CAIRN_BIN=$(CAIRN_PROFILE=ci cairn_bin)
 export CAIRN_BIN
 
-step "S3 on MinIO: conformance, CLI, many hosts, GC stress (scripts/minio.sh run scripts/s3_suite.sh)"
-bash "$ROOT/scripts/minio.sh" run bash "$ROOT/scripts/s3_suite.sh" "$DATASET"
+check "S3 on MinIO: conformance, CLI, many hosts, GC stress (scripts/minio.sh run scripts/s3_suite.sh)" \
+  bash "$ROOT/scripts/minio.sh" run bash "$ROOT/scripts/s3_suite.sh" "$DATASET"
 
-step "S3 on Ceph RGW: the same suite (scripts/ceph.sh: single-node cluster on loopback)"
-bash "$ROOT/scripts/ceph.sh" install >/dev/null
-bash "$ROOT/scripts/ceph.sh" run bash "$ROOT/scripts/s3_suite.sh" "$DATASET"
+ceph_suite() {
+  bash "$ROOT/scripts/ceph.sh" install >/dev/null || return 1
+  bash "$ROOT/scripts/ceph.sh" run bash "$ROOT/scripts/s3_suite.sh" "$DATASET"
+}
+check "S3 on Ceph RGW: the same suite (scripts/ceph.sh: single-node cluster on loopback)" ceph_suite
 
-step "S3 faults: the server killed, hung, throttled or full mid-commit (scripts/s3_faults.py)"
-python3 "$ROOT/scripts/s3_faults.py"
+check "S3 faults: the server killed, hung, throttled or full mid-commit (scripts/s3_faults.py)" \
+  python3 "$ROOT/scripts/s3_faults.py"
 
-step "disk formats: qcow2 in and out, backing chains, NBD, dirty bitmaps, polite scans (scripts/formats.py)"
-CAIRN_TEST_TMP="$ROOT/.data" python3 "$ROOT/scripts/formats.py" --dataset "$DATASET" --bin "$CAIRN_BIN"
+export CAIRN_TEST_TMP="$ROOT/.data"
+check "disk formats: qcow2 in and out, backing chains, NBD, dirty bitmaps, polite scans (scripts/formats.py)" \
+  python3 "$ROOT/scripts/formats.py" --dataset "$DATASET" --bin "$CAIRN_BIN"
 
-step "operator safety as root: a 100% full tmpfs freed by rm and gc, a mounted device refused (scripts/safety.py)"
-CAIRN_TEST_TMP="$ROOT/.data" python3 "$ROOT/scripts/safety.py" --bin "$CAIRN_BIN"
+check "operator safety as root: a 100% full tmpfs freed by rm and gc, a mounted device refused (scripts/safety.py)" \
+  python3 "$ROOT/scripts/safety.py" --bin "$CAIRN_BIN"
 
-step "kill -9 loops: 100 trials of commit, gc, rm/prune and restore killed or interrupted (scripts/kill_loops.py)"
-CAIRN_TEST_TMP="$ROOT/.data" python3 "$ROOT/scripts/kill_loops.py" --bin "$CAIRN_BIN"
+check "kill -9 loops: 100 trials of commit, gc, rm/prune and restore killed or interrupted (scripts/kill_loops.py)" \
+  python3 "$ROOT/scripts/kill_loops.py" --bin "$CAIRN_BIN"
 
-step "pull-mode incremental backup of a running disk with qemu-storage-daemon (scripts/pullmode_backup.py)"
-CAIRN_TEST_TMP="$ROOT/.data" python3 "$ROOT/scripts/pullmode_backup.py" --bin "$CAIRN_BIN"
+check "pull-mode incremental backup of a running disk with qemu-storage-daemon (scripts/pullmode_backup.py)" \
+  python3 "$ROOT/scripts/pullmode_backup.py" --bin "$CAIRN_BIN"
 
-step "fuzz the qcow2 parser for ${CAIRN_FUZZ_SECONDS:-60} s (scripts/fuzz.sh)"
-bash "$ROOT/scripts/fuzz.sh" "${CAIRN_FUZZ_SECONDS:-60}"
+check "fuzz the qcow2 parser for ${CAIRN_FUZZ_SECONDS:-60} s (scripts/fuzz.sh)" \
+  bash "$ROOT/scripts/fuzz.sh" "${CAIRN_FUZZ_SECONDS:-60}"
 
-step "scripts/e2e.sh"
-CAIRN_BIN="$CAIRN_BIN" CAIRN_DATASET="$DATASET" bash "$ROOT/scripts/e2e.sh"
+check "scripts/e2e.sh" env CAIRN_DATASET="$DATASET" bash "$ROOT/scripts/e2e.sh"
 
-step "scripts/stress_gc.py (4 committers + prune/gc for 60 s, 20 kill -9 of gc, then the fast-deletion leak check)"
-CAIRN_BIN="$CAIRN_BIN" CAIRN_STRESS_DIR="$ROOT/.data" python3 "$ROOT/scripts/stress_gc.py" --seconds 60
+check "scripts/stress_gc.py (4 committers + prune/gc for 60 s, 20 kill -9 of gc, then the fast-deletion leak check)" \
+  env CAIRN_STRESS_DIR="$ROOT/.data" python3 "$ROOT/scripts/stress_gc.py" --seconds 60
+
+if [ "${#FAILED_STEPS[@]}" -gt 0 ]; then
+  CURRENT_STEP="${#FAILED_STEPS[@]} failed steps, listed above"
+  echo >&2
+  echo "test.sh: finished in $(($(date +%s) - START)) s; ${#FAILED_STEPS[@]} steps failed:" >&2
+  printf '  - %s\n' "${FAILED_STEPS[@]}" >&2
+  exit 1
+fi
 
 CURRENT_STEP="done"
 echo

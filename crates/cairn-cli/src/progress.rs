@@ -30,7 +30,7 @@ impl Ticker {
         let bar = ProgressBar::new(total.load(Ordering::Relaxed));
         bar.set_style(
             ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} {msg}",
+                "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
             )
             .expect("template"),
         );
