@@ -107,3 +107,56 @@ fn init_commit_restore_gc_on_s3() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(secret.is_empty() || !err.contains(&secret), "{err}");
 }
+
+/// A store that cannot be used says what to fix — the credentials, the bucket, the endpoint —
+/// in one line, at once (not after minutes of retries).
+#[test]
+fn an_unusable_store_says_what_to_fix() {
+    let Some(repo) = s3_repo() else { return };
+    let run = |url: &str, secret: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"));
+        cmd.args(["--json", "--repo", url, "images"])
+            .env_remove("CAIRN_LOG");
+        if let Some(secret) = secret {
+            cmd.env("AWS_SECRET_ACCESS_KEY", secret);
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        let line = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        assert_eq!(line.lines().count(), 1, "one line: {line}");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["error"]["code"], "store", "{v}");
+        v["error"]["message"].as_str().unwrap().to_string()
+    };
+    let wrong_secret = "not-the-secret-0123456789";
+    let message = run(&repo, Some(wrong_secret));
+    assert!(
+        message.contains("access denied: check AWS_ACCESS_KEY_ID"),
+        "{message}"
+    );
+    assert!(
+        !message.contains(wrong_secret),
+        "the secret is never shown: {message}"
+    );
+
+    let (base, query) = repo.split_once('?').unwrap();
+    let bucket = base.trim_start_matches("s3://").split('/').next().unwrap();
+    let missing = repo.replacen(bucket, "cairn-no-such-bucket-4f2a", 1);
+    let message = run(&missing, None);
+    assert!(
+        message.contains("bucket \"cairn-no-such-bucket-4f2a\" does not exist"),
+        "{message}"
+    );
+
+    // Port 9 (discard) on loopback: nothing listens, the connection is refused.
+    let endpoint = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("endpoint="))
+        .unwrap();
+    let closed = repo.replace(endpoint, "http://127.0.0.1:9");
+    let message = run(&closed, None);
+    assert!(
+        message.contains("the endpoint does not answer"),
+        "{message}"
+    );
+}

@@ -67,6 +67,7 @@ impl Repo {
         config
             .validate()
             .map_err(|e| RepoError::Invalid(e.to_string()))?;
+        store.check_reachable().await?;
         match store
             .put_if_absent(config::KEY, Bytes::from(config.encode()))
             .await?
@@ -98,6 +99,7 @@ impl Repo {
         kind: &str,
         meta_cache: Option<Arc<ContentCache>>,
     ) -> RepoResult<Repo> {
+        store.check_reachable().await?;
         let raw = match store.get(config::KEY).await {
             Ok(raw) => raw,
             Err(StoreError::NotFound { .. }) => {

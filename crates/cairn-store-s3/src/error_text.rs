@@ -52,6 +52,40 @@ pub(crate) fn is_transport_error(e: &object_store::Error) -> bool {
     false
 }
 
+/// Why a store that was never reached cannot be used, in the terms of what to fix: the
+/// bucket, the credentials, or the endpoint (which did not answer within `budget`).
+pub(crate) fn unreachable_reason(
+    e: &object_store::Error,
+    bucket: &str,
+    budget: std::time::Duration,
+) -> String {
+    let text = tidy_reason(&e.to_string());
+    let has = |needles: &[&str]| needles.iter().any(|n| text.contains(n));
+    if has(&["NoSuchBucket"]) {
+        format!("bucket {bucket:?} does not exist (create it first: cairn init writes into an existing bucket)")
+    } else if has(&[
+        "AccessDenied",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "403 Forbidden",
+        "InvalidToken",
+        "ExpiredToken",
+    ]) {
+        format!(
+            "access denied: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and \
+             AWS_SESSION_TOKEN) and the bucket's policy ({text})"
+        )
+    } else if is_transport_error(e) {
+        format!(
+            "the endpoint does not answer (tried for up to {} s; check the endpoint URL and \
+             the network): {text}",
+            budget.as_secs()
+        )
+    } else {
+        text
+    }
+}
+
 /// One line, secrets masked, bounded length.
 pub(crate) fn one_line(text: &str, secrets: &[String]) -> String {
     let mut s: String = text

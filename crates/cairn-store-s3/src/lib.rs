@@ -51,9 +51,12 @@ use tokio::sync::{OnceCell, Semaphore};
 
 use conditional::IfMatchStyle;
 pub use config::S3Config;
-use error_text::{is_transport_error, one_line, tidy_reason};
+use error_text::{is_transport_error, one_line, tidy_reason, unreachable_reason};
 
 /// ETag of an empty object (MD5 of nothing): the version of every tombstone.
+/// How long [`ObjectStore::check_reachable`] tries before it reports the store unreachable.
+const PROBE_BUDGET: Duration = Duration::from_secs(10);
+
 const EMPTY_ETAG: &str = "d41d8cd98f00b204e9800998ecf8427e";
 
 /// How many times `cas_ref` re-reads and retries when a tombstone changes under it.
@@ -68,6 +71,8 @@ pub struct S3Store {
 struct Inner {
     config: S3Config,
     client: AmazonS3,
+    /// The same store with a retry budget of seconds, for [`ObjectStore::check_reachable`].
+    probe: AmazonS3,
     /// Bounds requests in flight.
     permits: Semaphore,
     /// Result of the one-time conditional-write check (`Err` holds the reason).
@@ -105,39 +110,57 @@ impl S3Store {
         if let Some(path_style) = config.path_style {
             builder = builder.with_virtual_hosted_style_request(!path_style);
         }
-        let retry = RetryConfig {
-            // retry_timeout is the bound that matters; a count would end an outage's retries
-            // within seconds.
-            max_retries: usize::MAX,
-            retry_timeout: config.retry_timeout,
-            ..RetryConfig::default()
-        };
-        let options = ClientOptions::new()
-            .with_connect_timeout(Duration::from_secs(10))
-            .with_timeout(config.timeout);
-        // Client options first: they replace allow_http as a whole.
-        builder = builder.with_retry(retry).with_client_options(options);
-        let endpoint = builder
-            .get_config_value(&AmazonS3ConfigKey::Endpoint)
-            .unwrap_or_default();
-        if endpoint.starts_with("http://") {
-            builder = builder.with_allow_http(true);
-        }
         let secrets: Vec<String> = [AmazonS3ConfigKey::SecretAccessKey, AmazonS3ConfigKey::Token]
             .iter()
             .filter_map(|k| builder.get_config_value(k))
             .filter(|s| s.len() >= 4)
             .collect();
-        let client = builder.build().map_err(|e| StoreError::Remote {
-            op: "open",
-            location: config.describe(),
-            reason: one_line(&e.to_string(), &secrets),
-        })?;
+        let build = |retry: RetryConfig, connect: Duration, timeout: Duration| {
+            // Client options first: they replace allow_http as a whole.
+            let mut b = builder.clone().with_retry(retry).with_client_options(
+                ClientOptions::new()
+                    .with_connect_timeout(connect)
+                    .with_timeout(timeout),
+            );
+            let endpoint = b
+                .get_config_value(&AmazonS3ConfigKey::Endpoint)
+                .unwrap_or_default();
+            if endpoint.starts_with("http://") {
+                b = b.with_allow_http(true);
+            }
+            b.build().map_err(|e| StoreError::Remote {
+                op: "open",
+                location: config.describe(),
+                reason: one_line(&e.to_string(), &secrets),
+            })
+        };
+        // retry_timeout is the bound that matters; a count would end an outage's retries
+        // within seconds.
+        let retry = RetryConfig {
+            max_retries: usize::MAX,
+            retry_timeout: config.retry_timeout,
+            ..RetryConfig::default()
+        };
+        let client = build(retry, Duration::from_secs(10), config.timeout)?;
+        // The reachability check gives up within seconds: a store that never answered is
+        // misconfigured far more often than it is in an outage. Enough retries that a
+        // throttling server (503 SlowDown) still gets through.
+        let probe_retry = RetryConfig {
+            max_retries: 7,
+            retry_timeout: PROBE_BUDGET.min(config.retry_timeout),
+            ..RetryConfig::default()
+        };
+        let probe = build(
+            probe_retry,
+            Duration::from_secs(3),
+            PROBE_BUDGET.min(config.timeout),
+        )?;
         Ok(S3Store {
             inner: Arc::new(Inner {
                 permits: Semaphore::new(config.max_requests),
                 config,
                 client,
+                probe,
                 conditional: OnceCell::new(),
                 secrets,
             }),
@@ -326,6 +349,21 @@ impl ObjectStore for S3Store {
 
     fn describe(&self) -> String {
         self.inner.config.describe()
+    }
+
+    async fn check_reachable(&self) -> StoreResult<()> {
+        let prefix = (!self.inner.config.prefix.is_empty()).then(|| self.path("config"));
+        let _permit = self.permit().await;
+        match self.inner.probe.list_with_delimiter(prefix.as_ref()).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(StoreError::Unavailable {
+                location: self.inner.config.describe(),
+                reason: one_line(
+                    &unreachable_reason(&e, &self.inner.config.bucket, PROBE_BUDGET),
+                    &self.inner.secrets,
+                ),
+            }),
+        }
     }
 
     async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<PutOutcome> {

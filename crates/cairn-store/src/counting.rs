@@ -162,6 +162,9 @@ impl ObjectStore for CountingStore {
     async fn replenish_reserve(&self) -> StoreResult<bool> {
         self.inner.replenish_reserve().await
     }
+    async fn check_reachable(&self) -> StoreResult<()> {
+        self.inner.check_reachable().await
+    }
 }
 
 #[cfg(test)]

@@ -110,6 +110,9 @@ impl ObjectStore for FailingStore {
     async fn replenish_reserve(&self) -> StoreResult<bool> {
         self.inner.replenish_reserve().await
     }
+    async fn check_reachable(&self) -> StoreResult<()> {
+        self.inner.check_reachable().await
+    }
 }
 
 #[cfg(test)]

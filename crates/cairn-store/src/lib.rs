@@ -173,6 +173,13 @@ pub trait ObjectStore: Send + Sync + Debug {
         Ok((0, 0))
     }
 
+    /// Checks, quickly, that the store can be reached and used at all (a remote endpoint
+    /// answers, the credentials are accepted, the bucket exists), before a command starts
+    /// work whose requests would each retry for minutes. Local stores have nothing to check.
+    async fn check_reachable(&self) -> StoreResult<()> {
+        Ok(())
+    }
+
     /// After space was freed: reallocates a space reserve that a write on a full disk
     /// released (local stores; see `LocalStore::for_deletion`). Returns whether it did.
     async fn replenish_reserve(&self) -> StoreResult<bool> {
