@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-/// cairn — version control and lazy deployment for virtual-machine disk images.
+/// Version control and lazy deployment for virtual-machine disk images.
 ///
 /// Every commit of a disk image becomes a cheap, deduplicated, immutable version that can be
 /// restored bit-exact or served to a VM at once over NBD (`cairn export`). Start with
@@ -233,6 +233,17 @@ pub enum Command {
     /// Overlays: snapshots of a running export's overlay (iROW layers: snapshot, rollback,
     /// delete, list EXPORT), and overlays on disk (list, discard).
     Overlay(OverlayArgs),
+    /// Print a shell completion script.
+    ///
+    /// Install for bash: cairn completions bash > /etc/bash_completion.d/cairn
+    /// zsh: cairn completions zsh > "${fpath[1]}/_cairn"   fish: cairn completions fish >
+    /// ~/.config/fish/completions/cairn.fish
+    #[command(verbatim_doc_comment)]
+    Completions(CompletionsArgs),
+    /// Write man pages: cairn(1) and one per command (cairn-commit(1), ...).
+    ///
+    /// Example: cairn man --dir /usr/local/share/man/man1 && man cairn-commit
+    Man(ManArgs),
 }
 
 #[derive(Debug, Args)]
@@ -625,6 +636,21 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     };
     n.checked_mul(mult)
         .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Directory to write the pages into (created if missing); without it, cairn(1) is
+    /// printed on stdout.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 #[cfg(test)]

@@ -83,6 +83,8 @@ fn main() -> ExitCode {
             Command::Exports(args) => commands::exports::run(&ctx, args).await,
             Command::Status(args) => commands::export::status(&ctx, args).await,
             Command::Overlay(args) => commands::export::overlay(&ctx, args).await,
+            Command::Completions(args) => commands::docs::completions(args),
+            Command::Man(args) => commands::docs::man(args),
         };
         ctx.close(result.is_ok()).await;
         result

@@ -3,6 +3,7 @@
 pub mod clone;
 pub mod commit;
 pub mod diff;
+pub mod docs;
 pub mod export;
 pub mod exports;
 pub mod gc;
