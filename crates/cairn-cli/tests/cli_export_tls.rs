@@ -40,22 +40,7 @@ fn tls_exports_serve_qemu_img_and_nbdcopy_bit_exact() {
     same_file(&copy, &a, "nbdcopy over TLS");
 
     // On TCP with --tls-cert/--tls-key (no client certificate asked), read by QEMU.
-    let tcp = Served::spawn(
-        &repo,
-        d,
-        "tcp",
-        &[
-            "vm@1",
-            "--name",
-            "tcp",
-            "--listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-            p.cert.to_str().unwrap(),
-            "--tls-key",
-            p.key.to_str().unwrap(),
-        ],
-    );
+    let tcp = serve_tls_on_tcp(&repo, d, &p);
     let listen = tcp.ready["listen"].as_str().unwrap();
     assert_eq!(tcp.ready["uri"], format!("nbds://{listen}/tcp"));
     let port = listen.rsplit_once(':').unwrap().1;
@@ -109,22 +94,7 @@ fn tls_refuses_plaintext_clients_and_untrusted_certificates() {
     );
 
     // QEMU trusting another CA does not read an export over TCP either.
-    let tcp = Served::spawn(
-        &repo,
-        d,
-        "tcp",
-        &[
-            "vm@1",
-            "--name",
-            "tcp",
-            "--listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-            p.cert.to_str().unwrap(),
-            "--tls-key",
-            p.key.to_str().unwrap(),
-        ],
-    );
+    let tcp = serve_tls_on_tcp(&repo, d, &p);
     let listen = tcp.ready["listen"].as_str().unwrap();
     let port = listen.rsplit_once(':').unwrap().1;
     let out = d.join("never.raw");
@@ -164,4 +134,25 @@ fn bad_tls_files_are_named_in_one_line() {
         )),
         "{line}"
     );
+}
+
+/// `vm@1` as export "tcp" on 127.0.0.1 (any port) with the test PKI's server certificate and
+/// key (no client certificate asked).
+fn serve_tls_on_tcp(repo: &Path, d: &Path, p: &Pki) -> Served {
+    Served::spawn(
+        repo,
+        d,
+        "tcp",
+        &[
+            "vm@1",
+            "--name",
+            "tcp",
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            p.cert.to_str().unwrap(),
+            "--tls-key",
+            p.key.to_str().unwrap(),
+        ],
+    )
 }
