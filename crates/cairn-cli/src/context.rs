@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
+use cairn_repo::SessionKind;
 use cairn_repo::{ContentCache, Repo};
 use cairn_store::{LocalStore, ObjectStore};
 
@@ -128,8 +129,12 @@ impl Context {
     /// Opens the repository at --repo; `kind` names the session (commit, restore, ...).
     /// Commands that free space (`edit`: rm and prune, `gc`, `repair`) may use the space
     /// reserve of a local repository on a full disk.
-    pub async fn open_as(&self, kind: &str) -> Result<Arc<Repo>> {
-        let store = self.store_for(false, matches!(kind, "edit" | "gc" | "repair"))?;
+    pub async fn open_as(&self, kind: SessionKind) -> Result<Arc<Repo>> {
+        let frees_space = matches!(
+            kind,
+            SessionKind::Edit | SessionKind::Gc | SessionKind::Repair
+        );
+        let store = self.store_for(false, frees_space)?;
         let repo = Arc::new(Repo::open_cached(store, kind, self.meta_cache()?).await?);
         self.opened.lock().expect("opened lock").push(repo.clone());
         Ok(repo)
@@ -137,7 +142,7 @@ impl Context {
 
     /// Opens the repository at --repo for reading (works on a read-only repository too).
     pub async fn open(&self) -> Result<Arc<Repo>> {
-        self.open_as("read").await
+        self.open_as(SessionKind::Read).await
     }
 
     /// Ends the sessions of every repository this command opened. After a failed command

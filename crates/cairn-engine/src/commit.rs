@@ -112,7 +112,7 @@ pub async fn commit(
 /// version reuses (refers to without storing it) still exists before publishing anything
 /// that refers to it.
 pub(crate) async fn check_stale_gc(repo: &Repo, reused: &HashSet<Id>) -> EngineResult<()> {
-    if let Some((cutoff_ns, plan)) = crate::gc::last_gc(repo.store().as_ref()).await? {
+    if let Some((cutoff_ns, plan)) = repo.last_gc().await? {
         if cutoff_ns >= repo.session_started_ns() && !repo.saw_plan(&plan) {
             let present = repo.indexed_blobs_now().await?;
             let missing = reused.iter().filter(|id| !present.contains(id)).count();
@@ -345,7 +345,7 @@ pub(crate) fn run_pipeline(
         drop((seg_rx, result_tx, recycle_tx));
         let packer = {
             let (repo, handle, config) = (repo.clone(), handle.clone(), &config);
-            let uploads = options.uploads.unwrap_or(repo.store().hints().uploads);
+            let uploads = options.uploads.unwrap_or(repo.store_hints().uploads);
             s.spawn(move || pack_blobs(repo, handle, config, blob_rx, uploads, progress))
         };
 

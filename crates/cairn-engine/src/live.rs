@@ -11,9 +11,10 @@
 //! undeleted record of that image counts as live. Over-keeping in a damaged repository costs
 //! space until `cairn repair`; under-keeping would lose intact versions.
 
+use cairn_format::keys;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use cairn_format::version::{self, VersionRecord};
+use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::{Damaged, Repo, RepoError};
 
@@ -49,7 +50,7 @@ pub async fn load_or_report(
         Err(RepoError::VersionMissing { .. }) if repo.is_known_lost_version(id).await? => Ok(None),
         Err(e) if e.is_damage() => {
             let finding = Damaged {
-                key: version::key(id),
+                key: keys::version(id),
                 problem: match e {
                     RepoError::VersionMissing { .. } => "missing".to_string(),
                     RepoError::Corrupt { source, .. } => source.to_string(),
@@ -150,10 +151,7 @@ pub async fn records_of(
     damage: &mut Vec<Damaged>,
 ) -> EngineResult<Vec<(Id, VersionRecord)>> {
     let mut out = Vec::new();
-    for meta in repo.store().list(version::PREFIX).await? {
-        let Ok(id) = meta.key[version::PREFIX.len()..].parse::<Id>() else {
-            continue;
-        };
+    for id in repo.version_record_ids().await?.into_iter().flatten() {
         if let Some(record) = load_or_report(repo, &id, damage).await? {
             if images.contains(&record.image) {
                 out.push((id, record));
@@ -165,9 +163,7 @@ pub async fn records_of(
 
 /// The image a tag ref key (`refs/tags/<escaped image>/<tag>`) belongs to.
 fn tag_image(key: &str) -> Option<String> {
-    let rest = key
-        .strip_prefix("refs/")?
-        .strip_prefix(cairn_format::refs::TAGS_PREFIX)?;
+    let rest = key.strip_prefix("refs/")?.strip_prefix(keys::TAGS)?;
     let (escaped, _) = rest.split_once('/')?;
     cairn_format::name::unescape(escaped).ok()
 }

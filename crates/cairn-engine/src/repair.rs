@@ -22,16 +22,16 @@
 //! The report ends with what is still lost: blobs no copy of which is readable, and the
 //! versions that need them.
 
+use cairn_format::keys;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use cairn_format::index::{self, IndexFile, PackIndex};
+use cairn_format::index::{IndexFile, PackIndex};
 use cairn_format::node::{Extent, Interior, Leaf};
 use cairn_format::pack::{self, BlobEntry};
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
-use cairn_repo::{pack_key, BlobLocation, Repo, RepoError, PACKS_PREFIX};
-use cairn_store::StoreError;
+use cairn_repo::{BlobLocation, Repo};
 
 use crate::commit::{run_pipeline, CommitOptions, CommitProgress};
 use crate::error::{EngineError, EngineResult};
@@ -160,7 +160,7 @@ async fn repair_metadata(
     for d in &live.damage {
         if let Some(id) = d
             .key
-            .strip_prefix(cairn_format::version::PREFIX)
+            .strip_prefix(keys::VERSIONS)
             .and_then(|h| h.parse::<Id>().ok())
         {
             lost_versions.insert(id);
@@ -208,21 +208,14 @@ async fn repair_metadata(
             .into_iter()
             .filter(|(id, _)| !live.deleted.contains(id))
             .max_by_key(|(_, r)| (r.seq, r.time_ns));
-        let key = cairn_format::refs::head_key(&image);
+        let key = keys::head(&image);
         match newest {
             Some((id, record)) => {
                 report
                     .heads_rebuilt
                     .push((image.clone(), Some(format!("{image}@{}", record.seq))));
                 if !dry_run {
-                    let token = repo.store().read_ref(&key).await?.map(|s| s.version);
-                    repo.store()
-                        .cas_ref(
-                            &key,
-                            token.as_ref(),
-                            Some(bytes::Bytes::from(cairn_format::refs::encode(&id))),
-                        )
-                        .await?;
+                    repo.overwrite_head(&image, &id).await?;
                 }
             }
             None => {
@@ -248,38 +241,28 @@ async fn version_readable(repo: &Repo, id: &Id) -> EngineResult<bool> {
 /// Step 3: an index rebuilt from the trailers of unindexed packs, where index files are
 /// damaged or blobs are missing.
 async fn repair_index(repo: &Repo, dry_run: bool, report: &mut RepairReport) -> EngineResult<()> {
-    let mut damaged_files = Vec::new();
-    let mut indexed: HashSet<Id> = HashSet::new();
-    for meta in repo.store().list(index::PREFIX).await? {
-        let raw = match repo.store().get(&meta.key).await {
-            Ok(raw) => raw,
-            Err(StoreError::NotFound { .. }) => continue,
-            Err(e) => return Err(RepoError::from(e).into()),
-        };
-        match IndexFile::decode(&raw) {
-            Ok(file) => indexed.extend(file.packs.iter().map(|p| p.pack)),
-            Err(e) => damaged_files.push((meta.key.clone(), e.to_string())),
-        }
-    }
+    let (files, damaged_files) = repo.index_files_checked().await?;
+    let indexed: HashSet<Id> = files
+        .iter()
+        .flat_map(|(_, f)| f.packs.iter().map(|p| p.pack))
+        .collect();
     if damaged_files.is_empty() {
         return Ok(());
     }
     let mut orphans: Vec<Id> = repo
-        .store()
-        .list(PACKS_PREFIX)
+        .pack_sizes()
         .await?
-        .iter()
-        .filter_map(|m| m.key.rsplit('/').next()?.parse::<Id>().ok())
+        .into_keys()
         .filter(|p| !indexed.contains(p))
         .collect();
     orphans.sort();
     let mut rebuilt: Vec<PackIndex> = Vec::new();
     for pack in orphans {
         crate::interrupt::check()?;
-        let data = match repo.store().get(&pack_key(&pack)).await {
+        let data = match repo.read_whole_pack(&pack).await {
             Ok(d) => d,
-            Err(StoreError::NotFound { .. }) => continue,
-            Err(e) => return Err(RepoError::from(e).into()),
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => return Err(e.into()),
         };
         let Ok(entries) = pack::parse_pack(&data) else {
             continue; // no readable trailer: nothing to index from it
@@ -320,7 +303,7 @@ async fn repair_index(repo: &Repo, dry_run: bool, report: &mut RepairReport) -> 
     let damaged_keys: HashSet<&str> = damaged_files.iter().map(|(k, _)| k.as_str()).collect();
     let mut late = None;
     if !file.packs.is_empty() {
-        if damaged_keys.contains(index::key(&Id::of(&file.encode())).as_str()) {
+        if damaged_keys.contains(keys::index_file(&Id::of(&file.encode())).as_str()) {
             if let Some(p) = file.packs.iter_mut().find(|p| p.entries.len() > 1) {
                 p.entries.reverse();
             } else if file.packs.len() > 1 {

@@ -10,6 +10,7 @@
 //! A version kept by any rule is kept, with every rule that keeps it listed as a reason.
 //! Pruning only marks versions deleted; their space comes back with `cairn gc`.
 
+use cairn_format::keys;
 use std::collections::{HashMap, HashSet};
 
 use cairn_format::version::VersionRecord;
@@ -148,7 +149,7 @@ pub(crate) async fn tag_names(repo: &Repo) -> EngineResult<HashMap<Id, Vec<Strin
 
 /// `tags/<escaped image>/<tag>` → `<tag>` (escaped image names contain no '/').
 pub(crate) fn tag_name(key: &str) -> String {
-    cairn_format::refs::tag_from_key(key)
+    keys::tag_from_key(key)
 }
 
 // ---- time buckets (UTC) ----

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 
 use cairn_format::pack::BlobKind;
-use cairn_repo::{Repo, PACKS_PREFIX};
+use cairn_repo::Repo;
 
 use crate::error::EngineResult;
 use crate::live::live_versions;
@@ -33,15 +33,11 @@ pub struct RepoStats {
 
 pub async fn repo_stats(repo: &Repo) -> EngineResult<RepoStats> {
     let mut s = RepoStats::default();
-    for meta in repo.store().list("").await? {
-        s.stored_bytes += meta.size;
-        if meta.key.starts_with(PACKS_PREFIX) {
-            s.packs += 1;
-            s.pack_bytes += meta.size;
-        } else {
-            s.metadata_bytes += meta.size;
-        }
-    }
+    let space = repo.stored_space().await?;
+    s.packs = space.packs;
+    s.pack_bytes = space.pack_bytes;
+    s.metadata_bytes = space.metadata_bytes;
+    s.stored_bytes = space.pack_bytes + space.metadata_bytes;
     let live = live_versions(repo).await?;
     let mut images = BTreeSet::new();
     for record in live.live.values() {

@@ -8,6 +8,7 @@
 //!
 //! The result lists each problem once, with what and where, plus the damaged versions.
 
+use cairn_format::keys;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
@@ -15,10 +16,9 @@ use std::sync::Arc;
 
 use cairn_format::node::{Extent, Interior, Leaf};
 use cairn_format::pack::{self, BlobEntry};
-use cairn_format::version::{self, VersionRecord};
+use cairn_format::version::VersionRecord;
 use cairn_format::Id;
-use cairn_repo::{pack_key, BlobLocation, Damaged, Repo, RepoError};
-use cairn_store::StoreError;
+use cairn_repo::{BlobLocation, Damaged, Repo, RepoError};
 use tokio::task::JoinSet;
 
 use crate::error::{EngineError, EngineResult};
@@ -176,12 +176,15 @@ pub async fn verify_with(repo: Arc<Repo>, options: &VerifyOptions) -> EngineResu
     // 2. Version records and heads (the whole repository only).
     let mut known: HashSet<Id> = versions.iter().map(|(id, _)| *id).collect();
     if !scoped {
-        for meta in repo.store().list(version::PREFIX).await? {
-            let Ok(id) = meta.key[version::PREFIX.len()..].parse::<Id>() else {
-                report
-                    .problems
-                    .push(format!("{}: not a version record name", meta.key));
-                continue;
+        for listed in repo.version_record_ids().await? {
+            let id = match listed {
+                Ok(id) => id,
+                Err(key) => {
+                    report
+                        .problems
+                        .push(format!("{key}: not a version record name"));
+                    continue;
+                }
             };
             match repo.load_version(&id).await {
                 Ok(_) => {
@@ -189,7 +192,7 @@ pub async fn verify_with(repo: Arc<Repo>, options: &VerifyOptions) -> EngineResu
                 }
                 Err(e) if e.is_damage() => {
                     let d = Damaged {
-                        key: meta.key.clone(),
+                        key: keys::version(&id),
                         problem: match e {
                             RepoError::Corrupt { source, .. } => source.to_string(),
                             other => other.to_string(),
@@ -355,14 +358,14 @@ struct PackOutcome {
 }
 
 async fn check_pack(repo: &Repo, pack: Id, entries: Vec<BlobEntry>) -> EngineResult<PackOutcome> {
-    let key = pack_key(&pack);
+    let key = keys::pack(&pack);
     // A pack holding a copy quarantined earlier no longer matches its id, and is known to:
     // its other blobs are checked as usual, the copy is not used, and the next
     // `gc --repair` rewrites or deletes the pack.
     let known_damaged = repo.quarantined().iter().any(|(p, _)| *p == pack);
-    let data = match repo.store().get(&key).await {
+    let data = match repo.read_whole_pack(&pack).await {
         Ok(d) => d,
-        Err(StoreError::NotFound { .. }) => {
+        Err(e) if e.is_not_found() => {
             let reason = format!("pack {pack} is missing");
             return Ok(PackOutcome {
                 pack,
@@ -373,7 +376,7 @@ async fn check_pack(repo: &Repo, pack: Id, entries: Vec<BlobEntry>) -> EngineRes
                 problems: vec![format!("{key}: missing ({} blobs lost)", entries.len())],
             });
         }
-        Err(e) => return Err(RepoError::from(e).into()),
+        Err(e) => return Err(e.into()),
     };
     let bytes = data.len() as u64;
     tokio::task::spawn_blocking(move || {

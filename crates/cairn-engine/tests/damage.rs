@@ -4,6 +4,7 @@
 
 mod common;
 
+use cairn_format::keys;
 use std::sync::Arc;
 
 use cairn_engine::commit::{commit, CommitOptions};
@@ -11,7 +12,7 @@ use cairn_engine::resolve::{history, resolve, VersionSpec};
 use cairn_engine::source::StreamSource;
 use cairn_engine::verify::verify;
 use cairn_format::Id;
-use cairn_repo::{pack_key, Repo};
+use cairn_repo::Repo;
 use cairn_store::{MemoryStore, ObjectStore};
 use common::*;
 
@@ -57,7 +58,7 @@ async fn flipped_byte_in_a_chunk_names_exactly_the_affected_versions() {
     let v3 = version(&repo, "vm@3").await;
     let unique = Id::of(&contents[2][(3 << 20)..(3 << 20) + 16384]);
     let loc = repo.locate(&unique).unwrap();
-    store.corrupt_object(&pack_key(&loc.pack), loc.entry.offset as usize + 100);
+    store.corrupt_object(&keys::pack(&loc.pack), loc.entry.offset as usize + 100);
 
     // A restore that meets the damage names the blob, the pack and the offset...
     let repo = reopen(&store).await;
@@ -110,7 +111,7 @@ async fn truncated_pack_damages_every_version_that_uses_it() {
     // The first data pack holds v1's chunks (packs are 1 MiB here, so there are several).
     let shared = Id::of(&contents[0][..16384]);
     let loc = repo.locate(&shared).unwrap();
-    store.truncate_object(&pack_key(&loc.pack), loc.entry.offset as usize + 10);
+    store.truncate_object(&keys::pack(&loc.pack), loc.entry.offset as usize + 10);
     let repo = reopen(&store).await;
     let err = restore_bytes(&repo, &version(&repo, "vm@1").await)
         .await
@@ -140,7 +141,7 @@ async fn missing_pack_and_corrupt_index_are_reported() {
     let (store, repo, contents) = three_versions().await;
     let unique = Id::of(&contents[2][(3 << 20)..(3 << 20) + 16384]);
     let loc = repo.locate(&unique).unwrap();
-    store.delete(&pack_key(&loc.pack)).await.unwrap();
+    store.delete(&keys::pack(&loc.pack)).await.unwrap();
     let index_key = store.list("index/").await.unwrap()[0].key.clone();
     store.corrupt_object(&index_key, 40);
     let repo = reopen(&store).await;
@@ -251,12 +252,18 @@ async fn a_repository_that_refuses_writes_can_still_be_read() {
     let (store, _repo, contents) = three_versions().await;
     let read_only: Arc<dyn ObjectStore> = Arc::new(FailingStore::new(store.clone(), 0));
     // Readers work without a session ...
-    let reader = Arc::new(Repo::open_as(read_only.clone(), "restore").await.unwrap());
+    let reader = Arc::new(
+        Repo::open_as(read_only.clone(), cairn_repo::SessionKind::Restore)
+            .await
+            .unwrap(),
+    );
     let v = version(&reader, "vm@2").await;
     assert_eq!(restore_bytes(&reader, &v).await.unwrap(), contents[1]);
     assert!(verify(reader.clone()).await.unwrap().is_clean());
     // ... writers need one: their safety against a concurrent GC depends on it.
-    let err = Repo::open_as(read_only, "commit").await.unwrap_err();
+    let err = Repo::open_as(read_only, cairn_repo::SessionKind::Commit)
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("injected failure"), "{err}");
 }
 

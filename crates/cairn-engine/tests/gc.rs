@@ -3,6 +3,7 @@
 
 mod common;
 
+use cairn_format::keys;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use cairn_engine::gc::{gc, GcMode, GcOptions};
 use cairn_engine::resolve::{history, resolve, VersionSpec};
 use cairn_engine::verify::verify;
 use cairn_format::node::{Extent, Interior, Leaf};
-use cairn_format::summary::{self, Summary};
+use cairn_format::summary::Summary;
 use cairn_format::version::VersionRecord;
 use cairn_repo::Repo;
 use cairn_store::{MemoryStore, ObjectStore};
@@ -310,7 +311,7 @@ async fn tree_blobs(
 
 async fn load_summary(store: &dyn ObjectStore, record: &VersionRecord) -> Summary {
     let raw = store
-        .get(&summary::key(&record.root.unwrap()))
+        .get(&keys::summary(&record.root.unwrap()))
         .await
         .unwrap();
     Summary::decode(&raw).unwrap()
@@ -400,10 +401,10 @@ async fn fast_deletion_rebuilds_missing_and_damaged_summaries() {
     let v4 = version(&repo, "vm@4").await;
     let v5 = version(&repo, "vm@5").await;
     store
-        .delete(&summary::key(&v5.root.unwrap()))
+        .delete(&keys::summary(&v5.root.unwrap()))
         .await
         .unwrap();
-    store.corrupt_object(&summary::key(&v4.root.unwrap()), 40);
+    store.corrupt_object(&keys::summary(&v4.root.unwrap()), 40);
     for seq in 1..=3 {
         let (id, _) = resolve(&repo, &VersionSpec::parse(&format!("vm@{seq}")).unwrap())
             .await

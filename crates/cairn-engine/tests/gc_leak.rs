@@ -15,13 +15,14 @@ use cairn_engine::gc::{gc, GcMode, GcOptions};
 use cairn_engine::retention::{prune, KeepPolicy};
 use cairn_engine::verify::verify;
 use cairn_repo::Repo;
+use cairn_repo::SessionKind;
 use cairn_store::{LocalStore, ObjectStore};
 use common::*;
 
 const IMAGE: usize = 12 << 20;
 const ROUNDS: u64 = 18;
 
-async fn open(store: &Arc<dyn ObjectStore>, kind: &str) -> Arc<Repo> {
+async fn open(store: &Arc<dyn ObjectStore>, kind: SessionKind) -> Arc<Repo> {
     Arc::new(Repo::open_as(store.clone(), kind).await.unwrap())
 }
 
@@ -57,7 +58,7 @@ async fn fast_deletion_during_commits_leaves_at_most_one_percent_for_repair() {
                 variants.push(next);
             }
             for round in 0..ROUNDS {
-                let repo = open(&store, "commit").await;
+                let repo = open(&store, SessionKind::Commit).await;
                 commit_bytes(
                     &repo,
                     &format!("vm{w}"),
@@ -77,7 +78,7 @@ async fn fast_deletion_during_commits_leaves_at_most_one_percent_for_repair() {
             };
             let mut rounds = 0;
             while !done.load(Ordering::SeqCst) {
-                let repo = open(&store, "edit").await;
+                let repo = open(&store, SessionKind::Edit).await;
                 for image in repo.images().await.unwrap() {
                     prune(&repo, &image, &policy, false).await.unwrap();
                 }
@@ -99,7 +100,7 @@ async fn fast_deletion_during_commits_leaves_at_most_one_percent_for_repair() {
     );
 
     // One last prune and fast deletion with nothing running, then the exact pass.
-    let repo = open(&store, "edit").await;
+    let repo = open(&store, SessionKind::Edit).await;
     let policy = KeepPolicy {
         last: 2,
         ..Default::default()
@@ -109,7 +110,7 @@ async fn fast_deletion_during_commits_leaves_at_most_one_percent_for_repair() {
     }
     gc(&repo, &GcOptions::default()).await.unwrap();
     repo.close().await.unwrap();
-    let repo = open(&store, "gc").await;
+    let repo = open(&store, SessionKind::Gc).await;
     let exact = gc(
         &repo,
         &GcOptions {
@@ -132,7 +133,7 @@ async fn fast_deletion_during_commits_leaves_at_most_one_percent_for_repair() {
         "fast deletion left {:.2}% for gc --repair: {exact:?}",
         left * 100.0
     );
-    let repo = open(&store, "verify").await;
+    let repo = open(&store, SessionKind::Verify).await;
     assert!(verify(repo.clone()).await.unwrap().is_clean());
     for w in 0..3 {
         assert_eq!(

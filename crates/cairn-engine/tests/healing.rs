@@ -4,6 +4,7 @@
 
 mod common;
 
+use cairn_format::keys;
 use std::sync::Arc;
 
 use cairn_engine::gc::{gc, GcMode, GcOptions};
@@ -15,7 +16,7 @@ use cairn_engine::source::open_path;
 use cairn_engine::verify::{verify, verify_with, PackSubset, VerifyOptions};
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
-use cairn_repo::{pack_key, Repo};
+use cairn_repo::Repo;
 use cairn_store::{MemoryStore, ObjectStore};
 use common::*;
 
@@ -45,7 +46,7 @@ async fn version(repo: &Repo, spec: &str) -> (Id, VersionRecord) {
 /// Flips a byte inside the stored bytes of `chunk`.
 fn flip_in_blob(store: &MemoryStore, repo: &Repo, chunk: &Id) {
     let loc = repo.locate(chunk).unwrap();
-    store.corrupt_object(&pack_key(&loc.pack), loc.entry.offset as usize + 50);
+    store.corrupt_object(&keys::pack(&loc.pack), loc.entry.offset as usize + 50);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -166,7 +167,7 @@ async fn allow_damage_zero_fills_a_lost_manifest_leaf_and_a_missing_pack() {
         .unwrap();
     let leaf = leaves[&2];
     let loc = repo.locate(&leaf).unwrap();
-    store.corrupt_object(&pack_key(&loc.pack), loc.entry.offset as usize + 3);
+    store.corrupt_object(&keys::pack(&loc.pack), loc.entry.offset as usize + 3);
     let repo = reopen(&store, &repo).await;
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.raw");
@@ -250,7 +251,7 @@ async fn a_corrupt_version_record_is_one_finding_and_repair_sets_it_aside() {
     let other = noise(2 << 20, 99);
     commit_bytes(&repo, "other", other.clone()).await;
     let (v2, _) = version(&repo, "vm@2").await;
-    store.corrupt_object(&cairn_format::version::key(&v2), 20);
+    store.corrupt_object(&keys::version(&v2), 20);
     let repo = reopen(&store, &repo).await;
 
     // verify: exactly that record, by key; nothing else is damaged.
@@ -261,7 +262,7 @@ async fn a_corrupt_version_record_is_one_finding_and_repair_sets_it_aside() {
         .iter()
         .map(|d| d.key.as_str())
         .collect();
-    assert_eq!(keys, vec![cairn_format::version::key(&v2).as_str()]);
+    assert_eq!(keys, vec![keys::version(&v2).as_str()]);
     assert!(
         report.damaged_versions.is_empty(),
         "{:?}",
@@ -304,7 +305,7 @@ async fn a_corrupt_version_record_is_one_finding_and_repair_sets_it_aside() {
     assert_eq!(report.records_set_aside.len(), 1);
     assert!(report.is_clean(), "{:?}", report.lost_versions);
     assert!(store
-        .head(&format!("damaged/{}", cairn_format::version::key(&v2)))
+        .head(&format!("damaged/{}", keys::version(&v2)))
         .await
         .unwrap()
         .is_some());
@@ -335,7 +336,7 @@ async fn a_corrupt_head_is_rebuilt_from_the_newest_intact_version() {
         contents.push(d);
     }
     commit_bytes(&repo, "other", noise(1 << 20, 5)).await;
-    let head_key = cairn_format::refs::head_key("vm");
+    let head_key = keys::head("vm");
     store.corrupt_ref(&head_key, 12);
     let repo = reopen(&store, &repo).await;
 
@@ -369,7 +370,7 @@ async fn repair_rebuilds_a_damaged_index_file_from_the_packs() {
     let (store, repo) = new_repo().await;
     let data = noise(3 << 20, 60);
     let c = commit_bytes(&repo, "vm", data.clone()).await;
-    let files = store.list(cairn_format::index::PREFIX).await.unwrap();
+    let files = store.list(keys::INDEX).await.unwrap();
     assert_eq!(files.len(), 1);
     store.corrupt_object(&files[0].key, 30);
     let repo = reopen(&store, &repo).await;
@@ -418,12 +419,12 @@ async fn repair_from_a_source_stores_lost_chunks_and_nodes_again() {
     // Lose a whole data pack (packs are 1 MiB here) and damage a leaf.
     let chunk = Id::of(&data[..16384]);
     let lost_pack = repo.locate(&chunk).unwrap().pack;
-    store.delete(&pack_key(&lost_pack)).await.unwrap();
+    store.delete(&keys::pack(&lost_pack)).await.unwrap();
     let leaves = cairn_engine::patch::leaf_map(&repo, &c.record)
         .await
         .unwrap();
     let leaf = repo.locate(&leaves[&2]).unwrap();
-    store.corrupt_object(&pack_key(&leaf.pack), leaf.entry.offset as usize + 2);
+    store.corrupt_object(&keys::pack(&leaf.pack), leaf.entry.offset as usize + 2);
     let repo = reopen(&store, &repo).await;
     assert!(!verify(repo.clone()).await.unwrap().is_clean());
     let repo = reopen(&store, &repo).await;

@@ -4,10 +4,10 @@
 
 mod common;
 
+use cairn_format::keys;
 use std::sync::Arc;
 
 use cairn_engine::commit::CommitResult;
-use cairn_format::index;
 use cairn_format::pack::BlobKind;
 use cairn_format::Id;
 use cairn_repo::{ContentCache, Repo};
@@ -18,7 +18,7 @@ const CHUNK: u32 = 16 << 10;
 const SEGMENT: u32 = 256 << 10;
 
 fn index_reads(keys: &[String]) -> usize {
-    keys.iter().filter(|k| k.starts_with(index::PREFIX)).count()
+    keys.iter().filter(|k| k.starts_with(keys::INDEX)).count()
 }
 
 fn pack_reads(keys: &[String]) -> usize {
@@ -27,9 +27,13 @@ fn pack_reads(keys: &[String]) -> usize {
 
 async fn open(store: &Arc<dyn ObjectStore>, cache: &Arc<ContentCache>) -> Arc<Repo> {
     Arc::new(
-        Repo::open_cached(store.clone(), "read", Some(cache.clone()))
-            .await
-            .unwrap(),
+        Repo::open_cached(
+            store.clone(),
+            cairn_repo::SessionKind::Read,
+            Some(cache.clone()),
+        )
+        .await
+        .unwrap(),
     )
 }
 
@@ -177,7 +181,7 @@ async fn the_listing_decides_what_exists() {
     let blobs = warm.index().len();
     assert!(blobs > 0);
     warm.close().await.unwrap();
-    for meta in store.list(index::PREFIX).await.unwrap() {
+    for meta in store.list(keys::INDEX).await.unwrap() {
         store.delete(&meta.key).await.unwrap();
     }
     let cold = open(&store, &cache).await;

@@ -3,6 +3,7 @@
 
 mod common;
 
+use cairn_format::keys;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::Arc;
@@ -16,10 +17,9 @@ use cairn_engine::resolve::{history, origin, VersionSpec};
 use cairn_format::config::Chunker;
 use cairn_format::node::{Extent, Interior, Leaf};
 use cairn_format::pack::BlobKind;
-use cairn_format::summary;
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
-use cairn_repo::{pack_key, Repo};
+use cairn_repo::Repo;
 use cairn_store::{CountingStore, MemoryStore, ObjectStore};
 use common::*;
 
@@ -183,7 +183,7 @@ async fn fixed_patch_reads_and_writes_only_the_change() {
         .by_pack()
         .into_iter()
         .filter(|(_, entries)| entries.iter().all(|e| e.kind == BlobKind::Data))
-        .map(|(pack, _)| pack_key(&pack))
+        .map(|(pack, _)| keys::pack(&pack))
         .collect();
     assert!(
         reads.iter().all(|k| !data_packs.contains(k)),
@@ -209,7 +209,7 @@ async fn fixed_patch_reads_and_writes_only_the_change() {
         .index()
         .by_pack()
         .into_iter()
-        .filter(|(pack, _)| written.iter().any(|(k, _)| *k == pack_key(pack)))
+        .filter(|(pack, _)| written.iter().any(|(k, _)| *k == keys::pack(pack)))
         .map(|(_, entries)| entries)
         .collect();
     let count = |kind| packs.iter().flatten().filter(|e| e.kind == kind).count();
@@ -386,7 +386,7 @@ async fn summary_is_complete_when_rebuilt_and_gc_keeps_the_patched_version() {
     let base = commit_bytes(&repo, "vm", image.clone()).await;
     // Without the base's summary, the new one is rebuilt from the leaves.
     let root = base.record.root.unwrap();
-    store.delete(&summary::key(&root)).await.unwrap();
+    store.delete(&keys::summary(&root)).await.unwrap();
     let mut p = MemPatch::new(CHUNK);
     p.set(&mut image, 100, noise(CHUNK as usize, 13));
     let v2 = patch(&repo, "vm", Some(&base), 5 << 20, &p).await;

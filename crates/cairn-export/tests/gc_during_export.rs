@@ -41,7 +41,11 @@ async fn gc_repacks_under_a_running_export_which_keeps_reading_bit_exact() {
     repo.close().await.unwrap();
 
     // The export opens (its session predates the GC) and serves v2.
-    let export_repo = Arc::new(Repo::open_as(store.clone(), "export").await.unwrap());
+    let export_repo = Arc::new(
+        Repo::open_as(store.clone(), cairn_repo::SessionKind::Export)
+            .await
+            .unwrap(),
+    );
     let cache_dir = tempfile::tempdir().unwrap();
     let stats = Arc::new(ExportStats::default());
     let base = Base::open(
@@ -58,7 +62,11 @@ async fn gc_repacks_under_a_running_export_which_keeps_reading_bit_exact() {
     assert_eq!(&export.read(0, 1 << 20).await.unwrap()[..], &v2[..1 << 20]);
 
     // Delete v1 and collect: GC must not wait for the export, and it repacks v2's blobs.
-    let gc_repo = Arc::new(Repo::open_as(store.clone(), "gc").await.unwrap());
+    let gc_repo = Arc::new(
+        Repo::open_as(store.clone(), cairn_repo::SessionKind::Gc)
+            .await
+            .unwrap(),
+    );
     gc_repo.mark_deleted(&first.id).await.unwrap();
     let report = gc(
         &gc_repo,

@@ -8,8 +8,6 @@ use crate::envelope;
 use crate::{FormatError, FormatResult};
 
 pub const MAGIC: &[u8; 8] = b"CRNCONF\0";
-pub const KEY: &str = "config";
-
 pub const MIN_CHUNK: u32 = 4 * 1024;
 pub const MAX_CHUNK: u32 = 4 * 1024 * 1024;
 pub const MIN_SEGMENT: u32 = 64 * 1024;

@@ -15,8 +15,6 @@ use crate::pack::{BlobEntry, ENTRY_LEN};
 use crate::{FormatResult, Id};
 
 pub const MAGIC: &[u8; 8] = b"CRNINDX\0";
-pub const PREFIX: &str = "index/";
-
 /// The blobs of one pack.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PackIndex {
@@ -72,10 +70,6 @@ impl IndexFile {
 }
 
 /// The key of an index file.
-pub fn key(id: &Id) -> String {
-    format!("{PREFIX}{id}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@ pub mod envelope;
 mod error;
 pub mod id;
 pub mod index;
+pub mod keys;
 pub mod marker;
 pub mod name;
 pub mod node;

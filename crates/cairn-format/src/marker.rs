@@ -35,14 +35,6 @@ use crate::codec::{Decoder, Encoder};
 use crate::envelope;
 use crate::{FormatResult, Id};
 
-pub const DELETED_PREFIX: &str = "deleted/";
-pub const FREED_PREFIX: &str = "gc/freed/";
-pub const SESSIONS_PREFIX: &str = "sessions/";
-pub const PLANS_PREFIX: &str = "gc/plans/";
-pub const GC_LAST_REF: &str = "gc/last";
-pub const QUARANTINE_PREFIX: &str = "quarantine/";
-pub const LEFTOVER_PREFIX: &str = "gc/leftover/";
-
 const DELETED_MAGIC: &[u8; 8] = b"CRNDEL\0\0";
 const FREED_MAGIC: &[u8; 8] = b"CRNFREE\0";
 const SESSION_MAGIC: &[u8; 8] = b"CRNSESS\0";
@@ -84,19 +76,6 @@ impl GcLeftover {
     }
 }
 
-/// Key of the quarantine marker of the copy of `blob` in `pack`.
-pub fn quarantine_key(pack: &Id, blob: &Id) -> String {
-    format!("{QUARANTINE_PREFIX}{pack}/{blob}")
-}
-
-/// The (pack, blob) a quarantine marker key names.
-pub fn parse_quarantine_key(key: &str) -> FormatResult<(Id, Id)> {
-    let bad = || crate::FormatError::invalid("quarantine marker key", key.to_string());
-    let rest = key.strip_prefix(QUARANTINE_PREFIX).ok_or_else(bad)?;
-    let (pack, blob) = rest.split_once('/').ok_or_else(bad)?;
-    Ok((pack.parse()?, blob.parse()?))
-}
-
 /// Why and when a blob copy was quarantined.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quarantine {
@@ -136,10 +115,6 @@ impl Quarantine {
     }
 }
 
-pub fn deleted_key(version: &Id) -> String {
-    format!("{DELETED_PREFIX}{version}")
-}
-
 pub fn encode_deleted(version: &Id, time_ns: i64) -> Vec<u8> {
     let mut e = Encoder::new();
     e.id(version).i64(time_ns);
@@ -154,10 +129,6 @@ pub fn decode_deleted(data: &[u8]) -> FormatResult<(Id, i64)> {
     let r = (d.id()?, d.i64()?);
     d.finish()?;
     Ok(r)
-}
-
-pub fn freed_key(version: &Id) -> String {
-    format!("{FREED_PREFIX}{version}")
 }
 
 pub fn encode_freed(version: &Id, time_ns: i64) -> Vec<u8> {
@@ -287,7 +258,6 @@ impl GcPlan {
 
 /// The GC lock, ref `gc/lock`: the session key of the GC holding it. The lock is valid while
 /// that session is alive. Envelope "CRNGCLK\0": session key (str16).
-pub const GC_LOCK_REF: &str = "gc/lock";
 const GC_LOCK_MAGIC: &[u8; 8] = b"CRNGCLK\0";
 
 pub fn encode_gc_lock(session_key: &str) -> Vec<u8> {
@@ -319,6 +289,7 @@ pub fn decode_gc_last(data: &[u8]) -> FormatResult<(i64, Id)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys;
 
     #[test]
     fn round_trips() {
@@ -362,8 +333,8 @@ mod tests {
         };
         assert_eq!(Quarantine::decode(&q.encode()).unwrap(), q);
         let (pack, blob) = (Id::of(b"p"), Id::of(b"b"));
-        let key = quarantine_key(&pack, &blob);
-        assert_eq!(parse_quarantine_key(&key).unwrap(), (pack, blob));
-        assert!(parse_quarantine_key("quarantine/zz").is_err());
+        let key = keys::quarantine(&pack, &blob);
+        assert_eq!(keys::parse_quarantine(&key).unwrap(), (pack, blob));
+        assert!(keys::parse_quarantine("quarantine/zz").is_err());
     }
 }

@@ -4,34 +4,9 @@
 //! version. Content: envelope "CRNREF\0\0" around the 32-byte version id.
 
 use crate::envelope;
-use crate::name::escape;
 use crate::{FormatError, FormatResult, Id};
 
 pub const MAGIC: &[u8; 8] = b"CRNREF\0\0";
-pub const HEADS_PREFIX: &str = "heads/";
-pub const TAGS_PREFIX: &str = "tags/";
-
-pub fn head_key(image: &str) -> String {
-    format!("{HEADS_PREFIX}{}", escape(image))
-}
-
-/// Prefix of every tag of `image`: `tags/<escaped image>/`.
-pub fn tags_prefix(image: &str) -> String {
-    format!("{TAGS_PREFIX}{}/", escape(image))
-}
-
-/// Key of tag `tag` of `image`: `tags/<escaped image>/<escaped tag>` (a tag name is
-/// percent-encoded like an image name: `+` is not a key character).
-pub fn tag_key(image: &str, tag: &str) -> String {
-    format!("{}{}", tags_prefix(image), escape(tag))
-}
-
-/// The tag name in a tag ref key (`tags/<escaped image>/<escaped tag>`, or its last segment).
-pub fn tag_from_key(key: &str) -> String {
-    let last = key.rsplit('/').next().unwrap_or(key);
-    crate::name::unescape_segment(last).unwrap_or_else(|_| last.to_string())
-}
-
 /// Checks a tag name: 1..=80 bytes of `[A-Za-z0-9._+-]`, not only digits (those name
 /// sequence numbers), not starting with '.'.
 pub fn validate_tag_name(tag: &str) -> FormatResult<()> {
@@ -77,16 +52,17 @@ pub fn decode(data: &[u8]) -> FormatResult<Id> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys;
 
     #[test]
     fn round_trip() {
         let id = Id::of(b"v");
         assert_eq!(decode(&encode(&id)).unwrap(), id);
-        assert_eq!(head_key("web01/disk0"), "heads/web01%2Fdisk0");
+        assert_eq!(keys::head("web01/disk0"), "heads/web01%2Fdisk0");
         // `+` is allowed in tags but not in keys: it is percent-encoded, and decoded back.
-        let key = tag_key("vm", "v1+build.2");
+        let key = keys::tag("vm", "v1+build.2");
         assert_eq!(key, "tags/vm/v1%2Bbuild.2");
-        assert_eq!(tag_from_key(&key), "v1+build.2");
+        assert_eq!(keys::tag_from_key(&key), "v1+build.2");
         validate_tag_name(&"+".repeat(80)).unwrap(); // 240 bytes encoded: fits a file name
         assert!(validate_tag_name(&"a".repeat(81)).is_err());
     }

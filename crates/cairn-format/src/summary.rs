@@ -21,7 +21,6 @@ use crate::codec::{Decoder, Encoder};
 use crate::envelope;
 use crate::{FormatError, FormatResult, Id};
 
-pub const PREFIX: &str = "summaries/";
 const MAGIC: &[u8; 8] = b"CRNSUMM\0";
 
 /// Default bits per chunk; with the power-of-two rounding a filter has 24–48 bits per chunk.
@@ -36,10 +35,6 @@ pub const NODE_PROBES: u8 = 16;
 /// Smallest and largest filter (2^9 bits = 64 bytes; 2^36 bits = 8 GiB).
 const MIN_LOG2_BITS: u8 = 9;
 const MAX_LOG2_BITS: u8 = 36;
-
-pub fn key(root: &Id) -> String {
-    format!("{PREFIX}{root}")
-}
 
 /// The part of a blob id the filters use: (h1, h2 | 1) from its first 16 bytes. Writers that
 /// collect many ids keep these 16 bytes instead of the whole id.

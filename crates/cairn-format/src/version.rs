@@ -17,8 +17,6 @@ use crate::name::validate_image_name;
 use crate::{FormatError, FormatResult, Id};
 
 pub const MAGIC: &[u8; 8] = b"CRNVERS\0";
-pub const PREFIX: &str = "versions/";
-
 /// Figures about one commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CommitStats {
@@ -114,10 +112,6 @@ impl VersionRecord {
             message,
         })
     }
-}
-
-pub fn key(id: &Id) -> String {
-    format!("{PREFIX}{id}")
 }
 
 #[cfg(test)]

@@ -10,13 +10,14 @@
 //! cairn-format --test golden`, then review the diff of `tests/golden/`. A v1 vector should
 //! never need that: a diff there means v1 repositories are read or written differently.
 
+use cairn_format::keys;
 use std::collections::BTreeSet;
 use std::fmt::Display;
 use std::path::PathBuf;
 
 use cairn_format::codec::{Decoder, Encoder};
-use cairn_format::config::{self, Chunker, Compression, RepoConfig};
-use cairn_format::index::{self, IndexFile, PackIndex};
+use cairn_format::config::{Chunker, Compression, RepoConfig};
+use cairn_format::index::{IndexFile, PackIndex};
 use cairn_format::marker::{self, GcLeftover, GcPlan, ProcessTag, Quarantine, Session};
 use cairn_format::name::{escape, unescape, unescape_segment};
 use cairn_format::node::{Extent, Interior, Leaf};
@@ -24,7 +25,7 @@ use cairn_format::pack::{
     self, decode_blob, encode_blob, BlobEncoding, BlobEntry, BlobKind, PackBuilder,
 };
 use cairn_format::summary::{self, ProbeKey, Summary};
-use cairn_format::version::{self, CommitStats, VersionRecord};
+use cairn_format::version::{CommitStats, VersionRecord};
 use cairn_format::{envelope, refs, FormatError, Id, FORMAT_VERSION};
 
 // ---------------------------------------------------------------------------------------------
@@ -308,7 +309,7 @@ fn config() {
         let bytes = golden(name, &cfg.encode());
         assert_eq!(RepoConfig::decode(&bytes).unwrap(), cfg, "{name}");
     }
-    pin("config key", config::KEY, "config");
+    pin("config key", keys::CONFIG, "config");
 }
 
 /// Configs written before reference summaries existed have no summary-bits byte; they read
@@ -660,7 +661,7 @@ fn index_files() {
     for (name, file, key) in cases {
         let bytes = golden(name, &file.encode());
         assert_eq!(IndexFile::decode(&bytes).unwrap(), file, "{name}");
-        pin(name, index::key(&Id::of(&bytes)), key);
+        pin(name, keys::index_file(&Id::of(&bytes)), key);
     }
 }
 
@@ -833,7 +834,7 @@ fn version_records() {
     for (name, record, key) in cases {
         let bytes = golden(name, &record.encode());
         assert_eq!(VersionRecord::decode(&bytes).unwrap(), record, "{name}");
-        pin(name, version::key(&Id::of(&bytes)), key);
+        pin(name, keys::version(&Id::of(&bytes)), key);
     }
 }
 
@@ -843,34 +844,30 @@ fn refs_and_their_keys() {
     let target = hid("version");
     let bytes = golden("ref", &refs::encode(&target));
     assert_eq!(refs::decode(&bytes).unwrap(), target);
-    pin(
-        "head key",
-        refs::head_key("web01/disk0"),
-        "heads/web01%2Fdisk0",
-    );
+    pin("head key", keys::head("web01/disk0"), "heads/web01%2Fdisk0");
     pin(
         "head key with +",
-        refs::head_key("a+b/c.d_e-f"),
+        keys::head("a+b/c.d_e-f"),
         "heads/a%2Bb%2Fc.d_e-f",
     );
     pin(
         "tags prefix",
-        refs::tags_prefix("web01/disk0"),
+        keys::tags_of("web01/disk0"),
         "tags/web01%2Fdisk0/",
     );
     pin(
         "tag key",
-        refs::tag_key("web01/disk0", "v1+build.2"),
+        keys::tag("web01/disk0", "v1+build.2"),
         "tags/web01%2Fdisk0/v1%2Bbuild.2",
     );
     pin(
         "tag key, plain",
-        refs::tag_key("vm", "release-1_0"),
+        keys::tag("vm", "release-1_0"),
         "tags/vm/release-1_0",
     );
     pin(
         "tag from key",
-        refs::tag_from_key("tags/web01%2Fdisk0/v1%2Bbuild.2"),
+        keys::tag_from_key("tags/web01%2Fdisk0/v1%2Bbuild.2"),
         "v1+build.2",
     );
 }
@@ -976,7 +973,7 @@ fn summaries() {
     }
     pin(
         "summary key",
-        summary::key(&id(0x5e)),
+        keys::summary(&id(0x5e)),
         "summaries/5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e",
     );
 }
@@ -995,12 +992,12 @@ fn deleted_and_freed_markers() {
     assert_eq!(marker::decode_freed(&bytes).unwrap(), (v, T0 + 5));
     pin(
         "deleted key",
-        marker::deleted_key(&id(0xde)),
+        keys::deleted(&id(0xde)),
         "deleted/dededededededededededededededededededededededededededededededede",
     );
     pin(
         "freed key",
-        marker::freed_key(&id(0xf1)),
+        keys::freed(&id(0xf1)),
         "gc/freed/f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1",
     );
     // The two markers differ only in their magic: neither decodes as the other.
@@ -1033,7 +1030,7 @@ fn sessions() {
         let bytes = golden(name, &session.encode());
         assert_eq!(Session::decode(&bytes).unwrap(), session, "{name}");
     }
-    pin("sessions prefix", marker::SESSIONS_PREFIX, "sessions/");
+    pin("sessions prefix", keys::SESSIONS, "sessions/");
 }
 
 /// GC plans (dead blobs and superseded index files; both lists empty too), the lock and the
@@ -1059,9 +1056,9 @@ fn gc_records() {
     let plan_id = hid("plan");
     let bytes = golden("gc_last", &marker::encode_gc_last(T0 - 1, &plan_id));
     assert_eq!(marker::decode_gc_last(&bytes).unwrap(), (T0 - 1, plan_id));
-    pin("plans prefix", marker::PLANS_PREFIX, "gc/plans/");
-    pin("gc lock ref", marker::GC_LOCK_REF, "gc/lock");
-    pin("gc last ref", marker::GC_LAST_REF, "gc/last");
+    pin("plans prefix", keys::PLANS, "gc/plans/");
+    pin("gc lock ref", keys::GC_LOCK, "gc/lock");
+    pin("gc last ref", keys::GC_LAST, "gc/last");
 }
 
 /// Quarantine markers (1.1): time, offset in the pack, reason. Pins the key and its parse.
@@ -1089,17 +1086,14 @@ fn quarantine_markers() {
         let bytes = golden(name, &q.encode());
         assert_eq!(Quarantine::decode(&bytes).unwrap(), q, "{name}");
     }
-    let key = marker::quarantine_key(&id(0xaa), &id(0xbb));
+    let key = keys::quarantine(&id(0xaa), &id(0xbb));
     pin(
         "quarantine key",
         &key,
         "quarantine/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/\
          bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
     );
-    assert_eq!(
-        marker::parse_quarantine_key(&key).unwrap(),
-        (id(0xaa), id(0xbb))
-    );
+    assert_eq!(keys::parse_quarantine(&key).unwrap(), (id(0xaa), id(0xbb)));
 }
 
 /// A reason longer than a str16 holds is cut on a character boundary: 40000 × "é" (80000
@@ -1139,12 +1133,8 @@ fn gc_leftovers() {
         let bytes = golden(name, &l.encode());
         assert_eq!(GcLeftover::decode(&bytes).unwrap(), l, "{name}");
     }
-    pin("leftover prefix", marker::LEFTOVER_PREFIX, "gc/leftover/");
-    pin(
-        "quarantine prefix",
-        marker::QUARANTINE_PREFIX,
-        "quarantine/",
-    );
+    pin("leftover prefix", keys::LEFTOVERS, "gc/leftover/");
+    pin("quarantine prefix", keys::QUARANTINE, "quarantine/");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -75,6 +75,11 @@ impl RepoError {
         )
     }
 
+    /// Whether the object read does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, RepoError::Store(StoreError::NotFound { .. }))
+    }
+
     /// Whether an object is in a format newer than this cairn reads ("upgrade cairn").
     pub fn is_too_new(&self) -> bool {
         matches!(

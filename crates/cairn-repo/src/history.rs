@@ -1,10 +1,11 @@
 //! Tags, deletion markers and whole-image removal.
 
+use cairn_format::keys;
 use std::collections::HashSet;
 
 use bytes::Bytes;
-use cairn_format::marker::{deleted_key, encode_deleted, DELETED_PREFIX};
-use cairn_format::refs::{self, tag_key, tags_prefix, validate_tag_name};
+use cairn_format::marker::encode_deleted;
+use cairn_format::refs::{self, validate_tag_name};
 use cairn_format::Id;
 use cairn_store::{CasOutcome, PutOutcome};
 
@@ -17,7 +18,7 @@ impl Repo {
     /// The version a tag names, if the tag exists.
     pub async fn tag(&self, image: &str, tag: &str) -> RepoResult<Option<Id>> {
         validate_tag_name(tag).map_err(|e| RepoError::Invalid(e.to_string()))?;
-        let key = tag_key(image, tag);
+        let key = keys::tag(image, tag);
         match self.store().read_ref(&key).await? {
             None => Ok(None),
             Some(state) => {
@@ -34,7 +35,7 @@ impl Repo {
         let outcome = self
             .store()
             .cas_ref(
-                &tag_key(image, tag),
+                &keys::tag(image, tag),
                 None,
                 Some(Bytes::from(refs::encode(version))),
             )
@@ -50,7 +51,7 @@ impl Repo {
     /// Deletes a tag; fails if it does not exist.
     pub async fn delete_tag(&self, image: &str, tag: &str) -> RepoResult<()> {
         validate_tag_name(tag).map_err(|e| RepoError::Invalid(e.to_string()))?;
-        let key = tag_key(image, tag);
+        let key = keys::tag(image, tag);
         let Some(state) = self.store().read_ref(&key).await? else {
             return Err(RepoError::Invalid(format!(
                 "image {image:?} has no tag {tag:?}"
@@ -64,10 +65,10 @@ impl Repo {
 
     /// Every tag of `image` as (name, version), sorted by name.
     pub async fn tags(&self, image: &str) -> RepoResult<Vec<(String, Id)>> {
-        let prefix = tags_prefix(image);
+        let prefix = keys::tags_of(image);
         let mut out = Vec::new();
         for key in self.store().list_refs(&prefix).await? {
-            let name = refs::tag_from_key(&key);
+            let name = keys::tag_from_key(&key);
             if let Some(state) = self.store().read_ref(&key).await? {
                 let id = refs::decode(&state.data)
                     .map_err(|e| RepoError::corrupt(format!("refs/{key}"), e))?;
@@ -91,7 +92,7 @@ impl Repo {
     pub async fn all_tag_targets_checked(&self) -> RepoResult<(Vec<(String, Id)>, Vec<Damaged>)> {
         let mut out = Vec::new();
         let mut damaged = Vec::new();
-        for key in self.store().list_refs(refs::TAGS_PREFIX).await? {
+        for key in self.store().list_refs(keys::TAGS).await? {
             if let Some(state) = self.store().read_ref(&key).await? {
                 match refs::decode(&state.data) {
                     Ok(id) => out.push((key, id)),
@@ -110,7 +111,7 @@ impl Repo {
         let data = Bytes::from(encode_deleted(version, now_ns()));
         match self
             .store()
-            .put_if_absent(&deleted_key(version), data)
+            .put_if_absent(&keys::deleted(version), data)
             .await?
         {
             PutOutcome::Created | PutOutcome::AlreadyExists => Ok(()),
@@ -121,8 +122,8 @@ impl Repo {
     /// answers this without reading each marker.
     pub async fn deleted_versions(&self) -> RepoResult<HashSet<Id>> {
         let mut out = HashSet::new();
-        for meta in self.store().list(DELETED_PREFIX).await? {
-            let id = meta.key[DELETED_PREFIX.len()..]
+        for meta in self.store().list(keys::DELETED).await? {
+            let id = meta.key[keys::DELETED.len()..]
                 .parse::<Id>()
                 .map_err(|e| RepoError::corrupt(meta.key.clone(), e))?;
             out.insert(id);
@@ -136,7 +137,7 @@ impl Repo {
         for (tag, _) in self.tags(image).await? {
             self.delete_tag(image, &tag).await?;
         }
-        let key = refs::head_key(image);
+        let key = keys::head(image);
         let Some(state) = self.store().read_ref(&key).await? else {
             return Err(RepoError::NoSuchImage(image.to_string()));
         };

@@ -14,10 +14,11 @@
 //! both directions — a wrong one only costs a duplicate copy — so GC removes a marker once
 //! its pack is gone.
 
+use cairn_format::keys;
 use std::collections::HashSet;
 
 use bytes::Bytes;
-use cairn_format::marker::{parse_quarantine_key, quarantine_key, Quarantine, QUARANTINE_PREFIX};
+use cairn_format::marker::Quarantine;
 use cairn_format::Id;
 
 use crate::blob_index::BlobLocation;
@@ -100,7 +101,7 @@ impl Repo {
                 left.push(p);
                 continue;
             }
-            let key = quarantine_key(&p.pack, &p.blob);
+            let key = keys::quarantine(&p.pack, &p.blob);
             match self
                 .store()
                 .put_if_absent(&key, Bytes::from(p.marker.encode()))
@@ -123,8 +124,8 @@ impl Repo {
     /// Every quarantine marker in the store, as (pack, blob).
     pub async fn quarantine_markers(&self) -> RepoResult<Vec<(Id, Id)>> {
         let mut out = Vec::new();
-        for meta in self.store().list(QUARANTINE_PREFIX).await? {
-            match parse_quarantine_key(&meta.key) {
+        for meta in self.store().list(keys::QUARANTINE).await? {
+            match keys::parse_quarantine(&meta.key) {
                 Ok(pair) => out.push(pair),
                 Err(e) => tracing::warn!("{}: {e}", meta.key),
             }
@@ -134,7 +135,7 @@ impl Repo {
 
     /// Removes the marker of a copy that no longer exists (its pack was deleted).
     pub async fn delete_quarantine_marker(&self, pack: &Id, blob: &Id) -> RepoResult<()> {
-        self.store().delete(&quarantine_key(pack, blob)).await?;
+        self.store().delete(&keys::quarantine(pack, blob)).await?;
         Ok(())
     }
 }

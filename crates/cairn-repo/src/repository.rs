@@ -1,13 +1,14 @@
 //! Opening, creating and reading a repository; publishing packs and index files.
 
+use cairn_format::keys;
 use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use bytes::Bytes;
-use cairn_format::config::{self, RepoConfig};
+use cairn_format::config::RepoConfig;
 use cairn_format::index::{self, IndexFile};
-use cairn_format::marker::{GcPlan, PLANS_PREFIX};
+use cairn_format::marker::GcPlan;
 use cairn_format::pack::{self, BlobEntry, BlobKind};
 use cairn_format::Id;
 use cairn_store::{ObjectStore, PutOutcome, StoreError};
@@ -16,18 +17,7 @@ use tokio::task::JoinSet;
 use crate::blob_index::{BlobIndex, BlobLocation};
 use crate::content_cache::ContentCache;
 use crate::error::{RepoError, RepoResult};
-use crate::session::SessionHandle;
-
-pub const PACKS_PREFIX: &str = "packs/";
-
-/// Session kinds that only read, and may run without a session when none can be registered.
-pub const READ_ONLY_KINDS: &[&str] = &["read", "restore", "verify", "export"];
-
-/// Key of a pack: `packs/<first two hex digits>/<id>` (fan-out keeps directories small).
-pub fn pack_key(id: &Id) -> String {
-    let hex = id.to_hex();
-    format!("{PACKS_PREFIX}{}/{hex}", &hex[..2])
-}
+use crate::session::{SessionHandle, SessionKind};
 
 /// An open repository.
 ///
@@ -69,7 +59,7 @@ impl Repo {
             .map_err(|e| RepoError::Invalid(e.to_string()))?;
         store.check_reachable().await?;
         match store
-            .put_if_absent(config::KEY, Bytes::from(config.encode()))
+            .put_if_absent(keys::CONFIG, Bytes::from(config.encode()))
             .await?
         {
             PutOutcome::Created => {}
@@ -79,16 +69,16 @@ impl Repo {
                 })
             }
         }
-        Self::with_session(store, config, "init", None).await
+        Self::with_session(store, config, SessionKind::Init, None).await
     }
 
     /// Opens an existing repository and loads its blob index.
     pub async fn open(store: Arc<dyn ObjectStore>) -> RepoResult<Repo> {
-        Self::open_as(store, "open").await
+        Self::open_as(store, SessionKind::Open).await
     }
 
     /// Opens an existing repository; `kind` names the session (commit, restore, gc, ...).
-    pub async fn open_as(store: Arc<dyn ObjectStore>, kind: &str) -> RepoResult<Repo> {
+    pub async fn open_as(store: Arc<dyn ObjectStore>, kind: SessionKind) -> RepoResult<Repo> {
         Self::open_cached(store, kind, None).await
     }
 
@@ -96,11 +86,11 @@ impl Repo {
     /// it when the store is remote: reopening then downloads only what is new).
     pub async fn open_cached(
         store: Arc<dyn ObjectStore>,
-        kind: &str,
+        kind: SessionKind,
         meta_cache: Option<Arc<ContentCache>>,
     ) -> RepoResult<Repo> {
         store.check_reachable().await?;
-        let raw = match store.get(config::KEY).await {
+        let raw = match store.get(keys::CONFIG).await {
             Ok(raw) => raw,
             Err(StoreError::NotFound { .. }) => {
                 return Err(RepoError::NotARepository {
@@ -110,14 +100,14 @@ impl Repo {
             Err(e) => return Err(e.into()),
         };
         let config = RepoConfig::decode(&raw)
-            .map_err(|e| RepoError::corrupt(format!("{}/{}", store.describe(), config::KEY), e))?;
+            .map_err(|e| RepoError::corrupt(format!("{}/{}", store.describe(), keys::CONFIG), e))?;
         Self::with_session(store, config, kind, meta_cache).await
     }
 
     async fn with_session(
         store: Arc<dyn ObjectStore>,
         config: RepoConfig,
-        kind: &str,
+        kind: SessionKind,
         meta_cache: Option<Arc<ContentCache>>,
     ) -> RepoResult<Repo> {
         // Order matters: session first, then plans, then the index.
@@ -126,7 +116,7 @@ impl Repo {
             // Readers may work without a session (a read-only repository): a GC may then
             // remove a pack under them, which fails the read cleanly, never silently.
             // Writers may not: their safety against GC rests on the session.
-            Err(e) if READ_ONLY_KINDS.contains(&kind) => {
+            Err(e) if kind.only_reads() => {
                 tracing::warn!("working without a session (read-only?): {e}");
                 None
             }
@@ -195,6 +185,13 @@ impl Repo {
         }
     }
 
+    /// The same repository opened again with a session of its own (of `kind`), sharing this
+    /// one's store and metadata cache: for work that must be covered by GC plans published
+    /// after this process opened (an export's COMMIT).
+    pub async fn reopen(&self, kind: SessionKind) -> RepoResult<Repo> {
+        Self::open_cached(self.store.clone(), kind, self.meta_cache.clone()).await
+    }
+
     /// The key of this process's session ref, if it is registered.
     pub fn session_key(&self) -> Option<String> {
         self.session
@@ -210,8 +207,8 @@ impl Repo {
     /// replacement before publishing its plan, so the listing already holds the replacement.
     pub async fn load_all_index_files(&self) -> RepoResult<Vec<(Id, IndexFile)>> {
         let mut out = Vec::new();
-        for meta in self.store.list(index::PREFIX).await? {
-            let Ok(id) = meta.key[index::PREFIX.len()..].parse::<Id>() else {
+        for meta in self.store.list(keys::INDEX).await? {
+            let Ok(id) = meta.key[keys::INDEX.len()..].parse::<Id>() else {
                 continue;
             };
             let raw = match self.store.get(&meta.key).await {
@@ -255,7 +252,7 @@ impl Repo {
     /// The GC plans pending in the store, with their ids (the BLAKE3 in their key).
     pub async fn gc_plans_with_ids(&self) -> RepoResult<Vec<(Id, GcPlan)>> {
         let mut plans = Vec::new();
-        for meta in self.store.list(PLANS_PREFIX).await? {
+        for meta in self.store.list(keys::PLANS).await? {
             let raw = match self.store.get(&meta.key).await {
                 Ok(raw) => raw,
                 Err(StoreError::NotFound { .. }) => continue, // finished meanwhile
@@ -309,11 +306,11 @@ impl Repo {
         let mut errors = Vec::new();
         let files: Vec<_> = self
             .store
-            .list(index::PREFIX)
+            .list(keys::INDEX)
             .await?
             .into_iter()
             .filter(|m| {
-                m.key[index::PREFIX.len()..]
+                m.key[keys::INDEX.len()..]
                     .parse::<Id>()
                     .map_or(true, |id| !superseded.contains(&id))
             })
@@ -370,7 +367,10 @@ impl Repo {
         &self.config
     }
 
-    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+    /// The store under this repository. Only this crate touches it: every key, ref and
+    /// protocol step is a typed method of [`Repo`], so the engine, the export and the CLI
+    /// cannot write to the store past the repository's rules.
+    pub(crate) fn store(&self) -> &Arc<dyn ObjectStore> {
         &self.store
     }
 
@@ -408,7 +408,7 @@ impl Repo {
 
     /// Bytes `range` of a pack.
     pub async fn read_pack_range(&self, pack: &Id, range: Range<u64>) -> RepoResult<Bytes> {
-        Ok(self.store.get_range(&pack_key(pack), range).await?)
+        Ok(self.store.get_range(&keys::pack(pack), range).await?)
     }
 
     /// Decodes a blob's stored bytes and checks them against its id.
@@ -459,7 +459,7 @@ impl Repo {
             let len = bytes.len() as u64;
             match self
                 .store
-                .put_if_absent(&pack_key(&id), Bytes::from(bytes.clone()))
+                .put_if_absent(&keys::pack(&id), Bytes::from(bytes.clone()))
                 .await?
             {
                 PutOutcome::Created => {
@@ -499,7 +499,7 @@ impl Repo {
         let len = raw.len() as u64;
         let written = match self
             .store
-            .put_if_absent(&index::key(&id), raw.clone())
+            .put_if_absent(&keys::index_file(&id), raw.clone())
             .await?
         {
             PutOutcome::Created => len,
@@ -529,7 +529,7 @@ impl Repo {
             .collect();
         let mut deleted = 0;
         for pack in packs {
-            match self.store.delete(&pack_key(&pack)).await {
+            match self.store.delete(&keys::pack(&pack)).await {
                 Ok(()) => deleted += 1,
                 Err(e) => tracing::debug!("deleting unindexed pack {pack}: {e}"),
             }
@@ -564,7 +564,7 @@ async fn fetch_index_file(
     key: &str,
 ) -> Result<Bytes, StoreError> {
     let id = key
-        .strip_prefix(index::PREFIX)
+        .strip_prefix(keys::INDEX)
         .and_then(|name| name.parse::<Id>().ok());
     let cache = cache.zip(id);
     if let Some(raw) = cache.and_then(|(c, id)| c.get(&id)) {

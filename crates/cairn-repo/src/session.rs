@@ -10,11 +10,12 @@
 //! (the session records the boot, PID namespace, pid and start time of its process — see
 //! [`ProcessTag`]); from any other host, when its heartbeat is older than the staleness limit.
 
+use cairn_format::keys;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use cairn_format::marker::{ProcessTag, Session, SESSIONS_PREFIX};
+use cairn_format::marker::{ProcessTag, Session};
 use cairn_store::{CasOutcome, ObjectStore};
 use tokio::task::JoinHandle;
 
@@ -66,6 +67,83 @@ pub fn process_alive(pid: u32, start_ticks: u64) -> bool {
     matches!(proc_stat(pid), Some((start, state)) if start == start_ticks && !matches!(state, 'Z' | 'X'))
 }
 
+/// What a session is for. Stored in the session marker as its [`SessionKind::name`]; a kind
+/// this build does not know (written by a newer one) is treated as a writer GC waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SessionKind {
+    Init,
+    /// A library user's generic session ([`crate::Repo::open`]).
+    Open,
+    Read,
+    Restore,
+    Verify,
+    /// A lazy export; its COMMITs open [`SessionKind::Commit`] sessions of their own.
+    Export,
+    /// Ref edits: tag, rm, prune, clone.
+    Edit,
+    Commit,
+    Repair,
+    Gc,
+}
+
+impl SessionKind {
+    pub const ALL: [SessionKind; 10] = [
+        SessionKind::Init,
+        SessionKind::Open,
+        SessionKind::Read,
+        SessionKind::Restore,
+        SessionKind::Verify,
+        SessionKind::Export,
+        SessionKind::Edit,
+        SessionKind::Commit,
+        SessionKind::Repair,
+        SessionKind::Gc,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SessionKind::Init => "init",
+            SessionKind::Open => "open",
+            SessionKind::Read => "read",
+            SessionKind::Restore => "restore",
+            SessionKind::Verify => "verify",
+            SessionKind::Export => "export",
+            SessionKind::Edit => "edit",
+            SessionKind::Commit => "commit",
+            SessionKind::Repair => "repair",
+            SessionKind::Gc => "gc",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<SessionKind> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Only reads: may work without a session when none can be registered (a read-only
+    /// store). A GC may then remove a pack under it, which fails the read cleanly, never
+    /// silently. Writers may not: their safety against GC rests on the session.
+    pub fn only_reads(self) -> bool {
+        matches!(
+            self,
+            SessionKind::Read | SessionKind::Restore | SessionKind::Verify | SessionKind::Export
+        )
+    }
+
+    /// Whether a GC waits for a session of kind `name` (as stored) before deleting. Exports
+    /// live for days and only read live versions: a repacked blob they then miss is found
+    /// again by re-reading the index (`Repo::refresh_index`), and a version deleted while
+    /// exported fails its reads with an error, never wrong data.
+    pub fn gc_waits_for(name: &str) -> bool {
+        Self::parse(name) != Some(SessionKind::Export)
+    }
+}
+
+impl std::fmt::Display for SessionKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Whether a session's process may still be working.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Liveness {
@@ -112,7 +190,7 @@ pub fn describe(key: &str, session: &Session, now_ns: i64) -> String {
         session.kind,
         session.pid,
         now_ns.saturating_sub(session.started_ns) as f64 / 1e9,
-        key.strip_prefix(SESSIONS_PREFIX).unwrap_or(key)
+        key.strip_prefix(keys::SESSIONS).unwrap_or(key)
     )
 }
 
@@ -132,7 +210,7 @@ pub fn now_ns() -> i64 {
 /// A registered session; closes (removes its ref) on [`SessionHandle::close`]. If the process
 /// dies, the ref stays and goes stale.
 #[derive(Debug)]
-pub struct SessionHandle {
+pub(crate) struct SessionHandle {
     pub key: String,
     pub started_ns: i64,
     heartbeat: Option<JoinHandle<()>>,
@@ -140,15 +218,18 @@ pub struct SessionHandle {
 }
 
 impl SessionHandle {
-    pub async fn register(store: Arc<dyn ObjectStore>, kind: &str) -> RepoResult<SessionHandle> {
+    pub async fn register(
+        store: Arc<dyn ObjectStore>,
+        kind: SessionKind,
+    ) -> RepoResult<SessionHandle> {
         let id: [u8; 16] = rand::random();
-        let key = format!("{SESSIONS_PREFIX}{}", hex::encode(id));
+        let key = keys::session(&id);
         let started_ns = now_ns();
         let session = Session {
             started_ns,
             heartbeat_ns: started_ns,
             pid: std::process::id(),
-            kind: kind.to_string(),
+            kind: kind.name().to_string(),
             process: current_process().cloned(),
         };
         let mut version = match store
@@ -240,9 +321,9 @@ impl Drop for SessionHandle {
 }
 
 /// Every session in the store, with its key.
-pub async fn list_sessions(store: &dyn ObjectStore) -> RepoResult<Vec<(String, Option<Session>)>> {
+pub(crate) async fn list_sessions(store: &dyn ObjectStore) -> RepoResult<Vec<(String, Option<Session>)>> {
     let mut out = Vec::new();
-    for key in store.list_refs(SESSIONS_PREFIX).await? {
+    for key in store.list_refs(keys::SESSIONS).await? {
         let session = match store.read_ref(&key).await? {
             Some(state) => Session::decode(&state.data).ok(),
             None => continue, // closed meanwhile

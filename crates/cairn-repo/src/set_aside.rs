@@ -6,7 +6,7 @@
 //! chain is known, so it is not reported as new damage again.
 
 use bytes::Bytes;
-use cairn_format::version;
+use cairn_format::keys;
 use cairn_format::Id;
 use cairn_store::{CasOutcome, StoreError};
 
@@ -15,8 +15,6 @@ use crate::repository::Repo;
 
 /// Where set-aside objects and refs go: `damaged/<original key>`, refs as
 /// `damaged/refs/<ref key>`.
-pub const SET_ASIDE_PREFIX: &str = "damaged/";
-
 impl Repo {
     /// Moves object `key` to `damaged/<key>` (copy, then delete). Returns false if it was gone.
     pub async fn set_aside_object(&self, key: &str) -> RepoResult<bool> {
@@ -26,7 +24,7 @@ impl Repo {
             Err(e) => return Err(e.into()),
         };
         self.store()
-            .put_if_absent(&format!("{SET_ASIDE_PREFIX}{key}"), raw)
+            .put_if_absent(&keys::set_aside_object(key), raw)
             .await?;
         self.store().delete(key).await?;
         Ok(true)
@@ -39,7 +37,7 @@ impl Repo {
             return Ok(false);
         };
         self.store()
-            .put_if_absent(&format!("{SET_ASIDE_PREFIX}refs/{key}"), state.data.clone())
+            .put_if_absent(&keys::set_aside_ref(key), state.data.clone())
             .await?;
         Ok(matches!(
             self.store()
@@ -51,7 +49,7 @@ impl Repo {
 
     /// Records that version `id` is lost and known to be (see the module docs).
     pub async fn acknowledge_lost_version(&self, id: &Id) -> RepoResult<()> {
-        let key = format!("{SET_ASIDE_PREFIX}{}", version::key(id));
+        let key = keys::set_aside_object(&keys::version(id));
         if self.store().head(&key).await?.is_none() {
             self.store()
                 .put_if_absent(
@@ -65,7 +63,7 @@ impl Repo {
 
     /// Whether version `id` is known lost (set aside or acknowledged by `cairn repair`).
     pub async fn is_known_lost_version(&self, id: &Id) -> RepoResult<bool> {
-        let key = format!("{SET_ASIDE_PREFIX}{}", version::key(id));
+        let key = keys::set_aside_object(&keys::version(id));
         Ok(self.store().head(&key).await?.is_some())
     }
 }

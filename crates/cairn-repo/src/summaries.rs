@@ -1,11 +1,12 @@
 //! Reference summaries of manifest trees (`summaries/<root>`) and the freed markers of fast
 //! deletion (`gc/freed/<version>`); see `cairn_format::summary` and `cairn_engine::gc`.
 
+use cairn_format::keys;
 use std::collections::HashSet;
 
 use bytes::Bytes;
-use cairn_format::marker::{encode_freed, freed_key, GcLeftover, FREED_PREFIX, LEFTOVER_PREFIX};
-use cairn_format::summary::{self, Summary};
+use cairn_format::marker::{encode_freed, GcLeftover};
+use cairn_format::summary::Summary;
 use cairn_format::Id;
 use cairn_store::StoreError;
 
@@ -20,7 +21,7 @@ impl Repo {
         let raw = summary.encode();
         let len = raw.len() as u64;
         self.store()
-            .put_if_absent(&summary::key(root), Bytes::from(raw))
+            .put_if_absent(&keys::summary(root), Bytes::from(raw))
             .await?;
         Ok(len)
     }
@@ -28,7 +29,7 @@ impl Repo {
     /// The summary of `root`: `Ok(None)` if there is none, an error naming the object if it is
     /// damaged (callers fall back to walking the tree).
     pub async fn load_summary(&self, root: &Id) -> RepoResult<Option<(Summary, u64)>> {
-        let key = summary::key(root);
+        let key = keys::summary(root);
         match self.store().get(&key).await {
             Ok(raw) => Summary::decode(&raw)
                 .map(|s| Some((s, raw.len() as u64)))
@@ -40,18 +41,18 @@ impl Repo {
 
     /// Roots that have a stored summary.
     pub async fn summary_roots(&self) -> RepoResult<Vec<(Id, u64)>> {
-        parse_listing(self, summary::PREFIX).await
+        parse_listing(self, keys::SUMMARIES).await
     }
 
     pub async fn delete_summary(&self, root: &Id) -> RepoResult<()> {
-        Ok(self.store().delete(&summary::key(root)).await?)
+        Ok(self.store().delete(&keys::summary(root)).await?)
     }
 
     /// Records that the space of deleted version `version` has been given back.
     pub async fn mark_freed(&self, version: &Id) -> RepoResult<()> {
         self.store()
             .put_if_absent(
-                &freed_key(version),
+                &keys::freed(version),
                 Bytes::from(encode_freed(version, now_ns())),
             )
             .await?;
@@ -62,7 +63,7 @@ impl Repo {
     /// one to judge again. Returns the object's key.
     pub async fn put_gc_leftover(&self, leftover: &GcLeftover) -> RepoResult<String> {
         let raw = leftover.encode();
-        let key = format!("{LEFTOVER_PREFIX}{}", Id::of(&raw));
+        let key = keys::leftover(&Id::of(&raw));
         self.store().put_if_absent(&key, Bytes::from(raw)).await?;
         Ok(key)
     }
@@ -70,7 +71,7 @@ impl Repo {
     /// Every leftover list, by key (a damaged one is skipped with a warning: it is advisory).
     pub async fn gc_leftovers(&self) -> RepoResult<Vec<(String, GcLeftover)>> {
         let mut out = Vec::new();
-        for meta in self.store().list(LEFTOVER_PREFIX).await? {
+        for meta in self.store().list(keys::LEFTOVERS).await? {
             match self.store().get(&meta.key).await {
                 Ok(raw) => match GcLeftover::decode(&raw) {
                     Ok(l) => out.push((meta.key, l)),
@@ -93,7 +94,7 @@ impl Repo {
 
     /// Deleted versions whose space some GC has already given back.
     pub async fn freed_versions(&self) -> RepoResult<HashSet<Id>> {
-        Ok(parse_listing(self, FREED_PREFIX)
+        Ok(parse_listing(self, keys::FREED)
             .await?
             .into_iter()
             .map(|(id, _)| id)

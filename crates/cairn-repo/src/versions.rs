@@ -1,9 +1,10 @@
 //! Version records and image heads.
 
 use bytes::Bytes;
+use cairn_format::keys;
 use cairn_format::name::unescape;
 use cairn_format::refs;
-use cairn_format::version::{self, VersionRecord};
+use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_store::{CasOutcome, PutOutcome, RefVersion, StoreError};
 
@@ -35,7 +36,7 @@ pub struct HeadState {
 impl Repo {
     /// The newest version of `image`, if it has any.
     pub async fn head(&self, image: &str) -> RepoResult<Option<HeadState>> {
-        let key = refs::head_key(image);
+        let key = keys::head(image);
         let Some(state) = self.store().read_ref(&key).await? else {
             return Ok(None);
         };
@@ -58,10 +59,22 @@ impl Repo {
         let outcome = self
             .store()
             .cas_ref(
-                &refs::head_key(image),
+                &keys::head(image),
                 expected.map(|h| &h.token),
                 Some(Bytes::from(refs::encode(new))),
             )
+            .await?;
+        Ok(matches!(outcome, CasOutcome::Swapped { .. }))
+    }
+
+    /// Points `image`'s head at `new` whatever it holds now, even bytes that do not decode
+    /// (`cairn repair` rebuilding a damaged head). Returns false if it changed meanwhile.
+    pub async fn overwrite_head(&self, image: &str, new: &Id) -> RepoResult<bool> {
+        let key = keys::head(image);
+        let token = self.store().read_ref(&key).await?.map(|s| s.version);
+        let outcome = self
+            .store()
+            .cas_ref(&key, token.as_ref(), Some(Bytes::from(refs::encode(new))))
             .await?;
         Ok(matches!(outcome, CasOutcome::Swapped { .. }))
     }
@@ -78,11 +91,11 @@ impl Repo {
 
     /// Every image that has a head, sorted, and the head keys that name no valid image.
     pub async fn images_checked(&self) -> RepoResult<(Vec<String>, Vec<Damaged>)> {
-        let keys = self.store().list_refs(refs::HEADS_PREFIX).await?;
+        let keys = self.store().list_refs(keys::HEADS).await?;
         let mut out = Vec::with_capacity(keys.len());
         let mut damaged = Vec::new();
         for k in keys {
-            let seg = &k[refs::HEADS_PREFIX.len()..];
+            let seg = &k[keys::HEADS.len()..];
             match unescape(seg) {
                 Ok(name) => out.push(name),
                 Err(e) => damaged.push(Damaged {
@@ -97,7 +110,7 @@ impl Repo {
 
     /// Reads and checks a version record.
     pub async fn load_version(&self, id: &Id) -> RepoResult<VersionRecord> {
-        let key = version::key(id);
+        let key = keys::version(id);
         let raw = match self.store().get(&key).await {
             Ok(raw) => raw,
             Err(StoreError::NotFound { .. }) => return Err(RepoError::VersionMissing { id: *id }),
@@ -121,7 +134,7 @@ impl Repo {
         let len = raw.len() as u64;
         let written = match self
             .store()
-            .put_if_absent(&version::key(&id), Bytes::from(raw))
+            .put_if_absent(&keys::version(&id), Bytes::from(raw))
             .await?
         {
             PutOutcome::Created => len,
@@ -133,7 +146,7 @@ impl Repo {
     /// Deletes a version record this process wrote but never published (its ref swap failed).
     /// Best effort: a record left behind is garbage for the exact GC pass.
     pub async fn delete_unpublished_version(&self, id: &Id) {
-        if let Err(e) = self.store().delete(&version::key(id)).await {
+        if let Err(e) = self.store().delete(&keys::version(id)).await {
             tracing::debug!(%id, "could not delete an unpublished version record: {e}");
         }
     }
@@ -143,11 +156,11 @@ impl Repo {
         let prefix = prefix.to_ascii_lowercase();
         let listed = self
             .store()
-            .list(&format!("{}{prefix}", version::PREFIX))
+            .list(&format!("{}{prefix}", keys::VERSIONS))
             .await?;
         Ok(listed
             .iter()
-            .filter_map(|m| m.key[version::PREFIX.len()..].parse().ok())
+            .filter_map(|m| m.key[keys::VERSIONS.len()..].parse().ok())
             .collect())
     }
 }

@@ -1,5 +1,6 @@
 //! `cairn clone SRC[@REF] NEWIMAGE`: a new image starting from an existing version, in O(1).
 
+use cairn_repo::SessionKind;
 use std::process::ExitCode;
 
 use anyhow::Result;
@@ -12,7 +13,7 @@ use crate::output::{print_json, version_json};
 
 pub async fn run(ctx: &Context, args: CloneArgs) -> Result<ExitCode> {
     let source = VersionSpec::parse(&args.source)?;
-    let repo = ctx.open_as("edit").await?;
+    let repo = ctx.open_as(SessionKind::Edit).await?;
     let (id, record) = clone_version(&repo, &source, &args.new_image, args.message).await?;
     if ctx.json {
         print_json(&version_json(&id, &record, &[]));

@@ -1,6 +1,7 @@
 //! `cairn commit`: a full commit of any source, or an incremental one when the source can
 //! say what changed (a qcow2 overlay on a known parent, an NBD dirty bitmap).
 
+use cairn_repo::SessionKind;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -73,7 +74,7 @@ pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
     };
     let identity_before = FileIdentity::of(Path::new(&spec));
     let opened = open_source(&spec, &args, policy)?;
-    let repo = ctx.open_as("commit").await?;
+    let repo = ctx.open_as(SessionKind::Commit).await?;
     let plan = plan(&repo, &args, &opened).await?;
 
     let started = Instant::now();

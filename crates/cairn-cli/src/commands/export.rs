@@ -9,6 +9,7 @@
 //! SIGTERM/SIGINT it stops accepting, pauses and flushes every export, removes its files,
 //! prints one line and exits 0.
 
+use cairn_repo::SessionKind;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -148,7 +149,7 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
         Listener::Unix(l, path)
     };
 
-    let repo = ctx.open_as("export").await?;
+    let repo = ctx.open_as(SessionKind::Export).await?;
     let cache_dir = args
         .cache_dir
         .clone()
@@ -542,14 +543,11 @@ fn handler(
                     let image = req["image"].as_str().ok_or("commit needs an image")?;
                     let message = req["message"].as_str().unwrap_or_default().to_string();
                     // A session of its own, registered now, so that GC's plans cover it.
-                    let session = Repo::open_cached(
-                        repo.store().clone(),
-                        "commit",
-                        repo.meta_cache().cloned(),
-                    )
-                    .await
-                    .map(Arc::new)
-                    .map_err(|e| e.to_string())?;
+                    let session = repo
+                        .reopen(SessionKind::Commit)
+                        .await
+                        .map(Arc::new)
+                        .map_err(|e| e.to_string())?;
                     let r = export
                         .commit(session.clone(), image, message, readahead, cache)
                         .await;

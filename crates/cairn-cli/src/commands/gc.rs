@@ -1,5 +1,6 @@
 //! `cairn gc [--repair]`, and the fast deletion that `rm` and `prune` run after deleting.
 
+use cairn_repo::SessionKind;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +18,7 @@ pub async fn run(ctx: &Context, args: GcArgs) -> Result<ExitCode> {
     if !(0.0..=1.0).contains(&args.repack_threshold) {
         bail!("--repack-threshold must be between 0 and 1");
     }
-    let repo = ctx.open_as("gc").await?;
+    let repo = ctx.open_as(SessionKind::Gc).await?;
     let options = GcOptions {
         mode: if args.repair {
             GcMode::Repair

@@ -1,5 +1,6 @@
 //! `cairn prune (IMAGE | --all) --keep-*`: remove the versions a retention policy does not keep.
 
+use cairn_repo::SessionKind;
 use std::collections::HashMap;
 use std::process::ExitCode;
 
@@ -27,7 +28,7 @@ pub async fn run(ctx: &Context, args: PruneArgs) -> Result<ExitCode> {
     if policy.is_empty() {
         bail!("refusing to remove every version: give at least one --keep-* option");
     }
-    let repo = ctx.open_as("edit").await?;
+    let repo = ctx.open_as(SessionKind::Edit).await?;
     let images = match (&args.image, args.all) {
         (Some(image), false) => vec![image.clone()],
         (None, true) => repo.images().await?,

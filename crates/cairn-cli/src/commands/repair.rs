@@ -1,6 +1,7 @@
 //! `cairn repair [--from IMAGE_FILE] [--dry-run]`: rebuild what damage left behind and report
 //! what stays lost (see `cairn_engine::repair`).
 
+use cairn_repo::SessionKind;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -30,7 +31,7 @@ pub async fn run(ctx: &Context, args: RepairArgs) -> Result<ExitCode> {
             .map_err(|e| anyhow::anyhow!("{e}"))
             .map_err(|e| e.context(format!("cannot read {}", path.display())))?;
     }
-    let repo = ctx.open_as("repair").await?;
+    let repo = ctx.open_as(SessionKind::Repair).await?;
     let report = repair(
         &repo,
         RepairOptions {

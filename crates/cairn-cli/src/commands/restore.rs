@@ -1,3 +1,4 @@
+use cairn_repo::SessionKind;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
@@ -17,7 +18,7 @@ use crate::provenance::{FileIdentity, Provenance};
 
 pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
     let spec = VersionSpec::parse(&args.spec)?;
-    let repo = ctx.open_as("restore").await?;
+    let repo = ctx.open_as(SessionKind::Restore).await?;
     let (id, record) = resolve(&repo, &spec).await?;
     let repo_id = repo.config().repo_id;
     let to_stdout = args.output.as_os_str() == "-";

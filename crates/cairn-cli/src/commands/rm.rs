@@ -1,5 +1,6 @@
 //! `cairn rm IMAGE@REF...` (versions) and `cairn rm IMAGE` (a whole image).
 
+use cairn_repo::SessionKind;
 use std::process::ExitCode;
 
 use anyhow::{bail, Result};
@@ -25,7 +26,7 @@ pub async fn run(ctx: &Context, args: RmArgs) -> Result<ExitCode> {
             images.push(spec.image);
         }
     }
-    let repo = ctx.open_as("edit").await?;
+    let repo = ctx.open_as(SessionKind::Edit).await?;
     // Check every whole image before changing anything (versions are checked by
     // remove_versions, which also changes nothing unless all of them can go).
     for image in &images {

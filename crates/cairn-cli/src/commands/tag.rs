@@ -1,5 +1,6 @@
 //! `cairn tag IMAGE[@REF] NAME`, `cairn tag --delete IMAGE NAME` and `cairn tags IMAGE`.
 
+use cairn_repo::SessionKind;
 use std::process::ExitCode;
 
 use anyhow::{bail, Result};
@@ -19,7 +20,7 @@ pub async fn run(ctx: &Context, args: TagArgs) -> Result<ExitCode> {
         return delete(ctx, args).await;
     }
     let spec = VersionSpec::parse(&args.spec)?;
-    let repo = ctx.open_as("edit").await?;
+    let repo = ctx.open_as(SessionKind::Edit).await?;
     let (id, record) = resolve(&repo, &spec).await?;
     repo.create_tag(&spec.image, &args.name, &id).await?;
     if ctx.json {
@@ -47,7 +48,7 @@ async fn delete(ctx: &Context, args: TagArgs) -> Result<ExitCode> {
         bail!("{image:?}: with --delete, give the image and the tag name: cairn tag --delete IMAGE NAME");
     }
     validate_image_name(&image).map_err(EngineError::from)?;
-    let repo = ctx.open_as("edit").await?;
+    let repo = ctx.open_as(SessionKind::Edit).await?;
     let Some(id) = repo.tag(&image, &args.name).await? else {
         bail!("image {image:?} has no tag {:?}", args.name);
     };

@@ -1,5 +1,6 @@
 //! `cairn verify [IMAGE[@REF]…] [--read-data-subset N%|K/N]`.
 
+use cairn_repo::SessionKind;
 use std::process::ExitCode;
 
 use anyhow::{anyhow, Result};
@@ -16,7 +17,7 @@ pub async fn run(ctx: &Context, args: VerifyArgs) -> Result<ExitCode> {
         Some(s) => PackSubset::parse(s).map_err(|e| anyhow!("--read-data-subset {e}"))?,
         None => PackSubset::All,
     };
-    let repo = ctx.open_as("verify").await?;
+    let repo = ctx.open_as(SessionKind::Verify).await?;
     let mut versions = Vec::new();
     for target in &args.targets {
         let spec = VersionSpec::parse(target)?;

@@ -13,7 +13,7 @@ use cairn_format::pack::BlobEntry;
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::session::now_ns;
-use cairn_repo::{pack_key, BlobIndex, BlobLocation, Repo};
+use cairn_repo::{BlobIndex, BlobLocation, Repo};
 
 use super::leftovers::{remove_orphan_records, remove_stale_markers};
 use super::summaries::{ensure_summary, SummaryCheck};
@@ -27,7 +27,6 @@ use crate::live::live_versions;
 
 pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport> {
     let mut report = GcReport::default();
-    let store = repo.store().clone();
 
     // Mark. Refs are read before the index snapshot: a version's blobs are indexed before
     // its ref points at it, so the snapshot holds everything the marked versions use.
@@ -172,7 +171,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         .collect();
     let mut repacker = Repacker::new(repo.config().pack_target as usize);
     for pack in &to_repack {
-        let data = store.get(&pack_key(pack)).await?;
+        let data = repo.read_whole_pack(pack).await?;
         for e in sorted(&by_pack[pack]) {
             let r = e.range();
             let stored = &data[r.start as usize..r.end as usize];

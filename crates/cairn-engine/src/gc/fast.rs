@@ -18,7 +18,7 @@ use cairn_format::node::{Extent, Interior, Leaf};
 use cairn_format::pack::BlobEntry;
 use cairn_format::Id;
 use cairn_repo::session::now_ns;
-use cairn_repo::{pack_key, BlobLocation, Repo};
+use cairn_repo::{BlobLocation, Repo};
 
 use super::leftovers::remove_stale_markers;
 use super::summaries::{ensure_summary, LiveFilters, SummaryCheck};
@@ -247,7 +247,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         let mut replacement: Vec<PackIndex> = Vec::new();
         let mut repacker = Repacker::new(repo.config().pack_target as usize);
         for pack in &to_repack {
-            let data = repo.store().get(&pack_key(pack)).await?;
+            let data = repo.read_whole_pack(pack).await?;
             for e in entries_of[pack].values().filter(|e| !dead.contains(&e.id)) {
                 let r = e.range();
                 let stored = &data[r.start as usize..r.end as usize];

@@ -9,9 +9,8 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use cairn_format::version;
 use cairn_format::Id;
-use cairn_repo::session::{list_sessions, liveness, now_ns, Liveness};
+use cairn_repo::session::{liveness, now_ns, Liveness};
 use cairn_repo::Repo;
 
 use super::{GcOptions, GcReport, CLOCK_SKEW_MARGIN};
@@ -22,7 +21,7 @@ use crate::live::LiveVersions;
 pub(super) async fn oldest_live_start(repo: &Repo, options: &GcOptions) -> EngineResult<i64> {
     let now = now_ns();
     let mut oldest = now;
-    for (_, session) in list_sessions(repo.store().as_ref()).await? {
+    for (_, session) in repo.sessions().await? {
         let Some(s) = session else { continue };
         if liveness(&s, now, options.stale_after) == Liveness::Alive {
             oldest = oldest.min(s.started_ns);
@@ -40,7 +39,7 @@ pub(super) async fn remove_stale_files(
 ) -> EngineResult<()> {
     let before_ns = oldest_live_start(repo, options).await?;
     let before = UNIX_EPOCH + Duration::from_nanos(before_ns.max(0) as u64);
-    let (n, bytes) = repo.store().remove_stale_temporaries(before).await?;
+    let (n, bytes) = repo.remove_stale_temporaries(before).await?;
     report.temporaries_removed += n;
     report.temporary_bytes_removed += bytes;
     for (path, size) in crate::restore::partial::remove_stale() {
@@ -62,10 +61,7 @@ pub(super) async fn remove_orphan_records(
     report: &mut GcReport,
 ) -> EngineResult<()> {
     let before_ns = oldest_live_start(repo, options).await?;
-    for meta in repo.store().list(version::PREFIX).await? {
-        let Ok(id) = meta.key[version::PREFIX.len()..].parse::<Id>() else {
-            continue;
-        };
+    for id in repo.version_record_ids().await?.into_iter().flatten() {
         if live.reachable.contains(&id) || live.deleted.contains(&id) {
             continue;
         }
@@ -73,7 +69,7 @@ pub(super) async fn remove_orphan_records(
             continue; // unreadable: verify reports it, repair sets it aside
         };
         if record.time_ns < before_ns {
-            repo.store().delete(&meta.key).await?;
+            repo.delete_orphan_version(&id).await?;
             report.orphan_records_removed += 1;
         }
     }

@@ -41,17 +41,15 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use cairn_format::index::{self, IndexFile, PackIndex};
-use cairn_format::marker::{
-    decode_gc_lock, encode_gc_last, encode_gc_lock, GcPlan, GC_LAST_REF, GC_LOCK_REF, PLANS_PREFIX,
-    SESSIONS_PREFIX,
-};
+use cairn_format::index::{IndexFile, PackIndex};
+use cairn_format::marker::GcPlan;
 use cairn_format::pack::{self, BlobEntry, BlobKind, PackBuilder};
 use cairn_format::Id;
-use cairn_repo::session::{describe, list_sessions, liveness, now_ns, Liveness};
-use cairn_repo::{pack_key, BlobIndex, BlobLocation, Repo, RepoError, PACKS_PREFIX};
-use cairn_store::{CasOutcome, ObjectStore, StoreError};
+use cairn_repo::session::{describe, liveness, now_ns, Liveness};
+use cairn_repo::{
+    BlobIndex, BlobLocation, GcLock, GcLockAttempt, PublishedPlan, Repo, RepoError, SessionKind,
+};
+use cairn_store::StoreError;
 
 use crate::error::{EngineError, EngineResult};
 
@@ -205,7 +203,7 @@ pub async fn gc(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport>
             {
                 tracing::warn!("gc: the disk is full; deleting dead packs without repacking");
                 repo.discard_unindexed_packs().await;
-                withdraw_plans(repo).await;
+                repo.withdraw_all_gc_plans().await;
                 run(GcOptions {
                     repack_threshold: 0.0,
                     ..options.clone()
@@ -216,22 +214,16 @@ pub async fn gc(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport>
         };
         if !options.dry_run {
             leftovers::remove_stale_files(repo, options, &mut report).await?;
-            if let Err(e) = repo.store().replenish_reserve().await {
-                tracing::debug!("space reserve not reallocated yet: {e}");
-            }
+            repo.replenish_reserve().await;
         }
         Ok::<_, EngineError>(report)
     }
     .await;
-    if result.is_err() && lock.is_some() {
-        withdraw_plans(repo).await;
-    }
-    if let Some(version) = lock {
-        // Release only if still ours; a failure here leaves a lock that dies with our session.
-        let _ = repo
-            .store()
-            .cas_ref(GC_LOCK_REF, Some(&version), None)
-            .await;
+    if let Some(lock) = lock {
+        if result.is_err() {
+            repo.withdraw_all_gc_plans().await;
+        }
+        repo.release_gc_lock(lock).await;
     }
     let mut report = result?;
     report.mode = options.mode;
@@ -240,72 +232,19 @@ pub async fn gc(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport>
     Ok(report)
 }
 
-/// Withdraws published plans after a failed GC: we hold the lock, so every plan is ours or a
-/// dead GC's. Safe at any step: the sweep deletes index files before the packs they name, so
-/// a pack it did not reach is still indexed (and live for every reader) or named by no index
-/// at all (and reused by no one).
-async fn withdraw_plans(repo: &Repo) {
-    if let Ok(plans) = repo.store().list(PLANS_PREFIX).await {
-        for meta in plans {
-            let _ = repo.store().delete(&meta.key).await;
-        }
+async fn acquire_lock(repo: &Repo, options: &GcOptions) -> EngineResult<GcLock> {
+    match repo.take_gc_lock(options.stale_after).await? {
+        GcLockAttempt::Taken(lock) => Ok(lock),
+        GcLockAttempt::HeldBy(holder) => Err(EngineError::Gc(format!(
+            "another gc is running: {holder}; try again when it has finished"
+        ))),
+        GcLockAttempt::NoSession => Err(EngineError::Gc(
+            "it needs a session of its own (the repository refuses writes?)".into(),
+        )),
+        GcLockAttempt::Contended => Err(EngineError::Gc(
+            "could not take the gc lock (it keeps changing)".into(),
+        )),
     }
-}
-
-async fn acquire_lock(repo: &Repo, options: &GcOptions) -> EngineResult<cairn_store::RefVersion> {
-    let me = repo.session_key().ok_or_else(|| {
-        EngineError::Gc("it needs a session of its own (the repository refuses writes?)".into())
-    })?;
-    let data = Bytes::from(encode_gc_lock(&me));
-    let store = repo.store();
-    for _ in 0..5 {
-        match store.cas_ref(GC_LOCK_REF, None, Some(data.clone())).await? {
-            CasOutcome::Swapped { version } => return version.ok_or_else(lock_lost),
-            CasOutcome::Conflict { current: None } => continue,
-            CasOutcome::Conflict {
-                current: Some(current),
-            } => {
-                let holder = decode_gc_lock(&current.data).unwrap_or_default();
-                if let Some(alive) = live_session(store.as_ref(), &holder, options).await? {
-                    return Err(EngineError::Gc(format!(
-                        "another gc is running: {alive}; try again when it has finished"
-                    )));
-                }
-                // The holder died: take the lock over.
-                if let CasOutcome::Swapped { version } = store
-                    .cas_ref(GC_LOCK_REF, Some(&current.version), Some(data.clone()))
-                    .await?
-                {
-                    tracing::info!("took over the gc lock of dead session {holder}");
-                    return version.ok_or_else(lock_lost);
-                }
-            }
-        }
-    }
-    Err(lock_lost())
-}
-
-fn lock_lost() -> EngineError {
-    EngineError::Gc("could not take the gc lock (it keeps changing)".into())
-}
-
-/// The session `key` described, if it is alive.
-async fn live_session(
-    store: &dyn ObjectStore,
-    key: &str,
-    options: &GcOptions,
-) -> EngineResult<Option<String>> {
-    let Some(state) = store.read_ref(key).await? else {
-        return Ok(None);
-    };
-    let Ok(s) = cairn_format::marker::Session::decode(&state.data) else {
-        return Ok(None);
-    };
-    let now = now_ns();
-    Ok(match liveness(&s, now, options.stale_after) {
-        Liveness::Alive => Some(describe(key, &s, now)),
-        Liveness::Dead(_) => None,
-    })
 }
 
 /// Everything GC learned from the index files it read (the snapshot S0).
@@ -384,12 +323,6 @@ async fn put_index(repo: &Repo, packs: Vec<PackIndex>) -> EngineResult<Id> {
     Ok(id)
 }
 
-/// Session kinds GC does not wait for: exports live for days and only read live versions
-/// (their COMMIT opens a session of its own). A repacked blob they then miss is found again by
-/// re-reading the index (`Repo::refresh_index`); a version deleted while exported fails its
-/// reads with an error, never wrong data.
-pub const NOT_WAITED_FOR: &[&str] = &["export"];
-
 /// Sessions that started up to this long after a plan was published are waited for too, in
 /// case the clocks of the hosts sharing a repository disagree.
 pub const CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(1);
@@ -400,14 +333,15 @@ async fn wait_for_sessions(repo: &Repo, cutoff_ns: i64, options: &GcOptions) -> 
     let mut noticed: Option<Instant> = None;
     loop {
         let now = now_ns();
-        let pending: Vec<String> = list_sessions(repo.store().as_ref())
+        let pending: Vec<String> = repo
+            .sessions()
             .await?
             .into_iter()
             .filter_map(|(key, s)| {
                 let s = s?;
                 let waited = Some(&key) != me.as_ref()
                     && s.started_ns <= cutoff_ns
-                    && !NOT_WAITED_FOR.contains(&s.kind.as_str())
+                    && SessionKind::gc_waits_for(&s.kind)
                     && liveness(&s, now, options.stale_after) == Liveness::Alive;
                 waited.then(|| describe(&key, &s, now))
             })
@@ -432,46 +366,6 @@ async fn wait_for_sessions(repo: &Repo, cutoff_ns: i64, options: &GcOptions) -> 
         }
         tracing::debug!(?pending, "gc waiting for sessions");
         tokio::time::sleep(options.poll).await;
-    }
-}
-
-async fn set_gc_last(store: &dyn ObjectStore, cutoff_ns: i64, plan: &Id) -> EngineResult<()> {
-    let data = Bytes::from(encode_gc_last(cutoff_ns, plan));
-    loop {
-        let current = store.read_ref(GC_LAST_REF).await?;
-        let expected = current.as_ref().map(|c| c.version.clone());
-        if let CasOutcome::Swapped { .. } = store
-            .cas_ref(GC_LAST_REF, expected.as_ref(), Some(data.clone()))
-            .await?
-        {
-            return Ok(());
-        }
-    }
-}
-
-async fn remove_stale_sessions(store: &dyn ObjectStore, options: &GcOptions) -> EngineResult<()> {
-    let now = now_ns();
-    for (key, session) in list_sessions(store).await? {
-        if session.is_none_or(|s| liveness(&s, now, options.stale_after) != Liveness::Alive) {
-            if let Some(state) = store.read_ref(&key).await? {
-                let _ = store.cas_ref(&key, Some(&state.version), None).await;
-            }
-        }
-    }
-    // Session keys are never reused: the tombstones of every closed or removed session go.
-    store.forget_deleted_refs(SESSIONS_PREFIX).await?;
-    Ok(())
-}
-
-/// Reads `gc/last`: the session cutoff of the newest GC whose sweep ran (sessions that started
-/// before it were waited for, unless judged dead) and its plan id.
-pub async fn last_gc(store: &dyn ObjectStore) -> EngineResult<Option<(i64, Id)>> {
-    match store.read_ref(GC_LAST_REF).await? {
-        None => Ok(None),
-        Some(state) => Ok(Some(
-            cairn_format::marker::decode_gc_last(&state.data)
-                .map_err(|e| RepoError::corrupt(format!("refs/{GC_LAST_REF}"), e))?,
-        )),
     }
 }
 
@@ -502,8 +396,7 @@ fn bad_node(id: &Id, e: cairn_format::FormatError) -> EngineError {
 
 /// A published plan and the session cutoff that goes with it.
 struct Published {
-    key: String,
-    id: Id,
+    plan: PublishedPlan,
     cutoff_ns: i64,
 }
 
@@ -516,10 +409,7 @@ async fn publish_and_wait(
     report: &mut GcReport,
 ) -> EngineResult<Published> {
     crate::interrupt::check()?;
-    let raw = plan.encode();
-    let id = Id::of(&raw);
-    let key = format!("{PLANS_PREFIX}{id}");
-    repo.store().put_if_absent(&key, Bytes::from(raw)).await?;
+    let published = repo.publish_gc_plan(plan).await?;
     // Sessions register before they read plans, so one that started after the plan became
     // visible has seen it. The cutoff is taken *after* publication (not at the plan's
     // creation: a session registering in between would read the plans before ours is there),
@@ -527,11 +417,14 @@ async fn publish_and_wait(
     let cutoff_ns = now_ns() + CLOCK_SKEW_MARGIN.as_nanos() as i64;
     let wait_started = Instant::now();
     if let Err(e) = wait_for_sessions(repo, cutoff_ns, options).await {
-        let _ = repo.store().delete(&key).await;
+        repo.withdraw_gc_plan(&published).await;
         return Err(e);
     }
     report.waited_s = wait_started.elapsed().as_secs_f64();
-    Ok(Published { key, id, cutoff_ns })
+    Ok(Published {
+        plan: published,
+        cutoff_ns,
+    })
 }
 
 /// Step 5: dead blobs that versions published meanwhile use (`used`) are *rescued*: copied
@@ -611,14 +504,12 @@ async fn sweep(
     written_index: &HashSet<Id>,
     doomed_packs: &[Id],
 ) -> EngineResult<()> {
-    let store = repo.store();
-    for id in superseded.iter().filter(|id| !written_index.contains(id)) {
-        store.delete(&index::key(id)).await?;
-    }
-    for pack in doomed_packs {
-        store.delete(&pack_key(pack)).await?;
-    }
-    Ok(())
+    let superseded: Vec<Id> = superseded
+        .iter()
+        .filter(|id| !written_index.contains(id))
+        .copied()
+        .collect();
+    Ok(repo.sweep(&superseded, doomed_packs).await?)
 }
 
 /// Packs in the store that no index file names (`indexed`): left by commits and GCs that
@@ -648,7 +539,7 @@ async fn delete_orphans(repo: &Repo, orphans: &[Id], report: &mut GcReport) -> E
         .collect();
     for pack in orphans {
         if !indexed_now.contains(pack) {
-            repo.store().delete(&pack_key(pack)).await?;
+            repo.delete_orphan_pack(pack).await?;
             report.orphan_packs_deleted += 1;
         }
     }
@@ -658,37 +549,15 @@ async fn delete_orphans(repo: &Repo, orphans: &[Id], report: &mut GcReport) -> E
 /// Step 6 (bookkeeping): record `gc/last`, remove our plan and any a dead GC left (we hold
 /// the lock, so no other GC runs), and clear sessions of dead processes.
 async fn finish(repo: &Repo, published: &Published, options: &GcOptions) -> EngineResult<()> {
-    let store = repo.store();
-    set_gc_last(store.as_ref(), published.cutoff_ns, &published.id).await?;
-    store.delete(&published.key).await?;
-    for meta in store.list(PLANS_PREFIX).await? {
-        store.delete(&meta.key).await?;
-    }
-    remove_stale_sessions(store.as_ref(), options).await
+    Ok(repo
+        .complete_gc(&published.plan, published.cutoff_ns, options.stale_after)
+        .await?)
 }
 
 /// Bytes of packs and index files, and each pack's size.
 async fn stored_bytes(repo: &Repo) -> EngineResult<(u64, HashMap<Id, u64>)> {
-    let store = repo.store();
-    let pack_sizes: HashMap<Id, u64> = store
-        .list(PACKS_PREFIX)
-        .await?
-        .into_iter()
-        .filter_map(|m| {
-            m.key
-                .rsplit('/')
-                .next()?
-                .parse()
-                .ok()
-                .map(|id: Id| (id, m.size))
-        })
-        .collect();
-    let index_bytes: u64 = store
-        .list(index::PREFIX)
-        .await?
-        .iter()
-        .map(|m| m.size)
-        .sum();
+    let pack_sizes = repo.pack_sizes().await?;
+    let index_bytes = repo.index_file_bytes().await?;
     Ok((pack_sizes.values().sum::<u64>() + index_bytes, pack_sizes))
 }
 

@@ -316,9 +316,7 @@ async fn run(
         version,
         sink,
         options,
-        coalesce_gap: options
-            .coalesce_gap
-            .unwrap_or(repo.store().hints().read_gap),
+        coalesce_gap: options.coalesce_gap.unwrap_or(repo.store_hints().read_gap),
         progress: progress.clone(),
         path,
         written_to: 0,

@@ -1,0 +1,161 @@
+//! Every key of a repository, in one place: the object keys (immutable, written once) and the
+//! ref keys (mutable by compare-and-swap, in the store's separate ref namespace).
+//!
+//! No other module spells a key or a prefix; readers that list a prefix turn keys back into
+//! ids with [`id_after`] (or [`pack_id`] for the fanned-out pack keys). docs/FORMAT.md,
+//! "Object layout", describes the same names.
+
+use crate::name::escape;
+use crate::{FormatError, FormatResult, Id};
+
+// ---- Objects ----
+
+/// The repository's configuration.
+pub const CONFIG: &str = "config";
+/// Packs: `packs/<first two hex digits>/<id>` (fan-out keeps directories small).
+pub const PACKS: &str = "packs/";
+/// Index files: `index/<id>`.
+pub const INDEX: &str = "index/";
+/// Version records: `versions/<id>`.
+pub const VERSIONS: &str = "versions/";
+/// Reference summaries (Bloom filters of a tree's blobs): `summaries/<root id>`.
+pub const SUMMARIES: &str = "summaries/";
+/// Deletion markers: `deleted/<version id>`.
+pub const DELETED: &str = "deleted/";
+/// Markers of deleted versions whose space a GC gave back: `gc/freed/<version id>`.
+pub const FREED: &str = "gc/freed/";
+/// Published GC plans: `gc/plans/<plan id>`.
+pub const PLANS: &str = "gc/plans/";
+/// Blobs fast deletion could not free yet, judged again next time: `gc/leftover/<id>`.
+pub const LEFTOVERS: &str = "gc/leftover/";
+/// Quarantine markers of damaged blob copies: `quarantine/<pack>/<blob>`.
+pub const QUARANTINE: &str = "quarantine/";
+/// Damaged objects and refs set aside by `cairn repair`: `damaged/<key>`,
+/// `damaged/refs/<ref key>`.
+pub const SET_ASIDE: &str = "damaged/";
+
+pub fn pack(id: &Id) -> String {
+    let hex = id.to_hex();
+    format!("{PACKS}{}/{hex}", &hex[..2])
+}
+
+/// The pack id in a pack key (`packs/ab/<id>`).
+pub fn pack_id(key: &str) -> Option<Id> {
+    key.strip_prefix(PACKS)?.rsplit('/').next()?.parse().ok()
+}
+
+pub fn index_file(id: &Id) -> String {
+    format!("{INDEX}{id}")
+}
+
+pub fn version(id: &Id) -> String {
+    format!("{VERSIONS}{id}")
+}
+
+pub fn summary(root: &Id) -> String {
+    format!("{SUMMARIES}{root}")
+}
+
+pub fn deleted(version: &Id) -> String {
+    format!("{DELETED}{version}")
+}
+
+pub fn freed(version: &Id) -> String {
+    format!("{FREED}{version}")
+}
+
+pub fn plan(id: &Id) -> String {
+    format!("{PLANS}{id}")
+}
+
+pub fn leftover(id: &Id) -> String {
+    format!("{LEFTOVERS}{id}")
+}
+
+/// Key of the quarantine marker of the copy of `blob` in `pack`.
+pub fn quarantine(pack: &Id, blob: &Id) -> String {
+    format!("{QUARANTINE}{pack}/{blob}")
+}
+
+/// The (pack, blob) a quarantine marker key names.
+pub fn parse_quarantine(key: &str) -> FormatResult<(Id, Id)> {
+    let bad = || FormatError::invalid("quarantine marker key", key.to_string());
+    let rest = key.strip_prefix(QUARANTINE).ok_or_else(bad)?;
+    let (pack, blob) = rest.split_once('/').ok_or_else(bad)?;
+    Ok((pack.parse()?, blob.parse()?))
+}
+
+/// Where `cairn repair` sets aside the object `key`.
+pub fn set_aside_object(key: &str) -> String {
+    format!("{SET_ASIDE}{key}")
+}
+
+/// Where `cairn repair` sets aside the content of the ref `key`.
+pub fn set_aside_ref(key: &str) -> String {
+    format!("{SET_ASIDE}refs/{key}")
+}
+
+/// The id at the end of a key listed under `prefix` (`index/<id>`, `versions/<id>`, …);
+/// `None` for a key that is not `prefix` followed by an id.
+pub fn id_after(prefix: &str, key: &str) -> Option<Id> {
+    key.strip_prefix(prefix)?.parse().ok()
+}
+
+// ---- Refs ----
+
+/// Heads: `heads/<escaped image>` names an image's newest version.
+pub const HEADS: &str = "heads/";
+/// Tags: `tags/<escaped image>/<escaped tag>`.
+pub const TAGS: &str = "tags/";
+/// Sessions of running processes: `sessions/<random hex>`.
+pub const SESSIONS: &str = "sessions/";
+/// The GC lock: the session key of the GC holding it.
+pub const GC_LOCK: &str = "gc/lock";
+/// The newest completed GC: its session cutoff and plan id.
+pub const GC_LAST: &str = "gc/last";
+
+pub fn head(image: &str) -> String {
+    format!("{HEADS}{}", escape(image))
+}
+
+/// Prefix of every tag of `image`: `tags/<escaped image>/`.
+pub fn tags_of(image: &str) -> String {
+    format!("{TAGS}{}/", escape(image))
+}
+
+/// Key of tag `tag` of `image` (a tag name is percent-encoded like an image name: `+` is not
+/// a key character).
+pub fn tag(image: &str, tag: &str) -> String {
+    format!("{}{}", tags_of(image), escape(tag))
+}
+
+/// The tag name in a tag ref key (`tags/<escaped image>/<escaped tag>`, or its last segment).
+pub fn tag_from_key(key: &str) -> String {
+    let last = key.rsplit('/').next().unwrap_or(key);
+    crate::name::unescape_segment(last).unwrap_or_else(|_| last.to_string())
+}
+
+/// The escaped image name in a head key.
+pub fn image_segment_of_head(key: &str) -> Option<&str> {
+    key.strip_prefix(HEADS)
+}
+
+pub fn session(random: &[u8]) -> String {
+    format!("{SESSIONS}{}", hex::encode(random))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_come_back_out_of_the_keys_that_hold_them() {
+        let id = Id::of(b"x");
+        assert_eq!(pack_id(&pack(&id)), Some(id));
+        assert_eq!(id_after(INDEX, &index_file(&id)), Some(id));
+        assert_eq!(id_after(VERSIONS, &version(&id)), Some(id));
+        assert_eq!(id_after(VERSIONS, &index_file(&id)), None);
+        assert_eq!(parse_quarantine(&quarantine(&id, &id)).unwrap(), (id, id));
+        assert_eq!(tag_from_key(&tag("a/b", "v1.0+x")), "v1.0+x");
+    }
+}
