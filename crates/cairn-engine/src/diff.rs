@@ -107,13 +107,7 @@ async fn children(repo: &Repo, side: Side, level: u8) -> EngineResult<(Vec<(u16,
             Ok((vec![(0, child)], 0))
         }
         Side::Node(id) => {
-            let node = read_interior(repo, &id).await?;
-            if node.level != level {
-                return Err(EngineError::Manifest(format!(
-                    "node {id} is at level {} where level {level} was expected",
-                    node.level
-                )));
-            }
+            let node = read_interior(repo, &id, level).await?;
             let kids = node
                 .children
                 .into_iter()

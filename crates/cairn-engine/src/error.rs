@@ -47,8 +47,9 @@ pub enum EngineError {
         #[source]
         source: io::Error,
     },
-    /// A manifest tree is damaged: a node that does not decode, sits at the wrong level or
-    /// covers the wrong number of bytes, or a chunk whose size disagrees with its leaf.
+    /// A manifest tree is damaged beyond its nodes' own bytes (those are
+    /// `RepoError::Node`): a leaf that covers the wrong number of bytes, a chunk whose size
+    /// disagrees with its leaf, a tree whose shape disagrees with its version record.
     #[error("damaged manifest: {0}")]
     Manifest(String),
     /// The source changed size while it was read: its data is not one point in time.
@@ -79,6 +80,12 @@ pub enum EngineError {
     /// A disk image source could not be opened or read.
     #[error("{0}")]
     Image(#[from] cairn_image::ImageError),
+}
+
+impl From<cairn_repo::tree_walk::NodeError> for EngineError {
+    fn from(e: cairn_repo::tree_walk::NodeError) -> Self {
+        EngineError::Repo(RepoError::Node(e))
+    }
 }
 
 impl From<cairn_store::StoreError> for EngineError {

@@ -731,17 +731,12 @@ pub async fn leaf_map(repo: &Arc<Repo>, record: &VersionRecord) -> EngineResult<
             let mut set = JoinSet::new();
             for &(index, id) in batch {
                 let repo = repo.clone();
-                set.spawn(async move { read_interior(&repo, &id).await.map(|n| (index, id, n)) });
+                set.spawn(
+                    async move { read_interior(&repo, &id, level).await.map(|n| (index, n)) },
+                );
             }
             while let Some(r) = set.join_next().await {
-                let (index, id, node) =
-                    r.map_err(|e| EngineError::internal("node reader", e))??;
-                if node.level != level {
-                    return Err(EngineError::Manifest(format!(
-                        "node {id} is at level {} where level {level} was expected",
-                        node.level
-                    )));
-                }
+                let (index, node) = r.map_err(|e| EngineError::internal("node reader", e))??;
                 next.extend(
                     node.children
                         .iter()

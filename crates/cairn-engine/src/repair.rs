@@ -27,11 +27,12 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use cairn_format::index::{IndexFile, PackIndex};
-use cairn_format::node::{Extent, Interior, Leaf};
+use cairn_format::node::Leaf;
 use cairn_format::pack::{self, BlobEntry};
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
-use cairn_repo::{BlobLocation, Repo};
+use cairn_repo::tree_walk::{walk_tree, NodeAt, TreeVisitor};
+use cairn_repo::{BlobLocation, Repo, RepoError};
 
 use crate::commit::{run_pipeline, CommitOptions, CommitProgress};
 use crate::error::{EngineError, EngineResult};
@@ -374,7 +375,7 @@ async fn lost_blobs(
     records.sort_by(|a, b| (&a.1.image, a.1.seq).cmp(&(&b.1.image, b.1.seq)));
     for (id, record) in records {
         let Some(root) = record.root else { continue };
-        let mine = lost_under(repo, root, record.height, &mut memo).await?;
+        let mine = lost_under(repo, root, record.height, record.fanout, &mut memo).await?;
         if !mine.is_empty() {
             lost.extend(mine.iter().copied());
             per_version.push(LostVersion {
@@ -394,44 +395,54 @@ async fn lost_under(
     repo: &Repo,
     root: Id,
     height: u8,
+    fanout: u16,
     memo: &mut BTreeMap<Id, Vec<Id>>,
 ) -> EngineResult<HashSet<Id>> {
-    let mut out = HashSet::new();
-    let mut stack = vec![(root, height)];
-    while let Some((node, level)) = stack.pop() {
-        if let Some(known) = memo.get(&node) {
-            out.extend(known.iter().copied());
-            continue;
-        }
-        let mut here = Vec::new();
-        let mut memoise = true;
-        match repo.read_blob(&node).await {
-            Err(e) if e.is_damage() => here.push(node),
-            Err(e) => return Err(e.into()),
-            Ok(raw) if level == 0 => match Leaf::decode(&raw) {
-                Ok(leaf) => {
-                    for e in leaf.extents {
-                        if let Extent::Chunk { id, .. } = e {
-                            if !repo.index().contains(&id) {
-                                here.push(id);
-                            }
-                        }
-                    }
-                }
-                Err(_) => here.push(node),
-            },
-            Ok(raw) => match Interior::decode(&raw) {
-                Ok(n) => {
-                    memoise = false; // its verdict is its children's
-                    stack.extend(n.children.into_iter().map(|(_, c)| (c, level - 1)));
-                }
-                Err(_) => here.push(node),
-            },
-        }
-        out.extend(here.iter().copied());
-        if memoise {
-            memo.insert(node, here);
+    let mut lost = LostUnder {
+        repo,
+        memo,
+        out: HashSet::new(),
+    };
+    let mut reader = repo;
+    walk_tree(&mut reader, root, height, fanout, &mut lost).await?;
+    Ok(lost.out)
+}
+
+/// Collects the lost blobs of a tree: chunks no index holds, and unreadable nodes.
+struct LostUnder<'a> {
+    repo: &'a Repo,
+    memo: &'a mut BTreeMap<Id, Vec<Id>>,
+    out: HashSet<Id>,
+}
+
+impl TreeVisitor<RepoError> for LostUnder<'_> {
+    fn enter(&mut self, at: &NodeAt) -> bool {
+        match self.memo.get(&at.id) {
+            Some(known) => {
+                self.out.extend(known.iter().copied());
+                false
+            }
+            None => true,
         }
     }
-    Ok(out)
+
+    fn leaf(&mut self, at: &NodeAt, leaf: Leaf) -> Result<(), RepoError> {
+        let here: Vec<Id> = leaf
+            .chunk_ids()
+            .filter(|id| !self.repo.index().contains(id))
+            .collect();
+        self.out.extend(here.iter().copied());
+        self.memo.insert(at.id, here);
+        Ok(())
+    }
+
+    /// A damaged or missing node is lost itself (a failing store still ends the walk).
+    fn unreadable(&mut self, at: &NodeAt, e: RepoError) -> Result<(), RepoError> {
+        if !e.is_damage() {
+            return Err(e);
+        }
+        self.out.insert(at.id);
+        self.memo.insert(at.id, vec![at.id]);
+        Ok(())
+    }
 }

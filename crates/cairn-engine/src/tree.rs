@@ -6,6 +6,7 @@ use std::sync::Arc;
 use cairn_format::node::{tree_height, Interior, Leaf};
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
+use cairn_repo::tree_walk::{decode_interior, decode_leaf};
 use cairn_repo::Repo;
 
 use crate::error::{EngineError, EngineResult};
@@ -52,16 +53,16 @@ pub fn build_tree(
     (level_nodes.into_values().next(), height)
 }
 
-/// Reads a node blob and decodes it as an interior node.
-pub async fn read_interior(repo: &Repo, id: &Id) -> EngineResult<Interior> {
+/// Reads node `id` and decodes it as an interior node at `level`.
+pub async fn read_interior(repo: &Repo, id: &Id, level: u8) -> EngineResult<Interior> {
     let raw = repo.read_blob(id).await?;
-    Interior::decode(&raw).map_err(|e| EngineError::Manifest(format!("node {id}: {e}")))
+    Ok(decode_interior(id, level, &raw)?)
 }
 
-/// Reads a node blob and decodes it as a leaf.
+/// Reads node `id` and decodes it as a leaf.
 pub async fn read_leaf(repo: &Repo, id: &Id) -> EngineResult<Leaf> {
     let raw = repo.read_blob(id).await?;
-    Leaf::decode(&raw).map_err(|e| EngineError::Manifest(format!("leaf {id}: {e}")))
+    Ok(decode_leaf(id, &raw)?)
 }
 
 /// Visits the leaves of a version in increasing segment order, in batches (the leaves under
@@ -121,16 +122,7 @@ where
         // node, `base` is its first segment).
         let span = f.saturating_pow(level as u32);
         let first = base.saturating_mul(f.saturating_pow(level.saturating_sub(1) as u32));
-        let node = match read_interior(repo, &id).await.and_then(|node| {
-            if node.level == level {
-                Ok(node)
-            } else {
-                Err(EngineError::Manifest(format!(
-                    "node {id} is at level {} where level {level} was expected",
-                    node.level
-                )))
-            }
-        }) {
+        let node = match read_interior(repo, &id, level).await {
             Ok(node) => node,
             Err(e) => match skipped.as_deref_mut() {
                 Some(skipped) if node_damaged(&e) => {
@@ -163,9 +155,7 @@ where
         let mut batch = Vec::with_capacity(ids.len());
         for (&(slot, child), raw) in node.children.iter().zip(raws) {
             let seg = base + slot as u64;
-            let leaf = raw.and_then(|raw| {
-                Leaf::decode(&raw).map_err(|e| EngineError::Manifest(format!("leaf {child}: {e}")))
-            });
+            let leaf = raw.and_then(|raw| Ok(decode_leaf(&child, &raw)?));
             match leaf {
                 Ok(leaf) => batch.push((seg, leaf)),
                 Err(e) => match skipped.as_deref_mut() {

@@ -8,16 +8,17 @@
 //!
 //! The result lists each problem once, with what and where, plus the damaged versions.
 
-use cairn_format::keys;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use cairn_format::node::{Extent, Interior, Leaf};
+use cairn_format::keys;
+use cairn_format::node::Leaf;
 use cairn_format::pack::{self, BlobEntry};
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
+use cairn_repo::tree_walk::{decode_node, walk_tree, Node, NodeAt, TreeVisitor};
 use cairn_repo::{BlobLocation, Damaged, Repo, RepoError};
 use tokio::task::JoinSet;
 
@@ -277,31 +278,30 @@ pub async fn verify_with(repo: Arc<Repo>, options: &VerifyOptions) -> EngineResu
 /// Every blob (manifest nodes and chunks) the versions use, as far as their trees can be read
 /// (what cannot be read is reported by the tree walk later).
 async fn used_blobs(repo: &Arc<Repo>, versions: &[(Id, VersionRecord)]) -> HashSet<Id> {
-    let mut used = HashSet::new();
-    for (_, record) in versions {
-        let Some(root) = record.root else { continue };
-        let mut stack = vec![(root, record.height)];
-        while let Some((node, level)) = stack.pop() {
-            if !used.insert(node) {
-                continue;
-            }
-            let Ok(raw) = repo.read_blob(&node).await else {
-                continue;
-            };
-            if level == 0 {
-                if let Ok(leaf) = Leaf::decode(&raw) {
-                    for e in leaf.extents {
-                        if let Extent::Chunk { id, .. } = e {
-                            used.insert(id);
-                        }
-                    }
-                }
-            } else if let Ok(n) = Interior::decode(&raw) {
-                stack.extend(n.children.into_iter().map(|(_, c)| (c, level - 1)));
-            }
+    /// Collects ids; an unreadable node is reported by the check that follows, not here.
+    struct Used(HashSet<Id>);
+    impl TreeVisitor<RepoError> for Used {
+        fn enter(&mut self, at: &NodeAt) -> bool {
+            self.0.insert(at.id)
+        }
+        fn leaf(&mut self, _: &NodeAt, leaf: Leaf) -> Result<(), RepoError> {
+            self.0.extend(leaf.chunk_ids());
+            Ok(())
+        }
+        fn unreadable(&mut self, _: &NodeAt, _: RepoError) -> Result<(), RepoError> {
+            Ok(())
         }
     }
-    used
+    let mut used = Used(HashSet::new());
+    let mut reader: &Repo = repo;
+    for (_, record) in versions {
+        let Some(root) = record.root else { continue };
+        let walk = walk_tree(&mut reader, root, record.height, record.fanout, &mut used);
+        if let Err(e) = walk.await {
+            tracing::debug!("reading the tree of {}@{}: {e}", record.image, record.seq);
+        }
+    }
+    used.0
 }
 
 /// Reads every indexed pack and checks every blob; returns the bad blobs with the reason.
@@ -456,6 +456,22 @@ impl TreeChecker<'_> {
         })
     }
 
+    /// What is wrong with leaf `id`'s chunks, if anything.
+    fn check_leaf(&self, id: &Id, leaf: &Leaf, record: &VersionRecord) -> Option<String> {
+        if leaf.len() > record.segment_size as u64 {
+            return Some(format!("manifest leaf {id} is longer than a segment"));
+        }
+        for chunk in leaf.chunk_ids() {
+            if let Some(reason) = self.bad_blobs.get(&chunk) {
+                return Some(format!("chunk damaged: {reason}"));
+            }
+            if !self.repo.index().contains(&chunk) {
+                return Some(format!("chunk {chunk} is missing from every index"));
+            }
+        }
+        None
+    }
+
     async fn check_uncached(
         &mut self,
         id: Id,
@@ -469,35 +485,10 @@ impl TreeChecker<'_> {
             Ok(raw) => raw,
             Err(e) => return Some(format!("manifest node unreadable: {e}")),
         };
-        if level == 0 {
-            let leaf = match Leaf::decode(&raw) {
-                Ok(l) => l,
-                Err(e) => return Some(format!("manifest leaf {id}: {e}")),
-            };
-            if leaf.len() > record.segment_size as u64 {
-                return Some(format!("manifest leaf {id} is longer than a segment"));
-            }
-            for e in &leaf.extents {
-                if let Extent::Chunk { id: chunk, .. } = e {
-                    if let Some(reason) = self.bad_blobs.get(chunk) {
-                        return Some(format!("chunk damaged: {reason}"));
-                    }
-                    if !self.repo.index().contains(chunk) {
-                        return Some(format!("chunk {chunk} is missing from every index"));
-                    }
-                }
-            }
-            return None;
-        }
-        let node = match Interior::decode(&raw) {
-            Ok(n) if n.level == level => n,
-            Ok(n) => {
-                return Some(format!(
-                    "manifest node {id} has level {}, expected {level}",
-                    n.level
-                ))
-            }
-            Err(e) => return Some(format!("manifest node {id}: {e}")),
+        let node = match decode_node(&id, level, &raw) {
+            Ok(Node::Interior(n)) => n,
+            Ok(Node::Leaf(leaf)) => return self.check_leaf(&id, &leaf, record),
+            Err(e) => return Some(e.to_string()),
         };
         for (_, child) in node.children {
             if let Some(reason) = self.check(child, level - 1, record).await {

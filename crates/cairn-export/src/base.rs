@@ -8,14 +8,16 @@
 //! repository.
 
 use std::collections::HashMap;
-use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 
-use cairn_format::node::{Extent, Interior, Leaf};
+use cairn_format::node::Extent;
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
+use cairn_repo::tree_walk::{decode_leaf, walk_tree, NodeAt, NodeReader, TreeVisitor};
 use cairn_repo::{Repo, RepoError};
+
+use crate::error::{ExportError, ExportResult};
 
 use crate::stats::ExportStats;
 use cairn_repo::ContentCache;
@@ -41,17 +43,13 @@ pub struct Base {
     readahead: usize,
 }
 
-fn io_err(e: impl std::fmt::Display) -> io::Error {
-    io::Error::other(e.to_string())
-}
-
 /// Reads a blob; if its pack is gone (a GC repacked it: GC does not wait for exports), re-reads
 /// the index once and tries again.
-async fn read_blob(repo: &Repo, id: &Id) -> io::Result<Vec<u8>> {
+async fn read_blob(repo: &Repo, id: &Id) -> ExportResult<Vec<u8>> {
     let r = match repo.read_blob(id).await {
         Err(RepoError::PackMissing { .. } | RepoError::BlobMissing { .. }) => {
             tracing::info!(blob = %id, "pack gone; re-reading the index");
-            repo.refresh_index().await.map_err(io_err)?;
+            repo.refresh_index().await?;
             repo.read_blob(id).await
         }
         other => other,
@@ -60,10 +58,10 @@ async fn read_blob(repo: &Repo, id: &Id) -> io::Result<Vec<u8>> {
 }
 
 /// Reads blobs in one coalesced batch, with the same retry as [`read_blob`].
-async fn read_blobs(repo: &Arc<Repo>, ids: &[Id]) -> io::Result<Vec<Vec<u8>>> {
+async fn read_blobs(repo: &Arc<Repo>, ids: &[Id]) -> ExportResult<Vec<Vec<u8>>> {
     let r = match repo.read_blobs(ids).await {
         Err(RepoError::PackMissing { .. } | RepoError::BlobMissing { .. }) => {
-            repo.refresh_index().await.map_err(io_err)?;
+            repo.refresh_index().await?;
             repo.read_blobs(ids).await
         }
         other => other,
@@ -74,7 +72,7 @@ async fn read_blobs(repo: &Arc<Repo>, ids: &[Id]) -> io::Result<Vec<Vec<u8>>> {
 /// A read that found damage has quarantined the damaged copy in this process; an export runs
 /// for days, so the marker is written now rather than at exit (the next commit that meets
 /// the content then stores it again).
-async fn record_damage<T>(repo: &Repo, r: Result<T, RepoError>) -> io::Result<T> {
+async fn record_damage<T>(repo: &Repo, r: Result<T, RepoError>) -> ExportResult<T> {
     match r {
         Ok(v) => Ok(v),
         Err(e) => {
@@ -85,8 +83,25 @@ async fn record_damage<T>(repo: &Repo, r: Result<T, RepoError>) -> io::Result<T>
                     tracing::warn!("could not record the damaged blob: {f}");
                 }
             }
-            Err(io_err(e))
+            Err(e.into())
         }
+    }
+}
+
+/// Reads manifest nodes for an export, counting them as metadata fetched.
+struct ExportNodes<'a> {
+    repo: &'a Repo,
+    stats: &'a ExportStats,
+}
+
+impl NodeReader for ExportNodes<'_> {
+    type Error = ExportError;
+    async fn read_node(&mut self, id: &Id) -> ExportResult<Vec<u8>> {
+        let raw = read_blob(self.repo, id).await?;
+        self.stats
+            .metadata_bytes_fetched
+            .fetch_add(raw.len() as u64, Ordering::Relaxed);
+        Ok(raw)
     }
 }
 
@@ -99,7 +114,7 @@ impl Base {
         id: Id,
         record: VersionRecord,
         readahead: usize,
-    ) -> io::Result<Base> {
+    ) -> ExportResult<Base> {
         let leaf_ids = Self::segment_map(&repo, &record, &stats).await?;
         Ok(Base {
             repo,
@@ -113,40 +128,28 @@ impl Base {
         })
     }
 
-    /// Segment index → leaf id, from the interior nodes.
+    /// Segment index → leaf id, from the interior nodes (leaves are read on first use).
     async fn segment_map(
         repo: &Repo,
         record: &VersionRecord,
         stats: &ExportStats,
-    ) -> io::Result<HashMap<u64, Id>> {
-        let mut out = HashMap::new();
-        let Some(root) = record.root else {
-            return Ok(out);
-        };
-        let f = record.fanout as u64;
-        // (node, level, index of the node among the nodes of its level)
-        let mut stack = vec![(root, record.height, 0u64)];
-        while let Some((node, level, index)) = stack.pop() {
-            if level == 0 {
-                out.insert(index, node);
-                continue;
-            }
-            let raw = read_blob(repo, &node).await?;
-            stats
-                .metadata_bytes_fetched
-                .fetch_add(raw.len() as u64, Ordering::Relaxed);
-            let n = Interior::decode(&raw).map_err(io_err)?;
-            if n.level != level {
-                return Err(io_err(format!(
-                    "manifest node {node} is at level {} where {level} was expected",
-                    n.level
-                )));
-            }
-            for (slot, child) in n.children {
-                stack.push((child, level - 1, index * f + slot as u64));
+    ) -> ExportResult<HashMap<u64, Id>> {
+        /// Records where each leaf is without reading it.
+        struct LeafIds(HashMap<u64, Id>);
+        impl TreeVisitor<ExportError> for LeafIds {
+            fn enter(&mut self, at: &NodeAt) -> bool {
+                if at.level == 0 {
+                    self.0.insert(at.index, at.id);
+                }
+                at.level > 0
             }
         }
-        Ok(out)
+        let mut leaves = LeafIds(HashMap::new());
+        if let Some(root) = record.root {
+            let mut reader = ExportNodes { repo, stats };
+            walk_tree(&mut reader, root, record.height, record.fanout, &mut leaves).await?;
+        }
+        Ok(leaves.0)
     }
 
     pub fn id(&self) -> Id {
@@ -166,7 +169,7 @@ impl Base {
     }
 
     /// The pieces of segment `seg` (loading its leaf on first use).
-    pub async fn pieces(&self, seg: u64) -> io::Result<Arc<Vec<Piece>>> {
+    pub async fn pieces(&self, seg: u64) -> ExportResult<Arc<Vec<Piece>>> {
         if let Some(p) = self.leaves.read().expect("leaves lock").get(&seg) {
             return Ok(p.clone());
         }
@@ -180,11 +183,11 @@ impl Base {
                 chunk: None,
             }),
             Some(leaf_id) => {
-                let raw = read_blob(&self.repo, leaf_id).await?;
-                self.stats
-                    .metadata_bytes_fetched
-                    .fetch_add(raw.len() as u64, Ordering::Relaxed);
-                let leaf = Leaf::decode(&raw).map_err(io_err)?;
+                let mut reader = ExportNodes {
+                    repo: &self.repo,
+                    stats: &self.stats,
+                };
+                let leaf = decode_leaf(leaf_id, &reader.read_node(leaf_id).await?)?;
                 let mut at = start;
                 for e in leaf.extents {
                     let (len, chunk) = match e {
@@ -217,7 +220,7 @@ impl Base {
     }
 
     /// The pieces overlapping [offset, offset + len).
-    pub async fn pieces_in(&self, offset: u64, len: u64) -> io::Result<Vec<Piece>> {
+    pub async fn pieces_in(&self, offset: u64, len: u64) -> ExportResult<Vec<Piece>> {
         let end = (offset + len).min(self.size());
         let mut out = Vec::new();
         if offset >= end {
@@ -236,7 +239,7 @@ impl Base {
 
     /// A chunk's bytes: from the cache, or fetched from the repository (once, however many
     /// readers ask at the same time).
-    pub async fn chunk(&self, id: &Id) -> io::Result<Arc<Vec<u8>>> {
+    pub async fn chunk(&self, id: &Id) -> ExportResult<Arc<Vec<u8>>> {
         if let Some(data) = self.cache.get(id) {
             self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(Arc::new(data));
@@ -264,7 +267,7 @@ impl Base {
                     Err(e) => {
                         self.stats.fetch_errors.fetch_add(1, Ordering::Relaxed);
                         tracing::error!(chunk = %id, "fetch failed: {e}");
-                        Err(io_err(e))
+                        Err(e)
                     }
                 }
             }
@@ -277,7 +280,7 @@ impl Base {
 
     /// Reads [offset, offset + buf.len()) of the base into `buf`. A miss starts read-ahead of
     /// the chunks that follow the range.
-    pub async fn read(self: &Arc<Self>, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    pub async fn read(self: &Arc<Self>, offset: u64, buf: &mut [u8]) -> ExportResult<()> {
         let end = offset + buf.len() as u64;
         let pieces = self.pieces_in(offset, buf.len() as u64).await?;
         let mut missed = false;
@@ -301,14 +304,13 @@ impl Base {
         }
         buf.fill(0);
         while let Some(r) = tasks.join_next().await {
-            let (p, data) = r.map_err(io_err)??;
+            let (p, data) = r??;
             if data.len() != p.len as usize {
-                return Err(io_err(format!(
-                    "chunk {} holds {} bytes where the manifest says {}",
-                    p.chunk.expect("chunk"),
-                    data.len(),
-                    p.len
-                )));
+                return Err(ExportError::ChunkSize {
+                    id: p.chunk.expect("chunk"),
+                    got: data.len(),
+                    want: p.len,
+                });
             }
             let from = p.offset.max(offset);
             let to = (p.offset + p.len as u64).min(end);
@@ -391,7 +393,7 @@ impl Base {
     }
 
     /// Loads into the cache every chunk of [offset, offset + len) (NBD_CMD_CACHE).
-    pub async fn prefetch(self: &Arc<Self>, offset: u64, len: u64) -> io::Result<()> {
+    pub async fn prefetch(self: &Arc<Self>, offset: u64, len: u64) -> ExportResult<()> {
         for p in self.pieces_in(offset, len).await? {
             if let Some(id) = p.chunk {
                 self.chunk(&id).await?;

@@ -19,6 +19,7 @@ use cairn_overlay::Overlay;
 use cairn_repo::Repo;
 
 use crate::base::Base;
+use crate::error::{ExportError, ExportResult};
 use crate::stats::ExportStats;
 
 pub struct VersionExport {
@@ -33,16 +34,8 @@ pub struct VersionExport {
     closed: AtomicBool,
 }
 
-fn io_err(e: impl std::fmt::Display) -> io::Error {
-    io::Error::other(e.to_string())
-}
-
 fn shutting_down() -> io::Error {
     io::Error::from_raw_os_error(libc::ESHUTDOWN)
-}
-
-fn read_only() -> io::Error {
-    io::Error::new(io::ErrorKind::PermissionDenied, "the export is read-only")
 }
 
 impl VersionExport {
@@ -83,7 +76,7 @@ impl VersionExport {
     pub async fn shutdown(&self) -> io::Result<()> {
         let _paused = self.io.write().await;
         self.closed.store(true, Ordering::SeqCst);
-        self.flush_overlay().await
+        Ok(self.flush_overlay().await?)
     }
 
     pub fn base(&self) -> Arc<Base> {
@@ -98,8 +91,8 @@ impl VersionExport {
         &self.stats
     }
 
-    fn writable(&self) -> io::Result<&Arc<Overlay>> {
-        self.overlay.as_ref().ok_or_else(read_only)
+    fn writable(&self) -> ExportResult<&Arc<Overlay>> {
+        self.overlay.as_ref().ok_or(ExportError::ReadOnly)
     }
 
     fn block_size(&self) -> u64 {
@@ -109,7 +102,7 @@ impl VersionExport {
     }
 
     /// Reads [offset, offset + buf.len()): held blocks from the overlay, the rest from the base.
-    async fn read_into(&self, base: &Arc<Base>, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    async fn read_into(&self, base: &Arc<Base>, offset: u64, buf: &mut [u8]) -> ExportResult<()> {
         let Some(overlay) = &self.overlay else {
             return base.read(offset, buf).await;
         };
@@ -121,10 +114,7 @@ impl VersionExport {
             let block_end = ((block + 1) * bs).min(end);
             if overlay.holds(block) {
                 let slice = &mut buf[(at - offset) as usize..(block_end - offset) as usize];
-                if overlay
-                    .read_if_held(block, (at - block * bs) as u32, slice)
-                    .map_err(io_err)?
-                {
+                if overlay.read_if_held(block, (at - block * bs) as u32, slice)? {
                     at = block_end;
                     continue;
                 }
@@ -145,7 +135,7 @@ impl VersionExport {
     }
 
     /// Writes `data` at `offset` (None: zeros) into the overlay, block by block.
-    async fn write_range(&self, offset: u64, len: u64, data: Option<&[u8]>) -> io::Result<()> {
+    async fn write_range(&self, offset: u64, len: u64, data: Option<&[u8]>) -> ExportResult<()> {
         let overlay = self.writable()?.clone();
         let base = self.base();
         let bs = self.block_size();
@@ -162,8 +152,8 @@ impl VersionExport {
             };
             if at == start && block_end == start + block_len {
                 match piece(at, block_end) {
-                    Some(bytes) => overlay.write_block(block, bytes).map_err(io_err)?,
-                    None => overlay.zero_blocks(block, 1).map_err(io_err)?,
+                    Some(bytes) => overlay.write_block(block, bytes)?,
+                    None => overlay.zero_blocks(block, 1)?,
                 }
             } else {
                 // Partial block: fill it from below first.
@@ -174,7 +164,7 @@ impl VersionExport {
                     Some(bytes) => dst.copy_from_slice(bytes),
                     None => dst.fill(0),
                 }
-                overlay.write_block(block, &full).map_err(io_err)?;
+                overlay.write_block(block, &full)?;
             }
             at = block_end;
         }
@@ -183,13 +173,10 @@ impl VersionExport {
         Ok(())
     }
 
-    async fn flush_overlay(&self) -> io::Result<()> {
+    async fn flush_overlay(&self) -> ExportResult<()> {
         if let Some(overlay) = &self.overlay {
             let overlay = overlay.clone();
-            tokio::task::spawn_blocking(move || overlay.flush())
-                .await
-                .map_err(io_err)?
-                .map_err(io_err)?;
+            tokio::task::spawn_blocking(move || overlay.flush()).await??;
             self.stats.flushes.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
@@ -205,11 +192,11 @@ impl VersionExport {
         message: String,
         readahead: usize,
         cache: Arc<cairn_repo::ContentCache>,
-    ) -> io::Result<CommitResult> {
+    ) -> ExportResult<CommitResult> {
         let overlay = self.writable()?.clone();
         let _paused = self.io.write().await;
         if self.closed.load(Ordering::SeqCst) {
-            return Err(io::Error::other("the export is stopping"));
+            return Err(ExportError::Stopping);
         }
         self.flush_overlay().await?;
         let base = self.base();
@@ -225,8 +212,7 @@ impl VersionExport {
                 ..PatchOptions::default()
             },
         )
-        .await
-        .map_err(io_err)?;
+        .await?;
         let next = Base::open(
             repo,
             cache,
@@ -236,7 +222,7 @@ impl VersionExport {
             readahead,
         )
         .await?;
-        overlay.reset(&result.id.to_hex()).map_err(io_err)?;
+        overlay.reset(&result.id.to_hex())?;
         *self.base.write().expect("base lock") = Arc::new(next);
         Ok(result)
     }
@@ -256,7 +242,9 @@ impl PatchSource for OverlayPatch {
 
     fn read_block(&self, index: u64) -> io::Result<Vec<u8>> {
         let mut buf = vec![0u8; self.0.block_len(index) as usize];
-        self.0.read_block(index, 0, &mut buf).map_err(io_err)?;
+        self.0
+            .read_block(index, 0, &mut buf)
+            .map_err(|e| io::Error::from(ExportError::from(e)))?;
         Ok(buf)
     }
 }
@@ -316,17 +304,17 @@ impl Export for VersionExport {
     async fn trim(&self, offset: u64, len: u32) -> io::Result<()> {
         // Trimmed ranges read back as zeros (allowed: their contents become unspecified).
         let _io = self.enter().await?;
-        self.write_range(offset, len as u64, None).await
+        Ok(self.write_range(offset, len as u64, None).await?)
     }
 
     async fn flush(&self) -> io::Result<()> {
         let _io = self.enter().await?;
-        self.flush_overlay().await
+        Ok(self.flush_overlay().await?)
     }
 
     async fn cache(&self, offset: u64, len: u32) -> io::Result<()> {
         let _io = self.enter().await?;
-        self.base().prefetch(offset, len as u64).await
+        Ok(self.base().prefetch(offset, len as u64).await?)
     }
 
     async fn block_status(&self, offset: u64, len: u32) -> io::Result<Vec<Extent>> {

@@ -70,6 +70,14 @@ impl Leaf {
         self.extents.iter().map(|e| e.len() as u64).sum()
     }
 
+    /// The ids of the chunks the leaf refers to, in order (zero extents have none).
+    pub fn chunk_ids(&self) -> impl Iterator<Item = Id> + '_ {
+        self.extents.iter().filter_map(|e| match e {
+            Extent::Chunk { id, .. } => Some(*id),
+            Extent::Zero { .. } => None,
+        })
+    }
+
     pub fn is_empty(&self) -> bool {
         self.extents.is_empty()
     }

@@ -36,6 +36,9 @@ pub enum RepoError {
          again or run `cairn repair --from IMAGE_FILE`"
     )]
     Quarantined { id: Id, pack: Id },
+    /// A manifest node that does not decode, or sits at the wrong level.
+    #[error(transparent)]
+    Node(#[from] crate::tree_walk::NodeError),
     #[error("version {id} does not exist")]
     VersionMissing { id: Id },
     #[error("{0}")]
@@ -72,6 +75,7 @@ impl RepoError {
                 | RepoError::BadBlob { .. }
                 | RepoError::PackMissing { .. }
                 | RepoError::Quarantined { .. }
+                | RepoError::Node(_)
         )
     }
 
@@ -87,7 +91,10 @@ impl RepoError {
             RepoError::Corrupt {
                 source: FormatError::TooNew { .. },
                 ..
-            }
+            } | RepoError::Node(crate::tree_walk::NodeError::Corrupt {
+                source: FormatError::TooNew { .. },
+                ..
+            })
         )
     }
 }

@@ -21,6 +21,7 @@ mod repository;
 pub mod session;
 mod set_aside;
 mod summaries;
+pub mod tree_walk;
 mod versions;
 
 pub use blob_index::{BlobIndex, BlobLocation};

@@ -321,7 +321,9 @@ impl Drop for SessionHandle {
 }
 
 /// Every session in the store, with its key.
-pub(crate) async fn list_sessions(store: &dyn ObjectStore) -> RepoResult<Vec<(String, Option<Session>)>> {
+pub(crate) async fn list_sessions(
+    store: &dyn ObjectStore,
+) -> RepoResult<Vec<(String, Option<Session>)>> {
     let mut out = Vec::new();
     for key in store.list_refs(keys::SESSIONS).await? {
         let session = match store.read_ref(&key).await? {

@@ -8,19 +8,20 @@ use std::sync::Arc;
 
 use cairn_format::index::PackIndex;
 use cairn_format::marker::GcPlan;
-use cairn_format::node::{Extent, Interior, Leaf};
+use cairn_format::node::Leaf;
 use cairn_format::pack::BlobEntry;
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::session::now_ns;
+use cairn_repo::tree_walk::{walk_tree, NodeAt, TreeVisitor};
 use cairn_repo::{BlobIndex, BlobLocation, Repo};
 
 use super::leftovers::{remove_orphan_records, remove_stale_markers};
 use super::summaries::{ensure_summary, SummaryCheck};
 use super::{
-    bad_node, delete_orphans, finish, orphan_packs, pack_payload, publish_and_wait, put_index,
-    read_node, rescue, sorted, stored_bytes, sweep, write_pack, GcOptions, GcReport, Repacker,
-    Snapshot,
+    delete_orphans, finish, orphan_packs, pack_payload, publish_and_wait, put_index, rescue,
+    sorted, stored_bytes, sweep, unreadable_live_tree, write_pack, GcOptions, GcReport, Repacker,
+    Snapshot, SnapshotReader,
 };
 use crate::error::{EngineError, EngineResult};
 use crate::live::live_versions;
@@ -36,10 +37,8 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     let leftovers = repo.gc_leftovers().await?;
     let summaries_before = repo.summary_roots().await?;
     let mut marker = Marker::default();
-    for (id, record) in &live.live {
-        marker
-            .mark_version(repo, &snapshot.index, id, record)
-            .await?;
+    for record in live.live.values() {
+        marker.mark_version(repo, &snapshot.index, record).await?;
     }
     report.live_versions = live.live.len() as u64;
     report.live_blobs = marker.live.len() as u64;
@@ -218,9 +217,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     let now_index = Snapshot::load(repo).await?;
     for (id, record) in &live_now.live {
         if !live.live.contains_key(id) {
-            marker
-                .mark_version(repo, &now_index.index, id, record)
-                .await?;
+            marker.mark_version(repo, &now_index.index, record).await?;
         }
     }
     let doomed_set: HashSet<Id> = to_delete.iter().chain(&to_repack).copied().collect();
@@ -274,42 +271,38 @@ impl Marker {
         &mut self,
         repo: &Repo,
         index: &BlobIndex,
-        id: &Id,
         record: &VersionRecord,
     ) -> EngineResult<()> {
         let Some(root) = record.root else {
             return Ok(());
         };
-        let mut stack = vec![(root, record.height)];
-        while let Some((node, level)) = stack.pop() {
-            if !self.live.insert(node) {
-                continue; // subtree already marked
-            }
-            let raw = read_node(repo, index, &node, &mut self.bytes_read)
-                .await
-                .map_err(|e| {
-                    EngineError::Gc(format!(
-                        "cannot read the manifest of live version {}@{} ({}): {e}; nothing was \
-                     deleted (restore what can be restored with `cairn restore --allow-damage`, \
-                     store it again with `cairn repair --from IMAGE_FILE`, or remove the version \
-                     with `cairn rm`)",
-                        record.image,
-                        record.seq,
-                        id.short()
-                    ))
-                })?;
-            if level == 0 {
-                let leaf = Leaf::decode(&raw).map_err(|e| bad_node(&node, e))?;
-                for e in leaf.extents {
-                    if let Extent::Chunk { id, .. } = e {
-                        self.live.insert(id);
-                    }
-                }
-            } else {
-                let n = Interior::decode(&raw).map_err(|e| bad_node(&node, e))?;
-                stack.extend(n.children.into_iter().map(|(_, c)| (c, level - 1)));
-            }
-        }
+        let mut reader = SnapshotReader {
+            repo,
+            index,
+            bytes_read: &mut self.bytes_read,
+        };
+        walk_tree(
+            &mut reader,
+            root,
+            record.height,
+            record.fanout,
+            &mut MarkLive(&mut self.live),
+        )
+        .await
+        .map_err(|e| unreadable_live_tree(record, e))
+    }
+}
+
+/// Marks every node and chunk of a tree live, skipping subtrees already marked.
+struct MarkLive<'a>(&'a mut HashSet<Id>);
+
+impl TreeVisitor<EngineError> for MarkLive<'_> {
+    fn enter(&mut self, at: &NodeAt) -> bool {
+        self.0.insert(at.id)
+    }
+
+    fn leaf(&mut self, _: &NodeAt, leaf: Leaf) -> EngineResult<()> {
+        self.0.extend(leaf.chunk_ids());
         Ok(())
     }
 }

@@ -14,20 +14,73 @@ use std::sync::Arc;
 
 use cairn_format::index::PackIndex;
 use cairn_format::marker::{GcLeftover, GcPlan};
-use cairn_format::node::{Extent, Interior, Leaf};
+use cairn_format::node::Leaf;
 use cairn_format::pack::BlobEntry;
 use cairn_format::Id;
 use cairn_repo::session::now_ns;
-use cairn_repo::{BlobLocation, Repo};
+use cairn_repo::tree_walk::{walk_tree, NodeAt, TreeVisitor};
+use cairn_repo::{BlobIndex, BlobLocation, Repo};
 
 use super::leftovers::remove_stale_markers;
 use super::summaries::{ensure_summary, LiveFilters, SummaryCheck};
 use super::{
-    delete_orphans, finish, orphan_packs, pack_payload, publish_and_wait, put_index, read_node,
-    rescue, stored_bytes, sweep, write_pack, GcOptions, GcReport, Repacker, Snapshot,
+    delete_orphans, finish, orphan_packs, pack_payload, publish_and_wait, put_index, rescue,
+    stored_bytes, sweep, write_pack, GcOptions, GcReport, Repacker, Snapshot, SnapshotReader,
 };
-use crate::error::EngineResult;
+use crate::error::{EngineError, EngineResult};
 use crate::live::live_versions;
+
+/// Walks a deleted version's tree: a node or chunk every live summary rejects is dead; a
+/// node some summary may hold is not descended into (if it is live, so is its subtree).
+struct JudgeDeleted<'a> {
+    seen: &'a mut HashSet<Id>,
+    dead: &'a mut HashSet<Id>,
+    filters: &'a LiveFilters,
+    /// The GC's snapshot: a blob it does not hold was freed already.
+    index: &'a BlobIndex,
+    kept_by_summary: &'a mut u64,
+}
+
+impl TreeVisitor<EngineError> for JudgeDeleted<'_> {
+    fn enter(&mut self, at: &NodeAt) -> bool {
+        if !self.seen.insert(at.id) {
+            return false;
+        }
+        if self.filters.maybe_node(&at.id) {
+            *self.kept_by_summary += 1;
+            return false;
+        }
+        if !self.index.contains(&at.id) {
+            return false; // already freed
+        }
+        self.dead.insert(at.id);
+        true
+    }
+
+    fn leaf(&mut self, _: &NodeAt, leaf: Leaf) -> EngineResult<()> {
+        for id in leaf.chunk_ids() {
+            if !self.seen.insert(id) {
+                continue;
+            }
+            if self.filters.maybe_chunk(&id) {
+                *self.kept_by_summary += 1;
+            } else if self.index.contains(&id) {
+                self.dead.insert(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// What an unreadable node of a deleted version refers to stays stored, for
+    /// `gc --repair` (an interruption still ends the walk).
+    fn unreadable(&mut self, at: &NodeAt, e: EngineError) -> EngineResult<()> {
+        if matches!(e, EngineError::Interrupted { .. }) {
+            return Err(e);
+        }
+        tracing::warn!(node = %at.id, "node of a deleted version unreadable ({e}); what it refers to is left to gc --repair");
+        Ok(())
+    }
+}
 
 pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport> {
     let mut report = GcReport::default();
@@ -97,54 +150,19 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         if live_roots.contains(&root) {
             continue; // the same tree as a live version (a clone, an unchanged commit)
         }
-        let mut stack = vec![(root, record.height)];
-        while let Some((node, level)) = stack.pop() {
-            if !seen.insert(node) {
-                continue;
-            }
-            if filters.maybe_node(&node) {
-                report.kept_by_summary += 1;
-                continue;
-            }
-            if !snapshot.index.contains(&node) {
-                continue; // already freed
-            }
-            dead.insert(node);
-            let raw = match read_node(
-                repo,
-                &snapshot.index,
-                &node,
-                &mut report.metadata_bytes_read,
-            )
-            .await
-            {
-                Ok(raw) => raw,
-                Err(e) => {
-                    tracing::warn!(%node, "node of a deleted version unreadable ({e}); what it refers to is left to gc --repair");
-                    continue;
-                }
-            };
-            if level == 0 {
-                let Ok(leaf) = Leaf::decode(&raw) else {
-                    continue;
-                };
-                for e in leaf.extents {
-                    let Extent::Chunk { id, .. } = e else {
-                        continue;
-                    };
-                    if !seen.insert(id) {
-                        continue;
-                    }
-                    if filters.maybe_chunk(&id) {
-                        report.kept_by_summary += 1;
-                    } else if snapshot.index.contains(&id) {
-                        dead.insert(id);
-                    }
-                }
-            } else if let Ok(n) = Interior::decode(&raw) {
-                stack.extend(n.children.into_iter().map(|(_, c)| (c, level - 1)));
-            }
-        }
+        let mut reader = SnapshotReader {
+            repo,
+            index: &snapshot.index,
+            bytes_read: &mut report.metadata_bytes_read,
+        };
+        let mut judge = JudgeDeleted {
+            seen: &mut seen,
+            dead: &mut dead,
+            filters: &filters,
+            index: &snapshot.index,
+            kept_by_summary: &mut report.kept_by_summary,
+        };
+        walk_tree(&mut reader, root, record.height, record.fanout, &mut judge).await?;
     }
     // Dead blobs earlier fast deletions left in packs they did not repack: judged again, so
     // they are freed once their pack is worth repacking.

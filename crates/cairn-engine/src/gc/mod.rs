@@ -44,8 +44,10 @@ use std::time::{Duration, Instant};
 use cairn_format::index::{IndexFile, PackIndex};
 use cairn_format::marker::GcPlan;
 use cairn_format::pack::{self, BlobEntry, BlobKind, PackBuilder};
+use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::session::{describe, liveness, now_ns, Liveness};
+use cairn_repo::tree_walk::NodeReader;
 use cairn_repo::{
     BlobIndex, BlobLocation, GcLock, GcLockAttempt, PublishedPlan, Repo, RepoError, SessionKind,
 };
@@ -375,23 +377,42 @@ fn sorted(entries: &[BlobEntry]) -> Vec<BlobEntry> {
     v
 }
 
-/// Reads and verifies a manifest node through `index` (a GC's own snapshot, which may be newer
-/// than the one the repository loaded when it opened), adding the bytes read to `bytes_read`.
-async fn read_node(
-    repo: &Repo,
-    index: &BlobIndex,
-    id: &Id,
-    bytes_read: &mut u64,
-) -> EngineResult<Vec<u8>> {
-    crate::interrupt::check()?;
-    let loc = index.get(id).ok_or(RepoError::BlobMissing { id: *id })?;
-    let stored = repo.read_pack_range(&loc.pack, loc.entry.range()).await?;
-    *bytes_read += stored.len() as u64;
-    Ok(repo.check_blob(&loc, &stored)?)
+/// Reads verified manifest nodes through `index` (a GC's own snapshot, which may be newer
+/// than the one the repository loaded when it opened), counting the bytes read.
+pub(super) struct SnapshotReader<'a> {
+    pub repo: &'a Repo,
+    pub index: &'a BlobIndex,
+    pub bytes_read: &'a mut u64,
 }
 
-fn bad_node(id: &Id, e: cairn_format::FormatError) -> EngineError {
-    EngineError::Gc(format!("manifest node {id}: {e}; nothing was deleted"))
+impl NodeReader for SnapshotReader<'_> {
+    type Error = EngineError;
+    async fn read_node(&mut self, id: &Id) -> EngineResult<Vec<u8>> {
+        crate::interrupt::check()?;
+        let loc = self
+            .index
+            .get(id)
+            .ok_or(RepoError::BlobMissing { id: *id })?;
+        let stored = self
+            .repo
+            .read_pack_range(&loc.pack, loc.entry.range())
+            .await?;
+        *self.bytes_read += stored.len() as u64;
+        Ok(self.repo.check_blob(&loc, &stored)?)
+    }
+}
+
+/// Why GC cannot read the tree of a live version: it acts only on a complete view.
+fn unreadable_live_tree(record: &VersionRecord, e: EngineError) -> EngineError {
+    if matches!(e, EngineError::Interrupted { .. }) {
+        return e;
+    }
+    EngineError::Gc(format!(
+        "cannot read the manifest of live version {}@{}: {e}; nothing was deleted (restore \
+         what can be restored with `cairn restore --allow-damage`, store it again with `cairn \
+         repair --from IMAGE_FILE`, or remove the version with `cairn rm`)",
+        record.image, record.seq
+    ))
 }
 
 /// A published plan and the session cutoff that goes with it.

@@ -3,13 +3,15 @@
 
 use std::collections::HashMap;
 
-use cairn_format::node::{Extent, Interior, Leaf};
+use cairn_format::node::Leaf;
 use cairn_format::summary::{ProbeKey, Summary};
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::{BlobIndex, Repo};
 
-use super::{bad_node, read_node};
+use cairn_repo::tree_walk::{walk_tree, NodeAt, TreeVisitor};
+
+use super::{unreadable_live_tree, SnapshotReader};
 use crate::error::{EngineError, EngineResult};
 
 /// Whether a summary is expected to exist.
@@ -83,35 +85,39 @@ pub(super) async fn summarize_tree(
     record: &VersionRecord,
     bytes_read: &mut u64,
 ) -> EngineResult<Summary> {
-    let mut chunks = Vec::new();
-    let mut nodes = Vec::new();
+    let mut keys = SummaryKeys::default();
     if let Some(root) = record.root {
-        let mut stack = vec![(root, record.height)];
-        while let Some((node, level)) = stack.pop() {
-            nodes.push(ProbeKey::of(&node));
-            let raw = read_node(repo, index, &node, bytes_read)
-                .await
-                .map_err(|e| {
-                    EngineError::Gc(format!(
-                        "cannot read the manifest of live version {}@{}: {e}; nothing was \
-                         deleted (store it again with `cairn repair --from IMAGE_FILE`, or \
-                         remove the version with `cairn rm`)",
-                        record.image, record.seq
-                    ))
-                })?;
-            if level == 0 {
-                let leaf = Leaf::decode(&raw).map_err(|e| bad_node(&node, e))?;
-                chunks.extend(leaf.extents.iter().filter_map(|e| match e {
-                    Extent::Chunk { id, .. } => Some(ProbeKey::of(id)),
-                    Extent::Zero { .. } => None,
-                }));
-            } else {
-                let n = Interior::decode(&raw).map_err(|e| bad_node(&node, e))?;
-                stack.extend(n.children.into_iter().map(|(_, c)| (c, level - 1)));
-            }
-        }
+        let mut reader = SnapshotReader {
+            repo,
+            index,
+            bytes_read,
+        };
+        walk_tree(&mut reader, root, record.height, record.fanout, &mut keys)
+            .await
+            .map_err(|e| unreadable_live_tree(record, e))?;
     }
+    let SummaryKeys { chunks, nodes } = keys;
     Ok(Summary::build(chunks, nodes, repo.config().summary_bits))
+}
+
+/// The probe keys of every node and chunk of a tree.
+#[derive(Default)]
+struct SummaryKeys {
+    chunks: Vec<ProbeKey>,
+    nodes: Vec<ProbeKey>,
+}
+
+impl TreeVisitor<EngineError> for SummaryKeys {
+    fn enter(&mut self, at: &NodeAt) -> bool {
+        self.nodes.push(ProbeKey::of(&at.id));
+        true
+    }
+
+    fn leaf(&mut self, _: &NodeAt, leaf: Leaf) -> EngineResult<()> {
+        self.chunks
+            .extend(leaf.chunk_ids().map(|id| ProbeKey::of(&id)));
+        Ok(())
+    }
 }
 
 /// The summaries of the live trees, OR-merged per image and geometry (the paper merges the
