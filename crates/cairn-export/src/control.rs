@@ -2,10 +2,11 @@
 //! to COMMIT its overlay, or to snapshot / roll back / delete overlay snapshots.
 //!
 //! One JSON object per line in each direction on a Unix socket
-//! (`<run dir>/<export name>.ctl`; the run directory is 0700 and the user's, checked):
-//! `{"op":"status"}`, `{"op":"commit","image":"…","message":"…"}`,
-//! `{"op":"snapshot"|"rollback"|"delete","name":"…"}`. Replies are `{"ok":true,…}` or
-//! `{"ok":false,"error":"…"}`.
+//! (`<run dir>/<export name>.ctl`; the run directory is 0700 and the user's, checked). A
+//! request is a [`Request`] (`{"op":"status"}`, `{"op":"commit","image":"…","message":"…"}`,
+//! `{"op":"snapshot"|"rollback"|"delete","name":"…"}`, `{"op":"snapshots"}`); replies are
+//! `{"ok":true,…}` or `{"ok":false,"error":"…"}`. The export's side of every request,
+//! COMMIT included, is [`export_handler`].
 
 use std::future::Future;
 use std::io;
@@ -13,13 +14,147 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 
+use cairn_repo::{ContentCache, Repo, SessionKind};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
+use crate::export::VersionExport;
+
+/// A request to a running export.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// The export's version, overlay and counters.
+    Status,
+    /// Publish base + overlay as a new version of `image`; the export then serves it.
+    Commit {
+        image: String,
+        #[serde(default)]
+        message: String,
+    },
+    /// Overlay snapshots: take, roll back to, delete, list.
+    Snapshot {
+        name: String,
+    },
+    Rollback {
+        name: String,
+    },
+    Delete {
+        name: String,
+    },
+    Snapshots,
+}
+
 /// Handles one request; returns the reply's fields (or an error message).
-pub type Handler =
-    Arc<dyn Fn(Value) -> Pin<Box<dyn Future<Output = Result<Value, String>> + Send>> + Send + Sync>;
+pub type Handler = Arc<
+    dyn Fn(Request) -> Pin<Box<dyn Future<Output = Result<Value, String>> + Send>> + Send + Sync,
+>;
+
+/// The export's side of the control protocol: status, COMMIT (in a session of its own,
+/// taking back what a failed commit stored) and overlay snapshots.
+pub fn export_handler(
+    export: Arc<VersionExport>,
+    repo: Arc<Repo>,
+    cache: Arc<ContentCache>,
+    readahead: usize,
+) -> Handler {
+    Arc::new(move |req: Request| {
+        let (export, repo, cache) = (export.clone(), repo.clone(), cache.clone());
+        Box::pin(async move {
+            let overlay = || {
+                export
+                    .overlay()
+                    .cloned()
+                    .ok_or_else(|| "the export is read-only".to_string())
+            };
+            match req {
+                Request::Status => Ok(status_json(&export)),
+                Request::Commit { image, message } => {
+                    commit(&export, &repo, cache, readahead, &image, message).await
+                }
+                op @ (Request::Snapshot { .. }
+                | Request::Rollback { .. }
+                | Request::Delete { .. }) => {
+                    let o = overlay()?;
+                    tokio::task::spawn_blocking(move || match op {
+                        Request::Snapshot { name } => o.snapshot(&name),
+                        Request::Rollback { name } => o.rollback(&name),
+                        Request::Delete { name } => o.delete_snapshot(&name),
+                        _ => unreachable!("matched above"),
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string())?;
+                    Ok(json!({ "snapshots": overlay()?.snapshots() }))
+                }
+                Request::Snapshots => Ok(json!({ "snapshots": overlay()?.snapshots() })),
+            }
+        })
+    })
+}
+
+/// COMMIT: in a session of its own, registered now, so that GC's plans cover it.
+async fn commit(
+    export: &VersionExport,
+    repo: &Repo,
+    cache: Arc<ContentCache>,
+    readahead: usize,
+    image: &str,
+    message: String,
+) -> Result<Value, String> {
+    let session = repo
+        .reopen(SessionKind::Commit)
+        .await
+        .map(Arc::new)
+        .map_err(|e| e.to_string())?;
+    let r = export
+        .commit(session.clone(), image, message, readahead, cache)
+        .await;
+    if r.is_err() {
+        // What the failed commit stored is unreferenced: take it back.
+        session.discard_unindexed_packs().await;
+    }
+    let _ = session.close().await;
+    let r = r.map_err(|e| e.to_string())?;
+    Ok(json!({
+        "id": r.id.to_hex(),
+        "image": r.record.image,
+        "seq": r.record.seq,
+        "parent": r.record.parent.map(|p| p.to_hex()),
+        "logical_size": r.record.logical_size,
+        "new_chunks": r.record.stats.new_chunks,
+        "new_chunk_bytes": r.record.stats.new_chunk_bytes,
+        "stored_bytes": r.record.stats.stored_bytes,
+    }))
+}
+
+/// The reply to [`Request::Status`].
+pub fn status_json(export: &VersionExport) -> Value {
+    let base = export.base();
+    let mut v = json!({
+        "pid": std::process::id(),
+        "image": base.record().image,
+        "seq": base.record().seq,
+        "id": base.id().to_hex(),
+        "size": base.size(),
+        "writable": export.overlay().is_some(),
+        "stats": export.stats().to_json(),
+    });
+    if let Some(o) = export.overlay() {
+        let s = o.stats();
+        v["overlay"] = json!({
+            "dir": o.dir().display().to_string(),
+            "blocks_held": s.blocks_held,
+            "bytes_held": s.bytes_held,
+            "layers": s.layers,
+            "data_bytes_allocated": s.data_bytes_allocated,
+            "snapshots": o.snapshots(),
+        });
+    }
+    v
+}
 
 /// Where control sockets live; see [`crate::lifecycle::run_dir`].
 pub fn run_dir() -> PathBuf {
@@ -47,7 +182,7 @@ pub async fn serve(listener: UnixListener, handler: Handler) -> io::Result<()> {
             let (read, mut write) = stream.into_split();
             let mut lines = BufReader::new(read).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                let reply = match serde_json::from_str::<Value>(&line) {
+                let reply = match serde_json::from_str::<Request>(&line) {
                     Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
                     Ok(req) => match handler(req).await {
                         Ok(mut v) => {
@@ -69,7 +204,7 @@ pub async fn serve(listener: UnixListener, handler: Handler) -> io::Result<()> {
 
 /// Sends one request to the export `name` and returns its reply (an `ok: false` reply
 /// becomes an error carrying the export's message).
-pub async fn request(name: &str, req: Value) -> Result<Value, String> {
+pub async fn request(name: &str, req: Request) -> Result<Value, String> {
     let path = socket_path(name);
     let stream = UnixStream::connect(&path)
         .await
@@ -78,9 +213,9 @@ pub async fn request(name: &str, req: Value) -> Result<Value, String> {
 }
 
 /// Sends one request on a connected control socket of export `name`.
-pub async fn request_on(stream: UnixStream, name: &str, req: Value) -> Result<Value, String> {
+pub async fn request_on(stream: UnixStream, name: &str, req: Request) -> Result<Value, String> {
     let (read, mut write) = stream.into_split();
-    let mut line = req.to_string();
+    let mut line = serde_json::to_string(&req).map_err(|e| format!("export {name:?}: {e}"))?;
     line.push('\n');
     write
         .write_all(line.as_bytes())
@@ -97,5 +232,48 @@ pub async fn request_on(stream: UnixStream, name: &str, req: Value) -> Result<Va
         Ok(v)
     } else {
         Err(v["error"].as_str().unwrap_or("unknown error").to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wire format is a contract with other cairn processes (possibly other releases).
+    #[test]
+    fn requests_keep_their_wire_format() {
+        let cases = [
+            (Request::Status, r#"{"op":"status"}"#),
+            (
+                Request::Commit {
+                    image: "vm".into(),
+                    message: "m".into(),
+                },
+                r#"{"op":"commit","image":"vm","message":"m"}"#,
+            ),
+            (
+                Request::Rollback { name: "s1".into() },
+                r#"{"op":"rollback","name":"s1"}"#,
+            ),
+            (Request::Snapshots, r#"{"op":"snapshots"}"#),
+        ];
+        for (req, wire) in cases {
+            assert_eq!(serde_json::to_string(&req).unwrap(), wire);
+            assert_eq!(serde_json::from_str::<Request>(wire).unwrap(), req);
+        }
+        // A commit without a message has an empty one.
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"op":"commit","image":"vm"}"#).unwrap(),
+            Request::Commit {
+                image: "vm".into(),
+                message: String::new()
+            }
+        );
+        let err = serde_json::from_str::<Request>(r#"{"op":"format"}"#).unwrap_err();
+        assert!(
+            err.to_string().contains("unknown variant `format`"),
+            "{err}"
+        );
+        assert!(serde_json::from_str::<Request>(r#"{"op":"snapshot"}"#).is_err());
     }
 }

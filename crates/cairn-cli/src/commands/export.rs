@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
 use cairn_engine::resolve::{resolve, VersionSpec};
-use cairn_export::control::{self, Handler};
+use cairn_export::control::{self, Request};
 use cairn_export::lifecycle::{self, ExportState, NameClaim, SocketClaim};
 use cairn_export::{notify, Base, ContentCache, ExportStats, VersionExport};
 use cairn_format::Id;
@@ -179,7 +179,7 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
         let listener = control::bind(&ctl)
             .with_context(|| format!("cannot bind the control socket {}", ctl.display()))?;
         files.controls.push(ctl.clone());
-        let handler = handler(
+        let handler = control::export_handler(
             o.export.clone(),
             repo.clone(),
             cache.clone(),
@@ -519,102 +519,9 @@ async fn write_stats(path: PathBuf, stats: Vec<(String, Arc<ExportStats>)>) {
     }
 }
 
-/// What the control socket of this export answers.
-fn handler(
-    export: Arc<VersionExport>,
-    repo: Arc<Repo>,
-    cache: Arc<ContentCache>,
-    readahead: usize,
-) -> Handler {
-    Arc::new(move |req: Value| {
-        let (export, repo, cache) = (export.clone(), repo.clone(), cache.clone());
-        Box::pin(async move {
-            let op = req["op"].as_str().unwrap_or_default().to_string();
-            let name = req["name"].as_str().unwrap_or_default().to_string();
-            let overlay = || {
-                export
-                    .overlay()
-                    .cloned()
-                    .ok_or_else(|| "the export is read-only".to_string())
-            };
-            match op.as_str() {
-                "status" => Ok(status_json(&export)),
-                "commit" => {
-                    let image = req["image"].as_str().ok_or("commit needs an image")?;
-                    let message = req["message"].as_str().unwrap_or_default().to_string();
-                    // A session of its own, registered now, so that GC's plans cover it.
-                    let session = repo
-                        .reopen(SessionKind::Commit)
-                        .await
-                        .map(Arc::new)
-                        .map_err(|e| e.to_string())?;
-                    let r = export
-                        .commit(session.clone(), image, message, readahead, cache)
-                        .await;
-                    if r.is_err() {
-                        // What the failed commit stored is unreferenced: take it back.
-                        session.discard_unindexed_packs().await;
-                    }
-                    let _ = session.close().await;
-                    let r = r.map_err(|e| e.to_string())?;
-                    Ok(json!({
-                        "id": r.id.to_hex(),
-                        "image": r.record.image,
-                        "seq": r.record.seq,
-                        "parent": r.record.parent.map(|p| p.to_hex()),
-                        "logical_size": r.record.logical_size,
-                        "new_chunks": r.record.stats.new_chunks,
-                        "new_chunk_bytes": r.record.stats.new_chunk_bytes,
-                        "stored_bytes": r.record.stats.stored_bytes,
-                    }))
-                }
-                "snapshot" | "rollback" | "delete" => {
-                    let o = overlay()?;
-                    tokio::task::spawn_blocking(move || match op.as_str() {
-                        "snapshot" => o.snapshot(&name),
-                        "rollback" => o.rollback(&name),
-                        _ => o.delete_snapshot(&name),
-                    })
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e| e.to_string())?;
-                    Ok(json!({ "snapshots": overlay()?.snapshots() }))
-                }
-                "snapshots" => Ok(json!({ "snapshots": overlay()?.snapshots() })),
-                other => Err(format!("unknown operation {other:?}")),
-            }
-        })
-    })
-}
-
-fn status_json(export: &VersionExport) -> Value {
-    let base = export.base();
-    let mut v = json!({
-        "pid": std::process::id(),
-        "image": base.record().image,
-        "seq": base.record().seq,
-        "id": base.id().to_hex(),
-        "size": base.size(),
-        "writable": export.overlay().is_some(),
-        "stats": export.stats().to_json(),
-    });
-    if let Some(o) = export.overlay() {
-        let s = o.stats();
-        v["overlay"] = json!({
-            "dir": o.dir().display().to_string(),
-            "blocks_held": s.blocks_held,
-            "bytes_held": s.bytes_held,
-            "layers": s.layers,
-            "data_bytes_allocated": s.data_bytes_allocated,
-            "snapshots": o.snapshots(),
-        });
-    }
-    v
-}
-
 /// `cairn status NAME`.
 pub async fn status(ctx: &Context, args: StatusArgs) -> Result<ExitCode> {
-    let v = control::request(&args.name, json!({"op": "status"}))
+    let v = control::request(&args.name, Request::Status)
         .await
         .map_err(anyhow::Error::msg)?;
     if ctx.json {
@@ -667,15 +574,15 @@ pub async fn status(ctx: &Context, args: StatusArgs) -> Result<ExitCode> {
 pub async fn overlay(ctx: &Context, args: OverlayArgs) -> Result<ExitCode> {
     let (export, req) = match &args.action {
         OverlayAction::Snapshot { export, name } => {
-            (export, json!({"op": "snapshot", "name": name}))
+            (export, Request::Snapshot { name: name.clone() })
         }
         OverlayAction::Rollback { export, name } => {
-            (export, json!({"op": "rollback", "name": name}))
+            (export, Request::Rollback { name: name.clone() })
         }
-        OverlayAction::Delete { export, name } => (export, json!({"op": "delete", "name": name})),
+        OverlayAction::Delete { export, name } => (export, Request::Delete { name: name.clone() }),
         OverlayAction::List {
             export: Some(export),
-        } => (export, json!({"op": "snapshots"})),
+        } => (export, Request::Snapshots),
         OverlayAction::List { export: None } => return exports::list_overlays(ctx).await,
         OverlayAction::Discard { name, yes } => {
             return exports::discard_overlay(ctx, name, *yes).await
@@ -712,7 +619,10 @@ pub async fn commit_from(
     }
     let v = control::request(
         export,
-        json!({"op": "commit", "image": image, "message": message}),
+        Request::Commit {
+            image: image.to_string(),
+            message: message.to_string(),
+        },
     )
     .await
     .map_err(anyhow::Error::msg)?;

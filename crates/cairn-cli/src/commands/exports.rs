@@ -40,7 +40,7 @@ async fn list(ctx: &Context) -> Result<ExitCode> {
     let mut rows = Vec::new();
     for x in running().await? {
         // The live status: the version may have moved on (COMMIT) since the export started.
-        let status = control::request(&x.state.name, json!({"op": "status"}))
+        let status = control::request(&x.state.name, control::Request::Status)
             .await
             .ok();
         rows.push((x, status));
