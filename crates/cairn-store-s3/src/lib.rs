@@ -134,12 +134,17 @@ impl S3Store {
                 reason: one_line(&e.to_string(), &secrets),
             })
         };
-        // retry_timeout is the bound that matters; a count would end an outage's retries
-        // within seconds.
+        // retry_timeout is the bound that matters; a small count would end an outage's
+        // retries within seconds. The count is one retry per initial backoff of the timeout,
+        // more than can ever happen, but a number a log line ("retry 3 of 1200") can show.
+        let defaults = RetryConfig::default();
+        let max_retries = (config.retry_timeout.as_millis()
+            / defaults.backoff.init_backoff.as_millis().max(1))
+        .clamp(1, 100_000) as usize;
         let retry = RetryConfig {
-            max_retries: usize::MAX,
+            max_retries,
             retry_timeout: config.retry_timeout,
-            ..RetryConfig::default()
+            ..defaults
         };
         let client = build(retry, Duration::from_secs(10), config.timeout)?;
         // The reachability check gives up within seconds: a store that never answered is
