@@ -217,3 +217,22 @@ fn json_names_the_same_things_the_same_way() {
         );
     }
 }
+
+/// `restore IMAGE -` writes the image to standard output; under `--json` its summary is the one
+/// JSON line on standard error, so a script gets both.
+#[test]
+fn a_restore_to_standard_output_reports_on_standard_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = repo_with_two_versions(dir.path());
+    let out = cairn(&repo, &["--json", "restore", "web01/disk0@1", "-"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout, noise(4 << 20, 7), "the image, bit for bit");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line on stderr: {stderr}");
+    let v: Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(v["image"], "web01/disk0");
+    assert_eq!(v["seq"], 1);
+    assert_eq!(v["output"], "-");
+    assert_eq!(v["logical_bytes"], 4 << 20);
+}

@@ -81,7 +81,13 @@ pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
     if ctx.json && !to_stdout {
         print_json(&summary);
     } else if to_stdout {
-        tracing::info!("{summary}");
+        // Standard output holds the image: the summary goes to standard error, as the one
+        // JSON line a script asked for, or as a log line.
+        if ctx.json {
+            eprintln!("{summary}");
+        } else {
+            tracing::info!("{summary}");
+        }
         for d in &stats.damaged {
             eprintln!(
                 "damaged: bytes {}..{} written as zeros: {}",
