@@ -225,7 +225,11 @@ fn a_restore_to_standard_output_reports_on_standard_error() {
     let dir = tempfile::tempdir().unwrap();
     let repo = repo_with_two_versions(dir.path());
     let out = cairn(&repo, &["--json", "restore", "web01/disk0@1", "-"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(out.stdout, noise(4 << 20, 7), "the image, bit for bit");
     let stderr = String::from_utf8(out.stderr).unwrap();
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();

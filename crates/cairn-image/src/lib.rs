@@ -11,6 +11,7 @@
 //! - [`detect`]: which container a file is (`--format auto`).
 //! - [`pagecache`]: reading without evicting the host's page cache.
 
+pub mod contract;
 pub mod detect;
 pub mod error;
 pub mod pagecache;

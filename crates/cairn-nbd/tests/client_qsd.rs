@@ -147,31 +147,17 @@ fn make_raw(path: &Path, size: u64) -> Vec<u8> {
     expect
 }
 
-/// Checks a map against the image contents: covers exactly `[0, size)`, sorted and merged,
-/// zero runs hold only zeros; returns the bytes mapped as Zero.
+/// Checks a map against the image contents (the `DiskImage` contract's map rules); an NBD
+/// export is one layer that never leaves a range unallocated. Returns the bytes mapped Zero.
 fn check_map(map: &[MapRun], data: &[u8]) -> u64 {
-    let mut pos = 0;
-    let mut zero_bytes = 0;
-    for (i, r) in map.iter().enumerate() {
-        assert_eq!(r.start, pos, "map not contiguous: {map:?}");
-        assert!(r.len > 0, "empty run in {map:?}");
-        assert_eq!(r.depth, 0);
-        assert_ne!(r.alloc, Allocation::Unallocated);
-        if i > 0 {
-            assert_ne!(map[i - 1].alloc, r.alloc, "adjacent equal runs not merged");
-        }
-        if r.alloc == Allocation::Zero {
-            let bytes = &data[r.start as usize..r.end() as usize];
-            assert!(
-                bytes.iter().all(|&b| b == 0),
-                "run {r:?} mapped Zero holds data"
-            );
-            zero_bytes += r.len;
-        }
-        pos = r.end();
-    }
-    assert_eq!(pos, data.len() as u64, "map does not end at the size");
-    zero_bytes
+    cairn_image::contract::check_map("nbd", map, data.len() as u64, 1, Some(data));
+    assert!(map
+        .iter()
+        .all(|r| r.depth == 0 && r.alloc != Allocation::Unallocated));
+    map.iter()
+        .filter(|r| r.alloc == Allocation::Zero)
+        .map(|r| r.len)
+        .sum()
 }
 
 /// Reads an image every which way and compares with `expect`; checks its map.
@@ -291,6 +277,7 @@ fn qemu_nbd_unix_reads_and_maps() {
 
     // Send + Sync: several threads share one connection.
     let img = Arc::new(img);
+    cairn_image::contract::check(img.clone(), &expect);
     let expect = Arc::new(expect);
     let threads: Vec<_> = (0..4u64)
         .map(|t| {

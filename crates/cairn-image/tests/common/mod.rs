@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
 
-use cairn_image::{Allocation, MapRun};
+use cairn_image::MapRun;
 
 pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * 1024;
@@ -100,40 +100,9 @@ pub fn make_raw(path: &Path, size: u64, seed: u64) -> Vec<u8> {
     data
 }
 
-/// Checks the invariants of an allocation map: sorted, contiguous, covering `[0, size)`,
-/// merged, depths within the chain, and (when `raw` is given) every nonzero byte inside a
-/// `Data` run.
+/// Checks the invariants of an allocation map (see `cairn_image::contract::check_map`).
 pub fn check_map(runs: &[MapRun], size: u64, chain_len: usize, raw: Option<&[u8]>) {
-    let mut pos = 0;
-    for (i, r) in runs.iter().enumerate() {
-        assert_eq!(
-            r.start, pos,
-            "run {i} {r:?} does not start where the last ended"
-        );
-        assert!(r.len > 0, "empty run {i} {r:?}");
-        if i > 0 {
-            let p = runs[i - 1];
-            assert!(
-                !(p.alloc == r.alloc && p.depth == r.depth),
-                "runs {p:?} and {r:?} should have been merged"
-            );
-        }
-        match r.alloc {
-            Allocation::Unallocated => assert_eq!(r.depth, chain_len, "{r:?}"),
-            _ => assert!(r.depth < chain_len, "{r:?}"),
-        }
-        if let (Some(raw), false) = (raw, r.alloc == Allocation::Data) {
-            let bytes = &raw[r.start as usize..r.end() as usize];
-            if let Some(at) = bytes.iter().position(|&b| b != 0) {
-                panic!(
-                    "nonzero byte at 0x{:x} inside the non-data run {r:?}",
-                    r.start + at as u64
-                );
-            }
-        }
-        pos = r.end();
-    }
-    assert_eq!(pos, size, "the map does not cover the image");
+    cairn_image::contract::check_map("image", runs, size, chain_len, raw);
 }
 
 /// The run containing `offset`.
