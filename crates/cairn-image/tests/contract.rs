@@ -60,36 +60,24 @@ fn qcow2_images_keep_the_contract() {
 #[test]
 fn a_qcow2_backing_chain_keeps_the_contract() {
     let dir = tempfile::tempdir().unwrap();
-    let (base, mid, top) = (
-        dir.path().join("base.qcow2"),
-        dir.path().join("mid.qcow2"),
-        dir.path().join("top.qcow2"),
-    );
-    qemu_img(&["create", "-f", "qcow2", s(&base), &SIZE.to_string()]);
-    qemu_io(&["-f", "qcow2", "-c", "write -P 0xaa 0 2M", s(&base)]);
-    qemu_img(&[
-        "create",
-        "-f",
-        "qcow2",
-        "-F",
-        "qcow2",
-        "-b",
-        s(&base),
-        s(&mid),
-    ]);
-    qemu_io(&["-f", "qcow2", "-c", "write -P 0xbb 1M 2M", s(&mid)]);
-    qemu_img(&[
-        "create",
-        "-f",
-        "qcow2",
-        "-F",
-        "qcow2",
-        "-b",
-        s(&mid),
-        s(&top),
-    ]);
-    qemu_io(&["-f", "qcow2", "-c", "write -P 0xcc 2560k 64k", s(&top)]);
-    qemu_io(&["-f", "qcow2", "-c", "write -z 512k 64k", s(&top)]);
+    let layers: [(&str, &[&str]); 3] = [
+        ("base", &["write -P 0xaa 0 2M"]),
+        ("mid", &["write -P 0xbb 1M 2M"]),
+        ("top", &["write -P 0xcc 2560k 64k", "write -z 512k 64k"]),
+    ];
+    let mut backing: Option<std::path::PathBuf> = None;
+    for (name, writes) in layers {
+        let path = dir.path().join(format!("{name}.qcow2"));
+        match &backing {
+            None => qemu_img(&["create", "-f", "qcow2", s(&path), &SIZE.to_string()]),
+            Some(b) => qemu_img(&["create", "-f", "qcow2", "-F", "qcow2", "-b", s(b), s(&path)]),
+        };
+        for w in writes {
+            qemu_io(&["-f", "qcow2", "-c", w, s(&path)]);
+        }
+        backing = Some(path);
+    }
+    let top = backing.expect("three layers");
     let mut data = vec![0u8; SIZE as usize];
     data[..2 << 20].fill(0xaa);
     data[1 << 20..3 << 20].fill(0xbb);
