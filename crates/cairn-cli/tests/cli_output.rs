@@ -240,3 +240,38 @@ fn a_restore_to_standard_output_reports_on_standard_error() {
     assert_eq!(v["output"], "-");
     assert_eq!(v["logical_bytes"], 4 << 20);
 }
+
+/// A commit's last line says how much of its data was found already stored, and how well the
+/// new data compressed.
+#[test]
+fn a_commit_reports_dedup_and_compression() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = repo_with_two_versions(dir.path());
+    let img = dir.path().join("img.raw");
+    // 4 MiB of which 3 MiB are stored already (the image's second version), 1 MiB of new
+    // numbered lines (compressible, and no two chunks alike).
+    let mut data = std::fs::read(&img).unwrap();
+    let text: String = (0..100_000).map(|i| format!("line {i:08}\n")).collect();
+    data[..1 << 20].copy_from_slice(&text.as_bytes()[..1 << 20]);
+    std::fs::write(&img, &data).unwrap();
+    let out = cairn(&repo, &["commit", "web01/disk0", img.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8(out.stdout).unwrap();
+    assert!(line.contains("(75.0% deduplicated)"), "{line}");
+    let ratio: f64 = line
+        .split(" stored (")
+        .nth(1)
+        .and_then(|r| r.split('×').next())
+        .and_then(|r| r.parse().ok())
+        .unwrap_or_else(|| panic!("no compression ratio in {line}"));
+    assert!(ratio > 2.0, "text compresses: {line}");
+    // Nothing new: everything deduplicated, nothing to compress.
+    let out = cairn(&repo, &["commit", "copy", img.to_str().unwrap()]);
+    let line = String::from_utf8(out.stdout).unwrap();
+    assert!(line.contains("(100.0% deduplicated)"), "{line}");
+    assert!(!line.contains("compressed"), "{line}");
+}

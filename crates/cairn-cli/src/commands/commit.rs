@@ -332,15 +332,40 @@ fn report(
         _ => String::new(),
     };
     outln!(
-        "committed {}@{} {} — {} logical, {} data, {} new, {} stored, in {:.2} s ({}){how}",
+        "committed {}@{} {} — {} logical, {} data, {} new{}, {} stored{}, in {:.2} s ({}){how}",
         r.image,
         r.seq,
         result.id.short(),
         bytes(r.logical_size),
         bytes(r.stats.data_bytes),
         bytes(r.stats.new_chunk_bytes),
+        dedup_note(&r.stats),
         bytes(r.stats.stored_bytes),
+        compression_note(&r.stats),
         elapsed.as_secs_f64(),
         rate(read_bytes, elapsed),
     );
+}
+
+/// " (93.1% deduplicated)": the share of the data found already stored.
+fn dedup_note(s: &cairn_format::version::CommitStats) -> String {
+    if s.data_bytes == 0 {
+        return String::new();
+    }
+    let found = s.data_bytes.saturating_sub(s.new_chunk_bytes);
+    format!(
+        " ({:.1}% deduplicated)",
+        found as f64 * 100.0 / s.data_bytes as f64
+    )
+}
+
+/// " (2.41× compressed)": new data against what storing it took (metadata included).
+fn compression_note(s: &cairn_format::version::CommitStats) -> String {
+    if s.new_chunk_bytes == 0 || s.stored_bytes == 0 {
+        return String::new();
+    }
+    format!(
+        " ({:.2}× compressed)",
+        s.new_chunk_bytes as f64 / s.stored_bytes as f64
+    )
 }
