@@ -202,9 +202,10 @@ async fn restore_to_path(
     let tmp = partial.path.clone();
     let sink = if qcow2 {
         Sink::Qcow2 {
+            // Errors name the output the user asked for, not the hidden partial file.
             writer: Arc::new(Qcow2Writer::create(
                 file,
-                &tmp,
+                path,
                 version.logical_size,
                 QCOW2_CLUSTER_BITS,
             )?),
