@@ -37,6 +37,7 @@
 //! pre-shared keys (rustls has no external PSK), extended headers, `NBD_CMD_FLAG_FAST_ZERO`, resize.
 
 pub mod client;
+pub mod contract;
 pub mod error;
 pub mod export;
 pub mod listen;
