@@ -24,6 +24,7 @@
 pub mod chunker;
 pub mod clone;
 pub mod commit;
+pub mod commit_plan;
 pub mod diff;
 mod error;
 pub mod gc;

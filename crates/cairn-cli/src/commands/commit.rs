@@ -10,15 +10,13 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use cairn_engine::commit::{commit, CommitOptions, CommitProgress, CommitResult};
-use cairn_engine::incremental::{commit_changes, layer_changes, Changes, IncrementalStats};
+use cairn_engine::commit_plan::{plan_commit, CommitPlan, CommitSource};
+use cairn_engine::incremental::{commit_changes, IncrementalStats};
 use cairn_engine::resolve::{resolve, VersionSpec};
 use cairn_engine::source::{
-    open_image, ImageSource, InterruptibleStdin, RateLimited, ReadPolicy, Source, SourceFormat,
-    StreamSource,
+    open_image, InterruptibleStdin, RateLimited, ReadPolicy, Source, SourceFormat, StreamSource,
 };
 use cairn_format::name::validate_image_name;
-use cairn_format::version::VersionRecord;
-use cairn_format::Id;
 use cairn_image::DiskImage;
 use cairn_nbd::client::NbdImage;
 use cairn_repo::Repo;
@@ -28,27 +26,6 @@ use crate::context::Context;
 use crate::output::{bytes, print_json, rate, version_json};
 use crate::progress::Ticker;
 use crate::provenance::{FileIdentity, Provenance};
-
-/// The opened source of a commit.
-enum Opened {
-    Stream,
-    /// A local file or device (recorded in the provenance when committed in full).
-    Local(Arc<dyn DiskImage>),
-    /// An NBD export, with its dirty extents when --dirty-bitmap was given.
-    Nbd(Arc<dyn DiskImage>, Option<Vec<(u64, u64)>>),
-}
-
-/// How the version will be made.
-enum Plan {
-    Full(Box<dyn Source>),
-    Incremental {
-        image: Arc<dyn DiskImage>,
-        parent: Box<(Id, VersionRecord)>,
-        changed: Changes,
-        /// Why this parent, for the summary line.
-        because: String,
-    },
-}
 
 pub fn is_nbd_url(s: &str) -> bool {
     s.starts_with("nbd://") || s.starts_with("nbd+unix://") || s.starts_with("nbds")
@@ -73,18 +50,23 @@ pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
         direct: args.direct,
     };
     let identity_before = FileIdentity::of(Path::new(&spec));
-    let opened = open_source(&spec, &args, policy)?;
+    let source = open_source(&spec, &args, policy)?;
+    let local = matches!(source, CommitSource::Local(_));
     let repo = ctx.open_as(SessionKind::Commit).await?;
-    let plan = plan(&repo, &args, &opened).await?;
+    let parent = match &args.parent {
+        Some(p) => Some(resolve(&repo, &VersionSpec::parse(p)?).await?),
+        None => None,
+    };
+    let provenance = Provenance::for_repo(&repo.config().repo_id);
+    let plan = plan_commit(&repo, &args.image, source, parent, &provenance).await?;
 
     let started = Instant::now();
-    let provenance = Provenance::for_repo(&repo.config().repo_id);
     let (result, incremental, read_bytes, because) = match plan {
-        Plan::Full(source) => {
+        CommitPlan::Full(source) => {
             let (result, read) = full_commit(ctx, repo.clone(), &args, source).await?;
             (result, None, read, None)
         }
-        Plan::Incremental {
+        CommitPlan::Incremental {
             image,
             parent,
             changed,
@@ -97,7 +79,7 @@ pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
         }
     };
     let elapsed = started.elapsed();
-    if let Opened::Local(_) = opened {
+    if local {
         // This file now holds this version: an overlay on it commits incrementally.
         provenance.record(Path::new(&spec), identity_before, &result.id);
     }
@@ -105,12 +87,15 @@ pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn open_source(spec: &str, args: &CommitArgs, policy: ReadPolicy) -> Result<Opened> {
+fn open_source(spec: &str, args: &CommitArgs, policy: ReadPolicy) -> Result<CommitSource> {
     if spec == "-" {
         if args.parent.is_some() || args.dirty_bitmap.is_some() {
             bail!("--parent and --dirty-bitmap need a file or NBD source, not standard input");
         }
-        return Ok(Opened::Stream);
+        return Ok(CommitSource::Stream(Box::new(StreamSource::new(
+            "stdin",
+            InterruptibleStdin,
+        ))));
     }
     if is_nbd_url(spec) {
         if args.format == SourceFormatArg::Qcow2 {
@@ -121,14 +106,14 @@ fn open_source(spec: &str, args: &CommitArgs, policy: ReadPolicy) -> Result<Open
         }
         let nbd = NbdImage::connect(spec, args.dirty_bitmap.as_deref())?;
         let dirty = match &args.dirty_bitmap {
-            Some(_) => Some(nbd.dirty_extents()?),
+            Some(bitmap) => Some((bitmap.clone(), nbd.dirty_extents()?)),
             None => None,
         };
         let image: Arc<dyn DiskImage> = match policy.rate_limit {
             Some(r) => Arc::new(RateLimited::new(Box::new(nbd), r)),
             None => Arc::new(nbd),
         };
-        return Ok(Opened::Nbd(image, dirty));
+        return Ok(CommitSource::Nbd { image, dirty });
     }
     if args.dirty_bitmap.is_some() {
         bail!(
@@ -141,127 +126,11 @@ fn open_source(spec: &str, args: &CommitArgs, policy: ReadPolicy) -> Result<Open
         SourceFormatArg::Raw => SourceFormat::Raw,
         SourceFormatArg::Qcow2 => SourceFormat::Qcow2,
     };
-    Ok(Opened::Local(open_image(Path::new(spec), format, policy)?))
-}
-
-async fn plan(repo: &Arc<Repo>, args: &CommitArgs, opened: &Opened) -> Result<Plan> {
-    let parent_arg = match &args.parent {
-        Some(p) => Some(resolve(repo, &VersionSpec::parse(p)?).await?),
-        None => None,
-    };
-    match opened {
-        Opened::Stream => Ok(Plan::Full(Box::new(StreamSource::new(
-            "stdin",
-            InterruptibleStdin,
-        )))),
-        Opened::Nbd(image, None) => {
-            if parent_arg.is_some() {
-                bail!("--parent with an NBD source needs --dirty-bitmap (what changed since it)");
-            }
-            Ok(Plan::Full(Box::new(ImageSource::new(image.clone())?)))
-        }
-        Opened::Nbd(image, Some(dirty)) => {
-            let parent = match parent_arg {
-                Some(p) => p,
-                None => resolve(repo, &VersionSpec::parse(&args.image)?)
-                    .await
-                    .map_err(|e| {
-                        anyhow::anyhow!(
-                            "--dirty-bitmap commits on top of a parent version, and {e}: commit \
-                             the image in full first (without --dirty-bitmap), or pass --parent"
-                        )
-                    })?,
-            };
-            let because = format!(
-                "dirty bitmap {} since {}@{}",
-                args.dirty_bitmap.as_deref().unwrap_or_default(),
-                parent.1.image,
-                parent.1.seq
-            );
-            Ok(Plan::Incremental {
-                image: image.clone(),
-                parent: Box::new(parent),
-                changed: Changes::data(dirty.clone()),
-                because,
-            })
-        }
-        Opened::Local(image) => {
-            let layers = image.layers();
-            if layers.len() < 2 {
-                if parent_arg.is_some() {
-                    bail!(
-                        "--parent needs a qcow2 overlay (an image with a backing file) or an NBD \
-                         source with --dirty-bitmap; {} has no backing file",
-                        image.describe()
-                    );
-                }
-                return Ok(Plan::Full(Box::new(ImageSource::new(image.clone())?)));
-            }
-            // An overlay: which layer of the chain holds a known version?
-            let (depth, parent, because) = match parent_arg {
-                Some(p) => {
-                    let because = format!(
-                        "overlay {} on {}@{} (--parent)",
-                        layers[0].path.display(),
-                        p.1.image,
-                        p.1.seq
-                    );
-                    (1, p, because)
-                }
-                None => match known_layer(repo, &layers).await? {
-                    Some((depth, id, record)) => {
-                        let because = format!(
-                            "{} holds {}@{}",
-                            layers[depth].path.display(),
-                            record.image,
-                            record.seq
-                        );
-                        (depth, (id, record), because)
-                    }
-                    None => return Ok(Plan::Full(Box::new(ImageSource::new(image.clone())?))),
-                },
-            };
-            let backing_size = layers[depth].size;
-            if backing_size != parent.1.logical_size {
-                bail!(
-                    "{} has {backing_size} bytes but {}@{} has {}: the backing chain does not hold \
-                     that version",
-                    layers[depth].path.display(),
-                    parent.1.image,
-                    parent.1.seq,
-                    parent.1.logical_size
-                );
-            }
-            let changed = layer_changes(image.as_ref(), depth)?;
-            Ok(Plan::Incremental {
-                image: image.clone(),
-                parent: Box::new(parent),
-                changed,
-                because,
-            })
-        }
-    }
-}
-
-/// The shallowest backing layer that provenance records say holds a version that still
-/// exists.
-async fn known_layer(
-    repo: &Arc<Repo>,
-    layers: &[cairn_image::Layer],
-) -> Result<Option<(usize, Id, VersionRecord)>> {
-    let provenance = Provenance::for_repo(&repo.config().repo_id);
-    for (depth, layer) in layers.iter().enumerate().skip(1) {
-        if let Some(id) = provenance.lookup(&layer.path) {
-            match repo.load_version(&id).await {
-                Ok(record) => return Ok(Some((depth, id, record))),
-                Err(e) => tracing::debug!(
-                    "{} was recorded as version {id}, which cannot be loaded: {e}",
-                    layer.path.display()
-                ),
-            }
-        }
-    }
-    Ok(None)
+    Ok(CommitSource::Local(open_image(
+        Path::new(spec),
+        format,
+        policy,
+    )?))
 }
 
 async fn full_commit(
