@@ -3,6 +3,7 @@
 //! blobs in packs fast deletion did not repack; it consolidates the index into one file and
 //! writes the reference summary of any live tree that lacks one.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -46,68 +47,23 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     // Plan: which copy of each live blob survives, and what happens to each pack.
     let (bytes_before, pack_sizes) = stored_bytes(repo).await?;
     report.bytes_before = bytes_before;
-    let mut canonical: HashMap<Id, (Id, BlobEntry)> = HashMap::new();
-    let mut dead: HashSet<Id> = HashSet::new();
-    let mut live_bytes: HashMap<Id, u64> = HashMap::new();
-    // Entries each pack's index lists, to tell blob bytes from header and trailer overhead.
-    let mut indexed_entries: HashMap<Id, u64> = HashMap::new();
-    let mut indexed_packs: HashSet<Id> = HashSet::new();
-    // Quarantined copies of live blobs: used only where no good copy exists, and then their
-    // pack is kept as it is (never repacked: the copy would fail its check).
-    let quarantined = repo.quarantined();
-    let mut damaged_copies: Vec<(Id, BlobEntry)> = Vec::new();
-    for (_, file) in &snapshot.files {
-        for p in &file.packs {
-            indexed_packs.insert(p.pack);
-            if !pack_sizes.contains_key(&p.pack) {
-                continue; // missing pack: verify's business; its blobs have no copy here
-            }
-            *indexed_entries.entry(p.pack).or_default() += p.entries.len() as u64;
-            for e in &p.entries {
-                if !marker.live.contains(&e.id) {
-                    dead.insert(e.id);
-                } else if quarantined.contains(&(p.pack, e.id)) {
-                    damaged_copies.push((p.pack, *e));
-                } else if let std::collections::hash_map::Entry::Vacant(slot) =
-                    canonical.entry(e.id)
-                {
-                    slot.insert((p.pack, *e));
-                    *live_bytes.entry(p.pack).or_default() += e.stored_len as u64;
-                }
-            }
-        }
-    }
-    let mut pinned: HashSet<Id> = HashSet::new();
-    for (pack, e) in damaged_copies {
-        if let std::collections::hash_map::Entry::Vacant(slot) = canonical.entry(e.id) {
-            slot.insert((pack, e));
-            *live_bytes.entry(pack).or_default() += e.stored_len as u64;
-            pinned.insert(pack);
-        }
-    }
+    let plan = PackPlan::new(
+        &snapshot,
+        &marker.live,
+        &pack_sizes,
+        &repo.quarantined(),
+        options.repack_threshold,
+    );
+    let PackPlan {
+        canonical,
+        dead,
+        live_bytes,
+        indexed_packs,
+        to_delete,
+        to_repack,
+        kept,
+    } = plan;
     report.dead_blobs = dead.len() as u64;
-    let mut to_delete = Vec::new();
-    let mut to_repack = Vec::new();
-    let mut kept = Vec::new();
-    for pack in &indexed_packs {
-        let Some(&size) = pack_sizes.get(pack) else {
-            continue;
-        };
-        let lb = live_bytes.get(pack).copied().unwrap_or(0);
-        let payload = pack_payload(size, indexed_entries.get(pack).copied().unwrap_or(0));
-        // A pack holding a quarantined copy no longer matches its id: rewrite it (unless
-        // that copy is the only one left), so the repository verifies clean again.
-        let damaged = quarantined.iter().any(|(p, _)| p == pack);
-        if pinned.contains(pack) {
-            kept.push(*pack);
-        } else if lb == 0 {
-            to_delete.push(*pack);
-        } else if damaged || (lb as f64) < options.repack_threshold * payload as f64 {
-            to_repack.push(*pack);
-        } else {
-            kept.push(*pack);
-        }
-    }
     let orphans = orphan_packs(&pack_sizes, &indexed_packs);
     report.packs_deleted = to_delete.len() as u64;
     report.packs_repacked = to_repack.len() as u64;
@@ -168,29 +124,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             })
         })
         .collect();
-    let mut repacker = Repacker::new(repo.config().pack_target as usize);
-    for pack in &to_repack {
-        let data = repo.read_whole_pack(pack).await?;
-        for e in sorted(&by_pack[pack]) {
-            let r = e.range();
-            let stored = &data[r.start as usize..r.end as usize];
-            // Verify before copying: never launder a corrupt blob into a new pack.
-            repo.check_blob(
-                &BlobLocation {
-                    pack: *pack,
-                    entry: e,
-                },
-                stored,
-            )?;
-            report.bytes_repacked += stored.len() as u64;
-            if let Some(done) = repacker.push(&e, stored) {
-                consolidated.push(write_pack(repo, done).await?);
-            }
-        }
-    }
-    for done in repacker.finish() {
-        consolidated.push(write_pack(repo, done).await?);
-    }
+    consolidated.extend(repack(repo, &to_repack, &by_pack, &mut report).await?);
     report.packs_written =
         (consolidated.len() - kept.iter().filter(|p| by_pack.contains_key(p)).count()) as u64;
     // An index file GC writes may be byte-identical to one it read: never supersede those.
@@ -259,6 +193,130 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     Ok(report)
 }
 
+/// What becomes of every pack, decided from the mark: which copy of each live blob
+/// survives (`canonical`), which blobs are dead, and which packs are deleted (no live
+/// bytes), repacked (below the threshold, or holding a quarantined copy) or kept.
+struct PackPlan {
+    canonical: HashMap<Id, (Id, BlobEntry)>,
+    dead: HashSet<Id>,
+    /// Stored bytes of the surviving copies, per pack.
+    live_bytes: HashMap<Id, u64>,
+    indexed_packs: HashSet<Id>,
+    to_delete: Vec<Id>,
+    to_repack: Vec<Id>,
+    kept: Vec<Id>,
+}
+
+impl PackPlan {
+    fn new(
+        snapshot: &Snapshot,
+        live: &HashSet<Id>,
+        pack_sizes: &HashMap<Id, u64>,
+        quarantined: &HashSet<(Id, Id)>,
+        repack_threshold: f64,
+    ) -> PackPlan {
+        let mut canonical: HashMap<Id, (Id, BlobEntry)> = HashMap::new();
+        let mut dead: HashSet<Id> = HashSet::new();
+        let mut live_bytes: HashMap<Id, u64> = HashMap::new();
+        // Entries each pack's index lists, to tell blob bytes from header and trailer overhead.
+        let mut indexed_entries: HashMap<Id, u64> = HashMap::new();
+        let mut indexed_packs: HashSet<Id> = HashSet::new();
+        // Quarantined copies of live blobs: used only where no good copy exists, and then
+        // their pack is kept as it is (never repacked: the copy would fail its check).
+        let mut damaged_copies: Vec<(Id, BlobEntry)> = Vec::new();
+        for (_, file) in &snapshot.files {
+            for p in &file.packs {
+                indexed_packs.insert(p.pack);
+                if !pack_sizes.contains_key(&p.pack) {
+                    continue; // missing pack: verify's business; its blobs have no copy here
+                }
+                *indexed_entries.entry(p.pack).or_default() += p.entries.len() as u64;
+                for e in &p.entries {
+                    if !live.contains(&e.id) {
+                        dead.insert(e.id);
+                    } else if quarantined.contains(&(p.pack, e.id)) {
+                        damaged_copies.push((p.pack, *e));
+                    } else if let Entry::Vacant(slot) = canonical.entry(e.id) {
+                        slot.insert((p.pack, *e));
+                        *live_bytes.entry(p.pack).or_default() += e.stored_len as u64;
+                    }
+                }
+            }
+        }
+        let mut pinned: HashSet<Id> = HashSet::new();
+        for (pack, e) in damaged_copies {
+            if let Entry::Vacant(slot) = canonical.entry(e.id) {
+                slot.insert((pack, e));
+                *live_bytes.entry(pack).or_default() += e.stored_len as u64;
+                pinned.insert(pack);
+            }
+        }
+        let (mut to_delete, mut to_repack, mut kept) = (Vec::new(), Vec::new(), Vec::new());
+        for pack in &indexed_packs {
+            let Some(&size) = pack_sizes.get(pack) else {
+                continue;
+            };
+            let lb = live_bytes.get(pack).copied().unwrap_or(0);
+            let payload = pack_payload(size, indexed_entries.get(pack).copied().unwrap_or(0));
+            // A pack holding a quarantined copy no longer matches its id: rewrite it (unless
+            // that copy is the only one left), so the repository verifies clean again.
+            let damaged = quarantined.iter().any(|(p, _)| p == pack);
+            if pinned.contains(pack) {
+                kept.push(*pack);
+            } else if lb == 0 {
+                to_delete.push(*pack);
+            } else if damaged || (lb as f64) < repack_threshold * payload as f64 {
+                to_repack.push(*pack);
+            } else {
+                kept.push(*pack);
+            }
+        }
+        PackPlan {
+            canonical,
+            dead,
+            live_bytes,
+            indexed_packs,
+            to_delete,
+            to_repack,
+            kept,
+        }
+    }
+}
+
+/// Copies the surviving blobs of `to_repack` (verified first: a corrupt blob is never
+/// laundered into a new pack) into new packs; returns their index entries.
+async fn repack(
+    repo: &Repo,
+    to_repack: &[Id],
+    by_pack: &HashMap<Id, Vec<BlobEntry>>,
+    report: &mut GcReport,
+) -> EngineResult<Vec<PackIndex>> {
+    let mut written = Vec::new();
+    let mut repacker = Repacker::new(repo.config().pack_target as usize);
+    for pack in to_repack {
+        let data = repo.read_whole_pack(pack).await?;
+        for e in sorted(&by_pack[pack]) {
+            let r = e.range();
+            let stored = &data[r.start as usize..r.end as usize];
+            repo.check_blob(
+                &BlobLocation {
+                    pack: *pack,
+                    entry: e,
+                },
+                stored,
+            )?;
+            report.bytes_repacked += stored.len() as u64;
+            if let Some(done) = repacker.push(&e, stored) {
+                written.push(write_pack(repo, done).await?);
+            }
+        }
+    }
+    for done in repacker.finish() {
+        written.push(write_pack(repo, done).await?);
+    }
+    Ok(written)
+}
+
 /// Collects the blobs reachable from versions, reading each manifest node once.
 #[derive(Default)]
 struct Marker {
@@ -304,5 +362,78 @@ impl TreeVisitor<EngineError> for MarkLive<'_> {
     fn leaf(&mut self, _: &NodeAt, leaf: Leaf) -> EngineResult<()> {
         self.0.extend(leaf.chunk_ids());
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_format::index::IndexFile;
+    use cairn_format::pack::{self, BlobEncoding, BlobKind};
+
+    fn entry(tag: u8, offset: u32) -> BlobEntry {
+        BlobEntry {
+            id: Id::of(&[tag]),
+            kind: BlobKind::Data,
+            encoding: BlobEncoding::Raw,
+            offset,
+            stored_len: 1000,
+            raw_len: 1000,
+        }
+    }
+
+    /// A pack of `n` blobs of 1000 bytes, its exact size.
+    fn pack(tags: &[u8]) -> (PackIndex, u64) {
+        let entries: Vec<BlobEntry> = tags
+            .iter()
+            .enumerate()
+            .map(|(i, t)| entry(*t, pack::HEADER_LEN as u32 + 1000 * i as u32))
+            .collect();
+        let size = (pack::HEADER_LEN + pack::FOOTER_LEN + entries.len() * pack::ENTRY_LEN) as u64
+            + 1000 * entries.len() as u64;
+        let id = Id::of(tags);
+        (PackIndex { pack: id, entries }, size)
+    }
+
+    #[test]
+    fn packs_are_kept_deleted_or_repacked_by_their_live_bytes() {
+        // all live | all dead | 1 of 4 live | holds the only (quarantined) copy of live 30
+        let packs = [
+            pack(&[1, 2]),
+            pack(&[10, 11]),
+            pack(&[20, 21, 22, 23]),
+            pack(&[30]),
+        ];
+        let ids: Vec<Id> = packs.iter().map(|(p, _)| p.pack).collect();
+        let sizes: HashMap<Id, u64> = packs.iter().map(|(p, s)| (p.pack, *s)).collect();
+        let snapshot = Snapshot {
+            files: vec![(
+                Id::of(b"index"),
+                IndexFile {
+                    packs: packs.iter().map(|(p, _)| p.clone()).collect(),
+                },
+            )],
+            index: BlobIndex::new(),
+        };
+        let live: HashSet<Id> = [1u8, 2, 20, 30].iter().map(|t| Id::of(&[*t])).collect();
+        let quarantined = HashSet::from([(ids[3], Id::of(&[30]))]);
+        let plan = PackPlan::new(&snapshot, &live, &sizes, &quarantined, 0.5);
+        assert_eq!(
+            plan.kept.iter().collect::<HashSet<_>>(),
+            HashSet::from([&ids[0], &ids[3]])
+        );
+        assert_eq!(plan.to_delete, vec![ids[1]]);
+        assert_eq!(plan.to_repack, vec![ids[2]]);
+        let dead: HashSet<Id> = [10u8, 11, 21, 22, 23]
+            .iter()
+            .map(|t| Id::of(&[*t]))
+            .collect();
+        assert_eq!(plan.dead, dead);
+        assert_eq!(
+            plan.canonical[&Id::of(&[30])].0,
+            ids[3],
+            "the quarantined copy, pinned"
+        );
+        assert_eq!(plan.live_bytes[&ids[2]], 1000);
     }
 }
