@@ -69,6 +69,126 @@ const READS_IN_FLIGHT: usize = 16;
 /// Manifest node reads in flight while loading a tree's leaf map or leaves.
 const NODE_READS_IN_FLIGHT: usize = 32;
 
+/// The version a patch applies to: its size, its segment → leaf map (interior nodes only)
+/// and its figures; an empty base for a new image.
+struct PatchBase {
+    origin: Option<Id>,
+    size: u64,
+    leaves: BTreeMap<u64, Id>,
+    stats: CommitStats,
+    root: Option<Id>,
+}
+
+impl PatchBase {
+    async fn open(
+        repo: &Arc<Repo>,
+        config: &RepoConfig,
+        base: Option<&(Id, VersionRecord)>,
+        new_size: u64,
+        options: &mut PatchOptions,
+    ) -> EngineResult<PatchBase> {
+        let Some((id, record)) = base else {
+            return Ok(PatchBase {
+                origin: None,
+                size: new_size,
+                leaves: BTreeMap::new(),
+                stats: CommitStats::default(),
+                root: None,
+            });
+        };
+        if record.root.is_some()
+            && (record.segment_size != config.segment_size || record.fanout != config.fanout)
+        {
+            return Err(EngineError::BadRef(format!(
+                "cannot patch {}@{}: its tree geometry (segment size {}, fanout {}) is not the \
+                 repository's (segment size {}, fanout {})",
+                record.image,
+                record.seq,
+                record.segment_size,
+                record.fanout,
+                config.segment_size,
+                config.fanout
+            )));
+        }
+        if new_size < record.logical_size {
+            return Err(EngineError::BadRef(format!(
+                "cannot patch {}@{} to {new_size} bytes: it has {} bytes and shrinking is not \
+                 supported",
+                record.image, record.seq, record.logical_size
+            )));
+        }
+        let leaves = match options.base_leaves.take() {
+            Some(leaves) => leaves,
+            None => leaf_map(repo, record).await?,
+        };
+        Ok(PatchBase {
+            origin: Some(*id),
+            size: record.logical_size,
+            leaves,
+            stats: record.stats,
+            root: record.root,
+        })
+    }
+}
+
+/// The segments to rebuild and the changed blocks of each (sorted, deduplicated), plus the
+/// changed blocks themselves: every segment a changed block touches, the base's partial last
+/// segment of a grown image, and every base leaf this session may not reuse (a pending GC is
+/// deleting it).
+fn segment_tasks(
+    repo: &Repo,
+    patch: &dyn PatchSource,
+    new_size: u64,
+    segment_size: u64,
+    base_size: u64,
+    leaves: &BTreeMap<u64, Id>,
+) -> EngineResult<(Vec<SegmentTask>, Vec<u64>)> {
+    let block_size = patch.block_size() as u64;
+    let mut blocks = patch.changed_blocks();
+    blocks.sort_unstable();
+    blocks.dedup();
+    let block_count = new_size.div_ceil(block_size);
+    if let Some(&last) = blocks.last() {
+        if last >= block_count {
+            return Err(EngineError::BadInput(format!(
+                "patch block {last} is past the end of the image ({new_size} bytes, {block_count} \
+                 blocks of {block_size})"
+            )));
+        }
+    }
+    let mut touched: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for &b in &blocks {
+        let start = b * block_size;
+        let end = (start + block_size).min(new_size);
+        for seg in start / segment_size..=(end - 1) / segment_size {
+            touched.entry(seg).or_default().push(b);
+        }
+    }
+    // A grown image: the base's last segment, if partial, gets longer (its last chunk too).
+    if new_size > base_size && !base_size.is_multiple_of(segment_size) {
+        let seg = base_size / segment_size;
+        if leaves.contains_key(&seg) {
+            touched.entry(seg).or_default();
+        }
+    }
+    // A base leaf this session may not reuse (a pending GC is deleting it) is rewritten, and
+    // its chunks are checked the same way.
+    for (&seg, leaf) in leaves {
+        if !repo.has_blob(leaf) {
+            touched.entry(seg).or_default();
+        }
+    }
+    let tasks = touched
+        .into_iter()
+        .map(|(segment, blocks)| SegmentTask {
+            segment,
+            base_leaf: leaves.get(&segment).copied(),
+            blocks,
+        })
+        .collect();
+    Ok((tasks, blocks))
+}
+
 /// Publishes a new version of `image` whose contents are `base` (`None` = all zeros) with the
 /// changed blocks of `patch` applied, of size `new_size` (≥ the base's size: an image may
 /// grow, the new bytes are zeros unless patched; shrinking is refused).
@@ -108,94 +228,14 @@ pub async fn commit_patch(
     }
     let segment_size = config.segment_size as u64;
 
-    // The base: its size, its segment → leaf map (interior nodes only), its figures.
-    let (origin, base_size, mut leaves, base_stats, base_root) = match &base {
-        None => (
-            None,
-            new_size,
-            BTreeMap::new(),
-            CommitStats::default(),
-            None,
-        ),
-        Some((id, record)) => {
-            if record.root.is_some()
-                && (record.segment_size != config.segment_size || record.fanout != config.fanout)
-            {
-                return Err(EngineError::BadRef(format!(
-                    "cannot patch {}@{}: its tree geometry (segment size {}, fanout {}) is not the \
-                     repository's (segment size {}, fanout {})",
-                    record.image,
-                    record.seq,
-                    record.segment_size,
-                    record.fanout,
-                    config.segment_size,
-                    config.fanout
-                )));
-            }
-            if new_size < record.logical_size {
-                return Err(EngineError::BadRef(format!(
-                    "cannot patch {}@{} to {new_size} bytes: it has {} bytes and shrinking is not \
-                     supported",
-                    record.image, record.seq, record.logical_size
-                )));
-            }
-            let leaves = match options.base_leaves.take() {
-                Some(leaves) => leaves,
-                None => leaf_map(&repo, record).await?,
-            };
-            (
-                Some(*id),
-                record.logical_size,
-                leaves,
-                record.stats,
-                record.root,
-            )
-        }
-    };
-
-    // Which segments to rebuild, and the blocks of each.
-    let mut blocks = patch.changed_blocks();
-    blocks.sort_unstable();
-    blocks.dedup();
-    let block_count = new_size.div_ceil(block_size);
-    if let Some(&last) = blocks.last() {
-        if last >= block_count {
-            return Err(EngineError::BadInput(format!(
-                "patch block {last} is past the end of the image ({new_size} bytes, {block_count} \
-                 blocks of {block_size})"
-            )));
-        }
-    }
-    let mut touched: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-    for &b in &blocks {
-        let start = b * block_size;
-        let end = (start + block_size).min(new_size);
-        for seg in start / segment_size..=(end - 1) / segment_size {
-            touched.entry(seg).or_default().push(b);
-        }
-    }
-    // A grown image: the base's last segment, if partial, gets longer (its last chunk too).
-    if new_size > base_size && base_size % segment_size != 0 {
-        let seg = base_size / segment_size;
-        if leaves.contains_key(&seg) {
-            touched.entry(seg).or_default();
-        }
-    }
-    // A base leaf this session may not reuse (a pending GC is deleting it) is rewritten, and
-    // its chunks are checked the same way.
-    for (&seg, leaf) in &leaves {
-        if !repo.has_blob(leaf) {
-            touched.entry(seg).or_default();
-        }
-    }
-    let tasks: Vec<SegmentTask> = touched
-        .into_iter()
-        .map(|(segment, blocks)| SegmentTask {
-            segment,
-            base_leaf: leaves.get(&segment).copied(),
-            blocks,
-        })
-        .collect();
+    let PatchBase {
+        origin,
+        size: base_size,
+        mut leaves,
+        stats: base_stats,
+        root: base_root,
+    } = PatchBase::open(&repo, &config, base.as_ref(), new_size, &mut options).await?;
+    let (tasks, blocks) = segment_tasks(&repo, patch, new_size, segment_size, base_size, &leaves)?;
     // Leaves kept as they are: referred to without being stored.
     let mut reused: HashSet<Id> = leaves
         .iter()
