@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
-# Fuzzes the qcow2 parser for a bounded time: malformed images must give an error, never a
-# panic, a hang or a huge allocation.
+# Fuzzes the qcow2 parser and the NBD server's network-facing decoding (option haggling,
+# transmission requests), each for a bounded time: malformed images and hostile client bytes
+# must give an error (an NBD error reply, a closed connection), never a panic, a hang or a
+# huge allocation.
 #
-#   scripts/fuzz.sh [SECONDS]      (default 60)
+#   scripts/fuzz.sh [SECONDS]      (default 60, per target)
 #
 # With a nightly toolchain (rustup), coverage-guided: cargo-fuzz (libFuzzer) runs the target
 # crates/cairn-image/fuzz/fuzz_targets/qcow2_parse.rs, seeded with small images made by
-# qemu-img (v2, v3, compressed, zero clusters, a backing file name); cargo-fuzz is installed
-# with `cargo install` the first time. Without nightly, the stable mutation fuzzer
-# (crates/cairn-image/tests/fuzz_qcow2.rs: bit flips, overwrites, truncations of real
-# images) runs instead, with a case count sized to about that time.
+# qemu-img (v2, v3, compressed, zero clusters, a backing file name), then
+# crates/cairn-nbd/fuzz/fuzz_targets/nbd_server.rs, seeded with valid client sessions;
+# cargo-fuzz is installed with `cargo install` the first time. Without nightly, the stable
+# mutation fuzzers (crates/cairn-image/tests/fuzz_qcow2.rs: bit flips, overwrites,
+# truncations of real images; crates/cairn-nbd/tests/fuzz_server.rs: the same over client
+# sessions, with checks of the replies) run instead, with case counts sized to about that
+# time.
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 SECONDS_LIMIT=${1:-60}
 FUZZ_DIR="$ROOT/crates/cairn-image/fuzz"
+NBD_FUZZ_DIR="$ROOT/crates/cairn-nbd/fuzz"
 
 if rustup run nightly rustc --version >/dev/null 2>&1 || rustup toolchain install nightly --profile minimal >/dev/null 2>&1; then
   if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
@@ -47,10 +53,56 @@ PY
   (cd "$FUZZ_DIR" && cargo +nightly fuzz run qcow2_parse "$corpus/run" -- \
     -max_total_time="$SECONDS_LIMIT" -rss_limit_mb=2048 -max_len=1048576 -timeout=10 >&2)
   echo "fuzz: cargo-fuzz ran qcow2_parse for ${SECONDS_LIMIT} s without a finding"
+
+  # The NBD server: seeds are whole client sessions (client flags, options, requests).
+  nbd_corpus="$corpus/nbd"
+  mkdir -p "$nbd_corpus"
+  python3 - "$nbd_corpus" <<'PY'
+import struct, sys
+out = sys.argv[1]
+def opt(o, data=b""):
+    return b"IHAVEOPT" + struct.pack(">II", o, len(data)) + data
+def s(x):
+    return struct.pack(">I", len(x)) + x
+def info(name, infos=()):
+    return s(name) + struct.pack(">H", len(infos)) + b"".join(struct.pack(">H", i) for i in infos)
+def meta(name, queries):
+    return s(name) + struct.pack(">I", len(queries)) + b"".join(s(q) for q in queries)
+def req(cmd, cookie, off, length, flags=0, payload=b""):
+    return struct.pack(">IHHQQI", 0x25609513, flags, cmd, cookie, off, length) + payload
+flags = struct.pack(">I", 3)
+seeds = {
+    "structured": flags + opt(8) + opt(10, meta(b"disk", [b"base:allocation"]))
+    + opt(7, info(b"disk", [1, 3])) + req(0, 1, 0, 4096) + req(1, 2, 512, 16, 1, bytes(range(16)))
+    + req(3, 3, 0, 0) + req(4, 4, 4096, 4096) + req(6, 5, 8192, 512, 2) + req(7, 6, 0, 65536)
+    + req(7, 7, 30000, 8192, 8) + req(5, 8, 0, 4096) + req(0, 9, 60000, 100, 4) + req(2, 10, 0, 0),
+    "export_name": struct.pack(">I", 1) + opt(1, b"disk") + req(0, 1, 100, 200)
+    + req(1, 2, 0, 8, 0, b"12345678") + req(0, 3, 65536 - 8, 8) + req(2, 4, 0, 0),
+    "haggle": flags + opt(3) + opt(6, info(b"ro", [1, 2, 3])) + opt(9, meta(b"", []))
+    + opt(8) + opt(9, meta(b"disk", [b"base:"])) + opt(5) + opt(77, b"xyz") + opt(2),
+}
+for name, data in seeds.items():
+    with open(f"{out}/{name}", "wb") as f:
+        f.write(data)
+PY
+  printf '%s\n' '"IHAVEOPT"' '"\x25\x60\x95\x13"' '"base:allocation"' '"base:"' '"disk"' \
+    '"\x00\x00\x00\x07"' '"\xff\xff\xff\xff"' >"$corpus/nbd.dict"
+  log "cargo +nightly fuzz run nbd_server for ${SECONDS_LIMIT} s (libFuzzer)"
+  # No allocation of the server's may come near 512 MiB (options are capped at 64 KiB, WRITE
+  # payloads at 32 MiB); a hostile 32-bit length would ask for up to 4 GiB.
+  (cd "$NBD_FUZZ_DIR" && cargo +nightly fuzz run nbd_server "$nbd_corpus" -- \
+    -dict="$corpus/nbd.dict" -max_total_time="$SECONDS_LIMIT" -rss_limit_mb=2048 \
+    -malloc_limit_mb=512 -max_len=65536 -timeout=10 >&2)
+  echo "fuzz: cargo-fuzz ran nbd_server for ${SECONDS_LIMIT} s without a finding"
 else
   # About 4,000 cases per second on 2 cores.
   cases=$((SECONDS_LIMIT * 4000))
   log "no nightly toolchain: running the stable mutation fuzzer, $cases cases"
   CAIRN_FUZZ_CASES=$cases cargo test --profile "${CAIRN_PROFILE:-release}" --workspace --test fuzz_qcow2 >&2
   echo "fuzz: the mutation fuzzer ran $cases cases without a finding"
+  # About 250 sessions per second on 2 cores; the file has 4 properties.
+  nbd_cases=$((SECONDS_LIMIT * 250 / 4))
+  log "running the stable NBD server mutation fuzzer, $nbd_cases cases per property"
+  CAIRN_FUZZ_CASES=$nbd_cases cargo test --profile "${CAIRN_PROFILE:-release}" -p cairn-nbd --test fuzz_server >&2
+  echo "fuzz: the NBD server mutation fuzzer ran $nbd_cases cases per property without a finding"
 fi

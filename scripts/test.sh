@@ -7,7 +7,8 @@
 #                             local Ceph RGW (apt), the S3 fault tests, the disk-format tests
 #                             (qcow2, NBD, dirty bitmaps), operator safety (full disk, mounted
 #                             device), the kill -9 loops, the pull-mode backup of a running
-#                             disk, a bounded fuzz run of the qcow2 parser, scripts/e2e.sh,
+#                             disk, a bounded fuzz run of the qcow2 parser and of the NBD
+#                             server's decoding, scripts/e2e.sh,
 #                             the GC stress and leak test; the benchmark scripts parse and the
 #                             committed peer report regenerates
 #   scripts/test.sh --quick   cargo test --workspace only (no root, no dataset, no e2e)
@@ -145,7 +146,7 @@ check "kill -9 loops: 100 trials of commit, gc, rm/prune and restore killed or i
 check "pull-mode incremental backup of a running disk with qemu-storage-daemon (scripts/pullmode_backup.py)" \
   python3 "$ROOT/scripts/pullmode_backup.py" --bin "$CAIRN_BIN"
 
-check "fuzz the qcow2 parser for ${CAIRN_FUZZ_SECONDS:-60} s (scripts/fuzz.sh)" \
+check "fuzz the qcow2 parser and the NBD server for ${CAIRN_FUZZ_SECONDS:-60} s each (scripts/fuzz.sh)" \
   bash "$ROOT/scripts/fuzz.sh" "${CAIRN_FUZZ_SECONDS:-60}"
 
 check "scripts/e2e.sh" env CAIRN_DATASET="$DATASET" bash "$ROOT/scripts/e2e.sh"
