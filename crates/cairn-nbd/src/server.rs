@@ -311,101 +311,125 @@ impl Server {
                 reply(w, option, NBD_REP_ACK, &[]).await?;
             }
             OptionRequest::Info(info) | OptionRequest::Go(info) => {
-                let Some(export) = self.lookup(&info.name) else {
-                    let msg = format!("unknown export {:?}", info.name);
-                    reply_err(w, option, NBD_REP_ERR_UNKNOWN, &msg).await?;
-                    return Ok(OptOutcome::Continue);
-                };
-                let flags = transmission_flags(export.as_ref(), st.structured);
-                reply(
-                    w,
-                    option,
-                    NBD_REP_INFO,
-                    &encode_info_export(export.size(), flags),
-                )
-                .await?;
-                // Always advertise our (default-compatible) constraints;
-                // clients ignore info they did not ask for.
-                let pref = export.preferred_block_size().clamp(512, MAX_PAYLOAD);
-                reply(
-                    w,
-                    option,
-                    NBD_REP_INFO,
-                    &encode_info_block_size(1, pref, MAX_PAYLOAD),
-                )
-                .await?;
-                if info.info_requests.contains(&NBD_INFO_NAME) {
-                    reply(
-                        w,
-                        option,
-                        NBD_REP_INFO,
-                        &encode_info_string(NBD_INFO_NAME, &info.name),
-                    )
-                    .await?;
-                }
-                if info.info_requests.contains(&NBD_INFO_DESCRIPTION) {
-                    if let Some(d) = self.descriptions.get(&info.name) {
-                        reply(
-                            w,
-                            option,
-                            NBD_REP_INFO,
-                            &encode_info_string(NBD_INFO_DESCRIPTION, d),
-                        )
-                        .await?;
-                    }
-                }
-                reply(w, option, NBD_REP_ACK, &[]).await?;
-                if option == NBD_OPT_GO {
-                    return Ok(OptOutcome::Go(Selected {
-                        name: info.name,
-                        export,
-                    }));
-                }
+                return self.reply_info(option, info, st, w).await;
             }
             OptionRequest::ListMetaContext(m) | OptionRequest::SetMetaContext(m) => {
-                let set = option == NBD_OPT_SET_META_CONTEXT;
-                if set {
-                    // SET replaces the selection even when it fails.
-                    st.meta_export = None;
-                }
-                if !st.structured {
-                    let msg = "structured replies must be negotiated first";
-                    reply_err(w, option, NBD_REP_ERR_INVALID, msg).await?;
-                    return Ok(OptOutcome::Continue);
-                }
-                if self.lookup(&m.name).is_none() {
-                    let msg = format!("unknown export {:?}", m.name);
-                    reply_err(w, option, NBD_REP_ERR_UNKNOWN, &msg).await?;
-                    return Ok(OptOutcome::Continue);
-                }
-                let matched = if set {
-                    m.queries.iter().any(|q| q == BASE_ALLOCATION)
-                } else {
-                    m.queries.is_empty()
-                        || m.queries
-                            .iter()
-                            .any(|q| q == "base:" || q == BASE_ALLOCATION)
-                };
-                if matched {
-                    let id = if set { BASE_ALLOCATION_ID } else { 0 };
-                    reply(
-                        w,
-                        option,
-                        NBD_REP_META_CONTEXT,
-                        &encode_rep_meta_context(id, BASE_ALLOCATION),
-                    )
-                    .await?;
-                    if set {
-                        st.meta_export = Some(m.name);
-                    }
-                }
-                reply(w, option, NBD_REP_ACK, &[]).await?;
+                return self.reply_meta_context(option, m, st, w).await;
             }
             OptionRequest::Unknown(o) => {
                 let msg = format!("option {o} is not supported");
                 reply_err(w, option, NBD_REP_ERR_UNSUP, &msg).await?;
             }
         }
+        Ok(OptOutcome::Continue)
+    }
+
+    /// `NBD_OPT_INFO` / `NBD_OPT_GO`: describe the export; GO also selects it.
+    async fn reply_info<W: AsyncWrite + Unpin>(
+        &self,
+        option: u32,
+        info: InfoRequest,
+        st: &Negotiated,
+        w: &mut W,
+    ) -> Result<OptOutcome, NbdError> {
+        let Some(export) = self.lookup(&info.name) else {
+            let msg = format!("unknown export {:?}", info.name);
+            reply_err(w, option, NBD_REP_ERR_UNKNOWN, &msg).await?;
+            return Ok(OptOutcome::Continue);
+        };
+        let flags = transmission_flags(export.as_ref(), st.structured);
+        reply(
+            w,
+            option,
+            NBD_REP_INFO,
+            &encode_info_export(export.size(), flags),
+        )
+        .await?;
+        // Always advertise our (default-compatible) constraints;
+        // clients ignore info they did not ask for.
+        let pref = export.preferred_block_size().clamp(512, MAX_PAYLOAD);
+        reply(
+            w,
+            option,
+            NBD_REP_INFO,
+            &encode_info_block_size(1, pref, MAX_PAYLOAD),
+        )
+        .await?;
+        if info.info_requests.contains(&NBD_INFO_NAME) {
+            reply(
+                w,
+                option,
+                NBD_REP_INFO,
+                &encode_info_string(NBD_INFO_NAME, &info.name),
+            )
+            .await?;
+        }
+        if info.info_requests.contains(&NBD_INFO_DESCRIPTION) {
+            if let Some(d) = self.descriptions.get(&info.name) {
+                reply(
+                    w,
+                    option,
+                    NBD_REP_INFO,
+                    &encode_info_string(NBD_INFO_DESCRIPTION, d),
+                )
+                .await?;
+            }
+        }
+        reply(w, option, NBD_REP_ACK, &[]).await?;
+        if option == NBD_OPT_GO {
+            return Ok(OptOutcome::Go(Selected {
+                name: info.name,
+                export,
+            }));
+        }
+        Ok(OptOutcome::Continue)
+    }
+
+    /// `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT`: only `base:allocation` exists.
+    async fn reply_meta_context<W: AsyncWrite + Unpin>(
+        &self,
+        option: u32,
+        m: MetaContextRequest,
+        st: &mut Negotiated,
+        w: &mut W,
+    ) -> Result<OptOutcome, NbdError> {
+        let set = option == NBD_OPT_SET_META_CONTEXT;
+        if set {
+            // SET replaces the selection even when it fails.
+            st.meta_export = None;
+        }
+        if !st.structured {
+            let msg = "structured replies must be negotiated first";
+            reply_err(w, option, NBD_REP_ERR_INVALID, msg).await?;
+            return Ok(OptOutcome::Continue);
+        }
+        if self.lookup(&m.name).is_none() {
+            let msg = format!("unknown export {:?}", m.name);
+            reply_err(w, option, NBD_REP_ERR_UNKNOWN, &msg).await?;
+            return Ok(OptOutcome::Continue);
+        }
+        let matched = if set {
+            m.queries.iter().any(|q| q == BASE_ALLOCATION)
+        } else {
+            m.queries.is_empty()
+                || m.queries
+                    .iter()
+                    .any(|q| q == "base:" || q == BASE_ALLOCATION)
+        };
+        if matched {
+            let id = if set { BASE_ALLOCATION_ID } else { 0 };
+            reply(
+                w,
+                option,
+                NBD_REP_META_CONTEXT,
+                &encode_rep_meta_context(id, BASE_ALLOCATION),
+            )
+            .await?;
+            if set {
+                st.meta_export = Some(m.name);
+            }
+        }
+        reply(w, option, NBD_REP_ACK, &[]).await?;
         Ok(OptOutcome::Continue)
     }
 }
