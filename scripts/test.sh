@@ -106,6 +106,10 @@ check "cargo fmt --all -- --check" cargo fmt --all -- --check
 check "cargo clippy --workspace --all-targets -- -D warnings" \
   cargo clippy --workspace --all-targets -- -D warnings
 
+# cairn-export uses cairn-nbd without its client; prove the server builds alone.
+check "cargo clippy -p cairn-nbd --no-default-features --all-targets -- -D warnings" \
+  cargo clippy -p cairn-nbd --no-default-features --all-targets -- -D warnings
+
 check "benchmark scripts: syntax; each committed peer report regenerates from its measurements" \
   bench_scripts_parse_and_reports_regenerate
 

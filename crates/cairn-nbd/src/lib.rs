@@ -1,6 +1,6 @@
 //! `cairn-nbd`: an NBD (Network Block Device) server library, and a blocking
 //! client ([`client::NbdImage`]) that reads any NBD export as a
-//! [`cairn_image::DiskImage`].
+//! `cairn_image::DiskImage` (feature `client`, on by default).
 //!
 //! cairn serves VM disk images lazily over NBD so that QEMU, `qemu-img`,
 //! `nbdcopy` and the kernel client can use them directly. Implement
@@ -36,6 +36,7 @@
 //! Not supported: oldstyle and non-fixed newstyle negotiation, TLS with
 //! pre-shared keys (rustls has no external PSK), extended headers, `NBD_CMD_FLAG_FAST_ZERO`, resize.
 
+#[cfg(feature = "client")]
 pub mod client;
 pub mod contract;
 pub mod error;
@@ -45,6 +46,7 @@ pub mod protocol;
 pub mod server;
 pub mod tls;
 
+#[cfg(feature = "client")]
 pub use client::NbdImage;
 pub use error::NbdError;
 pub use export::{Export, Extent, MemoryExport};
