@@ -1,4 +1,7 @@
 //! Command-line flags, as typed. Resolution into settings happens in the commands.
+//!
+//! Doc comments here are `--help` text (clap), not rustdoc: brackets in them are shell syntax.
+#![allow(rustdoc::broken_intra_doc_links)]
 
 use std::path::PathBuf;
 

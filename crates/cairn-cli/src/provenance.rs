@@ -136,7 +136,7 @@ impl Provenance {
 
 /// The records answer the engine's question "which version does this file hold?" when it
 /// plans a commit of a qcow2 overlay.
-impl cairn_engine::commit_plan::KnownVersions for Provenance {
+impl cairn_engine::commit::plan::KnownVersions for Provenance {
     fn lookup(&self, path: &Path) -> Option<Id> {
         Provenance::lookup(self, path)
     }

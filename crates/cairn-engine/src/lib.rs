@@ -3,10 +3,10 @@
 //! - [`source`]: where data comes from (disk images: raw files and devices, qcow2 chains,
 //!   NBD exports; streams), read politely
 //! - [`chunker`]: segments → chunks (fixed or FastCDC, restarting at segment boundaries)
-//! - [`commit`]: the parallel commit pipeline and ordered publication
-//! - [`incremental`]: commit only what a qcow2 overlay or a dirty bitmap says changed
-//! - [`patch`]: commit a base version plus changed blocks (a writable export's overlay),
-//!   reading and storing only what changed
+//! - [`commit`]: the parallel commit pipeline and ordered publication; under it
+//!   [`commit::patch`] (a base version plus changed blocks: a writable export's overlay),
+//!   [`commit::incremental`] (only what a qcow2 overlay or a dirty bitmap says changed) and
+//!   [`commit::plan`] (which of these a source gets)
 //! - [`tree`]: building and walking manifest trees (versioned segment trees)
 //! - [`restore`]: parallel, out-of-order, sparse restore
 //! - [`diff`]: which byte ranges differ between two versions, reading only changed subtrees
@@ -24,14 +24,11 @@
 pub mod chunker;
 pub mod clone;
 pub mod commit;
-pub mod commit_plan;
 pub mod diff;
 mod error;
 pub mod gc;
-pub mod incremental;
 pub mod interrupt;
 pub mod live;
-pub mod patch;
 pub mod remove;
 pub mod repair;
 pub mod resolve;

@@ -8,6 +8,7 @@ use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::tree_walk::{decode_interior, decode_leaf};
 use cairn_repo::Repo;
+use tokio::task::JoinSet;
 
 use crate::error::{EngineError, EngineResult};
 
@@ -176,6 +177,41 @@ where
 #[allow(async_fn_in_trait)]
 pub trait AsyncLeafVisitor {
     async fn visit(&mut self, batch: Vec<(u64, Leaf)>) -> EngineResult<()>;
+}
+
+/// Manifest node reads in flight while loading a tree's leaf map or leaves.
+pub(crate) const NODE_READS_IN_FLIGHT: usize = 32;
+
+/// The segment → leaf map of a version, read from its interior nodes only (level by level,
+/// several reads in flight).
+pub async fn leaf_map(repo: &Arc<Repo>, record: &VersionRecord) -> EngineResult<BTreeMap<u64, Id>> {
+    let Some(root) = record.root else {
+        return Ok(BTreeMap::new());
+    };
+    let f = record.fanout as u64;
+    let mut frontier: Vec<(u64, Id)> = vec![(0, root)];
+    for level in (1..=record.height).rev() {
+        let mut next = Vec::new();
+        for batch in frontier.chunks(NODE_READS_IN_FLIGHT) {
+            let mut set = JoinSet::new();
+            for &(index, id) in batch {
+                let repo = repo.clone();
+                set.spawn(
+                    async move { read_interior(&repo, &id, level).await.map(|n| (index, n)) },
+                );
+            }
+            while let Some(r) = set.join_next().await {
+                let (index, node) = r.map_err(|e| EngineError::internal("node reader", e))??;
+                next.extend(
+                    node.children
+                        .iter()
+                        .map(|&(slot, child)| (index * f + slot as u64, child)),
+                );
+            }
+        }
+        frontier = next;
+    }
+    Ok(frontier.into_iter().collect())
 }
 
 #[cfg(test)]

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use cairn_engine::commit_plan::{plan_commit, CommitPlan, CommitSource, KnownVersions, NoRecords};
-use cairn_engine::incremental::commit_changes;
+use cairn_engine::commit::incremental::commit_changes;
+use cairn_engine::commit::plan::{plan_commit, CommitPlan, CommitSource, KnownVersions, NoRecords};
 use cairn_engine::source::{open_image, ReadPolicy, SourceFormat, StreamSource};
 use cairn_engine::EngineError;
 use cairn_format::Id;

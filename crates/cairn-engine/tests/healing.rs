@@ -162,7 +162,7 @@ async fn allow_damage_zero_fills_a_lost_manifest_leaf_and_a_missing_pack() {
     let data = noise(4 << 20, 9);
     let c = commit_bytes(&repo, "vm", data.clone()).await;
     // Damage the leaf of segment 2: its whole MiB is lost.
-    let leaves = cairn_engine::patch::leaf_map(&repo, &c.record)
+    let leaves = cairn_engine::tree::leaf_map(&repo, &c.record)
         .await
         .unwrap();
     let leaf = leaves[&2];
@@ -420,7 +420,7 @@ async fn repair_from_a_source_stores_lost_chunks_and_nodes_again() {
     let chunk = Id::of(&data[..16384]);
     let lost_pack = repo.locate(&chunk).unwrap().pack;
     store.delete(&keys::pack(&lost_pack)).await.unwrap();
-    let leaves = cairn_engine::patch::leaf_map(&repo, &c.record)
+    let leaves = cairn_engine::tree::leaf_map(&repo, &c.record)
         .await
         .unwrap();
     let leaf = repo.locate(&leaves[&2]).unwrap();

@@ -6,7 +6,7 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cairn_engine::incremental::{commit_changes, layer_changes};
+use cairn_engine::commit::incremental::{commit_changes, layer_changes};
 use cairn_format::config::Chunker;
 use cairn_image::{Allocation, DiskImage, ImageResult, Layer, MapRun};
 use cairn_repo::Repo;

@@ -9,11 +9,12 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cairn_engine::commit::patch::{commit_patch, PatchOptions, PatchSource};
 use cairn_engine::commit::CommitResult;
 use cairn_engine::diff::{diff, ChangedRange};
 use cairn_engine::gc::{gc, GcMode, GcOptions};
-use cairn_engine::patch::{commit_patch, leaf_map, PatchOptions, PatchSource};
 use cairn_engine::resolve::{history, origin, VersionSpec};
+use cairn_engine::tree::leaf_map;
 use cairn_format::config::Chunker;
 use cairn_format::node::{Extent, Interior, Leaf};
 use cairn_format::pack::BlobKind;

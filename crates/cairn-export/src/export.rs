@@ -12,8 +12,8 @@ use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
+use cairn_engine::commit::patch::{commit_patch, PatchOptions, PatchSource};
 use cairn_engine::commit::CommitResult;
-use cairn_engine::patch::{commit_patch, PatchOptions, PatchSource};
 use cairn_nbd::{Export, Extent};
 use cairn_overlay::Overlay;
 use cairn_repo::Repo;

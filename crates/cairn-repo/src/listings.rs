@@ -69,7 +69,7 @@ impl Repo {
     }
 
     /// A whole pack as stored (unverified: callers check each blob). A missing pack is an
-    /// error for which [`RepoError::is_not_found`] holds.
+    /// error for which [`RepoError::is_not_found`](crate::RepoError::is_not_found) holds.
     pub async fn read_whole_pack(&self, pack: &Id) -> RepoResult<Bytes> {
         Ok(self.store().get(&keys::pack(pack)).await?)
     }

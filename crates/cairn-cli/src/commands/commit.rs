@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
+use cairn_engine::commit::incremental::{commit_changes, IncrementalStats};
+use cairn_engine::commit::plan::{plan_commit, CommitPlan, CommitSource};
 use cairn_engine::commit::{commit, CommitOptions, CommitProgress, CommitResult};
-use cairn_engine::commit_plan::{plan_commit, CommitPlan, CommitSource};
-use cairn_engine::incremental::{commit_changes, IncrementalStats};
 use cairn_engine::resolve::{resolve, VersionSpec};
 use cairn_engine::source::{
     open_image, InterruptibleStdin, RateLimited, ReadPolicy, Source, SourceFormat, StreamSource,

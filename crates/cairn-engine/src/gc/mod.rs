@@ -3,13 +3,13 @@
 //!
 //! Two ways to decide what is dead, one protocol to delete it:
 //!
-//! - **Fast deletion** ([`fast`], `cairn gc`, also run by `rm` and `prune`): the VM-centric
+//! - **Fast deletion** (`fast`, `cairn gc`, also run by `rm` and `prune`): the VM-centric
 //!   paper's approximate deletion. The candidates are the blobs of versions deleted since the
 //!   last GC; a candidate that the reference summaries (Bloom filters) of *every* live version
 //!   reject is certainly unreferenced and is freed. Cost: the deleted versions' own manifest
 //!   (minus subtrees a live summary claims) plus one summary per live tree; the index files of
 //!   untouched packs are not rewritten. A false positive keeps a dead blob: a bounded leak.
-//! - **Exact repair** ([`exact`], `cairn gc --repair`): mark from every live version, sweep
+//! - **Exact repair** (`exact`, `cairn gc --repair`): mark from every live version, sweep
 //!   everything unmarked (leaks, crashed commits' packs), consolidate the index, and refresh
 //!   missing summaries.
 //!

@@ -5,10 +5,10 @@
 //! proportional to data, not to the disk's size. A segment that lies entirely outside data
 //! runs is not produced at all (it is zeros in the manifest).
 //!
-//! - [`image`]: segments from a [`DiskImage`]'s data runs
-//! - [`stream`]: segments from stdin or a pipe, every byte in order
-//! - [`polite`]: read-rate limiting for scans of a live host
-//! - [`open`]: opening a local path with format detection and read policy
+//! - `image`: segments from a [`DiskImage`](cairn_image::DiskImage)'s data runs
+//! - `stream`: segments from stdin or a pipe, every byte in order
+//! - `polite`: read-rate limiting for scans of a live host
+//! - `open`: opening a local path with format detection and read policy
 
 mod image;
 mod open;

@@ -11,7 +11,7 @@
 //!
 //! The premise of every incremental plan — outside the changed extents the source holds the
 //! parent's bytes — is checked where it can be (the backing layer's size must be the parent's)
-//! and otherwise vouched for by the caller (see [`crate::incremental`]).
+//! and otherwise vouched for by the caller (see [`super::incremental`]).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,8 +21,8 @@ use cairn_format::Id;
 use cairn_image::{DiskImage, Layer};
 use cairn_repo::Repo;
 
+use super::incremental::{layer_changes, Changes};
 use crate::error::{EngineError, EngineResult};
-use crate::incremental::{layer_changes, Changes};
 use crate::resolve::{resolve, VersionSpec};
 use crate::source::{ImageSource, Source};
 

@@ -3,7 +3,7 @@
 //! (QEMU's changed-block tracking, VM-centric dedup's dirty segments).
 //!
 //! The changed extents are read from the source in blocks and committed with
-//! [`crate::patch::commit_patch`] on top of the parent: everything else is shared with the
+//! [`super::patch::commit_patch`] on top of the parent: everything else is shared with the
 //! parent without being read, so the cost is proportional to the change.
 //!
 //! Correctness rests on one premise the caller vouches for: outside the changed extents,
@@ -21,9 +21,10 @@ use cairn_format::Id;
 use cairn_image::{Allocation, DiskImage};
 use cairn_repo::Repo;
 
-use crate::commit::CommitResult;
+use super::patch::{commit_patch, PatchOptions, PatchSource};
+use super::CommitResult;
 use crate::error::{EngineError, EngineResult};
-use crate::patch::{commit_patch, leaf_map, PatchOptions, PatchSource};
+use crate::tree::leaf_map;
 
 /// Bytes per changed block when the repository's chunker does not dictate them (FastCDC):
 /// the qcow2 default cluster and QEMU's default dirty-bitmap granularity.

@@ -1,0 +1,118 @@
+//! COMMIT: turn a source into a new version.
+//!
+//! The pipeline keeps every core busy on one image with bounded memory:
+//!
+//! ```text
+//!  reader ──segments──▶ workers (×N) ──new blobs──▶ packer ──packs──▶ uploads (bounded)
+//!  (sparse-aware)       chunk, zero-detect,          two pack builders    put_if_absent
+//!                       BLAKE3, dedup, zstd          (data / nodes)
+//!                            │
+//!                            └──leaf ids──▶ collector ──▶ tree ──▶ index ──▶ version ──▶ ref
+//! ```
+//! Channels are bounded, so a slow stage stalls the ones before it (back-pressure) and memory
+//! stays at a few segments per worker plus the packs in flight. Publication is ordered —
+//! packs, then the index file and the tree's reference summary, then the version record,
+//! then the ref by compare-and-swap — so
+//! a crash or error at any point leaves only unreferenced objects behind, never a version
+//! that points at missing data.
+//!
+//! The pieces, one per file:
+//! - `pipeline`: the reader, the workers and the collector (chunking, zero detection,
+//!   BLAKE3, dedup against the repository and within the commit);
+//! - `packing`: blobs encoded and packed (data and nodes apart), packs uploaded with a bound
+//!   on how many are in flight;
+//! - `publish`: the ordered publication and the stale-GC guard before it.
+//!
+//! Commits made some other way reuse them: [`patch`] (a base version plus changed blocks, the
+//! writable export's COMMIT), [`incremental`] (a qcow2 overlay's clusters or an NBD dirty
+//! bitmap, on top of [`patch`]) and [`plan`] (which of these a source gets).
+
+pub mod incremental;
+pub(crate) mod packing;
+pub mod patch;
+pub(crate) mod pipeline;
+pub mod plan;
+pub(crate) mod publish;
+
+pub(crate) use packing::{encode, pack_blobs, EncodedBlob};
+pub(crate) use pipeline::{run_pipeline, Dedup, PipelineOutput};
+pub(crate) use publish::publish;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use cairn_format::name::validate_image_name;
+use cairn_format::version::VersionRecord;
+use cairn_format::Id;
+use cairn_repo::Repo;
+use tokio::runtime::Handle;
+
+use crate::error::{EngineError, EngineResult};
+use crate::source::Source;
+
+/// Live counters of a running commit, for progress display.
+#[derive(Debug, Default)]
+pub struct CommitProgress {
+    /// Bytes the source will read, when known in advance.
+    pub total: AtomicU64,
+    /// Bytes read from the source so far.
+    pub read: AtomicU64,
+    /// Plain bytes of chunks that were new to the repository.
+    pub new_bytes: AtomicU64,
+    /// Bytes written to the store so far.
+    pub stored: AtomicU64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct CommitOptions {
+    pub message: String,
+    /// Hashing/compression threads; 0 = one per core.
+    pub workers: usize,
+    /// Packs uploading at once (default: the store's hint).
+    pub uploads: Option<usize>,
+    pub progress: Option<Arc<CommitProgress>>,
+}
+
+/// The published version.
+#[derive(Debug, Clone)]
+pub struct CommitResult {
+    pub id: Id,
+    pub record: VersionRecord,
+}
+
+/// Commits `source` as a new version of `image`.
+pub async fn commit(
+    repo: Arc<Repo>,
+    image: &str,
+    source: Box<dyn Source>,
+    options: CommitOptions,
+) -> EngineResult<CommitResult> {
+    validate_image_name(image)?;
+    let time_ns = cairn_repo::session::now_ns();
+    let progress = options.progress.clone().unwrap_or_default();
+    if let Some(n) = source.data_hint() {
+        progress.total.store(n, Ordering::Relaxed);
+    }
+    let handle = Handle::current();
+    let out = {
+        let repo = repo.clone();
+        let options = options.clone();
+        let progress = progress.clone();
+        tokio::task::spawn_blocking(move || {
+            run_pipeline(repo, handle, source, &options, &progress, None)
+        })
+        .await
+        .map_err(|e| EngineError::internal("pipeline thread", e))??
+    };
+
+    publish(
+        &repo,
+        image,
+        out,
+        time_ns,
+        &options.message,
+        None,
+        &progress,
+    )
+    .await
+}

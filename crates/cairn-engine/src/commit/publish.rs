@@ -1,0 +1,109 @@
+//! Publication of a committed tree, in the order that makes every crash safe: packs (already
+//! durable) → index file → reference summary → version record → head ref by compare-and-swap.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+
+use cairn_format::refs;
+use cairn_format::version::VersionRecord;
+use cairn_format::Id;
+use cairn_repo::{Repo, RepoError};
+
+use super::{CommitProgress, CommitResult, PipelineOutput};
+use crate::error::{EngineError, EngineResult};
+
+/// GC safety, last line of defence: a GC whose plan this session did not see, and whose
+/// cutoff is after this session started, normally waits for it. If such a GC finished anyway
+/// (it judged this process dead, e.g. after a long stall), check that every blob the new
+/// version reuses (refers to without storing it) still exists before publishing anything
+/// that refers to it.
+pub(crate) async fn check_stale_gc(repo: &Repo, reused: &HashSet<Id>) -> EngineResult<()> {
+    if let Some((cutoff_ns, plan)) = repo.last_gc().await? {
+        if cutoff_ns >= repo.session_started_ns() && !repo.saw_plan(&plan) {
+            let present = repo.indexed_blobs_now().await?;
+            let missing = reused.iter().filter(|id| !present.contains(id)).count();
+            if missing > 0 {
+                return Err(EngineError::RacedGc { missing });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Publishes a version whose packs are durable: checks the stale-GC guard, then writes the
+/// index file, the reference summary, the version record and swaps the head ref, in that
+/// order. The parent is the image's head when the ref is swapped; an image without a head
+/// gets `origin` as parent (None for a plain first commit, the source version for a version
+/// derived from another image's, like a clone) and seq 1.
+pub(crate) async fn publish(
+    repo: &Repo,
+    image: &str,
+    out: PipelineOutput,
+    time_ns: i64,
+    message: &str,
+    origin: Option<Id>,
+    progress: &CommitProgress,
+) -> EngineResult<CommitResult> {
+    check_stale_gc(repo, &out.reused).await?;
+
+    // Publication step 2: the index file, once every pack is durable; then the tree's
+    // reference summary, which every published version must have (fast deletion trusts it).
+    let mut index_bytes = repo.put_index(out.packs).await?;
+    if let (Some(root), Some(summary)) = (&out.root, &out.summary) {
+        index_bytes += repo.put_summary(root, summary).await?;
+    }
+    let mut stats = out.stats;
+    stats.stored_bytes = out.pack_bytes + index_bytes;
+    progress.stored.fetch_add(index_bytes, Ordering::Relaxed);
+
+    // Steps 3 and 4: version record, then the head ref by compare-and-swap. A lost race
+    // means another commit of the same image won: re-parent onto it and try again (the
+    // record we wrote for the old parent stays unreferenced, for GC).
+    const ATTEMPTS: u32 = 64;
+    for attempt in 0..ATTEMPTS {
+        let head = repo.head(image).await?;
+        let (parent, seq) = match &head {
+            Some(h) => (
+                Some(h.version),
+                repo.load_version(&h.version).await?.seq + 1,
+            ),
+            None => (origin, 1),
+        };
+        let mut record = VersionRecord {
+            image: image.to_string(),
+            seq,
+            parent,
+            time_ns,
+            logical_size: out.size,
+            root: out.root,
+            height: out.height,
+            segment_size: repo.config().segment_size,
+            fanout: repo.config().fanout,
+            stats,
+            message: message.to_string(),
+        };
+        // The record's length does not depend on the figure, so it can count itself and the ref.
+        let own = record.encode().len() as u64 + refs::encode(&Id::ZERO).len() as u64;
+        record.stats.stored_bytes += own;
+        let (id, _) = repo.put_version(&record).await?;
+        match repo.swap_head(image, head.as_ref(), &id).await {
+            Ok(true) => {
+                progress.stored.fetch_add(own, Ordering::Relaxed);
+                tracing::info!(image, seq, %id, attempt, "committed");
+                return Ok(CommitResult { id, record });
+            }
+            // Another commit moved the head first: the record no ref will ever name is taken
+            // back (its time makes it unique to this commit, so nothing else refers to it).
+            // After an error the swap may still have happened (a request cut off after the
+            // server acted), so the record stays; what is left is removed by the exact GC.
+            Ok(false) => repo.delete_unpublished_version(&id).await,
+            Err(e) => return Err(e.into()),
+        }
+        tracing::debug!(image, attempt, "head moved during commit; retrying");
+    }
+    Err(RepoError::Contention {
+        image: image.to_string(),
+        attempts: ATTEMPTS,
+    }
+    .into())
+}
