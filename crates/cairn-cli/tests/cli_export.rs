@@ -14,21 +14,11 @@ fn real_clients_read_a_version_bit_exact_and_skip_its_holes() {
     let mut served = Served::start(&repo, "vm@1", dir.path(), "a");
 
     let out = dir.path().join("convert.raw");
-    let st = tool("qemu-img", "qemu-utils")
-        .args(["convert", "-f", "raw", "-O", "raw", &served.uri()])
-        .arg(&out)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    qemu_img_convert(served.uri(), &out);
     same_file(&out, &a, "qemu-img convert");
 
     let copy = dir.path().join("copy.raw");
-    let st = tool("nbdcopy", "libnbd-bin")
-        .arg(served.uri())
-        .arg(&copy)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    nbdcopy(served.uri(), &copy);
     same_file(&copy, &a, "nbdcopy");
 
     // The map shows the zero run as a hole, exactly where it is.
@@ -67,22 +57,12 @@ fn a_second_export_fetches_only_what_the_cache_lacks() {
     let (dir, repo, _, b) = setup();
     {
         let served = Served::start(&repo, "vm", dir.path(), "a");
-        let st = tool("qemu-img", "qemu-utils")
-            .args(["convert", "-f", "raw", "-O", "raw", &served.uri()])
-            .arg(dir.path().join("a-out.raw"))
-            .status()
-            .unwrap();
-        assert!(st.success());
+        qemu_img_convert(served.uri(), &dir.path().join("a-out.raw"));
     }
     // Another image sharing its first 3 MiB: only its own last MiB comes from the repository.
     let mut served = Served::start(&repo, "other", dir.path(), "b");
     let out = dir.path().join("b-out.raw");
-    let st = tool("qemu-img", "qemu-utils")
-        .args(["convert", "-f", "raw", "-O", "raw", &served.uri()])
-        .arg(&out)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    qemu_img_convert(served.uri(), &out);
     same_file(&out, &b, "second export");
     let s = served.stats();
     assert_eq!(s["bytes_fetched"].as_u64().unwrap(), 1 << 20, "{s}");
@@ -144,12 +124,7 @@ fn writes_go_to_the_overlay_and_commit_back_as_a_new_version() {
         &["read -P 0xab 10000 30000", "read -P 0xef 4194304 8192"],
     );
     let copy = dir.path().join("live.raw");
-    let st = tool("nbdcopy", "libnbd-bin")
-        .arg(&uri)
-        .arg(&copy)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    nbdcopy(&uri, &copy);
     same_file_bytes(&copy, &want, "export with overlay");
 
     let status = cairn_ctl(&repo, dir.path(), &["--json", "status", "disk"]);
@@ -302,13 +277,10 @@ fn one_process_serves_several_exports_sharing_one_cache() {
     assert_eq!(names, ["first", "second"], "{list}");
     for (name, want) in [("first", &a), ("second", &b)] {
         let out = dir.path().join(format!("{name}.raw"));
-        let st = tool("qemu-img", "qemu-utils")
-            .args(["convert", "-f", "raw", "-O", "raw"])
-            .arg(format!("nbd+unix:///{name}?socket={}", socket.display()))
-            .arg(&out)
-            .status()
-            .unwrap();
-        assert!(st.success());
+        qemu_img_convert(
+            format!("nbd+unix:///{name}?socket={}", socket.display()),
+            &out,
+        );
         same_file(&out, want, name);
     }
     let status = cairn_ctl(&repo, dir.path(), &["--json", "status", "second"]);

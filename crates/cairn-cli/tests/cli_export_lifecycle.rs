@@ -6,6 +6,7 @@ mod common;
 use common::export::*;
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -33,13 +34,7 @@ fn export_json_announces_each_export_with_its_uri_once_it_serves() {
     );
     // The URI works as printed.
     let out = dir.path().join("out.raw");
-    let st = tool("qemu-img", "qemu-utils")
-        .args(["convert", "-f", "raw", "-O", "raw"])
-        .arg(served.ready["uri"].as_str().unwrap())
-        .arg(&out)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    qemu_img_convert(served.ready["uri"].as_str().unwrap(), &out);
     same_file(&out, &a, "the announced URI");
 
     // On TCP, port 0 is announced as the port it got.
@@ -131,12 +126,7 @@ fn a_second_export_cannot_take_a_busy_socket_or_name() {
 
     // The first export still serves, and its control socket is still its own.
     let out = dir.path().join("out.raw");
-    let st = tool("qemu-img", "qemu-utils")
-        .args(["convert", "-f", "raw", "-O", "raw", &served.uri()])
-        .arg(&out)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    qemu_img_convert(served.uri(), &out);
     same_file(&out, &a, "first export");
     let status: Value =
         serde_json::from_slice(&cairn_ctl(&repo, dir.path(), &["--json", "status", "disk"]).stdout)
@@ -152,12 +142,7 @@ fn sigterm_stops_an_export_cleanly_and_keeps_unflushed_writes() {
     assert!(run.join("disk.json").exists());
     // nbdcopy writes without a flush (no --flush).
     let want = pattern(dir.path(), std::fs::metadata(&a).unwrap().len());
-    let st = tool("nbdcopy", "libnbd-bin")
-        .arg(&want)
-        .arg(served.uri())
-        .status()
-        .unwrap();
-    assert!(st.success());
+    nbdcopy(&want, served.uri());
     let (status, err) = served.signal("TERM");
     assert_eq!(status.code(), Some(0), "{err}");
     assert_eq!(
@@ -174,12 +159,7 @@ fn sigterm_stops_an_export_cleanly_and_keeps_unflushed_writes() {
     // Every write is there after a restart.
     let mut again = start_writable(&repo, "vm", dir.path(), "w2");
     let copy = dir.path().join("copy.raw");
-    let st = tool("nbdcopy", "libnbd-bin")
-        .arg(again.uri())
-        .arg(&copy)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    nbdcopy(again.uri(), &copy);
     same_file(&copy, &want, "writes after SIGTERM and restart");
     // SIGINT (^C) too; a read-only export has no overlay to flush.
     let (status, err) = again.signal("INT");
@@ -302,18 +282,25 @@ fn exports_lists_running_exports_and_stops_one() {
     );
 }
 
-#[test]
-fn an_export_restarts_after_a_commit_into_another_image() {
-    let (dir, repo, a, _) = setup();
-    let d = dir.path();
-    let mut w = start_writable(&repo, "vm", d, "w");
+/// A writable export of vm whose first 16 KiB were written and committed into the image
+/// `branch` (through the control socket).
+fn written_and_committed_into_branch(repo: &Path, d: &Path) -> Served {
+    let w = start_writable(repo, "vm", d, "w");
     qemu_io(&w.uri(), &["write -P 0x22 0 16384", "flush"]);
     let out = cairn_ctl(
-        &repo,
+        repo,
         d,
         &["-q", "commit", "branch", "--from-export", "disk"],
     );
     assert!(out.status.success(), "{out:?}");
+    w
+}
+
+#[test]
+fn an_export_restarts_after_a_commit_into_another_image() {
+    let (dir, repo, a, _) = setup();
+    let d = dir.path();
+    let mut w = written_and_committed_into_branch(&repo, d);
     let (status, err) = w.signal("TERM");
     assert_eq!(status.code(), Some(0), "{err}");
     // The overlay holds nothing since the commit: the export starts again on vm (its newest
@@ -321,12 +308,7 @@ fn an_export_restarts_after_a_commit_into_another_image() {
     let w = start_writable(&repo, "vm", d, "w2");
     assert_eq!(w.ready["version"], "vm@1");
     let copy = d.join("copy.raw");
-    let st = tool("nbdcopy", "libnbd-bin")
-        .arg(w.uri())
-        .arg(&copy)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    nbdcopy(w.uri(), &copy);
     same_file(&copy, &a, "vm@1 after the restart");
 }
 
@@ -335,14 +317,7 @@ fn an_overlay_on_another_base_says_what_to_do() {
     let (dir, repo, _, _) = setup();
     let d = dir.path();
     let overlay = d.join("overlay");
-    let mut w = start_writable(&repo, "vm", d, "w");
-    qemu_io(&w.uri(), &["write -P 0x22 0 16384", "flush"]);
-    let out = cairn_ctl(
-        &repo,
-        d,
-        &["-q", "commit", "branch", "--from-export", "disk"],
-    );
-    assert!(out.status.success(), "{out:?}");
+    let mut w = written_and_committed_into_branch(&repo, d);
     // Writes after the commit sit on branch@1.
     qemu_io(&w.uri(), &["write -P 0x33 16384 16384", "flush"]);
     w.signal("TERM");

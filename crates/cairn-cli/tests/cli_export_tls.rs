@@ -12,18 +12,7 @@ fn tls_exports_serve_qemu_img_and_nbdcopy_bit_exact() {
     let d = dir.path();
     let p = pki(d);
     // On a Unix socket, credentials in QEMU's layout (client certificates required).
-    let served = Served::spawn(
-        &repo,
-        d,
-        "tls",
-        &[
-            "vm@1",
-            "--name",
-            "disk",
-            "--tls-dir",
-            p.server.to_str().unwrap(),
-        ],
-    );
+    let served = serve_tls_on_unix(&repo, d, &p);
     let uri = served.ready["uri"].as_str().unwrap().to_string();
     assert_eq!(
         uri,
@@ -31,12 +20,10 @@ fn tls_exports_serve_qemu_img_and_nbdcopy_bit_exact() {
     );
     assert_eq!(served.ready["tls"], true);
     let copy = d.join("copy.raw");
-    let st = tool("nbdcopy", "libnbd-bin")
-        .arg(format!("{uri}&tls-certificates={}", p.client.display()))
-        .arg(&copy)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    nbdcopy(
+        format!("{uri}&tls-certificates={}", p.client.display()),
+        &copy,
+    );
     same_file(&copy, &a, "nbdcopy over TLS");
 
     // On TCP with --tls-cert/--tls-key (no client certificate asked), read by QEMU.
@@ -55,18 +42,7 @@ fn tls_refuses_plaintext_clients_and_untrusted_certificates() {
     let (dir, repo, _, _) = setup();
     let d = dir.path();
     let p = pki(d);
-    let served = Served::spawn(
-        &repo,
-        d,
-        "tls",
-        &[
-            "vm@1",
-            "--name",
-            "disk",
-            "--tls-dir",
-            p.server.to_str().unwrap(),
-        ],
-    );
+    let served = serve_tls_on_unix(&repo, d, &p);
     let sock = served.socket.display().to_string();
     let tls_uri = |creds: &Path| {
         format!(
@@ -138,6 +114,23 @@ fn bad_tls_files_are_named_in_one_line() {
 
 /// `vm@1` as export "tcp" on 127.0.0.1 (any port) with the test PKI's server certificate and
 /// key (no client certificate asked).
+/// vm@1 as `disk` on a Unix socket, with credentials in QEMU's layout (client certificates
+/// required).
+fn serve_tls_on_unix(repo: &Path, d: &Path, p: &Pki) -> Served {
+    Served::spawn(
+        repo,
+        d,
+        "tls",
+        &[
+            "vm@1",
+            "--name",
+            "disk",
+            "--tls-dir",
+            p.server.to_str().unwrap(),
+        ],
+    )
+}
+
 fn serve_tls_on_tcp(repo: &Path, d: &Path, p: &Pki) -> Served {
     Served::spawn(
         repo,

@@ -23,6 +23,32 @@ pub fn tool(name: &str, package: &str) -> Command {
     Command::new(name)
 }
 
+/// `qemu-img convert` of the raw NBD export at `uri` into the file `out`; must succeed.
+pub fn qemu_img_convert(uri: impl AsRef<std::ffi::OsStr>, out: &Path) {
+    let st = tool("qemu-img", "qemu-utils")
+        .args(["convert", "-f", "raw", "-O", "raw"])
+        .arg(uri)
+        .arg(out)
+        .status()
+        .unwrap();
+    assert!(
+        st.success(),
+        "qemu-img convert into {}: {st}",
+        out.display()
+    );
+}
+
+/// `nbdcopy SRC DST` (either side an NBD URI or a file); must succeed.
+pub fn nbdcopy(src: impl AsRef<std::ffi::OsStr>, dst: impl AsRef<std::ffi::OsStr>) {
+    let (src, dst) = (src.as_ref(), dst.as_ref());
+    let st = tool("nbdcopy", "libnbd-bin")
+        .arg(src)
+        .arg(dst)
+        .status()
+        .unwrap();
+    assert!(st.success(), "nbdcopy {src:?} {dst:?}: {st}");
+}
+
 /// An image: 3 MiB of noise, 2 MiB of zeros, then `tail` bytes of noise seeded by `seed`
 /// (QEMU sees NBD disks in whole 512-byte sectors, so keep `tail` a multiple of 512).
 pub fn image(dir: &Path, name: &str, seed: u64, tail: usize) -> PathBuf {
