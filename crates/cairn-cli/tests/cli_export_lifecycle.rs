@@ -5,7 +5,7 @@
 mod common;
 use common::export::*;
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -58,6 +58,35 @@ fn export_json_announces_each_export_with_its_uri_once_it_serves() {
     assert_eq!(
         String::from_utf8_lossy(&size.stdout).trim(),
         std::fs::metadata(&a).unwrap().len().to_string()
+    );
+
+    // Several exports in one process: exactly one line each, in the order given, and nothing
+    // more on standard output until it exits (a script can read one line per export).
+    let mut two = Served::spawn(&repo, dir.path(), "two", &["vm@1=a", "other=b"]);
+    let two_socket = two.socket.display().to_string();
+    let mut rest = String::new();
+    two.stdout.read_line(&mut rest).unwrap();
+    let second: Value = serde_json::from_str(&rest).unwrap();
+    let announced: Vec<(&str, &str)> = [&two.ready, &second]
+        .iter()
+        .map(|v| (v["name"].as_str().unwrap(), v["uri"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        announced,
+        [
+            ("a", format!("nbd+unix:///a?socket={two_socket}").as_str()),
+            ("b", format!("nbd+unix:///b?socket={two_socket}").as_str()),
+        ]
+    );
+    assert_eq!(second["version"], "other@1");
+    let (status, err) = two.signal("TERM");
+    assert_eq!(status.code(), Some(0), "{err}");
+    rest.clear();
+    two.stdout.read_to_string(&mut rest).unwrap();
+    assert_eq!(rest, "", "more on stdout after the announcements");
+    assert!(
+        !err.contains("serving"),
+        "the text notes went out too: {err}"
     );
 }
 

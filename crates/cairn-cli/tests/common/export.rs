@@ -78,7 +78,7 @@ pub struct Served {
     /// The first object the export printed with `--json` once it served.
     pub ready: Value,
     /// The rest of its standard output (kept open so that it can go on printing).
-    pub _stdout: BufReader<ChildStdout>,
+    pub stdout: BufReader<ChildStdout>,
     /// Collects its standard error until it exits.
     pub stderr: Option<std::thread::JoinHandle<String>>,
 }
@@ -143,7 +143,7 @@ impl Served {
             socket,
             stats,
             ready,
-            _stdout: out,
+            stdout: out,
             stderr: Some(stderr),
         }
     }
