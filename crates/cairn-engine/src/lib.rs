@@ -20,6 +20,7 @@
 //! - [`repair`]: rebuild heads, index and summaries; store lost blobs again from a source
 //! - [`retention`]: keep-last/hourly/daily/weekly/monthly policies and prune
 //! - [`stats`]: repository-wide figures
+//! - [`progress`]: live counters of verify and GC for a progress display
 
 pub mod chunker;
 pub mod clone;
@@ -29,6 +30,7 @@ mod error;
 pub mod gc;
 pub mod interrupt;
 pub mod live;
+pub mod progress;
 pub mod remove;
 pub mod repair;
 pub mod resolve;

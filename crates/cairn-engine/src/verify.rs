@@ -23,6 +23,7 @@ use cairn_repo::{BlobLocation, Damaged, Repo, RepoError};
 use tokio::task::JoinSet;
 
 use crate::error::{EngineError, EngineResult};
+use crate::progress::{self, Unit, WorkProgress};
 
 /// Which packs a verify reads in full (restic's `--read-data-subset`): metadata is always
 /// checked whole; data only in the chosen packs.
@@ -81,6 +82,9 @@ pub struct VerifyOptions {
     pub versions: Vec<(Id, VersionRecord)>,
     /// Which packs to read in full.
     pub subset: PackSubset,
+    /// Counters for a progress display: the blob bytes of the packs checked, then the versions
+    /// whose trees are walked.
+    pub progress: Option<Arc<WorkProgress>>,
 }
 
 impl Default for VerifyOptions {
@@ -88,6 +92,7 @@ impl Default for VerifyOptions {
         VerifyOptions {
             versions: Vec::new(),
             subset: PackSubset::All,
+            progress: None,
         }
     }
 }
@@ -172,7 +177,13 @@ pub async fn verify_with(repo: Arc<Repo>, options: &VerifyOptions) -> EngineResu
         .into_iter()
         .filter(|(pack, _)| options.subset.includes(pack))
         .collect();
-    let bad_blobs = check_packs(&repo, by_pack, &mut report).await?;
+    let blob_bytes = by_pack
+        .iter()
+        .flat_map(|(_, entries)| entries)
+        .map(|e| e.range().end - e.range().start)
+        .sum();
+    progress::start(&options.progress, "reading packs", Unit::Bytes, blob_bytes);
+    let bad_blobs = check_packs(&repo, by_pack, &mut report, &options.progress).await?;
 
     // 2. Version records and heads (the whole repository only).
     let mut known: HashSet<Id> = versions.iter().map(|(id, _)| *id).collect();
@@ -242,8 +253,15 @@ pub async fn verify_with(repo: Arc<Repo>, options: &VerifyOptions) -> EngineResu
         bad_blobs: &bad_blobs,
         memo: HashMap::new(),
     };
+    progress::start(
+        &options.progress,
+        "walking trees",
+        Unit::Items,
+        versions.len() as u64,
+    );
     for (id, record) in &versions {
         report.versions_checked += 1;
+        progress::add(&options.progress, 1);
         if let Some(parent) = record.parent {
             if !scoped && !known.contains(&parent) && !repo.is_known_lost_version(&parent).await? {
                 report.problems.push(format!(
@@ -309,6 +327,7 @@ async fn check_packs(
     repo: &Arc<Repo>,
     by_pack: Vec<(Id, Vec<BlobEntry>)>,
     report: &mut VerifyReport,
+    progress: &Option<Arc<WorkProgress>>,
 ) -> EngineResult<HashMap<Id, String>> {
     let mut bad = HashMap::new();
     let mut tasks = JoinSet::new();
@@ -328,6 +347,7 @@ async fn check_packs(
         let outcome = done.map_err(|e| EngineError::internal("verify task", e))??;
         report.packs_checked += 1;
         report.blobs_checked += outcome.blobs;
+        progress::add(progress, outcome.blob_bytes);
         report.bytes_read += outcome.bytes;
         report.problems.extend(outcome.problems);
         report.packs_with_quarantined += u64::from(outcome.known_damaged);
@@ -352,13 +372,20 @@ struct PackOutcome {
     /// The pack is damaged, but only in copies quarantined before this run.
     known_damaged: bool,
     blobs: u64,
+    /// Bytes read (the whole pack).
     bytes: u64,
+    /// Bytes of the blobs checked (the index's view of the pack).
+    blob_bytes: u64,
     problems: Vec<String>,
     bad: Vec<(BlobEntry, String)>,
 }
 
 async fn check_pack(repo: &Repo, pack: Id, entries: Vec<BlobEntry>) -> EngineResult<PackOutcome> {
     let key = keys::pack(&pack);
+    let blob_bytes = entries
+        .iter()
+        .map(|e| e.range().end - e.range().start)
+        .sum();
     // A pack holding a copy quarantined earlier no longer matches its id, and is known to:
     // its other blobs are checked as usual, the copy is not used, and the next
     // `gc --repair` rewrites or deletes the pack.
@@ -372,6 +399,7 @@ async fn check_pack(repo: &Repo, pack: Id, entries: Vec<BlobEntry>) -> EngineRes
                 known_damaged: false,
                 blobs: entries.len() as u64,
                 bytes: 0,
+                blob_bytes,
                 bad: entries.iter().map(|e| (*e, reason.clone())).collect(),
                 problems: vec![format!("{key}: missing ({} blobs lost)", entries.len())],
             });
@@ -426,6 +454,7 @@ async fn check_pack(repo: &Repo, pack: Id, entries: Vec<BlobEntry>) -> EngineRes
             known_damaged: mismatch && known,
             blobs: entries.len() as u64,
             bytes,
+            blob_bytes,
             problems,
             bad,
         }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_engine::gc::{gc, GcMode, GcOptions};
+use cairn_engine::progress::WorkProgress;
 use cairn_engine::resolve::{history, resolve, VersionSpec};
 use cairn_engine::verify::verify;
 use cairn_format::node::{Extent, Interior, Leaf};
@@ -93,9 +94,36 @@ async fn gc_after_deleting_all_but_the_newest_matches_a_fresh_repository(mode: G
         repo.mark_deleted(&id).await.unwrap();
     }
     let before = stored_bytes(store.as_ref()).await;
-    let report = gc(&repo, &opts(mode)).await.unwrap();
+    let progress = Arc::new(WorkProgress::default());
+    let options = GcOptions {
+        progress: Some(progress.clone()),
+        ..opts(mode)
+    };
+    let report = gc(&repo, &options).await.unwrap();
     let after = stored_bytes(store.as_ref()).await;
     assert_eq!(report.bytes_before, before);
+    // Progress went through the steps of this mode, each counted to its total; the bytes
+    // repacked are the report's.
+    let steps: Vec<(&str, u64, u64)> = progress
+        .steps()
+        .iter()
+        .map(|r| (r.step.name, r.done, r.total))
+        .collect();
+    let (walk, walked) = match mode {
+        GcMode::Fast => ("judging deleted versions", 4),
+        GcMode::Repair => ("marking live versions", 1),
+    };
+    let repacked = report.bytes_repacked;
+    let mut want = vec![(walk, walked, walked)];
+    if mode == GcMode::Fast {
+        want.insert(0, ("loading live summaries", 1, 1));
+    }
+    want.extend([
+        ("repacking", repacked, repacked),
+        ("waiting for older sessions", 0, 0),
+        ("deleting", 0, 0),
+    ]);
+    assert_eq!(steps, want, "{report:?}");
     assert_eq!(report.bytes_after, after);
     assert!(
         report.dead_blobs > 0 && report.packs_deleted + report.packs_repacked > 0,

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use cairn_engine::gc::{gc, GcMode, GcOptions};
 use cairn_engine::live::live_versions;
+use cairn_engine::progress::WorkProgress;
 use cairn_engine::repair::{repair, RepairOptions};
 use cairn_engine::resolve::{history, history_checked, resolve, VersionSpec};
 use cairn_engine::restore::{restore, RestoreOptions, RestoreTarget};
@@ -201,17 +202,31 @@ async fn scoped_and_sampled_verify() {
 
     // Scoped to image a: clean, and only a's packs are read.
     let versions = history(&repo, "a").await.unwrap();
+    let progress = Arc::new(WorkProgress::default());
     let report = verify_with(
         repo.clone(),
         &VerifyOptions {
             versions,
             subset: PackSubset::All,
+            progress: Some(progress.clone()),
         },
     )
     .await
     .unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
     assert_eq!(report.versions_checked, 1);
+    // Progress: the blob bytes of the packs read, then the one version's tree.
+    let steps: Vec<(&str, u64, u64)> = progress
+        .steps()
+        .iter()
+        .map(|r| (r.step.name, r.done, r.total))
+        .collect();
+    let (_, packed, _) = steps[0];
+    assert!(packed > 0 && packed <= report.bytes_read, "{steps:?}");
+    assert_eq!(
+        steps,
+        [("reading packs", packed, packed), ("walking trees", 1, 1)]
+    );
     let full = verify(repo.clone()).await.unwrap();
     assert!(report.packs_checked < full.packs_checked);
     assert_eq!(full.damaged_versions.len(), 1);
@@ -225,6 +240,7 @@ async fn scoped_and_sampled_verify() {
             &VerifyOptions {
                 versions: Vec::new(),
                 subset: PackSubset::parse(&format!("{k}/3")).unwrap(),
+                progress: None,
             },
         )
         .await

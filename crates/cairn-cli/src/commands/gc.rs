@@ -13,12 +13,14 @@ use serde_json::{json, Value};
 use crate::cli::GcArgs;
 use crate::context::Context;
 use crate::output::{bytes, print_json};
+use crate::progress::Ticker;
 
 pub async fn run(ctx: &Context, args: GcArgs) -> Result<ExitCode> {
     if !(0.0..=1.0).contains(&args.repack_threshold) {
         bail!("--repack-threshold must be between 0 and 1");
     }
     let repo = ctx.open_as(SessionKind::Gc).await?;
+    let (progress, ticker) = Ticker::for_work(ctx.progress);
     let options = GcOptions {
         mode: if args.repair {
             GcMode::Repair
@@ -30,9 +32,12 @@ pub async fn run(ctx: &Context, args: GcArgs) -> Result<ExitCode> {
         stale_after: Duration::from_secs(args.stale_after),
         wait_limit: Duration::from_secs(args.wait_limit),
         on_wait: wait_notice(ctx),
+        progress,
         ..Default::default()
     };
-    let r = gc(&repo, &options).await?;
+    let r = gc(&repo, &options).await;
+    drop(ticker);
+    let r = r?;
     if ctx.json {
         print_json(&report_json(&r));
     } else {
@@ -51,12 +56,16 @@ pub async fn run(ctx: &Context, args: GcArgs) -> Result<ExitCode> {
 /// older sessions). The deletion itself already stands, so a GC that cannot run now is a
 /// warning, not a failure: the next `cairn gc` frees the space.
 pub async fn free_deleted(ctx: &Context, repo: &Arc<Repo>) -> Option<GcReport> {
+    let (progress, ticker) = Ticker::for_work(ctx.progress);
     let options = GcOptions {
         wait_limit: Duration::from_secs(60),
         on_wait: wait_notice(ctx),
+        progress,
         ..Default::default()
     };
-    match gc(repo, &options).await {
+    let r = gc(repo, &options).await;
+    drop(ticker);
+    match r {
         Ok(r) => Some(r),
         Err(e) => {
             eprintln!("warning: space not reclaimed now ({e}); run `cairn gc` later");

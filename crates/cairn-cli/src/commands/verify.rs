@@ -11,6 +11,7 @@ use serde_json::json;
 use crate::cli::VerifyArgs;
 use crate::context::Context;
 use crate::output::{bytes, print_json};
+use crate::progress::Ticker;
 
 pub async fn run(ctx: &Context, args: VerifyArgs) -> Result<ExitCode> {
     let subset = match &args.read_data_subset {
@@ -27,7 +28,18 @@ pub async fn run(ctx: &Context, args: VerifyArgs) -> Result<ExitCode> {
             versions.extend(history(&repo, &spec.image).await?);
         }
     }
-    let report = verify_with(repo, &VerifyOptions { versions, subset }).await?;
+    let (progress, ticker) = Ticker::for_work(ctx.progress);
+    let report = verify_with(
+        repo,
+        &VerifyOptions {
+            versions,
+            subset,
+            progress,
+        },
+    )
+    .await;
+    drop(ticker);
+    let report = report?;
     if ctx.json {
         print_json(&json!({
             "clean": report.is_clean(),

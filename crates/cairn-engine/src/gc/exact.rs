@@ -26,6 +26,7 @@ use super::{
 };
 use crate::error::{EngineError, EngineResult};
 use crate::live::live_versions;
+use crate::progress::{self, Unit, WorkProgress};
 
 pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport> {
     let mut report = GcReport::default();
@@ -38,7 +39,14 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     let leftovers = repo.gc_leftovers().await?;
     let summaries_before = repo.summary_roots().await?;
     let mut marker = Marker::default();
+    progress::start(
+        &options.progress,
+        "marking live versions",
+        Unit::Items,
+        live.live.len() as u64,
+    );
     for record in live.live.values() {
+        progress::add(&options.progress, 1);
         marker.mark_version(repo, &snapshot.index, record).await?;
     }
     report.live_versions = live.live.len() as u64;
@@ -124,7 +132,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             })
         })
         .collect();
-    consolidated.extend(repack(repo, &to_repack, &by_pack, &mut report).await?);
+    consolidated.extend(repack(repo, &to_repack, &by_pack, &mut report, &options.progress).await?);
     report.packs_written =
         (consolidated.len() - kept.iter().filter(|p| by_pack.contains_key(p)).count()) as u64;
     // An index file GC writes may be byte-identical to one it read: never supersede those.
@@ -168,6 +176,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     .await?;
 
     let doomed: Vec<Id> = to_delete.iter().chain(&to_repack).copied().collect();
+    progress::start(&options.progress, "deleting", Unit::Items, 0);
     sweep(repo, &superseded, &written_index, &doomed).await?;
     delete_orphans(repo, &orphans, &mut report).await?;
     remove_orphan_records(repo, &live_now, options, &mut report).await?;
@@ -290,7 +299,14 @@ async fn repack(
     to_repack: &[Id],
     by_pack: &HashMap<Id, Vec<BlobEntry>>,
     report: &mut GcReport,
+    progress: &Option<Arc<WorkProgress>>,
 ) -> EngineResult<Vec<PackIndex>> {
+    let to_copy = to_repack
+        .iter()
+        .flat_map(|p| &by_pack[p])
+        .map(|e| e.range().end - e.range().start)
+        .sum();
+    progress::start(progress, "repacking", Unit::Bytes, to_copy);
     let mut written = Vec::new();
     let mut repacker = Repacker::new(repo.config().pack_target as usize);
     for pack in to_repack {
@@ -306,6 +322,7 @@ async fn repack(
                 stored,
             )?;
             report.bytes_repacked += stored.len() as u64;
+            progress::add(progress, stored.len() as u64);
             if let Some(done) = repacker.push(&e, stored) {
                 written.push(write_pack(repo, done).await?);
             }

@@ -29,6 +29,7 @@ use super::{
 };
 use crate::error::{EngineError, EngineResult};
 use crate::live::live_versions;
+use crate::progress::{self, Unit};
 
 /// Walks a deleted version's tree: a node or chunk every live summary rejects is dead; a
 /// node some summary may hold is not descended into (if it is live, so is its subtree).
@@ -113,7 +114,14 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     if pending.is_empty() {
         records.clear();
     }
+    progress::start(
+        &options.progress,
+        "loading live summaries",
+        Unit::Items,
+        records.len() as u64,
+    );
     for (_, record) in records {
+        progress::add(&options.progress, 1);
         let Some(root) = record.root else { continue };
         if !live_roots.insert(root) {
             continue;
@@ -136,7 +144,14 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     let mut seen: HashSet<Id> = HashSet::new();
     let mut processed = Vec::new();
     let mut pending_roots = Vec::new();
+    progress::start(
+        &options.progress,
+        "judging deleted versions",
+        Unit::Items,
+        pending.len() as u64,
+    );
     for version in &pending {
+        progress::add(&options.progress, 1);
         let record = match repo.load_version(version).await {
             Ok(r) => r,
             Err(e) => {
@@ -264,9 +279,22 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         // Repack the live blobs of the packs below the threshold.
         let mut replacement: Vec<PackIndex> = Vec::new();
         let mut repacker = Repacker::new(repo.config().pack_target as usize);
+        let live_of = |pack: &Id| {
+            entries_of[pack]
+                .values()
+                .filter(|e| !dead.contains(&e.id))
+                .copied()
+                .collect::<Vec<BlobEntry>>()
+        };
+        let to_copy = to_repack
+            .iter()
+            .flat_map(live_of)
+            .map(|e| e.range().end - e.range().start)
+            .sum();
+        progress::start(&options.progress, "repacking", Unit::Bytes, to_copy);
         for pack in &to_repack {
             let data = repo.read_whole_pack(pack).await?;
-            for e in entries_of[pack].values().filter(|e| !dead.contains(&e.id)) {
+            for e in &live_of(pack) {
                 let r = e.range();
                 let stored = &data[r.start as usize..r.end as usize];
                 // Verify before copying: never launder a corrupt blob into a new pack.
@@ -278,6 +306,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
                     stored,
                 )?;
                 report.bytes_repacked += stored.len() as u64;
+                progress::add(&options.progress, stored.len() as u64);
                 if let Some(done) = repacker.push(e, stored) {
                     replacement.push(write_pack(repo, done).await?);
                 }
@@ -342,6 +371,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     .await?;
 
     let doomed: Vec<Id> = to_delete.iter().chain(&to_repack).copied().collect();
+    progress::start(&options.progress, "deleting", Unit::Items, 0);
     sweep(repo, &superseded, &written_index, &doomed).await?;
     delete_orphans(repo, &orphans, &mut report).await?;
     let live_roots_now: HashSet<Id> = live_now.live.values().filter_map(|r| r.root).collect();

@@ -54,6 +54,7 @@ use cairn_repo::{
 use cairn_store::StoreError;
 
 use crate::error::{EngineError, EngineResult};
+use crate::progress::{self, Unit, WorkProgress};
 
 /// How a GC decides what is dead.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -92,6 +93,9 @@ pub struct GcOptions {
     pub poll: Duration,
     /// Told what GC waits for, about every [`WAIT_NOTICE_EVERY`] while it waits.
     pub on_wait: Option<WaitNotice>,
+    /// Counters for a progress display (each step: summaries, deleted trees or marking,
+    /// repacking, waiting, deleting).
+    pub progress: Option<Arc<WorkProgress>>,
 }
 
 /// How often a waiting GC says what it waits for.
@@ -120,6 +124,7 @@ impl Default for GcOptions {
             wait_limit: Duration::from_secs(3600),
             poll: Duration::from_millis(200),
             on_wait: None,
+            progress: None,
         }
     }
 }
@@ -332,6 +337,12 @@ pub const CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(1);
 async fn wait_for_sessions(repo: &Repo, cutoff_ns: i64, options: &GcOptions) -> EngineResult<()> {
     let me = repo.session_key();
     let started = Instant::now();
+    progress::start(
+        &options.progress,
+        "waiting for older sessions",
+        Unit::Items,
+        0,
+    );
     let mut noticed: Option<Instant> = None;
     loop {
         let now = now_ns();

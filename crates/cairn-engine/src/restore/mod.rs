@@ -542,6 +542,9 @@ impl BatchWriter<'_> {
             done.map_err(|e| EngineError::internal("restore task", e))??;
         self.stats.fetched_bytes += fetched;
         self.stats.data_bytes += data;
+        // The bar moves with every read, not only at the end of a batch: the batch's data
+        // lies in [written_to, last), so `done` stays below the `last` stored at its end.
+        self.progress.done.fetch_add(data, Ordering::Relaxed);
         damaged.append(&mut lost);
         Ok(())
     }
