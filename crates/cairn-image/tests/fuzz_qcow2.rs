@@ -283,16 +283,9 @@ fn exercise(bytes: &[u8], dir: &Path, name: &str) {
     fs::remove_file(&path).unwrap();
 }
 
-fn cases() -> u32 {
-    std::env::var("CAIRN_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256)
-}
-
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: cases(),
+        cases: cairn_testkit::fuzz_cases(),
         failure_persistence: None,
         ..ProptestConfig::default()
     })]

@@ -107,17 +107,9 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Deterministic pseudo-random bytes (xorshift), never all zero for long.
+/// Deterministic pseudo-random bytes, none zero.
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8 | 1
-        })
-        .collect()
+    cairn_testkit::nonzero_noise(len, seed)
 }
 
 /// A sparse raw image of `size` bytes, laid out per MiB: `i % 4 == 0` full of data,

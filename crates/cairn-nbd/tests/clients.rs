@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use cairn_nbd::{MemoryExport, Server};
-use common::{patterned, require_tool, run, run_ok, TestServer};
+use common::{patterned, patterned_map, require_tool, run, run_ok, TestServer};
 
 const SIZE: usize = 1024 * 1024;
 
@@ -176,23 +176,7 @@ fn nbdinfo_map_shows_allocation() {
     let (srv, _disk, _rw) = two_exports();
     let out = run_ok(Command::new("nbdinfo").arg("--map").arg(srv.uri("disk")));
     let text = String::from_utf8_lossy(&out.stdout);
-    // patterned(): runs of 16 blocks (64 KiB), data first, alternating.
-    let mut expected = String::new();
-    for run in 0..(SIZE / 65536) {
-        let (flags, desc) = if run % 2 == 0 {
-            (0, "data")
-        } else {
-            (3, "hole,zero")
-        };
-        expected.push_str(&format!(
-            "{:>10}  {:>10}  {:>3}  {}\n",
-            run * 65536,
-            65536,
-            flags,
-            desc
-        ));
-    }
-    assert_eq!(text, expected);
+    assert_eq!(text, patterned_map(SIZE));
 }
 
 #[test]

@@ -1180,16 +1180,9 @@ fn opt_strategy() -> impl Strategy<Value = Opt> {
     )
 }
 
-fn cases() -> u32 {
-    std::env::var("CAIRN_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256)
-}
-
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: cases(),
+        cases: cairn_testkit::fuzz_cases(),
         failure_persistence: None,
         // A hang costs CASE_TIMEOUT per shrinking step: report a less simple input sooner.
         max_shrink_time: 120_000,

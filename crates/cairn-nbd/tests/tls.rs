@@ -12,52 +12,11 @@ use std::time::Duration;
 
 use cairn_nbd::protocol::*;
 use cairn_nbd::{MemoryExport, Server, TlsConfig};
+use cairn_testkit::tls::Ca;
 use common::{patterned, TestServer};
 use tokio_rustls::rustls;
 
 const SIZE: usize = 256 * 1024;
-
-/// A CA, and certificates it signs, written as PEM files.
-struct Ca {
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-    pem: String,
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        p.key_usages = vec![
-            rcgen::KeyUsagePurpose::KeyCertSign,
-            rcgen::KeyUsagePurpose::CrlSign,
-        ];
-        p.distinguished_name
-            .push(rcgen::DnType::CommonName, name.to_string());
-        let key = rcgen::KeyPair::generate().unwrap();
-        let pem = p.self_signed(&key).unwrap().pem();
-        Ca {
-            issuer: rcgen::Issuer::new(p, key),
-            pem,
-        }
-    }
-
-    /// (certificate PEM, key PEM) for `names`, for a server or a client.
-    fn sign(&self, names: &[&str], client: bool) -> (String, String) {
-        let mut p =
-            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        p.distinguished_name
-            .push(rcgen::DnType::CommonName, names[0].to_string());
-        p.extended_key_usages = vec![if client {
-            rcgen::ExtendedKeyUsagePurpose::ClientAuth
-        } else {
-            rcgen::ExtendedKeyUsagePurpose::ServerAuth
-        }];
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = p.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
 
 fn write_files(dir: &Path, files: &[(&str, &str)]) {
     std::fs::create_dir_all(dir).unwrap();

@@ -4,6 +4,9 @@
 //! (`FailingStore`, `CountingStore`), beside the stores they wrap.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "tls")]
+pub mod tls;
+
 /// Deterministic pseudo-random bytes (xorshift64 from `seed`): incompressible data that
 /// never deduplicates against another seed's, the same on every run.
 pub fn noise(len: usize, seed: u64) -> Vec<u8> {
@@ -16,6 +19,27 @@ pub fn noise(len: usize, seed: u64) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// Like [`noise`], but no byte is zero: data that zero detection never skips.
+pub fn nonzero_noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8 | 1
+        })
+        .collect()
+}
+
+/// Cases per property of the stable fuzz tests: `CAIRN_FUZZ_CASES`, else 256.
+pub fn fuzz_cases() -> u32 {
+    std::env::var("CAIRN_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256)
 }
 
 #[cfg(test)]
@@ -31,5 +55,8 @@ mod tests {
             &noise(64, 1)[..8],
             "a prefix of a longer run"
         );
+        let n = nonzero_noise(4096, 3);
+        assert!(n.iter().all(|&b| b != 0));
+        assert_ne!(n, nonzero_noise(4096, 4));
     }
 }

@@ -99,3 +99,24 @@ pub fn patterned(size: usize) -> Vec<u8> {
     }
     v
 }
+
+/// What `nbdinfo --map` prints for [`patterned`] data of `size` bytes served with block
+/// status: runs of 64 KiB, data first, alternating with holes that read as zeros.
+pub fn patterned_map(size: usize) -> String {
+    let mut expected = String::new();
+    for run in 0..(size / 65536) {
+        let (flags, desc) = if run % 2 == 0 {
+            (0, "data")
+        } else {
+            (3, "hole,zero")
+        };
+        expected.push_str(&format!(
+            "{:>10}  {:>10}  {:>3}  {}\n",
+            run * 65536,
+            65536,
+            flags,
+            desc
+        ));
+    }
+    expected
+}

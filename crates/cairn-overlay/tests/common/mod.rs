@@ -6,18 +6,7 @@ pub const BS: u32 = 4096;
 
 /// Deterministic content for (block, seed): distinct per block and seed, never all zero.
 pub fn pattern(block: u64, seed: u64, len: usize) -> Vec<u8> {
-    let mut x = block
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add(seed.wrapping_mul(0xD1B5_4A32_D192_ED03))
-        | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8 | 1
-        })
-        .collect()
+    cairn_testkit::nonzero_noise(len, block.wrapping_mul(0x1_0000_0001) ^ seed)
 }
 
 pub fn write(o: &Overlay, block: u64, seed: u64) {
