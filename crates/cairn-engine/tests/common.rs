@@ -10,8 +10,11 @@ use cairn_engine::commit::{commit, CommitOptions, CommitResult};
 use cairn_engine::restore::{restore, RestoreOptions, RestoreTarget};
 use cairn_engine::source::{open_path, StreamSource};
 use cairn_format::config::RepoConfig;
+use cairn_format::node::Leaf;
 use cairn_format::version::VersionRecord;
-use cairn_repo::Repo;
+use cairn_format::Id;
+use cairn_repo::tree_walk::{walk_tree, NodeAt, TreeVisitor};
+use cairn_repo::{Repo, RepoError};
 #[allow(unused_imports)] // not every test file needs them
 pub use cairn_store::FailingStore;
 #[allow(unused_imports)]
@@ -64,4 +67,36 @@ pub async fn restore_bytes(repo: &Arc<Repo>, record: &VersionRecord) -> Result<V
     .await
     .map_err(|e| e.to_string())?;
     Ok(std::fs::read(out).unwrap())
+}
+
+/// The blob ids of a version's tree, in walk order (a chunk used twice is listed twice).
+pub struct TreeBlobs {
+    pub nodes: Vec<Id>,
+    pub chunks: Vec<Id>,
+}
+
+impl TreeVisitor<RepoError> for TreeBlobs {
+    fn enter(&mut self, at: &NodeAt) -> bool {
+        self.nodes.push(at.id);
+        true
+    }
+    fn leaf(&mut self, _: &NodeAt, leaf: Leaf) -> Result<(), RepoError> {
+        self.chunks.extend(leaf.chunk_ids());
+        Ok(())
+    }
+}
+
+/// Every node and chunk of `record`'s tree, read through the repository's tree walker.
+pub async fn tree_blobs(repo: &Repo, record: &VersionRecord) -> TreeBlobs {
+    let mut blobs = TreeBlobs {
+        nodes: Vec::new(),
+        chunks: Vec::new(),
+    };
+    if let Some(root) = record.root {
+        let mut reader = repo;
+        walk_tree(&mut reader, root, record.height, record.fanout, &mut blobs)
+            .await
+            .unwrap();
+    }
+    blobs
 }

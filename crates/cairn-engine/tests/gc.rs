@@ -11,7 +11,6 @@ use cairn_engine::gc::{gc, GcMode, GcOptions};
 use cairn_engine::progress::WorkProgress;
 use cairn_engine::resolve::{history, resolve, VersionSpec};
 use cairn_engine::verify::verify;
-use cairn_format::node::{Extent, Interior, Leaf};
 use cairn_format::summary::Summary;
 use cairn_format::version::VersionRecord;
 use cairn_repo::Repo;
@@ -313,30 +312,6 @@ async fn gc_dying_after_any_number_of_store_operations_loses_nothing(mode: GcMod
     assert_eq!(restore_bytes(&r, &v).await.unwrap(), contents[4]);
 }
 
-/// Every blob id in a version's tree: (chunks, nodes).
-async fn tree_blobs(
-    repo: &Repo,
-    record: &VersionRecord,
-) -> (Vec<cairn_format::Id>, Vec<cairn_format::Id>) {
-    let (mut chunks, mut nodes) = (Vec::new(), Vec::new());
-    let mut stack = vec![(record.root.unwrap(), record.height)];
-    while let Some((id, level)) = stack.pop() {
-        nodes.push(id);
-        let raw = repo.read_blob(&id).await.unwrap();
-        if level == 0 {
-            for e in Leaf::decode(&raw).unwrap().extents {
-                if let Extent::Chunk { id, .. } = e {
-                    chunks.push(id);
-                }
-            }
-        } else {
-            let n = Interior::decode(&raw).unwrap();
-            stack.extend(n.children.into_iter().map(|(_, c)| (c, level - 1)));
-        }
-    }
-    (chunks, nodes)
-}
-
 async fn load_summary(store: &dyn ObjectStore, record: &VersionRecord) -> Summary {
     let raw = store
         .get(&keys::summary(&record.root.unwrap()))
@@ -351,7 +326,7 @@ async fn every_commit_publishes_a_summary_holding_every_blob_of_its_tree() {
     let (repo, _) = series(store.clone()).await;
     for (_, record) in history(&repo, "vm").await.unwrap() {
         let s = load_summary(store.as_ref(), &record).await;
-        let (chunks, nodes) = tree_blobs(&repo, &record).await;
+        let TreeBlobs { nodes, chunks } = tree_blobs(&repo, &record).await;
         assert!(chunks.iter().all(|id| s.chunks.contains(id)));
         assert!(nodes.iter().all(|id| s.nodes.contains(id)));
         let distinct: std::collections::HashSet<_> = chunks.iter().collect();
@@ -446,7 +421,7 @@ async fn fast_deletion_rebuilds_missing_and_damaged_summaries() {
     for (record, data) in [(&v4, &contents[3]), (&v5, &contents[4])] {
         assert_eq!(&restore_bytes(&repo, record).await.unwrap(), data);
         let s = load_summary(store.as_ref(), record).await; // rebuilt and stored again
-        let (chunks, _) = tree_blobs(&repo, record).await;
+        let chunks = tree_blobs(&repo, record).await.chunks;
         assert!(chunks.iter().all(|id| s.chunks.contains(id)));
     }
     // The deleted versions' summaries are gone with them.

@@ -16,10 +16,8 @@ use cairn_engine::gc::{gc, GcMode, GcOptions};
 use cairn_engine::resolve::{history, origin, VersionSpec};
 use cairn_engine::tree::leaf_map;
 use cairn_format::config::Chunker;
-use cairn_format::node::{Extent, Interior, Leaf};
 use cairn_format::pack::BlobKind;
 use cairn_format::version::VersionRecord;
-use cairn_format::Id;
 use cairn_repo::Repo;
 use cairn_store::{CountingStore, MemoryStore, ObjectStore};
 use common::*;
@@ -106,30 +104,6 @@ async fn patch(
     .unwrap()
 }
 
-/// Every node and chunk of `record`'s tree, read from the manifest.
-async fn tree_blobs(repo: &Repo, record: &VersionRecord) -> (Vec<Id>, Vec<Id>) {
-    let (mut nodes, mut chunks) = (Vec::new(), Vec::new());
-    let Some(root) = record.root else {
-        return (nodes, chunks);
-    };
-    let mut stack = vec![(root, record.height)];
-    while let Some((id, level)) = stack.pop() {
-        nodes.push(id);
-        let raw = repo.read_blob(&id).await.unwrap();
-        if level == 0 {
-            for e in Leaf::decode(&raw).unwrap().extents {
-                if let Extent::Chunk { id, .. } = e {
-                    chunks.push(id);
-                }
-            }
-        } else {
-            let node = Interior::decode(&raw).unwrap();
-            stack.extend(node.children.iter().map(|&(_, c)| (c, level - 1)));
-        }
-    }
-    (nodes, chunks)
-}
-
 /// GC's fast deletion relies on this: the summary names every node and chunk of the tree.
 async fn assert_summary_complete(repo: &Repo, record: &VersionRecord) {
     let root = record.root.expect("a tree");
@@ -138,7 +112,7 @@ async fn assert_summary_complete(repo: &Repo, record: &VersionRecord) {
         .await
         .unwrap()
         .expect("summary stored");
-    let (nodes, chunks) = tree_blobs(repo, record).await;
+    let TreeBlobs { nodes, chunks } = tree_blobs(repo, record).await;
     assert!(!chunks.is_empty());
     for n in &nodes {
         assert!(s.nodes.contains(n), "node {n} missing from the summary");

@@ -10,28 +10,23 @@ pub mod tls;
 /// Deterministic pseudo-random bytes (xorshift64 from `seed`): incompressible data that
 /// never deduplicates against another seed's, the same on every run.
 pub fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    xorshift(seed).take(len).map(|x| x as u8).collect()
 }
 
 /// Like [`noise`], but no byte is zero: data that zero detection never skips.
 pub fn nonzero_noise(len: usize, seed: u64) -> Vec<u8> {
+    xorshift(seed).take(len).map(|x| (x >> 24) as u8 | 1).collect()
+}
+
+/// The xorshift64 sequence from `seed` (never stuck at zero).
+fn xorshift(seed: u64) -> impl Iterator<Item = u64> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8 | 1
-        })
-        .collect()
+    std::iter::repeat_with(move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    })
 }
 
 /// Cases per property of the stable fuzz tests: `CAIRN_FUZZ_CASES`, else 256.
