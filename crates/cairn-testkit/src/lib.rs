@@ -15,7 +15,10 @@ pub fn noise(len: usize, seed: u64) -> Vec<u8> {
 
 /// Like [`noise`], but no byte is zero: data that zero detection never skips.
 pub fn nonzero_noise(len: usize, seed: u64) -> Vec<u8> {
-    xorshift(seed).take(len).map(|x| (x >> 24) as u8 | 1).collect()
+    xorshift(seed)
+        .take(len)
+        .map(|x| (x >> 24) as u8 | 1)
+        .collect()
 }
 
 /// The xorshift64 sequence from `seed` (never stuck at zero).
