@@ -84,6 +84,18 @@ bench_scripts_parse_and_reports_regenerate() {
     fi
     rm -rf "$scratch"
   done
+  for json in bench/results/groups-*.jsonl; do
+    [ -e "$json" ] || continue
+    scratch=$(mktemp -d)
+    cp "$json" "$scratch/"
+    /usr/bin/python3 bench/groups_report.py "$scratch/$(basename "$json")" >/dev/null || return 1
+    if ! diff -u "${json%.jsonl}.md" "$scratch/$(basename "${json%.jsonl}").md"; then
+      echo "${json%.jsonl}.md is not what bench/groups_report.py makes of $json" >&2
+      rm -rf "$scratch"
+      return 1
+    fi
+    rm -rf "$scratch"
+  done
 }
 
 if [ "$QUICK" -eq 1 ]; then

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Markdown tables of a `bench/groups.sh` run: bench/groups_report.py RESULTS.jsonl
+
+Writes RESULTS.md beside the input (and prints it). Each input line is one object printed by
+`cairn-groups` plus a "scenario" field ("series", "golden", "levels", "estimate"). Stored
+bytes are compared with the v1 layout (16 KiB chunks, each compressed alone) of the same
+scenario in the same run.
+"""
+import collections
+import json
+import os
+import sys
+
+MIB = 1 << 20
+
+
+def name(path):
+    return os.path.basename(path).removesuffix(".raw")
+
+
+def size(n):
+    return f"{n // 1024} KiB" if n else "alone"
+
+
+def grouped(rows):
+    """(chunk, group, level, skip_test) → {"steps": {file: stored}, "sum": Counter}."""
+    out = collections.OrderedDict()
+    for r in rows:
+        key = (r["chunk"], r["group"], r["level"], r["skip_test"])
+        a = out.setdefault(key, {"steps": {}, "sum": collections.Counter()})
+        a["steps"][name(r["file"])] = r["stored_bytes"]
+        for f in ("stored_bytes", "new_bytes", "new_chunks", "leaf_extents",
+                  "merged_extents", "groups", "raw_groups", "skipped_groups"):
+            a["sum"][f] += r[f]
+        a["sum"]["cpu_ms"] += round(r["compress_cpu_s"] * 1000)
+    return out
+
+
+def v1_total(by_config):
+    return by_config[(16384, 0, 3, False)]["sum"]["stored_bytes"]
+
+
+def sizes_table(rows, title):
+    by = grouped(rows)
+    files = list(dict.fromkeys(name(r["file"]) for r in rows))
+    base = v1_total(by)
+    lines = [f"#### {title}", "",
+             "| chunk | group | " + " | ".join(files)
+             + " | total MiB | ÷ v1 | index entries | leaf extents | merged extents |",
+             "|---|---|" + "---:|" * (len(files) + 5)]
+    for (c, g, _, _), a in by.items():
+        s = a["sum"]
+        cells = " | ".join(f"{a['steps'][f] / MIB:.1f}" for f in files)
+        lines.append(
+            f"| {size(c)} | {size(g)} | {cells} | {s['stored_bytes'] / MIB:.1f} | "
+            f"{s['stored_bytes'] / base:.3f} | {s['new_chunks']:,} | {s['leaf_extents']:,} | "
+            f"{s['merged_extents']:,} |")
+    return lines
+
+
+def levels_table(rows, v1_rows):
+    base_by = grouped(v1_rows)
+    base = v1_total(base_by)
+    b = base_by[(16384, 0, 3, False)]["sum"]
+    lines = ["#### zstd level, and the cheap estimate (su-0 … su-5, 4 KiB chunks)", "",
+             "| chunk | group | level | estimate | stored MiB | ÷ v1 | raw groups | skipped "
+             "| zstd CPU s | MiB/s per core |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
+             f"| 16 KiB | alone (v1) | 3 | no | {b['stored_bytes'] / MIB:.1f} | 1.000 | "
+             f"{b['raw_groups']:,} of {b['groups']:,} | 0 | {b['cpu_ms'] / 1000:.2f} | "
+             f"{b['new_bytes'] / MIB / (b['cpu_ms'] / 1000):.0f} |"]
+    for (c, g, level, skip), a in grouped(rows).items():
+        s = a["sum"]
+        secs = s["cpu_ms"] / 1000
+        lines.append(
+            f"| {size(c)} | {size(g)} | {level} | {'yes' if skip else 'no'} | "
+            f"{s['stored_bytes'] / MIB:.1f} | {s['stored_bytes'] / base:.3f} | "
+            f"{s['raw_groups']:,} of {s['groups']:,} | {s['skipped_groups']:,} | {secs:.2f} | "
+            f"{s['new_bytes'] / MIB / secs:.0f} |")
+    return lines
+
+
+def main():
+    path = sys.argv[1]
+    rows = [json.loads(line) for line in open(path)]
+    by_scenario = collections.defaultdict(list)
+    for r in rows:
+        by_scenario[r["scenario"]].append(r)
+    lines = sizes_table(by_scenario["series"], "Stored MiB per step, su-0 … su-5 in one repository (zstd 3)")
+    lines += [""] + sizes_table(by_scenario["golden"],
+                                "Stored MiB: su-1, its clones pa-a…pa-c, then su-1-rebuilt (zstd 3)")
+    lines += [""] + levels_table(by_scenario["levels"] + by_scenario["estimate"],
+                                 [r for r in by_scenario["series"] if r["chunk"] == 16384])
+    text = "\n".join(lines) + "\n"
+    with open(path.removesuffix(".jsonl") + ".md", "w") as out:
+        out.write(text)
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+//! `cairn-groups`: the format-v2 study (issue 16) — what dedup at file-system block size
+//! inside compressed chunk groups would store, before the format is changed.
+//!
+//! ```text
+//! cairn-groups --chunk 4096,8192,16384 --group 0,65536,131072 --level 3 [--skip-test] FILE...
+//! ```
+//!
+//! For every configuration (chunk size × group size × zstd level) the FILEs are "committed" in
+//! order into one simulated repository, the way `cairn commit` reads them: fixed chunks over the
+//! allocated extents (holes never read), zero chunks skipped, exact dedup by BLAKE3 id over
+//! everything committed before. The new chunks of each file, in the order met, are cut into
+//! groups of at most `--group` bytes (0: every chunk alone, which is format v1), and each group
+//! is compressed as one zstd frame; a group stored raw when compression does not pay. With
+//! `--skip-test`, a group whose first 8 KiB do not compress at level 1 to less than 97 % is
+//! stored raw without compressing the rest (the cheap estimate the issue asks for).
+//!
+//! One JSON object per configuration and file on stdout:
+//! - `chunks` (non-zero chunks of the file), `new_chunks`, `new_bytes` (their plain bytes);
+//! - `groups`, `stored_bytes` (compressed groups as they would sit in packs, without pack
+//!   headers or index), `raw_groups` (stored uncompressed), `skipped_groups` (by the estimate);
+//! - `compress_cpu_s`: CPU seconds spent in zstd (all threads), `hash_s` wall seconds of BLAKE3 on all cores;
+//! - `leaf_extents`: chunk references of the file's leaves (one per non-zero chunk) and
+//!   `merged_extents`: the same after merging runs of logically adjacent chunks that sit
+//!   back to back in one group (VMAR's extent-merged maps): the two bounds of leaf metadata.
+//!
+//! Nothing here is cairn's code path: it measures the data, so that the sizes are chosen
+//! before the format is written. Figures go to BENCHMARKS.md with the command and the date.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use rayon::prelude::*;
+use serde_json::json;
+
+/// Bytes of a group's head compressed by the cheap estimate.
+const SAMPLE: usize = 8 * 1024;
+/// The estimate's verdict: a sample that does not shrink below this is not compressed.
+const SAMPLE_RATIO: f64 = 0.97;
+
+#[derive(Clone, Copy, Debug)]
+struct Config {
+    chunk: usize,
+    /// Bytes per group at most; 0: one chunk per group.
+    group: usize,
+    level: i32,
+    skip_test: bool,
+}
+
+/// Where a stored chunk lives: its group and its index there.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Place {
+    group: u32,
+    slot: u32,
+}
+
+/// The simulated repository of one configuration.
+struct Repo {
+    config: Config,
+    chunks: HashMap<[u8; 32], Place>,
+    groups: u32,
+}
+
+#[derive(Default)]
+struct FileFigures {
+    chunks: u64,
+    new_chunks: u64,
+    new_bytes: u64,
+    groups: u64,
+    stored_bytes: u64,
+    raw_groups: u64,
+    skipped_groups: u64,
+    compress_cpu_s: f64,
+    hash_s: f64,
+    leaf_extents: u64,
+    merged_extents: u64,
+}
+
+/// The chunk indexes of `file` that touch an allocated extent.
+fn chunk_indexes(file: &File, size: u64, chunk: usize) -> std::io::Result<Vec<u64>> {
+    let extents = cairn_engine::source::data_extents(file, size)?;
+    let c = chunk as u64;
+    let mut out: Vec<u64> = Vec::new();
+    for (start, end) in extents {
+        let (first, last) = (start / c, end.div_ceil(c));
+        let from = out.last().map_or(first, |&l| first.max(l + 1));
+        out.extend(from..last);
+    }
+    Ok(out)
+}
+
+/// Reads the chunks `indexes` (the last one may be short), in batches to bound memory.
+fn read_chunks(
+    file: &File,
+    size: u64,
+    chunk: usize,
+    indexes: &[u64],
+) -> std::io::Result<Vec<Vec<u8>>> {
+    indexes
+        .iter()
+        .map(|&i| {
+            let start = i * chunk as u64;
+            let len = (size - start).min(chunk as u64) as usize;
+            let mut buf = vec![0u8; len];
+            file.read_exact_at(&mut buf, start)?;
+            Ok(buf)
+        })
+        .collect()
+}
+
+fn is_zero(data: &[u8]) -> bool {
+    data.iter().all(|&b| b == 0)
+}
+
+/// Compresses one group; returns (stored bytes, stored raw, skipped by the estimate, CPU s).
+fn store_group(plain: &[u8], config: Config) -> (u64, bool, bool, f64) {
+    let t = Instant::now();
+    if config.skip_test && plain.len() > SAMPLE {
+        let sample = zstd::bulk::compress(&plain[..SAMPLE], 1).expect("zstd");
+        if sample.len() as f64 >= SAMPLE_RATIO * SAMPLE as f64 {
+            return (plain.len() as u64, true, true, t.elapsed().as_secs_f64());
+        }
+    }
+    let packed = zstd::bulk::compress(plain, config.level).expect("zstd");
+    let secs = t.elapsed().as_secs_f64();
+    if packed.len() < plain.len() {
+        (packed.len() as u64, false, false, secs)
+    } else {
+        (plain.len() as u64, true, false, secs)
+    }
+}
+
+impl Repo {
+    fn commit(&mut self, path: &str) -> std::io::Result<FileFigures> {
+        let c = self.config;
+        let file = File::open(path)?;
+        let size = file.metadata()?.len();
+        let indexes = chunk_indexes(&file, size, c.chunk)?;
+        let mut f = FileFigures::default();
+        // Chunks of the new groups being filled, in the order met.
+        let mut pending: Vec<Vec<u8>> = Vec::new();
+        let mut pending_bytes = 0usize;
+        let mut groups: Vec<Vec<u8>> = Vec::new();
+        // The file's chunk places in logical order (None: a zero chunk or a gap).
+        let mut previous: Option<(u64, Place)> = None;
+        for batch in indexes.chunks(4096) {
+            let data = read_chunks(&file, size, c.chunk, batch)?;
+            let t = Instant::now();
+            // Wall time on all cores (hashing runs in parallel, as in a commit).
+            let ids: Vec<Option<[u8; 32]>> = data
+                .par_iter()
+                .map(|d| (!is_zero(d)).then(|| *blake3::hash(d).as_bytes()))
+                .collect();
+            f.hash_s += t.elapsed().as_secs_f64();
+            for ((&index, d), id) in batch.iter().zip(data).zip(ids) {
+                let Some(id) = id else { continue };
+                f.chunks += 1;
+                let place = match self.chunks.get(&id) {
+                    Some(&p) => p,
+                    None => {
+                        // A commit's groups are its own: its first new chunk opens one.
+                        if pending.is_empty() || c.group == 0 || pending_bytes + d.len() > c.group {
+                            if !pending.is_empty() {
+                                groups.push(pending.concat());
+                                pending.clear();
+                            }
+                            pending_bytes = 0;
+                            self.groups += 1;
+                        }
+                        let p = Place {
+                            group: self.groups - 1,
+                            slot: pending.len() as u32,
+                        };
+                        f.new_chunks += 1;
+                        f.new_bytes += d.len() as u64;
+                        pending_bytes += d.len();
+                        pending.push(d);
+                        self.chunks.insert(id, p);
+                        p
+                    }
+                };
+                f.leaf_extents += 1;
+                let continues = previous.is_some_and(|(i, p)| {
+                    i + 1 == index && p.group == place.group && p.slot + 1 == place.slot
+                });
+                if !continues {
+                    f.merged_extents += 1;
+                }
+                previous = Some((index, place));
+            }
+        }
+        if !pending.is_empty() {
+            groups.push(pending.concat());
+        }
+        let stored: Vec<(u64, bool, bool, f64)> =
+            groups.par_iter().map(|g| store_group(g, c)).collect();
+        f.groups = stored.len() as u64;
+        for (bytes, raw, skipped, secs) in stored {
+            f.stored_bytes += bytes;
+            f.raw_groups += u64::from(raw);
+            f.skipped_groups += u64::from(skipped);
+            f.compress_cpu_s += secs;
+        }
+        Ok(f)
+    }
+}
+
+fn list(arg: &str) -> Result<Vec<i64>, String> {
+    arg.split(',')
+        .map(|s| s.trim().parse::<i64>().map_err(|e| format!("{s:?}: {e}")))
+        .collect()
+}
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let (mut chunks, mut groups, mut levels) = (vec![4096], vec![65536], vec![3]);
+    let mut skip_test = false;
+    let mut files = Vec::new();
+    while let Some(a) = args.next() {
+        let mut value = |name: &str| -> Result<Vec<i64>, String> {
+            list(&args.next().ok_or(format!("{name} needs a value"))?)
+        };
+        let parsed = match a.as_str() {
+            "--chunk" => value("--chunk").map(|v| chunks = v),
+            "--group" => value("--group").map(|v| groups = v),
+            "--level" => value("--level").map(|v| levels = v),
+            "--skip-test" => {
+                skip_test = true;
+                Ok(())
+            }
+            "-h" | "--help" => {
+                eprintln!("usage: cairn-groups [--chunk N,..] [--group N,..] [--level L,..] [--skip-test] FILE...");
+                return ExitCode::SUCCESS;
+            }
+            _ => {
+                files.push(a);
+                Ok(())
+            }
+        };
+        if let Err(e) = parsed {
+            eprintln!("cairn-groups: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    if files.is_empty() {
+        eprintln!("cairn-groups: give the image files to commit, in order");
+        return ExitCode::from(2);
+    }
+    for &chunk in &chunks {
+        for &group in &groups {
+            if group != 0 && group < chunk {
+                continue; // a group holds at least one chunk
+            }
+            for &level in &levels {
+                let config = Config {
+                    chunk: chunk as usize,
+                    group: group as usize,
+                    level: level as i32,
+                    skip_test,
+                };
+                let mut repo = Repo {
+                    config,
+                    chunks: HashMap::new(),
+                    groups: 0,
+                };
+                for path in &files {
+                    let f = match repo.commit(path) {
+                        Ok(f) => f,
+                        Err(e) => {
+                            eprintln!("cairn-groups: {path}: {e}");
+                            return ExitCode::FAILURE;
+                        }
+                    };
+                    println!(
+                        "{}",
+                        json!({
+                            "chunk": chunk, "group": group, "level": level, "skip_test": skip_test,
+                            "file": path,
+                            "chunks": f.chunks, "new_chunks": f.new_chunks, "new_bytes": f.new_bytes,
+                            "groups": f.groups, "stored_bytes": f.stored_bytes,
+                            "raw_groups": f.raw_groups, "skipped_groups": f.skipped_groups,
+                            "compress_cpu_s": (f.compress_cpu_s * 1000.0).round() / 1000.0,
+                            "hash_s": (f.hash_s * 1000.0).round() / 1000.0,
+                            "leaf_extents": f.leaf_extents, "merged_extents": f.merged_extents,
+                        })
+                    );
+                }
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
