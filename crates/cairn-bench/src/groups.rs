@@ -293,3 +293,79 @@ fn main() -> ExitCode {
     }
     ExitCode::SUCCESS
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic bytes that do not compress (xorshift).
+    fn noise(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn groups_cut_new_chunks_and_dedup_counts_what_was_committed_before() {
+        let dir = std::env::temp_dir().join(format!("cairn-groups-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // 40 KiB of noise, 8 KiB of zeros, the first 8 KiB of noise again (dedups within the
+        // file), 4 KiB of text (compresses).
+        let base = noise(40 << 10, 7);
+        let mut data = base.clone();
+        data.extend(vec![0u8; 8 << 10]);
+        data.extend_from_slice(&base[..8 << 10]);
+        data.extend(b"cairn ".repeat(4096 / 6 + 1).into_iter().take(4096));
+        let path = dir.join("a.raw");
+        std::fs::write(&path, &data).unwrap();
+        let path = path.to_str().unwrap();
+
+        let config = Config {
+            chunk: 4096,
+            group: 16384,
+            level: 3,
+            skip_test: false,
+        };
+        let mut repo = Repo {
+            config,
+            chunks: HashMap::new(),
+            groups: 0,
+        };
+        let f = repo.commit(path).unwrap();
+        assert_eq!(f.chunks, 10 + 2 + 1, "zero chunks are skipped");
+        assert_eq!((f.new_chunks, f.new_bytes), (11, 11 * 4096));
+        // 11 new chunks of 4 KiB in groups of at most 16 KiB: 4 + 4 + 3.
+        assert_eq!(f.groups, 3);
+        // The noise groups do not compress and are stored raw; the last one holds text.
+        assert_eq!(f.raw_groups, 2);
+        assert!(f.stored_bytes < 11 * 4096 && f.stored_bytes > 8 * 4096);
+        // Runs of logically adjacent chunks back to back in one group: 0-3 (group 0), 4-7
+        // (group 1), 8-9 (group 2), the repeats of 0-1 (group 0 again, after the zeros), and
+        // the text chunk (group 2, but after a chunk of group 0).
+        assert_eq!(f.leaf_extents, 13);
+        assert_eq!(f.merged_extents, 3 + 1 + 1);
+
+        // The same file again: nothing new, the same references.
+        let again = repo.commit(path).unwrap();
+        assert_eq!(
+            (again.new_chunks, again.groups, again.stored_bytes),
+            (0, 0, 0)
+        );
+        assert_eq!(again.merged_extents, f.merged_extents);
+
+        // v1's layout: every chunk its own group.
+        let mut v1 = Repo {
+            config: Config { group: 0, ..config },
+            chunks: HashMap::new(),
+            groups: 0,
+        };
+        assert_eq!(v1.commit(path).unwrap().groups, 11);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
