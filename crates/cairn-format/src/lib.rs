@@ -8,6 +8,7 @@
 
 pub mod codec;
 pub mod config;
+pub mod crypto;
 pub mod envelope;
 mod error;
 pub mod id;
