@@ -11,6 +11,7 @@ pub mod config;
 pub mod crypto;
 pub mod envelope;
 mod error;
+pub mod group;
 pub mod id;
 pub mod index;
 pub mod keys;

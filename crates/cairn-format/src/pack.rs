@@ -152,7 +152,7 @@ fn zstd_compress(plain: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
 }
 
 /// zstd decompression of at most `capacity` bytes with this thread's reused context.
-fn zstd_decompress(stored: &[u8], capacity: usize) -> std::io::Result<Vec<u8>> {
+pub(crate) fn zstd_decompress(stored: &[u8], capacity: usize) -> std::io::Result<Vec<u8>> {
     DECOMPRESSOR.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.is_none() {

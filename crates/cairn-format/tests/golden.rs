@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use cairn_format::codec::{Decoder, Encoder};
 use cairn_format::config::{Chunker, Compression, RepoConfig};
 use cairn_format::crypto::{Domain, KdfParams, KeySlot, MasterKey};
+use cairn_format::group::{chunk, open_group, GroupBuilder};
 use cairn_format::index::{IndexFile, PackIndex};
 use cairn_format::marker::{self, GcLeftover, GcPlan, ProcessTag, Quarantine, Session};
 use cairn_format::name::{escape, unescape, unescape_segment};
@@ -85,6 +86,7 @@ const VECTORS: &[&str] = &[
     "v2_sealed_node",
     "v2_sealed_empty",
     "v2_key_slot",
+    "v2_group_sealed_raw",
 ];
 
 fn golden_dir() -> PathBuf {
@@ -1283,4 +1285,25 @@ fn v2_key_slot() {
     let opened = decoded.open(b"correct horse").unwrap();
     assert_eq!(opened.id_of(b"chunk"), key.id_of(b"chunk"));
     assert!(decoded.open(b"Correct horse").is_err());
+}
+
+/// A group of two incompressible chunks (concatenated BLAKE3 outputs), stored raw and sealed:
+/// the group bytes are XChaCha20-Poly1305 of the plain chunks, domain 1 ("group").
+#[test]
+fn v2_group_sealed_raw() {
+    let key = v2_master();
+    let data: Vec<u8> = (0u8..64).flat_map(|i| Id::of(&[i]).0).collect();
+    let (a, b) = data.split_at(1024);
+    let mut builder = GroupBuilder::new(64 << 10);
+    builder.push(key.id_of(a), a);
+    builder.push(key.id_of(b), b);
+    let group = builder.finish_with_nonce(Compression::Zstd { level: 3 }, &key, &[4; 24]);
+    assert_eq!(group.desc.encoding, BlobEncoding::Raw);
+    let bytes = golden("v2_group_sealed_raw", &group.stored);
+    let plain = open_group(&group.desc, &bytes, Some(&key)).unwrap();
+    assert_eq!(chunk(&group.desc, &plain, 1, |d| key.id_of(d)).unwrap(), b);
+    assert!(
+        chunk(&group.desc, &plain, 1, Id::of).is_err(),
+        "keyed ids, not plain ones"
+    );
 }
