@@ -59,6 +59,8 @@ pub enum Domain {
     Marker = 7,
     /// The master key inside a key slot.
     KeySlot = 8,
+    /// The trailer of a v2 pack (its group and chunk table).
+    PackTrailer = 9,
 }
 
 impl Domain {

@@ -19,6 +19,7 @@ pub mod marker;
 pub mod name;
 pub mod node;
 pub mod pack;
+pub mod pack_v2;
 pub mod refs;
 pub mod summary;
 pub mod version;

@@ -27,6 +27,7 @@ use cairn_format::node::{Extent, Interior, Leaf};
 use cairn_format::pack::{
     self, decode_blob, encode_blob, BlobEncoding, BlobEntry, BlobKind, PackBuilder,
 };
+use cairn_format::pack_v2::{self, PackWriter};
 use cairn_format::summary::{self, ProbeKey, Summary};
 use cairn_format::version::{CommitStats, VersionRecord};
 use cairn_format::{envelope, refs, FormatError, Id, FORMAT_VERSION};
@@ -87,6 +88,7 @@ const VECTORS: &[&str] = &[
     "v2_sealed_empty",
     "v2_key_slot",
     "v2_group_sealed_raw",
+    "v2_pack_plain",
 ];
 
 fn golden_dir() -> PathBuf {
@@ -1306,4 +1308,37 @@ fn v2_group_sealed_raw() {
         chunk(&group.desc, &plain, 1, Id::of).is_err(),
         "keyed ids, not plain ones"
     );
+}
+
+/// A plain v2 pack: a data group of two incompressible chunks and a node group, both raw, with
+/// salt 0x01020304.
+#[test]
+fn v2_pack_plain() {
+    let data: Vec<u8> = (0u8..64).flat_map(|i| Id::of(&[i]).0).collect();
+    let (a, b) = data.split_at(1024);
+    let mut group = GroupBuilder::new(64 << 10);
+    group.push(Id::of(a), a);
+    group.push(Id::of(b), b);
+    let mut node = GroupBuilder::new(64 << 10);
+    node.push(Id::of(b"a manifest node"), b"a manifest node");
+    let mut w = PackWriter::with_salt(false, 0x0102_0304);
+    w.push(
+        BlobKind::Data,
+        group.finish(Compression::Zstd { level: 3 }, None),
+    );
+    w.push(
+        BlobKind::Node,
+        node.finish(Compression::Zstd { level: 3 }, None),
+    );
+    let (id, encoded, groups) = w.finish(None);
+    let bytes = golden("v2_pack_plain", &encoded);
+    pin("v2 pack id", id, &Id::of(&bytes).to_string());
+    let parsed = pack_v2::parse_pack(&bytes, None).unwrap();
+    assert_eq!(parsed, groups);
+    assert_eq!(parsed[0].desc.encoding, BlobEncoding::Raw);
+    assert_eq!(parsed[1].kind, BlobKind::Node);
+    assert!(matches!(
+        pack::parse_pack(&bytes),
+        Err(FormatError::TooNew { found: 2, .. })
+    ));
 }

@@ -1,0 +1,360 @@
+//! Packs of format v2 (issue 16): chunk groups back to back, and a trailer that describes
+//! every group and every chunk in it. Not yet written by any command.
+//!
+//! ```text
+//! offset   size   field
+//! 0        8      magic "CRNPACK\0"
+//! 8        4      format version (u32) = 2
+//! 12       4      salt (random u32, as in v1: two writes never share a pack id)
+//! 16       4      flags (u32): bit 0 = sealed (groups and trailer encrypted); others 0
+//! 20       ...    stored groups, back to back (see `group`)
+//! T        L      trailer, sealed as domain "pack trailer" when the pack is:
+//!                   group count G (u32) | chunk count C (u32)
+//!                   G × (offset (u32) | stored length (u32) | plain length (u32)
+//!                        | kind (u8: 0 data, 1 node) | encoding (u8: 0 raw, 1 zstd)
+//!                        | chunk count (u16))
+//!                   C × (chunk id (32) | plain length (u32)), group by group, in order
+//! T+L      48     footer: G (u32) | L (u32) | BLAKE3 of the L trailer bytes (32) | "CRNPKEND"
+//! ```
+//! A manifest node is a group of one chunk of kind "node". The pack id is the BLAKE3 of the
+//! whole pack. A v1 reader refuses a v2 pack as "newer than this cairn supports".
+
+use crate::codec::{Decoder, Encoder};
+use crate::crypto::{CryptoError, Domain, MasterKey};
+use crate::group::{Group, GroupChunk, GroupDesc, MAX_GROUP_PLAIN};
+use crate::pack::{BlobEncoding, BlobKind, END_MAGIC, FOOTER_LEN, MAGIC};
+use crate::{FormatError, Id};
+
+pub const VERSION: u32 = 2;
+pub const HEADER_LEN: usize = 20;
+const FLAG_SEALED: u32 = 1;
+const GROUP_ENTRY_LEN: usize = 16;
+const CHUNK_ENTRY_LEN: usize = 36;
+
+/// A group in a pack: where it is and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackGroup {
+    pub offset: u32,
+    pub kind: BlobKind,
+    pub desc: GroupDesc,
+}
+
+impl PackGroup {
+    /// The group's stored bytes in the pack.
+    pub fn range(&self) -> std::ops::Range<u64> {
+        let start = u64::from(self.offset);
+        start..start + u64::from(self.desc.stored_len)
+    }
+}
+
+/// Builds a v2 pack from finished groups (all sealed, or none).
+pub struct PackWriter {
+    buf: Vec<u8>,
+    groups: Vec<PackGroup>,
+    sealed: bool,
+}
+
+impl PackWriter {
+    pub fn new(sealed: bool) -> PackWriter {
+        Self::with_salt(sealed, rand::random())
+    }
+
+    /// [`PackWriter::new`] with a given salt: only for golden vectors.
+    #[doc(hidden)]
+    pub fn with_salt(sealed: bool, salt: u32) -> PackWriter {
+        let mut buf = Vec::with_capacity(1 << 20);
+        buf.extend_from_slice(MAGIC);
+        buf.extend_from_slice(&VERSION.to_le_bytes());
+        buf.extend_from_slice(&salt.to_le_bytes());
+        let flags = if sealed { FLAG_SEALED } else { 0 };
+        buf.extend_from_slice(&flags.to_le_bytes());
+        PackWriter {
+            buf,
+            groups: Vec::new(),
+            sealed,
+        }
+    }
+
+    /// Bytes of groups so far (the trailer comes on top).
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    pub fn push(&mut self, kind: BlobKind, group: Group) {
+        assert_eq!(
+            group.desc.sealed, self.sealed,
+            "a pack's groups are all sealed or none"
+        );
+        assert!(
+            group.desc.chunks.len() <= u16::MAX as usize,
+            "too many chunks in a group"
+        );
+        let offset = u32::try_from(self.buf.len()).expect("pack grew past 4 GiB");
+        self.buf.extend_from_slice(&group.stored);
+        self.groups.push(PackGroup {
+            offset,
+            kind,
+            desc: group.desc,
+        });
+    }
+
+    /// Closes the pack: its id, bytes and groups. A sealed pack needs its key.
+    pub fn finish(mut self, key: Option<&MasterKey>) -> (Id, Vec<u8>, Vec<PackGroup>) {
+        let chunks: usize = self.groups.iter().map(|g| g.desc.chunks.len()).sum();
+        let mut e = Encoder::with_capacity(
+            8 + self.groups.len() * GROUP_ENTRY_LEN + chunks * CHUNK_ENTRY_LEN,
+        );
+        e.u32(self.groups.len() as u32).u32(chunks as u32);
+        for g in &self.groups {
+            e.u32(g.offset)
+                .u32(g.desc.stored_len)
+                .u32(g.desc.plain_len)
+                .u8(g.kind.code())
+                .u8(g.desc.encoding.code())
+                .u16(g.desc.chunks.len() as u16);
+        }
+        for c in self.groups.iter().flat_map(|g| &g.desc.chunks) {
+            e.id(&c.id).u32(c.len);
+        }
+        let plain = e.finish();
+        let trailer = match (self.sealed, key) {
+            (false, _) => plain,
+            (true, Some(key)) => key.seal(Domain::PackTrailer, &plain),
+            (true, None) => panic!("a sealed pack needs its key to finish"),
+        };
+        self.buf.extend_from_slice(&trailer);
+        self.buf
+            .extend_from_slice(&(self.groups.len() as u32).to_le_bytes());
+        self.buf
+            .extend_from_slice(&(trailer.len() as u32).to_le_bytes());
+        self.buf
+            .extend_from_slice(blake3::hash(&trailer).as_bytes());
+        self.buf.extend_from_slice(END_MAGIC);
+        let id = Id::of(&self.buf);
+        (id, self.buf, self.groups)
+    }
+}
+
+/// Parses and checks a v2 pack's header and trailer (opening the trailer if the pack is
+/// sealed) and returns its groups. Group bytes are not decoded here (see `group::open_group`).
+pub fn parse_pack(pack: &[u8], key: Option<&MasterKey>) -> Result<Vec<PackGroup>, CryptoError> {
+    let bad = |reason: String| CryptoError::from(FormatError::invalid("pack", reason));
+    if pack.len() < HEADER_LEN + FOOTER_LEN {
+        return Err(FormatError::Truncated {
+            what: "pack",
+            needed: (HEADER_LEN + FOOTER_LEN) as u64,
+            available: pack.len() as u64,
+        }
+        .into());
+    }
+    if &pack[..8] != MAGIC {
+        return Err(FormatError::BadMagic { what: "pack" }.into());
+    }
+    let word = |at: usize| u32::from_le_bytes(pack[at..at + 4].try_into().expect("4 bytes"));
+    match word(8) {
+        VERSION => {}
+        v if v > VERSION => {
+            return Err(FormatError::TooNew {
+                what: "pack",
+                found: v,
+                supported: VERSION,
+            }
+            .into())
+        }
+        v => return Err(bad(format!("format version {v} is not a v2 pack"))),
+    }
+    let flags = word(16);
+    if flags & !FLAG_SEALED != 0 {
+        return Err(bad(format!("unknown flags {flags:#x}")));
+    }
+    let sealed = flags & FLAG_SEALED != 0;
+    let footer = &pack[pack.len() - FOOTER_LEN..];
+    if &footer[40..48] != END_MAGIC {
+        return Err(FormatError::BadMagic {
+            what: "pack footer",
+        }
+        .into());
+    }
+    let group_count = u32::from_le_bytes(footer[0..4].try_into().expect("4 bytes"));
+    let trailer_len = u32::from_le_bytes(footer[4..8].try_into().expect("4 bytes")) as usize;
+    let trailer_start = (pack.len() - FOOTER_LEN)
+        .checked_sub(trailer_len)
+        .filter(|s| *s >= HEADER_LEN)
+        .ok_or_else(|| bad("trailer longer than the pack".into()))?;
+    let stored_trailer = &pack[trailer_start..pack.len() - FOOTER_LEN];
+    if blake3::hash(stored_trailer).as_bytes() != &footer[8..40] {
+        return Err(FormatError::Checksum {
+            what: "pack trailer",
+        }
+        .into());
+    }
+    let opened;
+    let trailer = match (sealed, key) {
+        (false, _) => stored_trailer,
+        (true, Some(key)) => {
+            opened = key.open(Domain::PackTrailer, "pack trailer", stored_trailer)?;
+            &opened[..]
+        }
+        (true, None) => return Err(bad("sealed, and no key was given".into())),
+    };
+
+    let mut d = Decoder::new(trailer, "pack trailer");
+    let (groups_listed, chunk_count) = (d.u32()?, d.u32()? as usize);
+    if groups_listed != group_count {
+        return Err(bad(format!(
+            "footer says {group_count} groups, trailer {groups_listed}"
+        )));
+    }
+    // Every count is bounded by the bytes that must follow it before anything is allocated.
+    let needed =
+        group_count as u64 * GROUP_ENTRY_LEN as u64 + chunk_count as u64 * CHUNK_ENTRY_LEN as u64;
+    if needed != d.remaining() as u64 {
+        return Err(bad(format!(
+            "{group_count} groups and {chunk_count} chunks do not fill a trailer of {} bytes",
+            trailer.len()
+        )));
+    }
+    let mut heads = Vec::with_capacity(group_count as usize);
+    let mut end_of_last = HEADER_LEN as u64;
+    for _ in 0..group_count {
+        let (offset, stored_len, plain_len) = (d.u32()?, d.u32()?, d.u32()?);
+        let kind = BlobKind::from_code(d.u8()?, "pack trailer")?;
+        let encoding = BlobEncoding::from_code(d.u8()?, "pack trailer")?;
+        let count = d.u16()? as usize;
+        let start = u64::from(offset);
+        if start < end_of_last || start + u64::from(stored_len) > trailer_start as u64 {
+            return Err(bad(format!(
+                "group at {offset} overlaps another or lies outside the data area"
+            )));
+        }
+        if plain_len > MAX_GROUP_PLAIN {
+            return Err(bad(format!(
+                "group at {offset} claims {plain_len} plain bytes"
+            )));
+        }
+        end_of_last = start + u64::from(stored_len);
+        heads.push((offset, stored_len, plain_len, kind, encoding, count));
+    }
+    if heads.iter().map(|h| h.5).sum::<usize>() != chunk_count {
+        return Err(bad(
+            "group chunk counts do not add up to the chunk count".into()
+        ));
+    }
+    let mut groups = Vec::with_capacity(heads.len());
+    for (offset, stored_len, plain_len, kind, encoding, count) in heads {
+        let mut chunks = Vec::with_capacity(count);
+        for _ in 0..count {
+            chunks.push(GroupChunk {
+                id: d.id()?,
+                len: d.u32()?,
+            });
+        }
+        let listed: u64 = chunks.iter().map(|c| u64::from(c.len)).sum();
+        if listed != u64::from(plain_len) {
+            return Err(bad(format!(
+                "group at {offset}: chunks of {listed} bytes in {plain_len}"
+            )));
+        }
+        groups.push(PackGroup {
+            offset,
+            kind,
+            desc: GroupDesc {
+                encoding,
+                sealed,
+                stored_len,
+                plain_len,
+                chunks,
+            },
+        });
+    }
+    d.finish()?;
+    Ok(groups)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Compression;
+    use crate::group::{chunk, open_group, GroupBuilder};
+
+    fn group(parts: &[&[u8]], key: Option<&MasterKey>) -> Group {
+        let mut b = GroupBuilder::new(64 << 10);
+        for p in parts {
+            let id = key.map_or_else(|| Id::of(p), |k| k.id_of(p));
+            b.push(id, p);
+        }
+        b.finish(Compression::Zstd { level: 3 }, key)
+    }
+
+    fn build(key: Option<&MasterKey>) -> (Id, Vec<u8>, Vec<PackGroup>) {
+        let mut w = PackWriter::new(key.is_some());
+        w.push(
+            BlobKind::Data,
+            group(&[b"alpha", &[1; 5000], b"gamma"], key),
+        );
+        w.push(BlobKind::Node, group(&[b"a manifest node"], key));
+        w.finish(key)
+    }
+
+    #[test]
+    fn a_pack_round_trips_plain_and_sealed() {
+        for key in [None, Some(MasterKey::generate())] {
+            let (id, bytes, groups) = build(key.as_ref());
+            assert_eq!(id, Id::of(&bytes));
+            let parsed = parse_pack(&bytes, key.as_ref()).unwrap();
+            assert_eq!(parsed, groups);
+            assert_eq!(parsed[1].kind, BlobKind::Node);
+            let g = &parsed[0];
+            let stored = &bytes[g.range().start as usize..g.range().end as usize];
+            let plain = open_group(&g.desc, stored, key.as_ref()).unwrap();
+            let id_of = |d: &[u8]| key.as_ref().map_or_else(|| Id::of(d), |k| k.id_of(d));
+            assert_eq!(chunk(&g.desc, &plain, 2, id_of).unwrap(), b"gamma");
+            // A v1 reader refuses a v2 pack by its version.
+            let v1 = crate::pack::parse_pack(&bytes).unwrap_err();
+            assert!(matches!(v1, FormatError::TooNew { found: 2, .. }), "{v1}");
+        }
+    }
+
+    #[test]
+    fn every_flip_of_a_trailer_or_footer_byte_and_every_truncation_is_refused() {
+        for key in [None, Some(MasterKey::generate())] {
+            let (_, bytes, groups) = build(key.as_ref());
+            let data_end = groups.last().unwrap().range().end as usize;
+            for at in (0..HEADER_LEN).chain(data_end..bytes.len()) {
+                for bit in [0, 3, 7] {
+                    let mut bad = bytes.clone();
+                    bad[at] ^= 1 << bit;
+                    // The salt is free: it only makes the pack id unique.
+                    if (12..16).contains(&at) {
+                        continue;
+                    }
+                    assert!(
+                        parse_pack(&bad, key.as_ref()).is_err(),
+                        "flip of bit {bit} at {at} accepted"
+                    );
+                }
+            }
+            for n in 0..bytes.len() {
+                assert!(
+                    parse_pack(&bytes[..n], key.as_ref()).is_err(),
+                    "truncation to {n}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_sealed_pack_needs_its_key() {
+        let key = MasterKey::generate();
+        let (_, bytes, _) = build(Some(&key));
+        assert!(parse_pack(&bytes, None).is_err());
+        assert!(matches!(
+            parse_pack(&bytes, Some(&MasterKey::generate())),
+            Err(CryptoError::Tampered { .. })
+        ));
+    }
+}
