@@ -67,34 +67,35 @@ check() { # check NAME CMD...: a check step; its failure is recorded and the sui
 }
 
 # Each committed peer report regenerates exactly from its committed measurements.
+# report_regenerates REPORT_SCRIPT RESULTS: the committed RESULTS.md beside RESULTS (a .json
+# or .jsonl of measurements) must be exactly what REPORT_SCRIPT makes of it.
+report_regenerates() {
+  local script=$1 results=$2 scratch md ok=0
+  md="${results%.*}.md"
+  scratch=$(mktemp -d)
+  cp "$results" "$scratch/"
+  if /usr/bin/python3 "$script" "$scratch/$(basename "$results")" >/dev/null &&
+    diff -u "$md" "$scratch/$(basename "$md")"; then
+    ok=1
+  else
+    echo "$md is not what $script makes of $results" >&2
+  fi
+  rm -rf "$scratch"
+  [ "$ok" -eq 1 ]
+}
+
 bench_scripts_parse_and_reports_regenerate() {
-  local f json scratch
+  local f
   for f in bench/*.sh scripts/*.sh; do bash -n "$f" || return 1; done
   python3 -c 'import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]' \
     bench/*.py scripts/*.py || return 1
-  for json in bench/results/compare-*.json; do
-    [ -e "$json" ] || continue
-    scratch=$(mktemp -d)
-    cp "$json" "$scratch/"
-    /usr/bin/python3 bench/compare_report.py "$scratch/$(basename "$json")" >/dev/null || return 1
-    if ! diff -u "${json%.json}.md" "$scratch/$(basename "${json%.json}").md"; then
-      echo "${json%.json}.md is not what bench/compare_report.py makes of $json" >&2
-      rm -rf "$scratch"
-      return 1
-    fi
-    rm -rf "$scratch"
+  for f in bench/results/compare-*.json; do
+    [ -e "$f" ] || continue
+    report_regenerates bench/compare_report.py "$f" || return 1
   done
-  for json in bench/results/groups-*.jsonl; do
-    [ -e "$json" ] || continue
-    scratch=$(mktemp -d)
-    cp "$json" "$scratch/"
-    /usr/bin/python3 bench/groups_report.py "$scratch/$(basename "$json")" >/dev/null || return 1
-    if ! diff -u "${json%.jsonl}.md" "$scratch/$(basename "${json%.jsonl}").md"; then
-      echo "${json%.jsonl}.md is not what bench/groups_report.py makes of $json" >&2
-      rm -rf "$scratch"
-      return 1
-    fi
-    rm -rf "$scratch"
+  for f in bench/results/groups-*.jsonl; do
+    [ -e "$f" ] || continue
+    report_regenerates bench/groups_report.py "$f" || return 1
   done
 }
 

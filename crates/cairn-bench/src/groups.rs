@@ -372,19 +372,7 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Deterministic bytes that do not compress (xorshift).
-    fn noise(len: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
+    use cairn_testkit::noise;
 
     #[test]
     fn groups_cut_new_chunks_and_dedup_counts_what_was_committed_before() {

@@ -219,22 +219,10 @@ pub const SEALED_GROUP_OVERHEAD: usize = SEAL_OVERHEAD;
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Bytes that do not compress (xorshift).
-    fn noise(len: usize) -> Vec<u8> {
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
+    use cairn_testkit::noise;
 
     fn chunks() -> Vec<Vec<u8>> {
-        vec![b"text ".repeat(800), noise(4096), vec![7u8; 1000]]
+        vec![b"text ".repeat(800), noise(4096, 1), vec![7u8; 1000]]
     }
 
     fn build(limit: usize, key: Option<&MasterKey>) -> Group {
@@ -314,7 +302,7 @@ mod tests {
 
     #[test]
     fn incompressible_groups_are_stored_raw() {
-        let noise = noise(8192);
+        let noise = noise(8192, 2);
         let mut b = GroupBuilder::new(64 << 10);
         b.push(Id::of(&noise), &noise);
         let g = b.finish(Compression::Zstd { level: 3 }, None);
