@@ -30,7 +30,8 @@ def grouped(rows):
         a = out.setdefault(key, {"steps": {}, "sum": collections.Counter()})
         a["steps"][name(r["file"])] = r["stored_bytes"]
         for f in ("stored_bytes", "new_bytes", "new_chunks", "leaf_extents",
-                  "merged_extents", "groups", "raw_groups", "skipped_groups"):
+                  "merged_extents", "groups", "raw_groups", "skipped_groups",
+                  "new_leaves", "new_leaf_refs", "new_leaf_runs"):
             a["sum"][f] += r[f]
         a["sum"]["cpu_ms"] += round(r["compress_cpu_s"] * 1000)
     return out
@@ -80,6 +81,30 @@ def levels_table(rows, v1_rows):
     return lines
 
 
+def metadata_table(rows):
+    """Leaf and index bytes as a share of stored bytes, from the counts (estimates: v1's
+    leaf encoding of 8 bytes per leaf and 37 per chunk reference; a merged run as 41 bytes —
+    first id, count, length; index entries of 48 bytes (v1) or 22 (a 16-byte key)."""
+    lines = ["#### Metadata the series stores (estimates from the counts)", "",
+             "Leaves: 8 bytes each plus 37 per chunk reference (v1's encoding), or 41 per run "
+             "of consecutive chunks of one group; index: 48 bytes per chunk (v1) or 22 (a "
+             "16-byte key). Zero runs and interior nodes are not counted.", "",
+             "| chunk | group | stored MiB | new leaves | references | runs | leaves, an id "
+             "per chunk | leaves, a run per extent | index 48 B | index 22 B |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for (c, g, _, _), a in grouped(rows).items():
+        s = a["sum"]
+        stored = s["stored_bytes"]
+        per_ref = s["new_leaves"] * 8 + s["new_leaf_refs"] * 37
+        per_run = s["new_leaves"] * 8 + s["new_leaf_runs"] * 41
+        pct = lambda n: f"{n / stored * 100:.2f}%"
+        lines.append(
+            f"| {size(c)} | {size(g)} | {stored / MIB:.1f} | {s['new_leaves']:,} | "
+            f"{s['new_leaf_refs']:,} | {s['new_leaf_runs']:,} | {pct(per_ref)} | "
+            f"{pct(per_run)} | {pct(s['new_chunks'] * 48)} | {pct(s['new_chunks'] * 22)} |")
+    return lines
+
+
 def boot_table(rows):
     base = next(r for r in rows if r["chunk"] == 16384 and r["group"] == 0)
     read = base["guest_read_bytes"]
@@ -106,6 +131,7 @@ def main():
     lines = sizes_table(by_scenario["series"], "Stored MiB per step, su-0 … su-5 in one repository (zstd 3)")
     lines += [""] + sizes_table(by_scenario["golden"],
                                 "Stored MiB: su-1, its clones pa-a…pa-c, then su-1-rebuilt (zstd 3)")
+    lines += [""] + metadata_table(by_scenario["series"])
     lines += [""] + levels_table(by_scenario["levels"] + by_scenario["estimate"],
                                  [r for r in by_scenario["series"] if r["chunk"] == 16384])
     if by_scenario["boot"]:

@@ -23,6 +23,9 @@
 //! - `leaf_extents`: chunk references of the file's leaves (one per non-zero chunk) and
 //!   `merged_extents`: the same after merging runs of logically adjacent chunks that sit
 //!   back to back in one group (VMAR's extent-merged maps): the two bounds of leaf metadata;
+//! - `new_leaves`, `new_leaf_refs`, `new_leaf_runs`: the leaves (1 MiB segments) this file
+//!   adds that no earlier leaf equals, their chunk references, and the runs those form when
+//!   references to consecutive chunks of one group merge — the leaf metadata actually stored;
 //! - with `--reads` (a QEMU `blk_co_preadv` trace of a guest reading the last FILE), on the
 //!   last file's line: `guest_read_bytes`, and what a lazy export with a cold cache of whole
 //!   groups would fetch — `groups_fetched`, `fetched_bytes` (stored bytes, no read-ahead).
@@ -70,7 +73,16 @@ struct Repo {
     group_bytes: Vec<u64>,
     /// Chunk index → place, for the file committed last (what a lazy export of it reads).
     last_file: HashMap<u64, Place>,
+    /// Leaves stored so far (by a hash of their chunk references): a leaf equal to one
+    /// stored before is shared, as content-addressed leaves are.
+    leaves: std::collections::HashSet<[u8; 32]>,
 }
+
+/// cairn's default segment (one leaf) size.
+const SEGMENT: u64 = 1 << 20;
+
+/// The chunk references of one segment, in order: (chunk index, id, place).
+type LeafRefs = Vec<(u64, [u8; 32], Place)>;
 
 impl Repo {
     fn new(config: Config) -> Repo {
@@ -80,7 +92,33 @@ impl Repo {
             groups: 0,
             group_bytes: Vec::new(),
             last_file: HashMap::new(),
+            leaves: std::collections::HashSet::new(),
         }
+    }
+
+    /// Counts a finished segment's leaf if it is new: its chunk references, and the runs they
+    /// form when references to consecutive chunks of one group merge.
+    fn finish_leaf(&mut self, refs: &mut LeafRefs, f: &mut FileFigures) {
+        if refs.is_empty() {
+            return;
+        }
+        let mut h = blake3::Hasher::new();
+        for (index, id, _) in refs.iter() {
+            h.update(&index.to_le_bytes());
+            h.update(id);
+        }
+        if self.leaves.insert(*h.finalize().as_bytes()) {
+            f.new_leaves += 1;
+            f.new_leaf_refs += refs.len() as u64;
+            f.new_leaf_runs += 1 + refs
+                .windows(2)
+                .filter(|w| {
+                    let ((i, _, p), (j, _, q)) = (w[0], w[1]);
+                    !(i + 1 == j && p.group == q.group && p.slot + 1 == q.slot)
+                })
+                .count() as u64;
+        }
+        refs.clear();
     }
 
     /// Replays a guest's reads `(offset, bytes)` of the file committed last against a cold
@@ -116,6 +154,11 @@ struct FileFigures {
     hash_s: f64,
     leaf_extents: u64,
     merged_extents: u64,
+    /// Leaves this file adds (segments whose chunk references no earlier leaf had), their
+    /// chunk references, and the runs those form (zero runs not counted).
+    new_leaves: u64,
+    new_leaf_refs: u64,
+    new_leaf_runs: u64,
 }
 
 /// The chunk indexes of `file` that touch an allocated extent.
@@ -187,6 +230,8 @@ impl Repo {
         let mut groups: Vec<Vec<u8>> = Vec::new();
         // The file's chunk places in logical order (None: a zero chunk or a gap).
         let mut previous: Option<(u64, Place)> = None;
+        let mut leaf: LeafRefs = Vec::new();
+        let chunks_per_segment = SEGMENT / c.chunk as u64;
         for batch in indexes.chunks(4096) {
             let data = read_chunks(&file, size, c.chunk, batch)?;
             let t = Instant::now();
@@ -224,6 +269,13 @@ impl Repo {
                     }
                 };
                 self.last_file.insert(index, place);
+                if leaf
+                    .first()
+                    .is_some_and(|l| l.0 / chunks_per_segment != index / chunks_per_segment)
+                {
+                    self.finish_leaf(&mut leaf, &mut f);
+                }
+                leaf.push((index, id, place));
                 f.leaf_extents += 1;
                 let continues = previous.is_some_and(|(i, p)| {
                     i + 1 == index && p.group == place.group && p.slot + 1 == place.slot
@@ -234,6 +286,7 @@ impl Repo {
                 previous = Some((index, place));
             }
         }
+        self.finish_leaf(&mut leaf, &mut f);
         if !pending.is_empty() {
             groups.push(pending.concat());
         }
@@ -354,6 +407,8 @@ fn main() -> ExitCode {
                         "compress_cpu_s": (f.compress_cpu_s * 1000.0).round() / 1000.0,
                         "hash_s": (f.hash_s * 1000.0).round() / 1000.0,
                         "leaf_extents": f.leaf_extents, "merged_extents": f.merged_extents,
+                        "new_leaves": f.new_leaves, "new_leaf_refs": f.new_leaf_refs,
+                        "new_leaf_runs": f.new_leaf_runs,
                     });
                     if let (Some(reads), true) = (&reads, n + 1 == files.len()) {
                         let (groups_fetched, fetched) = repo.lazy_reads(reads);
@@ -409,6 +464,8 @@ mod tests {
         // the text chunk (group 2, but after a chunk of group 0).
         assert_eq!(f.leaf_extents, 13);
         assert_eq!(f.merged_extents, 3 + 1 + 1);
+        // One segment, so one new leaf holding all 13 references in the same 5 runs.
+        assert_eq!((f.new_leaves, f.new_leaf_refs, f.new_leaf_runs), (1, 13, 5));
 
         // A lazy reader pays whole groups, once each; zeros cost nothing.
         let (g0, g2) = (repo.group_bytes[0], repo.group_bytes[2]);
@@ -425,6 +482,7 @@ mod tests {
             (0, 0, 0)
         );
         assert_eq!(again.merged_extents, f.merged_extents);
+        assert_eq!(again.new_leaves, 0, "an equal leaf is shared");
 
         // v1's layout: every chunk its own group.
         let mut v1 = Repo::new(Config { group: 0, ..config });
