@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fuzzes the qcow2 parser and the NBD server's network-facing decoding (option haggling,
-# transmission requests), each for a bounded time: malformed images and hostile client bytes
+# Fuzzes the qcow2 parser, the NBD server's network-facing decoding (option haggling,
+# transmission requests) and every decoder of repository bytes, each for a bounded time:
+# malformed images, hostile client bytes and damaged objects
 # must give an error (an NBD error reply, a closed connection), never a panic, a hang or a
 # huge allocation.
 #
@@ -9,7 +10,9 @@
 # With a nightly toolchain (rustup), coverage-guided: cargo-fuzz (libFuzzer) runs the target
 # crates/cairn-image/fuzz/fuzz_targets/qcow2_parse.rs, seeded with small images made by
 # qemu-img (v2, v3, compressed, zero clusters, a backing file name), then
-# crates/cairn-nbd/fuzz/fuzz_targets/nbd_server.rs, seeded with valid client sessions;
+# crates/cairn-nbd/fuzz/fuzz_targets/nbd_server.rs, seeded with valid client sessions, and
+# crates/cairn-format/fuzz/fuzz_targets/format_decoders.rs (every decoder of repository
+# bytes), seeded with the golden vectors;
 # cargo-fuzz is installed with `cargo install` the first time. Without nightly, the stable
 # mutation fuzzers (crates/cairn-image/tests/fuzz_qcow2.rs: bit flips, overwrites,
 # truncations of real images; crates/cairn-nbd/tests/fuzz_server.rs: the same over client
@@ -94,6 +97,28 @@ PY
     -dict="$corpus/nbd.dict" -max_total_time="$SECONDS_LIMIT" -rss_limit_mb=2048 \
     -malloc_limit_mb=512 -max_len=65536 -timeout=10 >&2)
   echo "fuzz: cargo-fuzz ran nbd_server for ${SECONDS_LIMIT} s without a finding"
+
+  # Every decoder of cairn-format: the first byte picks the decoder, so each golden vector
+  # seeds each decoder (one line per decoder in the target's DECODERS table).
+  FORMAT_FUZZ_DIR="$ROOT/crates/cairn-format/fuzz"
+  format_corpus="$corpus/format"
+  mkdir -p "$format_corpus"
+  decoders=$(grep -c '^    ("' "$FORMAT_FUZZ_DIR/fuzz_targets/format_decoders.rs")
+  python3 - "$format_corpus" "$decoders" "$ROOT"/crates/cairn-format/tests/golden/*.hex <<'PY'
+import os, sys
+out, n = sys.argv[1], int(sys.argv[2])
+for path in sys.argv[3:]:
+    data = bytes.fromhex(open(path).read())
+    name = os.path.basename(path)[:-4]
+    for which in range(n):
+        with open(f"{out}/{which:02}-{name}", "wb") as f:
+            f.write(bytes([which]) + data)
+PY
+  log "cargo +nightly fuzz run format_decoders for ${SECONDS_LIMIT} s (libFuzzer, $decoders decoders)"
+  (cd "$FORMAT_FUZZ_DIR" && cargo +nightly fuzz run format_decoders "$format_corpus" -- \
+    -max_total_time="$SECONDS_LIMIT" -rss_limit_mb=2048 -malloc_limit_mb=512 \
+    -max_len=262144 -timeout=10 >&2)
+  echo "fuzz: cargo-fuzz ran format_decoders for ${SECONDS_LIMIT} s without a finding"
 else
   # About 4,000 cases per second on 2 cores.
   cases=$((SECONDS_LIMIT * 4000))

@@ -167,7 +167,7 @@ check "kill -9 loops: 100 trials of commit, gc, rm/prune and restore killed or i
 check "pull-mode incremental backup of a running disk with qemu-storage-daemon (scripts/pullmode_backup.py)" \
   python3 "$ROOT/scripts/pullmode_backup.py" --bin "$CAIRN_BIN"
 
-check "fuzz the qcow2 parser and the NBD server for ${CAIRN_FUZZ_SECONDS:-60} s each (scripts/fuzz.sh)" \
+check "fuzz the qcow2 parser, the NBD server and the format decoders for ${CAIRN_FUZZ_SECONDS:-60} s each (scripts/fuzz.sh)" \
   bash "$ROOT/scripts/fuzz.sh" "${CAIRN_FUZZ_SECONDS:-60}"
 
 check "scripts/e2e.sh" env CAIRN_DATASET="$DATASET" bash "$ROOT/scripts/e2e.sh"

@@ -124,6 +124,12 @@ impl MasterKey {
         Id(*blake3::keyed_hash(self.id_key(), data).as_bytes())
     }
 
+    /// The key of this repository's group ids (see [`crate::group::group_id`]): derived from
+    /// the id key, so group ids, like chunk ids, match nothing outside the repository.
+    pub(crate) fn group_id_key(&self) -> [u8; KEY_LEN] {
+        blake3::derive_key(crate::group::GROUP_ID_CONTEXT, self.id_key())
+    }
+
     /// Seals `plain` as an object of `domain` under a fresh random nonce.
     pub fn seal(&self, domain: Domain, plain: &[u8]) -> Vec<u8> {
         let mut nonce = [0u8; NONCE_LEN];

@@ -22,11 +22,26 @@ use crate::{FormatError, Id};
 /// default), so that a forged descriptor cannot make a reader allocate without bound.
 pub const MAX_GROUP_PLAIN: u32 = 16 << 20;
 
-/// One chunk of a group.
+/// One slot of a group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GroupChunk {
     pub id: Id,
     pub len: u32,
+    /// False once GC has rewritten the group without this chunk (no live version refers to
+    /// it): the slot keeps its place, its id and its length — leaves name slots, and the group
+    /// id hashes every slot — but its bytes are gone from the plain group.
+    pub stored: bool,
+}
+
+impl GroupChunk {
+    /// A chunk whose bytes the group holds.
+    pub fn new(id: Id, len: u32) -> GroupChunk {
+        GroupChunk {
+            id,
+            len,
+            stored: true,
+        }
+    }
 }
 
 /// What a reader needs to decode a group and find its chunks.
@@ -41,16 +56,25 @@ pub struct GroupDesc {
 }
 
 impl GroupDesc {
-    /// The byte range of chunk `slot` in the plain group.
+    /// The byte range of chunk `slot` in the plain group (none if the group has no such
+    /// slot or no longer stores it).
     pub fn chunk_range(&self, slot: usize) -> Option<std::ops::Range<usize>> {
-        let start: usize = self
-            .chunks
-            .get(..slot)?
+        let this = self.chunks.get(slot).filter(|c| c.stored)?;
+        let start: usize = self.chunks[..slot]
             .iter()
+            .filter(|c| c.stored)
             .map(|c| c.len as usize)
             .sum();
-        let len = self.chunks.get(slot)?.len as usize;
-        Some(start..start + len)
+        Some(start..start + this.len as usize)
+    }
+
+    /// The plain bytes of the chunks the group stores: what `plain_len` must be.
+    pub fn stored_chunk_bytes(&self) -> u64 {
+        self.chunks
+            .iter()
+            .filter(|c| c.stored)
+            .map(|c| u64::from(c.len))
+            .sum()
     }
 }
 
@@ -88,10 +112,28 @@ impl GroupBuilder {
 
     pub fn push(&mut self, id: Id, data: &[u8]) {
         self.plain.extend_from_slice(data);
-        self.chunks.push(GroupChunk {
-            id,
-            len: data.len() as u32,
-        });
+        self.chunks.push(GroupChunk::new(id, data.len() as u32));
+    }
+
+    /// The builder of `desc`'s group rewritten by GC: every slot stays listed (with its id and
+    /// length, so the group id does not change), but only the stored slots `keep` accepts
+    /// keep their bytes. `plain` is the decoded group. The caller drops a group that keeps no
+    /// slot instead of rewriting it.
+    pub fn repack(desc: &GroupDesc, plain: &[u8], keep: impl Fn(usize) -> bool) -> GroupBuilder {
+        let mut b = GroupBuilder::new(plain.len());
+        for (slot, c) in desc.chunks.iter().enumerate() {
+            match desc
+                .chunk_range(slot)
+                .filter(|r| keep(slot) && r.end <= plain.len())
+            {
+                Some(range) => b.push(c.id, &plain[range]),
+                None => b.chunks.push(GroupChunk {
+                    stored: false,
+                    ..*c
+                }),
+            }
+        }
+        b
     }
 
     pub fn is_empty(&self) -> bool {
@@ -138,6 +180,28 @@ impl GroupBuilder {
     }
 }
 
+/// The BLAKE3 key-derivation context of group ids.
+pub const GROUP_ID_CONTEXT: &str = "cairn 2026-11-25 v2 group id";
+
+/// A group's id: what v2 leaves name (`leaf_v2`). It hashes the group's chunk list — every
+/// chunk's id (32) and plain length (u32), in slot order — not its stored bytes, so it does
+/// not change when the group is compressed, sealed or moved to another pack, and it commits
+/// to the data through the chunk ids (a reader checks it against the descriptor it finds).
+/// Plain repositories hash in BLAKE3's key-derivation mode with [`GROUP_ID_CONTEXT`], so a
+/// group id is never the id of some chunk whose bytes happen to equal a chunk list; encrypted
+/// ones use keyed BLAKE3 under a key derived from the id key with the same context.
+pub fn group_id(chunks: &[GroupChunk], key: Option<&MasterKey>) -> Id {
+    let mut h = match key {
+        None => blake3::Hasher::new_derive_key(GROUP_ID_CONTEXT),
+        Some(key) => blake3::Hasher::new_keyed(&key.group_id_key()),
+    };
+    for c in chunks {
+        h.update(c.id.as_bytes());
+        h.update(&c.len.to_le_bytes());
+    }
+    Id(*h.finalize().as_bytes())
+}
+
 /// Decodes a stored group to its plain bytes (opening it first if sealed). Checks lengths,
 /// not chunk ids: see [`chunk`].
 pub fn open_group(
@@ -153,7 +217,7 @@ pub fn open_group(
         }
         .into());
     }
-    let listed: u64 = desc.chunks.iter().map(|c| u64::from(c.len)).sum();
+    let listed = desc.stored_chunk_bytes();
     if desc.plain_len > MAX_GROUP_PLAIN || listed != u64::from(desc.plain_len) {
         return Err(FormatError::invalid(
             "group",
@@ -202,10 +266,21 @@ pub fn chunk<'a>(
     slot: usize,
     id_of: impl Fn(&[u8]) -> Id,
 ) -> Result<&'a [u8], FormatError> {
-    let range = desc
-        .chunk_range(slot)
-        .filter(|r| r.end <= plain.len())
-        .ok_or_else(|| FormatError::invalid("group", format!("no chunk {slot}")))?;
+    let range = match desc.chunks.get(slot) {
+        None => return Err(FormatError::invalid("group", format!("no slot {slot}"))),
+        Some(c) if !c.stored => {
+            return Err(FormatError::invalid(
+                "group",
+                format!("slot {slot} is no longer stored (GC dropped it)"),
+            ))
+        }
+        Some(_) => desc
+            .chunk_range(slot)
+            .filter(|r| r.end <= plain.len())
+            .ok_or_else(|| {
+                FormatError::invalid("group", format!("slot {slot} lies past the group"))
+            })?,
+    };
     let data = &plain[range];
     if id_of(data) != desc.chunks[slot].id {
         return Err(FormatError::Checksum { what: "chunk" });
@@ -252,6 +327,62 @@ mod tests {
                 chunk(&wrong, &plain, 1, Id::of),
                 Err(FormatError::Checksum { what: "chunk" })
             );
+        }
+    }
+
+    #[test]
+    fn group_ids_name_the_chunk_list_and_depend_on_the_repository() {
+        let g = build(64 << 10, None);
+        let id = group_id(&g.desc.chunks, None);
+        assert_eq!(id, group_id(&build(64 << 10, None).desc.chunks, None));
+        // Not the hash of anything a chunk could hold, and not the sealed group's id either.
+        let mut list = Vec::new();
+        for c in &g.desc.chunks {
+            list.extend_from_slice(c.id.as_bytes());
+            list.extend_from_slice(&c.len.to_le_bytes());
+        }
+        assert_ne!(id, Id::of(&list));
+        let (k1, k2) = (MasterKey::generate(), MasterKey::generate());
+        let keyed = group_id(&g.desc.chunks, Some(&k1));
+        assert_ne!(keyed, id);
+        assert_ne!(keyed, group_id(&g.desc.chunks, Some(&k2)));
+        assert_ne!(keyed, k1.id_of(&list));
+        // Every slot's id and length counts, and so does their order.
+        let mut other = g.desc.chunks.clone();
+        other[2].len -= 1;
+        assert_ne!(group_id(&other, None), id);
+        other = g.desc.chunks.clone();
+        other.swap(0, 1);
+        assert_ne!(group_id(&other, None), id);
+    }
+
+    #[test]
+    fn a_repacked_group_keeps_its_slots_and_id_and_stores_only_what_is_kept() {
+        for key in [None, Some(MasterKey::generate())] {
+            let g = build(64 << 10, key.as_ref());
+            let plain = open_group(&g.desc, &g.stored, key.as_ref()).unwrap();
+            let kept = GroupBuilder::repack(&g.desc, &plain, |slot| slot != 1)
+                .finish(Compression::Zstd { level: 3 }, key.as_ref());
+            assert_eq!(kept.desc.chunks.len(), 3);
+            assert!(!kept.desc.chunks[1].stored);
+            assert_eq!(kept.desc.plain_len, 4000 + 1000);
+            assert_eq!(
+                group_id(&kept.desc.chunks, key.as_ref()),
+                group_id(&g.desc.chunks, key.as_ref())
+            );
+            let id_of = Id::of; // `build` names chunks by their plain ids
+            let again = open_group(&kept.desc, &kept.stored, key.as_ref()).unwrap();
+            let want = chunks();
+            assert_eq!(chunk(&kept.desc, &again, 0, id_of).unwrap(), &want[0][..]);
+            assert_eq!(chunk(&kept.desc, &again, 2, id_of).unwrap(), &want[2][..]);
+            let gone = chunk(&kept.desc, &again, 1, id_of).unwrap_err().to_string();
+            assert!(gone.contains("slot 1 is no longer stored"), "{gone}");
+            // A second repack keeps what the first dropped dropped.
+            let twice = GroupBuilder::repack(&kept.desc, &again, |slot| slot == 0)
+                .finish(Compression::Zstd { level: 3 }, key.as_ref());
+            let stored: Vec<bool> = twice.desc.chunks.iter().map(|c| c.stored).collect();
+            assert_eq!(stored, [true, false, false]);
+            assert_eq!(twice.desc.plain_len, 4000);
         }
     }
 

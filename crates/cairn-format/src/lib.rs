@@ -15,6 +15,7 @@ pub mod group;
 pub mod id;
 pub mod index;
 pub mod keys;
+pub mod leaf_v2;
 pub mod marker;
 pub mod name;
 pub mod node;

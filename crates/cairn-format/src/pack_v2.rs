@@ -13,7 +13,8 @@
 //!                   G × (offset (u32) | stored length (u32) | plain length (u32)
 //!                        | kind (u8: 0 data, 1 node) | encoding (u8: 0 raw, 1 zstd)
 //!                        | chunk count (u16))
-//!                   C × (chunk id (32) | plain length (u32)), group by group, in order
+//!                   C × (chunk id (32) | plain length (u32) | flags (u8): bit 0 = stored),
+//!                       group by group, slot by slot
 //! T+L      48     footer: G (u32) | L (u32) | BLAKE3 of the L trailer bytes (32) | "CRNPKEND"
 //! ```
 //! A manifest node is a group of one chunk of kind "node". The pack id is the BLAKE3 of the
@@ -29,7 +30,9 @@ pub const VERSION: u32 = 2;
 pub const HEADER_LEN: usize = 20;
 const FLAG_SEALED: u32 = 1;
 const GROUP_ENTRY_LEN: usize = 16;
-const CHUNK_ENTRY_LEN: usize = 36;
+const CHUNK_ENTRY_LEN: usize = 37;
+/// Chunk entry flag: the group still stores the slot's bytes (see `GroupChunk::stored`).
+const SLOT_STORED: u8 = 1;
 
 /// A group in a pack: where it is and what it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,7 +87,12 @@ impl PackWriter {
         self.groups.is_empty()
     }
 
+    /// Appends a finished group (one that stores at least one chunk).
     pub fn push(&mut self, kind: BlobKind, group: Group) {
+        assert!(
+            group.desc.chunks.iter().any(|c| c.stored),
+            "a group that stores no chunk is dropped, not written"
+        );
         assert_eq!(
             group.desc.sealed, self.sealed,
             "a pack's groups are all sealed or none"
@@ -118,7 +126,9 @@ impl PackWriter {
                 .u16(g.desc.chunks.len() as u16);
         }
         for c in self.groups.iter().flat_map(|g| &g.desc.chunks) {
-            e.id(&c.id).u32(c.len);
+            e.id(&c.id)
+                .u32(c.len)
+                .u8(if c.stored { SLOT_STORED } else { 0 });
         }
         let plain = e.finish();
         let trailer = match (self.sealed, key) {
@@ -248,28 +258,35 @@ pub fn parse_pack(pack: &[u8], key: Option<&MasterKey>) -> Result<Vec<PackGroup>
     for (offset, stored_len, plain_len, kind, encoding, count) in heads {
         let mut chunks = Vec::with_capacity(count);
         for _ in 0..count {
+            let (id, len, flags) = (d.id()?, d.u32()?, d.u8()?);
+            if flags & !SLOT_STORED != 0 {
+                return Err(bad(format!(
+                    "group at {offset}: unknown slot flags {flags:#x}"
+                )));
+            }
             chunks.push(GroupChunk {
-                id: d.id()?,
-                len: d.u32()?,
+                id,
+                len,
+                stored: flags & SLOT_STORED != 0,
             });
         }
-        let listed: u64 = chunks.iter().map(|c| u64::from(c.len)).sum();
+        let desc = GroupDesc {
+            encoding,
+            sealed,
+            stored_len,
+            plain_len,
+            chunks,
+        };
+        if !desc.chunks.iter().any(|c| c.stored) {
+            return Err(bad(format!("group at {offset} stores no chunk")));
+        }
+        let listed = desc.stored_chunk_bytes();
         if listed != u64::from(plain_len) {
             return Err(bad(format!(
-                "group at {offset}: chunks of {listed} bytes in {plain_len}"
+                "group at {offset}: stored chunks of {listed} bytes in {plain_len}"
             )));
         }
-        groups.push(PackGroup {
-            offset,
-            kind,
-            desc: GroupDesc {
-                encoding,
-                sealed,
-                stored_len,
-                plain_len,
-                chunks,
-            },
-        });
+        groups.push(PackGroup { offset, kind, desc });
     }
     d.finish()?;
     Ok(groups)
@@ -345,6 +362,58 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_group_rewritten_by_gc_keeps_its_dropped_slots_listed() {
+        let full = group(&[b"alpha", &[1; 5000], b"gamma"], None);
+        let kept = GroupBuilder::repack(&full.desc, &full_plain(&full), |slot| slot == 2)
+            .finish(Compression::Zstd { level: 3 }, None);
+        let mut w = PackWriter::new(false);
+        w.push(BlobKind::Data, kept);
+        let (_, bytes, groups) = w.finish(None);
+        let parsed = parse_pack(&bytes, None).unwrap();
+        assert_eq!(parsed, groups);
+        let stored: Vec<bool> = parsed[0].desc.chunks.iter().map(|c| c.stored).collect();
+        assert_eq!(stored, [false, false, true]);
+        assert_eq!(
+            crate::group::group_id(&parsed[0].desc.chunks, None),
+            crate::group::group_id(&full.desc.chunks, None)
+        );
+        let g = &parsed[0];
+        let plain = open_group(
+            &g.desc,
+            &bytes[g.range().start as usize..g.range().end as usize],
+            None,
+        )
+        .unwrap();
+        assert_eq!(chunk(&g.desc, &plain, 2, Id::of).unwrap(), b"gamma");
+        assert!(chunk(&g.desc, &plain, 0, Id::of).is_err());
+
+        // A trailer whose group stores nothing, or with unknown slot flags, is refused (the
+        // trailer is rewritten and its checksum recomputed, so only the parser can object).
+        let flags_at: Vec<usize> = (0..3)
+            .map(|i| bytes.len() - 48 - 3 * 37 + i * 37 + 36)
+            .collect();
+        for (at, value, why) in [
+            (flags_at[2], 0u8, "stores no chunk"),
+            (flags_at[0], 2, "slot flags"),
+        ] {
+            let mut bad = bytes.clone();
+            bad[at] = value;
+            let trailer_len =
+                u32::from_le_bytes(bad[bad.len() - 44..bad.len() - 40].try_into().unwrap())
+                    as usize;
+            let end = bad.len() - 48;
+            let sum = blake3::hash(&bad[end - trailer_len..end]);
+            bad[end + 8..end + 40].copy_from_slice(sum.as_bytes());
+            let err = parse_pack(&bad, None).unwrap_err().to_string();
+            assert!(err.contains(why), "{err}");
+        }
+    }
+
+    fn full_plain(g: &Group) -> Vec<u8> {
+        open_group(&g.desc, &g.stored, None).unwrap()
     }
 
     #[test]
