@@ -13,10 +13,16 @@
 //! limit, the oldest files are deleted until it is at 90% of the limit. Several processes may
 //! share one directory: each keeps its own estimate of the total and rescans when the
 //! estimate crosses the limit.
+//!
+//! The cache holds plain bytes of other people's disks, so no other account may read it: the
+//! directory is created with mode 0700 (files 0600), a directory of ours that others can
+//! enter is tightened to 0700 at open, and one that belongs to someone else and is open to
+//! others is refused.
 
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -50,7 +56,11 @@ pub struct ContentCache {
 impl ContentCache {
     /// Opens (creating) the cache in `dir` with a limit of `limit` bytes.
     pub fn open(dir: &Path, limit: u64) -> io::Result<ContentCache> {
-        fs::create_dir_all(dir.join("tmp"))?;
+        make_private_dir(dir)?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir.join("tmp"))?;
         let cache = ContentCache {
             dir: dir.to_path_buf(),
             limit,
@@ -126,11 +136,18 @@ impl ContentCache {
             self.dir
                 .join("tmp")
                 .join(format!("{}.{:016x}", id.to_hex(), rand::random::<u64>()));
-        let mut f = fs::File::create(&tmp)?;
+        let mut f = fs::File::options()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
         f.write_all(data)?;
         drop(f);
         if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent)?;
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)?;
         }
         if let Err(e) = fs::rename(&tmp, &path) {
             let _ = fs::remove_file(&tmp);
@@ -203,6 +220,58 @@ impl ContentCache {
     }
 }
 
+/// Creates `dir` (mode 0700) or makes sure no other account can enter it. A directory open
+/// to others is tightened only if it is ours and holds nothing but a cache's own layout (an
+/// older cairn's cache, or an empty directory); anything else — someone else's directory, or
+/// a shared one such as `/tmp` given by mistake — is refused and left as it is.
+fn make_private_dir(dir: &Path) -> io::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let meta = fs::metadata(dir)?;
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o077 == 0 {
+        return Ok(());
+    }
+    let ours = meta.uid() == rustix::process::geteuid().as_raw();
+    if !ours || mode & 0o1000 != 0 || !holds_only_a_cache(dir)? {
+        let whose = if ours {
+            ""
+        } else {
+            "belongs to another user, "
+        };
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "cache directory {} {whose}is open to other accounts (mode {mode:o}) and is not \
+                 a cache of cairn's to make private; give this user a directory of its own \
+                 (--cache-dir, CAIRN_CACHE_DIR, CAIRN_META_CACHE_DIR)",
+                dir.display()
+            ),
+        ));
+    }
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    tracing::info!(dir = %dir.display(), "cache directory was mode {mode:o}: now 0700");
+    Ok(())
+}
+
+/// Whether `dir` holds only what a content cache puts there: `tmp/` and two-hex-digit
+/// directories.
+fn holds_only_a_cache(dir: &Path) -> io::Result<bool> {
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let cache_dir =
+            name == "tmp" || (name.len() == 2 && name.bytes().all(|b| b.is_ascii_hexdigit()));
+        if !cache_dir || !entry.file_type()?.is_dir() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,5 +315,60 @@ mod tests {
         // A second process (here: a second handle) sees what the first stored.
         let other = ContentCache::open(dir.path(), 10 * 1000).unwrap();
         assert_eq!(other.get(&Id::of(&chunks[0])).unwrap(), chunks[0]);
+    }
+
+    fn mode(path: &Path) -> u32 {
+        fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn no_other_account_can_read_the_cache() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = base.path().join("a/b/chunks");
+        let cache = ContentCache::open(&dir, 1 << 20).unwrap();
+        cache.put(&Id::of(b"secret"), b"secret").unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&cache.path(&Id::of(b"secret"))), 0o600);
+        assert_eq!(
+            mode(cache.path(&Id::of(b"secret")).parent().unwrap()),
+            0o700
+        );
+
+        // A cache made by an older cairn (mode 0755) is tightened when opened.
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        let again = ContentCache::open(&dir, 1 << 20).unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(again.get(&Id::of(b"secret")).unwrap(), b"secret");
+
+        // Someone else's directory that others can open is refused, and left as it is (only
+        // root can make one here; the suite runs as root).
+        if rustix::process::geteuid().is_root() {
+            let theirs = base.path().join("theirs");
+            fs::create_dir(&theirs).unwrap();
+            fs::set_permissions(&theirs, fs::Permissions::from_mode(0o755)).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), None).unwrap();
+            let err = ContentCache::open(&theirs, 1 << 20).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
+            assert!(err.to_string().contains("belongs to another user"), "{err}");
+            assert_eq!(mode(&theirs), 0o755);
+        } else {
+            eprintln!("not root: the foreign-directory case is not exercised");
+        }
+
+        // A shared directory of ours (sticky, as /tmp) or one holding other things is refused,
+        // not made private under its other users.
+        let shared = base.path().join("shared");
+        fs::create_dir(&shared).unwrap();
+        fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
+        let err = ContentCache::open(&shared, 1 << 20).unwrap_err();
+        assert!(err.to_string().contains("mode 1777"), "{err}");
+        let shared_mode = fs::metadata(&shared).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(shared_mode, 0o1777);
+        let home = base.path().join("home");
+        fs::create_dir(&home).unwrap();
+        fs::write(home.join("notes.txt"), b"x").unwrap();
+        fs::set_permissions(&home, fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(ContentCache::open(&home, 1 << 20).is_err());
+        assert_eq!(mode(&home), 0o755);
     }
 }
