@@ -14,6 +14,7 @@ mod error;
 pub mod group;
 pub mod id;
 pub mod index;
+pub mod index_run;
 pub mod keys;
 pub mod leaf_v2;
 pub mod marker;

@@ -140,7 +140,7 @@ impl Bloom {
         ones as f64 / self.bit_count() as f64
     }
 
-    fn encode_into(&self, e: &mut Encoder) {
+    pub(crate) fn encode_into(&self, e: &mut Encoder) {
         e.u8(self.log2_bits).u8(self.probes);
         let mut raw = Vec::with_capacity(self.byte_len());
         for w in &self.words {
@@ -149,12 +149,13 @@ impl Bloom {
         e.bytes(&raw);
     }
 
-    fn decode_from(d: &mut Decoder<'_>) -> FormatResult<Bloom> {
+    /// Decodes a filter of the structure `what` (errors name it).
+    pub(crate) fn decode_from(d: &mut Decoder<'_>, what: &'static str) -> FormatResult<Bloom> {
         let log2_bits = d.u8()?;
         let probes = d.u8()?;
         if !(MIN_LOG2_BITS..=MAX_LOG2_BITS).contains(&log2_bits) || !(1..=32).contains(&probes) {
             return Err(FormatError::invalid(
-                "summary",
+                what,
                 format!("bad filter geometry 2^{log2_bits} bits, {probes} probes"),
             ));
         }
@@ -222,8 +223,8 @@ impl Summary {
         let s = Summary {
             chunk_items: d.u64()?,
             node_items: d.u64()?,
-            chunks: Bloom::decode_from(&mut d)?,
-            nodes: Bloom::decode_from(&mut d)?,
+            chunks: Bloom::decode_from(&mut d, "summary")?,
+            nodes: Bloom::decode_from(&mut d, "summary")?,
         };
         d.finish()?;
         Ok(s)

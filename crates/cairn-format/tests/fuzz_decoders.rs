@@ -6,6 +6,7 @@ use cairn_format::config::{Chunker, Compression, RepoConfig};
 use cairn_format::crypto::{Domain, KdfParams, KeySlot, MasterKey};
 use cairn_format::group::{chunk, open_group, GroupBuilder, GroupChunk, GroupDesc};
 use cairn_format::index::{IndexFile, PackIndex};
+use cairn_format::index_run;
 use cairn_format::leaf_v2::{RunExtent, RunLeaf};
 use cairn_format::marker::{self, GcPlan};
 use cairn_format::node::{Extent, Interior, Leaf};
@@ -109,6 +110,8 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
         ),
         ("pack_v2", pack_v2_sample(None)),
         ("leaf_v2", leaf_v2_sample().encode()),
+        ("index_run", index_run_sample(None)),
+        ("index_run_sealed", index_run_sample(Some(&sealing_key()))),
         ("pack_v2_sealed", pack_v2_sample(Some(&sealing_key()))),
     ]
 }
@@ -128,6 +131,26 @@ fn pack_v2_sample(key: Option<&MasterKey>) -> Vec<u8> {
         w.push(kind, g.finish(Compression::Zstd { level: 1 }, key));
     }
     w.finish(key).1
+}
+
+/// A v2 index run of 40 ids in 4 packs, in sections of 8 entries.
+fn index_run_sample(key: Option<&MasterKey>) -> Vec<u8> {
+    let locations: Vec<(Id, Id)> = (0u32..40)
+        .map(|i| (Id::of(&i.to_le_bytes()), Id::of(&[(i % 4) as u8])))
+        .collect();
+    index_run::write_run_with(&locations, key, 8)
+}
+
+/// An index run decodes when its meta and every section do.
+fn open_index_run(data: &[u8], key: Option<&MasterKey>) -> bool {
+    let Ok(meta) = index_run::parse_run(data, key) else {
+        return false;
+    };
+    (0..meta.sections.len()).all(|i| {
+        let r = meta.sections[i].range();
+        data.get(r.start as usize..r.end as usize)
+            .is_some_and(|s| meta.open_section(i, s, key).is_ok())
+    })
 }
 
 /// A v2 leaf of zero runs and group runs.
@@ -179,6 +202,8 @@ fn decode(kind: &str, data: &[u8]) -> bool {
         "key_slot" => KeySlot::decode(data).is_ok(),
         "pack_v2" => pack_v2::parse_pack(data, None).is_ok(),
         "leaf_v2" => RunLeaf::decode(data).is_ok(),
+        "index_run" => open_index_run(data, None),
+        "index_run_sealed" => open_index_run(data, Some(&sealing_key())),
         "pack_v2_sealed" => pack_v2::parse_pack(data, Some(&sealing_key())).is_ok(),
         _ => unreachable!(),
     }

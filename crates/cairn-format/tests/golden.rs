@@ -21,6 +21,7 @@ use cairn_format::config::{Chunker, Compression, RepoConfig};
 use cairn_format::crypto::{Domain, KdfParams, KeySlot, MasterKey};
 use cairn_format::group::{chunk, group_id, open_group, GroupBuilder, GroupChunk};
 use cairn_format::index::{IndexFile, PackIndex};
+use cairn_format::index_run;
 use cairn_format::leaf_v2::{RunExtent, RunLeaf};
 use cairn_format::marker::{self, GcLeftover, GcPlan, ProcessTag, Quarantine, Session};
 use cairn_format::name::{escape, unescape, unescape_segment};
@@ -91,6 +92,7 @@ const VECTORS: &[&str] = &[
     "v2_group_sealed_raw",
     "v2_pack_plain",
     "v2_leaf_runs",
+    "v2_index_run",
 ];
 
 fn golden_dir() -> PathBuf {
@@ -1393,4 +1395,37 @@ fn v2_group_ids() {
         group_id(&chunks, Some(&v2_master())),
         "91e2a9f2c799f3c89983dfac5516786d2889146febcd1a27176af604247de809",
     );
+}
+
+/// A plain index run: five ids in two packs, one of them in both, in sections of two entries.
+/// Built from FORMAT.md alone by tests/independent_v2.py (Bloom filter bits included).
+#[test]
+fn v2_index_run() {
+    let (pa, pb) = (Id::of(b"pack a"), Id::of(b"pack b"));
+    let mut locations: Vec<(Id, Id)> = (0u8..5)
+        .map(|i| (Id::of(&[i]), if i % 2 == 0 { pa } else { pb }))
+        .collect();
+    locations.push((Id::of(&[0]), pb));
+    let bytes = golden(
+        "v2_index_run",
+        &index_run::write_run_with(&locations, None, 2),
+    );
+    let meta = index_run::parse_run(&bytes, None).unwrap();
+    assert_eq!(meta.entries, 6);
+    for (id, _) in &locations {
+        let i = meta.section_for(id).expect("a member passes the filter");
+        let r = meta.sections[i].range();
+        let entries = meta
+            .open_section(i, &bytes[r.start as usize..r.end as usize], None)
+            .unwrap();
+        let mut packs: Vec<Id> = meta.candidates(&entries, id).collect();
+        packs.sort();
+        let mut want: Vec<Id> = locations
+            .iter()
+            .filter(|(x, _)| x == id)
+            .map(|(_, p)| *p)
+            .collect();
+        want.sort();
+        assert_eq!(packs, want);
+    }
 }

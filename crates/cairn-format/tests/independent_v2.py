@@ -5,7 +5,7 @@ itself. Needs Python's blake3 (pip install blake3).
 
     python3 crates/cairn-format/tests/independent_v2.py   # checks; --write rewrites
 
-Covers v2_pack_plain, v2_leaf_runs and the pinned ids of v2_group_ids. (The sealed vectors
+Covers v2_pack_plain, v2_leaf_runs, v2_index_run and the pinned ids of v2_group_ids. (The sealed vectors
 v2_sealed_*, v2_key_slot and v2_group_sealed_raw were computed with PyNaCl and argon2-cffi.)
 """
 import os
@@ -52,6 +52,42 @@ def leaf_runs():
     return out
 
 
+def index_run():
+    """A plain index run: ids BLAKE3([i]) for i in 0..5, in "pack a" (even i) or "pack b"
+    (odd i), id 0 in both; sections of 2 entries (cut later while keys are equal)."""
+    pa, pb = bid(b"pack a"), bid(b"pack b")
+    locations = [(bid(bytes([i])), pa if i % 2 == 0 else pb) for i in range(5)]
+    locations.append((bid(bytes([0])), pb))
+    packs = sorted({p for _, p in locations})
+    key = lambda i: struct.unpack("<Q", i[:8])[0]
+    entries = sorted({(key(i), packs.index(p)) for i, p in locations})
+    out = b"CRNIRUN\0" + struct.pack("<II", 1, 0)
+    sections, at = [], 0
+    while at < len(entries):
+        n = min(2, len(entries) - at)
+        while at + n < len(entries) and entries[at + n][0] == entries[at + n - 1][0]:
+            n += 1
+        body = b"".join(struct.pack("<QI", k, p) for k, p in entries[at:at + n])
+        sections.append((entries[at][0], n, len(out), len(body), bid(body)))
+        out += body
+        at += n
+    # Bloom filter: 10 bits per location rounded up to a power of two (at least 2^9), 7
+    # probes at (h1 + i*h2) mod bits, h1 = id[0:8], h2 = id[8:16] | 1, little-endian.
+    want = len(locations) * 10
+    log2 = max(9, min(36, (want - 1).bit_length()))
+    bits = bytearray(1 << (log2 - 3))
+    for i, _ in locations:
+        h1, h2 = struct.unpack("<QQ", i[:16])
+        for probe in range(7):
+            pos = (h1 + probe * (h2 | 1)) % (1 << log2)
+            bits[pos // 8] |= 1 << (pos % 8)
+    meta = struct.pack("<I", len(packs)) + b"".join(packs) + struct.pack("<I", len(sections))
+    for first, n, offset, length, checksum in sections:
+        meta += struct.pack("<QIII", first, n, offset, length) + checksum
+    meta += bytes([log2, 7]) + bytes(bits)
+    return out + meta + struct.pack("<IQ", len(meta), len(entries)) + bid(meta) + b"CRNIREND"
+
+
 def group_ids():
     context = "cairn 2026-11-25 v2 group id"
     listing = bid(b"a") + struct.pack("<I", 4096) + bid(b"b") + struct.pack("<I", 100)
@@ -70,7 +106,9 @@ def as_hex(b):
 
 def main():
     ok = True
-    for name, data in (("v2_pack_plain", pack_plain()), ("v2_leaf_runs", leaf_runs())):
+    vectors = (("v2_pack_plain", pack_plain()), ("v2_leaf_runs", leaf_runs()),
+               ("v2_index_run", index_run()))
+    for name, data in vectors:
         path = os.path.join(HERE, name + ".hex")
         if "--write" in sys.argv:
             open(path, "w").write(as_hex(data))

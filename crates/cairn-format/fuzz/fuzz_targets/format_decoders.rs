@@ -14,6 +14,7 @@ use cairn_format::config::RepoConfig;
 use cairn_format::crypto::{Domain, KeySlot, MasterKey};
 use cairn_format::group::{chunk, open_group, GroupChunk, GroupDesc};
 use cairn_format::index::IndexFile;
+use cairn_format::index_run;
 use cairn_format::leaf_v2::RunLeaf;
 use cairn_format::marker::{self, GcLeftover, GcPlan, Quarantine, Session};
 use cairn_format::node::{Interior, Leaf};
@@ -43,6 +44,8 @@ enum Fix {
     Envelope,
     /// v2 pack footer: G (u32) | L (u32) | BLAKE3 of the L bytes before the footer | end magic.
     PackFooter,
+    /// index run footer: L (u32) | entries (u64) | BLAKE3 of the L meta bytes | end magic.
+    RunFooter,
 }
 
 fn fixed(fix: Fix, data: &[u8]) -> Vec<u8> {
@@ -62,7 +65,15 @@ fn fixed(fix: Fix, data: &[u8]) -> Vec<u8> {
                 v[footer + 8..footer + 40].copy_from_slice(sum.as_bytes());
             }
         }
-        Fix::Envelope | Fix::PackFooter => {}
+        Fix::RunFooter if v.len() >= 52 => {
+            let footer = v.len() - 52;
+            let len = u32::from_le_bytes(v[footer..footer + 4].try_into().unwrap()) as usize;
+            if let Some(start) = footer.checked_sub(len) {
+                let sum = blake3::hash(&v[start..footer]);
+                v[footer + 12..footer + 44].copy_from_slice(sum.as_bytes());
+            }
+        }
+        Fix::Envelope | Fix::PackFooter | Fix::RunFooter => {}
     }
     v
 }
@@ -117,6 +128,17 @@ const DECODERS: &[(&str, Fix, Decoder)] = &[
         drop(pack_v2::parse_pack(d, Some(&key())))
     }),
     ("leaf_v2", Fix::None, |d| drop(RunLeaf::decode(d))),
+    ("index_run", Fix::RunFooter, |d| {
+        if let Ok(meta) = index_run::parse_run(d, None) {
+            for i in 0..meta.sections.len() {
+                let r = meta.sections[i].range();
+                if let Some(s) = d.get(r.start as usize..r.end as usize) {
+                    drop(meta.open_section(i, s, None));
+                }
+            }
+            let _ = meta.section_for(&Id::of(b"x"));
+        }
+    }),
     ("group", Fix::None, |d| {
         // A group as its pack trailer would describe it: two chunks over the whole input,
         // or (odd lengths) a slot GC dropped between them.
