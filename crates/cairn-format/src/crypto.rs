@@ -160,6 +160,23 @@ impl MasterKey {
     }
 }
 
+/// The plain bytes of an object stored sealed or not: opened under `key` as `domain` when
+/// `sealed`, borrowed as they are otherwise. `what` names the object in errors, including the
+/// one for a sealed object and no key.
+pub(crate) fn open_if_sealed<'a>(
+    sealed: bool,
+    key: Option<&MasterKey>,
+    domain: Domain,
+    what: &'static str,
+    stored: &'a [u8],
+) -> Result<std::borrow::Cow<'a, [u8]>, CryptoError> {
+    match (sealed, key) {
+        (false, _) => Ok(std::borrow::Cow::Borrowed(stored)),
+        (true, Some(key)) => Ok(std::borrow::Cow::Owned(key.open(domain, what, stored)?)),
+        (true, None) => Err(FormatError::invalid(what, "sealed, and no key was given").into()),
+    }
+}
+
 fn seal_with(key: &[u8], domain: Domain, nonce: &[u8; NONCE_LEN], plain: &[u8]) -> Vec<u8> {
     let cipher = XChaCha20Poly1305::new_from_slice(key).expect("32-byte key");
     let aad = domain.aad();

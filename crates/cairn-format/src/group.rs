@@ -14,7 +14,7 @@
 //! keep a small cache of decoded groups) and checks the chunk against its id.
 
 use crate::config::Compression;
-use crate::crypto::{CryptoError, Domain, MasterKey, NONCE_LEN, SEAL_OVERHEAD};
+use crate::crypto::{open_if_sealed, CryptoError, Domain, MasterKey, NONCE_LEN, SEAL_OVERHEAD};
 use crate::pack::{encode_blob, zstd_decompress, BlobEncoding};
 use crate::{FormatError, Id};
 
@@ -228,20 +228,10 @@ pub fn open_group(
         )
         .into());
     }
-    let opened;
-    let encoded = match (desc.sealed, key) {
-        (false, _) => stored,
-        (true, Some(key)) => {
-            opened = key.open(Domain::Group, "group", stored)?;
-            &opened[..]
-        }
-        (true, None) => {
-            return Err(FormatError::invalid("group", "sealed, and no key was given").into())
-        }
-    };
+    let encoded = open_if_sealed(desc.sealed, key, Domain::Group, "group", stored)?;
     let plain = match desc.encoding {
-        BlobEncoding::Raw => encoded.to_vec(),
-        BlobEncoding::Zstd => zstd_decompress(encoded, desc.plain_len as usize)
+        BlobEncoding::Raw => encoded.into_owned(),
+        BlobEncoding::Zstd => zstd_decompress(&encoded, desc.plain_len as usize)
             .map_err(|e| FormatError::invalid("group", format!("zstd: {e} (corrupt)")))?,
     };
     if plain.len() != desc.plain_len as usize {

@@ -33,7 +33,7 @@
 //! place, so one cannot be swapped for another.
 
 use crate::codec::{Decoder, Encoder};
-use crate::crypto::{CryptoError, Domain, MasterKey, SEAL_OVERHEAD};
+use crate::crypto::{open_if_sealed, CryptoError, Domain, MasterKey, SEAL_OVERHEAD};
 use crate::summary::{Bloom, ProbeKey};
 use crate::{FormatError, Id};
 
@@ -279,15 +279,14 @@ pub fn parse_meta(
         }
         .into());
     }
-    let opened;
-    let meta = match (sealed, key) {
-        (false, _) => stored_meta,
-        (true, Some(k)) => {
-            opened = k.open(Domain::IndexFile, "index run meta", stored_meta)?;
-            &opened[..]
-        }
-        (true, None) => return Err(bad("sealed, and no key was given")),
-    };
+    let meta = open_if_sealed(
+        sealed,
+        key,
+        Domain::IndexFile,
+        "index run meta",
+        stored_meta,
+    )?;
+    let meta = &meta[..];
     let mut d = Decoder::new(meta, WHAT);
     let pack_count = d.u32()? as usize;
     if pack_count > d.remaining() / 32 {
@@ -418,15 +417,14 @@ impl RunMeta {
             }
             .into());
         }
-        let opened;
-        let plain = match (self.sealed, key) {
-            (false, _) => stored,
-            (true, Some(k)) => {
-                opened = k.open(Domain::IndexFile, "index run section", stored)?;
-                &opened[..]
-            }
-            (true, None) => return Err(bad("sealed, and no key was given")),
-        };
+        let plain = open_if_sealed(
+            self.sealed,
+            key,
+            Domain::IndexFile,
+            "index run section",
+            stored,
+        )?;
+        let plain = &plain[..];
         let next = self.sections.get(i + 1).map(|n| n.first_key);
         let mut d = Decoder::new(plain, "index run section");
         let mut entries = Vec::with_capacity(s.entries as usize);

@@ -21,7 +21,7 @@
 //! whole pack. A v1 reader refuses a v2 pack as "newer than this cairn supports".
 
 use crate::codec::{Decoder, Encoder};
-use crate::crypto::{CryptoError, Domain, MasterKey};
+use crate::crypto::{open_if_sealed, CryptoError, Domain, MasterKey};
 use crate::group::{Group, GroupChunk, GroupDesc, MAX_GROUP_PLAIN};
 use crate::pack::{BlobEncoding, BlobKind, END_MAGIC, FOOTER_LEN, MAGIC};
 use crate::{FormatError, Id};
@@ -202,15 +202,14 @@ pub fn parse_pack(pack: &[u8], key: Option<&MasterKey>) -> Result<Vec<PackGroup>
         }
         .into());
     }
-    let opened;
-    let trailer = match (sealed, key) {
-        (false, _) => stored_trailer,
-        (true, Some(key)) => {
-            opened = key.open(Domain::PackTrailer, "pack trailer", stored_trailer)?;
-            &opened[..]
-        }
-        (true, None) => return Err(bad("sealed, and no key was given".into())),
-    };
+    let trailer = open_if_sealed(
+        sealed,
+        key,
+        Domain::PackTrailer,
+        "pack trailer",
+        stored_trailer,
+    )?;
+    let trailer = &trailer[..];
 
     let mut d = Decoder::new(trailer, "pack trailer");
     let (groups_listed, chunk_count) = (d.u32()?, d.u32()? as usize);
