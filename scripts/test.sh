@@ -55,15 +55,29 @@ step() { # step NAME: announce a step
 # Checks run to the end even when one fails: every failure is listed at the end, so one run
 # shows everything that is wrong. Set-up (packages, dataset, the build) stops the run.
 FAILED_STEPS=()
+# What a failed step printed that says why (its FAIL, panic and error lines, else its last
+# lines), repeated in the final summary: a CI log is often only its tail.
+FAILURE_LINES=()
+
 check() { # check NAME CMD...: a check step; its failure is recorded and the suite goes on
   step "$1"
   shift
-  local rc=0
-  "$@" || rc=$?
+  local rc=0 log tee_pid
+  log=$(mktemp)
+  # Not a pipe: a daemon a step leaves behind would hold it open and stall the suite; the
+  # copy is awaited for at most 5 s.
+  "$@" > >(tee "$log") 2>&1 || rc=$?
+  tee_pid=$!
+  for _ in $(seq 50); do kill -0 "$tee_pid" 2>/dev/null || break; sleep 0.1; done
   if [ "$rc" -ne 0 ]; then
     FAILED_STEPS+=("$CURRENT_STEP (exit $rc)")
     echo "test.sh: FAILED (exit $rc): $CURRENT_STEP; going on with the next step" >&2
+    local why
+    why=$(grep -E 'FAIL|panicked|^error|Error:|Traceback|seed [0-9]+' "$log" | tail -n 12 || true)
+    [ -n "$why" ] || why=$(tail -n 12 "$log")
+    FAILURE_LINES+=("--- $CURRENT_STEP:" "$why")
   fi
+  rm -f "$log"
 }
 
 # Each committed peer report regenerates exactly from its committed measurements.
@@ -180,6 +194,8 @@ if [ "${#FAILED_STEPS[@]}" -gt 0 ]; then
   echo >&2
   echo "test.sh: finished in $(($(date +%s) - START)) s; ${#FAILED_STEPS[@]} steps failed:" >&2
   printf '  - %s\n' "${FAILED_STEPS[@]}" >&2
+  echo "test.sh: what the failed steps said:" >&2
+  printf '%s\n' "${FAILURE_LINES[@]}" | cut -c1-400 >&2
   exit 1
 fi
 

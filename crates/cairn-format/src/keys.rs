@@ -44,6 +44,13 @@ pub fn pack_id(key: &str) -> Option<Id> {
     key.strip_prefix(PACKS)?.rsplit('/').next()?.parse().ok()
 }
 
+/// Index runs of format v2 (`cairn_format::index_run`), named by the hash of their bytes.
+pub const INDEX_RUNS: &str = "index-runs/";
+
+pub fn index_run(id: &Id) -> String {
+    format!("{INDEX_RUNS}{}", id.to_hex())
+}
+
 pub fn index_file(id: &Id) -> String {
     format!("{INDEX}{id}")
 }

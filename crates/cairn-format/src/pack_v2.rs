@@ -149,10 +149,95 @@ impl PackWriter {
     }
 }
 
+/// A v2 pack's footer: where its trailer is and what it hashes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackFooter {
+    pub group_count: u32,
+    pub trailer_len: u32,
+    pub checksum: [u8; 32],
+}
+
+impl PackFooter {
+    /// Where the stored trailer lies in a pack of `pack_len` bytes (checked: it must leave
+    /// room for the header).
+    pub fn trailer_range(&self, pack_len: u64) -> Result<std::ops::Range<u64>, FormatError> {
+        let end = pack_len
+            .checked_sub(FOOTER_LEN as u64)
+            .ok_or(FormatError::Truncated {
+                what: "pack",
+                needed: (HEADER_LEN + FOOTER_LEN) as u64,
+                available: pack_len,
+            })?;
+        end.checked_sub(u64::from(self.trailer_len))
+            .filter(|s| *s >= HEADER_LEN as u64)
+            .map(|start| start..end)
+            .ok_or_else(|| FormatError::invalid("pack", "trailer longer than the pack"))
+    }
+}
+
+/// Parses a v2 pack's first [`HEADER_LEN`] bytes: whether the pack is sealed.
+pub fn parse_header(head: &[u8]) -> Result<bool, FormatError> {
+    if head.len() < HEADER_LEN {
+        return Err(FormatError::Truncated {
+            what: "pack",
+            needed: HEADER_LEN as u64,
+            available: head.len() as u64,
+        });
+    }
+    if &head[..8] != MAGIC {
+        return Err(FormatError::BadMagic { what: "pack" });
+    }
+    let word = |at: usize| u32::from_le_bytes(head[at..at + 4].try_into().expect("4 bytes"));
+    match word(8) {
+        VERSION => {}
+        v if v > VERSION => {
+            return Err(FormatError::TooNew {
+                what: "pack",
+                found: v,
+                supported: VERSION,
+            })
+        }
+        v => {
+            return Err(FormatError::invalid(
+                "pack",
+                format!("format version {v} is not a v2 pack"),
+            ))
+        }
+    }
+    let flags = word(16);
+    if flags & !FLAG_SEALED != 0 {
+        return Err(FormatError::invalid(
+            "pack",
+            format!("unknown flags {flags:#x}"),
+        ));
+    }
+    Ok(flags & FLAG_SEALED != 0)
+}
+
+/// Parses a v2 pack's last [`FOOTER_LEN`] bytes.
+pub fn parse_footer(tail: &[u8]) -> Result<PackFooter, FormatError> {
+    let Some(footer) = tail.len().checked_sub(FOOTER_LEN).map(|at| &tail[at..]) else {
+        return Err(FormatError::Truncated {
+            what: "pack footer",
+            needed: FOOTER_LEN as u64,
+            available: tail.len() as u64,
+        });
+    };
+    if &footer[40..48] != END_MAGIC {
+        return Err(FormatError::BadMagic {
+            what: "pack footer",
+        });
+    }
+    Ok(PackFooter {
+        group_count: u32::from_le_bytes(footer[0..4].try_into().expect("4 bytes")),
+        trailer_len: u32::from_le_bytes(footer[4..8].try_into().expect("4 bytes")),
+        checksum: footer[8..40].try_into().expect("32 bytes"),
+    })
+}
+
 /// Parses and checks a v2 pack's header and trailer (opening the trailer if the pack is
 /// sealed) and returns its groups. Group bytes are not decoded here (see `group::open_group`).
 pub fn parse_pack(pack: &[u8], key: Option<&MasterKey>) -> Result<Vec<PackGroup>, CryptoError> {
-    let bad = |reason: String| CryptoError::from(FormatError::invalid("pack", reason));
     if pack.len() < HEADER_LEN + FOOTER_LEN {
         return Err(FormatError::Truncated {
             what: "pack",
@@ -161,47 +246,38 @@ pub fn parse_pack(pack: &[u8], key: Option<&MasterKey>) -> Result<Vec<PackGroup>
         }
         .into());
     }
-    if &pack[..8] != MAGIC {
-        return Err(FormatError::BadMagic { what: "pack" }.into());
+    let sealed = parse_header(pack)?;
+    let footer = parse_footer(pack)?;
+    let range = footer.trailer_range(pack.len() as u64)?;
+    let stored = &pack[range.start as usize..range.end as usize];
+    parse_trailer(stored, &footer, sealed, range.start, key)
+}
+
+/// Checks and parses a pack's stored trailer (the bytes [`PackFooter::trailer_range`] names),
+/// opening it if the pack is sealed. `data_end` is where the trailer starts: no group may
+/// reach past it.
+pub fn parse_trailer(
+    stored_trailer: &[u8],
+    footer: &PackFooter,
+    sealed: bool,
+    data_end: u64,
+    key: Option<&MasterKey>,
+) -> Result<Vec<PackGroup>, CryptoError> {
+    let bad = |reason: String| CryptoError::from(FormatError::invalid("pack", reason));
+    if stored_trailer.len() != footer.trailer_len as usize {
+        return Err(bad(format!(
+            "trailer of {} bytes where the footer says {}",
+            stored_trailer.len(),
+            footer.trailer_len
+        )));
     }
-    let word = |at: usize| u32::from_le_bytes(pack[at..at + 4].try_into().expect("4 bytes"));
-    match word(8) {
-        VERSION => {}
-        v if v > VERSION => {
-            return Err(FormatError::TooNew {
-                what: "pack",
-                found: v,
-                supported: VERSION,
-            }
-            .into())
-        }
-        v => return Err(bad(format!("format version {v} is not a v2 pack"))),
-    }
-    let flags = word(16);
-    if flags & !FLAG_SEALED != 0 {
-        return Err(bad(format!("unknown flags {flags:#x}")));
-    }
-    let sealed = flags & FLAG_SEALED != 0;
-    let footer = &pack[pack.len() - FOOTER_LEN..];
-    if &footer[40..48] != END_MAGIC {
-        return Err(FormatError::BadMagic {
-            what: "pack footer",
-        }
-        .into());
-    }
-    let group_count = u32::from_le_bytes(footer[0..4].try_into().expect("4 bytes"));
-    let trailer_len = u32::from_le_bytes(footer[4..8].try_into().expect("4 bytes")) as usize;
-    let trailer_start = (pack.len() - FOOTER_LEN)
-        .checked_sub(trailer_len)
-        .filter(|s| *s >= HEADER_LEN)
-        .ok_or_else(|| bad("trailer longer than the pack".into()))?;
-    let stored_trailer = &pack[trailer_start..pack.len() - FOOTER_LEN];
-    if blake3::hash(stored_trailer).as_bytes() != &footer[8..40] {
+    if blake3::hash(stored_trailer).as_bytes() != &footer.checksum {
         return Err(FormatError::Checksum {
             what: "pack trailer",
         }
         .into());
     }
+    let group_count = footer.group_count;
     let trailer = open_if_sealed(
         sealed,
         key,
@@ -235,7 +311,7 @@ pub fn parse_pack(pack: &[u8], key: Option<&MasterKey>) -> Result<Vec<PackGroup>
         let encoding = BlobEncoding::from_code(d.u8()?, "pack trailer")?;
         let count = d.u16()? as usize;
         let start = u64::from(offset);
-        if start < end_of_last || start + u64::from(stored_len) > trailer_start as u64 {
+        if start < end_of_last || start + u64::from(stored_len) > data_end {
             return Err(bad(format!(
                 "group at {offset} overlaps another or lies outside the data area"
             )));

@@ -22,6 +22,7 @@ pub mod session;
 mod set_aside;
 mod summaries;
 pub mod tree_walk;
+pub mod v2;
 mod versions;
 
 pub use blob_index::{BlobIndex, BlobLocation};

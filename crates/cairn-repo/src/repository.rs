@@ -421,6 +421,16 @@ impl Repo {
         })
     }
 
+    /// A reader of this repository's format v2 objects (index runs, v2 packs, groups), with
+    /// caches bounded by `limits`; `key` opens them in an encrypted repository.
+    pub fn v2_reader(
+        &self,
+        key: Option<cairn_format::crypto::MasterKey>,
+        limits: crate::v2::CacheLimits,
+    ) -> crate::v2::V2Reader {
+        crate::v2::V2Reader::new(self.store.clone(), key, limits)
+    }
+
     /// Reads one blob, verified (manifest nodes through the metadata cache, if any).
     pub async fn read_blob(&self, id: &Id) -> RepoResult<Vec<u8>> {
         let loc = self.locate(id)?;
@@ -513,6 +523,28 @@ impl Repo {
         let mut unindexed = self.unindexed.lock().expect("unindexed lock");
         for p in &file.packs {
             unindexed.remove(&p.pack);
+        }
+        Ok((id, written))
+    }
+
+    /// Publishes an index run (format v2) naming where `locations` (id, pack) are, for packs
+    /// that are already durable ([`Repo::put_pack`]). Returns its id and the bytes written (0
+    /// if the same run existed).
+    pub async fn put_index_run(
+        &self,
+        locations: &[(Id, Id)],
+        key: Option<&cairn_format::crypto::MasterKey>,
+    ) -> RepoResult<(Id, u64)> {
+        let raw = Bytes::from(cairn_format::index_run::write_run(locations, key));
+        let id = Id::of(&raw);
+        let len = raw.len() as u64;
+        let written = match self.store.put_if_absent(&keys::index_run(&id), raw).await? {
+            PutOutcome::Created => len,
+            PutOutcome::AlreadyExists => 0,
+        };
+        let mut unindexed = self.unindexed.lock().expect("unindexed lock");
+        for (_, pack) in locations {
+            unindexed.remove(pack);
         }
         Ok((id, written))
     }

@@ -1,0 +1,162 @@
+//! Reading format v2 objects (issue 16): index runs, pack trailers and chunk groups, each read
+//! in pieces with ranged reads and kept in a bounded cache, so a restore or an export decodes
+//! a group once however many of its slots it reads, and a lookup costs one index section and
+//! one pack trailer (both cached) rather than a whole index in memory.
+//!
+//! ```text
+//! id ──index run: filter, fence keys, one section──▶ candidate packs (8-byte keys)
+//!    ──pack trailer: full ids (checked)──────────▶ group (and slot)
+//!    ──group: one ranged read, opened, every chunk hashed──▶ plain bytes
+//! ```
+//!
+//! Nothing here trusts a byte it did not check: the trailer's checksum and (sealed) tag, the
+//! group id recomputed from the descriptor, every chunk against its id at open. Not yet used
+//! by any command: the commit pipeline writes v2 in the next slice (docs/ROADMAP.md).
+
+mod groups;
+mod packer;
+mod runs;
+mod tail;
+mod trailers;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use cairn_format::crypto::{CryptoError, MasterKey};
+use cairn_format::{FormatError, Id};
+use cairn_store::ObjectStore;
+use quick_cache::sync::Cache;
+use quick_cache::Weighter;
+
+pub use groups::OpenedGroup;
+pub use packer::{FinishedPack, GroupPacker, Placement};
+pub use runs::GroupLocation;
+pub use trailers::{PackTrailer, SlotRef};
+
+use crate::error::RepoError;
+
+/// Bounds of the reader's caches.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheLimits {
+    /// Plain bytes of opened groups kept (a restore reads a group's slots in order, an
+    /// export's read-ahead a few groups apart).
+    pub group_bytes: u64,
+    /// Approximate bytes of decoded pack trailers kept.
+    pub trailer_bytes: u64,
+    /// Bytes of index run sections kept (12 bytes an entry).
+    pub section_bytes: u64,
+}
+
+impl Default for CacheLimits {
+    fn default() -> Self {
+        CacheLimits {
+            group_bytes: 64 << 20,
+            trailer_bytes: 32 << 20,
+            section_bytes: 8 << 20,
+        }
+    }
+}
+
+/// A cache weight: each value knows what it costs.
+#[derive(Clone)]
+struct ByCost;
+
+/// Values whose memory a cache bounds.
+trait Cost {
+    fn cost(&self) -> u64;
+}
+
+impl<K, V: Cost> Weighter<K, Arc<V>> for ByCost {
+    fn weight(&self, _key: &K, value: &Arc<V>) -> u64 {
+        value.cost().max(1)
+    }
+}
+
+type CostCache<K, V> = Cache<K, Arc<V>, ByCost>;
+
+fn cost_cache<K: Eq + std::hash::Hash, V: Cost>(bytes: u64, typical: u64) -> CostCache<K, V> {
+    Cache::with_weighter((bytes / typical).max(16) as usize, bytes, ByCost)
+}
+
+/// Reads v2 objects of one repository (plain when `key` is `None`, sealed otherwise).
+pub struct V2Reader {
+    store: Arc<dyn ObjectStore>,
+    key: Option<MasterKey>,
+    trailers: CostCache<Id, PackTrailer>,
+    groups: CostCache<(Id, u32), OpenedGroup>,
+    sections: CostCache<(Id, u32), runs::Section>,
+    runs: std::sync::RwLock<Vec<Arc<runs::OpenRun>>>,
+    fetched: FetchCounters,
+}
+
+impl std::fmt::Debug for V2Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("V2Reader")
+            .field("store", &self.store.describe())
+            .field("sealed", &self.key.is_some())
+            .field("runs", &self.runs.read().expect("runs lock").len())
+            .finish()
+    }
+}
+
+/// How many objects or pieces of objects the reader fetched from the store (each cache
+/// miss is one fetch: concurrent misses of one key wait for a single fetch).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fetches {
+    pub groups: u64,
+    pub trailers: u64,
+    pub sections: u64,
+}
+
+#[derive(Debug, Default)]
+struct FetchCounters {
+    groups: AtomicU64,
+    trailers: AtomicU64,
+    sections: AtomicU64,
+}
+
+impl V2Reader {
+    pub(crate) fn new(
+        store: Arc<dyn ObjectStore>,
+        key: Option<MasterKey>,
+        limits: CacheLimits,
+    ) -> V2Reader {
+        V2Reader {
+            store,
+            key,
+            trailers: cost_cache(limits.trailer_bytes, 256 << 10),
+            groups: cost_cache(limits.group_bytes, 64 << 10),
+            sections: cost_cache(limits.section_bytes, 4 << 10),
+            runs: std::sync::RwLock::new(Vec::new()),
+            fetched: FetchCounters::default(),
+        }
+    }
+
+    /// What the reader fetched from the store so far.
+    pub fn fetches(&self) -> Fetches {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Fetches {
+            groups: n(&self.fetched.groups),
+            trailers: n(&self.fetched.trailers),
+            sections: n(&self.fetched.sections),
+        }
+    }
+
+    fn key(&self) -> Option<&MasterKey> {
+        self.key.as_ref()
+    }
+}
+
+/// A v2 decoder's error as a repository error naming the object: damage is
+/// [`RepoError::Corrupt`] (so `is_damage` sees it), a failed tag included.
+fn sealed_error(key: impl Into<String>, e: CryptoError) -> RepoError {
+    let source = match e {
+        CryptoError::Format(f) => f,
+        CryptoError::Tampered { what } => FormatError::invalid(
+            what,
+            "authentication failed (tampered, corrupt, or sealed with another key)",
+        ),
+        CryptoError::WrongPassphrase => return RepoError::Invalid(e.to_string()),
+    };
+    RepoError::corrupt(key, source)
+}

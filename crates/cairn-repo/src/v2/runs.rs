@@ -1,0 +1,171 @@
+//! Index runs, read in pieces: a run's meta (pack table, fence keys, filter) once when it is
+//! added, then only the ~4 KiB section a lookup falls in (kept in a bounded cache). A lookup
+//! asks the runs newest first; an entry is a candidate pack, accepted only when the pack's
+//! trailer holds the full id — so an 8-byte key collision costs a trailer read, never a
+//! wrong answer. Which runs exist, and their compaction, are issue 17's.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use cairn_format::index_run::{self, Entry, RunMeta, FOOTER_LEN, HEADER_LEN};
+use cairn_format::{keys, FormatError, Id};
+
+use super::tail::{get_exact, HeadAndTail};
+use super::trailers::{PackTrailer, SlotRef};
+use super::{sealed_error, Cost, V2Reader};
+use crate::error::{RepoError, RepoResult};
+
+/// How much of a run's end the first read fetches (its meta: 32 bytes a pack, 52 a section,
+/// and a filter of about 10 bits an id).
+const TAIL_GUESS: u64 = 64 << 10;
+
+/// A run whose meta was read and checked.
+#[derive(Debug)]
+pub(super) struct OpenRun {
+    id: Id,
+    key: String,
+    meta: RunMeta,
+}
+
+/// One section's entries, checked.
+#[derive(Debug)]
+pub(super) struct Section(Vec<Entry>);
+
+impl Cost for Section {
+    fn cost(&self) -> u64 {
+        (self.0.len() * index_run::ENTRY_LEN) as u64
+    }
+}
+
+/// Where a group is: its pack's trailer and its position there.
+#[derive(Debug, Clone)]
+pub struct GroupLocation {
+    pub trailer: Arc<PackTrailer>,
+    pub group: u32,
+}
+
+impl V2Reader {
+    /// Reads and checks the meta of run `id` and adds it to the runs lookups ask (newest
+    /// last: lookups ask the last added first).
+    pub async fn add_run(&self, id: &Id) -> RepoResult<()> {
+        let key = keys::index_run(id);
+        let store = &*self.store;
+        let obj = HeadAndTail::read(store, &key, HEADER_LEN, HEADER_LEN + FOOTER_LEN, TAIL_GUESS)
+            .await?
+            .ok_or_else(|| {
+                RepoError::corrupt(&key, FormatError::invalid("index run", "missing"))
+            })?;
+        let footer_at = obj.len - FOOTER_LEN as u64;
+        let footer = obj.bytes(store, &key, footer_at..obj.len).await?;
+        let footer = index_run::parse_footer(&footer).map_err(|e| sealed_error(&key, e))?;
+        let meta_start = footer_at
+            .checked_sub(u64::from(footer.meta_len))
+            .filter(|s| *s >= HEADER_LEN as u64)
+            .ok_or_else(|| {
+                RepoError::corrupt(
+                    &key,
+                    FormatError::invalid("index run", "meta longer than the run"),
+                )
+            })?;
+        let stored_meta = obj.bytes(store, &key, meta_start..footer_at).await?;
+        let meta = index_run::parse_meta(obj.len, &obj.head, &footer, &stored_meta, self.key())
+            .map_err(|e| sealed_error(&key, e))?;
+        if meta.sealed != self.key.is_some() {
+            return Err(RepoError::corrupt(
+                &key,
+                FormatError::invalid(
+                    "index run",
+                    "sealed or not, unlike the repository's other objects",
+                ),
+            ));
+        }
+        self.runs
+            .write()
+            .expect("runs lock")
+            .push(Arc::new(OpenRun { id: *id, key, meta }));
+        Ok(())
+    }
+
+    /// The packs the runs name for `id` (candidates), newest run first, without repeats.
+    async fn candidates(&self, id: &Id) -> RepoResult<Vec<Id>> {
+        let runs: Vec<Arc<OpenRun>> = self.runs.read().expect("runs lock").clone();
+        let mut packs = Vec::new();
+        for run in runs.iter().rev() {
+            let Some(i) = run.meta.section_for(id) else {
+                continue;
+            };
+            let section = self
+                .sections
+                .get_or_insert_async(&(run.id, i as u32), self.read_section(run, i))
+                .await?;
+            for pack in run.meta.candidates(&section.0, id) {
+                if !packs.contains(&pack) {
+                    packs.push(pack);
+                }
+            }
+        }
+        Ok(packs)
+    }
+
+    async fn read_section(&self, run: &OpenRun, i: usize) -> RepoResult<Arc<Section>> {
+        self.fetched
+            .sections
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let range = run.meta.sections[i].range();
+        let stored: Bytes = get_exact(&*self.store, &run.key, range).await?;
+        let entries = run
+            .meta
+            .open_section(i, &stored, self.key())
+            .map_err(|e| sealed_error(format!("{} section {i}", run.key), e))?;
+        Ok(Arc::new(Section(entries)))
+    }
+
+    /// Where group `id` is stored: the first candidate pack whose trailer lists it.
+    pub async fn locate_group(&self, id: &Id) -> RepoResult<GroupLocation> {
+        for pack in self.candidates(id).await? {
+            let trailer = self.trailer(&pack).await?;
+            if let Some(group) = trailer.group(id) {
+                return Ok(GroupLocation { trailer, group });
+            }
+        }
+        Err(RepoError::BlobMissing { id: *id })
+    }
+
+    /// Where chunk or manifest node `id` is stored (for dedup and node reads).
+    pub async fn locate_chunk(&self, id: &Id) -> RepoResult<(Arc<PackTrailer>, SlotRef)> {
+        for pack in self.candidates(id).await? {
+            let trailer = self.trailer(&pack).await?;
+            if let Some(slot) = trailer.chunk(id) {
+                return Ok((trailer, slot));
+            }
+        }
+        Err(RepoError::BlobMissing { id: *id })
+    }
+
+    /// The plain bytes of slots `first .. first + count` of group `id` (a v2 leaf's group
+    /// run), checked.
+    pub async fn read_group_run(&self, id: &Id, first: u16, count: u16) -> RepoResult<Bytes> {
+        let loc = self.locate_group(id).await?;
+        let group = self.open_group(&loc.trailer, loc.group).await?;
+        group
+            .slots(usize::from(first), usize::from(count))
+            .map_err(|e| {
+                RepoError::corrupt(
+                    format!("{} group {}", keys::pack(&loc.trailer.pack), loc.group),
+                    e,
+                )
+            })
+    }
+
+    /// The plain bytes of chunk or manifest node `id`, checked.
+    pub async fn read_chunk(&self, id: &Id) -> RepoResult<Bytes> {
+        let (trailer, at) = self.locate_chunk(id).await?;
+        let group = self.open_group(&trailer, at.group).await?;
+        group.slots(usize::from(at.slot), 1).map_err(|e| {
+            RepoError::corrupt(
+                format!("{} group {}", keys::pack(&trailer.pack), at.group),
+                e,
+            )
+        })
+    }
+}

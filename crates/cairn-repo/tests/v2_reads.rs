@@ -1,0 +1,550 @@
+//! Reading format v2 objects through cairn-repo's `V2Reader`, over a directory store: packs of
+//! chunk groups and index runs written with cairn-format's writers, read back in pieces
+//! (ranged reads of trailers, sections and groups), bit-exact, with one fetch per group
+//! however many readers ask, and with every kind of damage refused by name.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cairn_format::config::{Compression, RepoConfig};
+use cairn_format::crypto::MasterKey;
+use cairn_format::group::{group_id, GroupBuilder, GroupDesc};
+use cairn_format::index_run;
+use cairn_format::leaf_v2::{RunExtent, RunLeaf};
+use cairn_format::pack::BlobKind;
+use cairn_format::pack_v2::{self, PackWriter};
+use cairn_format::{keys, Id};
+use cairn_repo::v2::{CacheLimits, GroupPacker, V2Reader};
+use cairn_repo::{Repo, RepoError};
+use cairn_store::{LocalStore, ObjectStore};
+use rand::{Rng, SeedableRng};
+
+const CHUNK: usize = 4096;
+const GROUP: usize = 64 << 10;
+
+/// A group as written: its id, descriptor and its chunks' plain bytes.
+struct Written {
+    id: Id,
+    chunks: Vec<Vec<u8>>,
+}
+
+/// A pack of `groups` groups of 16 chunks (half of them compressible) and what it holds.
+fn pack(
+    rng: &mut rand::rngs::StdRng,
+    groups: usize,
+    key: Option<&MasterKey>,
+) -> (Id, Vec<u8>, Vec<Written>) {
+    let mut w = PackWriter::new(key.is_some());
+    let mut written = Vec::new();
+    for g in 0..groups {
+        let mut b = GroupBuilder::new(GROUP);
+        let mut chunks = Vec::new();
+        for _ in 0..GROUP / CHUNK {
+            let mut c = vec![0u8; CHUNK];
+            if g % 2 == 0 {
+                rng.fill(&mut c[..]);
+            } else {
+                c[..64].fill(rng.gen());
+            }
+            let id = key.map_or_else(|| Id::of(&c), |k| k.id_of(&c));
+            b.push(id, &c);
+            chunks.push(c);
+        }
+        let group = b.finish(Compression::Zstd { level: 3 }, key);
+        written.push(Written {
+            id: group_id(&group.desc.chunks, key),
+            chunks,
+        });
+        w.push(BlobKind::Data, group);
+    }
+    let (id, bytes, _) = w.finish(key);
+    (id, bytes, written)
+}
+
+/// Every chunk and group id of `written` located in `pack`.
+fn locations(pack: Id, written: &[Written], key: Option<&MasterKey>) -> Vec<(Id, Id)> {
+    let mut out = Vec::new();
+    for g in written {
+        out.push((g.id, pack));
+        for c in &g.chunks {
+            out.push((key.map_or_else(|| Id::of(c), |k| k.id_of(c)), pack));
+        }
+    }
+    out
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    root: std::path::PathBuf,
+    store: Arc<LocalStore>,
+    repo: Repo,
+}
+
+async fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("repo");
+    let store = Arc::new(LocalStore::create(&root).unwrap());
+    let repo = Repo::init(store.clone(), RepoConfig::default())
+        .await
+        .unwrap();
+    Fixture {
+        _dir: dir,
+        root,
+        store,
+        repo,
+    }
+}
+
+impl Fixture {
+    async fn put(&self, key: &str, bytes: Vec<u8>) {
+        self.store.put_if_absent(key, bytes.into()).await.unwrap();
+    }
+
+    /// Stores a pack and an index run of `locations`; returns the run's id.
+    async fn publish(
+        &self,
+        packs: &[(Id, Vec<u8>)],
+        locations: &[(Id, Id)],
+        key: Option<&MasterKey>,
+    ) -> Id {
+        for (id, bytes) in packs {
+            self.put(&keys::pack(id), bytes.clone()).await;
+        }
+        let run = index_run::write_run(locations, key);
+        let id = Id::of(&run);
+        self.put(&keys::index_run(&id), run).await;
+        id
+    }
+
+    fn reader(&self, key: Option<MasterKey>) -> V2Reader {
+        self.repo.v2_reader(key, CacheLimits::default())
+    }
+
+    fn object(&self, key: &str) -> std::path::PathBuf {
+        self.root.join(key)
+    }
+}
+
+fn flip(path: &Path, at: u64) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[at as usize] ^= 0x40;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[tokio::test]
+async fn groups_and_chunks_read_back_bit_exact_plain_and_sealed() {
+    for key in [None, Some(MasterKey::generate())] {
+        let f = fixture().await;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let (p1, b1, w1) = pack(&mut rng, 6, key.as_ref());
+        let (p2, b2, w2) = pack(&mut rng, 3, key.as_ref());
+        let mut locs = locations(p1, &w1, key.as_ref());
+        locs.extend(locations(p2, &w2, key.as_ref()));
+        let run = f.publish(&[(p1, b1), (p2, b2)], &locs, key.as_ref()).await;
+        let r = f.reader(key.clone());
+        r.add_run(&run).await.unwrap();
+
+        for g in w1.iter().chain(&w2) {
+            let whole = r.read_group_run(&g.id, 0, 16).await.unwrap();
+            assert_eq!(whole, g.chunks.concat());
+            let part = r.read_group_run(&g.id, 3, 5).await.unwrap();
+            assert_eq!(part, g.chunks[3..8].concat());
+            for (slot, c) in g.chunks.iter().enumerate() {
+                let id = key.as_ref().map_or_else(|| Id::of(c), |k| k.id_of(c));
+                assert_eq!(&r.read_chunk(&id).await.unwrap()[..], &c[..], "slot {slot}");
+            }
+        }
+        let fetched = r.fetches();
+        assert_eq!(fetched.groups, 9, "each group is fetched once: {fetched:?}");
+        assert_eq!(
+            fetched.trailers, 2,
+            "each trailer is read once: {fetched:?}"
+        );
+
+        let absent = Id::of(b"never stored");
+        assert!(matches!(
+            r.read_group_run(&absent, 0, 1).await,
+            Err(RepoError::BlobMissing { id }) if id == absent
+        ));
+        let err = r.read_group_run(&w1[0].id, 10, 7).await.unwrap_err();
+        assert!(
+            err.to_string().contains("slots 10..17 of a group of 16"),
+            "{err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn concurrent_readers_of_one_group_wait_for_one_fetch() {
+    let f = fixture().await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+    let (p, b, w) = pack(&mut rng, 2, None);
+    let run = f.publish(&[(p, b)], &locations(p, &w, None), None).await;
+    let r = Arc::new(f.reader(None));
+    r.add_run(&run).await.unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for slot in 0..16u16 {
+        let (r, id) = (r.clone(), w[0].id);
+        tasks.spawn(async move { (slot, r.read_group_run(&id, slot, 1).await.unwrap()) });
+    }
+    while let Some(done) = tasks.join_next().await {
+        let (slot, bytes) = done.unwrap();
+        assert_eq!(bytes, w[0].chunks[slot as usize]);
+    }
+    assert_eq!(r.fetches().groups, 1);
+    assert_eq!(r.fetches().trailers, 1);
+}
+
+#[tokio::test]
+async fn a_trailer_longer_than_the_first_read_is_fetched_whole() {
+    // 9000 chunks of 16 bytes: a trailer of 333 KB, more than the 256 KiB tail read first.
+    let f = fixture().await;
+    let mut w = PackWriter::new(false);
+    let mut all = Vec::new();
+    let mut groups = Vec::new();
+    for g in 0..9u32 {
+        let mut b = GroupBuilder::new(GROUP);
+        let mut chunks = Vec::new();
+        for i in 0..1000u32 {
+            let c = [g.to_le_bytes(), i.to_le_bytes(), [7; 4], [9; 4]].concat();
+            b.push(Id::of(&c), &c);
+            chunks.push(c);
+        }
+        let group = b.finish(Compression::Zstd { level: 3 }, None);
+        groups.push((group_id(&group.desc.chunks, None), chunks));
+        w.push(BlobKind::Data, group);
+    }
+    let (p, bytes, _) = w.finish(None);
+    for (gid, chunks) in &groups {
+        all.push((*gid, p));
+        all.extend(chunks.iter().map(|c| (Id::of(c), p)));
+    }
+    let run = f.publish(&[(p, bytes)], &all, None).await;
+    let r = f.reader(None);
+    r.add_run(&run).await.unwrap();
+    let (gid, chunks) = &groups[8];
+    assert_eq!(
+        r.read_group_run(gid, 998, 2).await.unwrap(),
+        chunks[998..].concat()
+    );
+    let trailer = r.trailer(&p).await.unwrap();
+    assert_eq!(trailer.groups.len(), 9);
+}
+
+#[tokio::test]
+async fn an_index_entry_is_only_a_candidate_the_trailer_decides() {
+    // A newer run that names the wrong pack for every id (as an 8-byte key collision would)
+    // is outvoted by the trailer: the older run's pack is found, and an id that no trailer
+    // lists is missing, not read from the wrong place.
+    let f = fixture().await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let (p1, b1, w1) = pack(&mut rng, 2, None);
+    let (p2, b2, w2) = pack(&mut rng, 2, None);
+    let right = f
+        .publish(&[(p1, b1)], &locations(p1, &w1, None), None)
+        .await;
+    let mut wrong: Vec<(Id, Id)> = locations(p1, &w1, None)
+        .into_iter()
+        .map(|(id, _)| (id, p2))
+        .collect();
+    wrong.push((Id::of(b"claimed"), p2));
+    let wrong = f.publish(&[(p2, b2)], &wrong, None).await;
+    let r = f.reader(None);
+    r.add_run(&right).await.unwrap();
+    r.add_run(&wrong).await.unwrap();
+    assert_eq!(
+        r.read_group_run(&w1[1].id, 0, 16).await.unwrap(),
+        w1[1].chunks.concat()
+    );
+    let claimed = Id::of(b"claimed");
+    assert!(matches!(
+        r.read_chunk(&claimed).await,
+        Err(RepoError::BlobMissing { id }) if id == claimed
+    ));
+    // p2's own groups are not in any run: not found, though their pack was read.
+    assert!(matches!(
+        r.read_group_run(&w2[0].id, 0, 1).await,
+        Err(RepoError::BlobMissing { .. })
+    ));
+}
+
+#[tokio::test]
+async fn damage_is_refused_naming_the_object() {
+    let key = MasterKey::generate();
+    let f = fixture().await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(10);
+    let (p, b, w) = pack(&mut rng, 3, Some(&key));
+    let groups = pack_v2::parse_pack(&b, Some(&key)).unwrap();
+    let pack_len = b.len() as u64;
+    let run = f
+        .publish(&[(p, b)], &locations(p, &w, Some(&key)), Some(&key))
+        .await;
+    let pack_key = keys::pack(&p);
+
+    // A plain reader of a sealed repository, and a reader with another key.
+    let plain = f.reader(None);
+    let err = plain.add_run(&run).await.unwrap_err();
+    assert!(err.is_damage(), "{err}");
+    let other = f.reader(Some(MasterKey::generate()));
+    let err = other.add_run(&run).await.unwrap_err();
+    assert!(err.to_string().contains("authentication failed"), "{err}");
+
+    // A flipped byte inside group 1: its tag fails; groups 0 and 2 still read.
+    let at = groups[1].range().start + 100;
+    flip(&f.object(&pack_key), at);
+    let r = f.reader(Some(key.clone()));
+    r.add_run(&run).await.unwrap();
+    let err = r.read_group_run(&w[1].id, 0, 1).await.unwrap_err();
+    assert!(err.is_damage());
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&pack_key) && msg.contains("group 1") && msg.contains("authentication"),
+        "{msg}"
+    );
+    assert_eq!(
+        r.read_group_run(&w[2].id, 0, 16).await.unwrap(),
+        w[2].chunks.concat()
+    );
+    flip(&f.object(&pack_key), at);
+
+    // A flipped byte in the trailer: its checksum fails.
+    flip(&f.object(&pack_key), pack_len - 60);
+    let r = f.reader(Some(key.clone()));
+    r.add_run(&run).await.unwrap();
+    let err = r.read_group_run(&w[0].id, 0, 1).await.unwrap_err();
+    assert!(err.is_damage());
+    assert!(
+        err.to_string().contains(&pack_key) && err.to_string().contains("checksum"),
+        "{err}"
+    );
+    flip(&f.object(&pack_key), pack_len - 60);
+
+    // A truncated pack: the footer is gone.
+    let bytes = std::fs::read(f.object(&pack_key)).unwrap();
+    std::fs::write(f.object(&pack_key), &bytes[..bytes.len() - 10]).unwrap();
+    let r = f.reader(Some(key.clone()));
+    r.add_run(&run).await.unwrap();
+    let err = r.read_group_run(&w[0].id, 0, 1).await.unwrap_err();
+    assert!(
+        err.is_damage() && err.to_string().contains(&pack_key),
+        "{err}"
+    );
+    std::fs::write(f.object(&pack_key), &bytes).unwrap();
+
+    // A flipped byte in a run section: its checksum fails at lookup.
+    let run_key = keys::index_run(&run);
+    flip(&f.object(&run_key), 20);
+    let r = f.reader(Some(key.clone()));
+    r.add_run(&run).await.unwrap();
+    let err = r.read_group_run(&w[0].id, 0, 1).await.unwrap_err();
+    assert!(
+        err.is_damage()
+            && err.to_string().contains(&run_key)
+            && err.to_string().contains("section"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_group_gc_rewrote_keeps_its_id_and_refuses_dropped_slots() {
+    let f = fixture().await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let (_, b, w) = pack(&mut rng, 1, None);
+    let old = pack_v2::parse_pack(&b, None).unwrap().remove(0);
+    let plain = w[0].chunks.concat();
+    let rewritten = GroupBuilder::repack(&old.desc, &plain, |slot| slot % 4 != 1)
+        .finish(Compression::Zstd { level: 3 }, None);
+    let desc: &GroupDesc = &rewritten.desc;
+    assert_eq!(group_id(&desc.chunks, None), w[0].id);
+    let mut pw = PackWriter::new(false);
+    pw.push(BlobKind::Data, rewritten);
+    let (p, bytes, _) = pw.finish(None);
+    let kept: Vec<(Id, Id)> = std::iter::once((w[0].id, p))
+        .chain(
+            w[0].chunks
+                .iter()
+                .enumerate()
+                .filter(|(s, _)| s % 4 != 1)
+                .map(|(_, c)| (Id::of(c), p)),
+        )
+        .collect();
+    let run = f.publish(&[(p, bytes)], &kept, None).await;
+    let r = f.reader(None);
+    r.add_run(&run).await.unwrap();
+    assert_eq!(
+        r.read_group_run(&w[0].id, 2, 3).await.unwrap(),
+        w[0].chunks[2..5].concat()
+    );
+    let err = r.read_group_run(&w[0].id, 0, 2).await.unwrap_err();
+    assert!(
+        err.to_string().contains("slot 1 is no longer stored"),
+        "{err}"
+    );
+    assert!(matches!(
+        r.read_chunk(&Id::of(&w[0].chunks[5])).await,
+        Err(RepoError::BlobMissing { .. })
+    ));
+}
+
+#[tokio::test]
+async fn the_group_cache_stays_within_its_bound() {
+    // 12 groups of 64 KiB through a 256 KiB cache, twice: the second pass must fetch again
+    // (what stays cached is bounded), and every read is still bit-exact.
+    let f = fixture().await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+    let (p, b, w) = pack(&mut rng, 12, None);
+    let run = f.publish(&[(p, b)], &locations(p, &w, None), None).await;
+    let r = f.repo.v2_reader(
+        None,
+        CacheLimits {
+            group_bytes: 256 << 10,
+            ..CacheLimits::default()
+        },
+    );
+    r.add_run(&run).await.unwrap();
+    for _ in 0..2 {
+        for g in &w {
+            assert_eq!(
+                r.read_group_run(&g.id, 0, 16).await.unwrap(),
+                g.chunks.concat()
+            );
+        }
+    }
+    let fetched = r.fetches().groups;
+    assert!(
+        fetched > 12,
+        "a 256 KiB cache cannot hold 768 KiB: {fetched} fetches"
+    );
+}
+
+/// A 4 MiB image: random regions, zeros, a region repeated, a compressible region.
+fn image(rng: &mut rand::rngs::StdRng) -> Vec<u8> {
+    let mut img = vec![0u8; 4 << 20];
+    rng.fill(&mut img[..1 << 20]);
+    for (i, b) in img[(3 << 19)..(2 << 20)].chunks_mut(CHUNK).enumerate() {
+        b.fill(0x5a); // compressible, and each block its own
+        b[..8].copy_from_slice(&(i as u64).to_le_bytes());
+    }
+    let copy = img[(64 << 10)..(320 << 10)].to_vec();
+    img[(3 << 20)..(3 << 20) + copy.len()].copy_from_slice(&copy); // a repeat
+    rng.fill(&mut img[(7 << 19)..(7 << 19) + 8192]);
+    img
+}
+
+#[tokio::test]
+async fn chunks_packed_into_groups_read_back_through_their_leaf() {
+    for key in [None, Some(MasterKey::generate())] {
+        let f = fixture().await;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+        let img = image(&mut rng);
+        let id_of = |d: &[u8]| key.as_ref().map_or_else(|| Id::of(d), |k| k.id_of(d));
+        let mut packer = GroupPacker::new(
+            key.clone(),
+            Compression::Zstd { level: 3 },
+            GROUP,
+            256 << 10,
+        );
+        let mut finished = Vec::new();
+        let mut blocks = Vec::new(); // per 4 KiB block: None (zeros) or its ticket
+        for block in img.chunks(CHUNK) {
+            if block.iter().all(|b| *b == 0) {
+                blocks.push(None);
+                continue;
+            }
+            let (ticket, full) = packer.push(id_of(block), block);
+            finished.extend(full);
+            blocks.push(Some(ticket));
+        }
+        finished.extend(packer.close_group());
+        let mut leaf = RunLeaf::default();
+        for b in &blocks {
+            leaf.push(match b {
+                None => RunExtent::Zero { len: CHUNK as u32 },
+                Some(t) => {
+                    let p = packer.placement(*t).expect("placed once its group closed");
+                    RunExtent::Run {
+                        group: p.group,
+                        first: p.slot,
+                        count: 1,
+                        len: CHUNK as u32,
+                    }
+                }
+            });
+        }
+        let leaf_bytes = leaf.encode();
+        let leaf_id = id_of(&leaf_bytes);
+        finished.extend(packer.push_node(leaf_id, &leaf_bytes));
+        finished.extend(packer.finish());
+
+        let mut locations = Vec::new();
+        for p in finished {
+            let (pack, _) = f.repo.put_pack(&p.id, p.bytes).await.unwrap();
+            locations.extend(p.ids.iter().map(|id| (*id, pack)));
+        }
+        let packs: std::collections::HashSet<Id> = locations.iter().map(|l| l.1).collect();
+        assert!(packs.len() >= 3, "256 KiB packs: {} packs", packs.len());
+        let (run, written) = f
+            .repo
+            .put_index_run(&locations, key.as_ref())
+            .await
+            .unwrap();
+        assert!(written > 0);
+        assert_eq!(
+            f.repo.discard_unindexed_packs().await,
+            0,
+            "every pack is indexed"
+        );
+
+        // The repeat is stored once: 256 + 128 + 2 unique blocks of data, in groups of 16.
+        let unique: std::collections::HashSet<&[u8]> = img
+            .chunks(CHUNK)
+            .filter(|b| b.iter().any(|x| *x != 0))
+            .collect();
+        let runs = leaf
+            .extents()
+            .iter()
+            .filter(|e| matches!(e, RunExtent::Run { .. }));
+        assert_eq!(unique.len(), 256 + 128 + 2);
+        assert!(
+            runs.count() <= unique.len().div_ceil(16) + 8,
+            "merged runs: {:?}",
+            leaf.extents().len()
+        );
+
+        let r = f.reader(key.clone());
+        r.add_run(&run).await.unwrap();
+        let read_leaf = RunLeaf::decode(&r.read_chunk(&leaf_id).await.unwrap()).unwrap();
+        assert_eq!(read_leaf, leaf);
+        let mut out = Vec::with_capacity(img.len());
+        for e in read_leaf.extents() {
+            match *e {
+                RunExtent::Zero { len } => out.resize(out.len() + len as usize, 0),
+                RunExtent::Run {
+                    group,
+                    first,
+                    count,
+                    ..
+                } => out.extend_from_slice(&r.read_group_run(&group, first, count).await.unwrap()),
+            }
+        }
+        assert!(out == img, "the image reads back bit-exact");
+        let groups = unique.len().div_ceil(16) as u64;
+        assert!(
+            r.fetches().groups <= groups + 1,
+            "each group fetched once: {:?} for {groups} groups",
+            r.fetches()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_pack_stored_but_never_indexed_is_discarded() {
+    let f = fixture().await;
+    let mut packer = GroupPacker::new(None, Compression::Zstd { level: 3 }, GROUP, 1 << 20);
+    packer.push(Id::of(b"lonely"), b"lonely");
+    let p = packer.finish().unwrap();
+    let (pack, _) = f.repo.put_pack(&p.id, p.bytes).await.unwrap();
+    assert!(f.store.head(&keys::pack(&pack)).await.unwrap().is_some());
+    assert_eq!(f.repo.discard_unindexed_packs().await, 1);
+    assert!(f.store.head(&keys::pack(&pack)).await.unwrap().is_none());
+}
