@@ -66,9 +66,12 @@ check() { # check NAME CMD...: a check step; its failure is recorded and the sui
   log=$(mktemp)
   # Not a pipe: a daemon a step leaves behind would hold it open and stall the suite; the
   # copy is awaited for at most 5 s.
-  "$@" > >(tee "$log") 2>&1 || rc=$?
-  tee_pid=$!
-  for _ in $(seq 50); do kill -0 "$tee_pid" 2>/dev/null || break; sleep 0.1; done
+  "$@" > >(echo "$BASHPID" >"$log.pid" && exec tee "$log") 2>&1 || rc=$?
+  tee_pid=$(cat "$log.pid" 2>/dev/null || true)
+  for _ in $(seq 50); do
+    [ -n "$tee_pid" ] && kill -0 "$tee_pid" 2>/dev/null || break
+    sleep 0.1
+  done
   if [ "$rc" -ne 0 ]; then
     FAILED_STEPS+=("$CURRENT_STEP (exit $rc)")
     echo "test.sh: FAILED (exit $rc): $CURRENT_STEP; going on with the next step" >&2
@@ -77,7 +80,7 @@ check() { # check NAME CMD...: a check step; its failure is recorded and the sui
     [ -n "$why" ] || why=$(tail -n 12 "$log")
     FAILURE_LINES+=("--- $CURRENT_STEP:" "$why")
   fi
-  rm -f "$log"
+  rm -f "$log" "$log.pid"
 }
 
 # Each committed peer report regenerates exactly from its committed measurements.
