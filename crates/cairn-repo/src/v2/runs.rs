@@ -146,26 +146,28 @@ impl V2Reader {
     /// run), checked.
     pub async fn read_group_run(&self, id: &Id, first: u16, count: u16) -> RepoResult<Bytes> {
         let loc = self.locate_group(id).await?;
-        let group = self.open_group(&loc.trailer, loc.group).await?;
-        group
-            .slots(usize::from(first), usize::from(count))
-            .map_err(|e| {
-                RepoError::corrupt(
-                    format!("{} group {}", keys::pack(&loc.trailer.pack), loc.group),
-                    e,
-                )
-            })
+        self.slots(&loc.trailer, loc.group, first, count).await
     }
 
     /// The plain bytes of chunk or manifest node `id`, checked.
     pub async fn read_chunk(&self, id: &Id) -> RepoResult<Bytes> {
         let (trailer, at) = self.locate_chunk(id).await?;
-        let group = self.open_group(&trailer, at.group).await?;
-        group.slots(usize::from(at.slot), 1).map_err(|e| {
-            RepoError::corrupt(
-                format!("{} group {}", keys::pack(&trailer.pack), at.group),
-                e,
-            )
-        })
+        self.slots(&trailer, at.group, at.slot, 1).await
+    }
+
+    /// Slots `first .. first + count` of group `group` of a pack; an error names the group.
+    async fn slots(
+        &self,
+        trailer: &PackTrailer,
+        group: u32,
+        first: u16,
+        count: u16,
+    ) -> RepoResult<Bytes> {
+        let opened = self.open_group(trailer, group).await?;
+        opened
+            .slots(usize::from(first), usize::from(count))
+            .map_err(|e| {
+                RepoError::corrupt(format!("{} group {group}", keys::pack(&trailer.pack)), e)
+            })
     }
 }
