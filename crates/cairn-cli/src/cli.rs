@@ -387,9 +387,21 @@ pub enum CompressionArg {
 
 #[derive(Debug, Args)]
 pub struct InitArgs {
-    /// Chunk size (a power of two, 4K..4M); the average size with fastcdc.
-    #[arg(long, default_value = "16K", value_parser = parse_size)]
-    pub chunk_size: u64,
+    /// Repository format. 2 (in progress, issue 16) dedups 4 KiB blocks and compresses a
+    /// commit's neighbouring new chunks together in groups; commit, restore, log, tag and
+    /// show work on it today, while gc, verify, diff, export, rm's space reclaim and commits
+    /// of changed blocks only (--parent, --dirty-bitmap, an export's COMMIT) refuse it.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
+    pub format: u32,
+    /// Chunk size (a power of two, 4K..4M); the average size with fastcdc. Default: 16K in
+    /// format 1, 4K in format 2.
+    #[arg(long, value_parser = parse_size)]
+    pub chunk_size: Option<u64>,
+    /// Format 2: a commit's neighbouring new chunks are compressed together in groups of up
+    /// to this many bytes (larger groups compress better; a lazy export then fetches more
+    /// per guest read). Default: 64K.
+    #[arg(long, value_parser = parse_size)]
+    pub group_size: Option<u64>,
     /// Chunking method.
     #[arg(long, value_enum, default_value = "fixed")]
     pub chunker: ChunkerArg,

@@ -7,6 +7,7 @@
 //! | `not_found`     | 1       | the image, version or tag named does not exist                 |
 //! | `store`         | 1       | the store failed: I/O, S3 request, unreachable endpoint       |
 //! | `disk_full`     | 1       | the repository's file system is full                           |
+//! | `unsupported`   | 1       | the command does not work on this repository's format yet     |
 //! | `usage`         | 2       | the command line is wrong (clap's own message)                 |
 //! | `damage`        | 3       | stored data is damaged or missing                              |
 //! | `no_repository` | 4       | no repository given, or none at the location given            |
@@ -51,6 +52,10 @@ impl Kind {
         code: "disk_full",
         exit: 1,
     };
+    const UNSUPPORTED: Kind = Kind {
+        code: "unsupported",
+        exit: 1,
+    };
     pub const USAGE: Kind = Kind {
         code: "usage",
         exit: 2,
@@ -90,6 +95,7 @@ pub fn kind_of(e: &anyhow::Error) -> Kind {
                     _ if e.is_damage() => Some(Kind::DAMAGE),
                     RepoError::NotARepository { .. } => Some(Kind::NO_REPOSITORY),
                     RepoError::NoSuchImage(_) => Some(Kind::NOT_FOUND),
+                    RepoError::NeedsFormat1 { .. } => Some(Kind::UNSUPPORTED),
                     _ => None,
                 };
             }

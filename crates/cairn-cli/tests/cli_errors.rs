@@ -36,10 +36,10 @@ fn repository_with_a_newer_format_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let repo = dir.path().join("r");
     assert!(cairn(&repo, &["init"]).status.success());
-    // Rewrite the config as format version 2, with a valid checksum.
+    // Rewrite the config as format version 3 (this cairn reads 1 and 2), with a valid checksum.
     let cfg = repo.join("config");
     let mut raw = std::fs::read(&cfg).unwrap();
-    raw[8..12].copy_from_slice(&2u32.to_le_bytes());
+    raw[8..12].copy_from_slice(&3u32.to_le_bytes());
     let body = raw.len() - 32;
     let sum = blake3::hash(&raw[..body]);
     raw[body..].copy_from_slice(sum.as_bytes());
@@ -49,7 +49,7 @@ fn repository_with_a_newer_format_is_refused() {
     assert_eq!(
         stderr_line(&out),
         format!(
-            "cairn: error: {}/config: config: format version 2 is newer than this cairn supports (1); upgrade cairn",
+            "cairn: error: {}/config: config: format version 3 is newer than this cairn supports (2); upgrade cairn",
             repo.display()
         )
     );

@@ -159,6 +159,7 @@ pub async fn diff(
     a: &VersionRecord,
     b: &VersionRecord,
 ) -> EngineResult<DiffReport> {
+    repo.require_format_1("diff")?;
     if a.segment_size != b.segment_size || a.fanout != b.fanout {
         return Err(EngineError::BadRef(format!(
             "cannot diff {}@{} and {}@{}: their manifest trees have different geometry \

@@ -94,6 +94,7 @@ impl RepairReport {
 }
 
 pub async fn repair(repo: &Arc<Repo>, options: RepairOptions) -> EngineResult<RepairReport> {
+    repo.require_format_1("repair")?;
     let mut report = RepairReport {
         dry_run: options.dry_run,
         ..Default::default()

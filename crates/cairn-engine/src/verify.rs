@@ -143,6 +143,7 @@ pub async fn verify(repo: Arc<Repo>) -> EngineResult<VerifyReport> {
 
 /// Verifies the repository, or the versions `options` names, reading the packs it selects.
 pub async fn verify_with(repo: Arc<Repo>, options: &VerifyOptions) -> EngineResult<VerifyReport> {
+    repo.require_format_1("verify")?;
     let mut report = VerifyReport::default();
     report.problems.extend(repo.index_errors());
     let scoped = !options.versions.is_empty();

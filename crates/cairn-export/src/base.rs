@@ -115,6 +115,7 @@ impl Base {
         record: VersionRecord,
         readahead: usize,
     ) -> ExportResult<Base> {
+        repo.require_format_1("export")?;
         let leaf_ids = Self::segment_map(&repo, &record, &stats).await?;
         Ok(Base {
             repo,

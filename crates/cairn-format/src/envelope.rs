@@ -16,12 +16,19 @@ use crate::{FormatError, FormatResult, FORMAT_VERSION};
 pub const HEADER_LEN: usize = 16;
 pub const CHECKSUM_LEN: usize = 32;
 
-/// Wraps `payload` in an envelope with `magic`, at the current format version.
+/// Wraps `payload` in an envelope with `magic`, at format version 1 (every envelope but a
+/// format 2 repository's config: see [`seal_version`]).
 pub fn seal(magic: &[u8; 8], payload: &[u8]) -> Vec<u8> {
+    seal_version(magic, FORMAT_VERSION, payload)
+}
+
+/// Wraps `payload` in an envelope with `magic` at format version `version` (the config of a
+/// format 2 repository carries 2, so that a reader knowing only format 1 refuses it).
+pub fn seal_version(magic: &[u8; 8], version: u32, payload: &[u8]) -> Vec<u8> {
     let len = u32::try_from(payload.len()).expect("metadata object larger than 4 GiB");
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + CHECKSUM_LEN);
     out.extend_from_slice(magic);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(payload);
     let sum = blake3::hash(&out);
@@ -29,8 +36,19 @@ pub fn seal(magic: &[u8; 8], payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Checks an envelope and returns its payload.
+/// Checks an envelope of format version 1 and returns its payload.
 pub fn open<'a>(magic: &[u8; 8], data: &'a [u8], what: &'static str) -> FormatResult<&'a [u8]> {
+    open_version(magic, data, what, FORMAT_VERSION).map(|(_, payload)| payload)
+}
+
+/// Checks an envelope of a format version up to `newest` and returns the version and the
+/// payload.
+pub fn open_version<'a>(
+    magic: &[u8; 8],
+    data: &'a [u8],
+    what: &'static str,
+    newest: u32,
+) -> FormatResult<(u32, &'a [u8])> {
     if data.len() < HEADER_LEN + CHECKSUM_LEN {
         return Err(FormatError::Truncated {
             what,
@@ -61,17 +79,17 @@ pub fn open<'a>(magic: &[u8; 8], data: &'a [u8], what: &'static str) -> FormatRe
         return Err(FormatError::Checksum { what });
     }
     let version = u32::from_le_bytes(data[8..12].try_into().expect("4"));
-    if version > FORMAT_VERSION {
+    if version > newest {
         return Err(FormatError::TooNew {
             what,
             found: version,
-            supported: FORMAT_VERSION,
+            supported: newest,
         });
     }
     if version == 0 {
         return Err(FormatError::invalid(what, "format version 0"));
     }
-    Ok(&data[HEADER_LEN..HEADER_LEN + len])
+    Ok((version, &data[HEADER_LEN..HEADER_LEN + len]))
 }
 
 #[cfg(test)]

@@ -28,6 +28,7 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
         pack_target: 16 << 20,
         created_ns: 42,
         summary_bits: 24,
+        v2: None,
     };
     let entry = BlobEntry {
         id: Id::of(b"x"),

@@ -53,6 +53,7 @@ const VECTORS: &[&str] = &[
     "config_fixed_none",
     "config_fastcdc_zstd_negative",
     "config_fixed_zstd_max",
+    "config_format2",
     "config_legacy_no_summary_bits",
     "blob_entries",
     "blob_raw_none",
@@ -280,6 +281,7 @@ fn config_fixed_none() -> RepoConfig {
         pack_target: 1 << 20,
         created_ns: T0,
         summary_bits: 4,
+        v2: None,
     }
 }
 
@@ -300,6 +302,7 @@ fn config() {
                 pack_target: 16 << 20,
                 created_ns: -1_000_000_007,
                 summary_bits: 24,
+                v2: None,
             },
         ),
         (
@@ -314,6 +317,7 @@ fn config() {
                 pack_target: 1 << 30,
                 created_ns: i64::MAX,
                 summary_bits: 64,
+                v2: None,
             },
         ),
     ];
@@ -323,6 +327,34 @@ fn config() {
         assert_eq!(RepoConfig::decode(&bytes).unwrap(), cfg, "{name}");
     }
     pin("config key", keys::CONFIG, "config");
+}
+
+/// A format 2 config, and its bytes checked against FORMAT.md's description rather than the
+/// encoder's v2 path alone: the format 1 payload of the same settings, then the group size and
+/// zero flags, in an envelope of version 2.
+#[test]
+fn config_format2() {
+    let cfg = RepoConfig {
+        v2: Some(cairn_format::config::V2Settings {
+            group_size: 64 * 1024,
+        }),
+        ..config_fixed_none()
+    };
+    cfg.validate().unwrap();
+    let bytes = golden("config_format2", &cfg.encode());
+    assert_eq!(RepoConfig::decode(&bytes).unwrap(), cfg);
+    let v1 = config_fixed_none().encode();
+    let v1_payload = &v1[16..v1.len() - 32];
+    let mut payload = v1_payload.to_vec();
+    payload.extend_from_slice(&(64u32 * 1024).to_le_bytes());
+    payload.extend_from_slice(&0u32.to_le_bytes());
+    let mut expected = b"CRNCONF\0".to_vec();
+    expected.extend_from_slice(&2u32.to_le_bytes());
+    expected.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    expected.extend_from_slice(&payload);
+    let sum = blake3::hash(&expected);
+    expected.extend_from_slice(sum.as_bytes());
+    assert_same_bytes("config_format2", &expected, &bytes);
 }
 
 /// Configs written before reference summaries existed have no summary-bits byte; they read

@@ -47,6 +47,13 @@ pub enum RepoError {
     NoSuchImage(String),
     #[error("ref of image {image:?} changed concurrently {attempts} times; giving up")]
     Contention { image: String, attempts: u32 },
+    /// A command that does not know format 2 yet, on a format 2 repository (issue 16 brings
+    /// format 2 to the commands one by one; until then they refuse it before touching it).
+    #[error(
+        "{what} does not work on format 2 repositories yet ({location} is format 2; format 2 \
+         is in progress: commit, restore, log, show, images, tag and clone work on it today)"
+    )]
+    NeedsFormat1 { what: String, location: String },
 }
 
 pub type RepoResult<T> = Result<T, RepoError>;

@@ -49,6 +49,9 @@ pub struct Repo {
     pending_markers: Mutex<Vec<crate::quarantine::PendingMarker>>,
     /// The pack of a quarantined copy of each blob, for messages.
     quarantined_packs: Mutex<std::collections::HashMap<Id, Id>>,
+    /// Format 2: where chunks, nodes and groups are (index runs, pack trailers, groups, read
+    /// in pieces); `None` in a format 1 repository, whose index is `index`.
+    v2: Option<Arc<crate::v2::V2Reader>>,
 }
 
 impl Repo {
@@ -137,7 +140,22 @@ impl Repo {
             quarantined: Mutex::new(HashSet::new()),
             pending_markers: Mutex::new(Vec::new()),
             quarantined_packs: Mutex::new(std::collections::HashMap::new()),
+            v2: None,
         };
+        if repo.config.v2.is_some() {
+            let reader = crate::v2::V2Reader::new(
+                repo.store.clone(),
+                None,
+                crate::v2::CacheLimits::default(),
+            );
+            for meta in repo.store.list(keys::INDEX_RUNS).await? {
+                if let Some(id) = keys::id_after(keys::INDEX_RUNS, &meta.key) {
+                    reader.add_run(&id).await?;
+                }
+            }
+            repo.v2 = Some(Arc::new(reader));
+            return Ok(repo);
+        }
         let mut superseded = HashSet::new();
         for (id, plan) in repo.gc_plans_with_ids().await? {
             repo.plans_seen.insert(id);
@@ -431,8 +449,28 @@ impl Repo {
         crate::v2::V2Reader::new(self.store.clone(), key, limits)
     }
 
-    /// Reads one blob, verified (manifest nodes through the metadata cache, if any).
+    /// The reader of a format 2 repository's objects (`None` in format 1).
+    pub fn v2(&self) -> Option<&Arc<crate::v2::V2Reader>> {
+        self.v2.as_ref()
+    }
+
+    /// Refuses a format 2 repository for `what`, a command or mode that reads format 1 only.
+    pub fn require_format_1(&self, what: &str) -> RepoResult<()> {
+        match self.v2 {
+            None => Ok(()),
+            Some(_) => Err(RepoError::NeedsFormat1 {
+                what: what.to_string(),
+                location: self.describe(),
+            }),
+        }
+    }
+
+    /// Reads one blob, verified (manifest nodes through the metadata cache, if any). In a
+    /// format 2 repository, a chunk or manifest node found through the index runs.
     pub async fn read_blob(&self, id: &Id) -> RepoResult<Vec<u8>> {
+        if let Some(v2) = &self.v2 {
+            return Ok(v2.read_chunk(id).await?.to_vec());
+        }
         let loc = self.locate(id)?;
         let cache = self
             .meta_cache
@@ -542,9 +580,15 @@ impl Repo {
             PutOutcome::Created => len,
             PutOutcome::AlreadyExists => 0,
         };
-        let mut unindexed = self.unindexed.lock().expect("unindexed lock");
-        for (_, pack) in locations {
-            unindexed.remove(pack);
+        {
+            let mut unindexed = self.unindexed.lock().expect("unindexed lock");
+            for (_, pack) in locations {
+                unindexed.remove(pack);
+            }
+        }
+        // This process's own later reads (a second commit, a restore) see the run too.
+        if let Some(v2) = &self.v2 {
+            v2.add_run(&id).await?;
         }
         Ok((id, written))
     }

@@ -2,7 +2,7 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, Result};
-use cairn_format::config::{Chunker, Compression, RepoConfig};
+use cairn_format::config::{Chunker, Compression, RepoConfig, V2Settings};
 use cairn_repo::Repo;
 use serde_json::json;
 
@@ -38,14 +38,21 @@ pub async fn run(ctx: &Context, args: InitArgs) -> Result<ExitCode> {
             "segment_size": config.segment_size,
             "pack_size": config.pack_target,
             "summary_bits": config.summary_bits,
+            "format": config.format(),
+            "group_size": config.v2.map(|v| v.group_size),
             "compression": match config.compression {
                 Compression::None => "none".to_string(),
                 Compression::Zstd { level } => format!("zstd:{level}"),
             },
         }));
     } else {
+        let groups = config
+            .v2
+            .map(|v| format!(" in groups of up to {}", bytes(v.group_size as u64)))
+            .unwrap_or_default();
         outln!(
-            "initialized cairn repository at {} ({} chunks of {}, segments of {})",
+            "initialized cairn repository (format {}) at {} ({} chunks of {}{groups}, segments of {})",
+            config.format(),
             repo.describe(),
             config.chunker.name(),
             bytes(config.chunk_size as u64),
@@ -59,12 +66,34 @@ pub async fn run(ctx: &Context, args: InitArgs) -> Result<ExitCode> {
 fn settings(args: &InitArgs) -> Result<RepoConfig> {
     let to_u32 =
         |v: u64, what: &str| u32::try_from(v).with_context(|| format!("{what} {v} is too large"));
+    let defaults = match args.format {
+        1 => {
+            if args.group_size.is_some() {
+                anyhow::bail!(
+                    "--group-size needs --format 2 (format 1 compresses each chunk alone)"
+                );
+            }
+            RepoConfig::default()
+        }
+        _ => {
+            let mut d = RepoConfig::default_v2();
+            if let Some(g) = args.group_size {
+                d.v2 = Some(V2Settings {
+                    group_size: to_u32(g, "group size")?,
+                });
+            }
+            d
+        }
+    };
     Ok(RepoConfig {
         chunker: match args.chunker {
             ChunkerArg::Fixed => Chunker::Fixed,
             ChunkerArg::Fastcdc => Chunker::FastCdc,
         },
-        chunk_size: to_u32(args.chunk_size, "chunk size")?,
+        chunk_size: match args.chunk_size {
+            Some(c) => to_u32(c, "chunk size")?,
+            None => defaults.chunk_size,
+        },
         segment_size: to_u32(args.segment_size, "segment size")?,
         compression: match args.compression {
             CompressionArg::Zstd => Compression::Zstd {
@@ -74,7 +103,7 @@ fn settings(args: &InitArgs) -> Result<RepoConfig> {
         },
         pack_target: to_u32(args.pack_size, "pack size")?,
         summary_bits: args.summary_bits,
-        ..RepoConfig::default()
+        ..defaults
     })
 }
 
@@ -92,5 +121,12 @@ mod tests {
             panic!("not init");
         };
         assert_eq!(settings(&args).unwrap(), RepoConfig::default());
+        let Command::Init(args) = Cli::try_parse_from(["cairn", "init", "--format", "2"])
+            .unwrap()
+            .command
+        else {
+            panic!("not init");
+        };
+        assert_eq!(settings(&args).unwrap(), RepoConfig::default_v2());
     }
 }

@@ -21,12 +21,15 @@
 //!   BLAKE3, dedup against the repository and within the commit);
 //! - `packing`: blobs encoded and packed (data and nodes apart), packs uploaded with a bound
 //!   on how many are in flight;
-//! - `publish`: the ordered publication and the stale-GC guard before it.
+//! - `publish`: the ordered publication and the stale-GC guard before it;
+//! - `grouped`: the same pipeline for a format 2 repository (4 KiB dedup, chunks compressed
+//!   in groups, an index run in place of the index file).
 //!
 //! Commits made some other way reuse them: [`patch`] (a base version plus changed blocks, the
 //! writable export's COMMIT), [`incremental`] (a qcow2 overlay's clusters or an NBD dirty
 //! bitmap, on top of [`patch`]) and [`plan`] (which of these a source gets).
 
+pub(crate) mod grouped;
 pub mod incremental;
 pub(crate) mod packing;
 pub mod patch;
@@ -98,8 +101,9 @@ pub async fn commit(
         let repo = repo.clone();
         let options = options.clone();
         let progress = progress.clone();
-        tokio::task::spawn_blocking(move || {
-            run_pipeline(repo, handle, source, &options, &progress, None)
+        tokio::task::spawn_blocking(move || match repo.v2() {
+            Some(_) => grouped::run_grouped_pipeline(repo, handle, source, &options, &progress),
+            None => run_pipeline(repo, handle, source, &options, &progress, None),
         })
         .await
         .map_err(|e| EngineError::internal("pipeline thread", e))??

@@ -37,10 +37,6 @@ pub(crate) fn encode(id: Id, kind: BlobKind, plain: &[u8], config: &RepoConfig) 
     }
 }
 
-/// A stored pack: its final id, its blobs, the bytes written.
-type Uploaded = (Id, Vec<BlobEntry>, u64);
-type Upload = JoinHandle<RepoResult<Uploaded>>;
-
 /// A pack written by this commit and the blobs in it.
 pub(crate) type PackedPack = (Id, Vec<BlobEntry>);
 
@@ -54,46 +50,14 @@ pub(crate) fn pack_blobs(
     uploads: usize,
     progress: &CommitProgress,
 ) -> EngineResult<(Vec<PackedPack>, u64)> {
-    let limit = Arc::new(Semaphore::new(uploads.max(1)));
-    let mut in_flight = Uploads {
-        handle: &handle,
-        list: Vec::new(),
-    };
-    let mut packs = Vec::new();
-    let mut written = 0u64;
+    let mut uploader = Uploader::new(&repo, &handle, uploads, progress);
     let mut data = PackBuilder::new();
     let mut nodes = PackBuilder::new();
     let target = config.pack_target as usize;
-
-    let flush = |builder: &mut PackBuilder,
-                 packs: &mut Vec<PackedPack>,
-                 in_flight: &mut Vec<Upload>,
-                 written: &mut u64|
-     -> EngineResult<()> {
+    let flush = |builder: &mut PackBuilder, uploader: &mut Uploader<'_, Vec<BlobEntry>>| {
         let (id, bytes, entries) = std::mem::take(builder).finish();
-        let permit = handle
-            .block_on(limit.clone().acquire_owned())
-            .map_err(|e| EngineError::internal("upload limiter", e))?;
-        let repo = repo.clone();
-        in_flight.push(handle.spawn(async move {
-            let r = repo.put_pack(&id, bytes).await;
-            drop(permit);
-            r.map(|(id, n)| (id, entries, n))
-        }));
-        // Reap finished uploads so an error surfaces early.
-        let mut i = 0;
-        while i < in_flight.len() {
-            if in_flight[i].is_finished() {
-                let (id, entries, n) = join_upload(&handle, in_flight.swap_remove(i), progress)?;
-                packs.push((id, entries));
-                *written += n;
-            } else {
-                i += 1;
-            }
-        }
-        Ok(())
+        uploader.start(id, bytes, entries)
     };
-
     for blob in blob_rx {
         let builder = match blob.kind {
             BlobKind::Data => &mut data,
@@ -107,48 +71,103 @@ pub(crate) fn pack_blobs(
             blob.raw_len,
         );
         if builder.len() >= target {
-            flush(builder, &mut packs, &mut in_flight.list, &mut written)?;
+            flush(builder, &mut uploader)?;
         }
     }
     for builder in [&mut data, &mut nodes] {
         if !builder.is_empty() {
-            flush(builder, &mut packs, &mut in_flight.list, &mut written)?;
+            flush(builder, &mut uploader)?;
         }
     }
-    while !in_flight.list.is_empty() {
-        let upload = in_flight.list.remove(0);
-        let (id, entries, n) = join_upload(&handle, upload, progress)?;
-        packs.push((id, entries));
-        written += n;
-    }
-    Ok((packs, written))
+    uploader.finish()
 }
 
-/// Pack uploads still running. On an early return (an error) they are cancelled and waited
-/// for, so that when a failed commit returns, every pack it stored is known to
+/// A stored pack: its final id, what the caller attached to it, the bytes written.
+type Uploaded<T> = (Id, T, u64);
+
+/// Stores finished packs in the background, at most `limit` at a time, and collects them.
+/// On an early return (an error) the uploads still running are cancelled and waited for, so
+/// that when a failed commit returns, every pack it stored is known to
 /// `Repo::discard_unindexed_packs` and none lands later.
-struct Uploads<'h> {
+pub(crate) struct Uploader<'h, T> {
+    repo: &'h Arc<Repo>,
     handle: &'h Handle,
-    list: Vec<Upload>,
+    limit: Arc<Semaphore>,
+    progress: &'h CommitProgress,
+    running: Vec<JoinHandle<RepoResult<Uploaded<T>>>>,
+    done: Vec<(Id, T)>,
+    written: u64,
 }
 
-impl Drop for Uploads<'_> {
+impl<'h, T: Send + 'static> Uploader<'h, T> {
+    pub(crate) fn new(
+        repo: &'h Arc<Repo>,
+        handle: &'h Handle,
+        uploads: usize,
+        progress: &'h CommitProgress,
+    ) -> Self {
+        Uploader {
+            repo,
+            handle,
+            limit: Arc::new(Semaphore::new(uploads.max(1))),
+            progress,
+            running: Vec::new(),
+            done: Vec::new(),
+            written: 0,
+        }
+    }
+
+    /// Starts storing pack `id` (waiting while `limit` uploads run); reaps the uploads that
+    /// finished, so an error surfaces early.
+    pub(crate) fn start(&mut self, id: Id, bytes: Vec<u8>, with: T) -> EngineResult<()> {
+        let permit = self
+            .handle
+            .block_on(self.limit.clone().acquire_owned())
+            .map_err(|e| EngineError::internal("upload limiter", e))?;
+        let repo = self.repo.clone();
+        self.running.push(self.handle.spawn(async move {
+            let r = repo.put_pack(&id, bytes).await;
+            drop(permit);
+            r.map(|(id, n)| (id, with, n))
+        }));
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].is_finished() {
+                let upload = self.running.swap_remove(i);
+                self.join(upload)?;
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn join(&mut self, upload: JoinHandle<RepoResult<Uploaded<T>>>) -> EngineResult<()> {
+        let (id, with, n) = self
+            .handle
+            .block_on(upload)
+            .map_err(|e| EngineError::internal("upload task", e))??;
+        self.progress.stored.fetch_add(n, Ordering::Relaxed);
+        self.done.push((id, with));
+        self.written += n;
+        Ok(())
+    }
+
+    /// Waits for every upload: the stored packs (final ids) and the bytes written.
+    pub(crate) fn finish(mut self) -> EngineResult<(Vec<(Id, T)>, u64)> {
+        while !self.running.is_empty() {
+            let upload = self.running.remove(0);
+            self.join(upload)?;
+        }
+        Ok((std::mem::take(&mut self.done), self.written))
+    }
+}
+
+impl<T> Drop for Uploader<'_, T> {
     fn drop(&mut self) {
-        for upload in self.list.drain(..) {
+        for upload in self.running.drain(..) {
             upload.abort();
             let _ = self.handle.block_on(upload);
         }
     }
-}
-
-fn join_upload(
-    handle: &Handle,
-    upload: Upload,
-    progress: &CommitProgress,
-) -> EngineResult<Uploaded> {
-    let done = handle
-        .block_on(upload)
-        .map_err(|e| EngineError::internal("upload task", e))??;
-    progress.stored.fetch_add(done.2, Ordering::Relaxed);
-    Ok(done)
 }

@@ -32,6 +32,9 @@ pub(crate) struct PipelineOutput {
     pub size: u64,
     pub stats: CommitStats,
     pub packs: Vec<(Id, Vec<BlobEntry>)>,
+    /// Format 2: (chunk, node or group id, pack) for the commit's index run (`packs` is then
+    /// empty).
+    pub locations: Vec<(Id, Id)>,
     pub pack_bytes: u64,
     pub reused: HashSet<Id>,
 }
@@ -103,30 +106,14 @@ pub(crate) fn run_pipeline(
 
     std::thread::scope(|s| -> EngineResult<PipelineOutput> {
         let reader = s.spawn(|| {
-            let r = read_source(
+            read_all(
                 source.as_mut(),
                 &config,
-                &seg_tx,
+                seg_tx,
                 &recycle_rx,
                 &cancel,
                 progress,
-            );
-            drop(seg_tx);
-            let r = r.and_then(|()| {
-                let size = source.final_size();
-                match source.size_now() {
-                    Some(now) if now != size => Err(EngineError::SourceResized {
-                        what: source.describe(),
-                        was: size,
-                        now,
-                    }),
-                    _ => Ok(size),
-                }
-            });
-            if r.is_err() {
-                cancel.store(true, Ordering::Relaxed);
-            }
-            r
+            )
         });
         let mut worker_handles = Vec::new();
         for _ in 0..workers {
@@ -217,10 +204,40 @@ pub(crate) fn run_pipeline(
             size,
             stats,
             packs,
+            locations: Vec::new(),
             pack_bytes,
             reused: std::mem::take(&mut *dedup.reused.lock().expect("dedup lock")),
         })
     })
+}
+
+/// The reader stage: sends every segment of `source`, then returns its size (an error if the
+/// size changed while it was read). Any error sets `cancel`.
+pub(crate) fn read_all(
+    source: &mut dyn Source,
+    config: &RepoConfig,
+    seg_tx: Sender<Segment>,
+    recycle_rx: &Receiver<Vec<u8>>,
+    cancel: &AtomicBool,
+    progress: &CommitProgress,
+) -> EngineResult<u64> {
+    let r = read_source(source, config, &seg_tx, recycle_rx, cancel, progress);
+    drop(seg_tx);
+    let r = r.and_then(|()| {
+        let size = source.final_size();
+        match source.size_now() {
+            Some(now) if now != size => Err(EngineError::SourceResized {
+                what: source.describe(),
+                was: size,
+                now,
+            }),
+            _ => Ok(size),
+        }
+    });
+    if r.is_err() {
+        cancel.store(true, Ordering::Relaxed);
+    }
+    r
 }
 
 fn read_source(

@@ -48,7 +48,14 @@ pub(crate) async fn publish(
 
     // Publication step 2: the index file, once every pack is durable; then the tree's
     // reference summary, which every published version must have (fast deletion trusts it).
-    let mut index_bytes = repo.put_index(out.packs).await?;
+    let mut index_bytes = if repo.v2().is_some() {
+        match out.locations.is_empty() {
+            true => 0,
+            false => repo.put_index_run(&out.locations, None).await?.1,
+        }
+    } else {
+        repo.put_index(out.packs).await?
+    };
     if let (Some(root), Some(summary)) = (&out.root, &out.summary) {
         index_bytes += repo.put_summary(root, summary).await?;
     }

@@ -182,6 +182,7 @@ impl GcReport {
 /// Runs one garbage collection on an open repository (opened for this purpose: its session
 /// is the GC's own and is not waited for).
 pub async fn gc(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport> {
+    repo.require_format_1("gc")?;
     let started = Instant::now();
     let lock = if options.dry_run {
         None

@@ -35,6 +35,7 @@ use tokio::task::JoinSet;
 use crate::error::{EngineError, EngineResult};
 use crate::tree::{for_each_leaf_batch, for_each_readable_leaf_batch, AsyncLeafVisitor};
 
+mod grouped;
 pub mod partial;
 pub mod target;
 
@@ -312,6 +313,9 @@ async fn run(
     progress: &Arc<RestoreProgress>,
     path: &Path,
 ) -> EngineResult<RestoreStats> {
+    if repo.v2().is_some() {
+        return grouped::run_grouped(&repo, version, sink, options, progress, path).await;
+    }
     let mut writer = BatchWriter {
         repo: repo.clone(),
         version,

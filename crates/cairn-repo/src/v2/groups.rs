@@ -97,6 +97,9 @@ impl V2Reader {
             other => other,
         };
         let stored = get_exact(&*self.store, &key, g.range()).await.map_err(at)?;
+        self.fetched
+            .group_bytes
+            .fetch_add(stored.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let plain =
             open_group(&g.desc, &stored, self.key()).map_err(|e| at(sealed_error(&key, e)))?;
         let mut slots = Vec::with_capacity(g.desc.chunks.len());

@@ -5,13 +5,15 @@
 //! Manifest nodes are groups of one chunk of kind node, in the same packs.
 //!
 //! A chunk's place (its group id and slot) is known when its group closes; the leaf builder
-//! asks for it by the ticket `push` returned.
+//! asks for it by the ticket `push` returned. A caller that builds and compresses groups
+//! itself (the commit's workers, several at once) hands them over finished
+//! ([`GroupPacker::push_group`]).
 
 use std::collections::{HashMap, HashSet};
 
 use cairn_format::config::Compression;
 use cairn_format::crypto::MasterKey;
-use cairn_format::group::{group_id, GroupBuilder};
+use cairn_format::group::{group_id, Group, GroupBuilder};
 use cairn_format::pack::BlobKind;
 use cairn_format::pack_v2::PackWriter;
 use cairn_format::Id;
@@ -91,6 +93,16 @@ impl GroupPacker {
         (ticket, full)
     }
 
+    /// Adds a group built elsewhere (finished: compressed, sealed if the packer seals) and
+    /// returns its id and a pack to store if one filled up.
+    pub fn push_group(&mut self, group: Group) -> (Id, Option<FinishedPack>) {
+        let gid = group_id(&group.desc.chunks, self.key.as_ref());
+        self.pack_ids.push(gid);
+        self.pack_ids.extend(group.desc.chunks.iter().map(|c| c.id));
+        self.pack.push(BlobKind::Data, group);
+        (gid, self.close_pack_if_full())
+    }
+
     /// Adds a manifest node (a group of its own) and returns a pack to store if one filled.
     pub fn push_node(&mut self, id: Id, data: &[u8]) -> Option<FinishedPack> {
         if !self.nodes.insert(id) {
@@ -116,17 +128,15 @@ impl GroupPacker {
         }
         let builder = std::mem::replace(&mut self.group, GroupBuilder::new(self.group_limit));
         let group = builder.finish(self.compression, self.key.as_ref());
-        let gid = group_id(&group.desc.chunks, self.key.as_ref());
-        for (slot, ticket) in self.group_tickets.drain(..).enumerate() {
+        let tickets = std::mem::take(&mut self.group_tickets);
+        let (gid, full) = self.push_group(group);
+        for (slot, ticket) in tickets.into_iter().enumerate() {
             self.placements[ticket] = Some(Placement {
                 group: gid,
                 slot: slot as u16,
             });
         }
-        self.pack_ids.push(gid);
-        self.pack_ids.extend(group.desc.chunks.iter().map(|c| c.id));
-        self.pack.push(BlobKind::Data, group);
-        self.close_pack_if_full()
+        full
     }
 
     fn close_pack_if_full(&mut self) -> Option<FinishedPack> {

@@ -48,6 +48,15 @@ impl V2Reader {
     /// Reads and checks the meta of run `id` and adds it to the runs lookups ask (newest
     /// last: lookups ask the last added first).
     pub async fn add_run(&self, id: &Id) -> RepoResult<()> {
+        if self
+            .runs
+            .read()
+            .expect("runs lock")
+            .iter()
+            .any(|r| r.id == *id)
+        {
+            return Ok(());
+        }
         let key = keys::index_run(id);
         let store = &*self.store;
         let obj = HeadAndTail::read(store, &key, HEADER_LEN, HEADER_LEN + FOOTER_LEN, TAIL_GUESS)
@@ -140,6 +149,19 @@ impl V2Reader {
             }
         }
         Err(RepoError::BlobMissing { id: *id })
+    }
+
+    /// Where chunk `id` is stored, as a leaf names it (its group's id and its slot), or
+    /// `None` if no index run locates it (a commit then stores it).
+    pub async fn find_chunk(&self, id: &Id) -> RepoResult<Option<super::Placement>> {
+        match self.locate_chunk(id).await {
+            Ok((trailer, at)) => Ok(trailer.group_id(at.group).map(|group| super::Placement {
+                group,
+                slot: at.slot,
+            })),
+            Err(RepoError::BlobMissing { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// The plain bytes of slots `first .. first + count` of group `id` (a v2 leaf's group

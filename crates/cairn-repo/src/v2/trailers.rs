@@ -30,6 +30,8 @@ pub struct SlotRef {
 pub struct PackTrailer {
     pub pack: Id,
     pub groups: Vec<PackGroup>,
+    /// Each group's id, by position.
+    group_ids: Vec<Id>,
     by_group: HashMap<Id, u32>,
     by_chunk: HashMap<Id, SlotRef>,
 }
@@ -38,10 +40,11 @@ impl PackTrailer {
     fn new(pack: Id, groups: Vec<PackGroup>, reader: &V2Reader) -> PackTrailer {
         let mut by_group = HashMap::with_capacity(groups.len());
         let mut by_chunk = HashMap::new();
+        let mut group_ids = Vec::with_capacity(groups.len());
         for (g, group) in groups.iter().enumerate() {
-            by_group
-                .entry(group_id(&group.desc.chunks, reader.key()))
-                .or_insert(g as u32);
+            let gid = group_id(&group.desc.chunks, reader.key());
+            group_ids.push(gid);
+            by_group.entry(gid).or_insert(g as u32);
             for (slot, c) in group.desc.chunks.iter().enumerate() {
                 if c.stored {
                     by_chunk.entry(c.id).or_insert(SlotRef {
@@ -54,6 +57,7 @@ impl PackTrailer {
         PackTrailer {
             pack,
             groups,
+            group_ids,
             by_group,
             by_chunk,
         }
@@ -62,6 +66,11 @@ impl PackTrailer {
     /// The group whose id (a hash of its slot list) is `id`.
     pub fn group(&self, id: &Id) -> Option<u32> {
         self.by_group.get(id).copied()
+    }
+
+    /// The id of the group at position `group` (as in a [`SlotRef`] of this trailer).
+    pub fn group_id(&self, group: u32) -> Option<Id> {
+        self.group_ids.get(group as usize).copied()
     }
 
     /// Where the chunk or node `id` is stored in this pack (slots GC dropped do not count).
@@ -74,7 +83,7 @@ impl Cost for PackTrailer {
     fn cost(&self) -> u64 {
         let chunks: usize = self.groups.iter().map(|g| g.desc.chunks.len()).sum();
         // The descriptors (41 bytes a slot) and the two maps (about 64 bytes an entry).
-        (chunks * (41 + 64) + self.groups.len() * (64 + 64)) as u64
+        (chunks * (41 + 64) + self.groups.len() * (64 + 64 + 32)) as u64
     }
 }
 

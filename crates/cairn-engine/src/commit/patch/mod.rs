@@ -207,6 +207,9 @@ pub async fn commit_patch(
     mut options: PatchOptions,
 ) -> EngineResult<CommitResult> {
     validate_image_name(image)?;
+    repo.require_format_1(
+        "a commit of changed blocks (an export's COMMIT, --parent, --dirty-bitmap)",
+    )?;
     let time_ns = cairn_repo::session::now_ns();
     let handle = Handle::current();
     if handle.runtime_flavor() != RuntimeFlavor::MultiThread {
@@ -287,6 +290,7 @@ pub async fn commit_patch(
         size: new_size,
         stats,
         packs: built.packs,
+        locations: Vec::new(),
         pack_bytes: built.pack_bytes,
         reused,
     };

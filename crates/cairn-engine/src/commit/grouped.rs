@@ -1,0 +1,475 @@
+//! The commit pipeline of a format 2 repository (issue 16): dedup decides per chunk (4 KiB by
+//! default, the file systems' block size), compression works per group of a segment's
+//! neighbouring new chunks (the VM-centric paper's chunk groups, `002_…` §3.1).
+//!
+//! ```text
+//!  reader ──segments──▶ workers (×N) ─────────────groups─────────────▶ packer ──packs──▶ uploads
+//!  (as in format 1)     chunk, zero-detect, BLAKE3,                     data groups and nodes
+//!                       dedup (index runs, then this commit),           in separate packs
+//!                       new chunks into groups, zstd per group
+//!                            │
+//!                            └──leaves (group runs)──▶ collector ──▶ tree ──▶ index run ──▶ version ──▶ ref
+//! ```
+//! A worker builds and compresses the groups of its own segment, so compression runs on every
+//! core and a group holds neighbours on disk. A leaf names group ids, known once a group is
+//! built; a chunk another worker of this commit claimed first waits for that worker's group.
+//! A worker publishes where every chunk of its segment went before it waits for anyone, so
+//! every wait ends (or the commit is cancelled). Publication is format 1's order, with the
+//! index run in place of the index file.
+
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use cairn_format::config::RepoConfig;
+use cairn_format::group::{group_id, Group, GroupBuilder};
+use cairn_format::leaf_v2::{RunExtent, RunLeaf};
+use cairn_format::version::CommitStats;
+use cairn_format::Id;
+use cairn_repo::v2::{GroupPacker, Placement, V2Reader};
+use cairn_repo::Repo;
+use crossbeam_channel::{bounded, Receiver, Sender};
+use tokio::runtime::Handle;
+
+use super::packing::Uploader;
+use super::pipeline::read_all;
+use super::{CommitOptions, CommitProgress, PipelineOutput};
+use crate::chunker::{chunk_ranges, is_zero};
+use crate::error::{EngineError, EngineResult};
+use crate::source::{Segment, Source};
+use crate::tree::{build_tree, segment_count};
+
+/// What the packer stores: a data group a worker built, or a manifest node.
+enum Packable {
+    Group(Group),
+    Node(Id, Vec<u8>),
+}
+
+/// What one worker learned about one segment.
+struct SegmentResult {
+    index: u64,
+    leaf: Option<Id>,
+    stats: CommitStats,
+}
+
+/// What a commit's workers share: where the chunks this commit stores went, and which nodes
+/// it stores.
+struct GroupDedup<'a> {
+    reader: &'a V2Reader,
+    handle: &'a Handle,
+    /// Chunks this commit stores: their place once their group is built (`None` before).
+    claimed: Mutex<HashMap<Id, Option<Placement>>>,
+    placed: Condvar,
+    nodes: Mutex<HashSet<Id>>,
+}
+
+/// What a worker does with a chunk.
+enum Claim {
+    /// Stored already (in the repository, or by this commit): refer to it.
+    At(Placement),
+    /// Another worker of this commit stores it: wait for its place.
+    Elsewhere,
+    /// New: this worker stores it.
+    Mine,
+}
+
+impl GroupDedup<'_> {
+    fn claim(&self, id: &Id) -> EngineResult<Claim> {
+        if let Some(p) = self.claimed.lock().expect("dedup lock").get(id) {
+            return Ok(p.map_or(Claim::Elsewhere, Claim::At));
+        }
+        if let Some(p) = self.handle.block_on(self.reader.find_chunk(id))? {
+            return Ok(Claim::At(p));
+        }
+        Ok(match self.claimed.lock().expect("dedup lock").entry(*id) {
+            Entry::Occupied(e) => e.get().map_or(Claim::Elsewhere, Claim::At),
+            Entry::Vacant(v) => {
+                v.insert(None);
+                Claim::Mine
+            }
+        })
+    }
+
+    /// Records that `ids` are slots 0.. of group `group`.
+    fn place(&self, ids: &[Id], group: Id) {
+        let mut claimed = self.claimed.lock().expect("dedup lock");
+        for (slot, id) in ids.iter().enumerate() {
+            claimed.insert(
+                *id,
+                Some(Placement {
+                    group,
+                    slot: slot as u16,
+                }),
+            );
+        }
+        self.placed.notify_all();
+    }
+
+    /// Where another worker put `id` (waits until its group is built).
+    fn wait(&self, id: &Id, cancel: &AtomicBool) -> EngineResult<Placement> {
+        let mut claimed = self.claimed.lock().expect("dedup lock");
+        loop {
+            if let Some(Some(p)) = claimed.get(id) {
+                return Ok(*p);
+            }
+            if cancel.load(Ordering::Relaxed) {
+                return Err(EngineError::internal("worker", "stopped early"));
+            }
+            claimed = self
+                .placed
+                .wait_timeout(claimed, Duration::from_millis(50))
+                .expect("dedup lock")
+                .0;
+        }
+    }
+
+    /// True if the caller must store manifest node `id` (not in the repository, not claimed).
+    fn claim_node(&self, id: &Id) -> EngineResult<bool> {
+        if self.nodes.lock().expect("dedup lock").contains(id) {
+            return Ok(false);
+        }
+        if self.handle.block_on(self.reader.find_chunk(id))?.is_some() {
+            return Ok(false);
+        }
+        Ok(self.nodes.lock().expect("dedup lock").insert(*id))
+    }
+}
+
+/// Chunks, hashes, groups and stores `source` and builds its tree; publishes nothing.
+pub(crate) fn run_grouped_pipeline(
+    repo: Arc<Repo>,
+    handle: Handle,
+    mut source: Box<dyn Source>,
+    options: &CommitOptions,
+    progress: &CommitProgress,
+) -> EngineResult<PipelineOutput> {
+    let config = repo.config().clone();
+    let group_size = config
+        .v2
+        .ok_or_else(|| EngineError::internal("commit", "format 2 pipeline on format 1"))?
+        .group_size as usize;
+    let reader = repo
+        .v2()
+        .cloned()
+        .ok_or_else(|| EngineError::internal("commit", "format 2 repository without reader"))?;
+    let workers = match options.workers {
+        0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+        n => n,
+    };
+    let (seg_tx, seg_rx) = bounded::<Segment>(workers * 2);
+    let (recycle_tx, recycle_rx) = bounded::<Vec<u8>>(workers * 4);
+    let (pack_tx, pack_rx) = bounded::<Packable>(workers * 8);
+    let (result_tx, result_rx) = bounded::<SegmentResult>(workers * 4);
+    let cancel = AtomicBool::new(false);
+    let dedup = GroupDedup {
+        reader: &reader,
+        handle: &handle,
+        claimed: Mutex::new(HashMap::new()),
+        placed: Condvar::new(),
+        nodes: Mutex::new(HashSet::new()),
+    };
+
+    let cancel = &cancel;
+    std::thread::scope(|s| -> EngineResult<PipelineOutput> {
+        let read = s.spawn(|| {
+            read_all(
+                source.as_mut(),
+                &config,
+                seg_tx,
+                &recycle_rx,
+                cancel,
+                progress,
+            )
+        });
+        let mut worker_handles = Vec::new();
+        for _ in 0..workers {
+            let worker = Worker {
+                config: &config,
+                group_size,
+                dedup: &dedup,
+                pack_tx: pack_tx.clone(),
+                cancel,
+                progress,
+            };
+            let (seg_rx, result_tx, recycle_tx) =
+                (seg_rx.clone(), result_tx.clone(), recycle_tx.clone());
+            worker_handles.push(s.spawn(move || {
+                let r = worker.run(&seg_rx, &result_tx, &recycle_tx);
+                if r.is_err() {
+                    cancel.store(true, Ordering::Relaxed);
+                }
+                r
+            }));
+        }
+        drop((seg_rx, result_tx, recycle_tx));
+        let packer = {
+            let (repo, handle, config) = (repo.clone(), handle.clone(), &config);
+            let uploads = options.uploads.unwrap_or(repo.store_hints().uploads);
+            s.spawn(move || {
+                let r = pack_groups(&repo, &handle, config, pack_rx, uploads, progress);
+                if r.is_err() {
+                    cancel.store(true, Ordering::Relaxed);
+                }
+                r
+            })
+        };
+
+        let mut leaves = BTreeMap::new();
+        let mut stats = CommitStats::default();
+        for r in result_rx {
+            if let Some(leaf) = r.leaf {
+                leaves.insert(r.index, leaf);
+            }
+            stats.data_bytes += r.stats.data_bytes;
+            stats.chunks += r.stats.chunks;
+            stats.new_chunks += r.stats.new_chunks;
+            stats.new_chunk_bytes += r.stats.new_chunk_bytes;
+        }
+        // The root cause first: the source, then the store (packer), then a worker's own
+        // error before a worker that only stopped because another failed.
+        let read = read.join().expect("reader thread panicked");
+        let mut worker_errors = Vec::new();
+        for w in worker_handles {
+            if let Err(e) = w.join().expect("worker thread panicked") {
+                worker_errors.push(e);
+            }
+        }
+        worker_errors.sort_by_key(|e| matches!(e, EngineError::Internal { .. }));
+        let size = *read.as_ref().unwrap_or(&0);
+        let mut tree_error = None;
+        let tree = (read.is_ok() && worker_errors.is_empty()).then(|| {
+            build_tree(
+                &leaves,
+                segment_count(size, config.segment_size),
+                config.fanout,
+                |id, bytes| match dedup.claim_node(&id) {
+                    // A send fails only if the packer stopped; its error is reported below.
+                    Ok(true) => drop(pack_tx.send(Packable::Node(id, bytes))),
+                    Ok(false) => {}
+                    Err(e) => {
+                        tree_error.get_or_insert(e);
+                    }
+                },
+            )
+        });
+        drop(pack_tx);
+        let packed = packer.join().expect("packer thread panicked");
+        read?;
+        let (locations, pack_bytes) = packed?;
+        if let Some(e) = worker_errors.into_iter().next().or(tree_error) {
+            return Err(e);
+        }
+        let (root, height) = tree.expect("built when no error");
+        Ok(PipelineOutput {
+            root,
+            // Format 2's reference summaries (of groups) come with its GC.
+            summary: None,
+            height,
+            size,
+            stats,
+            packs: Vec::new(),
+            locations,
+            pack_bytes,
+            reused: HashSet::new(),
+        })
+    })
+}
+
+/// One worker's view of the shared state.
+struct Worker<'a> {
+    config: &'a RepoConfig,
+    group_size: usize,
+    dedup: &'a GroupDedup<'a>,
+    pack_tx: Sender<Packable>,
+    cancel: &'a AtomicBool,
+    progress: &'a CommitProgress,
+}
+
+/// A chunk of a segment, before its leaf is built.
+enum Item {
+    Zero(u32),
+    At(Placement, u32),
+    /// Slot `slot` of the segment's `group`-th group (this worker's).
+    Mine {
+        group: usize,
+        slot: u16,
+        len: u32,
+    },
+    /// Stored by another worker of this commit.
+    Elsewhere(Id, u32),
+}
+
+/// The groups a worker builds from one segment's new chunks.
+struct SegmentGroups {
+    builder: GroupBuilder,
+    /// Chunk ids of the open group, by slot.
+    open: Vec<Id>,
+    /// Ids of the groups built so far, in order.
+    built: Vec<Id>,
+}
+
+impl Worker<'_> {
+    fn run(
+        &self,
+        seg_rx: &Receiver<Segment>,
+        result_tx: &Sender<SegmentResult>,
+        recycle_tx: &Sender<Vec<u8>>,
+    ) -> EngineResult<()> {
+        for seg in seg_rx {
+            if self.cancel.load(Ordering::Relaxed) {
+                break;
+            }
+            let result = self.segment(&seg)?;
+            let _ = recycle_tx.try_send(seg.data);
+            result_tx
+                .send(result)
+                .map_err(|_| EngineError::internal("collector", "stopped early"))?;
+        }
+        Ok(())
+    }
+
+    fn segment(&self, seg: &Segment) -> EngineResult<SegmentResult> {
+        let mut stats = CommitStats::default();
+        let mut items = Vec::new();
+        let mut groups = SegmentGroups {
+            builder: GroupBuilder::new(self.group_size),
+            open: Vec::new(),
+            built: Vec::new(),
+        };
+        for r in chunk_ranges(self.config, &seg.data) {
+            let data = &seg.data[r];
+            let len = data.len() as u32;
+            if is_zero(data) {
+                items.push(Item::Zero(len));
+                continue;
+            }
+            let id = Id::of(data);
+            stats.chunks += 1;
+            stats.data_bytes += u64::from(len);
+            match self.dedup.claim(&id)? {
+                Claim::At(p) => items.push(Item::At(p, len)),
+                Claim::Elsewhere => items.push(Item::Elsewhere(id, len)),
+                Claim::Mine => {
+                    if groups.builder.is_full_for(data.len()) {
+                        self.close_group(&mut groups)?;
+                    }
+                    items.push(Item::Mine {
+                        group: groups.built.len(),
+                        slot: groups.open.len() as u16,
+                        len,
+                    });
+                    groups.builder.push(id, data);
+                    groups.open.push(id);
+                    stats.new_chunks += 1;
+                    stats.new_chunk_bytes += u64::from(len);
+                    self.progress
+                        .new_bytes
+                        .fetch_add(u64::from(len), Ordering::Relaxed);
+                }
+            }
+        }
+        self.close_group(&mut groups)?;
+
+        // Every chunk of this segment has its place now; only then wait for other workers'.
+        let mut leaf = RunLeaf::default();
+        for item in items {
+            let run = |p: Placement, len| RunExtent::Run {
+                group: p.group,
+                first: p.slot,
+                count: 1,
+                len,
+            };
+            leaf.push(match item {
+                Item::Zero(len) => RunExtent::Zero { len },
+                Item::At(p, len) => run(p, len),
+                Item::Mine { group, slot, len } => run(
+                    Placement {
+                        group: groups.built[group],
+                        slot,
+                    },
+                    len,
+                ),
+                Item::Elsewhere(id, len) => run(self.dedup.wait(&id, self.cancel)?, len),
+            });
+        }
+        let leaf_id = if leaf.is_all_zero() {
+            None
+        } else {
+            let bytes = leaf.encode();
+            let id = Id::of(&bytes);
+            if self.dedup.claim_node(&id)? {
+                self.send(Packable::Node(id, bytes))?;
+            }
+            Some(id)
+        };
+        Ok(SegmentResult {
+            index: seg.index,
+            leaf: leaf_id,
+            stats,
+        })
+    }
+
+    /// Compresses the open group, records where its chunks went and hands it to the packer.
+    fn close_group(&self, groups: &mut SegmentGroups) -> EngineResult<()> {
+        if groups.builder.is_empty() {
+            return Ok(());
+        }
+        let builder = std::mem::replace(&mut groups.builder, GroupBuilder::new(self.group_size));
+        let group = builder.finish(self.config.compression, None);
+        let gid = group_id(&group.desc.chunks, None);
+        self.dedup.place(&groups.open, gid);
+        groups.open.clear();
+        groups.built.push(gid);
+        self.send(Packable::Group(group))
+    }
+
+    fn send(&self, p: Packable) -> EngineResult<()> {
+        self.pack_tx
+            .send(p)
+            .map_err(|_| EngineError::internal("packer", "stopped early"))
+    }
+}
+
+/// Packs groups and nodes (in separate packs, so a version's tree is read from few places),
+/// stores full packs, at most `uploads` at a time. Returns (id, pack) for every chunk, group
+/// and node stored, and the bytes written.
+fn pack_groups(
+    repo: &Arc<Repo>,
+    handle: &Handle,
+    config: &RepoConfig,
+    rx: Receiver<Packable>,
+    uploads: usize,
+    progress: &CommitProgress,
+) -> EngineResult<(Vec<(Id, Id)>, u64)> {
+    let mut uploader = Uploader::new(repo, handle, uploads, progress);
+    let group_size = config.v2.map_or(64 << 10, |v| v.group_size) as usize;
+    let packer = || {
+        GroupPacker::new(
+            None,
+            config.compression,
+            group_size,
+            config.pack_target as usize,
+        )
+    };
+    let (mut data, mut nodes) = (packer(), packer());
+    for p in rx {
+        let full = match p {
+            Packable::Group(group) => data.push_group(group).1,
+            Packable::Node(id, bytes) => nodes.push_node(id, &bytes),
+        };
+        if let Some(pack) = full {
+            uploader.start(pack.id, pack.bytes, pack.ids)?;
+        }
+    }
+    for pack in [data.finish(), nodes.finish()].into_iter().flatten() {
+        uploader.start(pack.id, pack.bytes, pack.ids)?;
+    }
+    let (packs, written) = uploader.finish()?;
+    let locations = packs
+        .into_iter()
+        .flat_map(|(pack, ids)| ids.into_iter().map(move |id| (id, pack)))
+        .collect();
+    Ok((locations, written))
+}

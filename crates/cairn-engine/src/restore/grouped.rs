@@ -1,0 +1,152 @@
+//! Restore of a format 2 version: the leaf map from the interior nodes, then a window of
+//! leaves at a time read in parallel — each leaf's group runs through the repository's
+//! [`V2Reader`](cairn_repo::v2::V2Reader), whose group cache decodes a group once however
+//! many runs of it the window reads — and written in segment order (stdout needs the order;
+//! files and devices take it at no cost).
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use cairn_format::leaf_v2::{RunExtent, RunLeaf};
+use cairn_format::version::VersionRecord;
+use cairn_format::Id;
+use cairn_repo::{Repo, RepoError};
+
+use super::{
+    write_file, write_qcow2, write_stdout, write_zero_runs, RestoreOptions, RestoreProgress,
+    RestoreStats, Sink,
+};
+use crate::error::{EngineError, EngineResult};
+use crate::tree::leaf_map;
+
+/// Restores `version` of a format 2 repository into `sink`.
+pub(super) async fn run_grouped(
+    repo: &Arc<Repo>,
+    version: &VersionRecord,
+    sink: &Sink,
+    options: &RestoreOptions,
+    progress: &RestoreProgress,
+    path: &Path,
+) -> EngineResult<RestoreStats> {
+    if options.allow_damage {
+        repo.require_format_1("restore --allow-damage")?;
+    }
+    let reader = repo
+        .v2()
+        .ok_or_else(|| EngineError::internal("restore", "format 2 restore of format 1"))?;
+    let before = reader.fetches();
+    let seg = u64::from(version.segment_size);
+    let leaves: Vec<(u64, Id)> = leaf_map(repo, version).await?.into_iter().collect();
+    let mut stats = RestoreStats {
+        logical_bytes: version.logical_size,
+        ..Default::default()
+    };
+    let mut done_to = 0u64;
+    for window in leaves.chunks(options.parallel_reads.max(1)) {
+        crate::interrupt::check()?;
+        let tasks: Vec<_> = window
+            .iter()
+            .map(|&(index, id)| {
+                let repo = repo.clone();
+                let len = seg.min(version.logical_size.saturating_sub(index * seg));
+                tokio::spawn(async move { read_segment(&repo, &id, len).await })
+            })
+            .collect();
+        for (&(index, _), task) in window.iter().zip(tasks) {
+            let (data, stored) = task
+                .await
+                .map_err(|e| EngineError::internal("restore task", e))??;
+            let off = index * seg;
+            zeros(sink, done_to, off, path)?;
+            match sink {
+                Sink::File { file, zeros_needed } => {
+                    write_file(file, !zeros_needed, &data, off, path)?
+                }
+                Sink::Qcow2 { writer } => write_qcow2(writer, &data, off)?,
+                Sink::Stdout { .. } => write_stdout(&data)?,
+            }
+            done_to = off + data.len() as u64;
+            stats.data_bytes += stored;
+            progress.done.store(done_to, Ordering::Relaxed);
+        }
+        let now = reader.fetches();
+        progress.fetched.store(
+            now.group_bytes.saturating_sub(before.group_bytes),
+            Ordering::Relaxed,
+        );
+    }
+    zeros(sink, done_to, version.logical_size, path)?;
+    let after = reader.fetches();
+    stats.fetched_bytes = after.group_bytes - before.group_bytes;
+    stats.reads = after.groups - before.groups;
+    Ok(stats)
+}
+
+/// The `len` plain bytes of the segment whose leaf is `id` (zero runs as zeros), and how many
+/// of them are stored data.
+async fn read_segment(repo: &Repo, id: &Id, len: u64) -> EngineResult<(Vec<u8>, u64)> {
+    let reader = repo
+        .v2()
+        .ok_or_else(|| EngineError::internal("restore", "format 2 restore of format 1"))?;
+    let raw = repo.read_blob(id).await?;
+    let leaf =
+        RunLeaf::decode(&raw).map_err(|e| RepoError::corrupt(format!("manifest node {id}"), e))?;
+    if leaf.len() != len {
+        return Err(EngineError::Manifest(format!(
+            "leaf {id} covers {} bytes where its segment has {len}",
+            leaf.len()
+        )));
+    }
+    let mut data = Vec::with_capacity(len as usize);
+    let mut stored = 0;
+    for e in leaf.extents() {
+        match *e {
+            RunExtent::Zero { len } => data.resize(data.len() + len as usize, 0),
+            RunExtent::Run {
+                group,
+                first,
+                count,
+                len,
+            } => {
+                let bytes = reader.read_group_run(&group, first, count).await?;
+                if bytes.len() != len as usize {
+                    return Err(EngineError::Manifest(format!(
+                        "leaf {id}: slots {first}..{} of group {group} hold {} bytes, the leaf \
+                         says {len}",
+                        u32::from(first) + u32::from(count),
+                        bytes.len()
+                    )));
+                }
+                data.extend_from_slice(&bytes);
+                stored += u64::from(len);
+            }
+        }
+    }
+    Ok((data, stored))
+}
+
+/// The zeros in `[from, to)`: nothing for a sparse file or qcow2, explicit zeros on a device
+/// and on stdout.
+fn zeros(sink: &Sink, from: u64, to: u64, path: &Path) -> EngineResult<()> {
+    if to <= from {
+        return Ok(());
+    }
+    match sink {
+        Sink::File {
+            file,
+            zeros_needed: true,
+        } => write_zero_runs(file, &[(from, to - from)], path),
+        Sink::File { .. } | Sink::Qcow2 { .. } => Ok(()),
+        Sink::Stdout { .. } => {
+            let zeros = vec![0u8; 1 << 20];
+            let mut left = to - from;
+            while left > 0 {
+                let n = left.min(zeros.len() as u64) as usize;
+                write_stdout(&zeros[..n])?;
+                left -= n as u64;
+            }
+            Ok(())
+        }
+    }
+}
