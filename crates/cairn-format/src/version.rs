@@ -32,6 +32,17 @@ pub struct CommitStats {
     pub stored_bytes: u64,
 }
 
+impl CommitStats {
+    /// Adds one segment's chunk figures (a commit's workers count per segment; what is
+    /// stored is counted once, at publication).
+    pub fn add_chunks(&mut self, other: &CommitStats) {
+        self.data_bytes += other.data_bytes;
+        self.chunks += other.chunks;
+        self.new_chunks += other.new_chunks;
+        self.new_chunk_bytes += other.new_chunk_bytes;
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VersionRecord {
     pub image: String,

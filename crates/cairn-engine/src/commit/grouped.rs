@@ -222,10 +222,7 @@ pub(crate) fn run_grouped_pipeline(
             if let Some(leaf) = r.leaf {
                 leaves.insert(r.index, leaf);
             }
-            stats.data_bytes += r.stats.data_bytes;
-            stats.chunks += r.stats.chunks;
-            stats.new_chunks += r.stats.new_chunks;
-            stats.new_chunk_bytes += r.stats.new_chunk_bytes;
+            stats.add_chunks(&r.stats);
         }
         // The root cause first: the source, then the store (packer), then a worker's own
         // error before a worker that only stopped because another failed.

@@ -157,10 +157,7 @@ pub(crate) fn run_pipeline(
                 leaves.insert(r.index, leaf);
             }
             chunk_keys.extend(r.chunks);
-            stats.data_bytes += r.stats.data_bytes;
-            stats.chunks += r.stats.chunks;
-            stats.new_chunks += r.stats.new_chunks;
-            stats.new_chunk_bytes += r.stats.new_chunk_bytes;
+            stats.add_chunks(&r.stats);
         }
         // Report the root cause: a source error first, then a store (packer) error, and only
         // then a worker's own error (workers fail with "packer stopped" when the packer does).

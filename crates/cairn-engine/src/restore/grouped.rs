@@ -14,7 +14,7 @@ use cairn_format::Id;
 use cairn_repo::{Repo, RepoError};
 
 use super::{
-    write_file, write_qcow2, write_stdout, write_zero_runs, RestoreOptions, RestoreProgress,
+    write_file, write_qcow2, write_stdout, write_zeros, RestoreOptions, RestoreProgress,
     RestoreStats, Sink,
 };
 use crate::error::{EngineError, EngineResult};
@@ -58,7 +58,7 @@ pub(super) async fn run_grouped(
                 .await
                 .map_err(|e| EngineError::internal("restore task", e))??;
             let off = index * seg;
-            zeros(sink, done_to, off, path)?;
+            write_zeros(sink, done_to, off, path)?;
             match sink {
                 Sink::File { file, zeros_needed } => {
                     write_file(file, !zeros_needed, &data, off, path)?
@@ -76,7 +76,7 @@ pub(super) async fn run_grouped(
             Ordering::Relaxed,
         );
     }
-    zeros(sink, done_to, version.logical_size, path)?;
+    write_zeros(sink, done_to, version.logical_size, path)?;
     let after = reader.fetches();
     stats.fetched_bytes = after.group_bytes - before.group_bytes;
     stats.reads = after.groups - before.groups;
@@ -124,29 +124,4 @@ async fn read_segment(repo: &Repo, id: &Id, len: u64) -> EngineResult<(Vec<u8>, 
         }
     }
     Ok((data, stored))
-}
-
-/// The zeros in `[from, to)`: nothing for a sparse file or qcow2, explicit zeros on a device
-/// and on stdout.
-fn zeros(sink: &Sink, from: u64, to: u64, path: &Path) -> EngineResult<()> {
-    if to <= from {
-        return Ok(());
-    }
-    match sink {
-        Sink::File {
-            file,
-            zeros_needed: true,
-        } => write_zero_runs(file, &[(from, to - from)], path),
-        Sink::File { .. } | Sink::Qcow2 { .. } => Ok(()),
-        Sink::Stdout { .. } => {
-            let zeros = vec![0u8; 1 << 20];
-            let mut left = to - from;
-            while left > 0 {
-                let n = left.min(zeros.len() as u64) as usize;
-                write_stdout(&zeros[..n])?;
-                left -= n as u64;
-            }
-            Ok(())
-        }
-    }
 }

@@ -605,29 +605,35 @@ impl BatchWriter<'_> {
         if upto <= self.written_to {
             return Ok(());
         }
-        match self.sink {
-            Sink::File {
-                file,
-                zeros_needed: true,
-            } => write_zero_runs(
-                file,
-                &[(self.written_to, upto - self.written_to)],
-                self.path,
-            )?,
-            Sink::File { .. } | Sink::Qcow2 { .. } => {}
-            Sink::Stdout { .. } => {
-                let zeros = vec![0u8; 1 << 20];
-                let mut left = upto - self.written_to;
-                while left > 0 {
-                    let n = left.min(zeros.len() as u64) as usize;
-                    write_stdout(&zeros[..n])?;
-                    left -= n as u64;
-                }
-            }
-        }
+        write_zeros(self.sink, self.written_to, upto, self.path)?;
         self.written_to = upto;
         self.progress.done.store(upto, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+/// The zeros in `[from, to)`: nothing for a sparse file or qcow2 (unwritten bytes read as
+/// zeros), explicit zeros on a device and on stdout.
+fn write_zeros(sink: &Sink, from: u64, to: u64, path: &Path) -> EngineResult<()> {
+    if to <= from {
+        return Ok(());
+    }
+    match sink {
+        Sink::File {
+            file,
+            zeros_needed: true,
+        } => write_zero_runs(file, &[(from, to - from)], path),
+        Sink::File { .. } | Sink::Qcow2 { .. } => Ok(()),
+        Sink::Stdout { .. } => {
+            let zeros = vec![0u8; 1 << 20];
+            let mut left = to - from;
+            while left > 0 {
+                let n = left.min(zeros.len() as u64) as usize;
+                write_stdout(&zeros[..n])?;
+                left -= n as u64;
+            }
+            Ok(())
+        }
     }
 }
 

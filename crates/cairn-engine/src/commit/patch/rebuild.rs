@@ -141,12 +141,8 @@ pub(super) fn run(
                         };
                         keys.chunks.extend(o.chunks);
                         keys.old_chunks.extend(o.old_chunks);
-                        for (sum, part) in [(&mut old, &o.old), (&mut new, &o.new)] {
-                            sum.data_bytes += part.data_bytes;
-                            sum.chunks += part.chunks;
-                            sum.new_chunks += part.new_chunks;
-                            sum.new_chunk_bytes += part.new_chunk_bytes;
-                        }
+                        old.add_chunks(&o.old);
+                        new.add_chunks(&o.new);
                     }
                 }
             }
