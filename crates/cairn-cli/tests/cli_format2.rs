@@ -1,6 +1,6 @@
 //! `cairn init --format 2` end to end through the binary: what works on a format 2
-//! repository today (commit, restore, log, show, tag, clone, rm without reclaim), what
-//! refuses it with one line and the code `unsupported` (gc, verify, diff, repair, export,
+//! repository today (commit, restore, verify, log, show, tag, clone, rm without reclaim),
+//! what refuses it with one line and the code `unsupported` (gc, diff, repair, export,
 //! commits of changed blocks), and that the repository is unchanged by a refusal.
 
 mod common;
@@ -85,11 +85,15 @@ fn a_format_2_repository_commits_restores_and_refuses_what_it_cannot_do_yet() {
         );
     }
 
+    let report = ok(&repo, &["--json", "verify"]);
+    let report: serde_json::Value = serde_json::from_str(report.trim()).unwrap();
+    assert_eq!(report["clean"], true, "{report}");
+    assert_eq!(report["versions_checked"], 3, "{report}");
+
     // What refuses format 2 today: one line, code `unsupported`, nothing changed.
     let before = snapshot(&repo);
-    let cases: [&[&str]; 5] = [
+    let cases: [&[&str]; 4] = [
         &["gc"],
-        &["verify"],
         &["diff", "vm@1", "vm@2"],
         &["repair"],
         &["commit", "vm", qcow2.to_str().unwrap(), "--parent", "vm@1"],
@@ -121,4 +125,25 @@ fn a_format_2_repository_commits_restores_and_refuses_what_it_cannot_do_yet() {
         1,
         "{log}"
     );
+
+    // A flipped byte in the data pack: verify exits 3 and names the live versions using it.
+    let mut packs: Vec<_> = snapshot(&repo)
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(repo.join("packs").to_str().unwrap()))
+        .collect();
+    packs.sort_by_key(|(_, b)| b.len());
+    let (key, mut bytes) = packs.pop().unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(&key, bytes).unwrap();
+    let out = cairn(&repo, &["--json", "verify"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut damaged: Vec<String> = report["damaged_versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| format!("{}@{}", d["image"].as_str().unwrap(), d["seq"]))
+        .collect();
+    damaged.sort();
+    assert_eq!(damaged, ["vm@1", "web@1"], "{report}");
 }

@@ -25,6 +25,8 @@ use tokio::task::JoinSet;
 use crate::error::{EngineError, EngineResult};
 use crate::progress::{self, Unit, WorkProgress};
 
+mod grouped;
+
 /// Which packs a verify reads in full (restic's `--read-data-subset`): metadata is always
 /// checked whole; data only in the chosen packs.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -143,7 +145,6 @@ pub async fn verify(repo: Arc<Repo>) -> EngineResult<VerifyReport> {
 
 /// Verifies the repository, or the versions `options` names, reading the packs it selects.
 pub async fn verify_with(repo: Arc<Repo>, options: &VerifyOptions) -> EngineResult<VerifyReport> {
-    repo.require_format_1("verify")?;
     let mut report = VerifyReport::default();
     report.problems.extend(repo.index_errors());
     let scoped = !options.versions.is_empty();
@@ -160,31 +161,12 @@ pub async fn verify_with(repo: Arc<Repo>, options: &VerifyOptions) -> EngineResu
     versions.sort_by(|a, b| (&a.1.image, a.1.seq).cmp(&(&b.1.image, b.1.seq)));
 
     // 1. Packs and blobs: every indexed blob, or (scoped) those the versions use.
-    let by_pack = if scoped {
-        let used = used_blobs(&repo, &versions).await;
-        let mut by_pack: HashMap<Id, Vec<BlobEntry>> = HashMap::new();
-        let index = repo.index();
-        for id in &used {
-            if let Some(loc) = index.get(id) {
-                by_pack.entry(loc.pack).or_default().push(loc.entry);
-            }
+    let bad_blobs = match repo.v2() {
+        Some(reader) => {
+            grouped::check_packs(&repo, reader, &versions, scoped, options, &mut report).await?
         }
-        by_pack
-    } else {
-        repo.index().by_pack()
+        None => check_format1_packs(&repo, &versions, scoped, options, &mut report).await?,
     };
-    report.packs_in_scope = by_pack.len() as u64;
-    let by_pack: Vec<(Id, Vec<BlobEntry>)> = by_pack
-        .into_iter()
-        .filter(|(pack, _)| options.subset.includes(pack))
-        .collect();
-    let blob_bytes = by_pack
-        .iter()
-        .flat_map(|(_, entries)| entries)
-        .map(|e| e.range().end - e.range().start)
-        .sum();
-    progress::start(&options.progress, "reading packs", Unit::Bytes, blob_bytes);
-    let bad_blobs = check_packs(&repo, by_pack, &mut report, &options.progress).await?;
 
     // 2. Version records and heads (the whole repository only).
     let mut known: HashSet<Id> = versions.iter().map(|(id, _)| *id).collect();
@@ -292,6 +274,42 @@ pub async fn verify_with(repo: Arc<Repo>, options: &VerifyOptions) -> EngineResu
         ));
     }
     Ok(report)
+}
+
+/// Step 1 in format 1: reads the packs that hold the blobs in scope and checks every blob;
+/// returns the bad blobs with the reason.
+async fn check_format1_packs(
+    repo: &Arc<Repo>,
+    versions: &[(Id, VersionRecord)],
+    scoped: bool,
+    options: &VerifyOptions,
+    report: &mut VerifyReport,
+) -> EngineResult<HashMap<Id, String>> {
+    let by_pack = if scoped {
+        let used = used_blobs(repo, versions).await;
+        let mut by_pack: HashMap<Id, Vec<BlobEntry>> = HashMap::new();
+        let index = repo.index();
+        for id in &used {
+            if let Some(loc) = index.get(id) {
+                by_pack.entry(loc.pack).or_default().push(loc.entry);
+            }
+        }
+        by_pack
+    } else {
+        repo.index().by_pack()
+    };
+    report.packs_in_scope = by_pack.len() as u64;
+    let by_pack: Vec<(Id, Vec<BlobEntry>)> = by_pack
+        .into_iter()
+        .filter(|(pack, _)| options.subset.includes(pack))
+        .collect();
+    let blob_bytes = by_pack
+        .iter()
+        .flat_map(|(_, entries)| entries)
+        .map(|e| e.range().end - e.range().start)
+        .sum();
+    progress::start(&options.progress, "reading packs", Unit::Bytes, blob_bytes);
+    check_packs(repo, by_pack, report, &options.progress).await
 }
 
 /// Every blob (manifest nodes and chunks) the versions use, as far as their trees can be read
@@ -515,6 +533,11 @@ impl TreeChecker<'_> {
             Ok(raw) => raw,
             Err(e) => return Some(format!("manifest node unreadable: {e}")),
         };
+        if level == 0 {
+            if let Some(reader) = self.repo.v2() {
+                return grouped::check_run_leaf(reader, self.bad_blobs, &id, &raw, record).await;
+            }
+        }
         let node = match decode_node(&id, level, &raw) {
             Ok(Node::Interior(n)) => n,
             Ok(Node::Leaf(leaf)) => return self.check_leaf(&id, &leaf, record),

@@ -148,9 +148,16 @@ impl Repo {
                 None,
                 crate::v2::CacheLimits::default(),
             );
+            // A damaged run is a finding (verify reports it; the versions whose groups only
+            // it locates fail to restore, each naming what is missing), never a repository
+            // that cannot be opened; an unreachable store still fails the open.
             for meta in repo.store.list(keys::INDEX_RUNS).await? {
                 if let Some(id) = keys::id_after(keys::INDEX_RUNS, &meta.key) {
-                    reader.add_run(&id).await?;
+                    match reader.add_run(&id).await {
+                        Ok(()) => {}
+                        Err(e) if e.is_damage() => repo.index_errors.push(e.to_string()),
+                        Err(e) => return Err(e),
+                    }
                 }
             }
             repo.v2 = Some(Arc::new(reader));

@@ -8,7 +8,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use cairn_format::group::open_group;
+use cairn_format::crypto::{CryptoError, MasterKey};
+use cairn_format::group::{open_group, GroupDesc};
 use cairn_format::{keys, FormatError, Id};
 
 use super::tail::get_exact;
@@ -25,6 +26,42 @@ pub struct OpenedGroup {
 }
 
 impl OpenedGroup {
+    /// Opens a stored group (unseals, decompresses) and checks every stored chunk against its
+    /// id (`key`: the keyed ids of an encrypted repository).
+    pub fn open(
+        desc: &GroupDesc,
+        stored: &[u8],
+        key: Option<&MasterKey>,
+    ) -> Result<OpenedGroup, CryptoError> {
+        let plain = open_group(desc, stored, key)?;
+        let mut slots = Vec::with_capacity(desc.chunks.len());
+        let mut offset = 0usize;
+        for (slot, c) in desc.chunks.iter().enumerate() {
+            if !c.stored {
+                slots.push(None);
+                continue;
+            }
+            let r = offset..offset + c.len as usize;
+            offset = r.end;
+            let id = match key {
+                Some(k) => k.id_of(&plain[r.clone()]),
+                None => Id::of(&plain[r.clone()]),
+            };
+            if id != c.id {
+                return Err(FormatError::invalid(
+                    "group",
+                    format!("slot {slot}: bytes do not hash to chunk {}", c.id),
+                )
+                .into());
+            }
+            slots.push(Some(r));
+        }
+        Ok(OpenedGroup {
+            plain: Bytes::from(plain),
+            slots,
+        })
+    }
+
     /// The plain bytes of slots `first .. first + count`, which must all be stored (they are
     /// then contiguous).
     pub fn slots(&self, first: usize, count: usize) -> Result<Bytes, FormatError> {
@@ -100,35 +137,8 @@ impl V2Reader {
         self.fetched
             .group_bytes
             .fetch_add(stored.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        let plain =
-            open_group(&g.desc, &stored, self.key()).map_err(|e| at(sealed_error(&key, e)))?;
-        let mut slots = Vec::with_capacity(g.desc.chunks.len());
-        let mut offset = 0usize;
-        for (slot, c) in g.desc.chunks.iter().enumerate() {
-            if !c.stored {
-                slots.push(None);
-                continue;
-            }
-            let r = offset..offset + c.len as usize;
-            offset = r.end;
-            let id = match self.key() {
-                Some(k) => k.id_of(&plain[r.clone()]),
-                None => Id::of(&plain[r.clone()]),
-            };
-            if id != c.id {
-                return Err(at(RepoError::corrupt(
-                    &key,
-                    FormatError::invalid(
-                        "group",
-                        format!("slot {slot}: bytes do not hash to chunk {}", c.id),
-                    ),
-                )));
-            }
-            slots.push(Some(r));
-        }
-        Ok(Arc::new(OpenedGroup {
-            plain: Bytes::from(plain),
-            slots,
-        }))
+        let opened = OpenedGroup::open(&g.desc, &stored, self.key())
+            .map_err(|e| at(sealed_error(&key, e)))?;
+        Ok(Arc::new(opened))
     }
 }

@@ -14,6 +14,7 @@
 //! repository's `Repo` holds one, with every index run added at open (commit and restore use
 //! it; the other commands refuse format 2 until they learn it: docs/ROADMAP.md).
 
+mod check;
 mod groups;
 mod packer;
 mod runs;
@@ -29,6 +30,7 @@ use cairn_store::ObjectStore;
 use quick_cache::sync::Cache;
 use quick_cache::Weighter;
 
+pub use check::PackCheck;
 pub use groups::OpenedGroup;
 pub use packer::{FinishedPack, GroupPacker, Placement};
 pub use runs::GroupLocation;

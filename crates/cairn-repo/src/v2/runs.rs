@@ -95,25 +95,87 @@ impl V2Reader {
         Ok(())
     }
 
+    /// Every pack an index run names (what a verify of the whole repository reads), sorted.
+    pub fn packs(&self) -> Vec<Id> {
+        let runs = self.runs.read().expect("runs lock");
+        let mut packs: Vec<Id> = runs.iter().flat_map(|r| r.meta.packs.clone()).collect();
+        packs.sort_unstable();
+        packs.dedup();
+        packs
+    }
+
     /// The packs the runs name for `id` (candidates), newest run first, without repeats.
     async fn candidates(&self, id: &Id) -> RepoResult<Vec<Id>> {
         let runs: Vec<Arc<OpenRun>> = self.runs.read().expect("runs lock").clone();
         let mut packs = Vec::new();
+        // A damaged section fails only the lookups no other run answers: damage in one
+        // commit's run never spreads to ids that other runs locate.
+        let mut damage = None;
         for run in runs.iter().rev() {
             let Some(i) = run.meta.section_for(id) else {
                 continue;
             };
-            let section = self
+            let section = match self
                 .sections
                 .get_or_insert_async(&(run.id, i as u32), self.read_section(run, i))
-                .await?;
+                .await
+            {
+                Ok(section) => section,
+                Err(e) if e.is_damage() => {
+                    damage.get_or_insert(e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             for pack in run.meta.candidates(&section.0, id) {
                 if !packs.contains(&pack) {
                     packs.push(pack);
                 }
             }
         }
-        Ok(packs)
+        match damage {
+            Some(e) if packs.is_empty() => Err(e),
+            _ => Ok(packs),
+        }
+    }
+
+    /// Reads every index run this reader uses whole and checks every section (what `verify`
+    /// does); returns one line per damaged run.
+    pub async fn check_runs(&self) -> RepoResult<Vec<String>> {
+        let runs: Vec<Arc<OpenRun>> = self.runs.read().expect("runs lock").clone();
+        let mut problems = Vec::new();
+        for run in runs {
+            let data = match self.store.get(&run.key).await {
+                Ok(d) => d,
+                Err(e) => {
+                    let e = RepoError::from(e);
+                    if !e.is_not_found() {
+                        return Err(e);
+                    }
+                    problems.push(format!("{}: missing", run.key));
+                    continue;
+                }
+            };
+            let checked = index_run::parse_run(&data, self.key()).and_then(|meta| {
+                for (i, s) in meta.sections.iter().enumerate() {
+                    let r = s.range();
+                    let stored = data.get(r.start as usize..r.end as usize).unwrap_or(&[]);
+                    meta.open_section(i, stored, self.key())
+                        .map_err(|e| match e {
+                            cairn_format::crypto::CryptoError::Format(f) => {
+                                FormatError::invalid("index run", format!("section {i}: {f}"))
+                                    .into()
+                            }
+                            other => other,
+                        })?;
+                }
+                Ok(())
+            });
+            if let Err(e) = checked {
+                problems.push(sealed_error(&run.key, e).to_string());
+            }
+        }
+        Ok(problems)
     }
 
     async fn read_section(&self, run: &OpenRun, i: usize) -> RepoResult<Arc<Section>> {

@@ -1,0 +1,117 @@
+//! Checking a whole v2 pack, as `verify` does: one read of the pack, its id recomputed, its
+//! trailer parsed, and every group opened and every stored chunk hashed against its id.
+//! Nothing is cached: a verify reads each pack once, and its verdicts are its own.
+
+use cairn_format::group::group_id;
+use cairn_format::pack_v2;
+use cairn_format::{keys, Id};
+
+use super::groups::OpenedGroup;
+use super::{sealed_error, V2Reader};
+use crate::error::{RepoError, RepoResult};
+
+/// What checking one pack found.
+#[derive(Debug, Default)]
+pub struct PackCheck {
+    /// Bytes read (the whole pack; 0 if it is missing).
+    pub bytes: u64,
+    /// Groups and stored chunks (manifest nodes included) checked.
+    pub groups: u64,
+    pub chunks: u64,
+    /// One line per problem, naming the pack (and the group).
+    pub problems: Vec<String>,
+    /// Ids that cannot be read from this pack, with why: each damaged group's id and the ids
+    /// of the chunks and nodes it stores. A pack whose trailer cannot be read lists none here
+    /// (its groups are unknown): readers that look them up meet the same error.
+    pub bad: Vec<(Id, String)>,
+}
+
+impl V2Reader {
+    /// Reads pack `pack` whole and checks everything in it.
+    pub async fn check_pack(&self, pack: &Id) -> RepoResult<PackCheck> {
+        let key = keys::pack(pack);
+        let data = match self.store.get(&key).await {
+            Ok(d) => d,
+            Err(e) => {
+                let e = RepoError::from(e);
+                if !e.is_not_found() {
+                    return Err(e);
+                }
+                return Ok(PackCheck {
+                    problems: vec![format!("{key}: missing (an index run names it)")],
+                    ..Default::default()
+                });
+            }
+        };
+        let master = self.key.clone();
+        let pack = *pack;
+        tokio::task::spawn_blocking(move || check_bytes(&pack, &key, &data, master.as_ref()))
+            .await
+            .map_err(|e| RepoError::Invalid(format!("checking {}: {e}", keys::pack(&pack))))
+    }
+}
+
+fn check_bytes(
+    pack: &Id,
+    key: &str,
+    data: &[u8],
+    master: Option<&cairn_format::crypto::MasterKey>,
+) -> PackCheck {
+    let mut check = PackCheck {
+        bytes: data.len() as u64,
+        ..Default::default()
+    };
+    if Id::of(data) != *pack {
+        check.problems.push(format!(
+            "{key}: content does not match its id (corrupt or truncated)"
+        ));
+    }
+    let groups = match pack_v2::parse_header(data)
+        .map_err(cairn_format::crypto::CryptoError::from)
+        .and_then(|sealed| {
+            if sealed != master.is_some() {
+                let why = if sealed {
+                    "the pack is sealed but the repository is not encrypted"
+                } else {
+                    "the pack is not sealed but the repository is encrypted"
+                };
+                return Err(cairn_format::FormatError::invalid("pack", why).into());
+            }
+            pack_v2::parse_pack(data, master)
+        }) {
+        Ok(groups) => groups,
+        Err(e) => {
+            check.problems.push(format!("{key}: {}", why(key, e)));
+            return check;
+        }
+    };
+    for (i, g) in groups.iter().enumerate() {
+        check.groups += 1;
+        let stored_ids = g.desc.chunks.iter().filter(|c| c.stored).map(|c| c.id);
+        check.chunks += stored_ids.clone().count() as u64;
+        let range = g.range();
+        let stored = data.get(range.start as usize..range.end as usize);
+        let outcome = match stored {
+            None => Err(format!("ends past the pack's {} bytes", data.len())),
+            Some(stored) => OpenedGroup::open(&g.desc, stored, master)
+                .map(|_| ())
+                .map_err(|e| why(key, e)),
+        };
+        if let Err(why) = outcome {
+            let gid = group_id(&g.desc.chunks, master);
+            let reason = format!("{key} group {i} (at byte {}): {why}", g.offset);
+            check.problems.push(reason.clone());
+            check.bad.push((gid, reason.clone()));
+            check.bad.extend(stored_ids.map(|id| (id, reason.clone())));
+        }
+    }
+    check
+}
+
+/// What is wrong, without the object's name (the caller's line names it).
+fn why(key: &str, e: cairn_format::crypto::CryptoError) -> String {
+    match sealed_error(key, e) {
+        RepoError::Corrupt { source, .. } => source.to_string(),
+        other => other.to_string(),
+    }
+}
