@@ -289,9 +289,12 @@ pub struct ExportArgs {
     /// Chunk cache size limit; least recently used chunks are evicted beyond it.
     #[arg(long, default_value = "10G", value_parser = parse_size)]
     pub cache_size: u64,
-    /// Chunks fetched ahead after a read that missed the cache.
-    #[arg(long, default_value_t = 8)]
-    pub readahead: usize,
+    /// Chunks fetched ahead after a read that missed the cache (default 8). On format 2 it
+    /// counts compressed groups and defaults to 0: a miss already fetches a whole group, and
+    /// more read-ahead fetched more than the guest read in a measured cold boot
+    /// (BENCHMARKS.md, boot over cairn export).
+    #[arg(long)]
+    pub readahead: Option<usize>,
     /// Write the export's counters as JSON to this file every second (and at exit).
     #[arg(long)]
     pub stats_file: Option<std::path::PathBuf>,

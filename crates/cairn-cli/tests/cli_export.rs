@@ -52,6 +52,44 @@ fn real_clients_read_a_version_bit_exact_and_skip_its_holes() {
     assert!(!text.contains("wrote 4096"), "{text}");
 }
 
+/// Format 2: the same clients, the same bytes and holes; each group fetched once (its plain
+/// bytes counted), and a second export of an image sharing data fetches only its own groups.
+#[test]
+fn a_format_2_version_is_served_bit_exact_and_shares_the_cache() {
+    let (dir, repo, a, b) = setup_format("2");
+    let mut served = Served::start(&repo, "vm@1", dir.path(), "a");
+    let out = dir.path().join("convert.raw");
+    qemu_img_convert(served.uri(), &out);
+    same_file(&out, &a, "qemu-img convert");
+    let copy = dir.path().join("copy.raw");
+    nbdcopy(served.uri(), &copy);
+    same_file(&copy, &a, "nbdcopy");
+    let map = tool("nbdinfo", "libnbd-bin")
+        .args(["--map", &served.uri()])
+        .output()
+        .unwrap();
+    let map = String::from_utf8(map.stdout).unwrap();
+    let rows: Vec<Vec<&str>> = map
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 3, "{map}");
+    assert_eq!(rows[1][..3], ["3145728", "2097152", "3"], "{map}");
+    let s = served.stats();
+    let data_bytes = 3 * 1048576 + 1048576 + 12288;
+    assert_eq!(s["bytes_fetched"].as_u64().unwrap(), data_bytes, "{s}");
+    assert_eq!(s["fetch_errors"], 0, "{s}");
+    drop(served);
+
+    let mut served = Served::start(&repo, "other", dir.path(), "b");
+    let out = dir.path().join("b-out.raw");
+    qemu_img_convert(served.uri(), &out);
+    same_file(&out, &b, "second export");
+    let s = served.stats();
+    assert_eq!(s["bytes_fetched"].as_u64().unwrap(), 1 << 20, "{s}");
+    assert_eq!(s["cache_hits"].as_u64().unwrap(), 3 * 256, "{s}");
+}
+
 #[test]
 fn a_second_export_fetches_only_what_the_cache_lacks() {
     let (dir, repo, _, b) = setup();

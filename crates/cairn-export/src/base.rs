@@ -6,14 +6,21 @@
 //! then goes into the cache; after a miss the following chunks are fetched in the background
 //! (read-ahead), as BlobSeer's on-demand mirroring does. Zero extents never touch the
 //! repository.
+//!
+//! A format 2 version's leaves name runs of slots of compressed groups: a piece is a run, its
+//! chunks' ids come from the group's descriptor (the pack trailer, cached by the repository's
+//! `V2Reader`), the host-wide cache is asked per chunk, and a miss fetches and decodes the
+//! whole group once (the reader's group cache) and puts every chunk of the run into the
+//! host-wide cache. Read-ahead then means the next `readahead` groups.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 
+use cairn_format::leaf_v2::{RunExtent, RunLeaf};
 use cairn_format::node::Extent;
 use cairn_format::version::VersionRecord;
-use cairn_format::Id;
+use cairn_format::{FormatError, Id};
 use cairn_repo::tree_walk::{decode_leaf, walk_tree, NodeAt, NodeReader, TreeVisitor};
 use cairn_repo::{Repo, RepoError};
 
@@ -27,8 +34,43 @@ use cairn_repo::ContentCache;
 pub struct Piece {
     pub offset: u64,
     pub len: u32,
-    /// None: zeros.
-    pub chunk: Option<Id>,
+    pub data: PieceData,
+}
+
+/// Where a piece's bytes come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PieceData {
+    /// Zeros by the manifest: never fetched.
+    Zero,
+    /// A format 1 chunk.
+    Chunk(Id),
+    /// Slots `first .. first + count` of a format 2 group.
+    Run { group: Id, first: u16, count: u16 },
+}
+
+impl std::fmt::Display for PieceData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PieceData::Zero => write!(f, "a zero extent"),
+            PieceData::Chunk(id) => write!(f, "chunk {id}"),
+            PieceData::Run {
+                group,
+                first,
+                count,
+            } => write!(
+                f,
+                "slots {first}..{} of group {group}",
+                u32::from(*first) + u32::from(*count)
+            ),
+        }
+    }
+}
+
+impl Piece {
+    /// Zeros by the manifest.
+    pub fn is_zero(&self) -> bool {
+        self.data == PieceData::Zero
+    }
 }
 
 pub struct Base {
@@ -115,7 +157,6 @@ impl Base {
         record: VersionRecord,
         readahead: usize,
     ) -> ExportResult<Base> {
-        repo.require_format_1("export")?;
         let leaf_ids = Self::segment_map(&repo, &record, &stats).await?;
         Ok(Base {
             repo,
@@ -177,40 +218,59 @@ impl Base {
         let start = seg * self.segment_size();
         let seg_len = self.segment_size().min(self.size().saturating_sub(start)) as u32;
         let mut pieces = Vec::new();
-        match self.leaf_ids.get(&seg) {
-            None => pieces.push(Piece {
-                offset: start,
-                len: seg_len,
-                chunk: None,
-            }),
-            Some(leaf_id) => {
-                let mut reader = ExportNodes {
-                    repo: &self.repo,
-                    stats: &self.stats,
-                };
-                let leaf = decode_leaf(leaf_id, &reader.read_node(leaf_id).await?)?;
-                let mut at = start;
-                for e in leaf.extents {
-                    let (len, chunk) = match e {
-                        Extent::Zero { len } => (len, None),
-                        Extent::Chunk { id, len } => (len, Some(id)),
-                    };
-                    pieces.push(Piece {
-                        offset: at,
-                        len,
-                        chunk,
-                    });
-                    at += len as u64;
+        if let Some(leaf_id) = self.leaf_ids.get(&seg) {
+            let mut reader = ExportNodes {
+                repo: &self.repo,
+                stats: &self.stats,
+            };
+            let raw = reader.read_node(leaf_id).await?;
+            let mut at = start;
+            let mut push = |len: u32, data: PieceData| {
+                pieces.push(Piece {
+                    offset: at,
+                    len,
+                    data,
+                });
+                at += u64::from(len);
+            };
+            if self.repo.v2().is_some() {
+                let leaf = RunLeaf::decode(&raw)
+                    .map_err(|e| RepoError::corrupt(format!("manifest node {leaf_id}"), e))?;
+                for e in leaf.extents() {
+                    match *e {
+                        RunExtent::Zero { len } => push(len, PieceData::Zero),
+                        RunExtent::Run {
+                            group,
+                            first,
+                            count,
+                            len,
+                        } => push(
+                            len,
+                            PieceData::Run {
+                                group,
+                                first,
+                                count,
+                            },
+                        ),
+                    }
                 }
-                let end = start + seg_len as u64;
-                if at < end {
-                    pieces.push(Piece {
-                        offset: at,
-                        len: (end - at) as u32,
-                        chunk: None,
-                    });
+            } else {
+                for e in decode_leaf(leaf_id, &raw)?.extents {
+                    match e {
+                        Extent::Zero { len } => push(len, PieceData::Zero),
+                        Extent::Chunk { id, len } => push(len, PieceData::Chunk(id)),
+                    }
                 }
             }
+        }
+        // Whatever the leaf does not cover (or the whole segment, with no leaf) is zeros.
+        let covered: u64 = pieces.iter().map(|p| u64::from(p.len)).sum();
+        if covered < u64::from(seg_len) {
+            pieces.push(Piece {
+                offset: start + covered,
+                len: (u64::from(seg_len) - covered) as u32,
+                data: PieceData::Zero,
+            });
         }
         let pieces = Arc::new(pieces);
         self.leaves
@@ -279,6 +339,99 @@ impl Base {
         result
     }
 
+    /// The bytes of slots `first .. first + count` of format 2 group `group`, and whether
+    /// the host-wide cache held all of them. A miss fetches the group (once, however many
+    /// readers ask: the reader's group cache) and puts the run's chunks into the host-wide
+    /// cache.
+    pub async fn run(
+        &self,
+        group: &Id,
+        first: u16,
+        count: u16,
+    ) -> ExportResult<(Arc<Vec<u8>>, bool)> {
+        let result = self.run_uncounted(group, first, count).await;
+        if let Err(e) = &result {
+            self.stats.fetch_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(%group, "fetch failed: {e}");
+        }
+        result
+    }
+
+    async fn run_uncounted(
+        &self,
+        group: &Id,
+        first: u16,
+        count: u16,
+    ) -> ExportResult<(Arc<Vec<u8>>, bool)> {
+        let reader = self
+            .repo
+            .v2()
+            .ok_or_else(|| RepoError::Invalid("a group run in a format 1 repository".into()))?;
+        let loc = record_damage(&self.repo, reader.locate_group(group).await).await?;
+        let desc = &loc.trailer.groups[loc.group as usize].desc;
+        let range = usize::from(first)..usize::from(first) + usize::from(count);
+        let slots = desc
+            .chunks
+            .get(range)
+            .filter(|s| s.iter().all(|c| c.stored))
+            .ok_or_else(|| {
+                RepoError::corrupt(
+                    format!("group {group}"),
+                    FormatError::invalid(
+                        "group",
+                        format!(
+                            "a leaf names slots {first}..{} of {} (or slots no longer stored)",
+                            u32::from(first) + u32::from(count),
+                            desc.chunks.len()
+                        ),
+                    ),
+                )
+            })?;
+        let mut data = Vec::with_capacity(slots.iter().map(|c| c.len as usize).sum());
+        let hit = slots.iter().all(|c| match self.cache.get(&c.id) {
+            Some(bytes) => {
+                data.extend_from_slice(&bytes);
+                true
+            }
+            None => false,
+        });
+        if hit {
+            self.stats
+                .cache_hits
+                .fetch_add(u64::from(count), Ordering::Relaxed);
+            return Ok((Arc::new(data), true));
+        }
+        self.stats
+            .cache_misses
+            .fetch_add(u64::from(count), Ordering::Relaxed);
+        let (opened, fetched) = record_damage(
+            &self.repo,
+            reader.open_group_counted(&loc.trailer, loc.group).await,
+        )
+        .await?;
+        if fetched {
+            self.stats.chunks_fetched.fetch_add(
+                desc.chunks.iter().filter(|c| c.stored).count() as u64,
+                Ordering::Relaxed,
+            );
+            self.stats
+                .bytes_fetched
+                .fetch_add(opened.plain().len() as u64, Ordering::Relaxed);
+        }
+        let bytes = opened
+            .slots(usize::from(first), usize::from(count))
+            .map_err(|e| RepoError::corrupt(format!("group {group}"), e))?;
+        let mut at = 0;
+        for c in slots {
+            let chunk = &bytes[at..at + c.len as usize];
+            at += c.len as usize;
+            if let Err(e) = self.cache.put(&c.id, chunk) {
+                tracing::warn!("chunk cache: {e}");
+            }
+        }
+        Ok((Arc::new(bytes.to_vec()), false))
+    }
+
     /// Reads [offset, offset + buf.len()) of the base into `buf`. A miss starts read-ahead of
     /// the chunks that follow the range.
     pub async fn read(self: &Arc<Self>, offset: u64, buf: &mut [u8]) -> ExportResult<()> {
@@ -288,27 +441,38 @@ impl Base {
         // Fetch the chunks of the range concurrently.
         let mut tasks = tokio::task::JoinSet::new();
         for p in &pieces {
-            if p.chunk.is_none() {
-                let overlap = (p.offset + p.len as u64).min(end) - p.offset.max(offset);
-                self.stats
-                    .zero_bytes_read
-                    .fetch_add(overlap, Ordering::Relaxed);
-            }
-            if let Some(id) = p.chunk {
-                if !self.cache.contains(&id) {
-                    missed = true;
+            let me = self.clone();
+            let p = *p;
+            match p.data {
+                PieceData::Zero => {
+                    let overlap = (p.offset + p.len as u64).min(end) - p.offset.max(offset);
+                    self.stats
+                        .zero_bytes_read
+                        .fetch_add(overlap, Ordering::Relaxed);
                 }
-                let me = self.clone();
-                let p = *p;
-                tasks.spawn(async move { me.chunk(&id).await.map(|d| (p, d)) });
+                PieceData::Chunk(id) => {
+                    let miss = !self.cache.contains(&id);
+                    tasks.spawn(async move { me.chunk(&id).await.map(|d| (p, d, miss)) });
+                }
+                PieceData::Run {
+                    group,
+                    first,
+                    count,
+                } => {
+                    tasks.spawn(async move {
+                        let (d, hit) = me.run(&group, first, count).await?;
+                        Ok::<_, ExportError>((p, d, !hit))
+                    });
+                }
             }
         }
         buf.fill(0);
         while let Some(r) = tasks.join_next().await {
-            let (p, data) = r??;
+            let (p, data, miss) = r??;
+            missed |= miss;
             if data.len() != p.len as usize {
-                return Err(ExportError::ChunkSize {
-                    id: p.chunk.expect("chunk"),
+                return Err(ExportError::PieceSize {
+                    piece: p.data.to_string(),
                     got: data.len(),
                     want: p.len,
                 });
@@ -332,10 +496,15 @@ impl Base {
             let Ok(pieces) = me.pieces_in(from, span.min(me.segment_size() * 2)).await else {
                 return;
             };
-            let ids: Vec<Id> = pieces
-                .iter()
-                .filter(|p| p.offset >= from)
-                .filter_map(|p| p.chunk)
+            let ahead = pieces.iter().filter(|p| p.offset >= from);
+            if me.repo.v2().is_some() {
+                return me.read_ahead_groups(ahead).await;
+            }
+            let ids: Vec<Id> = ahead
+                .filter_map(|p| match p.data {
+                    PieceData::Chunk(id) => Some(id),
+                    _ => None,
+                })
                 .take(me.readahead)
                 .collect();
             // Take the fetch lock of each chunk not cached yet, without waiting: a chunk whose
@@ -393,11 +562,58 @@ impl Base {
         });
     }
 
+    /// Format 2 read-ahead: the runs of the next `readahead` groups, fetched concurrently
+    /// (each group once, whatever runs of it follow).
+    async fn read_ahead_groups(self: &Arc<Self>, ahead: impl Iterator<Item = &Piece>) {
+        let mut groups: Vec<Id> = Vec::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        for p in ahead {
+            let PieceData::Run {
+                group,
+                first,
+                count,
+            } = p.data
+            else {
+                continue;
+            };
+            if !groups.contains(&group) {
+                if groups.len() == self.readahead {
+                    break;
+                }
+                groups.push(group);
+            }
+            let me = self.clone();
+            tasks.spawn(async move {
+                match me.run(&group, first, count).await {
+                    Ok((_, false)) => {
+                        me.stats
+                            .readahead_chunks
+                            .fetch_add(u64::from(count), Ordering::Relaxed);
+                    }
+                    Ok((_, true)) => {}
+                    // Read-ahead is a guess: a failure surfaces when the data is really read.
+                    Err(e) => tracing::debug!("read-ahead: {e}"),
+                }
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+
     /// Loads into the cache every chunk of [offset, offset + len) (NBD_CMD_CACHE).
     pub async fn prefetch(self: &Arc<Self>, offset: u64, len: u64) -> ExportResult<()> {
         for p in self.pieces_in(offset, len).await? {
-            if let Some(id) = p.chunk {
-                self.chunk(&id).await?;
+            match p.data {
+                PieceData::Zero => {}
+                PieceData::Chunk(id) => {
+                    self.chunk(&id).await?;
+                }
+                PieceData::Run {
+                    group,
+                    first,
+                    count,
+                } => {
+                    self.run(&group, first, count).await?;
+                }
             }
         }
         Ok(())

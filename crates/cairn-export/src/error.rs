@@ -8,7 +8,6 @@
 use std::io;
 
 use cairn_engine::EngineError;
-use cairn_format::Id;
 use cairn_overlay::OverlayError;
 use cairn_repo::tree_walk::NodeError;
 use cairn_repo::RepoError;
@@ -25,9 +24,13 @@ pub enum ExportError {
     /// COMMIT failed.
     #[error("commit: {0}")]
     Commit(#[from] EngineError),
-    /// A chunk's size disagrees with the leaf that names it.
-    #[error("chunk {id} holds {got} bytes where the manifest says {want}")]
-    ChunkSize { id: Id, got: usize, want: u32 },
+    /// A chunk's or group run's size disagrees with the leaf that names it.
+    #[error("{piece} holds {got} bytes where the manifest says {want}")]
+    PieceSize {
+        piece: String,
+        got: usize,
+        want: u32,
+    },
     #[error("the export is read-only (start it with --writable)")]
     ReadOnly,
     #[error("the export is stopping")]
@@ -61,7 +64,7 @@ impl ExportError {
         match self {
             ExportError::Repo(e) => e.is_damage(),
             ExportError::Commit(e) => e.is_damage(),
-            ExportError::ChunkSize { .. } => true,
+            ExportError::PieceSize { .. } => true,
             _ => false,
         }
     }

@@ -335,13 +335,13 @@ impl Export for VersionExport {
             let from = p.offset.max(offset);
             let to = (p.offset + p.len as u64).min(end);
             match &self.overlay {
-                None => push(to - from, p.chunk.is_none()),
+                None => push(to - from, p.is_zero()),
                 Some(overlay) => {
                     // Blocks the overlay holds are data whatever the base says.
                     let mut at = from;
                     while at < to {
                         let block_end = ((at / bs + 1) * bs).min(to);
-                        let zero = p.chunk.is_none() && !overlay.holds(at / bs);
+                        let zero = p.is_zero() && !overlay.holds(at / bs);
                         push(block_end - at, zero);
                         at = block_end;
                     }

@@ -183,7 +183,7 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
             o.export.clone(),
             repo.clone(),
             cache.clone(),
-            args.readahead,
+            readahead(&repo, &args),
         );
         tokio::spawn(async move {
             if let Err(e) = control::serve(listener, handler).await {
@@ -393,7 +393,7 @@ async fn open_export(
         stats.clone(),
         id,
         record.clone(),
-        args.readahead,
+        readahead(repo, args),
     )
     .await
     .with_context(|| format!("cannot open {}@{}", record.image, record.seq))?;
@@ -640,4 +640,11 @@ pub async fn commit_from(
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--readahead`, or the default of the repository's format (chunks in format 1, groups in
+/// format 2).
+fn readahead(repo: &Repo, args: &ExportArgs) -> usize {
+    args.readahead
+        .unwrap_or(if repo.v2().is_some() { 0 } else { 8 })
 }

@@ -115,6 +115,25 @@ impl V2Reader {
             .await
     }
 
+    /// [`Self::open_group`], saying whether this call fetched the group from the store
+    /// (`false`: from the cache, or fetched by a concurrent caller this one waited for) — what
+    /// an export counts as fetched.
+    pub async fn open_group_counted(
+        &self,
+        trailer: &PackTrailer,
+        group: u32,
+    ) -> RepoResult<(Arc<OpenedGroup>, bool)> {
+        let fetched = std::sync::atomic::AtomicBool::new(false);
+        let opened = self
+            .groups
+            .get_or_insert_async(&(trailer.pack, group), async {
+                fetched.store(true, std::sync::atomic::Ordering::Relaxed);
+                self.fetch_group(trailer, group).await
+            })
+            .await?;
+        Ok((opened, fetched.into_inner()))
+    }
+
     async fn fetch_group(&self, trailer: &PackTrailer, group: u32) -> RepoResult<Arc<OpenedGroup>> {
         self.fetched
             .groups
