@@ -8,6 +8,20 @@ use common::export::*;
 
 use serde_json::Value;
 
+/// `nbdinfo --map` of `uri`: its text and its rows split into fields.
+fn map_rows(uri: &str) -> (String, Vec<Vec<String>>) {
+    let map = tool("nbdinfo", "libnbd-bin")
+        .args(["--map", uri])
+        .output()
+        .unwrap();
+    let map = String::from_utf8(map.stdout).unwrap();
+    let rows = map
+        .lines()
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect();
+    (map, rows)
+}
+
 #[test]
 fn real_clients_read_a_version_bit_exact_and_skip_its_holes() {
     let (dir, repo, a, _) = setup();
@@ -22,15 +36,7 @@ fn real_clients_read_a_version_bit_exact_and_skip_its_holes() {
     same_file(&copy, &a, "nbdcopy");
 
     // The map shows the zero run as a hole, exactly where it is.
-    let map = tool("nbdinfo", "libnbd-bin")
-        .args(["--map", &served.uri()])
-        .output()
-        .unwrap();
-    let map = String::from_utf8(map.stdout).unwrap();
-    let rows: Vec<Vec<&str>> = map
-        .lines()
-        .map(|l| l.split_whitespace().collect())
-        .collect();
+    let (map, rows) = map_rows(&served.uri());
     assert_eq!(rows.len(), 3, "{map}");
     assert_eq!(rows[0][..3], ["0", "3145728", "0"], "{map}");
     assert_eq!(rows[1][..3], ["3145728", "2097152", "3"], "{map}");
@@ -64,15 +70,7 @@ fn a_format_2_version_is_served_bit_exact_and_shares_the_cache() {
     let copy = dir.path().join("copy.raw");
     nbdcopy(served.uri(), &copy);
     same_file(&copy, &a, "nbdcopy");
-    let map = tool("nbdinfo", "libnbd-bin")
-        .args(["--map", &served.uri()])
-        .output()
-        .unwrap();
-    let map = String::from_utf8(map.stdout).unwrap();
-    let rows: Vec<Vec<&str>> = map
-        .lines()
-        .map(|l| l.split_whitespace().collect())
-        .collect();
+    let (map, rows) = map_rows(&served.uri());
     assert_eq!(rows.len(), 3, "{map}");
     assert_eq!(rows[1][..3], ["3145728", "2097152", "3"], "{map}");
     let s = served.stats();
@@ -137,7 +135,17 @@ fn reads_fail_with_an_error_when_the_repository_is_gone() {
 
 #[test]
 fn writes_go_to_the_overlay_and_commit_back_as_a_new_version() {
-    let (dir, repo, a, _) = setup();
+    writes_commit_back("1", 6); // 2 + 1 + 1 + 1 + 1 blocks of 16 KiB
+}
+
+/// Format 2: the overlay's blocks are 4 KiB (its chunk size), COMMIT a patch on group runs.
+#[test]
+fn format_2_writes_commit_back_as_a_new_version() {
+    writes_commit_back("2", 18); // 8 + 4 + 4 + 2 blocks of 4 KiB
+}
+
+fn writes_commit_back(format: &str, blocks_held: u64) {
+    let (dir, repo, a, _) = setup_format(format);
     let served = start_writable(&repo, "vm", dir.path(), "w");
     let uri = served.uri();
     // A partial-block write across two blocks, a full block, zeros over data, and data in the
@@ -167,7 +175,7 @@ fn writes_go_to_the_overlay_and_commit_back_as_a_new_version() {
 
     let status = cairn_ctl(&repo, dir.path(), &["--json", "status", "disk"]);
     let status: Value = serde_json::from_slice(&status.stdout).unwrap();
-    assert_eq!(status["overlay"]["blocks_held"], 6, "{status}"); // 2 + 1 + 1 + 1 + 1 blocks of 16 KiB
+    assert_eq!(status["overlay"]["blocks_held"], blocks_held, "{status}");
 
     // COMMIT: a new version of vm holding exactly what the export showed.
     let out = cairn_ctl(
@@ -194,7 +202,8 @@ fn writes_go_to_the_overlay_and_commit_back_as_a_new_version() {
         (Some("vm"), Some(2)),
         "{v}"
     );
-    assert_eq!(v["new_chunks"], 5, "{v}"); // the zeroed block is a hole
+    // The zeroed blocks are a hole; equal blocks are one chunk (in both formats: 5).
+    assert_eq!(v["new_chunks"], 5, "{v}");
     let restored = dir.path().join("v2.raw");
     assert!(cairn(
         &repo,

@@ -6,6 +6,8 @@ mod common;
 
 use std::sync::Arc;
 
+use cairn_engine::commit::patch::{commit_patch, PatchOptions, PatchSource};
+use cairn_engine::commit::CommitResult;
 use cairn_engine::restore::{restore, RestoreOptions, RestoreTarget};
 use cairn_engine::verify::{verify, verify_with, VerifyOptions, VerifyReport};
 use cairn_format::config::RepoConfig;
@@ -181,8 +183,8 @@ fn new_files(dir: std::path::PathBuf, before: &[std::path::PathBuf]) -> Vec<std:
 /// Two images of 512 KiB noise each, committed one after the other, with the packs (smallest
 /// first) and the index run the first commit wrote.
 struct TwoImages {
-    a: cairn_engine::commit::CommitResult,
-    b: cairn_engine::commit::CommitResult,
+    a: CommitResult,
+    b: CommitResult,
     a_packs: Vec<std::path::PathBuf>,
     a_run: std::path::PathBuf,
 }
@@ -332,4 +334,93 @@ async fn a_missing_pack_is_named_and_damages_the_versions_using_it() {
         report.damaged_versions[0].reason.contains(name),
         "{report:?}"
     );
+}
+
+/// Changed 4 KiB blocks held in memory.
+struct Blocks(std::collections::BTreeMap<u64, Vec<u8>>);
+
+impl Blocks {
+    /// Sets block `index` of `image` (clipped to its end) and records it.
+    fn set(&mut self, image: &mut [u8], index: u64, data: Vec<u8>) {
+        let start = index as usize * 4096;
+        let end = (start + 4096).min(image.len());
+        image[start..end].copy_from_slice(&data[..end - start]);
+        self.0.insert(index, data[..end - start].to_vec());
+    }
+}
+
+impl PatchSource for Blocks {
+    fn block_size(&self) -> u32 {
+        4096
+    }
+    fn changed_blocks(&self) -> Vec<u64> {
+        self.0.keys().copied().collect()
+    }
+    fn read_block(&self, index: u64) -> std::io::Result<Vec<u8>> {
+        Ok(self.0[&index].clone())
+    }
+}
+
+async fn patch(repo: &Arc<Repo>, base: &CommitResult, size: u64, p: &Blocks) -> CommitResult {
+    commit_patch(
+        repo.clone(),
+        "vm",
+        Some((base.id, base.record.clone())),
+        size,
+        p,
+        PatchOptions::default(),
+    )
+    .await
+    .unwrap()
+}
+
+/// A patch (an export's COMMIT, an incremental commit) on format 2 stores only the changed
+/// blocks and gives exactly the tree a full commit of the same bytes gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_patch_stores_only_its_blocks_and_equals_a_full_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = v2_repo(dir.path()).await;
+    // 256 KiB segments: noise in segments 0–3, zeros in 4–7, a 1000-byte noise tail.
+    let size = (2u64 << 20) + 1000;
+    let mut image = vec![0u8; size as usize];
+    image[..1 << 20].copy_from_slice(&noise(1 << 20, 1));
+    let tail = image.len() - 1000;
+    image[tail..].copy_from_slice(&noise(1000, 2));
+    let base = commit_bytes(&repo, "vm", image.clone()).await;
+
+    let mut p = Blocks(Default::default());
+    p.set(&mut image, 5, vec![0; 4096]); // a hole over data
+    for b in 64..128 {
+        p.set(&mut image, b, vec![0; 4096]); // segment 1 all zeros now
+    }
+    p.set(&mut image, 300, noise(4096, 3)); // data in the zero region (segment 4)
+    p.set(&mut image, 130, noise(4096, 1)[..].to_vec()); // block 0's bytes again: found
+    let new = patch(&repo, &base, size, &p).await;
+    assert!(restore_bytes(&repo, &new.record).await.unwrap() == image);
+    assert_eq!(new.record.stats.new_chunks, 1, "{:?}", new.record.stats);
+    assert_eq!(new.record.parent, Some(base.id));
+    let leaves = cairn_engine::tree::leaf_map(&repo, &new.record)
+        .await
+        .unwrap();
+    assert_eq!(leaves.keys().copied().collect::<Vec<_>>(), [0, 2, 3, 4, 8]);
+    let full = commit_bytes(&repo, "full", image.clone()).await;
+    assert_eq!(full.record.stats.new_chunks, 0);
+    assert_eq!(full.record.root, new.record.root, "same bytes, same tree");
+    assert_eq!(full.record.stats.chunks, new.record.stats.chunks);
+    assert_eq!(full.record.stats.data_bytes, new.record.stats.data_bytes);
+
+    // Growth: the partial last segment gets longer, a block far out is data.
+    let grown = (5u64 << 20) + 777;
+    let mut bigger = image.clone();
+    bigger.resize(grown as usize, 0);
+    let mut g = Blocks(Default::default());
+    g.set(&mut bigger, (grown - 1) / 4096, noise(4096, 4));
+    g.set(&mut bigger, 1000, noise(4096, 5));
+    let v3 = patch(&repo, &new, grown, &g).await;
+    assert_eq!(v3.record.logical_size, grown);
+    assert!(restore_bytes(&repo, &v3.record).await.unwrap() == bigger);
+    let full = commit_bytes(&repo, "full2", bigger).await;
+    assert_eq!(full.record.root, v3.record.root);
+    assert_eq!(full.record.stats.chunks, v3.record.stats.chunks);
+    assert!(verify(reopen(dir.path()).await).await.unwrap().is_clean());
 }

@@ -146,6 +146,37 @@ pub(crate) fn run_grouped_pipeline(
     progress: &CommitProgress,
 ) -> EngineResult<PipelineOutput> {
     let config = repo.config().clone();
+    let feed = |tx: Sender<Segment>, recycle: &Receiver<Vec<u8>>, cancel: &AtomicBool| {
+        read_all(source.as_mut(), &config, tx, recycle, cancel, progress)
+    };
+    run_grouped(repo, handle, feed, BTreeMap::new(), options, progress)
+}
+
+/// What feeds the workers segments: the whole image (a full commit) or only a patch's
+/// touched segments. Returns the image's size; sets `cancel` when it fails.
+pub(crate) trait Feed:
+    FnOnce(Sender<Segment>, &Receiver<Vec<u8>>, &AtomicBool) -> EngineResult<u64> + Send
+{
+}
+
+impl<F> Feed for F where
+    F: FnOnce(Sender<Segment>, &Receiver<Vec<u8>>, &AtomicBool) -> EngineResult<u64> + Send
+{
+}
+
+/// The format 2 pipeline over the segments `feed` sends; `leaves` holds the leaves of the
+/// segments it does not send (a patch's untouched segments; empty for a full commit). A
+/// segment sent replaces its entry (or removes it, if it is all zeros now). The stats are
+/// the sent segments' only.
+pub(crate) fn run_grouped(
+    repo: Arc<Repo>,
+    handle: Handle,
+    feed: impl Feed,
+    mut leaves: BTreeMap<u64, Id>,
+    options: &CommitOptions,
+    progress: &CommitProgress,
+) -> EngineResult<PipelineOutput> {
+    let config = repo.config().clone();
     let group_size = config
         .v2
         .ok_or_else(|| EngineError::internal("commit", "format 2 pipeline on format 1"))?
@@ -173,16 +204,7 @@ pub(crate) fn run_grouped_pipeline(
 
     let cancel = &cancel;
     std::thread::scope(|s| -> EngineResult<PipelineOutput> {
-        let read = s.spawn(|| {
-            read_all(
-                source.as_mut(),
-                &config,
-                seg_tx,
-                &recycle_rx,
-                cancel,
-                progress,
-            )
-        });
+        let read = s.spawn(|| feed(seg_tx, &recycle_rx, cancel));
         let mut worker_handles = Vec::new();
         for _ in 0..workers {
             let worker = Worker {
@@ -216,12 +238,12 @@ pub(crate) fn run_grouped_pipeline(
             })
         };
 
-        let mut leaves = BTreeMap::new();
         let mut stats = CommitStats::default();
         for r in result_rx {
-            if let Some(leaf) = r.leaf {
-                leaves.insert(r.index, leaf);
-            }
+            match r.leaf {
+                Some(leaf) => leaves.insert(r.index, leaf),
+                None => leaves.remove(&r.index),
+            };
             stats.add_chunks(&r.stats);
         }
         // The root cause first: the source, then the store (packer), then a worker's own

@@ -87,7 +87,6 @@ pub async fn plan_commit(
             )),
             None => Ok(CommitPlan::Full(Box::new(ImageSource::new(nbd)?))),
             Some((bitmap, extents)) => {
-                repo.require_format_1(CHANGED_BLOCKS)?;
                 let parent = match parent {
                     Some(p) => p,
                     None => resolve(repo, &VersionSpec::parse(image)?)
@@ -116,9 +115,6 @@ pub async fn plan_commit(
     }
 }
 
-/// What format 2 cannot commit yet (named in the refusal).
-const CHANGED_BLOCKS: &str = "a commit of changed blocks only (--parent, --dirty-bitmap)";
-
 async fn plan_local(
     repo: &Arc<Repo>,
     image: Arc<dyn DiskImage>,
@@ -126,13 +122,6 @@ async fn plan_local(
     known: &dyn KnownVersions,
 ) -> EngineResult<CommitPlan> {
     let layers = image.layers();
-    if repo.v2().is_some() {
-        // Format 2 commits in full until its commits of changed blocks exist.
-        if parent.is_some() {
-            repo.require_format_1(CHANGED_BLOCKS)?;
-        }
-        return Ok(CommitPlan::Full(Box::new(ImageSource::new(image)?)));
-    }
     if layers.len() < 2 {
         if parent.is_some() {
             return Err(bad(format!(

@@ -18,7 +18,8 @@
 //! Publication is shared with `commit`: packs → index → reference summary → version → head.
 //!
 //! Here the plan and the publication; `rebuild` makes the touched segments' new leaves on
-//! worker threads, `summary` the new tree's reference summary.
+//! worker threads, `summary` the new tree's reference summary; `grouped` does the same on
+//! format 2 (touched segments materialized and run through format 2's commit pipeline).
 
 use std::collections::{BTreeMap, HashSet};
 use std::io;
@@ -35,6 +36,7 @@ use crate::commit::{publish, CommitProgress, CommitResult, PipelineOutput};
 use crate::error::{EngineError, EngineResult};
 use crate::tree::leaf_map;
 
+mod grouped;
 mod rebuild;
 mod summary;
 use rebuild::{run, Context, SegmentTask};
@@ -167,7 +169,8 @@ fn segment_tasks(
     }
     // A base leaf this session may not reuse (a pending GC is deleting it) is rewritten, and
     // its chunks are checked the same way.
-    for (&seg, leaf) in leaves {
+    // (Format 2 has no GC yet: every leaf its runs locate may be reused.)
+    for (&seg, leaf) in leaves.iter().filter(|_| repo.v2().is_none()) {
         if !repo.has_blob(leaf) {
             touched.entry(seg).or_default();
         }
@@ -207,9 +210,6 @@ pub async fn commit_patch(
     mut options: PatchOptions,
 ) -> EngineResult<CommitResult> {
     validate_image_name(image)?;
-    repo.require_format_1(
-        "a commit of changed blocks (an export's COMMIT, --parent, --dirty-bitmap)",
-    )?;
     let time_ns = cairn_repo::session::now_ns();
     let handle = Handle::current();
     if handle.runtime_flavor() != RuntimeFlavor::MultiThread {
@@ -233,14 +233,6 @@ pub async fn commit_patch(
         root: base_root,
     } = PatchBase::open(&repo, &config, base.as_ref(), new_size, &mut options).await?;
     let (tasks, blocks) = segment_tasks(&repo, patch, new_size, segment_size, base_size, &leaves)?;
-    // Leaves kept as they are: referred to without being stored.
-    let mut reused: HashSet<Id> = leaves
-        .iter()
-        .filter(|(seg, _)| tasks.binary_search_by_key(seg, |t| &t.segment).is_err())
-        .map(|(_, id)| *id)
-        .collect();
-    let untouched_leaves = reused.len();
-
     let ctx = Context {
         repo: &repo,
         handle: handle.clone(),
@@ -250,6 +242,36 @@ pub async fn commit_patch(
         new_size,
         base_size,
     };
+    if repo.v2().is_some() {
+        let old = grouped::old_stats(&repo, &tasks).await?;
+        let mut out = tokio::task::block_in_place(|| grouped::run(&ctx, &tasks, leaves))?;
+        out.stats = patched_stats(&base_stats, &out.stats, &old);
+        tracing::debug!(
+            image,
+            segments = tasks.len(),
+            blocks = blocks.len(),
+            "patch built"
+        );
+        let progress = CommitProgress::default();
+        return publish(
+            &repo,
+            image,
+            out,
+            time_ns,
+            &options.message,
+            origin,
+            &progress,
+        )
+        .await;
+    }
+    // Leaves kept as they are: referred to without being stored.
+    let mut reused: HashSet<Id> = leaves
+        .iter()
+        .filter(|(seg, _)| tasks.binary_search_by_key(seg, |t| &t.segment).is_err())
+        .map(|(_, id)| *id)
+        .collect();
+    let untouched_leaves = reused.len();
+
     let built = tokio::task::block_in_place(|| run(&ctx, &tasks, &mut leaves))?;
     reused.extend(built.reused);
 
@@ -268,14 +290,7 @@ pub async fn commit_patch(
             .await?,
         ),
     };
-    let stats = CommitStats {
-        data_bytes: (base_stats.data_bytes + built.new.data_bytes)
-            .saturating_sub(built.old.data_bytes),
-        chunks: (base_stats.chunks + built.new.chunks).saturating_sub(built.old.chunks),
-        new_chunks: built.new.new_chunks,
-        new_chunk_bytes: built.new.new_chunk_bytes,
-        stored_bytes: 0,
-    };
+    let stats = patched_stats(&base_stats, &built.new, &built.old);
     tracing::debug!(
         image,
         segments = tasks.len(),
@@ -304,4 +319,16 @@ pub async fn commit_patch(
         &CommitProgress::default(),
     )
     .await
+}
+
+/// A patched version's figures: the base's data and chunk counts with the rebuilt segments'
+/// (`new`) in place of what their base leaves held (`old`); what is new is `new`'s alone.
+fn patched_stats(base: &CommitStats, new: &CommitStats, old: &CommitStats) -> CommitStats {
+    CommitStats {
+        data_bytes: (base.data_bytes + new.data_bytes).saturating_sub(old.data_bytes),
+        chunks: (base.chunks + new.chunks).saturating_sub(old.chunks),
+        new_chunks: new.new_chunks,
+        new_chunk_bytes: new.new_chunk_bytes,
+        stored_bytes: 0,
+    }
 }

@@ -442,7 +442,20 @@ fn materialize(
         }
         buf[pos..pos + len].copy_from_slice(&data);
     }
-    for &b in &task.blocks {
+    lay_blocks(ctx, &task.blocks, start, &mut buf)?;
+    Ok(buf)
+}
+
+/// Lays the changed `blocks` over `buf`, the bytes of the image from `start` (each block
+/// clipped to the buffer).
+pub(super) fn lay_blocks(
+    ctx: &Context<'_>,
+    blocks: &[u64],
+    start: u64,
+    buf: &mut [u8],
+) -> EngineResult<()> {
+    let end = start + buf.len() as u64;
+    for &b in blocks {
         let data = read_block(ctx, b)?;
         let block_start = b * ctx.block_size;
         let lo = block_start.max(start);
@@ -450,7 +463,7 @@ fn materialize(
         buf[(lo - start) as usize..(hi - start) as usize]
             .copy_from_slice(&data[(lo - block_start) as usize..(hi - block_start) as usize]);
     }
-    Ok(buf)
+    Ok(())
 }
 
 /// Reads a changed block and checks its length.

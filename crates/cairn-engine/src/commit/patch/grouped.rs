@@ -1,0 +1,148 @@
+//! A patch on format 2: each touched segment is materialized — its base leaf's group runs
+//! read through the repository's `V2Reader` (a group decoded once, whatever runs of it the
+//! segment uses), the changed blocks laid over them — and handed to format 2's commit
+//! pipeline, which dedups it per 4 KiB chunk against the index runs (so the base's unchanged
+//! chunks are found, not stored) and builds its new leaf. Untouched segments keep their leaf
+//! ids, unread; the tree is rebuilt over the full map, so only the paths to changed leaves
+//! are new.
+//!
+//! Reading the touched segments' base data is the price of leaves that name groups rather
+//! than chunks (a changed 4 KiB block cannot be spliced into a run without its neighbours'
+//! ids); it is bounded by the touched segments, never the image.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use cairn_format::leaf_v2::{RunExtent, RunLeaf};
+use cairn_format::version::CommitStats;
+use cairn_format::Id;
+use cairn_repo::{Repo, RepoError};
+use crossbeam_channel::{Receiver, Sender};
+
+use super::rebuild::{lay_blocks, Context, SegmentTask};
+use crate::commit::grouped::run_grouped;
+use crate::commit::{CommitOptions, CommitProgress, PipelineOutput};
+use crate::error::{EngineError, EngineResult};
+use crate::source::Segment;
+
+/// Runs format 2's pipeline over the touched segments of `tasks`; `leaves` is the base's
+/// segment → leaf map. The output's stats are the rebuilt segments' only.
+pub(super) fn run(
+    ctx: &Context<'_>,
+    tasks: &[SegmentTask],
+    leaves: BTreeMap<u64, Id>,
+) -> EngineResult<PipelineOutput> {
+    let progress = CommitProgress::default();
+    let feed = |tx: Sender<Segment>, _recycle: &Receiver<Vec<u8>>, cancel: &AtomicBool| {
+        let r = feed_segments(ctx, tasks, &tx, cancel);
+        if r.is_err() {
+            cancel.store(true, Ordering::Relaxed);
+        }
+        r.map(|()| ctx.new_size)
+    };
+    run_grouped(
+        ctx.repo.clone(),
+        ctx.handle.clone(),
+        feed,
+        leaves,
+        &CommitOptions::default(),
+        &progress,
+    )
+}
+
+fn feed_segments(
+    ctx: &Context<'_>,
+    tasks: &[SegmentTask],
+    tx: &Sender<Segment>,
+    cancel: &AtomicBool,
+) -> EngineResult<()> {
+    for task in tasks {
+        if cancel.load(Ordering::Relaxed) {
+            break;
+        }
+        let data = materialize(ctx, task)?;
+        if tx
+            .send(Segment {
+                index: task.segment,
+                data,
+            })
+            .is_err()
+        {
+            break; // the workers stopped: their error is reported
+        }
+    }
+    Ok(())
+}
+
+/// The new bytes of `task`'s segment: the base's, with the changed blocks over them.
+fn materialize(ctx: &Context<'_>, task: &SegmentTask) -> EngineResult<Vec<u8>> {
+    let seg = u64::from(ctx.config.segment_size);
+    let start = task.segment * seg;
+    let len = seg.min(ctx.new_size - start) as usize;
+    let mut data = vec![0u8; len];
+    if let Some(leaf) = task.base_leaf {
+        let mut at = 0usize;
+        for e in base_leaf(ctx.repo, &ctx.handle, &leaf)?.extents() {
+            let n = e.len() as usize;
+            if let RunExtent::Run {
+                group,
+                first,
+                count,
+                ..
+            } = *e
+            {
+                let reader = v2(ctx.repo)?;
+                let bytes = ctx
+                    .handle
+                    .block_on(reader.read_group_run(&group, first, count))?;
+                if bytes.len() != n || at + n > len {
+                    return Err(EngineError::Manifest(format!(
+                        "leaf {leaf}: slots {first}..{} of group {group} hold {} bytes at \
+                         {at}, the leaf says {n} in a segment of {len}",
+                        u32::from(first) + u32::from(count),
+                        bytes.len()
+                    )));
+                }
+                data[at..at + n].copy_from_slice(&bytes);
+            }
+            at += n;
+        }
+    }
+    lay_blocks(ctx, &task.blocks, start, &mut data)?;
+    Ok(data)
+}
+
+/// The chunks and data bytes the base leaves of the touched segments hold (what the patch
+/// replaces in the base's figures).
+pub(super) async fn old_stats(
+    repo: &Arc<Repo>,
+    tasks: &[SegmentTask],
+) -> EngineResult<CommitStats> {
+    let mut old = CommitStats::default();
+    for leaf in tasks.iter().filter_map(|t| t.base_leaf) {
+        let raw = repo.read_blob(&leaf).await?;
+        let leaf = decode(&leaf, &raw)?;
+        for e in leaf.extents() {
+            if let RunExtent::Run { count, len, .. } = *e {
+                old.chunks += u64::from(count);
+                old.data_bytes += u64::from(len);
+            }
+        }
+    }
+    Ok(old)
+}
+
+fn base_leaf(repo: &Repo, handle: &tokio::runtime::Handle, id: &Id) -> EngineResult<RunLeaf> {
+    let raw = handle.block_on(repo.read_blob(id))?;
+    decode(id, &raw)
+}
+
+fn decode(id: &Id, raw: &[u8]) -> EngineResult<RunLeaf> {
+    Ok(RunLeaf::decode(raw).map_err(|e| RepoError::corrupt(format!("manifest node {id}"), e))?)
+}
+
+fn v2(repo: &Repo) -> EngineResult<&Arc<cairn_repo::v2::V2Reader>> {
+    repo.v2()
+        .ok_or_else(|| EngineError::internal("patch", "format 2 patch of format 1"))
+}
