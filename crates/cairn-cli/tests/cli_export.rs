@@ -8,6 +8,16 @@ use common::export::*;
 
 use serde_json::Value;
 
+/// qemu-img and then nbdcopy read the whole export: both bit-exact to `want`.
+fn clients_read(served: &Served, dir: &std::path::Path, want: &std::path::Path) {
+    let out = dir.join("convert.raw");
+    qemu_img_convert(served.uri(), &out);
+    same_file(&out, want, "qemu-img convert");
+    let copy = dir.join("copy.raw");
+    nbdcopy(served.uri(), &copy);
+    same_file(&copy, want, "nbdcopy");
+}
+
 /// `nbdinfo --map` of `uri`: its text and its rows split into fields.
 fn map_rows(uri: &str) -> (String, Vec<Vec<String>>) {
     let map = tool("nbdinfo", "libnbd-bin")
@@ -26,14 +36,7 @@ fn map_rows(uri: &str) -> (String, Vec<Vec<String>>) {
 fn real_clients_read_a_version_bit_exact_and_skip_its_holes() {
     let (dir, repo, a, _) = setup();
     let mut served = Served::start(&repo, "vm@1", dir.path(), "a");
-
-    let out = dir.path().join("convert.raw");
-    qemu_img_convert(served.uri(), &out);
-    same_file(&out, &a, "qemu-img convert");
-
-    let copy = dir.path().join("copy.raw");
-    nbdcopy(served.uri(), &copy);
-    same_file(&copy, &a, "nbdcopy");
+    clients_read(&served, dir.path(), &a);
 
     // The map shows the zero run as a hole, exactly where it is.
     let (map, rows) = map_rows(&served.uri());
@@ -64,12 +67,7 @@ fn real_clients_read_a_version_bit_exact_and_skip_its_holes() {
 fn a_format_2_version_is_served_bit_exact_and_shares_the_cache() {
     let (dir, repo, a, b) = setup_format("2");
     let mut served = Served::start(&repo, "vm@1", dir.path(), "a");
-    let out = dir.path().join("convert.raw");
-    qemu_img_convert(served.uri(), &out);
-    same_file(&out, &a, "qemu-img convert");
-    let copy = dir.path().join("copy.raw");
-    nbdcopy(served.uri(), &copy);
-    same_file(&copy, &a, "nbdcopy");
+    clients_read(&served, dir.path(), &a);
     let (map, rows) = map_rows(&served.uri());
     assert_eq!(rows.len(), 3, "{map}");
     assert_eq!(rows[1][..3], ["3145728", "2097152", "3"], "{map}");

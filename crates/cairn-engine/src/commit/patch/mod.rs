@@ -228,7 +228,7 @@ pub async fn commit_patch(
     let PatchBase {
         origin,
         size: base_size,
-        mut leaves,
+        leaves,
         stats: base_stats,
         root: base_root,
     } = PatchBase::open(&repo, &config, base.as_ref(), new_size, &mut options).await?;
@@ -242,73 +242,22 @@ pub async fn commit_patch(
         new_size,
         base_size,
     };
-    if repo.v2().is_some() {
-        let old = grouped::old_stats(&repo, &tasks).await?;
-        let mut out = tokio::task::block_in_place(|| grouped::run(&ctx, &tasks, leaves))?;
-        out.stats = patched_stats(&base_stats, &out.stats, &old);
-        tracing::debug!(
-            image,
-            segments = tasks.len(),
-            blocks = blocks.len(),
-            "patch built"
-        );
-        let progress = CommitProgress::default();
-        return publish(
-            &repo,
-            image,
-            out,
-            time_ns,
-            &options.message,
-            origin,
-            &progress,
-        )
-        .await;
-    }
-    // Leaves kept as they are: referred to without being stored.
-    let mut reused: HashSet<Id> = leaves
-        .iter()
-        .filter(|(seg, _)| tasks.binary_search_by_key(seg, |t| &t.segment).is_err())
-        .map(|(_, id)| *id)
-        .collect();
-    let untouched_leaves = reused.len();
-
-    let built = tokio::task::block_in_place(|| run(&ctx, &tasks, &mut leaves))?;
-    reused.extend(built.reused);
-
-    let root = built.root;
-    let summary = match root {
-        None => None,
-        Some(_) => Some(
-            summarize(
-                &repo,
-                base_root,
-                &leaves,
-                &tasks,
-                &built.keys,
-                untouched_leaves,
-            )
-            .await?,
-        ),
+    let out = match repo.v2() {
+        Some(_) => {
+            let old = grouped::old_stats(&repo, &tasks).await?;
+            let mut out = tokio::task::block_in_place(|| grouped::run(&ctx, &tasks, leaves))?;
+            out.stats = patched_stats(&base_stats, &out.stats, &old);
+            out
+        }
+        None => build_format1(&ctx, &tasks, leaves, &base_stats, base_root).await?,
     };
-    let stats = patched_stats(&base_stats, &built.new, &built.old);
     tracing::debug!(
         image,
         segments = tasks.len(),
         blocks = blocks.len(),
-        new_chunks = stats.new_chunks,
+        new_chunks = out.stats.new_chunks,
         "patch built"
     );
-    let out = PipelineOutput {
-        root,
-        summary,
-        height: built.height,
-        size: new_size,
-        stats,
-        packs: built.packs,
-        locations: Vec::new(),
-        pack_bytes: built.pack_bytes,
-        reused,
-    };
     publish(
         &repo,
         image,
@@ -319,6 +268,54 @@ pub async fn commit_patch(
         &CommitProgress::default(),
     )
     .await
+}
+
+/// Format 1: rebuilds the touched segments' leaves (`rebuild`), the tree and its reference
+/// summary.
+async fn build_format1(
+    ctx: &Context<'_>,
+    tasks: &[SegmentTask],
+    mut leaves: BTreeMap<u64, Id>,
+    base_stats: &CommitStats,
+    base_root: Option<Id>,
+) -> EngineResult<PipelineOutput> {
+    // Leaves kept as they are: referred to without being stored.
+    let mut reused: HashSet<Id> = leaves
+        .iter()
+        .filter(|(seg, _)| tasks.binary_search_by_key(seg, |t| &t.segment).is_err())
+        .map(|(_, id)| *id)
+        .collect();
+    let untouched_leaves = reused.len();
+
+    let built = tokio::task::block_in_place(|| run(ctx, tasks, &mut leaves))?;
+    reused.extend(built.reused);
+
+    let root = built.root;
+    let summary = match root {
+        None => None,
+        Some(_) => Some(
+            summarize(
+                ctx.repo,
+                base_root,
+                &leaves,
+                tasks,
+                &built.keys,
+                untouched_leaves,
+            )
+            .await?,
+        ),
+    };
+    Ok(PipelineOutput {
+        root,
+        summary,
+        height: built.height,
+        size: ctx.new_size,
+        stats: patched_stats(base_stats, &built.new, &built.old),
+        packs: built.packs,
+        locations: Vec::new(),
+        pack_bytes: built.pack_bytes,
+        reused,
+    })
 }
 
 /// A patched version's figures: the base's data and chunk counts with the rebuilt segments'
