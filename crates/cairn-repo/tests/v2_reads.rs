@@ -548,3 +548,75 @@ async fn a_pack_stored_but_never_indexed_is_discarded() {
     assert_eq!(f.repo.discard_unindexed_packs().await, 1);
     assert!(f.store.head(&keys::pack(&pack)).await.unwrap().is_none());
 }
+
+#[tokio::test]
+async fn a_leafs_neighbouring_groups_come_in_one_read_and_damage_names_its_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let local: Arc<dyn ObjectStore> = Arc::new(LocalStore::create(dir.path()).unwrap());
+    let store = Arc::new(cairn_store::CountingStore::new(local.clone()));
+    let repo = Repo::init(store.clone(), RepoConfig::default())
+        .await
+        .unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let (p, b, w) = pack(&mut rng, 6, None);
+    let groups = pack_v2::parse_pack(&b, None).unwrap();
+    let pack_key = keys::pack(&p);
+    local.put_if_absent(&pack_key, b.into()).await.unwrap();
+    let run = index_run::write_run(&locations(p, &w, None), None);
+    let run_id = Id::of(&run);
+    local
+        .put_if_absent(&keys::index_run(&run_id), run.into())
+        .await
+        .unwrap();
+
+    let r = repo.v2_reader(None, CacheLimits::default());
+    r.add_run(&run_id).await.unwrap();
+    // Groups 1, 2, 3, 1 again and 5, located (trailer and sections read) before counting.
+    let wanted = [1, 2, 3, 1, 5];
+    let mut located = Vec::new();
+    for g in wanted {
+        located.push(r.locate_group(&w[g].id).await.unwrap());
+    }
+    store.reset();
+    let opened = r.open_groups(&located).await.unwrap();
+    // One read for the neighbours 1..=3, one for 5; group 1 asked twice is fetched once.
+    assert_eq!(store.reads(), 2);
+    let spanned = groups[3].range().end - groups[1].range().start;
+    assert_eq!(
+        store.bytes_read(),
+        spanned + groups[5].range().end - groups[5].range().start
+    );
+    assert_eq!(r.fetches().groups, 4);
+    for (at, g) in wanted.iter().enumerate() {
+        assert_eq!(
+            located[at].slots(&opened[at], 0, 16).unwrap(),
+            w[*g].chunks.concat()
+        );
+    }
+    // Asked again: all from the cache.
+    store.reset();
+    r.open_groups(&located).await.unwrap();
+    assert_eq!(store.reads(), 0);
+
+    // A flipped byte in group 2 fails the span by naming group 2 (a fresh reader: no cache).
+    let path = dir.path().join(&pack_key);
+    flip(&path, groups[2].range().start + 50);
+    let r = repo.v2_reader(None, CacheLimits::default());
+    r.add_run(&run_id).await.unwrap();
+    let mut located = Vec::new();
+    for g in [1, 2, 3] {
+        located.push(r.locate_group(&w[g].id).await.unwrap());
+    }
+    let err = r.open_groups(&located).await.unwrap_err();
+    assert!(err.is_damage(), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&pack_key) && msg.contains("group 2 (at byte"),
+        "{msg}"
+    );
+    // The damage stays in group 2: group 3 still reads.
+    assert_eq!(
+        r.read_group_run(&w[3].id, 0, 16).await.unwrap(),
+        w[3].chunks.concat()
+    );
+}

@@ -41,9 +41,11 @@ use crate::error::{EngineError, EngineResult};
 use crate::source::{Segment, Source};
 use crate::tree::{build_tree, segment_count};
 
-/// What the packer stores: a data group a worker built, or a manifest node.
+/// What the packer stores: the data groups a worker built from one segment (sent together,
+/// so they lie side by side in a pack and a restore reads a leaf's groups in one request), or
+/// a manifest node.
 enum Packable {
-    Group(Group),
+    Groups(Vec<Group>),
     Node(Id, Vec<u8>),
 }
 
@@ -327,6 +329,8 @@ struct SegmentGroups {
     open: Vec<Id>,
     /// Ids of the groups built so far, in order.
     built: Vec<Id>,
+    /// The groups built so far, for the packer once the segment is done.
+    finished: Vec<Group>,
 }
 
 impl Worker<'_> {
@@ -356,6 +360,7 @@ impl Worker<'_> {
             builder: GroupBuilder::new(self.group_size),
             open: Vec::new(),
             built: Vec::new(),
+            finished: Vec::new(),
         };
         for r in chunk_ranges(self.config, &seg.data) {
             let data = &seg.data[r];
@@ -390,6 +395,9 @@ impl Worker<'_> {
             }
         }
         self.close_group(&mut groups)?;
+        if !groups.finished.is_empty() {
+            self.send(Packable::Groups(std::mem::take(&mut groups.finished)))?;
+        }
 
         // Every chunk of this segment has its place now; only then wait for other workers'.
         let mut leaf = RunLeaf::default();
@@ -430,7 +438,8 @@ impl Worker<'_> {
         })
     }
 
-    /// Compresses the open group, records where its chunks went and hands it to the packer.
+    /// Compresses the open group and records where its chunks went (other workers waiting
+    /// for one of them go on now; the packer gets the segment's groups together).
     fn close_group(&self, groups: &mut SegmentGroups) -> EngineResult<()> {
         if groups.builder.is_empty() {
             return Ok(());
@@ -441,7 +450,8 @@ impl Worker<'_> {
         self.dedup.place(&groups.open, gid);
         groups.open.clear();
         groups.built.push(gid);
-        self.send(Packable::Group(group))
+        groups.finished.push(group);
+        Ok(())
     }
 
     fn send(&self, p: Packable) -> EngineResult<()> {
@@ -474,11 +484,14 @@ fn pack_groups(
     };
     let (mut data, mut nodes) = (packer(), packer());
     for p in rx {
-        let full = match p {
-            Packable::Group(group) => data.push_group(group).1,
-            Packable::Node(id, bytes) => nodes.push_node(id, &bytes),
+        let full: Vec<_> = match p {
+            Packable::Groups(groups) => groups
+                .into_iter()
+                .filter_map(|group| data.push_group(group).1)
+                .collect(),
+            Packable::Node(id, bytes) => nodes.push_node(id, &bytes).into_iter().collect(),
         };
-        if let Some(pack) = full {
+        for pack in full {
             uploader.start(pack.id, pack.bytes, pack.ids)?;
         }
     }

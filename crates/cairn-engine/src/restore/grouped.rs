@@ -101,6 +101,20 @@ async fn read_segment(repo: &Repo, id: &Id, len: u64) -> EngineResult<(Vec<u8>, 
             leaf.len()
         )));
     }
+    // Every group the leaf names, opened in one go (neighbouring groups in one read).
+    let mut names: Vec<Id> = Vec::new();
+    for e in leaf.extents() {
+        if let RunExtent::Run { group, .. } = e {
+            if names.last() != Some(group) && !names.contains(group) {
+                names.push(*group);
+            }
+        }
+    }
+    let mut located = Vec::with_capacity(names.len());
+    for group in &names {
+        located.push(reader.locate_group(group).await?);
+    }
+    let opened = reader.open_groups(&located).await?;
     let mut data = Vec::with_capacity(len as usize);
     let mut stored = 0;
     for e in leaf.extents() {
@@ -112,7 +126,11 @@ async fn read_segment(repo: &Repo, id: &Id, len: u64) -> EngineResult<(Vec<u8>, 
                 count,
                 len,
             } => {
-                let bytes = reader.read_group_run(&group, first, count).await?;
+                let at = names
+                    .iter()
+                    .position(|g| *g == group)
+                    .expect("every group named");
+                let bytes = located[at].slots(&opened[at], first, count)?;
                 if bytes.len() != len as usize {
                     return Err(EngineError::Manifest(format!(
                         "leaf {id}: slots {first}..{} of group {group} hold {} bytes, the leaf \

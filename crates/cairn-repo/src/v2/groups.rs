@@ -14,6 +14,12 @@ use cairn_format::{keys, FormatError, Id};
 
 use super::tail::get_exact;
 use super::trailers::PackTrailer;
+use cairn_format::pack_v2::PackGroup;
+use std::sync::atomic::Ordering;
+
+/// At most this many groups in one read (about 2 MiB stored at the default group size), so
+/// a span's bytes stay a small part of the group cache.
+const MAX_SPAN_GROUPS: usize = 16;
 use super::{sealed_error, Cost, V2Reader};
 use crate::error::{RepoError, RepoResult};
 
@@ -134,6 +140,109 @@ impl V2Reader {
         Ok((opened, fetched.into_inner()))
     }
 
+    /// Opens every group of `wanted` (in its order), fetching the ones not cached with as few
+    /// reads as possible: neighbouring groups of one pack — what a leaf's runs usually name,
+    /// since a commit writes a segment's groups in order — come in one ranged read. A
+    /// restore asks this once per leaf instead of once per group (one blocking read instead
+    /// of dozens, and as many fewer thread wakeups).
+    pub async fn open_groups(
+        &self,
+        wanted: &[super::GroupLocation],
+    ) -> RepoResult<Vec<Arc<OpenedGroup>>> {
+        let mut opened: Vec<Option<Arc<OpenedGroup>>> = wanted
+            .iter()
+            .map(|w| self.groups.get(&(w.trailer.pack, w.group)))
+            .collect();
+        // The missing ones as spans of neighbouring groups of one pack, in pack order.
+        let mut missing: Vec<usize> = (0..wanted.len()).filter(|&i| opened[i].is_none()).collect();
+        missing.sort_by_key(|&i| (wanted[i].trailer.pack, wanted[i].group));
+        missing.dedup_by_key(|i| (wanted[*i].trailer.pack, wanted[*i].group));
+        let mut spans: Vec<Vec<usize>> = Vec::new();
+        for i in missing {
+            let w = &wanted[i];
+            let neighbour = spans.last().is_some_and(|span| {
+                let last = &wanted[*span.last().expect("spans are never empty")];
+                last.trailer.pack == w.trailer.pack
+                    && last.group.checked_add(1) == Some(w.group)
+                    && span.len() < MAX_SPAN_GROUPS
+            });
+            match spans.last_mut() {
+                Some(span) if neighbour => span.push(i),
+                _ => spans.push(vec![i]),
+            }
+        }
+        for span in spans {
+            for (i, group) in self.fetch_span(wanted, &span).await? {
+                opened[i] = Some(group);
+            }
+        }
+        // Duplicates of a group fetched above are in the cache now.
+        let mut out = Vec::with_capacity(wanted.len());
+        for (w, o) in wanted.iter().zip(opened) {
+            out.push(match o {
+                Some(g) => g,
+                None => self.open_group(&w.trailer, w.group).await?,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Fetches neighbouring groups `span` (indexes into `wanted`, one pack, consecutive
+    /// groups) with one ranged read, opens each and caches it.
+    async fn fetch_span(
+        &self,
+        wanted: &[super::GroupLocation],
+        span: &[usize],
+    ) -> RepoResult<Vec<(usize, Arc<OpenedGroup>)>> {
+        let trailer = &wanted[span[0]].trailer;
+        if span.len() == 1 {
+            let g = self.open_group(trailer, wanted[span[0]].group).await?;
+            return Ok(vec![(span[0], g)]);
+        }
+        let key = keys::pack(&trailer.pack);
+        let entry = |i: usize| -> RepoResult<&PackGroup> {
+            let group = wanted[i].group;
+            trailer.groups.get(group as usize).ok_or_else(|| {
+                RepoError::corrupt(
+                    &key,
+                    FormatError::invalid("pack", format!("no group {group}")),
+                )
+            })
+        };
+        let start = entry(span[0])?.range().start;
+        let end = entry(*span.last().expect("a span is never empty"))?
+            .range()
+            .end;
+        let stored = get_exact(&*self.store, &key, start..end).await?;
+        let mut out = Vec::with_capacity(span.len());
+        for &i in span {
+            let group = wanted[i].group;
+            let g = entry(i)?;
+            let r = g.range();
+            let bytes = stored
+                .get((r.start - start) as usize..(r.end - start) as usize)
+                .ok_or_else(|| {
+                    RepoError::corrupt(
+                        &key,
+                        FormatError::invalid(
+                            "pack",
+                            format!("group {group} overlaps its neighbours"),
+                        ),
+                    )
+                })?;
+            self.fetched.groups.fetch_add(1, Ordering::Relaxed);
+            self.fetched
+                .group_bytes
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            let opened = OpenedGroup::open(&g.desc, bytes, self.key())
+                .map_err(|e| at_group(sealed_error(&key, e), group, g.offset))?;
+            let opened = Arc::new(opened);
+            self.groups.insert((trailer.pack, group), opened.clone());
+            out.push((i, opened));
+        }
+        Ok(out)
+    }
+
     async fn fetch_group(&self, trailer: &PackTrailer, group: u32) -> RepoResult<Arc<OpenedGroup>> {
         self.fetched
             .groups
@@ -145,13 +254,7 @@ impl V2Reader {
                 FormatError::invalid("pack", format!("no group {group}")),
             )
         })?;
-        let at = |e: RepoError| match e {
-            RepoError::Corrupt { key, source } => RepoError::Corrupt {
-                key: format!("{key} group {group} (at byte {})", g.offset),
-                source,
-            },
-            other => other,
-        };
+        let at = |e| at_group(e, group, g.offset);
         let stored = get_exact(&*self.store, &key, g.range()).await.map_err(at)?;
         self.fetched
             .group_bytes
@@ -159,5 +262,16 @@ impl V2Reader {
         let opened = OpenedGroup::open(&g.desc, &stored, self.key())
             .map_err(|e| at(sealed_error(&key, e)))?;
         Ok(Arc::new(opened))
+    }
+}
+
+/// A damaged group's error names the group and where it starts in its pack.
+fn at_group(e: RepoError, group: u32, offset: u32) -> RepoError {
+    match e {
+        RepoError::Corrupt { key, source } => RepoError::Corrupt {
+            key: format!("{key} group {group} (at byte {offset})"),
+            source,
+        },
+        other => other,
     }
 }

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use cairn_format::index_run::{self, Entry, RunMeta, FOOTER_LEN, HEADER_LEN};
 use cairn_format::{keys, FormatError, Id};
 
+use super::groups::OpenedGroup;
 use super::tail::{get_exact, HeadAndTail};
 use super::trailers::{PackTrailer, SlotRef};
 use super::{sealed_error, Cost, V2Reader};
@@ -42,6 +43,21 @@ impl Cost for Section {
 pub struct GroupLocation {
     pub trailer: Arc<PackTrailer>,
     pub group: u32,
+}
+
+impl GroupLocation {
+    /// Slots `first .. first + count` of `opened` (this group, opened); an error names the
+    /// group.
+    pub fn slots(&self, opened: &OpenedGroup, first: u16, count: u16) -> RepoResult<Bytes> {
+        opened
+            .slots(usize::from(first), usize::from(count))
+            .map_err(|e| {
+                RepoError::corrupt(
+                    format!("{} group {}", keys::pack(&self.trailer.pack), self.group),
+                    e,
+                )
+            })
+    }
 }
 
 impl V2Reader {
@@ -230,28 +246,18 @@ impl V2Reader {
     /// run), checked.
     pub async fn read_group_run(&self, id: &Id, first: u16, count: u16) -> RepoResult<Bytes> {
         let loc = self.locate_group(id).await?;
-        self.slots(&loc.trailer, loc.group, first, count).await
+        let opened = self.open_group(&loc.trailer, loc.group).await?;
+        loc.slots(&opened, first, count)
     }
 
     /// The plain bytes of chunk or manifest node `id`, checked.
     pub async fn read_chunk(&self, id: &Id) -> RepoResult<Bytes> {
         let (trailer, at) = self.locate_chunk(id).await?;
-        self.slots(&trailer, at.group, at.slot, 1).await
-    }
-
-    /// Slots `first .. first + count` of group `group` of a pack; an error names the group.
-    async fn slots(
-        &self,
-        trailer: &PackTrailer,
-        group: u32,
-        first: u16,
-        count: u16,
-    ) -> RepoResult<Bytes> {
-        let opened = self.open_group(trailer, group).await?;
-        opened
-            .slots(usize::from(first), usize::from(count))
-            .map_err(|e| {
-                RepoError::corrupt(format!("{} group {group}", keys::pack(&trailer.pack)), e)
-            })
+        let loc = GroupLocation {
+            trailer,
+            group: at.group,
+        };
+        let opened = self.open_group(&loc.trailer, loc.group).await?;
+        loc.slots(&opened, at.slot, 1)
     }
 }
