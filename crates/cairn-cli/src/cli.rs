@@ -43,6 +43,28 @@ pub struct Cli {
     #[arg(short, long, global = true)]
     pub quiet: bool,
 
+    /// Read an encrypted repository's passphrase from this file (its first line). Without
+    /// it: --password-command, then $CAIRN_PASSWORD, then a prompt at the terminal. Never
+    /// put a passphrase itself on the command line.
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_PASSWORD_FILE",
+        value_name = "PATH",
+        conflicts_with = "password_command"
+    )]
+    pub password_file: Option<std::path::PathBuf>,
+
+    /// Run this shell command and use what it prints (first line) as the passphrase, e.g.
+    /// `pass show backup/cairn` or `secret-tool lookup cairn repo`.
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_PASSWORD_COMMAND",
+        value_name = "COMMAND"
+    )]
+    pub password_command: Option<String>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -236,6 +258,14 @@ pub enum Command {
     /// Overlays: snapshots of a running export's overlay (iROW layers: snapshot, rollback,
     /// delete, list EXPORT), and overlays on disk (list, discard).
     Overlay(OverlayArgs),
+    /// Manage the passphrases of an encrypted repository (`cairn init --encrypt`).
+    ///
+    /// Each passphrase opens a key slot holding the repository's master key (wrapped with
+    /// Argon2id); any one slot opens the repository. New passphrases come from
+    /// --new-password-file, $CAIRN_NEW_PASSWORD, or are asked twice at the terminal.
+    ///
+    /// Examples: cairn key list · cairn key add · cairn key passwd · cairn key remove 3f2a9c
+    Key(KeyArgs),
     /// Print a shell completion script.
     ///
     /// Install for bash: cairn completions bash > /etc/bash_completion.d/cairn
@@ -361,6 +391,34 @@ pub enum OverlayAction {
     },
 }
 
+#[derive(Debug, Args)]
+pub struct KeyArgs {
+    #[command(subcommand)]
+    pub action: KeyAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyAction {
+    /// List the key slots (the one that opened the repository is marked).
+    List,
+    /// Add a passphrase: a new key slot opening the same master key.
+    Add {
+        /// Read the new passphrase from this file (first line).
+        #[arg(long, value_name = "PATH")]
+        new_password_file: Option<std::path::PathBuf>,
+    },
+    /// Remove a key slot (its id or a unique prefix, from `cairn key list`). The last slot
+    /// is never removed: the repository could not be opened any more.
+    Remove { slot: String },
+    /// Change the passphrase that opened the repository: adds a slot with the new one, then
+    /// removes the slot the old one opened.
+    Passwd {
+        /// Read the new passphrase from this file (first line).
+        #[arg(long, value_name = "PATH")]
+        new_password_file: Option<std::path::PathBuf>,
+    },
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum ChunkerArg {
     /// Fixed-size chunks aligned to the disk (fast; best for block-aligned images).
@@ -390,12 +448,20 @@ pub enum CompressionArg {
 
 #[derive(Debug, Args)]
 pub struct InitArgs {
-    /// Repository format. 2 (in progress, issue 16) dedups 4 KiB blocks and compresses a
-    /// commit's neighbouring new chunks together in groups; commit, restore, log, tag and
-    /// show work on it today, while gc, verify, diff, export, rm's space reclaim and commits
-    /// of changed blocks only (--parent, --dirty-bitmap, an export's COMMIT) refuse it.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
-    pub format: u32,
+    /// Repository format. 2 (preview, issue 16) dedups 4 KiB blocks and compresses a
+    /// commit's neighbouring new chunks together in groups; commit (full and changed blocks),
+    /// restore, verify, export, log, tag, clone and show work on it, while gc, diff, repair,
+    /// rm's space reclaim and restore --allow-damage refuse it for now.
+    /// Default: 1 (2 with --encrypt).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=2))]
+    pub format: Option<u32>,
+    /// Encrypt everything stored (format 2; implied): data, manifests, index runs and
+    /// version records sealed with XChaCha20-Poly1305, chunk ids keyed, the master key in a
+    /// key slot opened by the passphrase (--password-file, --password-command,
+    /// $CAIRN_PASSWORD, or asked twice at the terminal). Lose every passphrase and the data
+    /// is lost: keep one safe, or add a second (`cairn key add`).
+    #[arg(long)]
+    pub encrypt: bool,
     /// Chunk size (a power of two, 4K..4M); the average size with fastcdc. Default: 16K in
     /// format 1, 4K in format 2.
     #[arg(long, value_parser = parse_size)]

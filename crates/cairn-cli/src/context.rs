@@ -11,6 +11,7 @@ use cairn_store::{LocalStore, ObjectStore};
 
 use crate::cli::Cli;
 use crate::failure::NoRepository;
+use crate::password::PasswordSource;
 
 /// Size limit of the metadata cache (least recently used objects are evicted beyond it).
 const META_CACHE_LIMIT: u64 = 2 << 30;
@@ -24,6 +25,8 @@ pub struct Context {
     pub progress: bool,
     /// --quiet: no notes on stderr.
     pub quiet: bool,
+    /// Where an encrypted repository's passphrase comes from.
+    pub password: PasswordSource,
     /// Repositories opened by the command, closed (sessions ended) when it finishes.
     opened: Mutex<Vec<Arc<Repo>>>,
 }
@@ -41,6 +44,10 @@ impl Context {
             json: cli.json,
             progress: !cli.json && !cli.quiet,
             quiet: cli.quiet,
+            password: PasswordSource {
+                file: cli.password_file.clone(),
+                command: cli.password_command.clone(),
+            },
             opened: Mutex::new(Vec::new()),
         }
     }
@@ -135,7 +142,9 @@ impl Context {
             SessionKind::Edit | SessionKind::Gc | SessionKind::Repair
         );
         let store = self.store_for(false, frees_space)?;
-        let repo = Arc::new(Repo::open_cached(store, kind, self.meta_cache()?).await?);
+        let repo = Arc::new(
+            Repo::open_cached(store, kind, self.meta_cache()?, Some(&self.password)).await?,
+        );
         self.opened.lock().expect("opened lock").push(repo.clone());
         Ok(repo)
     }

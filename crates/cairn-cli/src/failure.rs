@@ -11,6 +11,7 @@
 //! | `usage`         | 2       | the command line is wrong (clap's own message)                 |
 //! | `damage`        | 3       | stored data is damaged or missing                              |
 //! | `no_repository` | 4       | no repository given, or none at the location given            |
+//! | `password`      | 5       | an encrypted repository's passphrase is missing or wrong       |
 //! | `interrupted`   | 130/143 | SIGINT/SIGTERM stopped the command cleanly                     |
 //!
 //! The text is the error's whole cause chain on one line (see [`one_line`]); the code is
@@ -68,6 +69,10 @@ impl Kind {
         code: "no_repository",
         exit: 4,
     };
+    const PASSWORD: Kind = Kind {
+        code: "password",
+        exit: 5,
+    };
 }
 
 /// The kind of the first cause in the chain that has one.
@@ -96,6 +101,9 @@ pub fn kind_of(e: &anyhow::Error) -> Kind {
                     RepoError::NotARepository { .. } => Some(Kind::NO_REPOSITORY),
                     RepoError::NoSuchImage(_) => Some(Kind::NOT_FOUND),
                     RepoError::NeedsFormat1 { .. } => Some(Kind::UNSUPPORTED),
+                    RepoError::Locked { .. }
+                    | RepoError::NoPassphrase(_)
+                    | RepoError::WrongPassphrase { .. } => Some(Kind::PASSWORD),
                     _ => None,
                 };
             }

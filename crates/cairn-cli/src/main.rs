@@ -18,6 +18,7 @@ mod cli;
 mod commands;
 mod context;
 mod failure;
+mod password;
 mod progress;
 mod provenance;
 
@@ -83,6 +84,7 @@ fn main() -> ExitCode {
             Command::Exports(args) => commands::exports::run(&ctx, args).await,
             Command::Status(args) => commands::export::status(&ctx, args).await,
             Command::Overlay(args) => commands::export::overlay(&ctx, args).await,
+            Command::Key(args) => commands::key::run(&ctx, args).await,
             Command::Completions(args) => commands::docs::completions(args),
             Command::Man(args) => commands::docs::man(args),
         };

@@ -26,6 +26,7 @@ pub fn build_tree(
     leaves: &BTreeMap<u64, Id>,
     segments: u64,
     fanout: u16,
+    id_of: impl Fn(&[u8]) -> Id,
     mut emit: impl FnMut(Id, Vec<u8>),
 ) -> (Option<Id>, u8) {
     let height = tree_height(segments, fanout);
@@ -44,7 +45,7 @@ pub fn build_tree(
             .into_iter()
             .map(|(index, node)| {
                 let bytes = node.encode();
-                let id = Id::of(&bytes);
+                let id = id_of(&bytes);
                 emit(id, bytes);
                 (index, id)
             })
@@ -223,16 +224,18 @@ mod tests {
         let fanout = 4;
         let leaves: BTreeMap<u64, Id> = (0..40u64).map(|s| (s, Id::of(&s.to_le_bytes()))).collect();
         let mut first = Vec::new();
-        let (root1, h) = build_tree(&leaves, 64, fanout, |id, _| first.push(id));
+        let (root1, h) = build_tree(&leaves, 64, fanout, Id::of, |id, _| first.push(id));
         assert_eq!(h, 3);
         let mut changed = leaves.clone();
         changed.insert(17, Id::of(b"new"));
         let mut second = Vec::new();
-        let (root2, _) = build_tree(&changed, 64, fanout, |id, _| second.push(id));
+        let (root2, _) = build_tree(&changed, 64, fanout, Id::of, |id, _| second.push(id));
         assert_ne!(root1, root2);
         let new: Vec<_> = second.iter().filter(|id| !first.contains(id)).collect();
         assert_eq!(new.len(), 3, "one node per level on the path to the root");
-        let (empty, _) = build_tree(&BTreeMap::new(), 64, fanout, |_, _| panic!("no nodes"));
+        let (empty, _) = build_tree(&BTreeMap::new(), 64, fanout, Id::of, |_, _| {
+            panic!("no nodes")
+        });
         assert!(empty.is_none());
     }
 }

@@ -31,6 +31,7 @@ async fn open(store: &Arc<dyn ObjectStore>, cache: &Arc<ContentCache>) -> Arc<Re
             store.clone(),
             cairn_repo::SessionKind::Read,
             Some(cache.clone()),
+            None,
         )
         .await
         .unwrap(),

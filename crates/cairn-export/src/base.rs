@@ -298,16 +298,22 @@ impl Base {
         Ok(out)
     }
 
+    /// A chunk from the host-wide cache, checked against its id as this repository makes
+    /// them (keyed when encrypted).
+    fn cached(&self, id: &Id) -> Option<Vec<u8>> {
+        self.cache.get_with(id, |d| self.repo.id_of(d))
+    }
+
     /// A chunk's bytes: from the cache, or fetched from the repository (once, however many
     /// readers ask at the same time).
     pub async fn chunk(&self, id: &Id) -> ExportResult<Arc<Vec<u8>>> {
-        if let Some(data) = self.cache.get(id) {
+        if let Some(data) = self.cached(id) {
             self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(Arc::new(data));
         }
         let lock = self.cache.fetch_lock(id);
         let guard = lock.lock().await;
-        let result = match self.cache.get(id) {
+        let result = match self.cached(id) {
             Some(data) => {
                 self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
                 Ok(Arc::new(data))
@@ -388,7 +394,7 @@ impl Base {
                 )
             })?;
         let mut data = Vec::with_capacity(slots.iter().map(|c| c.len as usize).sum());
-        let hit = slots.iter().all(|c| match self.cache.get(&c.id) {
+        let hit = slots.iter().all(|c| match self.cached(&c.id) {
             Some(bytes) => {
                 data.extend_from_slice(&bytes);
                 true

@@ -15,6 +15,9 @@ pub const MAX_SEGMENT: u32 = 64 * 1024 * 1024;
 /// The newest repository format this build reads and writes (the config's envelope version).
 pub const NEWEST_FORMAT: u32 = 2;
 
+/// Config flag bit 0: the repository is encrypted (format 2 only).
+const FLAG_ENCRYPTED: u32 = 1;
+
 /// The settings only a format 2 repository has (issue 16: 4 KiB dedup inside compressed
 /// chunk groups).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +25,17 @@ pub struct V2Settings {
     /// A commit's neighbouring new chunks are compressed together, in groups of up to this
     /// many plain bytes (at least one chunk each).
     pub group_size: u32,
+    /// Set in an encrypted repository: [`crate::crypto::MasterKey::key_check`] of its master
+    /// key, so a key slot that opens to another key (planted, or left by an interrupted
+    /// `init`) is refused by name instead of failing every object as tampered.
+    pub key_check: Option<[u8; 32]>,
+}
+
+impl V2Settings {
+    /// Whether the repository is encrypted.
+    pub fn encrypted(&self) -> bool {
+        self.key_check.is_some()
+    }
 }
 
 impl Default for V2Settings {
@@ -31,6 +45,7 @@ impl Default for V2Settings {
     fn default() -> Self {
         V2Settings {
             group_size: 64 * 1024,
+            key_check: None,
         }
     }
 }
@@ -197,8 +212,15 @@ impl RepoConfig {
             .i64(self.created_ns)
             .u8(self.summary_bits);
         if let Some(v2) = self.v2 {
-            // Flags: bit 0 will mark an encrypted repository (none is written yet).
-            e.u32(v2.group_size).u32(0);
+            // Flags: bit 0 marks an encrypted repository, whose key check follows.
+            match v2.key_check {
+                None => {
+                    e.u32(v2.group_size).u32(0);
+                }
+                Some(check) => {
+                    e.u32(v2.group_size).u32(FLAG_ENCRYPTED).bytes(&check);
+                }
+            }
         }
         envelope::seal_version(MAGIC, self.format(), &e.finish())
     }
@@ -241,15 +263,21 @@ impl RepoConfig {
         let v2 = if format == 2 {
             let group_size = d.u32()?;
             let flags = d.u32()?;
-            if flags != 0 {
+            if flags & !FLAG_ENCRYPTED != 0 {
                 return Err(FormatError::invalid(
                     "config",
-                    format!(
-                        "unknown flags {flags:#x} (an encrypted repository needs a newer cairn)"
-                    ),
+                    format!("unknown flags {flags:#x} (written by a newer cairn?)"),
                 ));
             }
-            Some(V2Settings { group_size })
+            let key_check = if flags & FLAG_ENCRYPTED != 0 {
+                Some(d.take(32)?.try_into().expect("32"))
+            } else {
+                None
+            };
+            Some(V2Settings {
+                group_size,
+                key_check,
+            })
         } else {
             None
         };
@@ -316,7 +344,10 @@ mod tests {
     #[test]
     fn format_2_round_trips_and_is_refused_by_a_format_1_reader() {
         let c = RepoConfig {
-            v2: Some(V2Settings { group_size: 65536 }),
+            v2: Some(V2Settings {
+                group_size: 65536,
+                key_check: None,
+            }),
             chunk_size: 4096,
             ..sample()
         };
@@ -338,7 +369,10 @@ mod tests {
     #[test]
     fn format_2_refuses_bad_groups_and_unknown_flags() {
         let mut c = RepoConfig {
-            v2: Some(V2Settings { group_size: 2048 }),
+            v2: Some(V2Settings {
+                group_size: 2048,
+                key_check: None,
+            }),
             chunk_size: 4096,
             ..sample()
         };
@@ -347,14 +381,37 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("group size 2048"));
-        c.v2 = Some(V2Settings { group_size: 65536 });
+        c.v2 = Some(V2Settings {
+            group_size: 65536,
+            key_check: None,
+        });
         let mut raw = c.encode();
-        // Set flag bit 0 in the payload (the last 4 payload bytes) and reseal.
+        // Set flag bit 1 in the payload (the last 4 payload bytes) and reseal.
         let n = raw.len() - 32;
-        raw[n - 4] = 1;
+        raw[n - 4] = 2;
         let resealed = envelope::seal_version(MAGIC, 2, &raw[16..n]);
         let e = RepoConfig::decode(&resealed).unwrap_err().to_string();
-        assert!(e.contains("unknown flags 0x1"), "{e}");
+        assert!(e.contains("unknown flags 0x2"), "{e}");
+        // Bit 0 (encrypted) without its key check is truncated.
+        raw[n - 4] = 1;
+        let resealed = envelope::seal_version(MAGIC, 2, &raw[16..n]);
+        assert!(RepoConfig::decode(&resealed).is_err());
+    }
+
+    #[test]
+    fn an_encrypted_config_carries_its_key_check() {
+        let c = RepoConfig {
+            v2: Some(V2Settings {
+                group_size: 65536,
+                key_check: Some([7; 32]),
+            }),
+            chunk_size: 4096,
+            ..sample()
+        };
+        let raw = c.encode();
+        let back = RepoConfig::decode(&raw).unwrap();
+        assert!(back.v2.unwrap().encrypted());
+        assert_eq!(back, c);
     }
 
     #[test]

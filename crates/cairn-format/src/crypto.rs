@@ -124,6 +124,12 @@ impl MasterKey {
         Id(*blake3::keyed_hash(self.id_key(), data).as_bytes())
     }
 
+    /// What the config stores to recognise this key: a keyed hash of a fixed string (says
+    /// nothing of the key, and no other key gives it).
+    pub fn key_check(&self) -> [u8; 32] {
+        *blake3::keyed_hash(self.id_key(), b"cairn/2 key check").as_bytes()
+    }
+
     /// The key of this repository's group ids (see [`crate::group::group_id`]): derived from
     /// the id key, so group ids, like chunk ids, match nothing outside the repository.
     pub(crate) fn group_id_key(&self) -> [u8; KEY_LEN] {

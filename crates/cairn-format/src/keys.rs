@@ -51,6 +51,14 @@ pub fn index_run(id: &Id) -> String {
     format!("{INDEX_RUNS}{}", id.to_hex())
 }
 
+/// Key slots of an encrypted repository (format v2), named by the hash of their bytes: each
+/// opens the master key with one passphrase.
+pub const KEY_SLOTS: &str = "keys/";
+
+pub fn key_slot(id: &Id) -> String {
+    format!("{KEY_SLOTS}{}", id.to_hex())
+}
+
 pub fn index_file(id: &Id) -> String {
     format!("{INDEX}{id}")
 }

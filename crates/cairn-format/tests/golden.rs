@@ -54,6 +54,7 @@ const VECTORS: &[&str] = &[
     "config_fastcdc_zstd_negative",
     "config_fixed_zstd_max",
     "config_format2",
+    "config_format2_encrypted",
     "config_legacy_no_summary_bits",
     "blob_entries",
     "blob_raw_none",
@@ -337,6 +338,7 @@ fn config_format2() {
     let cfg = RepoConfig {
         v2: Some(cairn_format::config::V2Settings {
             group_size: 64 * 1024,
+            key_check: None,
         }),
         ..config_fixed_none()
     };
@@ -355,6 +357,44 @@ fn config_format2() {
     let sum = blake3::hash(&expected);
     expected.extend_from_slice(sum.as_bytes());
     assert_same_bytes("config_format2", &expected, &bytes);
+}
+
+/// An encrypted format 2 config: flags bit 0, then the master key's key check — BLAKE3 keyed
+/// with the id key (master key bytes 32..64) over "cairn/2 key check", computed here with the
+/// blake3 crate directly rather than through `MasterKey`.
+#[test]
+fn config_format2_encrypted() {
+    let master: [u8; 64] = std::array::from_fn(|i| i as u8);
+    let key = cairn_format::crypto::MasterKey::from_bytes(master);
+    let check =
+        *blake3::keyed_hash(master[32..].try_into().unwrap(), b"cairn/2 key check").as_bytes();
+    assert_eq!(key.key_check(), check);
+    let cfg = RepoConfig {
+        v2: Some(cairn_format::config::V2Settings {
+            group_size: 64 * 1024,
+            key_check: Some(check),
+        }),
+        ..config_fixed_none()
+    };
+    let bytes = golden("config_format2_encrypted", &cfg.encode());
+    assert_eq!(RepoConfig::decode(&bytes).unwrap(), cfg);
+    let plain = RepoConfig {
+        v2: Some(cairn_format::config::V2Settings {
+            group_size: 64 * 1024,
+            key_check: None,
+        }),
+        ..config_fixed_none()
+    }
+    .encode();
+    let mut payload = plain[16..plain.len() - 32].to_vec();
+    let n = payload.len();
+    payload[n - 4..].copy_from_slice(&1u32.to_le_bytes());
+    payload.extend_from_slice(&check);
+    assert_same_bytes(
+        "config_format2_encrypted",
+        &envelope::seal_version(b"CRNCONF\0", 2, &payload),
+        &bytes,
+    );
 }
 
 /// Configs written before reference summaries existed have no summary-bits byte; they read

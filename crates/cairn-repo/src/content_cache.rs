@@ -108,9 +108,15 @@ impl ContentCache {
 
     /// The object's bytes if cached and intact.
     pub fn get(&self, id: &Id) -> Option<Vec<u8>> {
+        self.get_with(id, Id::of)
+    }
+
+    /// [`Self::get`] for ids made by `id_of` (an encrypted repository's keyed ids: a cached
+    /// chunk of one repository can match no id of another).
+    pub fn get_with(&self, id: &Id, id_of: impl Fn(&[u8]) -> Id) -> Option<Vec<u8>> {
         let path = self.path(id);
         let data = fs::read(&path).ok()?;
-        if Id::of(&data) != *id {
+        if id_of(&data) != *id {
             tracing::warn!(path = %path.display(), "damaged object in the cache; dropping it");
             let _ = fs::remove_file(&path);
             return None;

@@ -54,6 +54,18 @@ pub enum RepoError {
          is in progress: commit, restore, log, show, images, tag and clone work on it today)"
     )]
     NeedsFormat1 { what: String, location: String },
+    /// An encrypted repository opened without a passphrase.
+    #[error(
+        "{location} is encrypted: give its passphrase (CAIRN_PASSWORD, --password-file, \
+         --password-command, or type it at a terminal)"
+    )]
+    Locked { location: String },
+    /// The passphrase could not be had (no source, an unreadable file, a failed command).
+    #[error("{0}")]
+    NoPassphrase(String),
+    /// No key slot opens with the passphrase given.
+    #[error("wrong passphrase: none of the {slots} key slot(s) of {location} opens with it")]
+    WrongPassphrase { location: String, slots: usize },
 }
 
 pub type RepoResult<T> = Result<T, RepoError>;

@@ -108,7 +108,11 @@ impl Repo {
 
     /// Marks a version deleted. Idempotent.
     pub async fn mark_deleted(&self, version: &Id) -> RepoResult<()> {
-        let data = Bytes::from(encode_deleted(version, now_ns()));
+        // Only its key is ever read (a listing); sealed so its time says nothing either.
+        let data = Bytes::from(self.seal(
+            cairn_format::crypto::Domain::Marker,
+            encode_deleted(version, now_ns()),
+        ));
         match self
             .store()
             .put_if_absent(&keys::deleted(version), data)

@@ -52,6 +52,8 @@ pub struct Repo {
     /// Format 2: where chunks, nodes and groups are (index runs, pack trailers, groups, read
     /// in pieces); `None` in a format 1 repository, whose index is `index`.
     v2: Option<Arc<crate::v2::V2Reader>>,
+    /// An encrypted repository's master key and the slot that opened it.
+    unlocked: Option<crate::keyring::Unlocked>,
 }
 
 impl Repo {
@@ -72,7 +74,55 @@ impl Repo {
                 })
             }
         }
-        Self::with_session(store, config, SessionKind::Init, None).await
+        Self::with_session(store, config, SessionKind::Init, None, None).await
+    }
+
+    /// Creates a new encrypted repository (format 2) in `store`: a fresh master key, the
+    /// config with its key check, then one key slot opened by `passphrase`. Fails if a
+    /// repository exists there already (nothing is then written).
+    pub async fn init_encrypted(
+        store: Arc<dyn ObjectStore>,
+        mut config: RepoConfig,
+        passphrase: zeroize::Zeroizing<Vec<u8>>,
+        kdf: cairn_format::crypto::KdfParams,
+    ) -> RepoResult<Repo> {
+        let key = cairn_format::crypto::MasterKey::generate();
+        let v2 = config
+            .v2
+            .as_mut()
+            .ok_or_else(|| RepoError::Invalid("encryption needs format 2".into()))?;
+        v2.key_check = Some(key.key_check());
+        config
+            .validate()
+            .map_err(|e| RepoError::Invalid(e.to_string()))?;
+        store.check_reachable().await?;
+        // The config first: it is what makes the location a repository, and `put_if_absent`
+        // is what refuses an existing one. A slot that fails to store takes the config back
+        // out (this process created it), so no repository is left that nothing opens.
+        match store
+            .put_if_absent(keys::CONFIG, Bytes::from(config.encode()))
+            .await?
+        {
+            PutOutcome::Created => {}
+            PutOutcome::AlreadyExists => {
+                return Err(RepoError::AlreadyExists {
+                    location: store.describe(),
+                })
+            }
+        }
+        let kdf_key = key.clone();
+        let slot = match crate::keyring::store_slot(store.as_ref(), &kdf_key, passphrase, kdf).await
+        {
+            Ok(slot) => slot,
+            Err(e) => {
+                if let Err(d) = store.delete(keys::CONFIG).await {
+                    tracing::warn!("could not take back the config of a failed init: {d}");
+                }
+                return Err(e);
+            }
+        };
+        let unlocked = crate::keyring::Unlocked { key, slot };
+        Self::with_session(store, config, SessionKind::Init, None, Some(unlocked)).await
     }
 
     /// Opens an existing repository and loads its blob index.
@@ -82,15 +132,18 @@ impl Repo {
 
     /// Opens an existing repository; `kind` names the session (commit, restore, gc, ...).
     pub async fn open_as(store: Arc<dyn ObjectStore>, kind: SessionKind) -> RepoResult<Repo> {
-        Self::open_cached(store, kind, None).await
+        Self::open_cached(store, kind, None, None).await
     }
 
     /// Like [`Repo::open_as`], keeping index files and manifest nodes in `meta_cache` (worth
     /// it when the store is remote: reopening then downloads only what is new).
+    /// `passphrase` is asked only if the repository is encrypted (which without one fails
+    /// with [`RepoError::Locked`]).
     pub async fn open_cached(
         store: Arc<dyn ObjectStore>,
         kind: SessionKind,
         meta_cache: Option<Arc<ContentCache>>,
+        passphrase: Option<&dyn crate::keyring::Passphrase>,
     ) -> RepoResult<Repo> {
         store.check_reachable().await?;
         let raw = match store.get(keys::CONFIG).await {
@@ -104,7 +157,16 @@ impl Repo {
         };
         let config = RepoConfig::decode(&raw)
             .map_err(|e| RepoError::corrupt(format!("{}/{}", store.describe(), keys::CONFIG), e))?;
-        Self::with_session(store, config, kind, meta_cache).await
+        let unlocked = match (config.v2.is_some_and(|v| v.encrypted()), passphrase) {
+            (false, _) => None,
+            (true, None) => {
+                return Err(RepoError::Locked {
+                    location: store.describe(),
+                })
+            }
+            (true, Some(p)) => Some(crate::keyring::unlock(store.as_ref(), &config, p).await?),
+        };
+        Self::with_session(store, config, kind, meta_cache, unlocked).await
     }
 
     async fn with_session(
@@ -112,6 +174,7 @@ impl Repo {
         config: RepoConfig,
         kind: SessionKind,
         meta_cache: Option<Arc<ContentCache>>,
+        unlocked: Option<crate::keyring::Unlocked>,
     ) -> RepoResult<Repo> {
         // Order matters: session first, then plans, then the index.
         let session = match SessionHandle::register(store.clone(), kind).await {
@@ -141,11 +204,12 @@ impl Repo {
             pending_markers: Mutex::new(Vec::new()),
             quarantined_packs: Mutex::new(std::collections::HashMap::new()),
             v2: None,
+            unlocked,
         };
         if repo.config.v2.is_some() {
             let reader = crate::v2::V2Reader::new(
                 repo.store.clone(),
-                None,
+                repo.key().cloned(),
                 crate::v2::CacheLimits::default(),
             );
             // A damaged run is a finding (verify reports it; the versions whose groups only
@@ -214,7 +278,15 @@ impl Repo {
     /// one's store and metadata cache: for work that must be covered by GC plans published
     /// after this process opened (an export's COMMIT).
     pub async fn reopen(&self, kind: SessionKind) -> RepoResult<Repo> {
-        Self::open_cached(self.store.clone(), kind, self.meta_cache.clone()).await
+        // The same key: an encrypted repository is not unlocked twice.
+        Self::with_session(
+            self.store.clone(),
+            self.config.clone(),
+            kind,
+            self.meta_cache.clone(),
+            self.unlocked.clone(),
+        )
+        .await
     }
 
     /// The key of this process's session ref, if it is registered.
@@ -454,6 +526,10 @@ impl Repo {
         limits: crate::v2::CacheLimits,
     ) -> crate::v2::V2Reader {
         crate::v2::V2Reader::new(self.store.clone(), key, limits)
+    }
+
+    pub(crate) fn unlocked(&self) -> Option<&crate::keyring::Unlocked> {
+        self.unlocked.as_ref()
     }
 
     /// The reader of a format 2 repository's objects (`None` in format 1).

@@ -1,6 +1,7 @@
 //! Version records and image heads.
 
 use bytes::Bytes;
+use cairn_format::crypto::Domain;
 use cairn_format::keys;
 use cairn_format::name::unescape;
 use cairn_format::refs;
@@ -124,12 +125,14 @@ impl Repo {
                 },
             ));
         }
+        let raw = self.open_sealed(Domain::VersionRecord, "version record", &key, raw)?;
         VersionRecord::decode(&raw).map_err(|e| RepoError::corrupt(key, e))
     }
 
-    /// Stores a version record; returns its id and the bytes written.
+    /// Stores a version record (sealed in an encrypted repository; its id is the hash of
+    /// the stored bytes either way); returns its id and the bytes written.
     pub async fn put_version(&self, record: &VersionRecord) -> RepoResult<(Id, u64)> {
-        let raw = record.encode();
+        let raw = self.seal(Domain::VersionRecord, record.encode());
         let id = Id::of(&raw);
         let len = raw.len() as u64;
         let written = match self

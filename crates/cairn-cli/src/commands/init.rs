@@ -3,6 +3,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, Result};
 use cairn_format::config::{Chunker, Compression, RepoConfig, V2Settings};
+use cairn_format::crypto::KdfParams;
 use cairn_repo::Repo;
 use serde_json::json;
 
@@ -23,7 +24,13 @@ pub async fn run(ctx: &Context, args: InitArgs) -> Result<ExitCode> {
         .validate()
         .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_start_matches("config: ")))?;
     let store = ctx.store(true)?;
-    let repo = Repo::init(store, config.clone()).await?;
+    let repo = if config.v2.is_some_and(|v| v.encrypted()) {
+        let passphrase = ctx.password.read_new()?;
+        Repo::init_encrypted(store, config.clone(), passphrase, KdfParams::DEFAULT).await?
+    } else {
+        Repo::init(store, config.clone()).await?
+    };
+    let config = repo.config().clone();
     repo.close().await?;
     if let Some(path) = ctx.local_path() {
         cairn_store::LocalStore::open(&path)?
@@ -40,6 +47,7 @@ pub async fn run(ctx: &Context, args: InitArgs) -> Result<ExitCode> {
             "summary_bits": config.summary_bits,
             "format": config.format(),
             "group_size": config.v2.map(|v| v.group_size),
+            "encrypted": config.v2.is_some_and(|v| v.encrypted()),
             "compression": match config.compression {
                 Compression::None => "none".to_string(),
                 Compression::Zstd { level } => format!("zstd:{level}"),
@@ -50,8 +58,13 @@ pub async fn run(ctx: &Context, args: InitArgs) -> Result<ExitCode> {
             .v2
             .map(|v| format!(" in groups of up to {}", bytes(v.group_size as u64)))
             .unwrap_or_default();
+        let encrypted = if config.v2.is_some_and(|v| v.encrypted()) {
+            ", encrypted"
+        } else {
+            ""
+        };
         outln!(
-            "initialized cairn repository (format {}) at {} ({} chunks of {}{groups}, segments of {})",
+            "initialized cairn repository (format {}{encrypted}) at {} ({} chunks of {}{groups}, segments of {})",
             config.format(),
             repo.describe(),
             config.chunker.name(),
@@ -66,7 +79,15 @@ pub async fn run(ctx: &Context, args: InitArgs) -> Result<ExitCode> {
 fn settings(args: &InitArgs) -> Result<RepoConfig> {
     let to_u32 =
         |v: u64, what: &str| u32::try_from(v).with_context(|| format!("{what} {v} is too large"));
-    let defaults = match args.format {
+    let format = match (args.format, args.encrypt) {
+        (Some(1), true) => {
+            anyhow::bail!("--encrypt needs format 2 (format 1 stores everything plain)")
+        }
+        (Some(f), _) => f,
+        (None, true) => 2,
+        (None, false) => 1,
+    };
+    let defaults = match format {
         1 => {
             if args.group_size.is_some() {
                 anyhow::bail!(
@@ -80,7 +101,14 @@ fn settings(args: &InitArgs) -> Result<RepoConfig> {
             if let Some(g) = args.group_size {
                 d.v2 = Some(V2Settings {
                     group_size: to_u32(g, "group size")?,
+                    key_check: None,
                 });
+            }
+            if args.encrypt {
+                // Marks the config encrypted; init puts the real key check in.
+                if let Some(v2) = d.v2.as_mut() {
+                    v2.key_check = Some([0; 32]);
+                }
             }
             d
         }

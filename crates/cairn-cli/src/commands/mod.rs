@@ -9,6 +9,7 @@ pub mod exports;
 pub mod gc;
 pub mod images;
 pub mod init;
+pub mod key;
 pub mod log;
 pub mod prune;
 pub mod repair;

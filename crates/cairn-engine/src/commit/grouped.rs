@@ -24,6 +24,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use cairn_format::config::RepoConfig;
+use cairn_format::crypto::MasterKey;
 use cairn_format::group::{group_id, Group, GroupBuilder};
 use cairn_format::leaf_v2::{RunExtent, RunLeaf};
 use cairn_format::version::CommitStats;
@@ -211,6 +212,7 @@ pub(crate) fn run_grouped(
         for _ in 0..workers {
             let worker = Worker {
                 config: &config,
+                key: repo.key(),
                 group_size,
                 dedup: &dedup,
                 pack_tx: pack_tx.clone(),
@@ -265,6 +267,7 @@ pub(crate) fn run_grouped(
                 &leaves,
                 segment_count(size, config.segment_size),
                 config.fanout,
+                |bytes| repo.id_of(bytes),
                 |id, bytes| match dedup.claim_node(&id) {
                     // A send fails only if the packer stopped; its error is reported below.
                     Ok(true) => drop(pack_tx.send(Packable::Node(id, bytes))),
@@ -301,6 +304,8 @@ pub(crate) fn run_grouped(
 /// One worker's view of the shared state.
 struct Worker<'a> {
     config: &'a RepoConfig,
+    /// An encrypted repository's key: chunk and node ids keyed, groups sealed.
+    key: Option<&'a MasterKey>,
     group_size: usize,
     dedup: &'a GroupDedup<'a>,
     pack_tx: Sender<Packable>,
@@ -369,7 +374,7 @@ impl Worker<'_> {
                 items.push(Item::Zero(len));
                 continue;
             }
-            let id = Id::of(data);
+            let id = self.id_of(data);
             stats.chunks += 1;
             stats.data_bytes += u64::from(len);
             match self.dedup.claim(&id)? {
@@ -425,7 +430,7 @@ impl Worker<'_> {
             None
         } else {
             let bytes = leaf.encode();
-            let id = Id::of(&bytes);
+            let id = self.id_of(&bytes);
             if self.dedup.claim_node(&id)? {
                 self.send(Packable::Node(id, bytes))?;
             }
@@ -445,13 +450,17 @@ impl Worker<'_> {
             return Ok(());
         }
         let builder = std::mem::replace(&mut groups.builder, GroupBuilder::new(self.group_size));
-        let group = builder.finish(self.config.compression, None);
-        let gid = group_id(&group.desc.chunks, None);
+        let group = builder.finish(self.config.compression, self.key);
+        let gid = group_id(&group.desc.chunks, self.key);
         self.dedup.place(&groups.open, gid);
         groups.open.clear();
         groups.built.push(gid);
         groups.finished.push(group);
         Ok(())
+    }
+
+    fn id_of(&self, data: &[u8]) -> Id {
+        self.key.map_or_else(|| Id::of(data), |k| k.id_of(data))
     }
 
     fn send(&self, p: Packable) -> EngineResult<()> {
@@ -476,7 +485,7 @@ fn pack_groups(
     let group_size = config.v2.map_or(64 << 10, |v| v.group_size) as usize;
     let packer = || {
         GroupPacker::new(
-            None,
+            repo.key().cloned(),
             config.compression,
             group_size,
             config.pack_target as usize,

@@ -176,6 +176,7 @@ pub(crate) fn run_pipeline(
                 &leaves,
                 segment_count(size, config.segment_size),
                 config.fanout,
+                Id::of,
                 |id, bytes| {
                     node_keys.push(ProbeKey::of(&id));
                     if dedup.claim(&id) {

@@ -51,7 +51,7 @@ pub(crate) async fn publish(
     let mut index_bytes = if repo.v2().is_some() {
         match out.locations.is_empty() {
             true => 0,
-            false => repo.put_index_run(&out.locations, None).await?.1,
+            false => repo.put_index_run(&out.locations, repo.key()).await?.1,
         }
     } else {
         repo.put_index(out.packs).await?

@@ -156,7 +156,7 @@ impl V2Reader {
 
 /// A v2 decoder's error as a repository error naming the object: damage is
 /// [`RepoError::Corrupt`] (so `is_damage` sees it), a failed tag included.
-fn sealed_error(key: impl Into<String>, e: CryptoError) -> RepoError {
+pub(crate) fn sealed_error(key: impl Into<String>, e: CryptoError) -> RepoError {
     let source = match e {
         CryptoError::Format(f) => f,
         CryptoError::Tampered { what } => FormatError::invalid(

@@ -152,6 +152,7 @@ pub(super) fn run(
                 leaves,
                 segment_count(ctx.new_size, ctx.config.segment_size),
                 ctx.config.fanout,
+                Id::of,
                 |id, bytes| {
                     keys.interior.push(ProbeKey::of(&id));
                     if dedup.claim(&id) {

@@ -1,0 +1,167 @@
+//! Where an encrypted repository's passphrase comes from, in this order: `--password-file`,
+//! `--password-command`, `$CAIRN_PASSWORD`, then a prompt — only when standard input is a
+//! terminal, so a script without a passphrase fails at once instead of waiting. A passphrase
+//! is never taken from argv and never logged; it is asked only when the repository turns out
+//! to be encrypted.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context as _, Result};
+use cairn_repo::{RepoError, RepoResult};
+use zeroize::Zeroizing;
+
+pub type Secret = Zeroizing<Vec<u8>>;
+
+/// The passphrase sources the command line and environment name.
+#[derive(Debug, Clone, Default)]
+pub struct PasswordSource {
+    pub file: Option<PathBuf>,
+    pub command: Option<String>,
+}
+
+impl PasswordSource {
+    /// The passphrase of an existing repository.
+    pub fn read(&self) -> Result<Secret> {
+        self.read_or_ask(|| ask("Passphrase: "))
+    }
+
+    /// A new repository's passphrase (`init --encrypt`): the same sources, asked twice at a
+    /// terminal.
+    pub fn read_new(&self) -> Result<Secret> {
+        self.read_or_ask(ask_new)
+    }
+
+    fn read_or_ask(&self, ask: impl FnOnce() -> Result<Secret>) -> Result<Secret> {
+        if let Some(path) = &self.file {
+            return from_file(path);
+        }
+        if let Some(command) = &self.command {
+            return from_command(command);
+        }
+        if let Some(value) = std::env::var_os("CAIRN_PASSWORD") {
+            return non_empty(
+                Zeroizing::new(value.into_encoded_bytes()),
+                "$CAIRN_PASSWORD",
+            );
+        }
+        ask()
+    }
+}
+
+impl cairn_repo::Passphrase for PasswordSource {
+    fn get(&self) -> RepoResult<Secret> {
+        // The message names the source, never the passphrase.
+        self.read()
+            .map_err(|e| RepoError::NoPassphrase(format!("{e:#}")))
+    }
+}
+
+/// A new passphrase for `cairn key add|passwd`: `--new-password-file`, `$CAIRN_NEW_PASSWORD`,
+/// or asked twice at the terminal.
+pub fn new_passphrase(file: Option<&Path>) -> Result<Secret> {
+    if let Some(path) = file {
+        return from_file(path);
+    }
+    if let Some(value) = std::env::var_os("CAIRN_NEW_PASSWORD") {
+        return non_empty(
+            Zeroizing::new(value.into_encoded_bytes()),
+            "$CAIRN_NEW_PASSWORD",
+        );
+    }
+    ask_new()
+}
+
+/// The first line of a file (a trailing newline is not part of the passphrase).
+fn from_file(path: &Path) -> Result<Secret> {
+    let bytes = Zeroizing::new(
+        std::fs::read(path)
+            .with_context(|| format!("cannot read the password file {}", path.display()))?,
+    );
+    non_empty(
+        first_line(&bytes),
+        &format!("password file {}", path.display()),
+    )
+}
+
+/// The first line a shell command prints.
+fn from_command(command: &str) -> Result<Secret> {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .stdin(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cannot run --password-command")?;
+    let stdout = Zeroizing::new(out.stdout);
+    if !out.status.success() {
+        bail!("--password-command failed ({})", out.status);
+    }
+    non_empty(first_line(&stdout), "--password-command's output")
+}
+
+fn first_line(bytes: &[u8]) -> Secret {
+    let line = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    Zeroizing::new(line.to_vec())
+}
+
+fn non_empty(secret: Secret, what: &str) -> Result<Secret> {
+    if secret.is_empty() {
+        bail!("{what} is empty: an empty passphrase protects nothing");
+    }
+    Ok(secret)
+}
+
+fn ask(prompt: &str) -> Result<Secret> {
+    if !std::io::stdin().is_terminal() {
+        bail!(
+            "no passphrase given: set CAIRN_PASSWORD or pass --password-file or \
+             --password-command (standard input is not a terminal to ask at)"
+        );
+    }
+    let typed = rpassword::prompt_password(prompt).context("cannot read the passphrase")?;
+    non_empty(Zeroizing::new(typed.into_bytes()), "the passphrase")
+}
+
+fn ask_new() -> Result<Secret> {
+    let first = ask("New passphrase: ")?;
+    let again = ask("Repeat it: ")?;
+    if first != again {
+        bail!("the two passphrases differ; nothing was changed");
+    }
+    Ok(first)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_gives_its_first_line_and_an_empty_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pw");
+        std::fs::write(&path, "correct horse\r\nsecond line\n").unwrap();
+        assert_eq!(from_file(&path).unwrap().as_slice(), b"correct horse");
+        std::fs::write(&path, "\n").unwrap();
+        let e = from_file(&path).unwrap_err().to_string();
+        assert!(e.contains("is empty"), "{e}");
+        assert!(from_file(&dir.path().join("absent")).is_err());
+    }
+
+    #[test]
+    fn a_command_gives_its_first_line_and_a_failure_is_named() {
+        assert_eq!(
+            from_command("printf 'from a vault\\nx'")
+                .unwrap()
+                .as_slice(),
+            b"from a vault"
+        );
+        let e = from_command("exit 3").unwrap_err().to_string();
+        assert!(
+            e.contains("--password-command failed") && e.contains('3'),
+            "{e}"
+        );
+    }
+}
