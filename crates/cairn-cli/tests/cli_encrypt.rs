@@ -6,7 +6,7 @@
 
 mod common;
 use common::export::{qemu_img_convert, same_file, Served};
-use common::{noise, stderr_line};
+use common::{noise, snapshot, stderr_line};
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -39,23 +39,6 @@ fn refused(out: Output, text: &str) {
     assert_eq!(out.status.code(), Some(5), "{out:?}");
     let line = stderr_line(&out);
     assert!(line.contains(text), "{line}");
-}
-
-fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if !p.starts_with(dir.join("refs/sessions")) {
-                out.push((p.display().to_string(), std::fs::read(&p).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! repository is unchanged by a refusal.
 
 mod common;
-use common::{cairn, noise, stderr_line};
+use common::{cairn, noise, snapshot, stderr_line};
 
 use std::path::Path;
 
@@ -13,24 +13,6 @@ fn ok(repo: &Path, args: &[&str]) -> String {
     let out = cairn(repo, args);
     assert!(out.status.success(), "cairn {args:?}: {out:?}");
     String::from_utf8(out.stdout).unwrap()
-}
-
-/// Every file under `dir` with its bytes (what "nothing changed" compares).
-fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if !p.starts_with(dir.join("refs/sessions")) {
-                out.push((p.display().to_string(), std::fs::read(&p).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 #[test]

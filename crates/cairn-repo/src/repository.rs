@@ -62,18 +62,7 @@ impl Repo {
         config
             .validate()
             .map_err(|e| RepoError::Invalid(e.to_string()))?;
-        store.check_reachable().await?;
-        match store
-            .put_if_absent(keys::CONFIG, Bytes::from(config.encode()))
-            .await?
-        {
-            PutOutcome::Created => {}
-            PutOutcome::AlreadyExists => {
-                return Err(RepoError::AlreadyExists {
-                    location: store.describe(),
-                })
-            }
-        }
+        put_config(store.as_ref(), &config).await?;
         Self::with_session(store, config, SessionKind::Init, None, None).await
     }
 
@@ -95,21 +84,10 @@ impl Repo {
         config
             .validate()
             .map_err(|e| RepoError::Invalid(e.to_string()))?;
-        store.check_reachable().await?;
         // The config first: it is what makes the location a repository, and `put_if_absent`
         // is what refuses an existing one. A slot that fails to store takes the config back
         // out (this process created it), so no repository is left that nothing opens.
-        match store
-            .put_if_absent(keys::CONFIG, Bytes::from(config.encode()))
-            .await?
-        {
-            PutOutcome::Created => {}
-            PutOutcome::AlreadyExists => {
-                return Err(RepoError::AlreadyExists {
-                    location: store.describe(),
-                })
-            }
-        }
+        put_config(store.as_ref(), &config).await?;
         let kdf_key = key.clone();
         let slot = match crate::keyring::store_slot(store.as_ref(), &kdf_key, passphrase, kdf).await
         {
@@ -740,4 +718,19 @@ async fn fetch_index_file(
         }
     }
     Ok(raw)
+}
+
+/// Stores a new repository's config once the store answers; refuses a location that holds a
+/// repository already (`put_if_absent`: nothing is overwritten).
+async fn put_config(store: &dyn ObjectStore, config: &RepoConfig) -> RepoResult<()> {
+    store.check_reachable().await?;
+    match store
+        .put_if_absent(keys::CONFIG, Bytes::from(config.encode()))
+        .await?
+    {
+        PutOutcome::Created => Ok(()),
+        PutOutcome::AlreadyExists => Err(RepoError::AlreadyExists {
+            location: store.describe(),
+        }),
+    }
 }
