@@ -40,13 +40,7 @@ impl PasswordSource {
         if let Some(command) = &self.command {
             return from_command(command);
         }
-        if let Some(value) = std::env::var_os("CAIRN_PASSWORD") {
-            return non_empty(
-                Zeroizing::new(value.into_encoded_bytes()),
-                "$CAIRN_PASSWORD",
-            );
-        }
-        ask()
+        from_env("CAIRN_PASSWORD").unwrap_or_else(ask)
     }
 }
 
@@ -64,13 +58,17 @@ pub fn new_passphrase(file: Option<&Path>) -> Result<Secret> {
     if let Some(path) = file {
         return from_file(path);
     }
-    if let Some(value) = std::env::var_os("CAIRN_NEW_PASSWORD") {
-        return non_empty(
+    from_env("CAIRN_NEW_PASSWORD").unwrap_or_else(ask_new)
+}
+
+/// The passphrase in environment variable `name`, if it is set.
+fn from_env(name: &str) -> Option<Result<Secret>> {
+    std::env::var_os(name).map(|value| {
+        non_empty(
             Zeroizing::new(value.into_encoded_bytes()),
-            "$CAIRN_NEW_PASSWORD",
-        );
-    }
-    ask_new()
+            &format!("${name}"),
+        )
+    })
 }
 
 /// The first line of a file (a trailing newline is not part of the passphrase).
