@@ -10,22 +10,10 @@ use common::{noise, snapshot, stderr_line};
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
-/// `cairn --repo REPO ARGS` with `env` set and stdin not a terminal.
 fn run(repo: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cairn"));
-    cmd.arg("--repo")
-        .arg(repo)
-        .args(args)
-        .env_remove("CAIRN_LOG")
-        .env_remove("CAIRN_PASSWORD")
-        .env_remove("CAIRN_NEW_PASSWORD")
-        .stdin(Stdio::null());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().unwrap()
+    common::cairn_with(repo, env, args)
 }
 
 fn ok(repo: &Path, env: &[(&str, &str)], args: &[&str]) -> String {

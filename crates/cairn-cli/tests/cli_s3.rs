@@ -1,4 +1,5 @@
-//! `cairn --repo s3://...` end to end: init, commit, restore, verify, rm, gc.
+//! `cairn --repo s3://...` end to end: init, commit, restore, verify, rm, gc; an encrypted
+//! format 2 repository with its key slots on the bucket.
 //!
 //! Needs `CAIRN_TEST_S3_URL` and the `AWS_*` credentials (see `scripts/minio.sh run`); prints
 //! a skip line without them, unless `CAIRN_REQUIRE_S3=1`.
@@ -106,6 +107,66 @@ fn init_commit_restore_gc_on_s3() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(secret.is_empty() || !err.contains(&secret), "{err}");
+}
+
+/// An encrypted format 2 repository on the bucket: key slots and sealed objects go through
+/// the S3 store like any other object; a wrong passphrase is refused with exit 5.
+#[test]
+fn an_encrypted_repository_on_s3_round_trips_and_refuses_a_wrong_passphrase() {
+    let Some(repo) = s3_repo() else { return };
+    let repo = Path::new(&repo);
+    let pw = [("CAIRN_PASSWORD", "s3 passphrase")];
+    let ok_with = |env: &[(&str, &str)], args: &[&str]| {
+        let out = common::cairn_with(repo, env, args);
+        assert!(out.status.success(), "cairn {args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("img.raw");
+    let out = dir.path().join("out.raw");
+    let (img_s, out_s) = (img.to_str().unwrap(), out.to_str().unwrap());
+
+    let init = ok_with(&pw, &["--json", "init", "--encrypt"]);
+    let init: serde_json::Value = serde_json::from_str(&init).unwrap();
+    assert_eq!(init["encrypted"], true, "{init}");
+    let v1 = image(3, 3 << 20);
+    std::fs::write(&img, &v1).unwrap();
+    ok_with(&pw, &["-q", "commit", "vm", img_s]);
+    let mut v2 = v1.clone();
+    v2[1 << 20..(1 << 20) + 50_000].copy_from_slice(&image(4, 50_000));
+    std::fs::write(&img, &v2).unwrap();
+    ok_with(&pw, &["-q", "commit", "vm", img_s]);
+
+    ok_with(&pw, &["-q", "restore", "vm@1", out_s, "--force"]);
+    assert!(std::fs::read(&out).unwrap() == v1, "vm@1 restored wrong");
+    ok_with(&pw, &["-q", "restore", "vm", out_s, "--force"]);
+    assert!(std::fs::read(&out).unwrap() == v2, "vm restored wrong");
+    ok_with(&pw, &["-q", "verify"]);
+
+    // A second slot, then the first passphrase changed: both slots live on the bucket.
+    ok_with(
+        &[
+            ("CAIRN_PASSWORD", "s3 passphrase"),
+            ("CAIRN_NEW_PASSWORD", "second"),
+        ],
+        &["-q", "key", "add"],
+    );
+    let slots = ok_with(&[("CAIRN_PASSWORD", "second")], &["--json", "key", "list"]);
+    let slots: serde_json::Value = serde_json::from_str(&slots).unwrap();
+    assert_eq!(slots.as_array().map(Vec::len), Some(2), "{slots}");
+
+    let wrong = common::cairn_with(
+        repo,
+        &[("CAIRN_PASSWORD", "nope")],
+        &["restore", "vm", out_s, "--force"],
+    );
+    assert_eq!(wrong.status.code(), Some(5), "{wrong:?}");
+    assert!(
+        common::stderr_line(&wrong).contains("wrong passphrase"),
+        "{wrong:?}"
+    );
+    let none = common::cairn_with(repo, &[], &["log", "vm"]);
+    assert_eq!(none.status.code(), Some(5), "{none:?}");
 }
 
 /// A store that cannot be used says what to fix — the credentials, the bucket, the endpoint —

@@ -266,3 +266,34 @@ async fn a_flipped_byte_in_any_sealed_object_is_found_and_named() {
     flip(&slot, 50);
     assert!(open(&dir, Some("pw")).await.is_ok());
 }
+
+/// A config replaced by a plain one (a downgrade) next to key slots: a writer refuses before
+/// writing anything; the repository's files stay as they were.
+#[tokio::test]
+async fn a_plain_config_next_to_key_slots_is_refused_by_writers() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = encrypted(dir.path(), "pw").await;
+    commit_bytes(&repo, "vm", image()).await;
+    drop(repo);
+    let plain = config();
+    std::fs::write(dir.path().join("config"), plain.encode()).unwrap();
+    let snapshot = || -> Vec<(PathBuf, Vec<u8>)> {
+        files(dir.path())
+            .into_iter()
+            .map(|f| (f.clone(), std::fs::read(f).unwrap()))
+            .collect()
+    };
+    let before = snapshot();
+    let store = Arc::new(LocalStore::open(dir.path()).unwrap());
+    let e = Repo::open_cached(store, SessionKind::Commit, None, None)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, RepoError::Downgraded { .. }), "{e}");
+    assert!(e.is_damage());
+    assert!(
+        e.to_string().contains("refusing to write plain data"),
+        "{e}"
+    );
+    let after = snapshot();
+    assert_eq!(before, after, "the refused writer changed the repository");
+}

@@ -51,7 +51,8 @@ pub enum RepoError {
     /// format 2 to the commands one by one; until then they refuse it before touching it).
     #[error(
         "{what} does not work on format 2 repositories yet ({location} is format 2; format 2 \
-         is in progress: commit, restore, log, show, images, tag and clone work on it today)"
+         is in progress: commit, restore, verify, export, log, show, images, tag, clone, rm and \
+         key work on it today)"
     )]
     NeedsFormat1 { what: String, location: String },
     /// An encrypted repository opened without a passphrase.
@@ -63,6 +64,13 @@ pub enum RepoError {
     /// The passphrase could not be had (no source, an unreadable file, a failed command).
     #[error("{0}")]
     NoPassphrase(String),
+    /// A plain config next to key slots: the config of an encrypted repository was replaced.
+    #[error(
+        "{location}: the config says the repository is not encrypted, yet it holds key slots \
+         (keys/); refusing to write plain data into it (was the config replaced? restore it \
+         from a copy)"
+    )]
+    Downgraded { location: String },
     /// No key slot opens with the passphrase given.
     #[error("wrong passphrase: none of the {slots} key slot(s) of {location} opens with it")]
     WrongPassphrase { location: String, slots: usize },
@@ -95,6 +103,7 @@ impl RepoError {
                 | RepoError::PackMissing { .. }
                 | RepoError::Quarantined { .. }
                 | RepoError::Node(_)
+                | RepoError::Downgraded { .. }
         )
     }
 

@@ -144,6 +144,9 @@ impl Repo {
             }
             (true, Some(p)) => Some(crate::keyring::unlock(store.as_ref(), &config, p).await?),
         };
+        if unlocked.is_none() && !kind.only_reads() {
+            refuse_downgrade(store.as_ref()).await?;
+        }
         Self::with_session(store, config, kind, meta_cache, unlocked).await
     }
 
@@ -733,4 +736,17 @@ async fn put_config(store: &dyn ObjectStore, config: &RepoConfig) -> RepoResult<
             location: store.describe(),
         }),
     }
+}
+
+/// A writer refuses a repository whose config says plain but which holds key slots: the
+/// config of an encrypted repository was replaced (a downgrade), and writing would store
+/// plain objects next to sealed ones. One listing, for writers only (readers of sealed
+/// objects through a plain config fail on every object anyway, writing nothing).
+async fn refuse_downgrade(store: &dyn ObjectStore) -> RepoResult<()> {
+    if store.list(keys::KEY_SLOTS).await?.is_empty() {
+        return Ok(());
+    }
+    Err(RepoError::Downgraded {
+        location: store.describe(),
+    })
 }

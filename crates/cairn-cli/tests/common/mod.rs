@@ -17,6 +17,23 @@ pub fn cairn(repo: &Path, args: &[&str]) -> Output {
         .expect("run cairn")
 }
 
+/// `cairn --repo REPO ARGS` with `env` set, no passphrase inherited from the caller's
+/// environment, and stdin not a terminal (so nothing prompts).
+pub fn cairn_with(repo: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cairn"));
+    cmd.arg("--repo")
+        .arg(repo)
+        .args(args)
+        .env_remove("CAIRN_LOG")
+        .env_remove("CAIRN_PASSWORD")
+        .env_remove("CAIRN_NEW_PASSWORD")
+        .stdin(std::process::Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run cairn")
+}
+
 /// The single line a failing command printed on stderr (asserts there is exactly one).
 pub fn stderr_line(out: &Output) -> String {
     let s = String::from_utf8_lossy(&out.stderr).to_string();
