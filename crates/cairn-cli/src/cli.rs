@@ -108,6 +108,26 @@ pub enum Command {
     ///
     /// Example: cairn clone base/debian12@v1.0 web01/disk0
     Clone(CloneArgs),
+    /// Copy versions from another repository into this one (--repo).
+    ///
+    /// Copies between any two repositories: local and S3, format 1 and format 2, plain and
+    /// encrypted (the way to move a repository to a new format or a new master key). Images,
+    /// the order of their versions, times, messages and tags are kept; only what changed
+    /// between a version and the one before it is read from the source, and the destination
+    /// stores only what it lacks. A version is copied once: its copy is the version of the
+    /// same image with the same time, size and message, so a second run copies nothing and
+    /// an interrupted one resumes. A tag the destination already has for another version is
+    /// left as it is, and reported.
+    ///
+    /// The source's passphrase (if it is encrypted): --from-password-file,
+    /// --from-password-command, $CAIRN_FROM_PASSWORD, or a prompt at the terminal; the
+    /// destination's as for any command.
+    ///
+    /// Examples:
+    ///   cairn --repo s3://backups/cairn copy --from /var/lib/cairn
+    ///   cairn --repo /srv/cairn-v2 copy --from /srv/cairn web01/disk0 base/debian12@v1.0
+    #[command(verbatim_doc_comment)]
+    Copy(CopyArgs),
     /// Name a version, or delete a name (--delete).
     ///
     /// A tag is a name for one version of an image; `IMAGE@NAME` then works wherever a version
@@ -640,6 +660,28 @@ pub struct CloneArgs {
     /// Message stored with the new version (default: "clone of IMAGE@N").
     #[arg(short, long)]
     pub message: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct CopyArgs {
+    /// The repository to copy from: a directory or s3://BUCKET/PREFIX.
+    #[arg(long, value_name = "REPO")]
+    pub from: String,
+    /// What to copy: IMAGE (all its versions) or IMAGE@REF (one version). None: every
+    /// version of every image.
+    #[arg(value_name = "IMAGE[@REF]")]
+    pub specs: Vec<String>,
+    /// Read the source's passphrase from this file (its first line).
+    #[arg(
+        long,
+        env = "CAIRN_FROM_PASSWORD_FILE",
+        value_name = "PATH",
+        conflicts_with = "from_password_command"
+    )]
+    pub from_password_file: Option<std::path::PathBuf>,
+    /// Run this shell command and use what it prints (first line) as the source's passphrase.
+    #[arg(long, env = "CAIRN_FROM_PASSWORD_COMMAND", value_name = "COMMAND")]
+    pub from_password_command: Option<String>,
 }
 
 #[derive(Debug, Args)]

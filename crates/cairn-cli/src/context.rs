@@ -47,6 +47,7 @@ impl Context {
             password: PasswordSource {
                 file: cli.password_file.clone(),
                 command: cli.password_command.clone(),
+                names: &crate::password::REPOSITORY,
             },
             opened: Mutex::new(Vec::new()),
         }
@@ -83,41 +84,20 @@ impl Context {
     /// The store behind --repo; `deletion`: for a command that frees space, which may use a
     /// local repository's space reserve when the disk is full.
     fn store_for(&self, create: bool, deletion: bool) -> Result<Arc<dyn ObjectStore>> {
-        let location = self.location()?;
-        if location.starts_with("s3://") {
-            // The bucket must exist; `init` writes the repository's first objects into it.
-            let store = cairn_store_s3::S3Store::open(location)
-                .with_context(|| format!("cannot open repository {}", redact_query(location)))?;
-            return Ok(Arc::new(store));
-        }
-        if location.contains("://") {
-            bail!("{location}: only local directories and s3://BUCKET/PREFIX are supported");
-        }
-        let path = PathBuf::from(location);
-        let store = if create {
-            LocalStore::create(&path)
-        } else {
-            LocalStore::open(&path)
-        };
-        match store {
-            Ok(s) if deletion => Ok(Arc::new(s.for_deletion())),
-            Ok(s) => Ok(Arc::new(s)),
-            Err(_) if !create && !path.exists() => {
-                Err(NoRepository(format!(
-                    "no cairn repository at {location} (the directory does not exist; run `cairn init` first)"
-                ))
-                .into())
-            }
-            Err(e) => Err(e).with_context(|| format!("cannot open repository {location}")),
-        }
+        store_at(self.location()?, create, deletion)
     }
 
     /// The metadata cache for --repo: --meta-cache, else the default for remote repositories.
     fn meta_cache(&self) -> Result<Option<Arc<ContentCache>>> {
+        self.meta_cache_for(self.location()?)
+    }
+
+    /// The metadata cache for the repository at `location`.
+    fn meta_cache_for(&self, location: &str) -> Result<Option<Arc<ContentCache>>> {
         let dir = match self.meta_cache.as_deref() {
             Some("off") => return Ok(None),
             Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-            _ if self.location()?.starts_with("s3://") => ContentCache::default_meta_dir(),
+            _ if location.starts_with("s3://") => ContentCache::default_meta_dir(),
             _ => return Ok(None),
         };
         match ContentCache::open(&dir, META_CACHE_LIMIT) {
@@ -131,6 +111,20 @@ impl Context {
                 Ok(None)
             }
         }
+    }
+
+    /// Opens another repository than --repo (`cairn copy --from`); closed with the command.
+    pub async fn open_other(
+        &self,
+        location: &str,
+        kind: SessionKind,
+        password: &PasswordSource,
+    ) -> Result<Arc<Repo>> {
+        let store = store_at(location, false, false)?;
+        let cache = self.meta_cache_for(location)?;
+        let repo = Arc::new(Repo::open_cached(store, kind, cache, Some(password)).await?);
+        self.opened.lock().expect("opened lock").push(repo.clone());
+        Ok(repo)
     }
 
     /// Opens the repository at --repo; `kind` names the session (commit, restore, ...).
@@ -180,5 +174,37 @@ impl Context {
                 Err(_) => tracing::debug!("closing the session after a failure: timed out"),
             }
         }
+    }
+}
+
+/// The store at `location` (a directory or s3://BUCKET/PREFIX), created if `create` (for
+/// init); `deletion`: for a command that frees space, which may use a local repository's
+/// space reserve when the disk is full.
+fn store_at(location: &str, create: bool, deletion: bool) -> Result<Arc<dyn ObjectStore>> {
+    if location.starts_with("s3://") {
+        // The bucket must exist; `init` writes the repository's first objects into it.
+        let store = cairn_store_s3::S3Store::open(location)
+            .with_context(|| format!("cannot open repository {}", redact_query(location)))?;
+        return Ok(Arc::new(store));
+    }
+    if location.contains("://") {
+        bail!("{location}: only local directories and s3://BUCKET/PREFIX are supported");
+    }
+    let path = PathBuf::from(location);
+    let store = if create {
+        LocalStore::create(&path)
+    } else {
+        LocalStore::open(&path)
+    };
+    match store {
+        Ok(s) if deletion => Ok(Arc::new(s.for_deletion())),
+        Ok(s) => Ok(Arc::new(s)),
+        Err(_) if !create && !path.exists() => {
+            Err(NoRepository(format!(
+                "no cairn repository at {location} (the directory does not exist; run `cairn init` first)"
+            ))
+            .into())
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot open repository {location}")),
     }
 }

@@ -68,6 +68,7 @@ fn main() -> ExitCode {
             Command::Commit(args) => commands::commit::run(&ctx, args).await,
             Command::Log(args) => commands::log::run(&ctx, args).await,
             Command::Clone(args) => commands::clone::run(&ctx, args).await,
+            Command::Copy(args) => commands::copy::run(&ctx, args).await,
             Command::Tag(args) => commands::tag::run(&ctx, args).await,
             Command::Tags(args) => commands::tag::list(&ctx, args).await,
             Command::Rm(args) => commands::rm::run(&ctx, args).await,
@@ -125,7 +126,8 @@ fn stops_gracefully(command: &Command) -> bool {
         | Command::Repair(_)
         | Command::Gc(_)
         | Command::Rm(_)
-        | Command::Prune(_) => true,
+        | Command::Prune(_)
+        | Command::Copy(_) => true,
         _ => false,
     }
 }

@@ -15,22 +15,60 @@ use zeroize::Zeroizing;
 pub type Secret = Zeroizing<Vec<u8>>;
 
 /// The passphrase sources the command line and environment name.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct PasswordSource {
     pub file: Option<PathBuf>,
     pub command: Option<String>,
+    /// Which repository's: the names of its variable and flags, for the messages.
+    pub names: &'static Names,
+}
+
+/// The variable and flags that give one repository's passphrase.
+#[derive(Debug)]
+pub struct Names {
+    pub env: &'static str,
+    pub file_flag: &'static str,
+    /// `None` where there is no such flag (a new passphrase).
+    pub command_flag: Option<&'static str>,
+    pub prompt: &'static str,
+}
+
+/// The repository at --repo.
+pub const REPOSITORY: Names = Names {
+    env: "CAIRN_PASSWORD",
+    file_flag: "--password-file",
+    command_flag: Some("--password-command"),
+    prompt: "Passphrase: ",
+};
+
+/// The repository `cairn copy --from` reads.
+pub const COPY_SOURCE: Names = Names {
+    env: "CAIRN_FROM_PASSWORD",
+    file_flag: "--from-password-file",
+    command_flag: Some("--from-password-command"),
+    prompt: "Passphrase of the source (--from): ",
+};
+
+impl Default for PasswordSource {
+    fn default() -> Self {
+        PasswordSource {
+            file: None,
+            command: None,
+            names: &REPOSITORY,
+        }
+    }
 }
 
 impl PasswordSource {
     /// The passphrase of an existing repository.
     pub fn read(&self) -> Result<Secret> {
-        self.read_or_ask(|| ask("Passphrase: "))
+        self.read_or_ask(|| ask(self.names))
     }
 
     /// A new repository's passphrase (`init --encrypt`): the same sources, asked twice at a
     /// terminal.
     pub fn read_new(&self) -> Result<Secret> {
-        self.read_or_ask(ask_new)
+        self.read_or_ask(|| ask_new(self.names))
     }
 
     fn read_or_ask(&self, ask: impl FnOnce() -> Result<Secret>) -> Result<Secret> {
@@ -38,9 +76,9 @@ impl PasswordSource {
             return from_file(path);
         }
         if let Some(command) = &self.command {
-            return from_command(command);
+            return from_command(command, self.names.command_flag.unwrap_or("the command"));
         }
-        from_env("CAIRN_PASSWORD").unwrap_or_else(ask)
+        from_env(self.names.env).unwrap_or_else(ask)
     }
 }
 
@@ -58,7 +96,7 @@ pub fn new_passphrase(file: Option<&Path>) -> Result<Secret> {
     if let Some(path) = file {
         return from_file(path);
     }
-    from_env("CAIRN_NEW_PASSWORD").unwrap_or_else(ask_new)
+    from_env(NEW.env).unwrap_or_else(|| ask_new(&NEW))
 }
 
 /// The passphrase in environment variable `name`, if it is set.
@@ -83,20 +121,20 @@ fn from_file(path: &Path) -> Result<Secret> {
     )
 }
 
-/// The first line a shell command prints.
-fn from_command(command: &str) -> Result<Secret> {
+/// The first line a shell command prints; `flag` names where the command came from.
+fn from_command(command: &str, flag: &str) -> Result<Secret> {
     let out = Command::new("sh")
         .arg("-c")
         .arg(command)
         .stdin(Stdio::inherit())
         .stderr(Stdio::inherit())
         .output()
-        .context("cannot run --password-command")?;
+        .with_context(|| format!("cannot run {flag}"))?;
     let stdout = Zeroizing::new(out.stdout);
     if !out.status.success() {
-        bail!("--password-command failed ({})", out.status);
+        bail!("{flag} failed ({})", out.status);
     }
-    non_empty(first_line(&stdout), "--password-command's output")
+    non_empty(first_line(&stdout), &format!("{flag}'s output"))
 }
 
 fn first_line(bytes: &[u8]) -> Secret {
@@ -112,20 +150,40 @@ fn non_empty(secret: Secret, what: &str) -> Result<Secret> {
     Ok(secret)
 }
 
-fn ask(prompt: &str) -> Result<Secret> {
+fn ask(names: &Names) -> Result<Secret> {
     if !std::io::stdin().is_terminal() {
+        let flags = match names.command_flag {
+            Some(command) => format!("{} or {command}", names.file_flag),
+            None => names.file_flag.to_string(),
+        };
         bail!(
-            "no passphrase given: set CAIRN_PASSWORD or pass --password-file or \
-             --password-command (standard input is not a terminal to ask at)"
+            "no passphrase given: set {} or pass {flags} (standard input is not a terminal \
+             to ask at)",
+            names.env
         );
     }
-    let typed = rpassword::prompt_password(prompt).context("cannot read the passphrase")?;
+    let typed = rpassword::prompt_password(names.prompt).context("cannot read the passphrase")?;
     non_empty(Zeroizing::new(typed.into_bytes()), "the passphrase")
 }
 
-fn ask_new() -> Result<Secret> {
-    let first = ask("New passphrase: ")?;
-    let again = ask("Repeat it: ")?;
+/// A new passphrase for a key slot (`cairn key add|passwd`).
+const NEW: Names = Names {
+    env: "CAIRN_NEW_PASSWORD",
+    file_flag: "--new-password-file",
+    command_flag: None,
+    prompt: "New passphrase: ",
+};
+
+/// A new passphrase, asked twice at the terminal; `names` say where else it could come from.
+fn ask_new(names: &'static Names) -> Result<Secret> {
+    let first = ask(&Names {
+        prompt: "New passphrase: ",
+        ..*names
+    })?;
+    let again = ask(&Names {
+        prompt: "Repeat it: ",
+        ..*names
+    })?;
     if first != again {
         bail!("the two passphrases differ; nothing was changed");
     }
@@ -151,12 +209,14 @@ mod tests {
     #[test]
     fn a_command_gives_its_first_line_and_a_failure_is_named() {
         assert_eq!(
-            from_command("printf 'from a vault\\nx'")
+            from_command("printf 'from a vault\\nx'", "--password-command")
                 .unwrap()
                 .as_slice(),
             b"from a vault"
         );
-        let e = from_command("exit 3").unwrap_err().to_string();
+        let e = from_command("exit 3", "--password-command")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("--password-command failed") && e.contains('3'),
             "{e}"

@@ -1,5 +1,5 @@
 //! `cairn --repo s3://...` end to end: init, commit, restore, verify, rm, gc; an encrypted
-//! format 2 repository with its key slots on the bucket.
+//! format 2 repository with its key slots on the bucket; `cairn copy` through the bucket.
 //!
 //! Needs `CAIRN_TEST_S3_URL` and the `AWS_*` credentials (see `scripts/minio.sh run`); prints
 //! a skip line without them, unless `CAIRN_REQUIRE_S3=1`.
@@ -167,6 +167,60 @@ fn an_encrypted_repository_on_s3_round_trips_and_refuses_a_wrong_passphrase() {
     );
     let none = common::cairn_with(repo, &[], &["log", "vm"]);
     assert_eq!(none.status.code(), Some(5), "{none:?}");
+}
+
+/// `cairn copy` local → S3 → a new encrypted local repository ends bit-exact, and a second
+/// run copies nothing.
+#[test]
+fn copy_goes_local_to_s3_to_an_encrypted_local_repository() {
+    let Some(bucket) = s3_repo() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("local");
+    let sealed = dir.path().join("sealed");
+    let img = dir.path().join("img.raw");
+    let run = |repo: &Path, env: &[(&str, &str)], args: &[&str]| {
+        let out = common::cairn_with(repo, env, args);
+        assert!(out.status.success(), "cairn {args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let pw = [("CAIRN_PASSWORD", "sealed")];
+    run(&local, &[], &["-q", "init"]);
+    let mut data = image(5, 2 << 20);
+    let mut versions = Vec::new();
+    for round in 0..3u8 {
+        data[(round as usize) << 19..((round as usize) << 19) + 4096].fill(round + 1);
+        std::fs::write(&img, &data).unwrap();
+        run(&local, &[], &["-q", "commit", "vm", img.to_str().unwrap()]);
+        versions.push(data.clone());
+    }
+    run(&local, &[], &["-q", "tag", "vm@2", "golden"]);
+
+    let s3 = Path::new(&bucket);
+    run(s3, &[], &["-q", "init", "--format", "2"]);
+    let (local_s, s3_s) = (local.to_str().unwrap(), bucket.as_str());
+    let first = run(s3, &[], &["copy", "--from", local_s]);
+    assert!(first.contains("3 version(s) copied"), "{first}");
+    run(&sealed, &pw, &["-q", "init", "--encrypt"]);
+    run(&sealed, &pw, &["-q", "copy", "--from", s3_s]);
+    for (i, want) in versions.iter().enumerate() {
+        let out = dir.path().join(format!("out{i}.raw"));
+        let spec = format!("vm@{}", i + 1);
+        run(
+            &sealed,
+            &pw,
+            &["-q", "restore", &spec, out.to_str().unwrap()],
+        );
+        assert!(std::fs::read(&out).unwrap() == *want, "{spec} differs");
+    }
+    let tagged = run(&sealed, &pw, &["log", "vm"]);
+    assert!(tagged.contains("golden"), "{tagged}");
+    for (repo, from, env) in [(s3, local_s, &[][..]), (sealed.as_path(), s3_s, &pw[..])] {
+        let again = run(repo, env, &["copy", "--from", from]);
+        assert!(
+            again.contains("0 version(s) copied, 3 already there"),
+            "{again}"
+        );
+    }
 }
 
 /// A store that cannot be used says what to fix — the credentials, the bucket, the endpoint —

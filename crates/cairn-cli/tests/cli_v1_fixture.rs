@@ -111,3 +111,85 @@ fn a_v1_repository_made_by_the_v1_release_reads_bit_exact() {
     let verify = ok(&repo, &["verify"]);
     assert!(verify.ends_with("no problems found\n"), "{verify}");
 }
+
+/// The way from format 1 to format 2: `cairn copy` the fixture into a new encrypted format 2
+/// repository — history, messages, tags and bytes kept; a second run copies nothing — and
+/// back out of it into a plain one with the source's passphrase from $CAIRN_FROM_PASSWORD.
+#[test]
+fn cairn_copy_moves_the_v1_fixture_into_an_encrypted_format_2_repository() {
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = dir.path().join("v1-repo");
+    let st = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(fixture_dir())
+        .arg(&v1)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let v1_s = v1.to_str().unwrap();
+    let v2 = dir.path().join("v2-repo");
+    let pw = [("CAIRN_PASSWORD", "new home")];
+    let run = |repo: &Path, env: &[(&str, &str)], args: &[&str]| {
+        let out = common::cairn_with(repo, env, args);
+        assert!(out.status.success(), "cairn {args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    run(&v2, &pw, &["-q", "init", "--encrypt"]);
+
+    let report: serde_json::Value =
+        serde_json::from_str(&run(&v2, &pw, &["--json", "copy", "--from", v1_s])).unwrap();
+    assert_eq!(report["copied"].as_array().unwrap().len(), 3, "{report}");
+    assert_eq!(report["tags_created"], 1, "{report}");
+    let log: serde_json::Value =
+        serde_json::from_str(&run(&v2, &pw, &["--json", "log", "vm"])).unwrap();
+    assert_eq!(log[0]["message"], "version 2");
+    assert_eq!(log[1]["message"], "version 1");
+    assert_eq!(log[1]["tags"], serde_json::json!(["golden"]));
+    let images = images();
+    for (spec, want) in [
+        ("vm@golden", &images[0]),
+        ("vm", &images[1]),
+        ("web", &images[1]),
+    ] {
+        let out = dir.path().join(format!("{spec}.raw"));
+        run(&v2, &pw, &["-q", "restore", spec, out.to_str().unwrap()]);
+        assert!(std::fs::read(&out).unwrap() == *want, "{spec} differs");
+    }
+    let again = run(&v2, &pw, &["copy", "--from", v1_s]);
+    assert!(
+        again.contains("0 version(s) copied, 3 already there, 0 tag(s) created"),
+        "{again}"
+    );
+    assert!(run(&v2, &pw, &["verify"]).ends_with("no problems found\n"));
+
+    // Out of the encrypted repository: the source's passphrase is its own.
+    let back = dir.path().join("back");
+    run(&back, &[], &["-q", "init"]);
+    let v2_s = v2.to_str().unwrap();
+    let wrong = common::cairn_with(
+        &back,
+        &[("CAIRN_FROM_PASSWORD", "not it")],
+        &["copy", "--from", v2_s, "vm@1"],
+    );
+    assert_eq!(wrong.status.code(), Some(5), "{wrong:?}");
+    assert!(common::stderr_line(&wrong).contains("wrong passphrase"));
+    let none = common::cairn_with(&back, &pw, &["copy", "--from", v2_s]);
+    assert_eq!(none.status.code(), Some(5), "{none:?}");
+    assert!(
+        common::stderr_line(&none).contains("CAIRN_FROM_PASSWORD"),
+        "{none:?}"
+    );
+    run(
+        &back,
+        &[("CAIRN_FROM_PASSWORD", "new home")],
+        &["-q", "copy", "--from", v2_s, "vm@1"],
+    );
+    let out = dir.path().join("back.raw");
+    run(&back, &[], &["-q", "restore", "vm", out.to_str().unwrap()]);
+    assert!(std::fs::read(&out).unwrap() == images[0]);
+
+    // A repository is not copied into itself.
+    let same = common::cairn_with(&v1, &[], &["copy", "--from", v1_s]);
+    assert!(!same.status.success());
+    assert!(common::stderr_line(&same).contains("destination repository itself"));
+}

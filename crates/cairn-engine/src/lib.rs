@@ -9,6 +9,7 @@
 //!   [`commit::plan`] (which of these a source gets)
 //! - [`tree`]: building and walking manifest trees (versioned segment trees)
 //! - [`restore`]: parallel, out-of-order, sparse restore
+//! - [`segment`]: one segment of a version, read through its leaf (either format)
 //! - [`diff`]: which byte ranges differ between two versions, reading only changed subtrees
 //! - [`verify`]: re-read everything, name the damaged versions
 //! - [`gc`]: garbage collection, safe with concurrent commits
@@ -16,6 +17,7 @@
 //! - [`resolve`]: `IMAGE[@REF]` and history
 //! - [`live`]: which versions are alive (GC roots, retention)
 //! - [`clone`]: a new image from an existing version, in O(1)
+//! - [`copy`]: versions from one repository into another, sending only what changed
 //! - [`remove`]: removing versions and images
 //! - [`repair`]: rebuild heads, index and summaries; store lost blobs again from a source
 //! - [`retention`]: keep-last/hourly/daily/weekly/monthly policies and prune
@@ -25,6 +27,7 @@
 pub mod chunker;
 pub mod clone;
 pub mod commit;
+pub mod copy;
 pub mod diff;
 mod error;
 pub mod gc;
@@ -36,6 +39,7 @@ pub mod repair;
 pub mod resolve;
 pub mod restore;
 pub mod retention;
+pub mod segment;
 pub mod source;
 pub mod stats;
 pub mod tree;

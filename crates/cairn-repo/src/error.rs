@@ -51,8 +51,8 @@ pub enum RepoError {
     /// format 2 to the commands one by one; until then they refuse it before touching it).
     #[error(
         "{what} does not work on format 2 repositories yet ({location} is format 2; format 2 \
-         is in progress: commit, restore, verify, export, log, show, images, tag, clone, rm and \
-         key work on it today)"
+         is in progress: commit, restore, verify, export, log, show, images, tag, clone, copy, \
+         rm and key work on it today)"
     )]
     NeedsFormat1 { what: String, location: String },
     /// An encrypted repository opened without a passphrase.

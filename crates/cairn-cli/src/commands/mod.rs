@@ -2,6 +2,7 @@
 
 pub mod clone;
 pub mod commit;
+pub mod copy;
 pub mod diff;
 pub mod docs;
 pub mod export;

@@ -160,6 +160,7 @@ pub async fn commit_changes(
         PatchOptions {
             message: message.to_string(),
             base_leaves: Some(parent_leaves),
+            time_ns: None,
         },
     )
     .await?;

@@ -103,7 +103,14 @@ pub(crate) async fn publish(
             // back (its time makes it unique to this commit, so nothing else refers to it).
             // After an error the swap may still have happened (a request cut off after the
             // server acted), so the record stays; what is left is removed by the exact GC.
-            Ok(false) => repo.delete_unpublished_version(&id).await,
+            // A record with the very same bytes may be what won (two copies of one version
+            // made at once): it is published, never taken back.
+            Ok(false) => {
+                if repo.head(image).await?.is_some_and(|h| h.version == id) {
+                    return Ok(CommitResult { id, record });
+                }
+                repo.delete_unpublished_version(&id).await
+            }
             Err(e) => return Err(e.into()),
         }
         tracing::debug!(image, attempt, "head moved during commit; retrying");

@@ -8,16 +8,16 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use cairn_format::leaf_v2::{RunExtent, RunLeaf};
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
-use cairn_repo::{Repo, RepoError};
+use cairn_repo::Repo;
 
 use super::{
     write_file, write_qcow2, write_stdout, write_zeros, RestoreOptions, RestoreProgress,
     RestoreStats, Sink,
 };
 use crate::error::{EngineError, EngineResult};
+use crate::segment::read_segment;
 use crate::tree::leaf_map;
 
 /// Restores `version` of a format 2 repository into `sink`.
@@ -84,65 +84,4 @@ pub(super) async fn run_grouped(
     stats.fetched_bytes = after.group_bytes - before.group_bytes;
     stats.reads = after.groups - before.groups;
     Ok(stats)
-}
-
-/// The `len` plain bytes of the segment whose leaf is `id` (zero runs as zeros), and how many
-/// of them are stored data.
-async fn read_segment(repo: &Repo, id: &Id, len: u64) -> EngineResult<(Vec<u8>, u64)> {
-    let reader = repo
-        .v2()
-        .ok_or_else(|| EngineError::internal("restore", "format 2 restore of format 1"))?;
-    let raw = repo.read_blob(id).await?;
-    let leaf =
-        RunLeaf::decode(&raw).map_err(|e| RepoError::corrupt(format!("manifest node {id}"), e))?;
-    if leaf.len() != len {
-        return Err(EngineError::Manifest(format!(
-            "leaf {id} covers {} bytes where its segment has {len}",
-            leaf.len()
-        )));
-    }
-    // Every group the leaf names, opened in one go (neighbouring groups in one read).
-    let mut names: Vec<Id> = Vec::new();
-    for e in leaf.extents() {
-        if let RunExtent::Run { group, .. } = e {
-            if names.last() != Some(group) && !names.contains(group) {
-                names.push(*group);
-            }
-        }
-    }
-    let mut located = Vec::with_capacity(names.len());
-    for group in &names {
-        located.push(reader.locate_group(group).await?);
-    }
-    let opened = reader.open_groups(&located).await?;
-    let mut data = Vec::with_capacity(len as usize);
-    let mut stored = 0;
-    for e in leaf.extents() {
-        match *e {
-            RunExtent::Zero { len } => data.resize(data.len() + len as usize, 0),
-            RunExtent::Run {
-                group,
-                first,
-                count,
-                len,
-            } => {
-                let at = names
-                    .iter()
-                    .position(|g| *g == group)
-                    .expect("every group named");
-                let bytes = located[at].slots(&opened[at], first, count)?;
-                if bytes.len() != len as usize {
-                    return Err(EngineError::Manifest(format!(
-                        "leaf {id}: slots {first}..{} of group {group} hold {} bytes, the leaf \
-                         says {len}",
-                        u32::from(first) + u32::from(count),
-                        bytes.len()
-                    )));
-                }
-                data.extend_from_slice(&bytes);
-                stored += u64::from(len);
-            }
-        }
-    }
-    Ok((data, stored))
 }

@@ -63,6 +63,9 @@ pub struct PatchOptions {
     /// commit needs it first to drop zero writes over absent segments): saves walking the
     /// base's interior nodes a second time. Must be `leaf_map` of the base passed along.
     pub base_leaves: Option<BTreeMap<u64, Id>>,
+    /// The version's time (ns since the epoch); `None`: now. `cairn copy` keeps the source
+    /// version's.
+    pub time_ns: Option<i64>,
 }
 
 /// The version a patch applies to: its size, its segment → leaf map (interior nodes only)
@@ -210,7 +213,7 @@ pub async fn commit_patch(
     mut options: PatchOptions,
 ) -> EngineResult<CommitResult> {
     validate_image_name(image)?;
-    let time_ns = cairn_repo::session::now_ns();
+    let time_ns = options.time_ns.unwrap_or_else(cairn_repo::session::now_ns);
     let handle = Handle::current();
     if handle.runtime_flavor() != RuntimeFlavor::MultiThread {
         return Err(EngineError::internal(

@@ -1,0 +1,83 @@
+//! `cairn copy --from SRC [IMAGE[@REF]…]`: versions from another repository into --repo.
+
+use std::process::ExitCode;
+
+use anyhow::{bail, Result};
+use cairn_engine::copy::copy;
+use cairn_engine::resolve::VersionSpec;
+use cairn_repo::SessionKind;
+use serde_json::json;
+
+use crate::cli::CopyArgs;
+use crate::context::Context;
+use crate::output::{bytes, print_json};
+use crate::password::{PasswordSource, COPY_SOURCE};
+use crate::progress::Ticker;
+
+pub async fn run(ctx: &Context, args: CopyArgs) -> Result<ExitCode> {
+    let specs = args
+        .specs
+        .iter()
+        .map(|s| VersionSpec::parse(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let password = PasswordSource {
+        file: args.from_password_file.clone(),
+        command: args.from_password_command.clone(),
+        names: &COPY_SOURCE,
+    };
+    let source = ctx
+        .open_other(&args.from, SessionKind::Read, &password)
+        .await?;
+    let dest = ctx.open_as(SessionKind::Commit).await?;
+    if source.config().repo_id == dest.config().repo_id {
+        bail!(
+            "--from {} is the destination repository itself: nothing to copy",
+            args.from
+        );
+    }
+    let (progress, ticker) = Ticker::for_work(ctx.progress);
+    let report = copy(source, dest, &specs, progress).await;
+    drop(ticker);
+    let report = report?;
+    if ctx.json {
+        print_json(&json!({
+            "copied": report.copied.iter().map(|c| json!({
+                "image": c.image,
+                "source_seq": c.source_seq,
+                "source_id": c.source.to_hex(),
+                "seq": c.seq,
+                "id": c.id.to_hex(),
+            })).collect::<Vec<_>>(),
+            "present": report.present,
+            "tags_created": report.tags_created,
+            "tags_conflicting": report.tags_conflicting,
+            "bytes_read": report.bytes_read,
+            "stored_bytes": report.stored_bytes,
+        }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    for c in &report.copied {
+        outln!(
+            "copied {}@{} to {}@{} {}",
+            c.image,
+            c.source_seq,
+            c.image,
+            c.seq,
+            c.id.short()
+        );
+    }
+    for tag in &report.tags_conflicting {
+        ctx.note(&format!(
+            "tag {tag} exists in the destination for another version: left as it is"
+        ));
+    }
+    outln!(
+        "{} version(s) copied, {} already there, {} tag(s) created; read {}, stored {}",
+        report.copied.len(),
+        report.present,
+        report.tags_created,
+        bytes(report.bytes_read),
+        bytes(report.stored_bytes)
+    );
+    Ok(ExitCode::SUCCESS)
+}
