@@ -175,11 +175,14 @@ export CAIRN_TEST_TMP="$ROOT/.data"
 check "disk formats: qcow2 in and out, backing chains, NBD, dirty bitmaps, polite scans (scripts/formats.py)" \
   python3 "$ROOT/scripts/formats.py" --dataset "$DATASET" --bin "$CAIRN_BIN"
 
-check "operator safety as root: a 100% full tmpfs freed by rm and gc, a mounted device refused (scripts/safety.py)" \
+check "operator safety as root: a 100% full tmpfs freed by rm and gc, an encrypted format 2 commit failing cleanly on one, a mounted device refused (scripts/safety.py)" \
   python3 "$ROOT/scripts/safety.py" --bin "$CAIRN_BIN"
 
 check "kill -9 loops: 100 trials of commit, gc, rm/prune and restore killed or interrupted (scripts/kill_loops.py)" \
   python3 "$ROOT/scripts/kill_loops.py" --bin "$CAIRN_BIN"
+
+check "kill -9 loops on an encrypted format 2 repository: 40 trials of commit, rm/prune and restore (scripts/kill_loops.py --encrypted)" \
+  python3 "$ROOT/scripts/kill_loops.py" --bin "$CAIRN_BIN" --encrypted
 
 check "pull-mode incremental backup of a running disk with qemu-storage-daemon (scripts/pullmode_backup.py)" \
   python3 "$ROOT/scripts/pullmode_backup.py" --bin "$CAIRN_BIN"
