@@ -32,6 +32,25 @@ def free_bytes(path):
     return st.f_bavail * st.f_frsize
 
 
+def fill_until_full(cairn, src, rng, size, tries):
+    """Commits `size` random bytes as a new version of vm until one fails; returns ({seq:
+    sha256} of the versions that fit, the failed command or None)."""
+    kept = {}
+    for _ in range(tries):
+        with open(src, "wb") as f:
+            f.write(rng.randbytes(size))
+        p = cairn.run("--json", "commit", "vm", src, check=False)
+        if p.returncode != 0:
+            return kept, p
+        kept[json.loads(p.stdout)["seq"]] = sha(src)
+    return kept, None
+
+
+def full_disk_line(repo):
+    return (f"cairn: error: the file system of {repo} is full: free space, or delete "
+            "versions with `cairn rm` or `cairn prune` (they can run on a full disk)")
+
+
 def full_disk(binary, work, c):
     print("full disk: rm and gc free space on a 100% full tmpfs")
     mnt = os.path.join(work, "tmpfs")
@@ -43,24 +62,13 @@ def full_disk(binary, work, c):
         cairn.run("init", "--reserve", "8M", "--pack-size", "4M")
         rng = random.Random(3)
         src = os.path.join(work, "disk.raw")  # on the big disk, not on the tmpfs
-        kept = {}
-        failure = None
-        for n in range(1, 40):
-            with open(src, "wb") as f:
-                f.write(rng.randbytes(12 << 20))
-            p = cairn.run("--json", "commit", "vm", src, check=False)
-            if p.returncode != 0:
-                failure = p
-                break
-            kept[json.loads(p.stdout)["seq"]] = sha(src)
+        kept, failure = fill_until_full(cairn, src, rng, 12 << 20, 39)
         c.ok(failure is not None and len(kept) >= 3,
              f"commits fill the file system ({len(kept)} versions fit)")
         if failure is None:
             return
         lines = as_plain(failure.stderr).strip().splitlines()
-        c.ok(len(lines) == 1 and lines[0] ==
-             f"cairn: error: the file system of {repo} is full: free space, or delete "
-             "versions with `cairn rm` or `cairn prune` (they can run on a full disk)",
+        c.ok(len(lines) == 1 and lines[0] == full_disk_line(repo),
              f"a commit on a full disk fails with one line: {failure.stderr.strip()!r}")
         # Fill what is left to the last block.
         filler = os.path.join(mnt, "filler")
@@ -119,24 +127,13 @@ def full_disk_encrypted(binary, work, c):
         cairn.run("init", "--encrypt", "--reserve", "4M", "--pack-size", "4M")
         rng = random.Random(5)
         src = os.path.join(work, "disk2.raw")
-        kept = {}
-        failure = None
-        for _ in range(1, 30):
-            with open(src, "wb") as f:
-                f.write(rng.randbytes(8 << 20))
-            p = cairn.run("--json", "commit", "vm", src, check=False)
-            if p.returncode != 0:
-                failure = p
-                break
-            kept[json.loads(p.stdout)["seq"]] = sha(src)
+        kept, failure = fill_until_full(cairn, src, rng, 8 << 20, 29)
         c.ok(failure is not None and len(kept) >= 2,
              f"encrypted commits fill the file system ({len(kept)} versions fit)")
         if failure is None:
             return
         lines = as_plain(failure.stderr).strip().splitlines()
-        c.ok(len(lines) == 1 and lines[0] ==
-             f"cairn: error: the file system of {repo} is full: free space, or delete "
-             "versions with `cairn rm` or `cairn prune` (they can run on a full disk)",
+        c.ok(len(lines) == 1 and lines[0] == full_disk_line(repo),
              f"an encrypted commit on a full disk fails with one line: "
              f"{failure.stderr.strip()!r}")
         c.ok(cairn.versions("vm") == len(kept),

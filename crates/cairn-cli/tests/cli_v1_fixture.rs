@@ -33,6 +33,19 @@ fn images() -> Vec<Vec<u8>> {
     vec![v1, v2, v3]
 }
 
+/// A copy of the fixture under `dir` (reading registers sessions; the fixture never changes).
+fn fixture_copy(dir: &Path) -> PathBuf {
+    let repo = dir.join("v1-repo");
+    let st = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(fixture_dir())
+        .arg(&repo)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    repo
+}
+
 fn ok(repo: &Path, args: &[&str]) -> String {
     let out = cairn(repo, args);
     assert!(out.status.success(), "cairn {args:?}: {out:?}");
@@ -67,14 +80,7 @@ fn a_v1_repository_made_by_the_v1_release_reads_bit_exact() {
         make_fixture(dir.path());
     }
     // Work on a copy: reading registers sessions, and nothing may change the fixture.
-    let repo = dir.path().join("v1-repo");
-    let st = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(fixture_dir())
-        .arg(&repo)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    let repo = fixture_copy(dir.path());
 
     let verify = ok(&repo, &["verify"]);
     assert!(verify.ends_with("no problems found\n"), "{verify}");
@@ -118,14 +124,7 @@ fn a_v1_repository_made_by_the_v1_release_reads_bit_exact() {
 #[test]
 fn cairn_copy_moves_the_v1_fixture_into_an_encrypted_format_2_repository() {
     let dir = tempfile::tempdir().unwrap();
-    let v1 = dir.path().join("v1-repo");
-    let st = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(fixture_dir())
-        .arg(&v1)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    let v1 = fixture_copy(dir.path());
     let v1_s = v1.to_str().unwrap();
     let v2 = dir.path().join("v2-repo");
     let pw = [("CAIRN_PASSWORD", "new home")];
