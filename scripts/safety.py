@@ -16,6 +16,7 @@ Prints "safety: N passed, M failed" and exits non-zero on any failure.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -30,6 +31,18 @@ from checks import Cairn, Checks, as_plain, sh, sha  # noqa: E402
 def free_bytes(path):
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+@contextlib.contextmanager
+def tmpfs(work, name, size):
+    """A tmpfs of `size` mounted at work/name for the block; unmounted after."""
+    mnt = os.path.join(work, name)
+    os.makedirs(mnt)
+    sh("mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", mnt)
+    try:
+        yield mnt
+    finally:
+        sh("umount", mnt, check=False)
 
 
 def fill_until_full(cairn, src, rng, size, tries):
@@ -53,10 +66,7 @@ def full_disk_line(repo):
 
 def full_disk(binary, work, c):
     print("full disk: rm and gc free space on a 100% full tmpfs")
-    mnt = os.path.join(work, "tmpfs")
-    os.makedirs(mnt)
-    sh("mount", "-t", "tmpfs", "-o", "size=80m", "tmpfs", mnt)
-    try:
+    with tmpfs(work, "tmpfs", "80m") as mnt:
         repo = os.path.join(mnt, "repo")
         cairn = Cairn(binary, repo)
         cairn.run("init", "--reserve", "8M", "--pack-size", "4M")
@@ -107,8 +117,6 @@ def full_disk(binary, work, c):
         os.remove(filler)
         p = cairn.run("commit", "vm", src, check=False)
         c.ok(p.returncode == 0, f"commits work again once space is freed: {p.stderr.strip()}")
-    finally:
-        sh("umount", mnt, check=False)
 
 
 def full_disk_encrypted(binary, work, c):
@@ -117,10 +125,7 @@ def full_disk_encrypted(binary, work, c):
     and restores bit-exact. (Format 2 has no gc yet to free space with: `rm` then `gc` is
     checked on format 1 above.)"""
     print("full disk: an encrypted format 2 commit fails cleanly and loses nothing")
-    mnt = os.path.join(work, "tmpfs2")
-    os.makedirs(mnt)
-    sh("mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", mnt)
-    try:
+    with tmpfs(work, "tmpfs2", "48m") as mnt:
         repo = os.path.join(mnt, "repo")
         cairn = Cairn(binary, repo)
         cairn.env["CAIRN_PASSWORD"] = "safety passphrase"
@@ -147,8 +152,6 @@ def full_disk_encrypted(binary, work, c):
             p = cairn.run("restore", f"vm@{seq}", out, "--force", check=False)
             c.ok(p.returncode == 0 and sha(out) == digest,
                  f"vm@{seq} restores bit-exact from the full disk: {p.stderr.strip()}")
-    finally:
-        sh("umount", mnt, check=False)
 
 
 def mounted_device(binary, work, c):

@@ -13,6 +13,7 @@ use cairn_format::config::RepoConfig;
 use cairn_format::crypto::KdfParams;
 use cairn_repo::Repo;
 use cairn_store::LocalStore;
+use cairn_testkit::repo_snapshot;
 use common::{commit_bytes, config, noise, restore_bytes};
 use zeroize::Zeroizing;
 
@@ -41,31 +42,6 @@ async fn init_encrypted(dir: &Path) -> Arc<Repo> {
             .await
             .unwrap(),
     )
-}
-
-/// Every file under `dir` but sessions, with its bytes.
-fn files(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    for e in walkdir(dir) {
-        if !e.to_string_lossy().contains("/sessions/") {
-            let bytes = std::fs::read(&e).unwrap();
-            out.push((e, bytes));
-        }
-    }
-    out.sort();
-    out
-}
-
-fn walkdir(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        match p.is_dir() {
-            true => out.extend(walkdir(&p)),
-            false => out.push(p),
-        }
-    }
-    out
 }
 
 /// Source and copy agree: same count, order, times, messages, sizes and bytes.
@@ -121,8 +97,8 @@ async fn versions_copy_across_formats_and_keys_bit_exact_and_a_second_run_copies
     assert_eq!(enc.load_version(&golden).await.unwrap().seq, 2);
 
     // A second run copies nothing and changes nothing.
-    drop(enc);
-    let before = files(dirs[1].path());
+    enc.close().await.unwrap();
+    let before = repo_snapshot(dirs[1].path());
     let enc = {
         let store = Arc::new(LocalStore::open(dirs[1].path()).unwrap());
         let pass = cairn_repo::GivenPassphrase(Zeroizing::new(b"copy test".to_vec()));
@@ -139,7 +115,7 @@ async fn versions_copy_across_formats_and_keys_bit_exact_and_a_second_run_copies
         (4, 0, 0)
     );
     assert!(
-        before == files(dirs[1].path()),
+        before == repo_snapshot(dirs[1].path()),
         "a second copy changed the destination"
     );
 

@@ -15,6 +15,7 @@ use cairn_format::crypto::KdfParams;
 use cairn_format::Id;
 use cairn_repo::{GivenPassphrase, Repo, RepoError, SessionKind};
 use cairn_store::LocalStore;
+use cairn_testkit::files_under as files;
 use common::{commit_bytes, noise, restore_bytes};
 use zeroize::Zeroizing;
 
@@ -89,23 +90,6 @@ async fn stored_ids(repo: &Repo) -> HashSet<Id> {
         }
     }
     ids
-}
-
-fn files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
@@ -274,15 +258,12 @@ async fn a_plain_config_next_to_key_slots_is_refused_by_writers() {
     let dir = tempfile::tempdir().unwrap();
     let repo = encrypted(dir.path(), "pw").await;
     commit_bytes(&repo, "vm", image()).await;
-    drop(repo);
+    // Closed, not dropped: a dropped session is removed in the background, which would race
+    // with the snapshots below.
+    repo.close().await.unwrap();
     let plain = config();
     std::fs::write(dir.path().join("config"), plain.encode()).unwrap();
-    let snapshot = || -> Vec<(PathBuf, Vec<u8>)> {
-        files(dir.path())
-            .into_iter()
-            .map(|f| (f.clone(), std::fs::read(f).unwrap()))
-            .collect()
-    };
+    let snapshot = || cairn_testkit::repo_snapshot(dir.path());
     let before = snapshot();
     let store = Arc::new(LocalStore::open(dir.path()).unwrap());
     let e = Repo::open_cached(store, SessionKind::Commit, None, None)

@@ -40,6 +40,37 @@ pub fn fuzz_cases() -> u32 {
         .unwrap_or(256)
 }
 
+/// Every file under `dir`, recursively, sorted.
+pub fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read a test directory") {
+            let p = e.expect("a directory entry").path();
+            match p.is_dir() {
+                true => stack.push(p),
+                false => out.push(p),
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Every file under a local repository `dir` with its bytes, sessions left out: what "the
+/// command changed nothing" compares.
+pub fn repo_snapshot(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let sessions = dir.join("refs/sessions");
+    files_under(dir)
+        .into_iter()
+        .filter(|p| !p.starts_with(&sessions))
+        .map(|p| {
+            let bytes = std::fs::read(&p).expect("read a test file");
+            (p.display().to_string(), bytes)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -41,24 +41,9 @@ pub fn stderr_line(out: &Output) -> String {
     s.trim_end().to_string()
 }
 
-/// Every file under a local repository `dir` with its bytes, sessions left out: what "the
-/// command changed nothing" compares.
-pub fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if !p.starts_with(dir.join("refs/sessions")) {
-                out.push((p.display().to_string(), std::fs::read(&p).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
-}
+/// What "the command changed nothing" compares (sessions left out).
+#[allow(unused_imports)] // not every test file needs it
+pub use cairn_testkit::repo_snapshot as snapshot;
 
 #[allow(unused_imports)] // not every test file needs it
 pub use cairn_testkit::noise;
