@@ -33,11 +33,9 @@ repository, no `.*.cairn-partial-*` file in the restore target directory, and a 
     scripts/kill_loops.py [--bin target/release/cairn] [--dir DIR] [--seed N]
                           [--trials 30,25,25,20] [--encrypted]
 
---encrypted runs the loops on an encrypted format 2 repository (`init --encrypt`, the
-passphrase in $CAIRN_PASSWORD). Format 2 has no gc yet, so there the gc loop must have 0
-trials, dead sessions are left as they are, and the final checks are verify and bit-exact
-restores (a killed commit's unpublished packs and temporary files stay until format 2's gc
-reclaims them).
+--encrypted runs the same loops and checks on an encrypted format 2 repository
+(`init --encrypt`, the passphrase in $CAIRN_PASSWORD), whose gc marks exactly in both modes
+and rewrites groups without their dead slots.
 
 Prints per-loop timings and "kill_loops: N passed, M failed"; exits non-zero on any failure.
 """
@@ -194,9 +192,7 @@ class Run:
     def _clear_dead_sessions(self):
         """Removes the sessions (and gc lock) the killed processes left: a gc (which knows a
         session whose process is gone for dead at once), given a pending deletion so it
-        reaches its sweep, where it removes them. Format 2 has no gc yet: left."""
-        if self.repo.encrypted:
-            return
+        reaches its sweep, where it removes them."""
         self.commit()
         self.drop_oldest()
         self.repo.run("gc", timeout=120)
@@ -301,7 +297,7 @@ class Run:
     def gc_does_not_wait(self, loop, what, label, timeout):
         """The next gc after a killed `what` (with a deletion pending) finishes promptly.
         Returns True if it did (then the dead session is no obstacle any more)."""
-        if loop in self.gc_wait_failed or self.repo.encrypted:
+        if loop in self.gc_wait_failed:
             return False
         started = time.monotonic()
         try:
@@ -447,9 +443,6 @@ class Run:
             self.check_all(label)
 
     def finish(self):
-        if self.repo.encrypted:  # no gc on format 2 yet: what can be checked is the data
-            self.check_all("at the end")
-            return
         self.clear_dead_sessions()
         p = self.repo.run("--json", "gc", "--repair", check=False, timeout=120)
         self.ok(p.returncode == 0, f"final gc --repair succeeds: {p.stderr.strip()}")
@@ -485,16 +478,14 @@ def main():
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--trials", default=None,
                     help="trials of the commit, gc, rm/prune and restore loops "
-                    "(default 30,25,25,20; with --encrypted 20,0,10,10)")
+                    "(default 30,25,25,20; with --encrypted 15,12,8,8)")
     ap.add_argument("--encrypted", action="store_true",
-                    help="an encrypted format 2 repository (no gc loop)")
+                    help="an encrypted format 2 repository")
     args = ap.parse_args()
-    default = "20,0,10,10" if args.encrypted else "30,25,25,20"
+    default = "15,12,8,8" if args.encrypted else "30,25,25,20"
     trials = [int(x) for x in (args.trials or default).split(",")]
     if len(trials) != 4:
         sys.exit("kill_loops: --trials takes four numbers (commit,gc,rm,restore)")
-    if args.encrypted and trials[1]:
-        sys.exit("kill_loops: --encrypted: format 2 has no gc yet, give the gc loop 0 trials")
     binary = os.path.abspath(args.bin)
     if not os.access(binary, os.X_OK):
         sys.exit(f"kill_loops: no cairn binary at {binary} (build it: "
@@ -522,8 +513,7 @@ def main():
                  ("gc", lambda: run.loop_gc(trials[1], gc_timeout)),
                  ("rm/prune", lambda: run.loop_rm(trials[2])),
                  ("restore", lambda: run.loop_restore(trials[3])),
-                 ("final checks" if args.encrypted else "final gc --repair and leak checks",
-                  run.finish)]
+                 ("final gc --repair and leak checks", run.finish)]
         for (name, loop), n in zip(loops, trials + [0]):
             if n == 0 and name != loops[-1][0]:
                 continue

@@ -72,16 +72,29 @@ async fn read_run_segment(
     check_len(id, leaf.len(), len)?;
     // Every group the leaf names, opened in one go (neighbouring groups in one read).
     let mut names: Vec<Id> = Vec::new();
+    let mut wanted: Vec<Vec<(u16, u16)>> = Vec::new();
     for e in leaf.extents() {
-        if let RunExtent::Run { group, .. } = e {
-            if names.last() != Some(group) && !names.contains(group) {
-                names.push(*group);
-            }
+        if let RunExtent::Run {
+            group,
+            first,
+            count,
+            ..
+        } = *e
+        {
+            let at = match names.iter().rposition(|g| *g == group) {
+                Some(at) => at,
+                None => {
+                    names.push(group);
+                    wanted.push(Vec::new());
+                    names.len() - 1
+                }
+            };
+            wanted[at].push((first, count));
         }
     }
     let mut located = Vec::with_capacity(names.len());
-    for group in &names {
-        located.push(reader.locate_group(group).await?);
+    for (group, slots) in names.iter().zip(&wanted) {
+        located.push(reader.locate_group_storing(group, slots).await?);
     }
     let opened = reader.open_groups(&located).await?;
     let mut data = Vec::with_capacity(len as usize);

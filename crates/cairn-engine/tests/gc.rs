@@ -11,6 +11,7 @@ use cairn_engine::gc::{gc, GcMode, GcOptions};
 use cairn_engine::progress::WorkProgress;
 use cairn_engine::resolve::{history, resolve, VersionSpec};
 use cairn_engine::verify::verify;
+use cairn_format::config::RepoConfig;
 use cairn_format::summary::Summary;
 use cairn_format::version::VersionRecord;
 use cairn_repo::Repo;
@@ -25,18 +26,45 @@ fn opts(mode: GcMode) -> GcOptions {
     }
 }
 
-/// Runs a scenario once with fast deletion and once with the exact pass.
+/// A repository format under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    V1,
+    /// Format 2 (4 KiB chunks in groups; GC marks exactly in either mode).
+    V2,
+}
+
+impl Format {
+    fn config(self) -> RepoConfig {
+        match self {
+            Format::V1 => config(16384, 1 << 20),
+            Format::V2 => RepoConfig {
+                repo_id: [1; 16],
+                segment_size: 1 << 20,
+                pack_target: 1 << 20,
+                ..RepoConfig::default_v2()
+            },
+        }
+    }
+}
+
+/// Runs a scenario with fast deletion and with the exact pass on format 1, and once on
+/// format 2.
 macro_rules! both_modes {
     ($name:ident) => {
         mod $name {
             use super::*;
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn fast() {
-                super::$name(GcMode::Fast).await
+                super::$name(GcMode::Fast, Format::V1).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn repair() {
-                super::$name(GcMode::Repair).await
+                super::$name(GcMode::Repair, Format::V1).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn format2() {
+                super::$name(GcMode::Fast, Format::V2).await
             }
         }
     };
@@ -48,7 +76,11 @@ async fn stored_bytes(store: &dyn ObjectStore) -> u64 {
         .await
         .unwrap()
         .iter()
-        .filter(|m| m.key.starts_with("packs/") || m.key.starts_with("index/"))
+        .filter(|m| {
+            ["packs/", "index/", "index-runs/"]
+                .iter()
+                .any(|p| m.key.starts_with(p))
+        })
         .map(|m| m.size)
         .sum()
 }
@@ -69,8 +101,8 @@ async fn version(repo: &Repo, spec: &str) -> VersionRecord {
 }
 
 /// Five versions of one image, each rewriting a different quarter with fresh noise.
-async fn series(store: Arc<MemoryStore>) -> (Arc<Repo>, Vec<Vec<u8>>) {
-    let repo = Arc::new(Repo::init(store, config(16384, 1 << 20)).await.unwrap());
+async fn series(store: Arc<MemoryStore>, format: Format) -> (Arc<Repo>, Vec<Vec<u8>>) {
+    let repo = Arc::new(Repo::init(store, format.config()).await.unwrap());
     let mut data = noise(8 << 20, 1);
     let mut contents = Vec::new();
     for i in 0..5u64 {
@@ -83,9 +115,12 @@ async fn series(store: Arc<MemoryStore>) -> (Arc<Repo>, Vec<Vec<u8>>) {
 }
 
 both_modes!(gc_after_deleting_all_but_the_newest_matches_a_fresh_repository);
-async fn gc_after_deleting_all_but_the_newest_matches_a_fresh_repository(mode: GcMode) {
+async fn gc_after_deleting_all_but_the_newest_matches_a_fresh_repository(
+    mode: GcMode,
+    format: Format,
+) {
     let store = Arc::new(MemoryStore::new());
-    let (repo, contents) = series(store.clone()).await;
+    let (repo, contents) = series(store.clone(), format).await;
     for seq in 1..=4 {
         let (id, _) = resolve(&repo, &VersionSpec::parse(&format!("vm@{seq}")).unwrap())
             .await
@@ -108,13 +143,13 @@ async fn gc_after_deleting_all_but_the_newest_matches_a_fresh_repository(mode: G
         .iter()
         .map(|r| (r.step.name, r.done, r.total))
         .collect();
-    let (walk, walked) = match mode {
-        GcMode::Fast => ("judging deleted versions", 4),
-        GcMode::Repair => ("marking live versions", 1),
+    let (walk, walked) = match (mode, format) {
+        (GcMode::Fast, Format::V1) => ("judging deleted versions", 4),
+        _ => ("marking live versions", 1),
     };
     let repacked = report.bytes_repacked;
     let mut want = vec![(walk, walked, walked)];
-    if mode == GcMode::Fast {
+    if (mode, format) == (GcMode::Fast, Format::V1) {
         want.insert(0, ("loading live summaries", 1, 1));
     }
     want.extend([
@@ -132,7 +167,7 @@ async fn gc_after_deleting_all_but_the_newest_matches_a_fresh_repository(mode: G
     // A fresh repository holding only the newest version.
     let fresh_store = Arc::new(MemoryStore::new());
     let fresh = Arc::new(
-        Repo::init(fresh_store.clone(), config(16384, 1 << 20))
+        Repo::init(fresh_store.clone(), format.config())
             .await
             .unwrap(),
     );
@@ -155,9 +190,9 @@ async fn gc_after_deleting_all_but_the_newest_matches_a_fresh_repository(mode: G
 }
 
 both_modes!(gc_keeps_everything_live_versions_use);
-async fn gc_keeps_everything_live_versions_use(mode: GcMode) {
+async fn gc_keeps_everything_live_versions_use(mode: GcMode, format: Format) {
     let store = Arc::new(MemoryStore::new());
-    let (repo, contents) = series(store.clone()).await;
+    let (repo, contents) = series(store.clone(), format).await;
     // Delete the middle versions only.
     for seq in [2, 3] {
         let (id, _) = resolve(&repo, &VersionSpec::parse(&format!("vm@{seq}")).unwrap())
@@ -180,13 +215,9 @@ async fn gc_keeps_everything_live_versions_use(mode: GcMode) {
 }
 
 both_modes!(a_commit_running_during_gc_that_reuses_dead_data_is_rescued);
-async fn a_commit_running_during_gc_that_reuses_dead_data_is_rescued(mode: GcMode) {
+async fn a_commit_running_during_gc_that_reuses_dead_data_is_rescued(mode: GcMode, format: Format) {
     let store = Arc::new(MemoryStore::new());
-    let repo = Arc::new(
-        Repo::init(store.clone(), config(16384, 1 << 20))
-            .await
-            .unwrap(),
-    );
+    let repo = Arc::new(Repo::init(store.clone(), format.config()).await.unwrap());
     let old = noise(4 << 20, 77);
     let first = commit_bytes(&repo, "vm", old.clone()).await;
     commit_bytes(&repo, "vm", noise(4 << 20, 78)).await;
@@ -216,13 +247,12 @@ async fn a_commit_running_during_gc_that_reuses_dead_data_is_rescued(mode: GcMod
 }
 
 both_modes!(a_session_that_starts_after_the_plan_does_not_reuse_doomed_blobs);
-async fn a_session_that_starts_after_the_plan_does_not_reuse_doomed_blobs(mode: GcMode) {
+async fn a_session_that_starts_after_the_plan_does_not_reuse_doomed_blobs(
+    mode: GcMode,
+    format: Format,
+) {
     let store = Arc::new(MemoryStore::new());
-    let repo = Arc::new(
-        Repo::init(store.clone(), config(16384, 1 << 20))
-            .await
-            .unwrap(),
-    );
+    let repo = Arc::new(Repo::init(store.clone(), format.config()).await.unwrap());
     let old = noise(2 << 20, 5);
     let first = commit_bytes(&repo, "vm", old.clone()).await;
     commit_bytes(&repo, "vm", noise(2 << 20, 6)).await;
@@ -251,9 +281,9 @@ async fn a_session_that_starts_after_the_plan_does_not_reuse_doomed_blobs(mode: 
 }
 
 both_modes!(gc_dying_after_any_number_of_store_operations_loses_nothing);
-async fn gc_dying_after_any_number_of_store_operations_loses_nothing(mode: GcMode) {
+async fn gc_dying_after_any_number_of_store_operations_loses_nothing(mode: GcMode, format: Format) {
     let store = Arc::new(MemoryStore::new());
-    let (repo, contents) = series(store.clone()).await;
+    let (repo, contents) = series(store.clone(), format).await;
     repo.close().await.unwrap();
     let mut trials = 0;
     let mut alive: Vec<u64> = vec![1, 2, 3, 4, 5];
@@ -285,8 +315,9 @@ async fn gc_dying_after_any_number_of_store_operations_loses_nothing(mode: GcMod
             let report = verify(check.clone()).await.unwrap();
             assert!(
                 report.is_clean(),
-                "gc stopped after {allowed} writes: {:?}",
-                report.problems
+                "gc stopped after {allowed} writes: {:?} {:?}",
+                report.problems,
+                report.damaged_versions
             );
             for seq in &alive {
                 let v = version(&check, &format!("vm@{seq}")).await;
@@ -323,7 +354,7 @@ async fn load_summary(store: &dyn ObjectStore, record: &VersionRecord) -> Summar
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_commit_publishes_a_summary_holding_every_blob_of_its_tree() {
     let store = Arc::new(MemoryStore::new());
-    let (repo, _) = series(store.clone()).await;
+    let (repo, _) = series(store.clone(), Format::V1).await;
     for (_, record) in history(&repo, "vm").await.unwrap() {
         let s = load_summary(store.as_ref(), &record).await;
         let TreeBlobs { nodes, chunks } = tree_blobs(&repo, &record).await;
@@ -400,7 +431,7 @@ async fn fast_deletion_leaks_only_what_summaries_claim_and_repair_removes_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fast_deletion_rebuilds_missing_and_damaged_summaries() {
     let store = Arc::new(MemoryStore::new());
-    let (repo, contents) = series(store.clone()).await;
+    let (repo, contents) = series(store.clone(), Format::V1).await;
     let v4 = version(&repo, "vm@4").await;
     let v5 = version(&repo, "vm@5").await;
     store
@@ -432,7 +463,7 @@ async fn fast_deletion_rebuilds_missing_and_damaged_summaries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_a_cloned_image_keeps_what_the_clone_uses() {
     let store = Arc::new(MemoryStore::new());
-    let (repo, contents) = series(store.clone()).await;
+    let (repo, contents) = series(store.clone(), Format::V1).await;
     cairn_engine::clone::clone_version(&repo, &VersionSpec::parse("vm@3").unwrap(), "copy", None)
         .await
         .unwrap();

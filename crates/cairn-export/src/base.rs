@@ -373,7 +373,11 @@ impl Base {
             .repo
             .v2()
             .ok_or_else(|| RepoError::Invalid("a group run in a format 1 repository".into()))?;
-        let loc = record_damage(&self.repo, reader.locate_group(group).await).await?;
+        let loc = record_damage(
+            &self.repo,
+            reader.locate_group_storing(group, &[(first, count)]).await,
+        )
+        .await?;
         let desc = &loc.trailer.groups[loc.group as usize].desc;
         let range = usize::from(first)..usize::from(first) + usize::from(count);
         let slots = desc

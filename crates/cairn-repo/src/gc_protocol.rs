@@ -140,11 +140,30 @@ impl Repo {
         }
     }
 
+    /// Removes the plans of dead GCs (the caller holds the lock, so every pending plan is
+    /// one), failing if one cannot be removed. Safe: a plan's sweep deletes every index file
+    /// it supersedes before any pack, so while one of them is left no pack it named is gone,
+    /// and once all are gone the plan hides nothing. Needed on format 2, where GC's index
+    /// run can be byte-identical to one a dead GC's plan supersedes (same live data, same
+    /// run): that plan would hide the new run from every reader.
+    pub async fn remove_stale_gc_plans(&self) -> RepoResult<usize> {
+        let plans = self.store().list(keys::PLANS).await?;
+        for meta in &plans {
+            self.store().delete(&meta.key).await?;
+        }
+        Ok(plans.len())
+    }
+
     /// Step 6 (deletions, in this order): the superseded index files — their replacements are
     /// written — then the packs they named.
+    /// (Format 2: the superseded index runs.)
     pub async fn sweep(&self, index_files: &[Id], packs: &[Id]) -> RepoResult<()> {
         for id in index_files {
-            self.store().delete(&keys::index_file(id)).await?;
+            let key = match self.v2() {
+                Some(_) => keys::index_run(id),
+                None => keys::index_file(id),
+            };
+            self.store().delete(&key).await?;
         }
         for pack in packs {
             self.store().delete(&keys::pack(pack)).await?;
@@ -219,11 +238,15 @@ impl Repo {
             .collect())
     }
 
-    /// Bytes of every index file in the store.
+    /// Bytes of every index file (format 2: index run) in the store.
     pub async fn index_file_bytes(&self) -> RepoResult<u64> {
+        let prefix = match self.v2() {
+            Some(_) => keys::INDEX_RUNS,
+            None => keys::INDEX,
+        };
         Ok(self
             .store()
-            .list(keys::INDEX)
+            .list(prefix)
             .await?
             .iter()
             .map(|m| m.size)

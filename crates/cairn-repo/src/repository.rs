@@ -187,6 +187,11 @@ impl Repo {
             v2: None,
             unlocked,
         };
+        let mut superseded = HashSet::new();
+        for (id, plan) in repo.gc_plans_with_ids().await? {
+            repo.plans_seen.insert(id);
+            superseded.extend(plan.superseded_index);
+        }
         if repo.config.v2.is_some() {
             let reader = crate::v2::V2Reader::new(
                 repo.store.clone(),
@@ -196,22 +201,12 @@ impl Repo {
             // A damaged run is a finding (verify reports it; the versions whose groups only
             // it locates fail to restore, each naming what is missing), never a repository
             // that cannot be opened; an unreachable store still fails the open.
-            for meta in repo.store.list(keys::INDEX_RUNS).await? {
-                if let Some(id) = keys::id_after(keys::INDEX_RUNS, &meta.key) {
-                    match reader.add_run(&id).await {
-                        Ok(()) => {}
-                        Err(e) if e.is_damage() => repo.index_errors.push(e.to_string()),
-                        Err(e) => return Err(e),
-                    }
-                }
-            }
+            let errors = reader
+                .add_runs(&repo.index_run_ids(&superseded).await?)
+                .await?;
+            repo.index_errors.extend(errors);
             repo.v2 = Some(Arc::new(reader));
             return Ok(repo);
-        }
-        let mut superseded = HashSet::new();
-        for (id, plan) in repo.gc_plans_with_ids().await? {
-            repo.plans_seen.insert(id);
-            superseded.extend(plan.superseded_index);
         }
         let markers = repo.quarantine_markers().await?;
         repo.quarantined_packs()
@@ -343,6 +338,11 @@ impl Repo {
         Ok(plans)
     }
 
+    /// Whether any GC plan was pending when this process opened the repository.
+    pub fn saw_any_plan(&self) -> bool {
+        !self.plans_seen.is_empty()
+    }
+
     /// Whether this process saw GC plan `id` pending when it opened the repository.
     pub fn saw_plan(&self, id: &Id) -> bool {
         self.plans_seen.contains(id)
@@ -364,6 +364,12 @@ impl Repo {
         for plan in self.gc_plans().await? {
             superseded.extend(plan.superseded_index);
         }
+        if let Some(v2) = &self.v2 {
+            let runs = self.index_run_ids(&superseded).await?;
+            v2.retain_runs(&runs);
+            v2.add_runs(&runs).await?;
+            return Ok(());
+        }
         let (index, _) = self.read_index(&superseded).await?;
         *self.index.write().expect("index lock") = index;
         Ok(())
@@ -377,6 +383,34 @@ impl Repo {
             superseded.extend(plan.superseded_index);
         }
         Ok(self.read_index(&superseded).await?.0)
+    }
+
+    /// The index runs in the store (format 2) except `superseded`, in listing order.
+    pub async fn index_run_ids(&self, superseded: &HashSet<Id>) -> RepoResult<Vec<Id>> {
+        Ok(self
+            .store
+            .list(keys::INDEX_RUNS)
+            .await?
+            .iter()
+            .filter_map(|m| keys::id_after(keys::INDEX_RUNS, &m.key))
+            .filter(|id| !superseded.contains(id))
+            .collect())
+    }
+
+    /// A reader of format 2 objects that sees the index as a process opening the repository
+    /// now would (every run except those pending GC plans supersede), and those runs; a
+    /// damaged run fails it (GC and the stale-GC guard act only on a complete view).
+    pub async fn v2_view(&self) -> RepoResult<(crate::v2::V2Reader, Vec<Id>)> {
+        let mut superseded = HashSet::new();
+        for plan in self.gc_plans().await? {
+            superseded.extend(plan.superseded_index);
+        }
+        let runs = self.index_run_ids(&superseded).await?;
+        let reader = self.v2_reader(self.key().cloned(), crate::v2::CacheLimits::default());
+        if let Some(damaged) = reader.add_runs(&runs).await?.into_iter().next() {
+            return Err(RepoError::Invalid(damaged));
+        }
+        Ok((reader, runs))
     }
 
     /// Every index file except `superseded`, and the damaged ones' errors.

@@ -66,6 +66,10 @@ struct GroupDedup<'a> {
     claimed: Mutex<HashMap<Id, Option<Placement>>>,
     placed: Condvar,
     nodes: Mutex<HashSet<Id>>,
+    /// What this commit refers to without storing it — slots of stored groups, and manifest
+    /// nodes — for the stale-GC guard (`publish::check_stale_gc`).
+    reused_slots: Mutex<HashSet<(Id, u16)>>,
+    reused_nodes: Mutex<HashSet<Id>>,
 }
 
 /// What a worker does with a chunk.
@@ -84,6 +88,10 @@ impl GroupDedup<'_> {
             return Ok(p.map_or(Claim::Elsewhere, Claim::At));
         }
         if let Some(p) = self.handle.block_on(self.reader.find_chunk(id))? {
+            self.reused_slots
+                .lock()
+                .expect("dedup lock")
+                .insert((p.group, p.slot));
             return Ok(Claim::At(p));
         }
         Ok(match self.claimed.lock().expect("dedup lock").entry(*id) {
@@ -134,6 +142,7 @@ impl GroupDedup<'_> {
             return Ok(false);
         }
         if self.handle.block_on(self.reader.find_chunk(id))?.is_some() {
+            self.reused_nodes.lock().expect("dedup lock").insert(*id);
             return Ok(false);
         }
         Ok(self.nodes.lock().expect("dedup lock").insert(*id))
@@ -203,6 +212,8 @@ pub(crate) fn run_grouped(
         claimed: Mutex::new(HashMap::new()),
         placed: Condvar::new(),
         nodes: Mutex::new(HashSet::new()),
+        reused_slots: Mutex::new(HashSet::new()),
+        reused_nodes: Mutex::new(HashSet::new()),
     };
 
     let cancel = &cancel;
@@ -296,7 +307,8 @@ pub(crate) fn run_grouped(
             packs: Vec::new(),
             locations,
             pack_bytes,
-            reused: HashSet::new(),
+            reused: std::mem::take(&mut *dedup.reused_nodes.lock().expect("dedup lock")),
+            reused_slots: std::mem::take(&mut *dedup.reused_slots.lock().expect("dedup lock")),
         })
     })
 }

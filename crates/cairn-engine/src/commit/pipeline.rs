@@ -36,7 +36,10 @@ pub(crate) struct PipelineOutput {
     /// empty).
     pub locations: Vec<(Id, Id)>,
     pub pack_bytes: u64,
+    /// Blobs (format 2: manifest nodes) the tree refers to without storing them.
     pub reused: HashSet<Id>,
+    /// Format 2: slots of stored groups the tree refers to without storing them.
+    pub reused_slots: HashSet<(Id, u16)>,
 }
 
 /// What one worker learned about one segment.
@@ -205,6 +208,7 @@ pub(crate) fn run_pipeline(
             locations: Vec::new(),
             pack_bytes,
             reused: std::mem::take(&mut *dedup.reused.lock().expect("dedup lock")),
+            reused_slots: HashSet::new(),
         })
     })
 }

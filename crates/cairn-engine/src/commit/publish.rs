@@ -1,7 +1,6 @@
 //! Publication of a committed tree, in the order that makes every crash safe: packs (already
 //! durable) → index file → reference summary → version record → head ref by compare-and-swap.
 
-use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
 use cairn_format::refs;
@@ -17,15 +16,43 @@ use crate::error::{EngineError, EngineResult};
 /// (it judged this process dead, e.g. after a long stall), check that every blob the new
 /// version reuses (refers to without storing it) still exists before publishing anything
 /// that refers to it.
-pub(crate) async fn check_stale_gc(repo: &Repo, reused: &HashSet<Id>) -> EngineResult<()> {
-    if let Some((cutoff_ns, plan)) = repo.last_gc().await? {
-        if cutoff_ns >= repo.session_started_ns() && !repo.saw_plan(&plan) {
+pub(crate) async fn check_stale_gc(repo: &Repo, out: &PipelineOutput) -> EngineResult<()> {
+    let Some((cutoff_ns, plan)) = repo.last_gc().await? else {
+        return Ok(());
+    };
+    if cutoff_ns < repo.session_started_ns() || repo.saw_plan(&plan) {
+        return Ok(());
+    }
+    let missing = match repo.v2() {
+        None => {
             let present = repo.indexed_blobs_now().await?;
-            let missing = reused.iter().filter(|id| !present.contains(id)).count();
-            if missing > 0 {
-                return Err(EngineError::RacedGc { missing });
-            }
+            out.reused.iter().filter(|id| !present.contains(id)).count()
         }
+        // Format 2: every reused node and slot must be located as a process opening the
+        // repository now would (and the slot still stored there).
+        Some(_) => {
+            let (view, _) = repo.v2_view().await?;
+            let mut missing = 0;
+            for id in &out.reused {
+                missing += usize::from(view.find_chunk(id).await?.is_none());
+            }
+            for (group, slot) in &out.reused_slots {
+                let stored = match view.locate_group_storing(group, &[(*slot, 1)]).await {
+                    Ok(loc) => loc.trailer.groups[loc.group as usize]
+                        .desc
+                        .chunks
+                        .get(usize::from(*slot))
+                        .is_some_and(|c| c.stored),
+                    Err(RepoError::BlobMissing { .. }) => false,
+                    Err(e) => return Err(e.into()),
+                };
+                missing += usize::from(!stored);
+            }
+            missing
+        }
+    };
+    if missing > 0 {
+        return Err(EngineError::RacedGc { missing });
     }
     Ok(())
 }
@@ -44,7 +71,7 @@ pub(crate) async fn publish(
     origin: Option<Id>,
     progress: &CommitProgress,
 ) -> EngineResult<CommitResult> {
-    check_stale_gc(repo, &out.reused).await?;
+    check_stale_gc(repo, &out).await?;
 
     // Publication step 2: the index file, once every pack is durable; then the tree's
     // reference summary, which every published version must have (fast deletion trusts it).

@@ -34,6 +34,7 @@
 
 mod exact;
 mod fast;
+mod grouped;
 mod leftovers;
 pub(crate) mod summaries;
 
@@ -182,7 +183,6 @@ impl GcReport {
 /// Runs one garbage collection on an open repository (opened for this purpose: its session
 /// is the GC's own and is not waited for).
 pub async fn gc(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport> {
-    repo.require_format_1("gc")?;
     let started = Instant::now();
     let lock = if options.dry_run {
         None
@@ -192,6 +192,7 @@ pub async fn gc(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport>
     let result = async {
         let run = |options: GcOptions| async move {
             match options.mode {
+                _ if repo.v2().is_some() => grouped::run(repo, &options).await,
                 GcMode::Fast => fast::run(repo, &options).await,
                 GcMode::Repair => exact::run(repo, &options).await,
             }

@@ -173,7 +173,7 @@ pub(super) async fn check_run_leaf(
         if let Some(reason) = bad.get(&group) {
             return Some(format!("group damaged: {reason}"));
         }
-        let loc = match reader.locate_group(&group).await {
+        let loc = match reader.locate_group_storing(&group, &[(first, count)]).await {
             Ok(loc) => loc,
             Err(RepoError::BlobMissing { .. }) => {
                 return Some(format!("group {group} is missing from every index run"))

@@ -75,11 +75,14 @@ impl V2Reader {
         }
         let key = keys::index_run(id);
         let store = &*self.store;
-        let obj = HeadAndTail::read(store, &key, HEADER_LEN, HEADER_LEN + FOOTER_LEN, TAIL_GUESS)
-            .await?
-            .ok_or_else(|| {
-                RepoError::corrupt(&key, FormatError::invalid("index run", "missing"))
-            })?;
+        let Some(obj) =
+            HeadAndTail::read(store, &key, HEADER_LEN, HEADER_LEN + FOOTER_LEN, TAIL_GUESS).await?
+        else {
+            // Listed, then gone: a GC superseded and deleted it (its replacement is listed
+            // too, since GC writes it first).
+            tracing::debug!("index run {key} vanished; skipped");
+            return Ok(());
+        };
         let footer_at = obj.len - FOOTER_LEN as u64;
         let footer = obj.bytes(store, &key, footer_at..obj.len).await?;
         let footer = index_run::parse_footer(&footer).map_err(|e| sealed_error(&key, e))?;
@@ -109,6 +112,35 @@ impl V2Reader {
             .expect("runs lock")
             .push(Arc::new(OpenRun { id: *id, key, meta }));
         Ok(())
+    }
+
+    /// Adds the runs `ids` ([`Self::add_run`]); a damaged run is skipped and its error
+    /// returned as a line (one that vanished since it was listed was superseded and deleted by
+    /// a GC, and is skipped), an unreachable store fails the call.
+    pub async fn add_runs(&self, ids: &[Id]) -> RepoResult<Vec<String>> {
+        let mut damaged = Vec::new();
+        for id in ids {
+            match self.add_run(id).await {
+                Ok(()) => {}
+                Err(e) if e.is_damage() => damaged.push(e.to_string()),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(damaged)
+    }
+
+    /// Forgets every run not in `keep` (superseded by a GC since it was added).
+    pub fn retain_runs(&self, keep: &[Id]) {
+        self.runs
+            .write()
+            .expect("runs lock")
+            .retain(|r| keep.contains(&r.id));
+    }
+
+    /// The runs lookups ask, oldest first.
+    pub fn run_ids(&self) -> Vec<Id> {
+        let runs = self.runs.read().expect("runs lock");
+        runs.iter().map(|r| r.id).collect()
     }
 
     /// Every pack an index run names (what a verify of the whole repository reads), sorted.
@@ -209,13 +241,38 @@ impl V2Reader {
 
     /// Where group `id` is stored: the first candidate pack whose trailer lists it.
     pub async fn locate_group(&self, id: &Id) -> RepoResult<GroupLocation> {
+        self.locate_group_storing(id, &[]).await
+    }
+
+    /// Where group `id` is stored with every slot of `wanted` (first, count) still in it. Two
+    /// copies of a group can differ in what they store (GC rewrote one without slots no
+    /// live version used, and rescued the whole group for a commit that reused one of them
+    /// meanwhile): the first candidate that stores them all, else the first that lists the
+    /// group (reading it then names the dropped slot).
+    pub async fn locate_group_storing(
+        &self,
+        id: &Id,
+        wanted: &[(u16, u16)],
+    ) -> RepoResult<GroupLocation> {
+        let mut listed = None;
         for pack in self.candidates(id).await? {
             let trailer = self.trailer(&pack).await?;
             if let Some(group) = trailer.group(id) {
-                return Ok(GroupLocation { trailer, group });
+                let desc = &trailer.groups[group as usize].desc;
+                let stores_all = wanted.iter().all(|&(first, count)| {
+                    let r = usize::from(first)..usize::from(first) + usize::from(count);
+                    desc.chunks
+                        .get(r)
+                        .is_some_and(|s| s.iter().all(|c| c.stored))
+                });
+                let loc = GroupLocation { trailer, group };
+                if stores_all {
+                    return Ok(loc);
+                }
+                listed.get_or_insert(loc);
             }
         }
-        Err(RepoError::BlobMissing { id: *id })
+        listed.ok_or(RepoError::BlobMissing { id: *id })
     }
 
     /// Where chunk or manifest node `id` is stored (for dedup and node reads).
@@ -245,7 +302,7 @@ impl V2Reader {
     /// The plain bytes of slots `first .. first + count` of group `id` (a v2 leaf's group
     /// run), checked.
     pub async fn read_group_run(&self, id: &Id, first: u16, count: u16) -> RepoResult<Bytes> {
-        let loc = self.locate_group(id).await?;
+        let loc = self.locate_group_storing(id, &[(first, count)]).await?;
         let opened = self.open_group(&loc.trailer, loc.group).await?;
         loc.slots(&opened, first, count)
     }

@@ -134,7 +134,7 @@ impl PatchBase {
 /// changed blocks themselves: every segment a changed block touches, the base's partial last
 /// segment of a grown image, and every base leaf this session may not reuse (a pending GC is
 /// deleting it).
-fn segment_tasks(
+async fn segment_tasks(
     repo: &Repo,
     patch: &dyn PatchSource,
     new_size: u64,
@@ -171,10 +171,16 @@ fn segment_tasks(
         }
     }
     // A base leaf this session may not reuse (a pending GC is deleting it) is rewritten, and
-    // its chunks are checked the same way.
-    // (Format 2 has no GC yet: every leaf its runs locate may be reused.)
-    for (&seg, leaf) in leaves.iter().filter(|_| repo.v2().is_none()) {
-        if !repo.has_blob(leaf) {
+    // its chunks are checked the same way. (Format 2: a leaf the index runs this session
+    // reads do not locate; checked only when a plan was pending at open — a GC planned later
+    // waits for this session and rescues what it reuses.)
+    for (&seg, leaf) in leaves.iter() {
+        let reusable = match repo.v2() {
+            None => repo.has_blob(leaf),
+            Some(_) if !repo.saw_any_plan() => true,
+            Some(v2) => v2.find_chunk(leaf).await?.is_some(),
+        };
+        if !reusable {
             touched.entry(seg).or_default();
         }
     }
@@ -235,7 +241,8 @@ pub async fn commit_patch(
         stats: base_stats,
         root: base_root,
     } = PatchBase::open(&repo, &config, base.as_ref(), new_size, &mut options).await?;
-    let (tasks, blocks) = segment_tasks(&repo, patch, new_size, segment_size, base_size, &leaves)?;
+    let (tasks, blocks) =
+        segment_tasks(&repo, patch, new_size, segment_size, base_size, &leaves).await?;
     let ctx = Context {
         repo: &repo,
         handle: handle.clone(),
@@ -248,7 +255,14 @@ pub async fn commit_patch(
     let out = match repo.v2() {
         Some(_) => {
             let old = grouped::old_stats(&repo, &tasks).await?;
+            // Leaves kept as they are: referred to without being stored.
+            let untouched: Vec<Id> = leaves
+                .iter()
+                .filter(|(seg, _)| tasks.binary_search_by_key(seg, |t| &t.segment).is_err())
+                .map(|(_, id)| *id)
+                .collect();
             let mut out = tokio::task::block_in_place(|| grouped::run(&ctx, &tasks, leaves))?;
+            out.reused.extend(untouched);
             out.stats = patched_stats(&base_stats, &out.stats, &old);
             out
         }
@@ -318,6 +332,7 @@ async fn build_format1(
         locations: Vec::new(),
         pack_bytes: built.pack_bytes,
         reused,
+        reused_slots: HashSet::new(),
     })
 }
 

@@ -1,0 +1,759 @@
+//! GC of a format 2 repository (issue 16): mark every group slot and manifest node a live
+//! version uses, then delete packs that hold nothing live, rewrite packs below the repack
+//! threshold with their live groups only — a group whose dead slots are worth it rewritten
+//! without them (`GroupBuilder::repack`: same id, every slot still listed) — and consolidate
+//! the index runs into one. The deletion protocol is format 1's (lock, plan, wait, re-check
+//! and rescue, sweep: `gc/mod.rs`); what differs is the unit (a group and its slots rather
+//! than a blob) and the index (runs, rebuilt from the pack trailers).
+//!
+//! Both `gc` and `gc --repair` mark exactly on format 2: fast deletion by reference summaries
+//! of groups is not built yet (docs/ROADMAP.md).
+//!
+//! What the consolidated run names, so that nothing a reader can find is ever deleted:
+//! - in a kept pack: every data group and chunk it stores (dead ones too: they stay stored,
+//!   and a commit may dedup against them) and its live manifest nodes only (a dead leaf
+//!   names groups this GC may delete, so it must not be reused);
+//! - in a new pack: what was copied into it.
+//!
+//! Concurrent commits that reuse what this GC deletes — a dead group, a slot a rewritten
+//! group dropped, a dead node — are found after the wait by marking the versions published
+//! since, and those groups are copied whole from their old packs into rescue packs, named by a
+//! rescue run; readers prefer a copy of a group that stores the slots they want
+//! (`V2Reader::locate_group_storing`).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use cairn_format::group::{Group, GroupBuilder};
+use cairn_format::leaf_v2::{RunExtent, RunLeaf};
+use cairn_format::marker::GcPlan;
+use cairn_format::pack::BlobKind;
+use cairn_format::pack_v2::{PackGroup, PackWriter};
+use cairn_format::version::VersionRecord;
+use cairn_format::Id;
+use cairn_repo::session::now_ns;
+use cairn_repo::tree_walk::{walk_tree, NodeAt, NodeReader, TreeVisitor};
+use cairn_repo::v2::{OpenedGroup, PackTrailer, V2Reader};
+use cairn_repo::{Repo, RepoError};
+
+use super::leftovers::remove_orphan_records;
+use super::{
+    finish, publish_and_wait, stored_bytes, sweep, unreadable_live_tree, GcOptions, GcReport,
+};
+use crate::error::{EngineError, EngineResult};
+use crate::live::live_versions;
+use crate::progress::{self, Unit};
+
+/// A group copied into a new pack is rewritten without its dead slots when they hold at
+/// least this fraction of its stored plain bytes (below it, copying the stored bytes as they
+/// are costs no compression and keeps almost the same space).
+const TRIM_FRACTION: f64 = 0.125;
+
+pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport> {
+    let mut report = GcReport::default();
+    if !options.dry_run {
+        let stale = repo.remove_stale_gc_plans().await?;
+        if stale > 0 {
+            tracing::info!(plans = stale, "removed the plans of gcs that died");
+        }
+    }
+    // Refs first, then the index: a version's groups are indexed before its ref names it.
+    // The packs are listed after the runs, so every pack a run names that exists is listed
+    // (packs are durable before a run names them); a listed pack no run names is an orphan.
+    let live = live_versions(repo).await?;
+    let mut snapshot = Snapshot::load(repo).await?;
+    let (bytes_before, pack_sizes) = stored_bytes(repo).await?;
+    report.bytes_before = bytes_before;
+    snapshot.read_trailers(&pack_sizes).await?;
+
+    let mut marks = Marks::default();
+    progress::start(
+        &options.progress,
+        "marking live versions",
+        Unit::Items,
+        live.live.len() as u64,
+    );
+    for record in live.live.values() {
+        progress::add(&options.progress, 1);
+        marks
+            .mark_version(&snapshot.reader, record, &mut report.metadata_bytes_read)
+            .await?;
+    }
+    report.live_versions = live.live.len() as u64;
+    report.live_blobs = (marks.nodes.len() + marks.slots.len()) as u64;
+
+    let plan = PackPlan::new(&snapshot, &marks, options.repack_threshold);
+    report.dead_blobs = plan.dead.len() as u64;
+    report.packs_deleted = plan.to_delete.len() as u64;
+    report.packs_repacked = plan.to_repack.len() as u64;
+    report.index_files_replaced = snapshot.runs.len() as u64;
+    let orphans: Vec<Id> = {
+        let mut v: Vec<Id> = pack_sizes
+            .keys()
+            .filter(|p| !snapshot.named.contains(p))
+            .copied()
+            .collect();
+        v.sort();
+        v
+    };
+    if options.dry_run {
+        let doomed: u64 = plan.to_delete.iter().map(|p| pack_sizes[p]).sum();
+        let repacked: u64 = plan
+            .to_repack
+            .iter()
+            .map(|p| pack_sizes[p].saturating_sub(plan.live_bytes[p]))
+            .sum();
+        let orphaned: u64 = orphans.iter().map(|p| pack_sizes[p]).sum();
+        report.bytes_after = bytes_before - doomed - repacked - orphaned;
+        return Ok(report);
+    }
+    let freed = repo.freed_versions().await?;
+    let unfreed: Vec<Id> = live.deleted.difference(&freed).copied().collect();
+    let nothing_to_do = plan.to_delete.is_empty()
+        && plan.to_repack.is_empty()
+        && orphans.is_empty()
+        && snapshot.runs.len() <= 1;
+    if nothing_to_do {
+        for v in &unfreed {
+            repo.mark_freed(v).await?;
+        }
+        remove_orphan_records(repo, &live, options, &mut report).await?;
+        report.freed_versions = unfreed.len() as u64;
+        report.bytes_after = bytes_before;
+        return Ok(report);
+    }
+
+    // Copy what survives of the packs to rewrite, then the consolidated run: kept packs as
+    // they are (minus dead nodes), plus the new packs.
+    let mut writer = Repacker::new(repo);
+    let to_copy: u64 = plan.to_repack.iter().map(|p| plan.live_bytes[p]).sum();
+    progress::start(&options.progress, "repacking", Unit::Bytes, to_copy);
+    for pack in &plan.to_repack {
+        let data = repo.read_whole_pack(pack).await?;
+        let trailer = &snapshot.trailers[pack];
+        for &g in &plan.canonical_in[pack] {
+            let group = &trailer.groups[g as usize];
+            let live = marks.live_slots(trailer, g);
+            let copied = copy_group(repo, trailer, g, &data, live.as_ref())?;
+            report.bytes_repacked += u64::from(group.desc.stored_len);
+            progress::add(&options.progress, u64::from(group.desc.stored_len));
+            writer.push(group.kind, copied, live.as_ref()).await?;
+        }
+    }
+    let mut locations = writer.finish().await?;
+    report.packs_written = writer.packs_written;
+    for pack in &plan.kept {
+        let trailer = &snapshot.trailers[pack];
+        for (g, group) in trailer.groups.iter().enumerate() {
+            match group.kind {
+                BlobKind::Node => {
+                    let node = group.desc.chunks[0].id;
+                    if marks.nodes.contains(&node) {
+                        locations.push((node, *pack));
+                    }
+                }
+                BlobKind::Data => {
+                    let gid = trailer.group_id(g as u32).expect("a group of this trailer");
+                    locations.push((gid, *pack));
+                    locations.extend(
+                        group
+                            .desc
+                            .chunks
+                            .iter()
+                            .filter(|c| c.stored)
+                            .map(|c| (c.id, *pack)),
+                    );
+                }
+            }
+        }
+    }
+    let mut written_runs = HashSet::new();
+    if !locations.is_empty() {
+        written_runs.insert(repo.put_index_run(&locations, repo.key()).await?.0);
+    }
+    let superseded: Vec<Id> = snapshot
+        .runs
+        .iter()
+        .filter(|id| !written_runs.contains(*id))
+        .copied()
+        .collect();
+
+    let gc_plan = GcPlan {
+        created_ns: now_ns(),
+        dead_blobs: plan.dead.iter().copied().collect(),
+        superseded_index: superseded.clone(),
+    };
+    let published = publish_and_wait(repo, &gc_plan, options, &mut report).await?;
+
+    // Versions published meanwhile may reuse what the plan deletes: rescue it.
+    let doomed: Vec<Id> = plan
+        .to_delete
+        .iter()
+        .chain(&plan.to_repack)
+        .copied()
+        .collect();
+    let live_now = live_versions(repo).await?;
+    let newcomers: Vec<&VersionRecord> = live_now
+        .live
+        .iter()
+        .filter(|(id, _)| !live.live.contains_key(*id))
+        .map(|(_, r)| r)
+        .collect();
+    if !newcomers.is_empty() {
+        // Their trees are read through every run (the superseded ones are still there);
+        // what they use is then looked up as a process opening the repository now would.
+        let everything = Snapshot::load(repo).await?;
+        let mut used = Marks::default();
+        for record in newcomers {
+            used.mark_version(&everything.reader, record, &mut report.metadata_bytes_read)
+                .await?;
+        }
+        let (now, _) = repo.v2_view().await?;
+        if let Some(run) = rescue(repo, &snapshot, &now, &used, &mut report).await? {
+            written_runs.insert(run);
+        }
+    }
+
+    progress::start(&options.progress, "deleting", Unit::Items, 0);
+    sweep(repo, &superseded, &written_runs, &doomed).await?;
+    delete_orphans(repo, &orphans, &mut report).await?;
+    remove_orphan_records(repo, &live_now, options, &mut report).await?;
+    for v in &unfreed {
+        repo.mark_freed(v).await?;
+    }
+    report.freed_versions = unfreed.len() as u64;
+    finish(repo, &published, options).await?;
+    report.bytes_after = stored_bytes(repo).await?.0;
+    Ok(report)
+}
+
+/// What GC read of the index: every run in the store (pending plans ignored: GC must see
+/// everything), and the trailer of every pack they name that exists.
+struct Snapshot {
+    reader: V2Reader,
+    runs: Vec<Id>,
+    /// Packs some run names (whether they exist or not).
+    named: HashSet<Id>,
+    trailers: BTreeMap<Id, Arc<PackTrailer>>,
+}
+
+impl Snapshot {
+    /// Reads every run's meta; a damaged run fails it.
+    async fn load(repo: &Repo) -> EngineResult<Snapshot> {
+        let reader = repo.v2_reader(repo.key().cloned(), Default::default());
+        let runs = repo.index_run_ids(&HashSet::new()).await?;
+        if let Some(damaged) = reader.add_runs(&runs).await?.into_iter().next() {
+            return Err(incomplete(damaged));
+        }
+        let runs = reader.run_ids();
+        let named: HashSet<Id> = reader.packs().into_iter().collect();
+        Ok(Snapshot {
+            reader,
+            runs,
+            named,
+            trailers: BTreeMap::new(),
+        })
+    }
+
+    /// Reads the trailer of every named pack that exists (in `pack_sizes`); a damaged one
+    /// fails it (a missing one holds nothing to keep: verify reports it).
+    async fn read_trailers(&mut self, pack_sizes: &HashMap<Id, u64>) -> EngineResult<()> {
+        let mut named: Vec<Id> = self.named.iter().copied().collect();
+        named.sort();
+        for pack in named.iter().filter(|p| pack_sizes.contains_key(*p)) {
+            crate::interrupt::check()?;
+            let trailer = self.reader.trailer(pack).await.map_err(|e| match e {
+                e if e.is_damage() => incomplete(e.to_string()),
+                e => e.into(),
+            })?;
+            self.trailers.insert(*pack, trailer);
+        }
+        Ok(())
+    }
+}
+
+/// GC refuses to act on a partial view of the index.
+fn incomplete(damage: String) -> EngineError {
+    EngineError::Gc(format!(
+        "{damage}; gc acts only on a complete index (run `cairn verify` to see what the damage \
+         affects); nothing was deleted"
+    ))
+}
+
+/// What a set of versions uses: manifest nodes, and slots of groups.
+#[derive(Default)]
+struct Marks {
+    nodes: HashSet<Id>,
+    slots: HashMap<Id, SlotSet>,
+}
+
+/// A set of slot numbers (a bit per slot).
+#[derive(Default, Clone)]
+struct SlotSet(Vec<u64>);
+
+impl SlotSet {
+    fn insert_run(&mut self, first: u16, count: u16) {
+        for slot in usize::from(first)..usize::from(first) + usize::from(count) {
+            if self.0.len() <= slot / 64 {
+                self.0.resize(slot / 64 + 1, 0);
+            }
+            self.0[slot / 64] |= 1 << (slot % 64);
+        }
+    }
+
+    fn contains(&self, slot: usize) -> bool {
+        self.0
+            .get(slot / 64)
+            .is_some_and(|w| w & (1 << (slot % 64)) != 0)
+    }
+
+    /// The runs of consecutive slots in the set, as (first, count).
+    fn runs(&self) -> Vec<(u16, u16)> {
+        let mut out: Vec<(u16, u16)> = Vec::new();
+        for slot in (0..self.0.len() * 64).filter(|s| self.contains(*s)) {
+            match out.last_mut() {
+                Some((first, count)) if usize::from(*first) + usize::from(*count) == slot => {
+                    *count += 1
+                }
+                _ => out.push((slot as u16, 1)),
+            }
+        }
+        out
+    }
+}
+
+impl Marks {
+    /// Marks every node of `record`'s tree and every group slot its leaves name, reading each
+    /// node once (through `reader`: checked against its id).
+    async fn mark_version(
+        &mut self,
+        reader: &V2Reader,
+        record: &VersionRecord,
+        bytes_read: &mut u64,
+    ) -> EngineResult<()> {
+        let Some(root) = record.root else {
+            return Ok(());
+        };
+        let mut nodes = Nodes { reader, bytes_read };
+        let mut visitor = MarkNodes {
+            nodes: &mut self.nodes,
+            leaves: Vec::new(),
+        };
+        walk_tree(&mut nodes, root, record.height, record.fanout, &mut visitor)
+            .await
+            .map_err(|e| unreadable_live_tree(record, e))?;
+        for leaf in std::mem::take(&mut visitor.leaves) {
+            let raw = nodes
+                .read_node(&leaf)
+                .await
+                .map_err(|e| unreadable_live_tree(record, e))?;
+            let leaf = RunLeaf::decode(&raw).map_err(|e| {
+                unreadable_live_tree(
+                    record,
+                    RepoError::corrupt(format!("manifest node {leaf}"), e).into(),
+                )
+            })?;
+            for e in leaf.extents() {
+                if let RunExtent::Run {
+                    group,
+                    first,
+                    count,
+                    ..
+                } = *e
+                {
+                    self.slots
+                        .entry(group)
+                        .or_default()
+                        .insert_run(first, count);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The live slots of group `g` of `trailer` (`None` for a node group: it is live whole).
+    fn live_slots(&self, trailer: &PackTrailer, g: u32) -> Option<SlotSet> {
+        let group = &trailer.groups[g as usize];
+        match group.kind {
+            BlobKind::Node => None,
+            BlobKind::Data => {
+                let gid = trailer.group_id(g).expect("a group of this trailer");
+                Some(self.slots.get(&gid).cloned().unwrap_or_default())
+            }
+        }
+    }
+}
+
+/// Reads manifest nodes through a format 2 reader, counting the bytes.
+struct Nodes<'a> {
+    reader: &'a V2Reader,
+    bytes_read: &'a mut u64,
+}
+
+impl NodeReader for Nodes<'_> {
+    type Error = EngineError;
+    async fn read_node(&mut self, id: &Id) -> EngineResult<Vec<u8>> {
+        crate::interrupt::check()?;
+        let raw = self.reader.read_chunk(id).await?;
+        *self.bytes_read += raw.len() as u64;
+        Ok(raw.to_vec())
+    }
+}
+
+/// Marks interior nodes as the walk meets them and collects leaves (read afterwards as
+/// leaves of group runs; the walk decodes format 1 leaves only).
+struct MarkNodes<'a> {
+    nodes: &'a mut HashSet<Id>,
+    leaves: Vec<Id>,
+}
+
+impl TreeVisitor<EngineError> for MarkNodes<'_> {
+    fn enter(&mut self, at: &NodeAt) -> bool {
+        if !self.nodes.insert(at.id) {
+            return false;
+        }
+        if at.level == 0 {
+            self.leaves.push(at.id);
+            return false;
+        }
+        true
+    }
+}
+
+/// What becomes of every pack, from the marks.
+struct PackPlan {
+    /// Per pack, the groups whose copy there is the one kept (live, storing every live slot).
+    canonical_in: HashMap<Id, Vec<u32>>,
+    /// Per pack, the stored bytes of what is live in its canonical groups.
+    live_bytes: HashMap<Id, u64>,
+    /// Dead groups and nodes of the packs that go.
+    dead: HashSet<Id>,
+    to_delete: Vec<Id>,
+    to_repack: Vec<Id>,
+    kept: Vec<Id>,
+}
+
+impl PackPlan {
+    fn new(snapshot: &Snapshot, marks: &Marks, threshold: f64) -> PackPlan {
+        // Every copy of every live group or node: (pack, group, live fraction, complete).
+        let mut copies: HashMap<Id, Vec<(Id, u32, f64, bool)>> = HashMap::new();
+        let mut dead_in: HashMap<Id, Vec<Id>> = HashMap::new();
+        for (pack, trailer) in &snapshot.trailers {
+            for (g, group) in trailer.groups.iter().enumerate() {
+                let g = g as u32;
+                let (id, live) = match group.kind {
+                    BlobKind::Node => {
+                        let id = group.desc.chunks[0].id;
+                        (id, marks.nodes.contains(&id).then_some((1.0, true)))
+                    }
+                    BlobKind::Data => {
+                        let id = trailer.group_id(g).expect("a group of this trailer");
+                        (id, live_fraction(group, marks.slots.get(&id)))
+                    }
+                };
+                match live {
+                    Some((fraction, complete)) => copies
+                        .entry(id)
+                        .or_default()
+                        .push((*pack, g, fraction, complete)),
+                    None => dead_in.entry(*pack).or_default().push(id),
+                }
+            }
+        }
+        // One copy of each is kept: the first that stores every live slot, else (damage
+        // elsewhere) the first that stores some — never less than there is.
+        let mut canonical_in: HashMap<Id, Vec<u32>> = HashMap::new();
+        let mut live_bytes: HashMap<Id, u64> = HashMap::new();
+        for list in copies.values() {
+            let (pack, g, fraction, _) = *list.iter().find(|c| c.3).unwrap_or(&list[0]);
+            canonical_in.entry(pack).or_default().push(g);
+            let stored = snapshot.trailers[&pack].groups[g as usize].desc.stored_len;
+            *live_bytes.entry(pack).or_default() += (f64::from(stored) * fraction).ceil() as u64;
+        }
+        for groups in canonical_in.values_mut() {
+            groups.sort_unstable();
+        }
+        let (mut to_delete, mut to_repack, mut kept) = (Vec::new(), Vec::new(), Vec::new());
+        let mut dead = HashSet::new();
+        for (pack, trailer) in &snapshot.trailers {
+            let payload: u64 = trailer
+                .groups
+                .iter()
+                .map(|g| u64::from(g.desc.stored_len))
+                .sum();
+            let live = live_bytes.get(pack).copied().unwrap_or(0);
+            if !canonical_in.contains_key(pack) {
+                to_delete.push(*pack);
+            } else if (live as f64) < threshold * payload.max(1) as f64 {
+                to_repack.push(*pack);
+            } else {
+                kept.push(*pack);
+                continue;
+            }
+            dead.extend(dead_in.remove(pack).unwrap_or_default());
+        }
+        PackPlan {
+            canonical_in,
+            live_bytes,
+            dead,
+            to_delete,
+            to_repack,
+            kept,
+        }
+    }
+}
+
+/// The fraction of a data group's stored plain bytes that live slots hold, and whether this
+/// copy stores every live slot (`None`: it stores no live slot).
+fn live_fraction(group: &PackGroup, live: Option<&SlotSet>) -> Option<(f64, bool)> {
+    let live = live?;
+    let mut live_plain = 0u64;
+    let mut complete = true;
+    for (slot, c) in group.desc.chunks.iter().enumerate() {
+        if live.contains(slot) {
+            match c.stored {
+                true => live_plain += u64::from(c.len),
+                false => complete = false,
+            }
+        }
+    }
+    (live_plain > 0).then(|| {
+        let fraction = live_plain as f64 / f64::from(group.desc.plain_len.max(1));
+        (fraction, complete)
+    })
+}
+
+/// Group `g` of `trailer`, read from its pack's bytes `data` and checked (never launder a
+/// damaged group into a new pack), as it will be stored again: its stored bytes as they are,
+/// or — when `live` slots leave at least [`TRIM_FRACTION`] dead — rewritten without the dead
+/// ones.
+fn copy_group(
+    repo: &Repo,
+    trailer: &PackTrailer,
+    g: u32,
+    data: &[u8],
+    live: Option<&SlotSet>,
+) -> EngineResult<Group> {
+    let group = &trailer.groups[g as usize];
+    let r = group.range();
+    let where_ = || {
+        format!(
+            "{} group {g} (at byte {})",
+            cairn_format::keys::pack(&trailer.pack),
+            group.offset
+        )
+    };
+    let stored = data.get(r.start as usize..r.end as usize).ok_or_else(|| {
+        EngineError::Gc(format!(
+            "{}: beyond the end of the pack; nothing was deleted",
+            where_()
+        ))
+    })?;
+    let opened = OpenedGroup::open(&group.desc, stored, repo.key()).map_err(|e| {
+        EngineError::Gc(format!(
+            "{} is damaged ({e}); gc does not copy damaged data; nothing was deleted (run \
+             `cairn verify` to see which versions it affects)",
+            where_()
+        ))
+    })?;
+    let verbatim = || Group {
+        stored: stored.to_vec(),
+        desc: group.desc.clone(),
+    };
+    let Some(live) = live else {
+        return Ok(verbatim());
+    };
+    let dead_plain: u64 = group
+        .desc
+        .chunks
+        .iter()
+        .enumerate()
+        .filter(|(slot, c)| c.stored && !live.contains(*slot))
+        .map(|(_, c)| u64::from(c.len))
+        .sum();
+    if (dead_plain as f64) < TRIM_FRACTION * f64::from(group.desc.plain_len.max(1)) {
+        return Ok(verbatim());
+    }
+    Ok(
+        GroupBuilder::repack(&group.desc, opened.plain(), |slot| live.contains(slot))
+            .finish(repo.config().compression, repo.key()),
+    )
+}
+
+/// Writes copied groups into new packs (data and nodes apart: nodes live longer) and
+/// collects what the index run must name for them.
+struct Repacker<'a> {
+    repo: &'a Repo,
+    data: (PackWriter, Vec<Id>),
+    nodes: (PackWriter, Vec<Id>),
+    locations: Vec<(Id, Id)>,
+    packs_written: u64,
+}
+
+impl<'a> Repacker<'a> {
+    fn new(repo: &'a Repo) -> Repacker<'a> {
+        let sealed = repo.key().is_some();
+        Repacker {
+            repo,
+            data: (PackWriter::new(sealed), Vec::new()),
+            nodes: (PackWriter::new(sealed), Vec::new()),
+            locations: Vec::new(),
+            packs_written: 0,
+        }
+    }
+
+    /// Adds `group` (of `kind`); a data group's index entries are its id and the chunks of
+    /// `live` slots it stores (every stored chunk when `live` is `None`).
+    async fn push(
+        &mut self,
+        kind: BlobKind,
+        group: Group,
+        live: Option<&SlotSet>,
+    ) -> EngineResult<()> {
+        let target = self.repo.config().pack_target as usize;
+        let key = self.repo.key();
+        let (writer, ids) = match kind {
+            BlobKind::Data => &mut self.data,
+            BlobKind::Node => &mut self.nodes,
+        };
+        match kind {
+            BlobKind::Node => ids.push(group.desc.chunks[0].id),
+            BlobKind::Data => {
+                ids.push(cairn_format::group::group_id(&group.desc.chunks, key));
+                ids.extend(
+                    group
+                        .desc
+                        .chunks
+                        .iter()
+                        .enumerate()
+                        .filter(|(slot, c)| c.stored && live.is_none_or(|l| l.contains(*slot)))
+                        .map(|(_, c)| c.id),
+                );
+            }
+        }
+        writer.push(kind, group);
+        if writer.len() >= target {
+            let full = std::mem::replace(writer, PackWriter::new(key.is_some()));
+            let ids = std::mem::take(ids);
+            self.store(full, ids).await?;
+        }
+        Ok(())
+    }
+
+    async fn store(&mut self, writer: PackWriter, ids: Vec<Id>) -> EngineResult<()> {
+        let (id, bytes, _) = writer.finish(self.repo.key());
+        let (pack, _) = self.repo.put_pack(&id, bytes).await?;
+        self.locations.extend(ids.into_iter().map(|i| (i, pack)));
+        self.packs_written += 1;
+        Ok(())
+    }
+
+    /// Stores the open packs; returns the index entries of every pack written.
+    async fn finish(&mut self) -> EngineResult<Vec<(Id, Id)>> {
+        let sealed = self.repo.key().is_some();
+        for which in [BlobKind::Data, BlobKind::Node] {
+            let (writer, ids) = match which {
+                BlobKind::Data => &mut self.data,
+                BlobKind::Node => &mut self.nodes,
+            };
+            if !writer.is_empty() {
+                let full = std::mem::replace(writer, PackWriter::new(sealed));
+                let ids = std::mem::take(ids);
+                self.store(full, ids).await?;
+            }
+        }
+        Ok(std::mem::take(&mut self.locations))
+    }
+}
+
+/// Step 5 on format 2: every node and group slot that versions published during the wait
+/// use (`used`) and that the index as it is now (`now`: without the superseded runs) does
+/// not locate — a dead group or node, or a slot a rewritten group dropped — is copied whole
+/// from the snapshot's copy into a rescue pack, named by a rescue run (returned).
+async fn rescue(
+    repo: &Repo,
+    snapshot: &Snapshot,
+    now: &V2Reader,
+    used: &Marks,
+    report: &mut GcReport,
+) -> EngineResult<Option<Id>> {
+    let mut wanted: Vec<(Id, u32)> = Vec::new(); // (pack, group) of the snapshot
+    for node in &used.nodes {
+        if now.find_chunk(node).await?.is_some() {
+            continue;
+        }
+        if let Ok((trailer, at)) = snapshot.reader.locate_chunk(node).await {
+            wanted.push((trailer.pack, at.group));
+        }
+    }
+    for (group, slots) in &used.slots {
+        let runs = slots.runs();
+        let stored = |loc: &cairn_repo::v2::GroupLocation| {
+            let desc = &loc.trailer.groups[loc.group as usize].desc;
+            runs.iter().all(|&(first, count)| {
+                let r = usize::from(first)..usize::from(first) + usize::from(count);
+                desc.chunks
+                    .get(r)
+                    .is_some_and(|s| s.iter().all(|c| c.stored))
+            })
+        };
+        match now.locate_group_storing(group, &runs).await {
+            Ok(loc) if stored(&loc) => continue,
+            Ok(_) | Err(RepoError::BlobMissing { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if let Ok(loc) = snapshot.reader.locate_group_storing(group, &runs).await {
+            if stored(&loc) {
+                wanted.push((loc.trailer.pack, loc.group));
+            }
+        }
+    }
+    if wanted.is_empty() {
+        return Ok(None);
+    }
+    wanted.sort();
+    wanted.dedup();
+    report.rescued_blobs = wanted.len() as u64;
+    tracing::info!(
+        groups = wanted.len(),
+        "rescued groups and nodes used by concurrent commits"
+    );
+    let mut writer = Repacker::new(repo);
+    let mut data: Option<(Id, bytes::Bytes)> = None;
+    for (pack, g) in wanted {
+        if data.as_ref().is_none_or(|(p, _)| *p != pack) {
+            data = Some((pack, repo.read_whole_pack(&pack).await?));
+        }
+        let bytes = &data.as_ref().expect("read above").1;
+        let trailer = &snapshot.trailers[&pack];
+        let group = copy_group(repo, trailer, g, bytes, None)?;
+        report.bytes_repacked += u64::from(group.desc.stored_len);
+        writer
+            .push(trailer.groups[g as usize].kind, group, None)
+            .await?;
+    }
+    let locations = writer.finish().await?;
+    report.packs_written += writer.packs_written;
+    Ok(Some(repo.put_index_run(&locations, repo.key()).await?.0))
+}
+
+/// Deletes the orphan packs (listed before the plan, named by no run then) that no run in the
+/// store names now, after the wait: every session that could still have published a run
+/// naming them has ended.
+async fn delete_orphans(repo: &Repo, orphans: &[Id], report: &mut GcReport) -> EngineResult<()> {
+    if orphans.is_empty() {
+        return Ok(());
+    }
+    let reader = repo.v2_reader(repo.key().cloned(), Default::default());
+    let runs = repo.index_run_ids(&HashSet::new()).await?;
+    if let Some(damaged) = reader.add_runs(&runs).await?.into_iter().next() {
+        tracing::warn!("{damaged}; orphan packs are left for the next gc");
+        return Ok(());
+    }
+    let named: HashSet<Id> = reader.packs().into_iter().collect();
+    for pack in orphans.iter().filter(|p| !named.contains(*p)) {
+        repo.delete_orphan_pack(pack).await?;
+        report.orphan_packs_deleted += 1;
+    }
+    Ok(())
+}
