@@ -1,49 +1,51 @@
 #!/usr/bin/env bash
-# GC cost against repository size: commits the first K images of the full dataset (K = 3, 6,
-# 10) as versions of one image, deletes every version but the newest (`rm --no-gc`), then runs
-# fast deletion (`cairn gc`) on the repository and the exact pass (`cairn gc --repair`) on a
-# copy of it, and reports for each: wall time, peak RSS, metadata bytes read, and the ratio of
-# the collected repository to a fresh repository holding only the newest version.
+# GC on format 1 and format 2 (issue 16): the su-* series committed into each, su@1…su@3
+# removed with `rm --no-gc`, then `cairn gc` (format 1: fast deletion by summaries; format 2:
+# the exact mark of group slots) and `gc --repair`. Reports each GC's time, peak RSS, bytes
+# before and after, what was repacked, and the stored bytes against a repository holding
+# only su-3…su-5; checks su@4 and su@6 bit-exact after the GCs.
 #
 #   bench/gc.sh [DATASET_DIR]     (default: .data/full, built if missing)
 set -euo pipefail
-# Peers read their sources through the page cache and leave it there: so does cairn here
-# (its default drops the pages a scan brought in, to be polite to a live host).
-export CAIRN_KEEP_CACHE=1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-# shellcheck disable=SC1091
 source "$ROOT/scripts/lib.sh"
 DS=${1:-$(dataset_dir full)}
-CAIRN=$(cairn_bin)
-WORK=$(mktemp -d -p "$ROOT/.data" gc-bench.XXXXXX); trap 'rm -rf "$WORK"' EXIT
-images=(su-0 su-1 su-2 su-3 su-4 su-5 pa-a pa-b pa-c su-1-rebuilt)
-j() { python3 -c "import json,sys; d=json.load(sys.stdin); print(d['$1'])"; }
-mib() { python3 -c "print(f'{$1/1048576:.1f}')"; }
+cargo build -q --release -p cairn-cli --manifest-path "$ROOT/Cargo.toml"
+C="$(_cargo_target_dir)/release/cairn"
+W=$(mktemp -d "${TMPDIR:-/tmp}/cairn-gc.XXXXXX"); trap 'rm -rf "$W"' EXIT
 
-echo "# cairn gc cost vs repository size — $(date -u +%F), \`bench/gc.sh\`"
-echo
-echo '| versions | mode | repo before MiB | after MiB | fresh (newest only) MiB | after ÷ fresh | gc wall s | gc peak RSS MiB | metadata read KiB | packs deleted / repacked |'
-echo '|---|---|---|---|---|---|---|---|---|---|'
-for k in 3 6 10; do
-  R="$WORK/r$k"; "$CAIRN" --repo "$R" -q init >/dev/null
-  for ((i = 0; i < k; i++)); do "$CAIRN" --repo "$R" -q commit vm "$DS/${images[$i]}.raw" >/dev/null; done
-  for ((i = 1; i < k; i++)); do "$CAIRN" --repo "$R" -q rm --no-gc "vm@$i" >/dev/null; done
-  before=$(du -sb "$R" | cut -f1)
-  F="$WORK/f$k"; "$CAIRN" --repo "$F" -q init >/dev/null
-  "$CAIRN" --repo "$F" -q commit vm "$DS/${images[$((k - 1))]}.raw" >/dev/null
-  fresh=$(du -sb "$F" | cut -f1)
-  cp -a "$R" "$R-exact"
-  for mode in fast repair; do
-    repo="$R"; flags=()
-    if [ "$mode" = repair ]; then repo="$R-exact"; flags=(--repair); fi
-    /usr/bin/time -f '%e %M' -o "$WORK/time" "$CAIRN" --repo "$repo" -q --json gc "${flags[@]}" > "$WORK/gc.json"
-    read -r wall rss < "$WORK/time"
-    after=$(du -sb "$repo" | cut -f1)
-    "$CAIRN" --repo "$repo" -q verify >/dev/null
-    meta=$(python3 -c "import json; d=json.load(open('$WORK/gc.json')); print((d['metadata_bytes_read'] + d['summary_bytes']) // 1024)")
-    printf '| %s | %s | %s | %s | %s | %.3f | %s | %s | %s | %s / %s |\n' "$k" "$mode" "$(mib "$before")" "$(mib "$after")" \
-      "$(mib "$fresh")" "$(python3 -c "print($after/$fresh)")" "$wall" "$((rss / 1024))" \
-      "$meta" "$(j packs_deleted < "$WORK/gc.json")" "$(j packs_repacked < "$WORK/gc.json")"
+# One GC, timed: "<seconds> <peak RSS KiB>" on fd 3, its --json report in $W/gc.json.
+timed_gc() {
+  /usr/bin/time -f "%e %M" -o "$W/time" "$C" -q --json --repo "$1" gc "${@:2}" >"$W/gc.json"
+  cat "$W/time"
+}
+for fmt in 1 2; do
+  R="$W/v$fmt"; F="$W/fresh$fmt"
+  $C -q --repo "$R" init --format "$fmt" --reserve 0
+  $C -q --repo "$F" init --format "$fmt" --reserve 0
+  for i in 0 1 2 3 4 5; do
+    $C -q --repo "$R" commit su "$DS/su-$i.raw" >/dev/null
+    [ "$i" -ge 3 ] && $C -q --repo "$F" commit su "$DS/su-$i.raw" >/dev/null
   done
-  rm -rf "$R" "$R-exact" "$F"
+  $C -q --repo "$R" rm --no-gc su@1 su@2 su@3 >/dev/null
+  for mode in "" "--repair"; do
+    read -r secs rss < <(timed_gc "$R" $mode)
+    python3 - "$W/gc.json" "$fmt" "gc $mode" "$secs" "$rss" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+fmt, what, secs, rss = sys.argv[2], sys.argv[3].strip(), float(sys.argv[4]), int(sys.argv[5])
+mib = lambda b: b / 2**20
+print(f"format {fmt} {what:12s} {secs:6.2f} s  peak RSS {rss/1024:6.1f} MiB  "
+      f"{mib(r['bytes_before']):7.1f} -> {mib(r['bytes_after']):7.1f} MiB  "
+      f"packs deleted {r['packs_deleted']}, repacked {r['packs_repacked']} "
+      f"({mib(r['bytes_repacked']):.1f} MiB copied), written {r['packs_written']}; "
+      f"metadata read {mib(r['metadata_bytes_read']):.2f} MiB")
+PY
+  done
+  kept=$(du -sb "$R" | cut -f1); fresh=$(du -sb "$F" | cut -f1)
+  echo "format $fmt: repository after gc $kept B; holding su-3…su-5 only $fresh B ($(echo "scale=3; $kept / $fresh" | bc)x)"
+  for v in 4 6; do
+    $C -q --repo "$R" restore "su@$v" "$W/out.raw" --force
+    cmp "$W/out.raw" "$DS/su-$((v-1)).raw" && echo "format $fmt: su@$v bit-exact after gc"
+  done
 done
