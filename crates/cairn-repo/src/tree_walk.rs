@@ -7,6 +7,8 @@
 //! which may skip subtrees (already marked, claimed by a summary, memoised) and decides what
 //! an unreadable node means: the end of the walk, or a subtree to report and skip.
 
+use std::collections::HashSet;
+
 use cairn_format::node::{Interior, Leaf};
 use cairn_format::{FormatError, Id};
 use thiserror::Error;
@@ -128,6 +130,37 @@ pub trait TreeVisitor<E> {
     fn unreadable(&mut self, at: &NodeAt, error: E) -> Result<(), E> {
         let _ = at;
         Err(error)
+    }
+}
+
+/// Collects the node ids of format 2 trees — each once, however many trees share it — and
+/// their leaves, unread (a walk decodes format 1 leaves only: the caller reads leaves of group
+/// runs itself). An unreadable interior node ends the walk, or is skipped with
+/// `skip_unreadable` (what cannot be read is then the caller's finding).
+#[derive(Debug, Default)]
+pub struct GroupedTreeNodes {
+    pub nodes: HashSet<Id>,
+    pub leaves: Vec<Id>,
+    pub skip_unreadable: bool,
+}
+
+impl<E> TreeVisitor<E> for GroupedTreeNodes {
+    fn enter(&mut self, at: &NodeAt) -> bool {
+        if !self.nodes.insert(at.id) {
+            return false;
+        }
+        if at.level == 0 {
+            self.leaves.push(at.id);
+            return false;
+        }
+        true
+    }
+
+    fn unreadable(&mut self, _: &NodeAt, error: E) -> Result<(), E> {
+        match self.skip_unreadable {
+            true => Ok(()),
+            false => Err(error),
+        }
     }
 }
 

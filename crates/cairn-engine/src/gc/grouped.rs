@@ -32,7 +32,7 @@ use cairn_format::pack_v2::{PackGroup, PackWriter};
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::session::now_ns;
-use cairn_repo::tree_walk::{walk_tree, NodeAt, NodeReader, TreeVisitor};
+use cairn_repo::tree_walk::{walk_tree, GroupedTreeNodes, NodeReader};
 use cairn_repo::v2::{OpenedGroup, PackTrailer, V2Reader};
 use cairn_repo::{Repo, RepoError};
 
@@ -335,14 +335,14 @@ impl Marks {
             return Ok(());
         };
         let mut nodes = Nodes { reader, bytes_read };
-        let mut visitor = MarkNodes {
-            nodes: &mut self.nodes,
-            leaves: Vec::new(),
+        let mut visitor = GroupedTreeNodes {
+            nodes: std::mem::take(&mut self.nodes),
+            ..Default::default()
         };
-        walk_tree(&mut nodes, root, record.height, record.fanout, &mut visitor)
-            .await
-            .map_err(|e| unreadable_live_tree(record, e))?;
-        for leaf in std::mem::take(&mut visitor.leaves) {
+        let walked = walk_tree(&mut nodes, root, record.height, record.fanout, &mut visitor).await;
+        self.nodes = visitor.nodes;
+        walked.map_err(|e| unreadable_live_tree(record, e))?;
+        for leaf in visitor.leaves {
             let raw = nodes
                 .read_node(&leaf)
                 .await
@@ -397,26 +397,6 @@ impl NodeReader for Nodes<'_> {
         let raw = self.reader.read_chunk(id).await?;
         *self.bytes_read += raw.len() as u64;
         Ok(raw.to_vec())
-    }
-}
-
-/// Marks interior nodes as the walk meets them and collects leaves (read afterwards as
-/// leaves of group runs; the walk decodes format 1 leaves only).
-struct MarkNodes<'a> {
-    nodes: &'a mut HashSet<Id>,
-    leaves: Vec<Id>,
-}
-
-impl TreeVisitor<EngineError> for MarkNodes<'_> {
-    fn enter(&mut self, at: &NodeAt) -> bool {
-        if !self.nodes.insert(at.id) {
-            return false;
-        }
-        if at.level == 0 {
-            self.leaves.push(at.id);
-            return false;
-        }
-        true
     }
 }
 

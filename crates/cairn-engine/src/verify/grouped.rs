@@ -18,7 +18,7 @@ use std::sync::Arc;
 use cairn_format::leaf_v2::{RunExtent, RunLeaf};
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
-use cairn_repo::tree_walk::{walk_tree, NodeAt, TreeVisitor};
+use cairn_repo::tree_walk::{walk_tree, GroupedTreeNodes};
 use cairn_repo::v2::V2Reader;
 use cairn_repo::{Repo, RepoError};
 use tokio::task::JoinSet;
@@ -90,28 +90,10 @@ async fn packs_used(
     reader: &V2Reader,
     versions: &[(Id, VersionRecord)],
 ) -> Vec<Id> {
-    /// Collects node ids; leaves are read afterwards (as leaves of group runs).
-    #[derive(Default)]
-    struct Used {
-        nodes: HashSet<Id>,
-        leaves: Vec<Id>,
-    }
-    impl TreeVisitor<RepoError> for Used {
-        fn enter(&mut self, at: &NodeAt) -> bool {
-            if !self.nodes.insert(at.id) {
-                return false;
-            }
-            if at.level == 0 {
-                self.leaves.push(at.id);
-                return false;
-            }
-            true
-        }
-        fn unreadable(&mut self, _: &NodeAt, _: RepoError) -> Result<(), RepoError> {
-            Ok(())
-        }
-    }
-    let mut used = Used::default();
+    let mut used = GroupedTreeNodes {
+        skip_unreadable: true,
+        ..Default::default()
+    };
     let mut nodes: &Repo = repo;
     for (_, record) in versions {
         let Some(root) = record.root else { continue };
