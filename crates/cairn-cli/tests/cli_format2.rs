@@ -239,3 +239,20 @@ fn a_file_copied_inside_ext4_costs_format_2_almost_nothing() {
          test shows nothing"
     );
 }
+
+/// `stats` on format 2 counts chunks and manifest nodes from the pack trailers.
+#[test]
+fn stats_counts_the_chunks_and_nodes_of_a_format_2_repository() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    ok(&repo, &["-q", "init", "--format", "2", "--reserve", "0"]);
+    let image = dir.path().join("a.raw");
+    std::fs::write(&image, noise(3_000_000, 5)).unwrap();
+    ok(&repo, &["-q", "commit", "vm", image.to_str().unwrap()]);
+    let s: serde_json::Value =
+        serde_json::from_str(ok(&repo, &["--json", "stats"]).trim()).unwrap();
+    // 733 chunks (the last one partial), 3 leaves (1 MiB segments) and a root.
+    assert_eq!(s["blobs"], 733 + 4, "{s}");
+    assert_eq!(s["tree_nodes"], 4, "{s}");
+    assert!(s["tree_bytes"].as_u64().unwrap() > 0, "{s}");
+}

@@ -1,6 +1,6 @@
 //! Repository-wide figures.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 
 use cairn_format::pack::BlobKind;
 use cairn_repo::Repo;
@@ -47,7 +47,27 @@ pub async fn repo_stats(repo: &Repo) -> EngineResult<RepoStats> {
         images.insert(record.image.clone());
     }
     s.images = images.len() as u64;
-    s.blobs = repo.index().len() as u64;
-    (s.tree_nodes, s.tree_bytes) = repo.index().totals(BlobKind::Node);
+    match repo.v2() {
+        None => {
+            s.blobs = repo.index().len() as u64;
+            (s.tree_nodes, s.tree_bytes) = repo.index().totals(BlobKind::Node);
+        }
+        // Format 2: from the trailers of the packs the index runs name (each read once).
+        Some(v2) => {
+            let mut blobs = HashSet::new();
+            for pack in v2.packs() {
+                let trailer = v2.trailer(&pack).await?;
+                for g in &trailer.groups {
+                    let stored = g.desc.chunks.iter().filter(|c| c.stored);
+                    blobs.extend(stored.map(|c| c.id));
+                    if g.kind == BlobKind::Node {
+                        s.tree_nodes += 1;
+                        s.tree_bytes += u64::from(g.desc.stored_len);
+                    }
+                }
+            }
+            s.blobs = blobs.len() as u64;
+        }
+    }
     Ok(s)
 }
