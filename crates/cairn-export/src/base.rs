@@ -363,7 +363,27 @@ impl Base {
         result
     }
 
+    /// [`Self::run_once`]; if a pack it needs is gone (a GC repacked it: GC does not wait
+    /// for exports), re-reads the index runs once and tries again.
     async fn run_uncounted(
+        &self,
+        group: &Id,
+        first: u16,
+        count: u16,
+    ) -> ExportResult<(Arc<Vec<u8>>, bool)> {
+        match self.run_once(group, first, count).await {
+            Err(ExportError::Repo(
+                RepoError::PackMissing { .. } | RepoError::BlobMissing { .. },
+            )) => {
+                tracing::info!(%group, "pack gone; re-reading the index runs");
+                self.repo.refresh_index().await?;
+                self.run_once(group, first, count).await
+            }
+            other => other,
+        }
+    }
+
+    async fn run_once(
         &self,
         group: &Id,
         first: u16,

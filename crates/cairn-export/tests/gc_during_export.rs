@@ -22,13 +22,24 @@ async fn commit_bytes(repo: &Arc<Repo>, data: Vec<u8>) -> cairn_engine::commit::
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_repacks_under_a_running_export_which_keeps_reading_bit_exact() {
+    gc_under_a_running_export(RepoConfig::default()).await
+}
+
+/// Format 2: the GC rewrites v1's groups without their dead slots in new packs; the export's
+/// index runs name the old packs until it re-reads them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_rewrites_groups_under_a_running_format_2_export() {
+    gc_under_a_running_export(RepoConfig::default_v2()).await
+}
+
+async fn gc_under_a_running_export(config: RepoConfig) {
     let store = Arc::new(MemoryStore::new());
     let config = RepoConfig {
         pack_target: 1 << 20,
-        ..RepoConfig::default()
+        ..config
     };
     let repo = Arc::new(Repo::init(store.clone(), config).await.unwrap());
-    // v1, then v2 rewriting every other chunk: every pack of v1 becomes half dead.
+    // v1, then v2 rewriting every other 16 KiB: every pack of v1 becomes half dead.
     let v1 = noise(4 << 20, 1);
     let first = commit_bytes(&repo, v1.clone()).await;
     let mut v2 = v1.clone();

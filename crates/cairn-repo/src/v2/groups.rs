@@ -255,7 +255,15 @@ impl V2Reader {
             )
         })?;
         let at = |e| at_group(e, group, g.offset);
-        let stored = get_exact(&*self.store, &key, g.range()).await.map_err(at)?;
+        let stored = match get_exact(&*self.store, &key, g.range()).await {
+            Err(e) if e.is_not_found() => {
+                return Err(RepoError::PackMissing {
+                    pack: trailer.pack,
+                    id: trailer.group_id(group).unwrap_or(trailer.pack),
+                })
+            }
+            other => other.map_err(at)?,
+        };
         self.fetched
             .group_bytes
             .fetch_add(stored.len() as u64, std::sync::atomic::Ordering::Relaxed);

@@ -104,10 +104,12 @@ impl V2Reader {
         let found =
             HeadAndTail::read(store, &key, HEADER_LEN, HEADER_LEN + FOOTER_LEN, TAIL_GUESS).await?;
         let Some(obj) = found else {
-            return Err(RepoError::corrupt(
-                key,
-                FormatError::invalid("pack", "missing (an index run names it)"),
-            ));
+            // Damage, unless a GC repacked it since this reader read its runs: a long-lived
+            // reader re-reads the runs (`Repo::refresh_index`) and asks again.
+            return Err(RepoError::PackMissing {
+                pack: *pack,
+                id: *pack,
+            });
         };
         let sealed = pack_v2::parse_header(&obj.head).map_err(|e| RepoError::corrupt(&key, e))?;
         if sealed != self.key.is_some() {
