@@ -181,7 +181,7 @@ check "operator safety as root: a 100% full tmpfs freed by rm and gc, an encrypt
 check "kill -9 loops: 100 trials of commit, gc, rm/prune and restore killed or interrupted (scripts/kill_loops.py)" \
   python3 "$ROOT/scripts/kill_loops.py" --bin "$CAIRN_BIN"
 
-check "kill -9 loops on an encrypted format 2 repository: 40 trials of commit, rm/prune and restore (scripts/kill_loops.py --encrypted)" \
+check "kill -9 loops on an encrypted format 2 repository: 43 trials of commit, gc, rm/prune and restore, then the leak checks (scripts/kill_loops.py --encrypted)" \
   python3 "$ROOT/scripts/kill_loops.py" --bin "$CAIRN_BIN" --encrypted
 
 check "pull-mode incremental backup of a running disk with qemu-storage-daemon (scripts/pullmode_backup.py)" \
