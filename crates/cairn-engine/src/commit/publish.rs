@@ -38,11 +38,7 @@ pub(crate) async fn check_stale_gc(repo: &Repo, out: &PipelineOutput) -> EngineR
             }
             for (group, slot) in &out.reused_slots {
                 let stored = match view.locate_group_storing(group, &[(*slot, 1)]).await {
-                    Ok(loc) => loc.trailer.groups[loc.group as usize]
-                        .desc
-                        .chunks
-                        .get(usize::from(*slot))
-                        .is_some_and(|c| c.stored),
+                    Ok(loc) => loc.stores(&[(*slot, 1)]),
                     Err(RepoError::BlobMissing { .. }) => false,
                     Err(e) => return Err(e.into()),
                 };

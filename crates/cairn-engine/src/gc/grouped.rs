@@ -668,22 +668,13 @@ async fn rescue(
     }
     for (group, slots) in &used.slots {
         let runs = slots.runs();
-        let stored = |loc: &cairn_repo::v2::GroupLocation| {
-            let desc = &loc.trailer.groups[loc.group as usize].desc;
-            runs.iter().all(|&(first, count)| {
-                let r = usize::from(first)..usize::from(first) + usize::from(count);
-                desc.chunks
-                    .get(r)
-                    .is_some_and(|s| s.iter().all(|c| c.stored))
-            })
-        };
         match now.locate_group_storing(group, &runs).await {
-            Ok(loc) if stored(&loc) => continue,
+            Ok(loc) if loc.stores(&runs) => continue,
             Ok(_) | Err(RepoError::BlobMissing { .. }) => {}
             Err(e) => return Err(e.into()),
         }
         if let Ok(loc) = snapshot.reader.locate_group_storing(group, &runs).await {
-            if stored(&loc) {
+            if loc.stores(&runs) {
                 wanted.push((loc.trailer.pack, loc.group));
             }
         }
@@ -724,13 +715,15 @@ async fn delete_orphans(repo: &Repo, orphans: &[Id], report: &mut GcReport) -> E
     if orphans.is_empty() {
         return Ok(());
     }
-    let reader = repo.v2_reader(repo.key().cloned(), Default::default());
-    let runs = repo.index_run_ids(&HashSet::new()).await?;
-    if let Some(damaged) = reader.add_runs(&runs).await?.into_iter().next() {
-        tracing::warn!("{damaged}; orphan packs are left for the next gc");
-        return Ok(());
-    }
-    let named: HashSet<Id> = reader.packs().into_iter().collect();
+    // Every run in the store now, as GC's snapshot reads them.
+    let named = match Snapshot::load(repo).await {
+        Ok(now) => now.named,
+        Err(EngineError::Gc(damaged)) => {
+            tracing::warn!("{damaged}; orphan packs are left for the next gc");
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
     for pack in orphans.iter().filter(|p| !named.contains(*p)) {
         repo.delete_orphan_pack(pack).await?;
         report.orphan_packs_deleted += 1;

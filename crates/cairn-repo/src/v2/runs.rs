@@ -46,6 +46,17 @@ pub struct GroupLocation {
 }
 
 impl GroupLocation {
+    /// Whether this copy of the group stores every slot of `wanted` (first, count).
+    pub fn stores(&self, wanted: &[(u16, u16)]) -> bool {
+        let desc = &self.trailer.groups[self.group as usize].desc;
+        wanted.iter().all(|&(first, count)| {
+            let r = usize::from(first)..usize::from(first) + usize::from(count);
+            desc.chunks
+                .get(r)
+                .is_some_and(|s| s.iter().all(|c| c.stored))
+        })
+    }
+
     /// Slots `first .. first + count` of `opened` (this group, opened); an error names the
     /// group.
     pub fn slots(&self, opened: &OpenedGroup, first: u16, count: u16) -> RepoResult<Bytes> {
@@ -258,15 +269,8 @@ impl V2Reader {
         for pack in self.candidates(id).await? {
             let trailer = self.trailer(&pack).await?;
             if let Some(group) = trailer.group(id) {
-                let desc = &trailer.groups[group as usize].desc;
-                let stores_all = wanted.iter().all(|&(first, count)| {
-                    let r = usize::from(first)..usize::from(first) + usize::from(count);
-                    desc.chunks
-                        .get(r)
-                        .is_some_and(|s| s.iter().all(|c| c.stored))
-                });
                 let loc = GroupLocation { trailer, group };
-                if stores_all {
+                if loc.stores(wanted) {
                     return Ok(loc);
                 }
                 listed.get_or_insert(loc);

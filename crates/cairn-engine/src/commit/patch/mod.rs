@@ -256,11 +256,7 @@ pub async fn commit_patch(
         Some(_) => {
             let old = grouped::old_stats(&repo, &tasks).await?;
             // Leaves kept as they are: referred to without being stored.
-            let untouched: Vec<Id> = leaves
-                .iter()
-                .filter(|(seg, _)| tasks.binary_search_by_key(seg, |t| &t.segment).is_err())
-                .map(|(_, id)| *id)
-                .collect();
+            let untouched: Vec<Id> = untouched_leaves(&leaves, &tasks).collect();
             let mut out = tokio::task::block_in_place(|| grouped::run(&ctx, &tasks, leaves))?;
             out.reused.extend(untouched);
             out.stats = patched_stats(&base_stats, &out.stats, &old);
@@ -297,12 +293,8 @@ async fn build_format1(
     base_root: Option<Id>,
 ) -> EngineResult<PipelineOutput> {
     // Leaves kept as they are: referred to without being stored.
-    let mut reused: HashSet<Id> = leaves
-        .iter()
-        .filter(|(seg, _)| tasks.binary_search_by_key(seg, |t| &t.segment).is_err())
-        .map(|(_, id)| *id)
-        .collect();
-    let untouched_leaves = reused.len();
+    let mut reused: HashSet<Id> = untouched_leaves(&leaves, tasks).collect();
+    let untouched = reused.len();
 
     let built = tokio::task::block_in_place(|| run(ctx, tasks, &mut leaves))?;
     reused.extend(built.reused);
@@ -310,17 +302,9 @@ async fn build_format1(
     let root = built.root;
     let summary = match root {
         None => None,
-        Some(_) => Some(
-            summarize(
-                ctx.repo,
-                base_root,
-                &leaves,
-                tasks,
-                &built.keys,
-                untouched_leaves,
-            )
-            .await?,
-        ),
+        Some(_) => {
+            Some(summarize(ctx.repo, base_root, &leaves, tasks, &built.keys, untouched).await?)
+        }
     };
     Ok(PipelineOutput {
         root,
@@ -346,4 +330,16 @@ fn patched_stats(base: &CommitStats, new: &CommitStats, old: &CommitStats) -> Co
         new_chunk_bytes: new.new_chunk_bytes,
         stored_bytes: 0,
     }
+}
+
+/// The leaves of segments no task rebuilds (`tasks` sorted by segment): kept as they are,
+/// referred to without being stored.
+fn untouched_leaves<'a>(
+    leaves: &'a BTreeMap<u64, Id>,
+    tasks: &'a [SegmentTask],
+) -> impl Iterator<Item = Id> + 'a {
+    leaves
+        .iter()
+        .filter(|(seg, _)| tasks.binary_search_by_key(seg, |t| &t.segment).is_err())
+        .map(|(_, id)| *id)
 }
