@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # GC on format 1 and format 2 (issue 16): the su-* series committed into each, su@1…su@3
-# removed with `rm --no-gc`, then `cairn gc` (format 1: fast deletion by summaries; format 2:
-# the exact mark of group slots) and `gc --repair`. Reports each GC's time, peak RSS, bytes
-# before and after, what was repacked, and the stored bytes against a repository holding
-# only su-3…su-5; checks su@4 and su@6 bit-exact after the GCs.
+# removed with `rm --no-gc`, then `cairn gc` (fast deletion by reference summaries: format 1's
+# Bloom filters of chunks, format 2's tables of group slots) and `gc --repair` (the exact
+# mark). Reports the summaries' size against the stored bytes, each GC's time, peak RSS,
+# bytes before and after, what was repacked, summary and manifest bytes read, and the stored
+# bytes against a repository holding only su-3…su-5; checks su@4 and su@6 bit-exact after
+# the GCs.
 #
 #   bench/gc.sh [DATASET_DIR]     (default: .data/full, built if missing)
 set -euo pipefail
@@ -27,6 +29,8 @@ for fmt in 1 2; do
     $C -q --repo "$R" commit su "$DS/su-$i.raw" >/dev/null
     [ "$i" -ge 3 ] && $C -q --repo "$F" commit su "$DS/su-$i.raw" >/dev/null
   done
+  sums=$(du -sb "$R/summaries" | cut -f1); all=$(du -sb "$R" | cut -f1)
+  echo "format $fmt: 6 reference summaries $sums B of $all B stored ($(echo "scale=4; 100 * $sums / $all" | bc)%)"
   $C -q --repo "$R" rm --no-gc su@1 su@2 su@3 >/dev/null
   for mode in "" "--repair"; do
     read -r secs rss < <(timed_gc "$R" $mode)
@@ -39,7 +43,8 @@ print(f"format {fmt} {what:12s} {secs:6.2f} s  peak RSS {rss/1024:6.1f} MiB  "
       f"{mib(r['bytes_before']):7.1f} -> {mib(r['bytes_after']):7.1f} MiB  "
       f"packs deleted {r['packs_deleted']}, repacked {r['packs_repacked']} "
       f"({mib(r['bytes_repacked']):.1f} MiB copied), written {r['packs_written']}; "
-      f"metadata read {mib(r['metadata_bytes_read']):.2f} MiB")
+      f"read {mib(r['summary_bytes']):.2f} MiB of summaries, "
+      f"{mib(r['metadata_bytes_read']):.2f} MiB of manifests")
 PY
   done
   kept=$(du -sb "$R" | cut -f1); fresh=$(du -sb "$F" | cut -f1)

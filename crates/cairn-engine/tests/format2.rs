@@ -11,6 +11,8 @@ use cairn_engine::commit::CommitResult;
 use cairn_engine::restore::{restore, RestoreOptions, RestoreTarget};
 use cairn_engine::verify::{verify, verify_with, VerifyOptions, VerifyReport};
 use cairn_format::config::RepoConfig;
+use cairn_format::group_summary::GroupSummary;
+use cairn_format::leaf_v2::{RunExtent, RunLeaf};
 use cairn_repo::Repo;
 use cairn_store::LocalStore;
 use common::{commit_bytes, noise, restore_bytes};
@@ -423,4 +425,94 @@ async fn a_patch_stores_only_its_blocks_and_equals_a_full_commit() {
     assert_eq!(full.record.root, v3.record.root);
     assert_eq!(full.record.stats.chunks, v3.record.stats.chunks);
     assert!(verify(reopen(dir.path()).await).await.unwrap().is_clean());
+}
+
+/// What `record`'s leaves use, read from the tree: (groups' slots, leaf ids).
+async fn used_by_tree(
+    repo: &Arc<Repo>,
+    record: &cairn_format::version::VersionRecord,
+) -> (GroupSummary, Vec<cairn_format::Id>) {
+    let leaves = cairn_engine::tree::leaf_map(repo, record).await.unwrap();
+    let mut used = GroupSummary::default();
+    for leaf in leaves.values() {
+        let raw = repo.read_blob(leaf).await.unwrap();
+        for e in RunLeaf::decode(&raw).unwrap().extents() {
+            if let RunExtent::Run {
+                group,
+                first,
+                count,
+                ..
+            } = *e
+            {
+                used.add_run(&group, first, count);
+            }
+        }
+    }
+    (used, leaves.into_values().collect())
+}
+
+/// The reference summary a commit writes lists exactly the slots its tree uses and every
+/// node; a patch's lists those plus the slots of the leaves it replaced (counted as stale),
+/// until they would pass 1/8 of the table, when it is rebuilt exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reference_summaries_list_what_the_tree_uses() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = v2_repo(dir.path()).await;
+    let size = 4u64 << 20;
+    let mut image = noise(size as usize, 7);
+    image[1 << 20..(1 << 20) + (64 << 10)].fill(0); // 1,008 slots used
+    let base = commit_bytes(&repo, "vm", image.clone()).await;
+    let root = base.record.root.unwrap();
+    let (summary, _) = repo.load_group_summary(&root).await.unwrap().unwrap();
+    let (used, leaves) = used_by_tree(&repo, &base.record).await;
+    assert_eq!(summary.groups, used.groups);
+    assert_eq!(summary.stale_slots, 0);
+    // 16 leaves and the root (height 1 at fanout 256).
+    assert_eq!(summary.nodes.len(), leaves.len() + 1);
+    assert!(leaves.iter().chain([&root]).all(|n| summary.has_node(n)));
+
+    // A patch of 3 blocks in one segment: that segment's 64 base slots become stale.
+    let mut p = Blocks(Default::default());
+    for b in [1, 2, 40] {
+        p.set(&mut image, b, noise(4096, 100 + b));
+    }
+    let v2 = patch(&repo, &base, size, &p).await;
+    let (s2, _) = repo
+        .load_group_summary(&v2.record.root.unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    let (used2, leaves2) = used_by_tree(&repo, &v2.record).await;
+    assert_eq!(s2.stale_slots, 64);
+    assert_eq!(
+        s2.slot_count(),
+        used2.slot_count() + 3,
+        "the 3 replaced slots"
+    );
+    for (group, slots) in &used2.groups {
+        let listed = &s2.groups[group];
+        assert!(slots.runs().iter().all(|&(f, c)| listed.contains_run(f, c)));
+    }
+    assert!(leaves2.iter().all(|n| s2.has_node(n)));
+    assert_eq!(
+        s2.nodes.len(),
+        leaves2.len() + 1,
+        "the new tree's nodes only"
+    );
+
+    // Stale slots past 1/8 of the table (64 + 2 × 64 > 1,008 / 8): the next patch reads the
+    // untouched leaves instead.
+    let mut q = Blocks(Default::default());
+    for b in [0, 512] {
+        q.set(&mut image, b, noise(4096, 200 + b));
+    }
+    let v3 = patch(&repo, &v2, size, &q).await;
+    let (s3, _) = repo
+        .load_group_summary(&v3.record.root.unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    let (used3, _) = used_by_tree(&repo, &v3.record).await;
+    assert_eq!((s3.stale_slots, &s3.groups), (0, &used3.groups));
+    assert!(restore_bytes(&repo, &v3.record).await.unwrap() == image);
 }

@@ -12,6 +12,7 @@ pub mod crypto;
 pub mod envelope;
 mod error;
 pub mod group;
+pub mod group_summary;
 pub mod id;
 pub mod index;
 pub mod index_run;
@@ -23,6 +24,7 @@ pub mod node;
 pub mod pack;
 pub mod pack_v2;
 pub mod refs;
+pub mod slots;
 pub mod summary;
 pub mod version;
 

@@ -5,6 +5,7 @@
 use cairn_format::config::{Chunker, Compression, RepoConfig};
 use cairn_format::crypto::{Domain, KdfParams, KeySlot, MasterKey};
 use cairn_format::group::{chunk, open_group, GroupBuilder, GroupChunk, GroupDesc};
+use cairn_format::group_summary::GroupSummary;
 use cairn_format::index::{IndexFile, PackIndex};
 use cairn_format::index_run;
 use cairn_format::leaf_v2::{RunExtent, RunLeaf};
@@ -111,6 +112,7 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
         ),
         ("pack_v2", pack_v2_sample(None)),
         ("leaf_v2", leaf_v2_sample().encode()),
+        ("group_summary", group_summary_sample().encode()),
         ("index_run", index_run_sample(None)),
         ("index_run_sealed", index_run_sample(Some(&sealing_key()))),
         ("pack_v2_sealed", pack_v2_sample(Some(&sealing_key()))),
@@ -155,6 +157,13 @@ fn open_index_run(data: &[u8], key: Option<&MasterKey>) -> bool {
 }
 
 /// A v2 leaf of zero runs and group runs.
+fn group_summary_sample() -> GroupSummary {
+    let mut s = GroupSummary::default();
+    s.add_node(&Id::of(b"n"));
+    s.add_run(&Id::of(b"g"), 1, 70);
+    s
+}
+
 fn leaf_v2_sample() -> RunLeaf {
     let mut leaf = RunLeaf::default();
     for (i, e) in [
@@ -203,6 +212,7 @@ fn decode(kind: &str, data: &[u8]) -> bool {
         "key_slot" => KeySlot::decode(data).is_ok(),
         "pack_v2" => pack_v2::parse_pack(data, None).is_ok(),
         "leaf_v2" => RunLeaf::decode(data).is_ok(),
+        "group_summary" => GroupSummary::decode(data).is_ok(),
         "index_run" => open_index_run(data, None),
         "index_run_sealed" => open_index_run(data, Some(&sealing_key())),
         "pack_v2_sealed" => pack_v2::parse_pack(data, Some(&sealing_key())).is_ok(),

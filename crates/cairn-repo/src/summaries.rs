@@ -5,6 +5,8 @@ use cairn_format::keys;
 use std::collections::HashSet;
 
 use bytes::Bytes;
+use cairn_format::crypto::Domain;
+use cairn_format::group_summary::GroupSummary;
 use cairn_format::marker::{encode_freed, GcLeftover};
 use cairn_format::summary::Summary;
 use cairn_format::Id;
@@ -37,6 +39,33 @@ impl Repo {
             Err(StoreError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Stores the format 2 summary of the tree rooted at `root` (sealed in an encrypted
+    /// repository; put-if-absent like [`Repo::put_summary`]). Returns the bytes written.
+    pub async fn put_group_summary(&self, root: &Id, summary: &GroupSummary) -> RepoResult<u64> {
+        let raw = self.seal(Domain::Summary, summary.encode());
+        let len = raw.len() as u64;
+        self.store()
+            .put_if_absent(&keys::summary(root), Bytes::from(raw))
+            .await?;
+        Ok(len)
+    }
+
+    /// The format 2 summary of `root` and its stored size: `Ok(None)` if there is none, an
+    /// error naming the object if it is damaged (callers rebuild it from the tree).
+    pub async fn load_group_summary(&self, root: &Id) -> RepoResult<Option<(GroupSummary, u64)>> {
+        let key = keys::summary(root);
+        let raw = match self.store().get(&key).await {
+            Ok(raw) => raw,
+            Err(StoreError::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let len = raw.len() as u64;
+        let plain = self.open_sealed(Domain::Summary, "summary", &key, raw)?;
+        GroupSummary::decode(&plain)
+            .map(|s| Some((s, len)))
+            .map_err(|e| RepoError::corrupt(key, e))
     }
 
     /// Roots that have a stored summary.

@@ -26,6 +26,7 @@ use std::time::Duration;
 use cairn_format::config::RepoConfig;
 use cairn_format::crypto::MasterKey;
 use cairn_format::group::{group_id, Group, GroupBuilder};
+use cairn_format::group_summary::GroupSummary;
 use cairn_format::leaf_v2::{RunExtent, RunLeaf};
 use cairn_format::version::CommitStats;
 use cairn_format::Id;
@@ -54,6 +55,8 @@ enum Packable {
 struct SegmentResult {
     index: u64,
     leaf: Option<Id>,
+    /// The leaf's group runs (group, first slot, count), for the reference summary.
+    runs: Vec<(Id, u16, u16)>,
     stats: CommitStats,
 }
 
@@ -254,11 +257,16 @@ pub(crate) fn run_grouped(
         };
 
         let mut stats = CommitStats::default();
+        // The reference summary: the sent segments' runs here, every node of the tree below.
+        let mut summary = GroupSummary::default();
         for r in result_rx {
             match r.leaf {
                 Some(leaf) => leaves.insert(r.index, leaf),
                 None => leaves.remove(&r.index),
             };
+            for (group, first, count) in &r.runs {
+                summary.add_run(group, *first, *count);
+            }
             stats.add_chunks(&r.stats);
         }
         // The root cause first: the source, then the store (packer), then a worker's own
@@ -279,12 +287,16 @@ pub(crate) fn run_grouped(
                 segment_count(size, config.segment_size),
                 config.fanout,
                 |bytes| repo.id_of(bytes),
-                |id, bytes| match dedup.claim_node(&id) {
-                    // A send fails only if the packer stopped; its error is reported below.
-                    Ok(true) => drop(pack_tx.send(Packable::Node(id, bytes))),
-                    Ok(false) => {}
-                    Err(e) => {
-                        tree_error.get_or_insert(e);
+                |id, bytes| {
+                    summary.add_node(&id);
+                    match dedup.claim_node(&id) {
+                        // A send fails only if the packer stopped; its error is reported
+                        // below.
+                        Ok(true) => drop(pack_tx.send(Packable::Node(id, bytes))),
+                        Ok(false) => {}
+                        Err(e) => {
+                            tree_error.get_or_insert(e);
+                        }
                     }
                 },
             )
@@ -297,10 +309,13 @@ pub(crate) fn run_grouped(
             return Err(e);
         }
         let (root, height) = tree.expect("built when no error");
+        for leaf in leaves.values() {
+            summary.add_node(leaf);
+        }
         Ok(PipelineOutput {
             root,
-            // Format 2's reference summaries (of groups) come with its GC.
             summary: None,
+            group_summary: root.map(|_| summary),
             height,
             size,
             stats,
@@ -448,9 +463,26 @@ impl Worker<'_> {
             }
             Some(id)
         };
+        let runs = match leaf_id {
+            None => Vec::new(),
+            Some(_) => leaf
+                .extents()
+                .iter()
+                .filter_map(|e| match *e {
+                    RunExtent::Run {
+                        group,
+                        first,
+                        count,
+                        ..
+                    } => Some((group, first, count)),
+                    RunExtent::Zero { .. } => None,
+                })
+                .collect(),
+        };
         Ok(SegmentResult {
             index: seg.index,
             leaf: leaf_id,
+            runs,
             stats,
         })
     }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cairn_format::config::RepoConfig;
+use cairn_format::group_summary::GroupSummary;
 use cairn_format::node::{Extent, Leaf};
 use cairn_format::pack::{BlobEntry, BlobKind};
 use cairn_format::summary::{ProbeKey, Summary};
@@ -28,6 +29,8 @@ pub(crate) struct PipelineOutput {
     pub root: Option<Id>,
     /// The reference summary of the tree (for fast deletion).
     pub summary: Option<Summary>,
+    /// Format 2's reference summary (groups' slots and nodes the tree uses).
+    pub group_summary: Option<GroupSummary>,
     pub height: u8,
     pub size: u64,
     pub stats: CommitStats,
@@ -201,6 +204,7 @@ pub(crate) fn run_pipeline(
         Ok(PipelineOutput {
             root,
             summary,
+            group_summary: None,
             height,
             size,
             stats,

@@ -82,6 +82,9 @@ pub(crate) async fn publish(
     if let (Some(root), Some(summary)) = (&out.root, &out.summary) {
         index_bytes += repo.put_summary(root, summary).await?;
     }
+    if let (Some(root), Some(summary)) = (&out.root, &out.group_summary) {
+        index_bytes += repo.put_group_summary(root, summary).await?;
+    }
     let mut stats = out.stats;
     stats.stored_bytes = out.pack_bytes + index_bytes;
     progress.stored.fetch_add(index_bytes, Ordering::Relaxed);

@@ -6,8 +6,10 @@
 //! and rescue, sweep: `gc/mod.rs`); what differs is the unit (a group and its slots rather
 //! than a blob) and the index (runs, rebuilt from the pack trailers).
 //!
-//! Both `gc` and `gc --repair` mark exactly on format 2: fast deletion by reference summaries
-//! of groups is not built yet (docs/ROADMAP.md).
+//! What is live comes from walking every live tree (`gc --repair`: exact) or from the live
+//! trees' reference summaries (`gc`: fast deletion, a superset; `group_summaries.rs`); the
+//! plan, the copies and the protocol are the same for both ([`Liveness`]). Fast deletion acts
+//! only when a version was deleted since the last GC or a pack is not indexed.
 //!
 //! What the consolidated run names, so that nothing a reader can find is ever deleted:
 //! - in a kept pack: every data group and chunk it stores (dead ones too: they stay stored,
@@ -25,10 +27,12 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use cairn_format::group::{Group, GroupBuilder};
+use cairn_format::group_summary::GroupSummary;
 use cairn_format::leaf_v2::{RunExtent, RunLeaf};
 use cairn_format::marker::GcPlan;
 use cairn_format::pack::BlobKind;
 use cairn_format::pack_v2::{PackGroup, PackWriter};
+use cairn_format::slots::SlotSet;
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::session::now_ns;
@@ -36,12 +40,14 @@ use cairn_repo::tree_walk::{walk_tree, GroupedTreeNodes, NodeReader};
 use cairn_repo::v2::{OpenedGroup, PackTrailer, V2Reader};
 use cairn_repo::{Repo, RepoError};
 
+use super::group_summaries::live_summary;
 use super::leftovers::remove_orphan_records;
 use super::{
-    finish, publish_and_wait, stored_bytes, sweep, unreadable_live_tree, GcOptions, GcReport,
+    finish, publish_and_wait, stored_bytes, sweep, unreadable_live_tree, GcMode, GcOptions,
+    GcReport,
 };
 use crate::error::{EngineError, EngineResult};
-use crate::live::live_versions;
+use crate::live::{live_versions, LiveVersions};
 use crate::progress::{self, Unit};
 
 /// A group copied into a new pack is rewritten without its dead slots when they hold at
@@ -64,25 +70,43 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     let mut snapshot = Snapshot::load(repo).await?;
     let (bytes_before, pack_sizes) = stored_bytes(repo).await?;
     report.bytes_before = bytes_before;
+    report.bytes_after = bytes_before;
+    report.live_versions = live.live.len() as u64;
+    let freed = repo.freed_versions().await?;
+    let unfreed: Vec<Id> = live.deleted.difference(&freed).copied().collect();
+    // Fast deletion acts on what was deleted since the last GC (and on orphan packs); the
+    // exact pass also finds leaks and consolidates the runs.
+    let orphans_listed = pack_sizes.keys().any(|p| !snapshot.named.contains(p));
+    if options.mode == GcMode::Fast && unfreed.is_empty() && !orphans_listed {
+        return Ok(report);
+    }
     snapshot.read_trailers(&pack_sizes).await?;
 
-    let mut marks = Marks::default();
-    progress::start(
-        &options.progress,
-        "marking live versions",
-        Unit::Items,
-        live.live.len() as u64,
-    );
-    for record in live.live.values() {
-        progress::add(&options.progress, 1);
-        marks
-            .mark_version(&snapshot.reader, record, &mut report.metadata_bytes_read)
-            .await?;
-    }
-    report.live_versions = live.live.len() as u64;
-    report.live_blobs = (marks.nodes.len() + marks.slots.len()) as u64;
-
-    let plan = PackPlan::new(&snapshot, &marks, options.repack_threshold);
+    let live_use: Box<dyn Liveness + Send + Sync> = match options.mode {
+        GcMode::Repair => {
+            let mut marks = Marks::default();
+            progress::start(
+                &options.progress,
+                "marking live versions",
+                Unit::Items,
+                live.live.len() as u64,
+            );
+            for record in live.live.values() {
+                progress::add(&options.progress, 1);
+                marks
+                    .mark_version(&snapshot.reader, record, &mut report.metadata_bytes_read)
+                    .await?;
+            }
+            report.live_blobs = (marks.nodes.len() + marks.slots.len()) as u64;
+            Box::new(marks)
+        }
+        GcMode::Fast => {
+            let summary = live_summary(repo, &snapshot.reader, &live, options, &mut report).await?;
+            report.live_blobs = (summary.nodes.len() + summary.groups.len()) as u64;
+            Box::new(summary)
+        }
+    };
+    let plan = PackPlan::new(&snapshot, &*live_use, options.repack_threshold);
     report.dead_blobs = plan.dead.len() as u64;
     report.packs_deleted = plan.to_delete.len() as u64;
     report.packs_repacked = plan.to_repack.len() as u64;
@@ -107,19 +131,14 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         report.bytes_after = bytes_before - doomed - repacked - orphaned;
         return Ok(report);
     }
-    let freed = repo.freed_versions().await?;
-    let unfreed: Vec<Id> = live.deleted.difference(&freed).copied().collect();
     let nothing_to_do = plan.to_delete.is_empty()
         && plan.to_repack.is_empty()
         && orphans.is_empty()
         && snapshot.runs.len() <= 1;
     if nothing_to_do {
-        for v in &unfreed {
-            repo.mark_freed(v).await?;
-        }
+        free_versions(repo, &unfreed, &live).await?;
         remove_orphan_records(repo, &live, options, &mut report).await?;
         report.freed_versions = unfreed.len() as u64;
-        report.bytes_after = bytes_before;
         return Ok(report);
     }
 
@@ -133,7 +152,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         let trailer = &snapshot.trailers[pack];
         for &g in &plan.canonical_in[pack] {
             let group = &trailer.groups[g as usize];
-            let live = marks.live_slots(trailer, g);
+            let live = live_use.live_slots(trailer, g);
             let copied = copy_group(repo, trailer, g, &data, live.as_ref())?;
             report.bytes_repacked += u64::from(group.desc.stored_len);
             progress::add(&options.progress, u64::from(group.desc.stored_len));
@@ -148,7 +167,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             match group.kind {
                 BlobKind::Node => {
                     let node = group.desc.chunks[0].id;
-                    if marks.nodes.contains(&node) {
+                    if live_use.node_used(&node) {
                         locations.push((node, *pack));
                     }
                 }
@@ -218,13 +237,26 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     sweep(repo, &superseded, &written_runs, &doomed).await?;
     delete_orphans(repo, &orphans, &mut report).await?;
     remove_orphan_records(repo, &live_now, options, &mut report).await?;
-    for v in &unfreed {
-        repo.mark_freed(v).await?;
-    }
+    free_versions(repo, &unfreed, &live_now).await?;
     report.freed_versions = unfreed.len() as u64;
     finish(repo, &published, options).await?;
     report.bytes_after = stored_bytes(repo).await?.0;
     Ok(report)
+}
+
+/// Records that the space of the deleted versions `unfreed` is given back, and deletes the
+/// reference summaries of their trees that no live version has.
+async fn free_versions(repo: &Repo, unfreed: &[Id], live: &LiveVersions) -> EngineResult<()> {
+    let live_roots: HashSet<Id> = live.live.values().filter_map(|r| r.root).collect();
+    for v in unfreed {
+        if let Ok(record) = repo.load_version(v).await {
+            if let Some(root) = record.root.filter(|r| !live_roots.contains(r)) {
+                repo.delete_summary(&root).await?;
+            }
+        }
+        repo.mark_freed(v).await?;
+    }
+    Ok(())
 }
 
 /// What GC read of the index: every run in the store (pending plans ignored: GC must see
@@ -280,52 +312,69 @@ fn incomplete(damage: String) -> EngineError {
     ))
 }
 
+/// What the live versions use, as GC asks it: exactly (marks from walking the trees) or as
+/// the reference summaries say (a superset: a false "used" keeps something dead).
+pub(super) trait Liveness {
+    fn node_used(&self, id: &Id) -> bool;
+    /// The slots of data group `id` that are used (`None`: none).
+    fn used_slots(&self, group: &Id) -> Option<&SlotSet>;
+
+    /// The used slots of group `g` of `trailer` (`None` for a node group: used whole).
+    fn live_slots(&self, trailer: &PackTrailer, g: u32) -> Option<SlotSet> {
+        match trailer.groups[g as usize].kind {
+            BlobKind::Node => None,
+            BlobKind::Data => {
+                let gid = trailer.group_id(g).expect("a group of this trailer");
+                Some(self.used_slots(&gid).cloned().unwrap_or_default())
+            }
+        }
+    }
+}
+
+impl Liveness for Marks {
+    fn node_used(&self, id: &Id) -> bool {
+        self.nodes.contains(id)
+    }
+    fn used_slots(&self, group: &Id) -> Option<&SlotSet> {
+        self.slots.get(group)
+    }
+}
+
+impl Liveness for GroupSummary {
+    fn node_used(&self, id: &Id) -> bool {
+        self.has_node(id)
+    }
+    fn used_slots(&self, group: &Id) -> Option<&SlotSet> {
+        self.slots(group)
+    }
+}
+
 /// What a set of versions uses: manifest nodes, and slots of groups.
 #[derive(Default)]
-struct Marks {
+pub(super) struct Marks {
     nodes: HashSet<Id>,
     slots: HashMap<Id, SlotSet>,
 }
 
-/// A set of slot numbers (a bit per slot).
-#[derive(Default, Clone)]
-struct SlotSet(Vec<u64>);
-
-impl SlotSet {
-    fn insert_run(&mut self, first: u16, count: u16) {
-        for slot in usize::from(first)..usize::from(first) + usize::from(count) {
-            if self.0.len() <= slot / 64 {
-                self.0.resize(slot / 64 + 1, 0);
-            }
-            self.0[slot / 64] |= 1 << (slot % 64);
-        }
-    }
-
-    fn contains(&self, slot: usize) -> bool {
-        self.0
-            .get(slot / 64)
-            .is_some_and(|w| w & (1 << (slot % 64)) != 0)
-    }
-
-    /// The runs of consecutive slots in the set, as (first, count).
-    fn runs(&self) -> Vec<(u16, u16)> {
-        let mut out: Vec<(u16, u16)> = Vec::new();
-        for slot in (0..self.0.len() * 64).filter(|s| self.contains(*s)) {
-            match out.last_mut() {
-                Some((first, count)) if usize::from(*first) + usize::from(*count) == slot => {
-                    *count += 1
-                }
-                _ => out.push((slot as u16, 1)),
-            }
-        }
-        out
-    }
-}
-
 impl Marks {
+    /// The reference summary of what is marked.
+    pub(super) fn summary(&self) -> GroupSummary {
+        let mut s = GroupSummary::default();
+        for node in &self.nodes {
+            s.add_node(node);
+        }
+        for (group, slots) in &self.slots {
+            s.groups
+                .entry(cairn_format::group_summary::key_of(group))
+                .or_default()
+                .union_with(slots);
+        }
+        s
+    }
+
     /// Marks every node of `record`'s tree and every group slot its leaves name, reading each
     /// node once (through `reader`: checked against its id).
-    async fn mark_version(
+    pub(super) async fn mark_version(
         &mut self,
         reader: &V2Reader,
         record: &VersionRecord,
@@ -370,18 +419,6 @@ impl Marks {
         }
         Ok(())
     }
-
-    /// The live slots of group `g` of `trailer` (`None` for a node group: it is live whole).
-    fn live_slots(&self, trailer: &PackTrailer, g: u32) -> Option<SlotSet> {
-        let group = &trailer.groups[g as usize];
-        match group.kind {
-            BlobKind::Node => None,
-            BlobKind::Data => {
-                let gid = trailer.group_id(g).expect("a group of this trailer");
-                Some(self.slots.get(&gid).cloned().unwrap_or_default())
-            }
-        }
-    }
 }
 
 /// Reads manifest nodes through a format 2 reader, counting the bytes.
@@ -414,7 +451,7 @@ struct PackPlan {
 }
 
 impl PackPlan {
-    fn new(snapshot: &Snapshot, marks: &Marks, threshold: f64) -> PackPlan {
+    fn new(snapshot: &Snapshot, marks: &(dyn Liveness + Sync), threshold: f64) -> PackPlan {
         // Every copy of every live group or node: (pack, group, live fraction, complete).
         let mut copies: HashMap<Id, Vec<(Id, u32, f64, bool)>> = HashMap::new();
         let mut dead_in: HashMap<Id, Vec<Id>> = HashMap::new();
@@ -424,11 +461,11 @@ impl PackPlan {
                 let (id, live) = match group.kind {
                     BlobKind::Node => {
                         let id = group.desc.chunks[0].id;
-                        (id, marks.nodes.contains(&id).then_some((1.0, true)))
+                        (id, marks.node_used(&id).then_some((1.0, true)))
                     }
                     BlobKind::Data => {
                         let id = trailer.group_id(g).expect("a group of this trailer");
-                        (id, live_fraction(group, marks.slots.get(&id)))
+                        (id, live_fraction(group, marks.used_slots(&id)))
                     }
                 };
                 match live {

@@ -9,6 +9,8 @@
 //!   reject is certainly unreferenced and is freed. Cost: the deleted versions' own manifest
 //!   (minus subtrees a live summary claims) plus one summary per live tree; the index files of
 //!   untouched packs are not rewritten. A false positive keeps a dead blob: a bounded leak.
+//!   On format 2 (`grouped`) the summaries list each group's used slots exactly
+//!   (`group_summaries`), so no deleted tree is walked: every group is judged against them.
 //! - **Exact repair** (`exact`, `cairn gc --repair`): mark from every live version, sweep
 //!   everything unmarked (leaks, crashed commits' packs), consolidate the index, and refresh
 //!   missing summaries.
@@ -34,6 +36,7 @@
 
 mod exact;
 mod fast;
+mod group_summaries;
 mod grouped;
 mod leftovers;
 pub(crate) mod summaries;

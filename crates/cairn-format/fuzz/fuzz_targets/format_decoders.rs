@@ -15,6 +15,7 @@ use cairn_format::crypto::{Domain, KeySlot, MasterKey};
 use cairn_format::group::{chunk, open_group, GroupChunk, GroupDesc};
 use cairn_format::index::IndexFile;
 use cairn_format::index_run;
+use cairn_format::group_summary::GroupSummary;
 use cairn_format::leaf_v2::RunLeaf;
 use cairn_format::marker::{self, GcLeftover, GcPlan, Quarantine, Session};
 use cairn_format::node::{Interior, Leaf};
@@ -128,6 +129,9 @@ const DECODERS: &[(&str, Fix, Decoder)] = &[
         drop(pack_v2::parse_pack(d, Some(&key())))
     }),
     ("leaf_v2", Fix::None, |d| drop(RunLeaf::decode(d))),
+    ("group_summary", Fix::Envelope, |d| {
+        drop(GroupSummary::decode(d))
+    }),
     ("index_run", Fix::RunFooter, |d| {
         if let Ok(meta) = index_run::parse_run(d, None) {
             for i in 0..meta.sections.len() {

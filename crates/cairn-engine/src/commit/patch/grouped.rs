@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use cairn_format::group_summary::GroupSummary;
 use cairn_format::leaf_v2::{RunExtent, RunLeaf};
 use cairn_format::version::CommitStats;
 use cairn_format::Id;
@@ -111,6 +112,55 @@ fn materialize(ctx: &Context<'_>, task: &SegmentTask) -> EngineResult<Vec<u8>> {
     }
     lay_blocks(ctx, &task.blocks, start, &mut data)?;
     Ok(data)
+}
+
+/// A patched tree's reference summary: `summary` comes from the pipeline with every node of
+/// the new tree and the runs of the rebuilt segments; this adds the runs of the `untouched`
+/// leaves. They are the base's, so the base's summary supplies them when it can: its groups
+/// are merged in, and the `replaced` slots of the rebuilt segments' base leaves count as
+/// stale (listed, perhaps no longer used: a leak fast deletion tolerates, never a loss). When
+/// the base has no summary, or stale slots would pass 1/8 of the table, the untouched leaves
+/// are read instead (bounded by the image's manifest).
+pub(super) async fn complete_summary(
+    repo: &Arc<Repo>,
+    base_root: Option<Id>,
+    untouched: &[Id],
+    replaced: u64,
+    summary: &mut GroupSummary,
+) -> EngineResult<()> {
+    if untouched.is_empty() {
+        return Ok(());
+    }
+    if let Some(root) = base_root {
+        match repo.load_group_summary(&root).await {
+            Ok(Some((mut base, _))) => {
+                base.stale_slots += replaced;
+                if base.stale_slots.saturating_mul(8) <= base.slot_count() {
+                    // The base's nodes are not the new tree's (it has its own, all of them).
+                    base.nodes.clear();
+                    summary.merge(&base);
+                    return Ok(());
+                }
+            }
+            Ok(None) => tracing::debug!(%root, "base has no reference summary; rebuilding"),
+            Err(e) => tracing::warn!(%root, "{e}; rebuilding the reference summary"),
+        }
+    }
+    for id in untouched {
+        let raw = repo.read_blob(id).await?;
+        for e in decode(id, &raw)?.extents() {
+            if let RunExtent::Run {
+                group,
+                first,
+                count,
+                ..
+            } = *e
+            {
+                summary.add_run(&group, first, count);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The chunks and data bytes the base leaves of the touched segments hold (what the patch

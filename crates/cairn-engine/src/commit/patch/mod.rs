@@ -258,6 +258,10 @@ pub async fn commit_patch(
             // Leaves kept as they are: referred to without being stored.
             let untouched: Vec<Id> = untouched_leaves(&leaves, &tasks).collect();
             let mut out = tokio::task::block_in_place(|| grouped::run(&ctx, &tasks, leaves))?;
+            if let Some(summary) = out.group_summary.as_mut() {
+                grouped::complete_summary(&repo, base_root, &untouched, old.chunks, summary)
+                    .await?;
+            }
             out.reused.extend(untouched);
             out.stats = patched_stats(&base_stats, &out.stats, &old);
             out
@@ -309,6 +313,7 @@ async fn build_format1(
     Ok(PipelineOutput {
         root,
         summary,
+        group_summary: None,
         height: built.height,
         size: ctx.new_size,
         stats: patched_stats(base_stats, &built.new, &built.old),

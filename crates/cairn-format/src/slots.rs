@@ -1,0 +1,131 @@
+//! A set of slot numbers of one chunk group (a bit per slot): what a tree, a summary or a GC
+//! mark says is used of a group.
+
+use crate::codec::{Decoder, Encoder};
+use crate::{FormatError, FormatResult};
+
+/// Slots are u16, so an encoded set has at most 8,192 bytes.
+pub const MAX_BYTES: usize = (u16::MAX as usize + 1) / 8;
+
+/// A set of slots. Its encoding is canonical: no trailing zero word, never empty.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SlotSet(Vec<u64>);
+
+impl SlotSet {
+    /// Adds slots `first .. first + count`.
+    pub fn insert_run(&mut self, first: u16, count: u16) {
+        let end = usize::from(first) + usize::from(count);
+        if end > 0 && self.0.len() <= (end - 1) / 64 {
+            self.0.resize((end - 1) / 64 + 1, 0);
+        }
+        for slot in usize::from(first)..end {
+            self.0[slot / 64] |= 1 << (slot % 64);
+        }
+    }
+
+    pub fn contains(&self, slot: usize) -> bool {
+        self.0
+            .get(slot / 64)
+            .is_some_and(|w| w & (1 << (slot % 64)) != 0)
+    }
+
+    /// Whether every slot of `first .. first + count` is in the set.
+    pub fn contains_run(&self, first: u16, count: u16) -> bool {
+        (usize::from(first)..usize::from(first) + usize::from(count)).all(|s| self.contains(s))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|w| *w == 0)
+    }
+
+    /// How many slots are in the set.
+    pub fn len(&self) -> u64 {
+        self.0.iter().map(|w| u64::from(w.count_ones())).sum()
+    }
+
+    /// Adds every slot of `other`.
+    pub fn union_with(&mut self, other: &SlotSet) {
+        if self.0.len() < other.0.len() {
+            self.0.resize(other.0.len(), 0);
+        }
+        for (a, b) in self.0.iter_mut().zip(&other.0) {
+            *a |= b;
+        }
+    }
+
+    /// The runs of consecutive slots in the set, as (first, count).
+    pub fn runs(&self) -> Vec<(u16, u16)> {
+        let mut out: Vec<(u16, u16)> = Vec::new();
+        for slot in (0..self.0.len() * 64).filter(|s| self.contains(*s)) {
+            match out.last_mut() {
+                Some((first, count)) if usize::from(*first) + usize::from(*count) == slot => {
+                    *count += 1
+                }
+                _ => out.push((slot as u16, 1)),
+            }
+        }
+        out
+    }
+
+    /// `bytes B (u16, 1 ..= 8192) | B bytes`, bit s % 8 of byte s / 8 = slot s, without
+    /// trailing zero bytes (a group of 16 slots costs 2 bytes, not a word).
+    pub(crate) fn encode_into(&self, e: &mut Encoder) {
+        let bytes: Vec<u8> = self.0.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let used = bytes.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
+        debug_assert!(used > 0, "an empty slot set is not encoded");
+        e.u16(used as u16);
+        e.bytes(&bytes[..used]);
+    }
+
+    pub(crate) fn decode_from(d: &mut Decoder<'_>, what: &'static str) -> FormatResult<SlotSet> {
+        let len = usize::from(d.u16()?);
+        if len == 0 || len > MAX_BYTES {
+            return Err(FormatError::invalid(
+                what,
+                format!("slot set of {len} bytes"),
+            ));
+        }
+        let raw = d.take(len)?;
+        if raw.last() == Some(&0) {
+            return Err(FormatError::invalid(what, "slot set ends in a zero byte"));
+        }
+        let words = raw
+            .chunks(8)
+            .map(|c| {
+                let mut w = [0u8; 8];
+                w[..c.len()].copy_from_slice(c);
+                u64::from_le_bytes(w)
+            })
+            .collect();
+        Ok(SlotSet(words))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_union_and_bounds() {
+        let mut a = SlotSet::default();
+        assert!(a.is_empty());
+        a.insert_run(0, 3);
+        a.insert_run(70, 2);
+        assert_eq!(a.runs(), vec![(0, 3), (70, 2)]);
+        assert!(a.contains_run(0, 3) && !a.contains_run(2, 2));
+        let mut b = SlotSet::default();
+        b.insert_run(3, 1);
+        b.insert_run(u16::MAX, 1);
+        a.union_with(&b);
+        assert_eq!(a.runs(), vec![(0, 4), (70, 2), (u16::MAX, 1)]);
+        assert_eq!(a.len(), 7);
+        let mut e = Encoder::new();
+        a.encode_into(&mut e);
+        let raw = e.finish();
+        assert_eq!(raw.len(), 2 + MAX_BYTES);
+        let back = SlotSet::decode_from(&mut Decoder::new(&raw, "t"), "t").unwrap();
+        assert_eq!(back, a);
+        a.insert_run(0, 0);
+        assert_eq!(a.len(), 7);
+    }
+}
