@@ -12,7 +12,7 @@ use cairn_engine::restore::{restore, RestoreOptions, RestoreTarget};
 use cairn_engine::verify::{verify, verify_with, VerifyOptions, VerifyReport};
 use cairn_format::config::RepoConfig;
 use cairn_format::group_summary::GroupSummary;
-use cairn_format::leaf_v2::{RunExtent, RunLeaf};
+use cairn_format::leaf_v2::RunLeaf;
 use cairn_repo::Repo;
 use cairn_store::LocalStore;
 use common::{commit_bytes, noise, restore_bytes};
@@ -436,16 +436,8 @@ async fn used_by_tree(
     let mut used = GroupSummary::default();
     for leaf in leaves.values() {
         let raw = repo.read_blob(leaf).await.unwrap();
-        for e in RunLeaf::decode(&raw).unwrap().extents() {
-            if let RunExtent::Run {
-                group,
-                first,
-                count,
-                ..
-            } = *e
-            {
-                used.add_run(&group, first, count);
-            }
+        for (group, first, count) in RunLeaf::decode(&raw).unwrap().group_runs() {
+            used.add_run(&group, first, count);
         }
     }
     (used, leaves.into_values().collect())

@@ -111,6 +111,19 @@ impl RunLeaf {
         &self.extents
     }
 
+    /// The group runs, in order, as (group id, first slot, count): what the leaf uses.
+    pub fn group_runs(&self) -> impl Iterator<Item = (Id, u16, u16)> + '_ {
+        self.extents.iter().filter_map(|e| match *e {
+            RunExtent::Run {
+                group,
+                first,
+                count,
+                ..
+            } => Some((group, first, count)),
+            RunExtent::Zero { .. } => None,
+        })
+    }
+
     /// Logical bytes covered.
     pub fn len(&self) -> u64 {
         self.extents.iter().map(|e| u64::from(e.len())).sum()

@@ -1443,6 +1443,8 @@ fn v2_leaf_runs() {
     let decoded = RunLeaf::decode(&bytes).unwrap();
     assert_eq!(decoded, leaf);
     assert_eq!(decoded.extents()[1], run(g1, 0, 3, 12288));
+    let runs: Vec<_> = decoded.group_runs().collect();
+    assert_eq!(runs, [(g1, 0, 3), (g2, 5, 1), (g1, 4, 2)]);
     assert_eq!(decoded.len(), 8192 + 12288 + 4096 + 5000 + 4096);
     assert!(matches!(
         node::Leaf::decode(&bytes),

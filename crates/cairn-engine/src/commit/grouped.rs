@@ -465,19 +465,7 @@ impl Worker<'_> {
         };
         let runs = match leaf_id {
             None => Vec::new(),
-            Some(_) => leaf
-                .extents()
-                .iter()
-                .filter_map(|e| match *e {
-                    RunExtent::Run {
-                        group,
-                        first,
-                        count,
-                        ..
-                    } => Some((group, first, count)),
-                    RunExtent::Zero { .. } => None,
-                })
-                .collect(),
+            Some(_) => leaf.group_runs().collect(),
         };
         Ok(SegmentResult {
             index: seg.index,

@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use cairn_format::group::{Group, GroupBuilder};
 use cairn_format::group_summary::GroupSummary;
-use cairn_format::leaf_v2::{RunExtent, RunLeaf};
+use cairn_format::leaf_v2::RunLeaf;
 use cairn_format::marker::GcPlan;
 use cairn_format::pack::BlobKind;
 use cairn_format::pack_v2::{PackGroup, PackWriter};
@@ -402,19 +402,11 @@ impl Marks {
                     RepoError::corrupt(format!("manifest node {leaf}"), e).into(),
                 )
             })?;
-            for e in leaf.extents() {
-                if let RunExtent::Run {
-                    group,
-                    first,
-                    count,
-                    ..
-                } = *e
-                {
-                    self.slots
-                        .entry(group)
-                        .or_default()
-                        .insert_run(first, count);
-                }
+            for (group, first, count) in leaf.group_runs() {
+                self.slots
+                    .entry(group)
+                    .or_default()
+                    .insert_run(first, count);
             }
         }
         Ok(())

@@ -148,16 +148,8 @@ pub(super) async fn complete_summary(
     }
     for id in untouched {
         let raw = repo.read_blob(id).await?;
-        for e in decode(id, &raw)?.extents() {
-            if let RunExtent::Run {
-                group,
-                first,
-                count,
-                ..
-            } = *e
-            {
-                summary.add_run(&group, first, count);
-            }
+        for (group, first, count) in decode(id, &raw)?.group_runs() {
+            summary.add_run(&group, first, count);
         }
     }
     Ok(())
