@@ -48,7 +48,7 @@ pub(super) async fn live_summary(
 /// The summary of `record`'s tree; rebuilt by walking the tree (every node read through
 /// `reader` and checked) when it is missing or damaged, and stored if `store_rebuilt`. A
 /// tree that cannot be read fails it: nothing may be deleted on an incomplete summary.
-pub(crate) async fn ensure_group_summary(
+async fn ensure_group_summary(
     repo: &Repo,
     reader: &V2Reader,
     record: &VersionRecord,
