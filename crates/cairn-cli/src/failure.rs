@@ -53,10 +53,6 @@ impl Kind {
         code: "disk_full",
         exit: 1,
     };
-    const UNSUPPORTED: Kind = Kind {
-        code: "unsupported",
-        exit: 1,
-    };
     pub const USAGE: Kind = Kind {
         code: "usage",
         exit: 2,
@@ -100,7 +96,6 @@ pub fn kind_of(e: &anyhow::Error) -> Kind {
                     _ if e.is_damage() => Some(Kind::DAMAGE),
                     RepoError::NotARepository { .. } => Some(Kind::NO_REPOSITORY),
                     RepoError::NoSuchImage(_) => Some(Kind::NOT_FOUND),
-                    RepoError::NeedsFormat1 { .. } => Some(Kind::UNSUPPORTED),
                     RepoError::Locked { .. }
                     | RepoError::NoPassphrase(_)
                     | RepoError::WrongPassphrase { .. } => Some(Kind::PASSWORD),

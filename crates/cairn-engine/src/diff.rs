@@ -11,16 +11,22 @@
 //! granularity of extents, and conservative within one (a rewritten chunk is reported whole,
 //! even where its bytes happen to be equal).
 //!
+//! Format 2 leaves name runs of group slots; a diff reads the chunk id of every slot of a
+//! changed leaf from its group's descriptor (the pack trailer, cached per pack), so it
+//! compares chunks exactly as on format 1 — a block that moved into another group with the
+//! same content is not a change.
+//!
 //! Trees of different heights (images of different sizes) are aligned by *lifting*: the root
 //! of the shorter tree covers the same segments as slot 0, at every higher level, of the
 //! taller tree (segment indices are digits in base `fanout`, see `cairn_format::node`).
 
 use std::sync::Arc;
 
+use cairn_format::leaf_v2::{RunExtent, RunLeaf};
 use cairn_format::node::{Extent, Leaf};
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
-use cairn_repo::Repo;
+use cairn_repo::{Repo, RepoError};
 use tokio::task::JoinSet;
 
 use crate::error::{EngineError, EngineResult};
@@ -159,7 +165,6 @@ pub async fn diff(
     a: &VersionRecord,
     b: &VersionRecord,
 ) -> EngineResult<DiffReport> {
-    repo.require_format_1("diff")?;
     if a.segment_size != b.segment_size || a.fanout != b.fanout {
         return Err(EngineError::BadRef(format!(
             "cannot diff {}@{} and {}@{}: their manifest trees have different geometry \
@@ -229,7 +234,9 @@ async fn compare_leaf_batch(
                 Side::Absent => {}
                 Side::Node(id) => {
                     let repo = repo.clone();
-                    tasks.spawn(async move { read_leaf(&repo, &id).await.map(|l| (i, which, l)) });
+                    tasks.spawn(async move {
+                        read_leaf_chunks(&repo, &id).await.map(|l| (i, which, l))
+                    });
                 }
                 Side::Lifted(..) => {
                     return Err(EngineError::Manifest("a lifted root below level 1".into()))
@@ -253,6 +260,44 @@ async fn compare_leaf_batch(
         );
     }
     Ok(())
+}
+
+/// Leaf `id` as chunk extents: a format 1 leaf as it is; a format 2 leaf's group runs as the
+/// chunks their slots hold (ids from the groups' descriptors).
+async fn read_leaf_chunks(repo: &Repo, id: &Id) -> EngineResult<Leaf> {
+    let Some(reader) = repo.v2() else {
+        return read_leaf(repo, id).await;
+    };
+    let raw = repo.read_blob(id).await?;
+    let leaf =
+        RunLeaf::decode(&raw).map_err(|e| RepoError::corrupt(format!("manifest node {id}"), e))?;
+    let mut out = Leaf::default();
+    for e in leaf.extents() {
+        match *e {
+            RunExtent::Zero { len } => out.push(Extent::Zero { len }),
+            RunExtent::Run {
+                group,
+                first,
+                count,
+                len,
+            } => {
+                let chunks = reader.run_chunks(&group, first, count).await?;
+                if chunks.iter().map(|c| u64::from(c.len)).sum::<u64>() != u64::from(len) {
+                    return Err(EngineError::Manifest(format!(
+                        "leaf {id}: slots {first}..{} of group {group} do not hold its {len} bytes",
+                        u32::from(first) + u32::from(count)
+                    )));
+                }
+                for c in &chunks {
+                    out.push(Extent::Chunk {
+                        id: c.id,
+                        len: c.len,
+                    });
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The extents of a leaf that was read (none for an absent one), checked to fit a segment.

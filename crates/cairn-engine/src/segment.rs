@@ -18,9 +18,35 @@ use crate::tree::read_leaf;
 /// many of them are stored data.
 pub async fn read_segment(repo: &Arc<Repo>, id: &Id, len: u64) -> EngineResult<(Vec<u8>, u64)> {
     match repo.v2() {
-        Some(reader) => read_run_segment(repo, reader, id, len).await,
+        Some(reader) => {
+            let read = read_run_segment(repo, reader, id, len, false).await?;
+            Ok((read.data, read.stored))
+        }
         None => read_chunk_segment(repo, id, len).await,
     }
+}
+
+/// A segment read that went on past damage (format 2).
+#[derive(Debug, Default)]
+pub struct SegmentRead {
+    /// The segment's bytes; what could not be read is zeros.
+    pub data: Vec<u8>,
+    /// Bytes of stored data read.
+    pub stored: u64,
+    /// Ranges (offset in the segment, length) that could not be read, and why.
+    pub damaged: Vec<(u64, u64, String)>,
+}
+
+/// Like [`read_segment`] on a format 2 repository, but a group run that cannot be read is
+/// zeros and listed instead of failing the read (`restore --allow-damage`); a leaf that
+/// cannot be read still fails it.
+pub async fn read_segment_allowing_damage(
+    repo: &Arc<Repo>,
+    reader: &V2Reader,
+    id: &Id,
+    len: u64,
+) -> EngineResult<SegmentRead> {
+    read_run_segment(repo, reader, id, len, true).await
 }
 
 /// Format 1: the leaf's chunks, read together.
@@ -59,72 +85,66 @@ fn check_len(leaf: &Id, covers: u64, len: u64) -> EngineResult<()> {
     }
 }
 
-/// Format 2: the leaf's groups, opened in one go (neighbouring groups in one read).
+/// Format 2: the leaf's group runs through [`V2Reader::read_runs`] (a leaf's neighbouring
+/// groups in one read; a damaged group's slots from other copies of their chunks). With
+/// `tolerant`, a run that cannot be read is zeros and listed; otherwise it fails the read.
 async fn read_run_segment(
     repo: &Repo,
     reader: &V2Reader,
     id: &Id,
     len: u64,
-) -> EngineResult<(Vec<u8>, u64)> {
+    tolerant: bool,
+) -> EngineResult<SegmentRead> {
     let raw = repo.read_blob(id).await?;
     let leaf =
         RunLeaf::decode(&raw).map_err(|e| RepoError::corrupt(format!("manifest node {id}"), e))?;
     check_len(id, leaf.len(), len)?;
-    // Every group the leaf names, opened in one go (neighbouring groups in one read).
-    let mut names: Vec<Id> = Vec::new();
-    let mut wanted: Vec<Vec<(u16, u16)>> = Vec::new();
-    for e in leaf.extents() {
-        if let RunExtent::Run {
-            group,
-            first,
-            count,
-            ..
-        } = *e
-        {
-            let at = match names.iter().rposition(|g| *g == group) {
-                Some(at) => at,
-                None => {
-                    names.push(group);
-                    wanted.push(Vec::new());
-                    names.len() - 1
-                }
-            };
-            wanted[at].push((first, count));
-        }
-    }
-    let mut located = Vec::with_capacity(names.len());
-    for (group, slots) in names.iter().zip(&wanted) {
-        located.push(reader.locate_group_storing(group, slots).await?);
-    }
-    let opened = reader.open_groups(&located).await?;
-    let mut data = Vec::with_capacity(len as usize);
-    let mut stored = 0;
+    let runs: Vec<(Id, u16, u16)> = leaf.group_runs().collect();
+    let mut read = reader.read_runs(&runs).await?.into_iter();
+    let mut out = SegmentRead {
+        data: Vec::with_capacity(len as usize),
+        ..Default::default()
+    };
     for e in leaf.extents() {
         match *e {
-            RunExtent::Zero { len } => data.resize(data.len() + len as usize, 0),
+            RunExtent::Zero { len } => out.data.resize(out.data.len() + len as usize, 0),
             RunExtent::Run {
                 group,
                 first,
                 count,
                 len,
             } => {
-                let at = names
-                    .iter()
-                    .position(|g| *g == group)
-                    .expect("every group named");
-                let bytes = located[at].slots(&opened[at], first, count)?;
-                if bytes.len() != len as usize {
-                    return Err(EngineError::Manifest(format!(
-                        "leaf {id}: slots {first}..{} of group {group} hold {} bytes, the leaf \
-                         says {len}",
-                        u32::from(first) + u32::from(count),
-                        bytes.len()
-                    )));
+                let bytes = read.next().expect("one result per run").and_then(|bytes| {
+                    match bytes.len() == len as usize {
+                        true => Ok(bytes),
+                        false => Err(RepoError::corrupt(
+                            format!("manifest node {id}"),
+                            cairn_format::FormatError::invalid(
+                                "leaf",
+                                format!(
+                                    "slots {first}..{} of group {group} hold {} bytes, the \
+                                     leaf says {len}",
+                                    u32::from(first) + u32::from(count),
+                                    bytes.len()
+                                ),
+                            ),
+                        )),
+                    }
+                });
+                match bytes {
+                    Ok(bytes) => {
+                        out.data.extend_from_slice(&bytes);
+                        out.stored += u64::from(len);
+                    }
+                    Err(e) if tolerant && e.is_damage() => {
+                        let at = out.data.len() as u64;
+                        out.damaged.push((at, u64::from(len), e.to_string()));
+                        out.data.resize(out.data.len() + len as usize, 0);
+                    }
+                    Err(e) => return Err(e.into()),
                 }
-                data.extend_from_slice(&bytes);
-                stored += u64::from(len);
             }
         }
     }
-    Ok((data, stored))
+    Ok(out)
 }

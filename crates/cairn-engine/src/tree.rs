@@ -186,6 +186,24 @@ pub(crate) const NODE_READS_IN_FLIGHT: usize = 32;
 /// The segment → leaf map of a version, read from its interior nodes only (level by level,
 /// several reads in flight).
 pub async fn leaf_map(repo: &Arc<Repo>, record: &VersionRecord) -> EngineResult<BTreeMap<u64, Id>> {
+    read_leaf_map(repo, record, None).await
+}
+
+/// Like [`leaf_map`], but an interior node that is damaged or missing does not end the walk:
+/// the segments it covers are added to `skipped` (for `restore --allow-damage`).
+pub async fn readable_leaf_map(
+    repo: &Arc<Repo>,
+    record: &VersionRecord,
+    skipped: &mut SkippedSegments,
+) -> EngineResult<BTreeMap<u64, Id>> {
+    read_leaf_map(repo, record, Some(skipped)).await
+}
+
+async fn read_leaf_map(
+    repo: &Arc<Repo>,
+    record: &VersionRecord,
+    mut skipped: Option<&mut SkippedSegments>,
+) -> EngineResult<BTreeMap<u64, Id>> {
     let Some(root) = record.root else {
         return Ok(BTreeMap::new());
     };
@@ -197,12 +215,21 @@ pub async fn leaf_map(repo: &Arc<Repo>, record: &VersionRecord) -> EngineResult<
             let mut set = JoinSet::new();
             for &(index, id) in batch {
                 let repo = repo.clone();
-                set.spawn(
-                    async move { read_interior(&repo, &id, level).await.map(|n| (index, n)) },
-                );
+                set.spawn(async move { (index, read_interior(&repo, &id, level).await) });
             }
             while let Some(r) = set.join_next().await {
-                let (index, node) = r.map_err(|e| EngineError::internal("node reader", e))??;
+                let (index, node) = r.map_err(|e| EngineError::internal("node reader", e))?;
+                let node = match (node, skipped.as_deref_mut()) {
+                    (Ok(node), _) => node,
+                    (Err(e), Some(skipped)) if node_damaged(&e) => {
+                        // The node `index` at `level` covers f^level segments from
+                        // index · f^level (its children are index · f + slot, one level down).
+                        let span = f.saturating_pow(u32::from(level));
+                        skipped.push((index.saturating_mul(span), span, e.to_string()));
+                        continue;
+                    }
+                    (Err(e), _) => return Err(e),
+                };
                 next.extend(
                     node.children
                         .iter()
@@ -211,6 +238,9 @@ pub async fn leaf_map(repo: &Arc<Repo>, record: &VersionRecord) -> EngineResult<
             }
         }
         frontier = next;
+    }
+    if let Some(skipped) = skipped {
+        skipped.sort_by_key(|s| s.0);
     }
     Ok(frontier.into_iter().collect())
 }

@@ -526,12 +526,20 @@ impl TreeChecker<'_> {
         level: u8,
         record: &VersionRecord,
     ) -> Option<String> {
-        if let Some(reason) = self.bad_blobs.get(&id) {
+        // Format 2 reads a node from any good copy (damaged ones are quarantined by now), so
+        // only a failed read says it is lost.
+        let bad = self.bad_blobs.get(&id);
+        if let (Some(reason), None) = (bad, self.repo.v2()) {
             return Some(format!("manifest node damaged: {reason}"));
         }
         let raw = match self.repo.read_blob(&id).await {
             Ok(raw) => raw,
-            Err(e) => return Some(format!("manifest node unreadable: {e}")),
+            Err(e) => {
+                return Some(match bad {
+                    Some(reason) => format!("manifest node damaged: {reason}"),
+                    None => format!("manifest node unreadable: {e}"),
+                })
+            }
         };
         if level == 0 {
             if let Some(reader) = self.repo.v2() {

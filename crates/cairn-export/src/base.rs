@@ -22,6 +22,7 @@ use cairn_format::node::Extent;
 use cairn_format::version::VersionRecord;
 use cairn_format::{FormatError, Id};
 use cairn_repo::tree_walk::{decode_leaf, walk_tree, NodeAt, NodeReader, TreeVisitor};
+use cairn_repo::v2::V2Reader;
 use cairn_repo::{Repo, RepoError};
 
 use crate::error::{ExportError, ExportResult};
@@ -393,11 +394,15 @@ impl Base {
             .repo
             .v2()
             .ok_or_else(|| RepoError::Invalid("a group run in a format 1 repository".into()))?;
-        let loc = record_damage(
-            &self.repo,
-            reader.locate_group_storing(group, &[(first, count)]).await,
-        )
-        .await?;
+        let wanted = [(first, count)];
+        let loc = match reader.locate_group_storing(group, &wanted).await {
+            Ok(loc) if loc.stores(&wanted) => loc,
+            // No good copy stores the run: each slot's chunk from wherever else it is.
+            Ok(_) | Err(RepoError::Quarantined { .. }) => {
+                return self.run_elsewhere(reader, group, first, count).await
+            }
+            Err(e) => return record_damage(&self.repo, Err(e)).await,
+        };
         let desc = &loc.trailer.groups[loc.group as usize].desc;
         let range = usize::from(first)..usize::from(first) + usize::from(count);
         let slots = desc
@@ -434,11 +439,17 @@ impl Base {
         self.stats
             .cache_misses
             .fetch_add(u64::from(count), Ordering::Relaxed);
-        let (opened, fetched) = record_damage(
-            &self.repo,
-            reader.open_group_counted(&loc.trailer, loc.group).await,
-        )
-        .await?;
+        let (opened, fetched) = match reader.open_group_counted(&loc.trailer, loc.group).await {
+            Ok(opened) => opened,
+            // A vanished pack is a GC's repack (the caller re-reads the index runs); other
+            // damage quarantines this copy and reads the slots elsewhere.
+            Err(e) if e.is_damage() && !matches!(e, RepoError::PackMissing { .. }) => {
+                reader.quarantine_group(&loc, &e.to_string());
+                tracing::warn!("damaged group, reading its chunks from other copies: {e}");
+                return self.run_elsewhere(reader, group, first, count).await;
+            }
+            Err(e) => return record_damage(&self.repo, Err(e)).await,
+        };
         if fetched {
             self.stats.chunks_fetched.fetch_add(
                 desc.chunks.iter().filter(|c| c.stored).count() as u64,
@@ -459,6 +470,24 @@ impl Base {
                 tracing::warn!("chunk cache: {e}");
             }
         }
+        Ok((Arc::new(bytes.to_vec()), false))
+    }
+
+    /// Slots `first .. first + count` of `group` when no good copy of the group stores
+    /// them: [`V2Reader::read_group_run`]'s fallback to each chunk's other copies (not put
+    /// in the host-wide cache: it is rare, and the slots' ids are the damaged copy's word).
+    async fn run_elsewhere(
+        &self,
+        reader: &V2Reader,
+        group: &Id,
+        first: u16,
+        count: u16,
+    ) -> ExportResult<(Arc<Vec<u8>>, bool)> {
+        let bytes =
+            record_damage(&self.repo, reader.read_group_run(group, first, count).await).await?;
+        self.stats
+            .bytes_fetched
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         Ok((Arc::new(bytes.to_vec()), false))
     }
 

@@ -120,13 +120,25 @@ impl GroupBuilder {
     /// keep their bytes. `plain` is the decoded group. The caller drops a group that keeps no
     /// slot instead of rewriting it.
     pub fn repack(desc: &GroupDesc, plain: &[u8], keep: impl Fn(usize) -> bool) -> GroupBuilder {
-        let mut b = GroupBuilder::new(plain.len());
-        for (slot, c) in desc.chunks.iter().enumerate() {
-            match desc
-                .chunk_range(slot)
+        Self::rebuild(desc, |slot| {
+            desc.chunk_range(slot)
                 .filter(|r| keep(slot) && r.end <= plain.len())
-            {
-                Some(range) => b.push(c.id, &plain[range]),
+                .map(|r| &plain[r])
+        })
+    }
+
+    /// The builder of `desc`'s group with the bytes `bytes` gives each slot (`None`: not
+    /// stored): every slot stays listed with its id and length, so the group keeps its id —
+    /// how GC rebuilds a group whose only copy is damaged from other copies of its chunks.
+    /// The caller checks the bytes against the slots' ids.
+    pub fn rebuild<'a>(
+        desc: &GroupDesc,
+        mut bytes: impl FnMut(usize) -> Option<&'a [u8]>,
+    ) -> GroupBuilder {
+        let mut b = GroupBuilder::new(desc.plain_len as usize);
+        for (slot, c) in desc.chunks.iter().enumerate() {
+            match bytes(slot).filter(|d| d.len() == c.len as usize) {
+                Some(data) => b.push(c.id, data),
                 None => b.chunks.push(GroupChunk {
                     stored: false,
                     ..*c

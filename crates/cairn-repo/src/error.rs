@@ -47,14 +47,6 @@ pub enum RepoError {
     NoSuchImage(String),
     #[error("ref of image {image:?} changed concurrently {attempts} times; giving up")]
     Contention { image: String, attempts: u32 },
-    /// A command that does not know format 2 yet, on a format 2 repository (issue 16 brings
-    /// format 2 to the commands one by one; until then they refuse it before touching it).
-    #[error(
-        "{what} does not work on format 2 repositories yet ({location} is format 2; format 2 \
-         is in progress: commit, restore, verify, export, log, show, images, tag, clone, copy, \
-         rm and key work on it today)"
-    )]
-    NeedsFormat1 { what: String, location: String },
     /// An encrypted repository opened without a passphrase.
     #[error(
         "{location} is encrypted: give its passphrase (CAIRN_PASSWORD, --password-file, \

@@ -9,13 +9,20 @@
 //! stores it again. Versions refer to chunks by id, not by location, so that one good copy
 //! heals every version that uses the chunk, old ones included.
 //!
+//! Format 2 quarantines whole groups (`<blob>` is the group id; one flipped byte spoils a
+//! zstd frame): a quarantined copy of a group is neither read nor deduplicated against, so
+//! the next commit stores its chunks again in new groups, and a read of the damaged group's
+//! slots falls back to each chunk's good copy by id (`V2Reader::read_group_run`) — the same
+//! healing, through the chunk ids the pack trailer lists for every slot.
+//!
 //! Markers are written when the repository is closed (or by [`Repo::flush_quarantine`]):
 //! reads that find damage often run on blocking threads. A marker is advisory and safe in
 //! both directions — a wrong one only costs a duplicate copy — so GC removes a marker once
 //! its pack is gone.
 
 use cairn_format::keys;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, MutexGuard};
 
 use bytes::Bytes;
 use cairn_format::marker::Quarantine;
@@ -32,6 +39,89 @@ pub(crate) struct PendingMarker {
     pack: Id,
     blob: Id,
     marker: Quarantine,
+}
+
+/// The copies (pack, blob) one process knows to be damaged, shared by the repository and
+/// every format 2 reader it makes, and the markers not written yet.
+#[derive(Debug, Default)]
+pub(crate) struct QuarantineBook {
+    copies: Mutex<HashSet<(Id, Id)>>,
+    /// The pack of a quarantined copy of each blob, for messages.
+    packs: Mutex<HashMap<Id, Id>>,
+    pending: Mutex<Vec<PendingMarker>>,
+}
+
+impl QuarantineBook {
+    /// Records the copy of `blob` in `pack` (at `offset`) as damaged; `false` if it was known.
+    pub(crate) fn add(&self, pack: Id, blob: Id, offset: u32, reason: &str) -> bool {
+        if !self.copies().insert((pack, blob)) {
+            return false;
+        }
+        // Info, not a warning: every caller reports the damage in its own terms (an error,
+        // verify's report, restore's damaged ranges, the export's warning).
+        tracing::info!(%blob, %pack, "quarantined a damaged copy: {reason}");
+        self.packs().insert(blob, pack);
+        self.pending().push(PendingMarker {
+            pack,
+            blob,
+            marker: Quarantine {
+                time_ns: now_ns(),
+                offset,
+                reason: reason.to_string(),
+            },
+        });
+        true
+    }
+
+    /// Adds copies known from markers in the store (nothing to write for them).
+    pub(crate) fn load(&self, markers: &[(Id, Id)]) {
+        self.packs()
+            .extend(markers.iter().map(|(pack, blob)| (*blob, *pack)));
+        self.copies().extend(markers.iter().copied());
+    }
+
+    pub(crate) fn contains(&self, pack: &Id, blob: &Id) -> bool {
+        self.copies().contains(&(*pack, *blob))
+    }
+
+    pub(crate) fn copies(&self) -> MutexGuard<'_, HashSet<(Id, Id)>> {
+        self.copies.lock().expect("quarantine lock")
+    }
+
+    fn packs(&self) -> MutexGuard<'_, HashMap<Id, Id>> {
+        self.packs.lock().expect("quarantine lock")
+    }
+
+    fn pending(&self) -> MutexGuard<'_, Vec<PendingMarker>> {
+        self.pending.lock().expect("quarantine lock")
+    }
+
+    /// Forgets the copy of `blob` in `pack` (found intact after all); `true` if it was
+    /// known. Its marker, if already written, is the caller's to delete.
+    pub(crate) fn remove(&self, pack: &Id, blob: &Id) -> bool {
+        let known = self.copies().remove(&(*pack, *blob));
+        self.pending()
+            .retain(|p| (p.pack, p.blob) != (*pack, *blob));
+        let mut packs = self.packs();
+        if packs.get(blob) == Some(pack) {
+            packs.remove(blob);
+        }
+        known
+    }
+
+    /// The quarantined copies in `pack`.
+    pub(crate) fn in_pack(&self, pack: &Id) -> Vec<Id> {
+        self.copies()
+            .iter()
+            .filter(|(p, _)| p == pack)
+            .map(|(_, blob)| *blob)
+            .collect()
+    }
+
+    /// The pack of a quarantined copy of `blob`, if any.
+    pub(crate) fn pack_of(&self, blob: &Id) -> Option<Id> {
+        self.packs().get(blob).copied()
+    }
 }
 
 impl Repo {
@@ -53,46 +143,34 @@ impl Repo {
     /// Stops trusting the copy of a blob at `loc`: it leaves this process's index at once,
     /// and a marker is written for every other process at the next flush.
     pub fn quarantine(&self, loc: &BlobLocation, reason: &str) {
-        let key = (loc.pack, loc.entry.id);
-        if !self.quarantined_set().insert(key) {
-            return; // known already
+        if self
+            .quarantine_book()
+            .add(loc.pack, loc.entry.id, loc.entry.offset, reason)
+        {
+            self.index_mut().forget_at(&loc.entry.id, &loc.pack);
         }
-        // Info, not a warning: every caller reports the damage in its own terms (an error,
-        // verify's report, restore's damaged ranges, the export's warning).
-        tracing::info!(blob = %loc.entry.id, pack = %loc.pack, "quarantined a damaged copy: {reason}");
-        self.index_mut().forget_at(&loc.entry.id, &loc.pack);
-        self.quarantined_packs().insert(loc.entry.id, loc.pack);
-        self.pending_markers().push(PendingMarker {
-            pack: loc.pack,
-            blob: loc.entry.id,
-            marker: Quarantine {
-                time_ns: now_ns(),
-                offset: loc.entry.offset,
-                reason: reason.to_string(),
-            },
-        });
     }
 
     /// The pack of a quarantined copy of `blob`, if there is one: for messages when no good
     /// copy is left.
     pub fn quarantined_copy(&self, blob: &Id) -> Option<Id> {
-        self.quarantined_packs().get(blob).copied()
+        self.quarantine_book().pack_of(blob)
     }
 
     /// Whether the copy of `blob` in `pack` is quarantined (as far as this process knows).
     pub fn is_quarantined(&self, pack: &Id, blob: &Id) -> bool {
-        self.quarantined_set().contains(&(*pack, *blob))
+        self.quarantine_book().contains(pack, blob)
     }
 
     /// The (pack, blob) copies quarantined as far as this process knows.
     pub fn quarantined(&self) -> HashSet<(Id, Id)> {
-        self.quarantined_set().clone()
+        self.quarantine_book().copies().clone()
     }
 
     /// Writes the markers of the copies quarantined since the last flush. Returns how many
     /// were written; on a store error the rest stay pending.
     pub async fn flush_quarantine(&self) -> RepoResult<usize> {
-        let pending = std::mem::take(&mut *self.pending_markers());
+        let pending = std::mem::take(&mut *self.quarantine_book().pending());
         let mut written = 0;
         let mut left = Vec::new();
         let mut error = None;
@@ -114,7 +192,7 @@ impl Repo {
                 }
             }
         }
-        self.pending_markers().extend(left);
+        self.quarantine_book().pending().extend(left);
         match error {
             Some(e) => Err(e.into()),
             None => Ok(written),

@@ -43,12 +43,9 @@ pub struct Repo {
     /// Packs this process stored that no index file names yet: garbage if it fails before
     /// publishing them (see [`Repo::discard_unindexed_packs`]).
     unindexed: Mutex<HashSet<Id>>,
-    /// Blob copies (pack, blob) known to be damaged: left out of the index (`quarantine`).
-    quarantined: Mutex<HashSet<(Id, Id)>>,
-    /// Quarantine markers not written yet.
-    pending_markers: Mutex<Vec<crate::quarantine::PendingMarker>>,
-    /// The pack of a quarantined copy of each blob, for messages.
-    quarantined_packs: Mutex<std::collections::HashMap<Id, Id>>,
+    /// Blob (format 1) and group (format 2) copies known to be damaged: left out of the
+    /// index and of every reader's lookups (`quarantine`), shared with the format 2 readers.
+    quarantine: Arc<crate::quarantine::QuarantineBook>,
     /// Format 2: where chunks, nodes and groups are (index runs, pack trailers, groups, read
     /// in pieces); `None` in a format 1 repository, whose index is `index`.
     v2: Option<Arc<crate::v2::V2Reader>>,
@@ -181,9 +178,7 @@ impl Repo {
             session: Mutex::new(session),
             meta_cache,
             unindexed: Mutex::new(HashSet::new()),
-            quarantined: Mutex::new(HashSet::new()),
-            pending_markers: Mutex::new(Vec::new()),
-            quarantined_packs: Mutex::new(std::collections::HashMap::new()),
+            quarantine: Arc::default(),
             v2: None,
             unlocked,
         };
@@ -192,12 +187,10 @@ impl Repo {
             repo.plans_seen.insert(id);
             superseded.extend(plan.superseded_index);
         }
+        // Copies found damaged by earlier processes: never read or deduplicated against.
+        repo.quarantine.load(&repo.quarantine_markers().await?);
         if repo.config.v2.is_some() {
-            let reader = crate::v2::V2Reader::new(
-                repo.store.clone(),
-                repo.key().cloned(),
-                crate::v2::CacheLimits::default(),
-            );
+            let reader = repo.v2_reader(repo.key().cloned(), crate::v2::CacheLimits::default());
             // A damaged run is a finding (verify reports it; the versions whose groups only
             // it locates fail to restore, each naming what is missing), never a repository
             // that cannot be opened; an unreachable store still fails the open.
@@ -208,28 +201,12 @@ impl Repo {
             repo.v2 = Some(Arc::new(reader));
             return Ok(repo);
         }
-        let markers = repo.quarantine_markers().await?;
-        repo.quarantined_packs()
-            .extend(markers.iter().map(|(pack, blob)| (*blob, *pack)));
-        repo.quarantined_set().extend(markers);
         repo.load_index(&superseded).await?;
         Ok(repo)
     }
 
-    pub(crate) fn quarantined_set(&self) -> std::sync::MutexGuard<'_, HashSet<(Id, Id)>> {
-        self.quarantined.lock().expect("quarantine lock")
-    }
-
-    pub(crate) fn pending_markers(
-        &self,
-    ) -> std::sync::MutexGuard<'_, Vec<crate::quarantine::PendingMarker>> {
-        self.pending_markers.lock().expect("quarantine lock")
-    }
-
-    pub(crate) fn quarantined_packs(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<Id, Id>> {
-        self.quarantined_packs.lock().expect("quarantine lock")
+    pub(crate) fn quarantine_book(&self) -> &Arc<crate::quarantine::QuarantineBook> {
+        &self.quarantine
     }
 
     pub(crate) fn index_mut(&self) -> std::sync::RwLockWriteGuard<'_, BlobIndex> {
@@ -540,7 +517,7 @@ impl Repo {
         key: Option<cairn_format::crypto::MasterKey>,
         limits: crate::v2::CacheLimits,
     ) -> crate::v2::V2Reader {
-        crate::v2::V2Reader::new(self.store.clone(), key, limits)
+        crate::v2::V2Reader::new(self.store.clone(), key, limits, self.quarantine.clone())
     }
 
     pub(crate) fn unlocked(&self) -> Option<&crate::keyring::Unlocked> {
@@ -550,17 +527,6 @@ impl Repo {
     /// The reader of a format 2 repository's objects (`None` in format 1).
     pub fn v2(&self) -> Option<&Arc<crate::v2::V2Reader>> {
         self.v2.as_ref()
-    }
-
-    /// Refuses a format 2 repository for `what`, a command or mode that reads format 1 only.
-    pub fn require_format_1(&self, what: &str) -> RepoResult<()> {
-        match self.v2 {
-            None => Ok(()),
-            Some(_) => Err(RepoError::NeedsFormat1 {
-                what: what.to_string(),
-                location: self.describe(),
-            }),
-        }
     }
 
     /// Reads one blob, verified (manifest nodes through the metadata cache, if any). In a

@@ -48,6 +48,12 @@ pub async fn run(ctx: &Context, args: GcArgs) -> Result<ExitCode> {
                 r.rescued_blobs
             );
         }
+        if r.groups_rebuilt > 0 {
+            outln!(
+                "{} damaged groups were rebuilt from other copies of their chunks",
+                r.groups_rebuilt
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -106,6 +112,7 @@ pub fn report_json(r: &GcReport) -> Value {
         "orphan_packs_deleted": r.orphan_packs_deleted,
         "index_files_replaced": r.index_files_replaced,
         "rescued_blobs": r.rescued_blobs,
+        "groups_rebuilt": r.groups_rebuilt,
         "temporaries_removed": r.temporaries_removed,
         "temporary_bytes_removed": r.temporary_bytes_removed,
         "partial_files_removed": r.partial_files_removed,

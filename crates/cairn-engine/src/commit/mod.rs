@@ -37,6 +37,7 @@ pub(crate) mod pipeline;
 pub mod plan;
 pub(crate) mod publish;
 
+pub(crate) use grouped::run_grouped_pipeline;
 pub(crate) use packing::{encode, pack_blobs, EncodedBlob};
 pub(crate) use pipeline::{run_pipeline, Dedup, PipelineOutput};
 pub(crate) use publish::publish;

@@ -39,7 +39,7 @@ pub(crate) async fn check_stale_gc(repo: &Repo, out: &PipelineOutput) -> EngineR
             for (group, slot) in &out.reused_slots {
                 let stored = match view.locate_group_storing(group, &[(*slot, 1)]).await {
                     Ok(loc) => loc.stores(&[(*slot, 1)]),
-                    Err(RepoError::BlobMissing { .. }) => false,
+                    Err(e) if e.is_damage() => false,
                     Err(e) => return Err(e.into()),
                 };
                 missing += usize::from(!stored);

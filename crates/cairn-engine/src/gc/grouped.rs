@@ -41,7 +41,8 @@ use cairn_repo::v2::{OpenedGroup, PackTrailer, V2Reader};
 use cairn_repo::{Repo, RepoError};
 
 use super::group_summaries::live_summary;
-use super::leftovers::remove_orphan_records;
+use super::leftovers::{remove_orphan_records, remove_stale_markers};
+use super::rebuild::Damaged;
 use super::{
     finish, publish_and_wait, stored_bytes, sweep, unreadable_live_tree, GcMode, GcOptions,
     GcReport,
@@ -106,7 +107,9 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             Box::new(summary)
         }
     };
-    let plan = PackPlan::new(&snapshot, &*live_use, options.repack_threshold);
+    let damaged = Damaged::find(repo, &snapshot, &*live_use).await?;
+    let plan = PackPlan::new(&snapshot, &*live_use, &damaged, options.repack_threshold);
+    report.groups_rebuilt = damaged.rebuilt.len() as u64;
     report.dead_blobs = plan.dead.len() as u64;
     report.packs_deleted = plan.to_delete.len() as u64;
     report.packs_repacked = plan.to_repack.len() as u64;
@@ -133,6 +136,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     }
     let nothing_to_do = plan.to_delete.is_empty()
         && plan.to_repack.is_empty()
+        && damaged.rebuilt.is_empty()
         && orphans.is_empty()
         && snapshot.runs.len() <= 1;
     if nothing_to_do {
@@ -159,32 +163,14 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             writer.push(group.kind, copied, live.as_ref()).await?;
         }
     }
+    for (_, group) in damaged.rebuilt {
+        report.bytes_repacked += u64::from(group.desc.stored_len);
+        writer.push(BlobKind::Data, group, None).await?;
+    }
     let mut locations = writer.finish().await?;
     report.packs_written = writer.packs_written;
     for pack in &plan.kept {
-        let trailer = &snapshot.trailers[pack];
-        for (g, group) in trailer.groups.iter().enumerate() {
-            match group.kind {
-                BlobKind::Node => {
-                    let node = group.desc.chunks[0].id;
-                    if live_use.node_used(&node) {
-                        locations.push((node, *pack));
-                    }
-                }
-                BlobKind::Data => {
-                    let gid = trailer.group_id(g as u32).expect("a group of this trailer");
-                    locations.push((gid, *pack));
-                    locations.extend(
-                        group
-                            .desc
-                            .chunks
-                            .iter()
-                            .filter(|c| c.stored)
-                            .map(|c| (c.id, *pack)),
-                    );
-                }
-            }
-        }
+        locations.extend(snapshot.trailers[pack].index_entries(|node| live_use.node_used(node)));
     }
     let mut written_runs = HashSet::new();
     if !locations.is_empty() {
@@ -240,7 +226,11 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     free_versions(repo, &unfreed, &live_now).await?;
     report.freed_versions = unfreed.len() as u64;
     finish(repo, &published, options).await?;
-    report.bytes_after = stored_bytes(repo).await?.0;
+    let (bytes_after, packs_after) = stored_bytes(repo).await?;
+    report.bytes_after = bytes_after;
+    // Markers of copies whose pack is gone (repacked, deleted, or missing: the consolidated
+    // run names only packs that exist).
+    remove_stale_markers(repo, &packs_after).await?;
     Ok(report)
 }
 
@@ -261,12 +251,12 @@ async fn free_versions(repo: &Repo, unfreed: &[Id], live: &LiveVersions) -> Engi
 
 /// What GC read of the index: every run in the store (pending plans ignored: GC must see
 /// everything), and the trailer of every pack they name that exists.
-struct Snapshot {
-    reader: V2Reader,
+pub(super) struct Snapshot {
+    pub(super) reader: V2Reader,
     runs: Vec<Id>,
     /// Packs some run names (whether they exist or not).
     named: HashSet<Id>,
-    trailers: BTreeMap<Id, Arc<PackTrailer>>,
+    pub(super) trailers: BTreeMap<Id, Arc<PackTrailer>>,
 }
 
 impl Snapshot {
@@ -307,8 +297,8 @@ impl Snapshot {
 /// GC refuses to act on a partial view of the index.
 fn incomplete(damage: String) -> EngineError {
     EngineError::Gc(format!(
-        "{damage}; gc acts only on a complete index (run `cairn verify` to see what the damage \
-         affects); nothing was deleted"
+        "{damage}; gc acts only on a complete index: run `cairn repair`, which rebuilds it from \
+         the packs; nothing was deleted"
     ))
 }
 
@@ -443,24 +433,29 @@ struct PackPlan {
 }
 
 impl PackPlan {
-    fn new(snapshot: &Snapshot, marks: &(dyn Liveness + Sync), threshold: f64) -> PackPlan {
-        // Every copy of every live group or node: (pack, group, live fraction, complete).
+    fn new(
+        snapshot: &Snapshot,
+        marks: &(dyn Liveness + Sync),
+        damaged: &Damaged,
+        threshold: f64,
+    ) -> PackPlan {
+        // Every good copy of every live group or node: (pack, group, live fraction,
+        // complete). A quarantined copy is no copy (`rebuild.rs` deals with those).
         let mut copies: HashMap<Id, Vec<(Id, u32, f64, bool)>> = HashMap::new();
         let mut dead_in: HashMap<Id, Vec<Id>> = HashMap::new();
         for (pack, trailer) in &snapshot.trailers {
             for (g, group) in trailer.groups.iter().enumerate() {
                 let g = g as u32;
+                let gid = trailer.group_id(g).expect("a group of this trailer");
                 let (id, live) = match group.kind {
                     BlobKind::Node => {
                         let id = group.desc.chunks[0].id;
                         (id, marks.node_used(&id).then_some((1.0, true)))
                     }
-                    BlobKind::Data => {
-                        let id = trailer.group_id(g).expect("a group of this trailer");
-                        (id, live_fraction(group, marks.used_slots(&id)))
-                    }
+                    BlobKind::Data => (gid, live_fraction(group, marks.used_slots(&gid))),
                 };
                 match live {
+                    Some(_) if snapshot.reader.is_quarantined_copy(pack, &gid) => {}
                     Some((fraction, complete)) => copies
                         .entry(id)
                         .or_default()
@@ -491,9 +486,16 @@ impl PackPlan {
                 .map(|g| u64::from(g.desc.stored_len))
                 .sum();
             let live = live_bytes.get(pack).copied().unwrap_or(0);
-            if !canonical_in.contains_key(pack) {
+            // A pack holding a damaged copy is rewritten without it (so the repository
+            // verifies clean again), unless that copy is all there is of something live.
+            if damaged.pinned.contains(pack) {
+                kept.push(*pack);
+                continue;
+            } else if !canonical_in.contains_key(pack) {
                 to_delete.push(*pack);
-            } else if (live as f64) < threshold * payload.max(1) as f64 {
+            } else if damaged.holding.contains(pack)
+                || (live as f64) < threshold * payload.max(1) as f64
+            {
                 to_repack.push(*pack);
             } else {
                 kept.push(*pack);
@@ -558,12 +560,20 @@ fn copy_group(
             where_()
         ))
     })?;
+    // Never launder damage into a new pack: the copy is quarantined and the GC starts over
+    // without it (`gc::gc` runs once more on `BadBlob`).
     let opened = OpenedGroup::open(&group.desc, stored, repo.key()).map_err(|e| {
-        EngineError::Gc(format!(
-            "{} is damaged ({e}); gc does not copy damaged data; nothing was deleted (run \
-             `cairn verify` to see which versions it affects)",
-            where_()
-        ))
+        let gid = trailer.group_id(g).expect("a group of this trailer");
+        let reason = format!("{} is damaged: {e}", where_());
+        if let Some(reader) = repo.v2() {
+            reader.quarantine_copy(&trailer.pack, &gid, group.offset, &reason);
+        }
+        EngineError::Repo(RepoError::BadBlob {
+            id: gid,
+            pack: trailer.pack,
+            offset: group.offset,
+            source: cairn_format::FormatError::invalid("group", e.to_string()),
+        })
     })?;
     let verbatim = || Group {
         stored: stored.to_vec(),

@@ -39,6 +39,7 @@ mod fast;
 mod group_summaries;
 mod grouped;
 mod leftovers;
+mod rebuild;
 pub(crate) mod summaries;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -158,6 +159,9 @@ pub struct GcReport {
     pub orphan_packs_deleted: u64,
     pub index_files_replaced: u64,
     pub rescued_blobs: u64,
+    /// Format 2: live groups whose only copies were damaged, rebuilt from good copies of
+    /// their chunks stored elsewhere.
+    pub groups_rebuilt: u64,
     /// Bytes of packs and index files before and after.
     pub bytes_before: u64,
     pub bytes_after: u64,

@@ -3,6 +3,10 @@
 //! [`V2Reader`](cairn_repo::v2::V2Reader), whose group cache decodes a group once however
 //! many runs of it the window reads — and written in segment order (stdout needs the order;
 //! files and devices take it at no cost).
+//!
+//! With `allow_damage`, what cannot be read is zeros and listed: a group run no copy of
+//! which is readable (each slot's chunk is tried wherever else it is stored first), a leaf,
+//! or an interior node (every segment under it).
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -13,12 +17,12 @@ use cairn_format::Id;
 use cairn_repo::Repo;
 
 use super::{
-    write_file, write_qcow2, write_stdout, write_zeros, RestoreOptions, RestoreProgress,
-    RestoreStats, Sink,
+    merge_ranges, write_file, write_qcow2, write_stdout, write_zeros, DamagedRange, RestoreOptions,
+    RestoreProgress, RestoreStats, Sink,
 };
 use crate::error::{EngineError, EngineResult};
-use crate::segment::read_segment;
-use crate::tree::leaf_map;
+use crate::segment::{read_segment, read_segment_allowing_damage, SegmentRead};
+use crate::tree::{leaf_map, readable_leaf_map};
 
 /// Restores `version` of a format 2 repository into `sink`.
 pub(super) async fn run_grouped(
@@ -29,19 +33,28 @@ pub(super) async fn run_grouped(
     progress: &RestoreProgress,
     path: &Path,
 ) -> EngineResult<RestoreStats> {
-    if options.allow_damage {
-        repo.require_format_1("restore --allow-damage")?;
-    }
     let reader = repo
         .v2()
         .ok_or_else(|| EngineError::internal("restore", "format 2 restore of format 1"))?;
     let before = reader.fetches();
     let seg = u64::from(version.segment_size);
-    let leaves: Vec<(u64, Id)> = leaf_map(repo, version).await?.into_iter().collect();
     let mut stats = RestoreStats {
         logical_bytes: version.logical_size,
         ..Default::default()
     };
+    let mut damaged = Vec::new();
+    let tolerant = options.allow_damage;
+    let leaves = if tolerant {
+        let mut skipped = Vec::new();
+        let map = readable_leaf_map(repo, version, &mut skipped).await?;
+        for (first, count, reason) in skipped {
+            damaged.push(segments_range(version, first, count, reason));
+        }
+        map
+    } else {
+        leaf_map(repo, version).await?
+    };
+    let leaves: Vec<(u64, Id)> = leaves.into_iter().collect();
     let mut done_to = 0u64;
     // A rolling window: `parallel_reads` leaves in flight, the next started as soon as the
     // oldest is written (not when the slowest of a batch is), written in segment order.
@@ -53,17 +66,50 @@ pub(super) async fn run_grouped(
         let len = seg.min(version.logical_size.saturating_sub(index * seg));
         (
             index,
-            tokio::spawn(async move { read_segment(&repo, &id, len).await }),
+            tokio::spawn(async move {
+                match tolerant {
+                    false => {
+                        read_segment(&repo, &id, len)
+                            .await
+                            .map(|(data, stored)| SegmentRead {
+                                data,
+                                stored,
+                                ..Default::default()
+                            })
+                    }
+                    true => {
+                        let reader = repo.v2().expect("a format 2 repository");
+                        match read_segment_allowing_damage(&repo, reader, &id, len).await {
+                            // The leaf itself is lost: the whole segment is.
+                            Err(e) if e.is_damage() => Ok(SegmentRead {
+                                data: vec![0; len as usize],
+                                damaged: vec![(0, len, e.to_string())],
+                                ..Default::default()
+                            }),
+                            other => other,
+                        }
+                    }
+                }
+            }),
         )
     };
     in_flight.extend(pending.by_ref().take(window).map(spawn));
     while let Some((index, task)) = in_flight.pop_front() {
         crate::interrupt::check()?;
-        let (data, stored) = task
+        let SegmentRead {
+            data,
+            stored,
+            damaged: lost,
+        } = task
             .await
             .map_err(|e| EngineError::internal("restore task", e))??;
         in_flight.extend(pending.next().map(spawn));
         let off = index * seg;
+        damaged.extend(lost.into_iter().map(|(at, len, reason)| DamagedRange {
+            offset: off + at,
+            len,
+            reason,
+        }));
         write_zeros(sink, done_to, off, path)?;
         match sink {
             Sink::File { file, zeros_needed } => write_file(file, !zeros_needed, &data, off, path)?,
@@ -83,5 +129,21 @@ pub(super) async fn run_grouped(
     let after = reader.fetches();
     stats.fetched_bytes = after.group_bytes - before.group_bytes;
     stats.reads = after.groups - before.groups;
+    stats.damaged = merge_ranges(damaged);
     Ok(stats)
+}
+
+/// Segments `first .. first + count` of `version` as a byte range (clipped to the image).
+fn segments_range(version: &VersionRecord, first: u64, count: u64, reason: String) -> DamagedRange {
+    let seg = u64::from(version.segment_size);
+    let offset = first.saturating_mul(seg).min(version.logical_size);
+    let end = first
+        .saturating_add(count)
+        .saturating_mul(seg)
+        .min(version.logical_size);
+    DamagedRange {
+        offset,
+        len: end - offset,
+        reason,
+    }
 }

@@ -9,8 +9,12 @@
 //! - Each leaf's group runs must be located by an index run, name slots the group stores, and
 //!   hold the bytes the leaf says; a group found damaged makes the version damaged.
 //!
-//! Nothing is quarantined: a format 2 commit dedups through the index runs and the pack
-//! trailers, and re-storing a damaged group's chunks is GC's repair (not built for format 2).
+//! A damaged group is quarantined (as format 1 quarantines a damaged blob): no commit dedups
+//! against it any more, so the next commit that meets its chunks stores them again — and a
+//! version whose damaged group's slots all have good copies elsewhere (by chunk id) reads
+//! through them, so it is intact: damage heals. A pack damaged only in groups quarantined
+//! before this run is counted (`packs_with_quarantined`), not reported: the next
+//! `gc --repair` rewrites it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -67,16 +71,56 @@ pub(super) async fn check_packs(
         while tasks.len() < PACKS_IN_FLIGHT {
             let Some(pack) = pending.next() else { break };
             let reader = reader.clone();
-            tasks.spawn(async move { reader.check_pack(&pack).await });
+            tasks.spawn(async move { (pack, reader.check_pack(&pack).await) });
         }
         let Some(done) = tasks.join_next().await else {
             break;
         };
-        let check = done.map_err(|e| EngineError::internal("verify task", e))??;
+        let (pack, check) = done.map_err(|e| EngineError::internal("verify task", e))?;
+        let check = check?;
         report.packs_checked += 1;
+        if check.missing {
+            // What it held is unknown (its trailer went with it): the pack is quarantined
+            // whole, and reported once; the versions that need it are named below.
+            let known = !reader.quarantine_copy(&pack, &pack, 0, "missing");
+            match known {
+                true => report.packs_with_quarantined += 1,
+                false => {
+                    report.quarantined += 1;
+                    report.problems.extend(check.problems);
+                }
+            }
+            progress::add(&options.progress, 1);
+            continue;
+        }
         report.blobs_checked += check.chunks;
         report.bytes_read += check.bytes;
-        report.problems.extend(check.problems);
+        // Damaged only where earlier runs found it: known, and not used.
+        let known = !check.damaged_groups.is_empty()
+            && check.problems.len() <= check.damaged_groups.len() + 1
+            && check
+                .damaged_groups
+                .iter()
+                .all(|(group, _, _)| reader.is_quarantined_copy(&pack, group));
+        if known {
+            report.packs_with_quarantined += 1;
+        } else {
+            report.problems.extend(check.problems);
+        }
+        for (group, offset, reason) in &check.damaged_groups {
+            if reader.quarantine_copy(&pack, group, *offset, reason) {
+                report.quarantined += 1;
+            }
+        }
+        // Copies quarantined earlier that read intact now (a transient fault, or a pack
+        // put back) are trusted again.
+        if check.readable {
+            for group in reader.quarantined_in(&pack) {
+                if !check.damaged_groups.iter().any(|(g, _, _)| *g == group) {
+                    reader.release_quarantine(&pack, &group).await?;
+                }
+            }
+        }
         bad.extend(check.bad);
         progress::add(&options.progress, 1);
     }
@@ -127,6 +171,21 @@ async fn packs_used(
     packs
 }
 
+/// Whether every chunk of slots `first .. first + count` of group `group` (as a quarantined
+/// copy's trailer lists them) has a good copy somewhere; the first that has none fails.
+async fn slots_elsewhere(
+    reader: &V2Reader,
+    group: &Id,
+    first: u16,
+    count: u16,
+) -> Result<(), RepoError> {
+    let chunks = reader.run_chunks(group, first, count).await?;
+    for c in &chunks {
+        reader.locate_chunk(&c.id).await?;
+    }
+    Ok(())
+}
+
 /// What is wrong with the leaf of group runs `id` (`raw`, read and checked), if anything.
 pub(super) async fn check_run_leaf(
     reader: &V2Reader,
@@ -152,11 +211,21 @@ pub(super) async fn check_run_leaf(
         else {
             continue;
         };
-        if let Some(reason) = bad.get(&group) {
-            return Some(format!("group damaged: {reason}"));
-        }
         let loc = match reader.locate_group_storing(&group, &[(first, count)]).await {
             Ok(loc) => loc,
+            // Every copy damaged: intact still if each slot's chunk has a good copy elsewhere
+            // (a later commit stored it again), which is where reads then take it from.
+            Err(RepoError::Quarantined { .. }) => {
+                match slots_elsewhere(reader, &group, first, count).await {
+                    Ok(()) => continue,
+                    Err(e) => {
+                        return Some(match bad.get(&group) {
+                            Some(reason) => format!("group damaged: {reason}"),
+                            None => format!("group {group}: {e}"),
+                        })
+                    }
+                }
+            }
             Err(RepoError::BlobMissing { .. }) => {
                 return Some(format!("group {group} is missing from every index run"))
             }

@@ -24,9 +24,42 @@ pub struct PackCheck {
     /// of the chunks and nodes it stores. A pack whose trailer cannot be read lists none here
     /// (its groups are unknown): readers that look them up meet the same error.
     pub bad: Vec<(Id, String)>,
+    /// The damaged groups: (group id, offset in the pack, why), for quarantine.
+    pub damaged_groups: Vec<(Id, u32, String)>,
+    /// The pack does not exist (an index run names it).
+    pub missing: bool,
+    /// The trailer was read, so every group was checked (`damaged_groups` is complete).
+    pub readable: bool,
 }
 
 impl V2Reader {
+    /// Quarantines the copy of group `group` at `offset` of `pack` (found damaged by a whole
+    /// pack check; `group` = `pack`: the whole pack, found missing); `false` if it was known.
+    pub fn quarantine_copy(&self, pack: &Id, group: &Id, offset: u32, reason: &str) -> bool {
+        self.quarantine.add(*pack, *group, offset, reason)
+    }
+
+    /// The quarantined copies of `pack` (group ids; the pack's own id: the whole pack).
+    pub fn quarantined_in(&self, pack: &Id) -> Vec<Id> {
+        self.quarantine.in_pack(pack)
+    }
+
+    /// Lifts the quarantine of the copy of `group` in `pack`, which a whole read of its pack
+    /// found intact after all (a marker is advisory: it only ever costs a second copy), and
+    /// deletes its marker.
+    pub async fn release_quarantine(&self, pack: &Id, group: &Id) -> RepoResult<()> {
+        if self.quarantine.remove(pack, group) {
+            tracing::info!(%pack, %group, "a quarantined copy reads intact: quarantine lifted");
+            self.store.delete(&keys::quarantine(pack, group)).await?;
+        }
+        Ok(())
+    }
+
+    /// Whether the copy of `group` in `pack` is quarantined.
+    pub fn is_quarantined_copy(&self, pack: &Id, group: &Id) -> bool {
+        self.quarantine.contains(pack, group)
+    }
+
     /// Reads pack `pack` whole and checks everything in it.
     pub async fn check_pack(&self, pack: &Id) -> RepoResult<PackCheck> {
         let key = keys::pack(pack);
@@ -39,6 +72,7 @@ impl V2Reader {
                 }
                 return Ok(PackCheck {
                     problems: vec![format!("{key}: missing (an index run names it)")],
+                    missing: true,
                     ..Default::default()
                 });
             }
@@ -85,6 +119,7 @@ fn check_bytes(
             return check;
         }
     };
+    check.readable = true;
     for (i, g) in groups.iter().enumerate() {
         check.groups += 1;
         let stored_ids = g.desc.chunks.iter().filter(|c| c.stored).map(|c| c.id);
@@ -102,6 +137,7 @@ fn check_bytes(
             let reason = format!("{key} group {i} (at byte {}): {why}", g.offset);
             check.problems.push(reason.clone());
             check.bad.push((gid, reason.clone()));
+            check.damaged_groups.push((gid, g.offset, reason.clone()));
             check.bad.extend(stored_ids.map(|id| (id, reason.clone())));
         }
     }

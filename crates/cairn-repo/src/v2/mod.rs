@@ -11,8 +11,11 @@
 //!
 //! Nothing here trusts a byte it did not check: the trailer's checksum and (sealed) tag, the
 //! group id recomputed from the descriptor, every chunk against its id at open. A format 2
-//! repository's `Repo` holds one, with every index run added at open (commit and restore use
-//! it; the other commands refuse format 2 until they learn it: docs/ROADMAP.md).
+//! repository's `Repo` holds one, with every index run added at open.
+//!
+//! A group copy that fails its check is quarantined (`crate::quarantine`): lookups skip it,
+//! so a commit stores its chunks again, and a read of its slots takes another copy of the
+//! group or, failing that, each slot's chunk from wherever else it is stored.
 
 mod check;
 mod groups;
@@ -90,6 +93,9 @@ pub struct V2Reader {
     sections: CostCache<(Id, u32), runs::Section>,
     runs: std::sync::RwLock<Vec<Arc<runs::OpenRun>>>,
     fetched: FetchCounters,
+    /// Group copies found damaged (by any reader of this repository, or an earlier process):
+    /// never read or deduplicated against.
+    quarantine: Arc<crate::quarantine::QuarantineBook>,
 }
 
 impl std::fmt::Debug for V2Reader {
@@ -126,6 +132,7 @@ impl V2Reader {
         store: Arc<dyn ObjectStore>,
         key: Option<MasterKey>,
         limits: CacheLimits,
+        quarantine: Arc<crate::quarantine::QuarantineBook>,
     ) -> V2Reader {
         V2Reader {
             store,
@@ -135,6 +142,7 @@ impl V2Reader {
             sections: cost_cache(limits.section_bytes, 4 << 10),
             runs: std::sync::RwLock::new(Vec::new()),
             fetched: FetchCounters::default(),
+            quarantine,
         }
     }
 

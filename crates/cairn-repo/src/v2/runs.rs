@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use cairn_format::group::GroupChunk;
 use cairn_format::index_run::{self, Entry, RunMeta, FOOTER_LEN, HEADER_LEN};
 use cairn_format::{keys, FormatError, Id};
 
@@ -46,6 +47,36 @@ pub struct GroupLocation {
 }
 
 impl GroupLocation {
+    /// The group's id (a hash of its slot list, as a leaf names it).
+    pub fn id(&self) -> Id {
+        self.trailer
+            .group_id(self.group)
+            .expect("a location names a group of its trailer")
+    }
+
+    /// The chunks slots `first .. first + count` hold (as this copy's descriptor lists them,
+    /// stored or not); a run past the group's end is an error naming the group.
+    pub fn run_chunks(&self, first: u16, count: u16) -> RepoResult<&[GroupChunk]> {
+        let desc = &self.trailer.groups[self.group as usize].desc;
+        let slots = usize::from(first)..usize::from(first) + usize::from(count);
+        desc.chunks
+            .get(slots)
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| {
+                RepoError::corrupt(
+                    format!("{} group {}", keys::pack(&self.trailer.pack), self.group),
+                    FormatError::invalid(
+                        "group",
+                        format!(
+                            "slots {first}..{} of a group of {}",
+                            u32::from(first) + u32::from(count),
+                            desc.chunks.len()
+                        ),
+                    ),
+                )
+            })
+    }
+
     /// Whether this copy of the group stores every slot of `wanted` (first, count).
     pub fn stores(&self, wanted: &[(u16, u16)]) -> bool {
         let desc = &self.trailer.groups[self.group as usize].desc;
@@ -201,40 +232,43 @@ impl V2Reader {
     /// Reads every index run this reader uses whole and checks every section (what `verify`
     /// does); returns one line per damaged run.
     pub async fn check_runs(&self) -> RepoResult<Vec<String>> {
-        let runs: Vec<Arc<OpenRun>> = self.runs.read().expect("runs lock").clone();
+        let runs: Vec<Id> = self.run_ids();
         let mut problems = Vec::new();
         for run in runs {
-            let data = match self.store.get(&run.key).await {
-                Ok(d) => d,
-                Err(e) => {
-                    let e = RepoError::from(e);
-                    if !e.is_not_found() {
-                        return Err(e);
-                    }
-                    problems.push(format!("{}: missing", run.key));
-                    continue;
-                }
-            };
-            let checked = index_run::parse_run(&data, self.key()).and_then(|meta| {
-                for (i, s) in meta.sections.iter().enumerate() {
-                    let r = s.range();
-                    let stored = data.get(r.start as usize..r.end as usize).unwrap_or(&[]);
-                    meta.open_section(i, stored, self.key())
-                        .map_err(|e| match e {
-                            cairn_format::crypto::CryptoError::Format(f) => {
-                                FormatError::invalid("index run", format!("section {i}: {f}"))
-                                    .into()
-                            }
-                            other => other,
-                        })?;
-                }
-                Ok(())
-            });
-            if let Err(e) = checked {
-                problems.push(sealed_error(&run.key, e).to_string());
-            }
+            problems.extend(self.check_run(&run).await?);
         }
         Ok(problems)
+    }
+
+    /// Reads index run `id` whole and checks it, every section included: `None` if it is
+    /// intact, else one line naming it and what is wrong (missing, or damaged).
+    pub async fn check_run(&self, id: &Id) -> RepoResult<Option<String>> {
+        let key = keys::index_run(id);
+        let data = match self.store.get(&key).await {
+            Ok(d) => d,
+            Err(e) => {
+                let e = RepoError::from(e);
+                if !e.is_not_found() {
+                    return Err(e);
+                }
+                return Ok(Some(format!("{key}: missing")));
+            }
+        };
+        let checked = index_run::parse_run(&data, self.key()).and_then(|meta| {
+            for (i, s) in meta.sections.iter().enumerate() {
+                let r = s.range();
+                let stored = data.get(r.start as usize..r.end as usize).unwrap_or(&[]);
+                meta.open_section(i, stored, self.key())
+                    .map_err(|e| match e {
+                        cairn_format::crypto::CryptoError::Format(f) => {
+                            FormatError::invalid("index run", format!("section {i}: {f}")).into()
+                        }
+                        other => other,
+                    })?;
+            }
+            Ok(())
+        });
+        Ok(checked.err().map(|e| sealed_error(&key, e).to_string()))
     }
 
     async fn read_section(&self, run: &OpenRun, i: usize) -> RepoResult<Arc<Section>> {
@@ -250,75 +284,303 @@ impl V2Reader {
         Ok(Arc::new(Section(entries)))
     }
 
+    /// The trailers of the candidate packs for `id` that can be used, in lookup order, and
+    /// the first damage that made one unusable: unreadable, missing, or found missing before
+    /// (quarantined whole: not asked again). An error of the store fails the call.
+    async fn candidate_trailers(
+        &self,
+        id: &Id,
+    ) -> RepoResult<(Vec<Arc<PackTrailer>>, Option<RepoError>)> {
+        let mut trailers = Vec::new();
+        let mut damage = None;
+        for pack in self.candidates(id).await? {
+            if self.is_quarantined_copy(&pack, &pack) {
+                damage.get_or_insert(RepoError::PackMissing { pack, id: *id });
+                continue;
+            }
+            match self.trailer(&pack).await {
+                Ok(trailer) => trailers.push(trailer),
+                Err(e) if e.is_damage() => {
+                    damage.get_or_insert(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((trailers, damage))
+    }
+
     /// Where group `id` is stored: the first candidate pack whose trailer lists it.
     pub async fn locate_group(&self, id: &Id) -> RepoResult<GroupLocation> {
         self.locate_group_storing(id, &[]).await
     }
 
+    /// Every copy of group `id` the runs locate, in lookup order (newest run first),
+    /// quarantined copies included (their trailers still say which chunk each slot holds).
+    /// A candidate pack whose trailer cannot be read (damaged, missing) is passed over; if
+    /// no copy is found, that damage is the error.
+    pub async fn group_copies(&self, id: &Id) -> RepoResult<Vec<GroupLocation>> {
+        let mut copies = Vec::new();
+        let (trailers, damage) = self.candidate_trailers(id).await?;
+        for trailer in trailers {
+            if let Some(group) = trailer.group(id) {
+                copies.push(GroupLocation { trailer, group });
+            }
+        }
+        match damage {
+            Some(e) if copies.is_empty() => Err(e),
+            _ => Ok(copies),
+        }
+    }
+
+    /// The chunks slots `first .. first + count` of group `id` hold, from the descriptor of
+    /// any copy (a damaged one too: every copy lists the same chunks, which the id hashes).
+    pub async fn run_chunks(&self, id: &Id, first: u16, count: u16) -> RepoResult<Vec<GroupChunk>> {
+        let copies = self.group_copies(id).await?;
+        let any = copies.first().ok_or(RepoError::BlobMissing { id: *id })?;
+        Ok(any.run_chunks(first, count)?.to_vec())
+    }
+
     /// Where group `id` is stored with every slot of `wanted` (first, count) still in it. Two
     /// copies of a group can differ in what they store (GC rewrote one without slots no
     /// live version used, and rescued the whole group for a commit that reused one of them
-    /// meanwhile): the first candidate that stores them all, else the first that lists the
-    /// group (reading it then names the dropped slot).
+    /// meanwhile): the first good copy that stores them all, else the first good copy that
+    /// lists the group (reading it then names the dropped slot). Quarantined copies are
+    /// skipped; if only those are left, [`RepoError::Quarantined`].
     pub async fn locate_group_storing(
         &self,
         id: &Id,
         wanted: &[(u16, u16)],
     ) -> RepoResult<GroupLocation> {
-        let mut listed = None;
-        for pack in self.candidates(id).await? {
-            let trailer = self.trailer(&pack).await?;
-            if let Some(group) = trailer.group(id) {
-                let loc = GroupLocation { trailer, group };
-                if loc.stores(wanted) {
-                    return Ok(loc);
-                }
-                listed.get_or_insert(loc);
-            }
+        let copies = self.group_copies(id).await?;
+        let mut good = copies.iter().filter(|c| !self.is_quarantined(c));
+        let first_good = good.clone().next();
+        if let Some(loc) = good.find(|c| c.stores(wanted)).or(first_good) {
+            return Ok(loc.clone());
         }
-        listed.ok_or(RepoError::BlobMissing { id: *id })
+        Err(match copies.first() {
+            Some(q) => RepoError::Quarantined {
+                id: *id,
+                pack: q.trailer.pack,
+            },
+            None => RepoError::BlobMissing { id: *id },
+        })
     }
 
-    /// Where chunk or manifest node `id` is stored (for dedup and node reads).
+    /// Whether this copy of a group was found damaged (by this process or an earlier one).
+    pub fn is_quarantined(&self, loc: &GroupLocation) -> bool {
+        self.is_quarantined_copy(&loc.trailer.pack, &loc.id())
+    }
+
+    /// Stops trusting this copy of a group: lookups skip it from now on, and a marker tells
+    /// every later process (written when the repository closes). For whoever found it
+    /// damaged; `false` if it was known.
+    pub fn quarantine_group(&self, loc: &GroupLocation, reason: &str) -> bool {
+        let offset = loc.trailer.groups[loc.group as usize].offset;
+        self.quarantine_copy(&loc.trailer.pack, &loc.id(), offset, reason)
+    }
+
+    /// Where chunk or manifest node `id` is stored in a group copy that is not quarantined
+    /// (for dedup and reads); [`RepoError::Quarantined`] if only damaged copies hold it.
+    /// A candidate pack whose trailer cannot be read is passed over; if no good copy is
+    /// found, that damage is the error.
     pub async fn locate_chunk(&self, id: &Id) -> RepoResult<(Arc<PackTrailer>, SlotRef)> {
-        for pack in self.candidates(id).await? {
-            let trailer = self.trailer(&pack).await?;
+        let mut quarantined = None;
+        let (trailers, damage) = self.candidate_trailers(id).await?;
+        for trailer in trailers {
+            let pack = trailer.pack;
             if let Some(slot) = trailer.chunk(id) {
+                let group = trailer
+                    .group_id(slot.group)
+                    .expect("a group of this trailer");
+                if self.quarantine.contains(&pack, &group) {
+                    quarantined.get_or_insert(pack);
+                    continue;
+                }
                 return Ok((trailer, slot));
             }
         }
-        Err(RepoError::BlobMissing { id: *id })
+        Err(match (damage, quarantined) {
+            (Some(e), _) => e,
+            (None, Some(pack)) => RepoError::Quarantined { id: *id, pack },
+            (None, None) => RepoError::BlobMissing { id: *id },
+        })
     }
 
     /// Where chunk `id` is stored, as a leaf names it (its group's id and its slot), or
-    /// `None` if no index run locates it (a commit then stores it).
+    /// `None` if no index run locates a good copy (a commit then stores it: a chunk whose
+    /// only copy is damaged — quarantined, in a pack that is missing or whose trailer is
+    /// unreadable, or known only to a damaged index run — is stored again, which heals every
+    /// version that uses it, and never makes a new version depend on damage).
     pub async fn find_chunk(&self, id: &Id) -> RepoResult<Option<super::Placement>> {
         match self.locate_chunk(id).await {
             Ok((trailer, at)) => Ok(trailer.group_id(at.group).map(|group| super::Placement {
                 group,
                 slot: at.slot,
             })),
-            Err(RepoError::BlobMissing { .. }) => Ok(None),
+            Err(e) if e.is_damage() => Ok(None),
             Err(e) => Err(e),
         }
     }
 
-    /// The plain bytes of slots `first .. first + count` of group `id` (a v2 leaf's group
-    /// run), checked.
-    pub async fn read_group_run(&self, id: &Id, first: u16, count: u16) -> RepoResult<Bytes> {
-        let loc = self.locate_group_storing(id, &[(first, count)]).await?;
-        let opened = self.open_group(&loc.trailer, loc.group).await?;
-        loc.slots(&opened, first, count)
+    /// Opens the group at `loc`; a copy that fails its check is quarantined (and the error
+    /// returned).
+    pub async fn open_checked(&self, loc: &GroupLocation) -> RepoResult<Arc<OpenedGroup>> {
+        self.open_group(&loc.trailer, loc.group)
+            .await
+            .inspect_err(|e| {
+                if e.is_damage() {
+                    self.quarantine_group(loc, &e.to_string());
+                }
+            })
     }
 
-    /// The plain bytes of chunk or manifest node `id`, checked.
-    pub async fn read_chunk(&self, id: &Id) -> RepoResult<Bytes> {
-        let (trailer, at) = self.locate_chunk(id).await?;
-        let loc = GroupLocation {
-            trailer,
-            group: at.group,
+    /// The plain bytes of slots `first .. first + count` of group `id` (a v2 leaf's group
+    /// run), checked: from a good copy of the group that stores them, else — every copy
+    /// damaged or trimmed — each slot's chunk from wherever else it is stored (the trailer of
+    /// a damaged copy still says which chunk each slot holds). A copy found damaged on the
+    /// way is quarantined. Fails only when some slot's data is nowhere to be read; the error
+    /// then names the damage met (or the quarantined copy, or the dropped slot).
+    pub async fn read_group_run(&self, id: &Id, first: u16, count: u16) -> RepoResult<Bytes> {
+        let copies = self.group_copies(id).await?;
+        let Some(any) = copies.first() else {
+            return Err(RepoError::BlobMissing { id: *id });
         };
-        let opened = self.open_group(&loc.trailer, loc.group).await?;
-        loc.slots(&opened, at.slot, 1)
+        let mut damage = None;
+        let wanted = [(first, count)];
+        for loc in copies
+            .iter()
+            .filter(|c| !self.is_quarantined(c) && c.stores(&wanted))
+        {
+            match self.open_checked(loc).await {
+                Ok(opened) => return loc.slots(&opened, first, count),
+                Err(e) if e.is_damage() => {
+                    damage.get_or_insert(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let chunks = any.run_chunks(first, count).ok();
+        let mut out = Vec::new();
+        let mut complete = chunks.is_some();
+        for c in chunks.unwrap_or_default() {
+            match self.read_chunk(&c.id).await {
+                Ok(bytes) => out.extend_from_slice(&bytes),
+                Err(e) if e.is_damage() => {
+                    complete = false;
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if complete {
+            tracing::info!(group = %id, "read slots {first}..{} chunk by chunk (no good copy of the group stores them)", u32::from(first) + u32::from(count));
+            return Ok(Bytes::from(out));
+        }
+        if let Some(e) = damage {
+            return Err(e);
+        }
+        // No copy failed now: a good copy that lies about its slots (reading it names the
+        // dropped slot), else only quarantined copies.
+        match copies.iter().find(|c| !self.is_quarantined(c)) {
+            Some(loc) => {
+                let opened = self.open_checked(loc).await?;
+                loc.slots(&opened, first, count)
+            }
+            None => Err(RepoError::Quarantined {
+                id: *id,
+                pack: any.trailer.pack,
+            }),
+        }
+    }
+
+    /// The plain bytes of each of `runs` (group id, first slot, count: a leaf's group runs),
+    /// as [`Self::read_group_run`] gives them, with the fewest reads: each group's good copy
+    /// located once and neighbouring groups fetched together ([`Self::open_groups`]). A run
+    /// whose group cannot be read that way (damaged, trimmed) takes
+    /// [`Self::read_group_run`]'s fallbacks. Each run has its own result — damage in one
+    /// leaves the others readable —; an error of the store fails the call.
+    pub async fn read_runs(&self, runs: &[(Id, u16, u16)]) -> RepoResult<Vec<RepoResult<Bytes>>> {
+        // Every group named, with the slots wanted from it.
+        let mut names: Vec<Id> = Vec::new();
+        let mut wanted: Vec<Vec<(u16, u16)>> = Vec::new();
+        for &(group, first, count) in runs {
+            let at = match names.iter().rposition(|g| *g == group) {
+                Some(at) => at,
+                None => {
+                    names.push(group);
+                    wanted.push(Vec::new());
+                    names.len() - 1
+                }
+            };
+            wanted[at].push((first, count));
+        }
+        // The good copy of each that stores what is wanted (`None`: the slow path).
+        let mut located: Vec<Option<GroupLocation>> = Vec::with_capacity(names.len());
+        for (group, slots) in names.iter().zip(&wanted) {
+            located.push(match self.locate_group_storing(group, slots).await {
+                Ok(loc) if loc.stores(slots) => Some(loc),
+                Ok(_) => None,
+                Err(e) if e.is_damage() => None,
+                Err(e) => return Err(e),
+            });
+        }
+        let fast: Vec<GroupLocation> = located.iter().flatten().cloned().collect();
+        let opened = match self.open_groups(&fast).await {
+            Ok(opened) => Some(opened),
+            // Which group failed is found again, and quarantined, on the slow path.
+            Err(e) if e.is_damage() => None,
+            Err(e) => return Err(e),
+        };
+        let mut slot_of = Vec::with_capacity(names.len());
+        let mut n = 0;
+        for loc in &located {
+            slot_of.push(loc.as_ref().map(|_| {
+                n += 1;
+                n - 1
+            }));
+        }
+        let mut out = Vec::with_capacity(runs.len());
+        for &(group, first, count) in runs {
+            let at = names
+                .iter()
+                .position(|g| *g == group)
+                .expect("every group named");
+            let quick = match (&located[at], slot_of[at], &opened) {
+                (Some(loc), Some(j), Some(opened)) => Some(loc.slots(&opened[j], first, count)),
+                _ => None,
+            };
+            out.push(match quick {
+                Some(result) => result,
+                None => match self.read_group_run(&group, first, count).await {
+                    Err(e) if !e.is_damage() => return Err(e),
+                    other => other,
+                },
+            });
+        }
+        Ok(out)
+    }
+
+    /// The plain bytes of chunk or manifest node `id`, checked, from a good copy; a copy
+    /// found damaged is quarantined and the next one tried.
+    pub async fn read_chunk(&self, id: &Id) -> RepoResult<Bytes> {
+        let mut damage = None;
+        loop {
+            let (trailer, at) = match self.locate_chunk(id).await {
+                Ok(found) => found,
+                Err(e) => return Err(damage.unwrap_or(e)),
+            };
+            let loc = GroupLocation {
+                trailer,
+                group: at.group,
+            };
+            match self.open_checked(&loc).await {
+                Ok(opened) => return loc.slots(&opened, at.slot, 1),
+                // Quarantined now: the next lookup skips this copy.
+                Err(e) if e.is_damage() => {
+                    damage.get_or_insert(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 }

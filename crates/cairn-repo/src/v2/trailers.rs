@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cairn_format::group::group_id;
-use cairn_format::pack::FOOTER_LEN;
+use cairn_format::pack::{BlobKind, FOOTER_LEN};
 use cairn_format::pack_v2::{self, PackGroup, HEADER_LEN};
 use cairn_format::{keys, FormatError, Id};
 
@@ -71,6 +71,34 @@ impl PackTrailer {
     /// The id of the group at position `group` (as in a [`SlotRef`] of this trailer).
     pub fn group_id(&self, group: u32) -> Option<Id> {
         self.group_ids.get(group as usize).copied()
+    }
+
+    /// What an index run names for this pack, as (id, pack): every data group and each
+    /// chunk it stores, and the manifest nodes `node` accepts.
+    pub fn index_entries(&self, node: impl Fn(&Id) -> bool) -> Vec<(Id, Id)> {
+        let mut out = Vec::new();
+        for (g, group) in self.groups.iter().enumerate() {
+            match group.kind {
+                BlobKind::Node => {
+                    let id = group.desc.chunks[0].id;
+                    if node(&id) {
+                        out.push((id, self.pack));
+                    }
+                }
+                BlobKind::Data => {
+                    out.push((self.group_ids[g], self.pack));
+                    out.extend(
+                        group
+                            .desc
+                            .chunks
+                            .iter()
+                            .filter(|c| c.stored)
+                            .map(|c| (c.id, self.pack)),
+                    );
+                }
+            }
+        }
+        out
     }
 
     /// Where the chunk or node `id` is stored in this pack (slots GC dropped do not count).

@@ -21,6 +21,13 @@
 //!
 //! The report ends with what is still lost: blobs no copy of which is readable, and the
 //! versions that need them.
+//!
+//! Format 2 (`grouped.rs`) takes the same steps in its own terms: damaged index runs are
+//! replaced by a run rebuilt from the trailers of the packs no intact run names; `--from`
+//! stores every block of the source the repository holds no good copy of (a commit's
+//! pipeline without its version), after which a damaged group's slots read from those
+//! copies and the next GC rebuilds the group itself (`gc/rebuild.rs`); what is lost are the
+//! chunks of group runs and the manifest nodes that no good copy holds.
 
 use cairn_format::keys;
 use std::collections::{BTreeMap, HashSet};
@@ -39,6 +46,8 @@ use crate::error::{EngineError, EngineResult};
 use crate::gc::summaries::{ensure_summary, SummaryCheck};
 use crate::live::{live_versions, records_of, LiveVersions};
 use crate::source::Source;
+
+mod grouped;
 
 /// Opens the source a repair reads blobs from, once per pass (it may be read several times).
 pub type SourceOpener = Box<dyn Fn() -> EngineResult<Box<dyn Source>> + Send + Sync>;
@@ -94,13 +103,23 @@ impl RepairReport {
 }
 
 pub async fn repair(repo: &Arc<Repo>, options: RepairOptions) -> EngineResult<RepairReport> {
-    repo.require_format_1("repair")?;
     let mut report = RepairReport {
         dry_run: options.dry_run,
         ..Default::default()
     };
     let live = live_versions(repo).await?;
     repair_metadata(repo, &live, options.dry_run, &mut report).await?;
+    if repo.v2().is_some() {
+        grouped::repair_runs(repo, options.dry_run, &mut report).await?;
+        let live = live_versions(repo).await?;
+        if let Some(open) = &options.from {
+            grouped::store_from(repo, &live, open()?, options.dry_run, &mut report).await?;
+        }
+        let (lost, per_version) = grouped::lost_blobs(repo, &live).await?;
+        report.blobs_lost = lost.len() as u64;
+        report.lost_versions = per_version;
+        return Ok(report);
+    }
     repair_index(repo, options.dry_run, &mut report).await?;
     let live = live_versions(repo).await?;
 
@@ -372,22 +391,39 @@ async fn lost_blobs(
     let mut per_version = Vec::new();
     // Node id → the lost blobs under it (memoised: versions share subtrees).
     let mut memo: BTreeMap<Id, Vec<Id>> = BTreeMap::new();
-    let mut records: Vec<(&Id, &VersionRecord)> = live.live.iter().collect();
-    records.sort_by(|a, b| (&a.1.image, a.1.seq).cmp(&(&b.1.image, b.1.seq)));
-    for (id, record) in records {
+    for (id, record) in in_order(live) {
         let Some(root) = record.root else { continue };
         let mine = lost_under(repo, root, record.height, record.fanout, &mut memo).await?;
-        if !mine.is_empty() {
-            lost.extend(mine.iter().copied());
-            per_version.push(LostVersion {
-                image: record.image.clone(),
-                seq: record.seq,
-                id: *id,
-                missing_blobs: mine.len() as u64,
-            });
-        }
+        tally(&mut lost, &mut per_version, id, record, mine);
     }
     Ok((lost, per_version))
+}
+
+/// The live versions by image and number.
+fn in_order(live: &LiveVersions) -> Vec<(&Id, &VersionRecord)> {
+    let mut records: Vec<(&Id, &VersionRecord)> = live.live.iter().collect();
+    records.sort_by(|a, b| (&a.1.image, a.1.seq).cmp(&(&b.1.image, b.1.seq)));
+    records
+}
+
+/// Adds what version `id` lacks (`mine`) to the totals.
+fn tally(
+    lost: &mut HashSet<Id>,
+    per_version: &mut Vec<LostVersion>,
+    id: &Id,
+    record: &VersionRecord,
+    mine: HashSet<Id>,
+) {
+    if mine.is_empty() {
+        return;
+    }
+    lost.extend(mine.iter().copied());
+    per_version.push(LostVersion {
+        image: record.image.clone(),
+        seq: record.seq,
+        id: *id,
+        missing_blobs: mine.len() as u64,
+    });
 }
 
 /// The lost blobs under `node` (the node itself if it cannot be read). `memo` remembers the
