@@ -146,5 +146,19 @@ async fn read_run_segment(
             }
         }
     }
+    // The digest future commits trust to reuse this leaf (the parent fast path) must be
+    // the segment's: every chunk was checked, so a mismatch is a bad leaf.
+    if let Some(digest) = leaf.digest().filter(|_| out.damaged.is_empty()) {
+        if repo.id_of(&out.data) != digest {
+            return Err(RepoError::corrupt(
+                format!("manifest node {id}"),
+                cairn_format::FormatError::invalid(
+                    "leaf",
+                    "its segment's bytes do not match its digest",
+                ),
+            )
+            .into());
+        }
+    }
     Ok(out)
 }

@@ -508,3 +508,53 @@ async fn reference_summaries_list_what_the_tree_uses() {
     assert_eq!((s3.stale_slots, &s3.groups), (0, &used3.groups));
     assert!(restore_bytes(&repo, &v3.record).await.unwrap() == image);
 }
+
+#[tokio::test]
+async fn a_recommit_reuses_the_parents_unchanged_leaves() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = v2_repo(dir.path()).await;
+    let img = image();
+    let a = commit_bytes(&repo, "vm", img.clone()).await;
+    assert_eq!(a.reused_segments, 0, "no parent");
+    let leaves = cairn_engine::tree::leaf_map(&repo, &a.record)
+        .await
+        .unwrap()
+        .len() as u64;
+    assert!(leaves >= 5, "{leaves}");
+
+    // The same bytes: every leaf reused, the same tree, nothing stored, the same counts.
+    let b = commit_bytes(&repo, "vm", img.clone()).await;
+    assert_eq!(b.reused_segments, leaves);
+    assert_eq!(b.record.root, a.record.root);
+    assert_eq!(b.record.stats.new_chunks, 0);
+    assert_eq!(b.record.stats.chunks, a.record.stats.chunks);
+    assert_eq!(b.record.stats.data_bytes, a.record.stats.data_bytes);
+
+    // One block changed: that segment alone takes the ordinary path.
+    let mut changed = img.clone();
+    changed[300_000..304_096].copy_from_slice(&noise(4096, 77));
+    let c = commit_bytes(&repo, "vm", changed.clone()).await;
+    assert_eq!(c.reused_segments, leaves - 1);
+    assert_eq!(
+        c.record.stats.new_chunks, 2,
+        "the block straddles two 4 KiB chunks"
+    );
+    assert!(restore_bytes(&repo, &c.record).await.unwrap() == changed);
+    assert!(restore_bytes(&repo, &b.record).await.unwrap() == img);
+
+    // Another image has no parent: nothing reused, yet the same leaves by content.
+    let d = commit_bytes(&repo, "other", img.clone()).await;
+    assert_eq!(d.reused_segments, 0);
+    assert_eq!(d.record.root, a.record.root);
+
+    // Every leaf written carries its segment's digest.
+    let reader = repo.v2().unwrap();
+    for leaf in cairn_engine::tree::leaf_map(&repo, &c.record)
+        .await
+        .unwrap()
+        .values()
+    {
+        let raw = reader.read_chunk(leaf).await.unwrap();
+        assert!(RunLeaf::decode(&raw).unwrap().digest().is_some());
+    }
+}

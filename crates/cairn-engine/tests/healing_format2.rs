@@ -180,6 +180,40 @@ async fn a_damaged_group_heals_when_its_content_is_committed_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_parent_fast_path_never_reuses_a_leaf_whose_group_is_damaged() {
+    let (store, repo) = new_repo().await;
+    let data = noise(3 << 20, 12);
+    commit_bytes(&repo, "vm", data.clone()).await;
+    let at = (1 << 20) + 40 * 4096;
+    let (_, group, _) = damage_group_of(&store, &repo, &data[at..at + 4096]).await;
+    // Before anyone read the damage, the same disk reuses every leaf (as format 1 dedups
+    // against a damaged copy nobody has read).
+    let repo = reopen(&store, &repo).await;
+    let v2 = commit_bytes(&repo, "vm", data.clone()).await;
+    assert_eq!(v2.reused_segments, 3);
+    // Once verify has quarantined the group, the leaf naming it is not reused: its segment
+    // is chunked, and the group's chunks are stored again.
+    let repo = reopen(&store, &repo).await;
+    assert_eq!(verify(repo.clone()).await.unwrap().quarantined, 1);
+    let repo = reopen(&store, &repo).await;
+    let v3 = commit_bytes(&repo, "vm", data.clone()).await;
+    assert_eq!(v3.reused_segments, 2);
+    assert_eq!(v3.record.stats.new_chunks, 16);
+    // Stored in the same order, the chunks make a group with the same id: a good copy.
+    let reader = repo.v2().unwrap();
+    let copies = reader.group_copies(&group).await.unwrap();
+    assert_eq!(copies.len(), 2);
+    assert!(copies
+        .iter()
+        .any(|c| !reader.is_quarantined(c) && c.stores(&[(0, 16)])));
+    let repo = reopen(&store, &repo).await;
+    let report = verify(repo.clone()).await.unwrap();
+    let damaged: Vec<u64> = report.damaged_versions.iter().map(|d| d.seq).collect();
+    assert!(damaged.is_empty(), "healed by the new copies: {report:?}");
+    assert!(restore_bytes(&repo, &v3.record).await.unwrap() == data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_that_meets_damage_quarantines_it_and_allow_damage_restores_the_rest() {
     let (store, repo) = new_repo().await;
     let data = noise(3 << 20, 8);

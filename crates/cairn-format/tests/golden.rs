@@ -95,6 +95,7 @@ const VECTORS: &[&str] = &[
     "v2_group_sealed_raw",
     "v2_pack_plain",
     "v2_leaf_runs",
+    "v2_leaf_digest",
     "v2_index_run",
     "v2_group_summary",
 ];
@@ -1474,6 +1475,24 @@ fn v2_group_ids() {
 }
 
 /// A plain index run: five ids in two packs, one of them in both, in sections of two entries.
+/// A leaf carrying its segment's digest (flags bit 0), built in Python from FORMAT.md.
+#[test]
+fn v2_leaf_digest() {
+    let mut leaf = RunLeaf::default();
+    leaf.push(RunExtent::Run {
+        group: Id::of(b"g1"),
+        first: 0,
+        count: 2,
+        len: 8192,
+    });
+    leaf.push(RunExtent::Zero { len: 4096 });
+    leaf.set_digest(Id::of(b"segment bytes"));
+    let bytes = golden("v2_leaf_digest", &leaf.encode());
+    let decoded = RunLeaf::decode(&bytes).unwrap();
+    assert_eq!(decoded, leaf);
+    assert_eq!(decoded.digest(), Some(Id::of(b"segment bytes")));
+}
+
 /// Built from FORMAT.md alone by tests/independent_v2.py (Bloom filter bits included).
 #[test]
 fn v2_index_run() {

@@ -5,7 +5,7 @@ itself. Needs Python's blake3 (pip install blake3).
 
     python3 crates/cairn-format/tests/independent_v2.py   # checks; --write rewrites
 
-Covers v2_pack_plain, v2_leaf_runs, v2_index_run and the pinned ids of v2_group_ids. (The sealed vectors
+Covers v2_pack_plain, v2_leaf_runs, v2_leaf_digest, v2_index_run and the pinned ids of v2_group_ids. (The sealed vectors
 v2_sealed_*, v2_key_slot and v2_group_sealed_raw were computed with PyNaCl and argon2-cffi.)
 """
 import os
@@ -49,6 +49,15 @@ def leaf_runs():
         out += bytes([kind]) + struct.pack("<I", length)
         if run:
             out += run[0] + struct.pack("<HH", run[1], run[2])
+    return out
+
+
+def leaf_digest():
+    """A leaf of one group run with the segment digest (flags bit 0)."""
+    g1 = bid(b"g1")
+    out = b"CL" + bytes([2, 1]) + struct.pack("<I", 2) + bid(b"segment bytes")
+    out += bytes([2]) + struct.pack("<I", 8192) + g1 + struct.pack("<HH", 0, 2)
+    out += bytes([0]) + struct.pack("<I", 4096)
     return out
 
 
@@ -107,7 +116,7 @@ def as_hex(b):
 def main():
     ok = True
     vectors = (("v2_pack_plain", pack_plain()), ("v2_leaf_runs", leaf_runs()),
-               ("v2_index_run", index_run()))
+               ("v2_leaf_digest", leaf_digest()), ("v2_index_run", index_run()))
     for name, data in vectors:
         path = os.path.join(HERE, name + ".hex")
         if "--write" in sys.argv:

@@ -182,6 +182,7 @@ fn report(
         let mut v = version_json(&result.id, r, &[]);
         v["duration_s"] = serde_json::json!(elapsed.as_secs_f64());
         v["read_bytes"] = serde_json::json!(read_bytes);
+        v["reused_segments"] = serde_json::json!(result.reused_segments);
         v["incremental"] = match (incremental, &because) {
             (Some(s), Some(b)) => serde_json::json!({
                 "changed_bytes": s.changed_bytes,

@@ -28,14 +28,16 @@ use cairn_format::crypto::MasterKey;
 use cairn_format::group::{group_id, Group, GroupBuilder};
 use cairn_format::group_summary::GroupSummary;
 use cairn_format::leaf_v2::{RunExtent, RunLeaf};
+use cairn_format::slots::SlotSet;
 use cairn_format::version::CommitStats;
 use cairn_format::Id;
-use cairn_repo::v2::{GroupPacker, Placement, V2Reader};
+use cairn_repo::v2::{GroupLocation, GroupPacker, Placement, V2Reader};
 use cairn_repo::Repo;
 use crossbeam_channel::{bounded, Receiver, Sender};
 use tokio::runtime::Handle;
 
 use super::packing::Uploader;
+use super::parent::ParentLeaves;
 use super::pipeline::read_all;
 use super::{CommitOptions, CommitProgress, PipelineOutput};
 use crate::chunker::{chunk_ranges, is_zero};
@@ -58,6 +60,8 @@ struct SegmentResult {
     /// The leaf's group runs (group, first slot, count), for the reference summary.
     runs: Vec<(Id, u16, u16)>,
     stats: CommitStats,
+    /// The parent's leaf, reused (the fast path).
+    reused: bool,
 }
 
 /// What a commit's workers share: where the chunks this commit stores went, and which nodes
@@ -71,7 +75,9 @@ struct GroupDedup<'a> {
     nodes: Mutex<HashSet<Id>>,
     /// What this commit refers to without storing it — slots of stored groups, and manifest
     /// nodes — for the stale-GC guard (`publish::check_stale_gc`).
-    reused_slots: Mutex<HashSet<(Id, u16)>>,
+    reused_slots: Mutex<HashMap<Id, SlotSet>>,
+    /// Groups found to have a good copy storing every slot (the fast path's check, once).
+    complete_groups: Mutex<HashSet<Id>>,
     reused_nodes: Mutex<HashSet<Id>>,
 }
 
@@ -94,7 +100,9 @@ impl GroupDedup<'_> {
             self.reused_slots
                 .lock()
                 .expect("dedup lock")
-                .insert((p.group, p.slot));
+                .entry(p.group)
+                .or_default()
+                .insert_run(p.slot, 1);
             return Ok(Claim::At(p));
         }
         Ok(match self.claimed.lock().expect("dedup lock").entry(*id) {
@@ -153,18 +161,28 @@ impl GroupDedup<'_> {
 }
 
 /// Chunks, hashes, groups and stores `source` and builds its tree; publishes nothing.
+/// Segments whose bytes equal a leaf of `parent` reuse it (the parent fast path).
 pub(crate) fn run_grouped_pipeline(
     repo: Arc<Repo>,
     handle: Handle,
     mut source: Box<dyn Source>,
     options: &CommitOptions,
     progress: &CommitProgress,
+    parent: &ParentLeaves,
 ) -> EngineResult<PipelineOutput> {
     let config = repo.config().clone();
     let feed = |tx: Sender<Segment>, recycle: &Receiver<Vec<u8>>, cancel: &AtomicBool| {
         read_all(source.as_mut(), &config, tx, recycle, cancel, progress)
     };
-    run_grouped(repo, handle, feed, BTreeMap::new(), options, progress)
+    run_grouped(
+        repo,
+        handle,
+        feed,
+        BTreeMap::new(),
+        options,
+        progress,
+        parent,
+    )
 }
 
 /// What feeds the workers segments: the whole image (a full commit) or only a patch's
@@ -190,6 +208,7 @@ pub(crate) fn run_grouped(
     mut leaves: BTreeMap<u64, Id>,
     options: &CommitOptions,
     progress: &CommitProgress,
+    parent: &ParentLeaves,
 ) -> EngineResult<PipelineOutput> {
     let config = repo.config().clone();
     let group_size = config
@@ -215,7 +234,8 @@ pub(crate) fn run_grouped(
         claimed: Mutex::new(HashMap::new()),
         placed: Condvar::new(),
         nodes: Mutex::new(HashSet::new()),
-        reused_slots: Mutex::new(HashSet::new()),
+        reused_slots: Mutex::new(HashMap::new()),
+        complete_groups: Mutex::new(HashSet::new()),
         reused_nodes: Mutex::new(HashSet::new()),
     };
 
@@ -229,6 +249,7 @@ pub(crate) fn run_grouped(
                 key: repo.key(),
                 group_size,
                 dedup: &dedup,
+                parent,
                 pack_tx: pack_tx.clone(),
                 cancel,
                 progress,
@@ -257,9 +278,11 @@ pub(crate) fn run_grouped(
         };
 
         let mut stats = CommitStats::default();
+        let mut reused_segments = 0;
         // The reference summary: the sent segments' runs here, every node of the tree below.
         let mut summary = GroupSummary::default();
         for r in result_rx {
+            reused_segments += u64::from(r.reused);
             match r.leaf {
                 Some(leaf) => leaves.insert(r.index, leaf),
                 None => leaves.remove(&r.index),
@@ -324,6 +347,7 @@ pub(crate) fn run_grouped(
             pack_bytes,
             reused: std::mem::take(&mut *dedup.reused_nodes.lock().expect("dedup lock")),
             reused_slots: std::mem::take(&mut *dedup.reused_slots.lock().expect("dedup lock")),
+            reused_segments,
         })
     })
 }
@@ -335,6 +359,8 @@ struct Worker<'a> {
     key: Option<&'a MasterKey>,
     group_size: usize,
     dedup: &'a GroupDedup<'a>,
+    /// The parent's leaves by segment digest.
+    parent: &'a ParentLeaves,
     pack_tx: Sender<Packable>,
     cancel: &'a AtomicBool,
     progress: &'a CommitProgress,
@@ -386,6 +412,10 @@ impl Worker<'_> {
     }
 
     fn segment(&self, seg: &Segment) -> EngineResult<SegmentResult> {
+        let digest = self.id_of(&seg.data);
+        if let Some(reused) = self.reuse(seg.index, &digest)? {
+            return Ok(reused);
+        }
         let mut stats = CommitStats::default();
         let mut items = Vec::new();
         let mut groups = SegmentGroups {
@@ -456,6 +486,7 @@ impl Worker<'_> {
         let leaf_id = if leaf.is_all_zero() {
             None
         } else {
+            leaf.set_digest(digest);
             let bytes = leaf.encode();
             let id = self.id_of(&bytes);
             if self.dedup.claim_node(&id)? {
@@ -472,7 +503,79 @@ impl Worker<'_> {
             leaf: leaf_id,
             runs,
             stats,
+            reused: false,
         })
+    }
+
+    /// The parent fast path: the parent's leaf for a segment whose bytes have `digest`, if
+    /// there is one. The parent is live, so what its leaves name is stored (a GC that
+    /// removed it meanwhile is caught by the stale-GC guard at publication); a group with a
+    /// quarantined copy must have a good copy storing the run, else the segment is committed
+    /// as any other, which stores again what is damaged.
+    fn reuse(&self, index: u64, digest: &Id) -> EngineResult<Option<SegmentResult>> {
+        let Some((leaf_id, leaf)) = self.parent.get(digest) else {
+            return Ok(None);
+        };
+        let reader = self.dedup.reader;
+        for (group, first, count) in leaf.group_runs() {
+            if !reader.has_quarantined_copy(&group)
+                || self
+                    .dedup
+                    .complete_groups
+                    .lock()
+                    .expect("dedup lock")
+                    .contains(&group)
+            {
+                continue;
+            }
+            let wanted = [(first, count)];
+            match self
+                .dedup
+                .handle
+                .block_on(reader.locate_group_storing(&group, &wanted))
+            {
+                Ok(loc) if loc.stores(&wanted) => {
+                    let all = [(0, slot_count(&loc))];
+                    if loc.stores(&all) {
+                        self.dedup
+                            .complete_groups
+                            .lock()
+                            .expect("dedup lock")
+                            .insert(group);
+                    }
+                }
+                Ok(_) => return Ok(None),
+                Err(e) if e.is_damage() => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mut stats = CommitStats::default();
+        let runs: Vec<(Id, u16, u16)> = leaf.group_runs().collect();
+        {
+            let mut reused = self.dedup.reused_slots.lock().expect("dedup lock");
+            for &(group, first, count) in &runs {
+                stats.chunks += u64::from(count);
+                reused.entry(group).or_default().insert_run(first, count);
+            }
+        }
+        stats.data_bytes = leaf
+            .extents()
+            .iter()
+            .filter(|e| matches!(e, RunExtent::Run { .. }))
+            .map(|e| u64::from(e.len()))
+            .sum();
+        self.dedup
+            .reused_nodes
+            .lock()
+            .expect("dedup lock")
+            .insert(*leaf_id);
+        Ok(Some(SegmentResult {
+            index,
+            leaf: Some(*leaf_id),
+            runs,
+            stats,
+            reused: true,
+        }))
     }
 
     /// Compresses the open group and records where its chunks went (other workers waiting
@@ -500,6 +603,11 @@ impl Worker<'_> {
             .send(p)
             .map_err(|_| EngineError::internal("packer", "stopped early"))
     }
+}
+
+/// How many slots the group at `loc` has.
+fn slot_count(loc: &GroupLocation) -> u16 {
+    loc.trailer.groups[loc.group as usize].desc.chunks.len() as u16
 }
 
 /// Packs groups and nodes (in separate packs, so a version's tree is read from few places),

@@ -32,6 +32,7 @@
 pub(crate) mod grouped;
 pub mod incremental;
 pub(crate) mod packing;
+pub(crate) mod parent;
 pub mod patch;
 pub(crate) mod pipeline;
 pub mod plan;
@@ -53,6 +54,7 @@ use tokio::runtime::Handle;
 
 use crate::error::{EngineError, EngineResult};
 use crate::source::Source;
+use parent::ParentLeaves;
 
 /// Live counters of a running commit, for progress display.
 #[derive(Debug, Default)]
@@ -82,6 +84,9 @@ pub struct CommitOptions {
 pub struct CommitResult {
     pub id: Id,
     pub record: VersionRecord,
+    /// Format 2: segments whose leaf in the image's previous version was reused as it is,
+    /// their bytes hashed once and not chunked (the parent fast path).
+    pub reused_segments: u64,
 }
 
 /// Commits `source` as a new version of `image`.
@@ -98,12 +103,25 @@ pub async fn commit(
         progress.total.store(n, Ordering::Relaxed);
     }
     let handle = Handle::current();
+    // Format 2: the newest version's leaves, for the parent fast path.
+    let parent = match repo.v2() {
+        Some(_) => match repo.head(image).await? {
+            Some(head) => {
+                ParentLeaves::load(&repo, &repo.load_version(&head.version).await?).await?
+            }
+            None => ParentLeaves::default(),
+        },
+        None => ParentLeaves::default(),
+    };
+    tracing::debug!(leaves = parent.len(), "parent fast path");
     let out = {
         let repo = repo.clone();
         let options = options.clone();
         let progress = progress.clone();
         tokio::task::spawn_blocking(move || match repo.v2() {
-            Some(_) => grouped::run_grouped_pipeline(repo, handle, source, &options, &progress),
+            Some(_) => {
+                grouped::run_grouped_pipeline(repo, handle, source, &options, &progress, &parent)
+            }
             None => run_pipeline(repo, handle, source, &options, &progress, None),
         })
         .await

@@ -42,7 +42,9 @@ pub(crate) struct PipelineOutput {
     /// Blobs (format 2: manifest nodes) the tree refers to without storing them.
     pub reused: HashSet<Id>,
     /// Format 2: slots of stored groups the tree refers to without storing them.
-    pub reused_slots: HashSet<(Id, u16)>,
+    pub reused_slots: std::collections::HashMap<Id, cairn_format::slots::SlotSet>,
+    /// Format 2: segments whose parent's leaf was reused as it is (the parent fast path).
+    pub reused_segments: u64,
 }
 
 /// What one worker learned about one segment.
@@ -202,6 +204,7 @@ pub(crate) fn run_pipeline(
         let (root, height) = tree.expect("built when no error");
         let summary = root.map(|_| Summary::build(chunk_keys, node_keys, config.summary_bits));
         Ok(PipelineOutput {
+            reused_segments: 0,
             root,
             summary,
             group_summary: None,
@@ -212,7 +215,7 @@ pub(crate) fn run_pipeline(
             locations: Vec::new(),
             pack_bytes,
             reused: std::mem::take(&mut *dedup.reused.lock().expect("dedup lock")),
-            reused_slots: HashSet::new(),
+            reused_slots: Default::default(),
         })
     })
 }

@@ -36,9 +36,10 @@ pub(crate) async fn check_stale_gc(repo: &Repo, out: &PipelineOutput) -> EngineR
             for id in &out.reused {
                 missing += usize::from(view.find_chunk(id).await?.is_none());
             }
-            for (group, slot) in &out.reused_slots {
-                let stored = match view.locate_group_storing(group, &[(*slot, 1)]).await {
-                    Ok(loc) => loc.stores(&[(*slot, 1)]),
+            for (group, slots) in &out.reused_slots {
+                let runs = slots.runs();
+                let stored = match view.locate_group_storing(group, &runs).await {
+                    Ok(loc) => loc.stores(&runs),
                     Err(e) if e.is_damage() => false,
                     Err(e) => return Err(e.into()),
                 };
@@ -87,6 +88,7 @@ pub(crate) async fn publish(
     }
     let mut stats = out.stats;
     stats.stored_bytes = out.pack_bytes + index_bytes;
+    let reused_segments = out.reused_segments;
     progress.stored.fetch_add(index_bytes, Ordering::Relaxed);
 
     // Steps 3 and 4: version record, then the head ref by compare-and-swap. A lost race
@@ -123,7 +125,11 @@ pub(crate) async fn publish(
             Ok(true) => {
                 progress.stored.fetch_add(own, Ordering::Relaxed);
                 tracing::info!(image, seq, %id, attempt, "committed");
-                return Ok(CommitResult { id, record });
+                return Ok(CommitResult {
+                    id,
+                    record,
+                    reused_segments,
+                });
             }
             // Another commit moved the head first: the record no ref will ever name is taken
             // back (its time makes it unique to this commit, so nothing else refers to it).
@@ -133,7 +139,11 @@ pub(crate) async fn publish(
             // made at once): it is published, never taken back.
             Ok(false) => {
                 if repo.head(image).await?.is_some_and(|h| h.version == id) {
-                    return Ok(CommitResult { id, record });
+                    return Ok(CommitResult {
+                        id,
+                        record,
+                        reused_segments,
+                    });
                 }
                 repo.delete_unpublished_version(&id).await
             }

@@ -11,6 +11,7 @@ use cairn_repo::v2::V2Reader;
 use cairn_repo::{Repo, RepoError};
 
 use super::{in_order, tally, LostVersion, RepairReport};
+use crate::commit::parent::ParentLeaves;
 use crate::commit::{run_grouped_pipeline, CommitOptions, CommitProgress};
 use crate::error::{EngineError, EngineResult};
 use crate::live::LiveVersions;
@@ -142,7 +143,15 @@ pub(super) async fn store_from(
     let out = {
         let (repo, progress) = (repo.clone(), progress.clone());
         tokio::task::spawn_blocking(move || {
-            run_grouped_pipeline(repo, handle, source, &CommitOptions::default(), &progress)
+            let none = ParentLeaves::default(); // every block the repository lacks is stored
+            run_grouped_pipeline(
+                repo,
+                handle,
+                source,
+                &CommitOptions::default(),
+                &progress,
+                &none,
+            )
         })
         .await
         .map_err(|e| EngineError::internal("repair thread", e))??

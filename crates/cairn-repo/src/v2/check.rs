@@ -55,6 +55,11 @@ impl V2Reader {
         Ok(())
     }
 
+    /// Whether some copy of `group` (or blob) is quarantined, as far as this process knows.
+    pub fn has_quarantined_copy(&self, group: &Id) -> bool {
+        self.quarantine.pack_of(group).is_some()
+    }
+
     /// Whether the copy of `group` in `pack` is quarantined.
     pub fn is_quarantined_copy(&self, pack: &Id, group: &Id) -> bool {
         self.quarantine.contains(pack, group)

@@ -23,6 +23,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use super::rebuild::{lay_blocks, Context, SegmentTask};
 use crate::commit::grouped::run_grouped;
+use crate::commit::parent::ParentLeaves;
 use crate::commit::{CommitOptions, CommitProgress, PipelineOutput};
 use crate::error::{EngineError, EngineResult};
 use crate::source::Segment;
@@ -49,6 +50,8 @@ pub(super) fn run(
         leaves,
         &CommitOptions::default(),
         &progress,
+        // A patch sends only the segments it touched, which differ from the base's.
+        &ParentLeaves::default(),
     )
 }
 

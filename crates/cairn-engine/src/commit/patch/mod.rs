@@ -311,6 +311,7 @@ async fn build_format1(
         }
     };
     Ok(PipelineOutput {
+        reused_segments: 0,
         root,
         summary,
         group_summary: None,
@@ -321,7 +322,7 @@ async fn build_format1(
         locations: Vec::new(),
         pack_bytes: built.pack_bytes,
         reused,
-        reused_slots: HashSet::new(),
+        reused_slots: Default::default(),
     })
 }
 
