@@ -17,7 +17,12 @@ import sys
 from pathlib import Path
 
 MIB = 1 << 20
-NOT_PEERS = {"cairn", "cairn-s3", "cp"}
+NOT_PEERS = {"cairn", "cairn-f1", "cairn-s3", "cp"}
+# Issue 16's targets for the default (format 2), against the best peer and cairn's format 1.
+TARGET_STORED = 0.85
+TARGET_REBUILT = 0.5
+TARGET_NEW_DATA_SPEEDUP = 1.3
+NEW_DATA_STEPS = ("su-0", "su-1", "su-2")
 CHAIN = "qcow2-chain"
 # Targets of issue 7, on the su-* series.
 TARGET_COMMIT = 1 / 3
@@ -319,6 +324,53 @@ def targets_section(D: Data) -> list[str]:
     return out + [""]
 
 
+def format2_section(D: Data) -> list[str]:
+    """Issue 16's checks, where the run has cairn's format 1 beside its default."""
+    if "cairn-f1" not in D.tools or not D.peers:
+        return []
+    out = ["## Targets (issue 16: format 2, the default, against the peers and format 1)", ""]
+    totals = {t: median(r["total"] for r in D.counted(D.d["series"])
+                        if r["tool"] == t and r["step"] == D.steps[-1]) for t in D.tools}
+    bt, bv = D.best_peer(totals)
+    r = totals["cairn"] / bv
+    out.append(f"- Stored bytes over the series ≤ {TARGET_STORED} × the best peer's: cairn ÷ "
+               f"{bt} = **{r:.3f}**, {'met' if r <= TARGET_STORED else 'NOT met'} "
+               f"(format 1: {totals['cairn-f1'] / bv:.3f}).")
+    fleet = {(row["tool"], row["step"]): row["added"] for row in D.d.get("fleet", [])}
+    if ("cairn", "su-1-rebuilt") in fleet and ("casync", "su-1-rebuilt") in fleet:
+        rr = fleet[("cairn", "su-1-rebuilt")] / fleet[("casync", "su-1-rebuilt")]
+        out.append(f"- su-1-rebuilt adds ≤ {TARGET_REBUILT} × what casync adds: "
+                   f"{fleet[('cairn', 'su-1-rebuilt')] / MIB:.1f} ÷ "
+                   f"{fleet[('casync', 'su-1-rebuilt')] / MIB:.1f} MiB = **{rr:.3f}**, "
+                   f"{'met' if rr <= TARGET_REBUILT else 'NOT met'}.")
+    pa = [s for s in ("su-1", "pa-a", "pa-b", "pa-c")]
+    tools = {t for t, _ in fleet}
+    if all(("cairn", s) in fleet for s in pa):
+        sums = {t: sum(fleet.get((t, s), 0) for s in pa) for t in tools}
+        bt, bv = D.best_peer(sums)
+        if bv:
+            rr = sums["cairn"] / bv
+            out.append(f"- The golden image and its clones (su-1, pa-a, pa-b, pa-c) store no "
+                       f"more than the best peer: cairn ÷ {bt} = **{rr:.3f}**, "
+                       f"{'met' if rr <= 1 else 'NOT met'}.")
+    new = [s for s in NEW_DATA_STEPS if s in D.steps]
+    if new:
+        f2 = sum(D.step("cairn", s, "wall") for s in new)
+        f1 = sum(D.step("cairn-f1", s, "wall") for s in new)
+        speedup = f1 / f2
+        out.append(f"- Commit throughput on the steps that bring new data ({', '.join(new)}) "
+                   f"≥ {TARGET_NEW_DATA_SPEEDUP} × format 1's: format 1 ÷ format 2 wall = "
+                   f"{f1:.2f} ÷ {f2:.2f} s = **{speedup:.2f}**, "
+                   f"{'met' if speedup >= TARGET_NEW_DATA_SPEEDUP else 'NOT met'}.")
+    for which in ("newest", "oldest"):
+        f2 = D.restore("cairn", which, "wall")
+        f1 = D.restore("cairn-f1", which, "wall")
+        out.append(f"- Restore of the {which} version no slower than format 1's: "
+                   f"{f2:.2f} s against {f1:.2f} s = **{f1 / f2:.2f}×** its throughput, "
+                   f"{'met' if f2 <= f1 else 'NOT met'}.")
+    return out + [""]
+
+
 # ---------------------------------------------------------------------------------------------
 # Plots
 
@@ -458,7 +510,8 @@ def main() -> None:
            f"{', '.join(f'{x:.2f}' for x in m['load_before'])}.", "",
            "Versions: " + "; ".join(f"{k} `{v}`" for k, v in d["versions"].items()) + ".", ""]
     if D.tools:
-        out += targets_section(D) + series_section(D) + restore_section(D)
+        out += (targets_section(D) + format2_section(D) + series_section(D)
+                + restore_section(D))
     out += fleet_section(D) + scaling_section(D)
     stem = path.stem
     made = plots(D, path.parent / "plots", stem)

@@ -31,11 +31,12 @@ repository, no `.*.cairn-partial-*` file in the restore target directory, and a 
 `cairn gc --repair` must reclaim nothing.
 
     scripts/kill_loops.py [--bin target/release/cairn] [--dir DIR] [--seed N]
-                          [--trials 30,25,25,20] [--encrypted]
+                          [--trials 30,25,25,20] [--encrypted | --format 1]
 
---encrypted runs the same loops and checks on an encrypted format 2 repository
-(`init --encrypt`, the passphrase in $CAIRN_PASSWORD), whose gc marks exactly in both modes
-and rewrites groups without their dead slots.
+The repository is `cairn init`'s default (format 2). --encrypted runs the same loops and
+checks on an encrypted format 2 repository (`init --encrypt`, the passphrase in
+$CAIRN_PASSWORD); --format 1 on a format 1 repository (16 KiB chunks each compressed alone,
+index files, Bloom-filter summaries), which cairn still reads and writes.
 
 Prints per-loop timings and "kill_loops: N passed, M failed"; exits non-zero on any failure.
 """
@@ -478,11 +479,15 @@ def main():
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--trials", default=None,
                     help="trials of the commit, gc, rm/prune and restore loops "
-                    "(default 30,25,25,20; with --encrypted 15,12,8,8)")
+                    "(default 30,25,25,20; with --encrypted or --format 1 15,12,8,8)")
     ap.add_argument("--encrypted", action="store_true",
                     help="an encrypted format 2 repository")
+    ap.add_argument("--format", type=int, choices=(1, 2), default=None,
+                    help="the repository format (default: cairn init's)")
     args = ap.parse_args()
-    default = "15,12,8,8" if args.encrypted else "30,25,25,20"
+    if args.encrypted and args.format == 1:
+        sys.exit("kill_loops: --encrypted needs format 2")
+    default = "15,12,8,8" if args.encrypted or args.format == 1 else "30,25,25,20"
     trials = [int(x) for x in (args.trials or default).split(",")]
     if len(trials) != 4:
         sys.exit("kill_loops: --trials takes four numbers (commit,gc,rm,restore)")
@@ -506,7 +511,8 @@ def main():
     try:
         repo = Repo(binary, os.path.join(work, "repo"), os.path.join(work, "state"),
                     args.encrypted)
-        repo.run("init", "--pack-size", "1M", *(["--encrypt"] if args.encrypted else []))
+        repo.run("init", "--pack-size", "1M", *(["--encrypt"] if args.encrypted else []),
+                 *(["--format", str(args.format)] if args.format else []))
         run = Run(repo, work, random.Random(seed), checks)
         run.make_image()
         loops = [("commit", lambda: run.loop_commit(trials[0], gc_timeout)),

@@ -468,11 +468,11 @@ pub enum CompressionArg {
 
 #[derive(Debug, Args)]
 pub struct InitArgs {
-    /// Repository format. 2 (preview, issue 16) dedups 4 KiB blocks and compresses a
-    /// commit's neighbouring new chunks together in groups; commit (full and changed blocks),
-    /// restore, verify, export, log, tag, clone and show work on it, while gc, diff, repair,
-    /// rm's space reclaim and restore --allow-damage refuse it for now.
-    /// Default: 1 (2 with --encrypt).
+    /// Repository format. 2 (the default) dedups 4 KiB blocks — data moved inside a guest's
+    /// file system is found again — and compresses a commit's neighbouring new chunks
+    /// together in groups; it can be encrypted. 1 dedups 16 KiB chunks, each compressed
+    /// alone: what cairn wrote before 2026-11-26 (it reads and writes both; `cairn copy`
+    /// moves versions from one to the other).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=2))]
     pub format: Option<u32>,
     /// Encrypt everything stored (format 2; implied): data, manifests, index runs and

@@ -390,6 +390,18 @@ impl Repo {
         Ok((reader, runs))
     }
 
+    /// A reader of every index run in the store now — those that pending GC plans supersede
+    /// included, since their packs still exist until the sweep (and a pending GC rescues what
+    /// the sessions it waits for use) — and those runs; a damaged run fails it.
+    pub async fn v2_view_all(&self) -> RepoResult<(crate::v2::V2Reader, Vec<Id>)> {
+        let runs = self.index_run_ids(&HashSet::new()).await?;
+        let reader = self.v2_reader(self.key().cloned(), crate::v2::CacheLimits::default());
+        if let Some(damaged) = reader.add_runs(&runs).await?.into_iter().next() {
+            return Err(RepoError::Invalid(damaged));
+        }
+        Ok((reader, runs))
+    }
+
     /// Every index file except `superseded`, and the damaged ones' errors.
     async fn read_index(&self, superseded: &HashSet<Id>) -> RepoResult<(BlobIndex, Vec<String>)> {
         let mut errors = Vec::new();

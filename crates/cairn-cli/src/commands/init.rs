@@ -84,8 +84,7 @@ fn settings(args: &InitArgs) -> Result<RepoConfig> {
             anyhow::bail!("--encrypt needs format 2 (format 1 stores everything plain)")
         }
         (Some(f), _) => f,
-        (None, true) => 2,
-        (None, false) => 1,
+        (None, _) => 2,
     };
     let defaults = match format {
         1 => {
@@ -145,16 +144,20 @@ mod tests {
     /// The defaults live in cairn-format; the flags' defaults (text, for the help) must agree.
     #[test]
     fn the_flags_default_to_the_formats_defaults() {
-        let Command::Init(args) = Cli::try_parse_from(["cairn", "init"]).unwrap().command else {
-            panic!("not init");
+        let parse = |argv: &[&str]| {
+            let Command::Init(args) = Cli::try_parse_from(argv).unwrap().command else {
+                panic!("not init");
+            };
+            settings(&args).unwrap()
         };
-        assert_eq!(settings(&args).unwrap(), RepoConfig::default());
-        let Command::Init(args) = Cli::try_parse_from(["cairn", "init", "--format", "2"])
-            .unwrap()
-            .command
-        else {
-            panic!("not init");
-        };
-        assert_eq!(settings(&args).unwrap(), RepoConfig::default_v2());
+        assert_eq!(parse(&["cairn", "init"]), RepoConfig::default_v2());
+        assert_eq!(
+            parse(&["cairn", "init", "--format", "2"]),
+            RepoConfig::default_v2()
+        );
+        assert_eq!(
+            parse(&["cairn", "init", "--format", "1"]),
+            RepoConfig::default()
+        );
     }
 }

@@ -32,7 +32,7 @@ use cairn_format::slots::SlotSet;
 use cairn_format::version::CommitStats;
 use cairn_format::Id;
 use cairn_repo::v2::{GroupLocation, GroupPacker, Placement, V2Reader};
-use cairn_repo::Repo;
+use cairn_repo::{Repo, RepoResult};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use tokio::runtime::Handle;
 
@@ -69,6 +69,9 @@ struct SegmentResult {
 struct GroupDedup<'a> {
     reader: &'a V2Reader,
     handle: &'a Handle,
+    /// Set when any part of the commit failed: a lookup in flight is abandoned (on a hung
+    /// store it would otherwise hold the failed commit for its whole retry budget).
+    cancel: &'a AtomicBool,
     /// Chunks this commit stores: their place once their group is built (`None` before).
     claimed: Mutex<HashMap<Id, Option<Placement>>>,
     placed: Condvar,
@@ -92,11 +95,27 @@ enum Claim {
 }
 
 impl GroupDedup<'_> {
+    /// Runs a lookup of the repository's index to completion, or until the commit is
+    /// cancelled.
+    fn ask<T>(&self, lookup: impl std::future::Future<Output = RepoResult<T>>) -> EngineResult<T> {
+        let cancel = self.cancel;
+        self.handle.block_on(async {
+            tokio::select! {
+                r = lookup => r.map_err(EngineError::from),
+                () = async {
+                    while !cancel.load(Ordering::Relaxed) {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                } => Err(EngineError::internal("worker", "stopped early")),
+            }
+        })
+    }
+
     fn claim(&self, id: &Id) -> EngineResult<Claim> {
         if let Some(p) = self.claimed.lock().expect("dedup lock").get(id) {
             return Ok(p.map_or(Claim::Elsewhere, Claim::At));
         }
-        if let Some(p) = self.handle.block_on(self.reader.find_chunk(id))? {
+        if let Some(p) = self.ask(self.reader.find_chunk(id))? {
             self.reused_slots
                 .lock()
                 .expect("dedup lock")
@@ -231,6 +250,7 @@ pub(crate) fn run_grouped(
     let dedup = GroupDedup {
         reader: &reader,
         handle: &handle,
+        cancel: &cancel,
         claimed: Mutex::new(HashMap::new()),
         placed: Condvar::new(),
         nodes: Mutex::new(HashSet::new()),
@@ -304,7 +324,10 @@ pub(crate) fn run_grouped(
         worker_errors.sort_by_key(|e| matches!(e, EngineError::Internal { .. }));
         let size = *read.as_ref().unwrap_or(&0);
         let mut tree_error = None;
-        let tree = (read.is_ok() && worker_errors.is_empty()).then(|| {
+        // Not after a failure elsewhere (the packer's upload): the tree's node lookups would
+        // wait on a store that is failing, for nothing.
+        let failed = cancel.load(Ordering::Relaxed);
+        let tree = (read.is_ok() && worker_errors.is_empty() && !failed).then(|| {
             build_tree(
                 &leaves,
                 segment_count(size, config.segment_size),
@@ -331,7 +354,8 @@ pub(crate) fn run_grouped(
         if let Some(e) = worker_errors.into_iter().next().or(tree_error) {
             return Err(e);
         }
-        let (root, height) = tree.expect("built when no error");
+        let (root, height) =
+            tree.ok_or_else(|| EngineError::internal("commit", "stopped before its tree"))?;
         for leaf in leaves.values() {
             summary.add_node(leaf);
         }
@@ -529,11 +553,7 @@ impl Worker<'_> {
                 continue;
             }
             let wanted = [(first, count)];
-            match self
-                .dedup
-                .handle
-                .block_on(reader.locate_group_storing(&group, &wanted))
-            {
+            match self.dedup.ask(reader.locate_group_storing(&group, &wanted)) {
                 Ok(loc) if loc.stores(&wanted) => {
                     let all = [(0, slot_count(&loc))];
                     if loc.stores(&all) {
@@ -545,8 +565,8 @@ impl Worker<'_> {
                     }
                 }
                 Ok(_) => return Ok(None),
-                Err(e) if e.is_damage() => return Ok(None),
-                Err(e) => return Err(e.into()),
+                Err(EngineError::Repo(e)) if e.is_damage() => return Ok(None),
+                Err(e) => return Err(e),
             }
         }
         let mut stats = CommitStats::default();
@@ -632,7 +652,17 @@ fn pack_groups(
         )
     };
     let (mut data, mut nodes) = (packer(), packer());
-    for p in rx {
+    loop {
+        // While waiting for work, notice a failed upload at once: the workers may be slow to
+        // send more (their lookups wait on the same failing store).
+        let p = match rx.recv_timeout(std::time::Duration::from_millis(50)) {
+            Ok(p) => p,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                uploader.reap()?;
+                continue;
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+        };
         let full: Vec<_> = match p {
             Packable::Groups(groups) => groups
                 .into_iter()

@@ -130,6 +130,13 @@ impl<'h, T: Send + 'static> Uploader<'h, T> {
             drop(permit);
             r.map(|(id, n)| (id, with, n))
         }));
+        self.reap()
+    }
+
+    /// Takes in the uploads that finished; the first that failed is the error. A packer
+    /// waiting for work calls it now and then, so a failing store stops the commit at once
+    /// rather than at the next pack.
+    pub(crate) fn reap(&mut self) -> EngineResult<()> {
         let mut i = 0;
         while i < self.running.len() {
             if self.running[i].is_finished() {

@@ -262,11 +262,10 @@ pub(super) struct Snapshot {
 impl Snapshot {
     /// Reads every run's meta; a damaged run fails it.
     async fn load(repo: &Repo) -> EngineResult<Snapshot> {
-        let reader = repo.v2_reader(repo.key().cloned(), Default::default());
-        let runs = repo.index_run_ids(&HashSet::new()).await?;
-        if let Some(damaged) = reader.add_runs(&runs).await?.into_iter().next() {
-            return Err(incomplete(damaged));
-        }
+        let (reader, _) = repo.v2_view_all().await.map_err(|e| match e {
+            RepoError::Invalid(damaged) => incomplete(damaged),
+            e => e.into(),
+        })?;
         let runs = reader.run_ids();
         let named: HashSet<Id> = reader.packs().into_iter().collect();
         Ok(Snapshot {
