@@ -175,6 +175,12 @@ class Cairn(Tool):
         n = self.steps.index(step) + 1
         return self.cli("restore", f"vm@{n}", out / "disk.raw", "--force"), out / "disk.raw"
 
+    def size(self) -> int:
+        # Not the space reserve a local repository keeps for deleting on a full disk (32 MiB
+        # preallocated, not data; `init --reserve`).
+        reserve = self.repo / ".cairn-reserve"
+        return dir_bytes(self.repo) - (reserve.stat().st_size if reserve.exists() else 0)
+
     def stats(self) -> dict:
         return json.loads(sh(self.cli("--json", "stats")))
 

@@ -578,12 +578,14 @@ impl Repo {
     /// bytes written.
     pub async fn put_pack(&self, id: &Id, bytes: Vec<u8>) -> RepoResult<(Id, u64)> {
         let mut id = *id;
-        let mut bytes = bytes;
+        // Shared, not copied: a pack is megabytes, and a copy per upload cost a commit of new
+        // data ~6% of its CPU in page faults and memcpy. Only a taken key (rare) copies it.
+        let mut bytes = Bytes::from(bytes);
         loop {
             let len = bytes.len() as u64;
             match self
                 .store
-                .put_if_absent(&keys::pack(&id), Bytes::from(bytes.clone()))
+                .put_if_absent(&keys::pack(&id), bytes.clone())
                 .await?
             {
                 PutOutcome::Created => {
@@ -592,7 +594,9 @@ impl Repo {
                 }
                 PutOutcome::AlreadyExists => {
                     tracing::debug!(%id, "pack key taken; re-salting");
-                    id = pack::resalt(&mut bytes);
+                    let mut owned = bytes.to_vec();
+                    id = pack::resalt(&mut owned);
+                    bytes = Bytes::from(owned);
                 }
             }
         }

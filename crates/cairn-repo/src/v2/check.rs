@@ -7,6 +7,7 @@ use cairn_format::pack_v2;
 use cairn_format::{keys, Id};
 
 use super::groups::OpenedGroup;
+use super::tail::get_whole;
 use super::{sealed_error, V2Reader};
 use crate::error::{RepoError, RepoResult};
 
@@ -68,19 +69,12 @@ impl V2Reader {
     /// Reads pack `pack` whole and checks everything in it.
     pub async fn check_pack(&self, pack: &Id) -> RepoResult<PackCheck> {
         let key = keys::pack(pack);
-        let data = match self.store.get(&key).await {
-            Ok(d) => d,
-            Err(e) => {
-                let e = RepoError::from(e);
-                if !e.is_not_found() {
-                    return Err(e);
-                }
-                return Ok(PackCheck {
-                    problems: vec![format!("{key}: missing (an index run names it)")],
-                    missing: true,
-                    ..Default::default()
-                });
-            }
+        let Some(data) = get_whole(&*self.store, &key).await? else {
+            return Ok(PackCheck {
+                problems: vec![format!("{key}: missing (an index run names it)")],
+                missing: true,
+                ..Default::default()
+            });
         };
         let master = self.key.clone();
         let pack = *pack;

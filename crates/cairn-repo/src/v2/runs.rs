@@ -12,7 +12,7 @@ use cairn_format::index_run::{self, Entry, RunMeta, FOOTER_LEN, HEADER_LEN};
 use cairn_format::{keys, FormatError, Id};
 
 use super::groups::OpenedGroup;
-use super::tail::{get_exact, HeadAndTail};
+use super::tail::{get_exact, get_whole, HeadAndTail};
 use super::trailers::{PackTrailer, SlotRef};
 use super::{sealed_error, Cost, V2Reader};
 use crate::error::{RepoError, RepoResult};
@@ -244,15 +244,8 @@ impl V2Reader {
     /// intact, else one line naming it and what is wrong (missing, or damaged).
     pub async fn check_run(&self, id: &Id) -> RepoResult<Option<String>> {
         let key = keys::index_run(id);
-        let data = match self.store.get(&key).await {
-            Ok(d) => d,
-            Err(e) => {
-                let e = RepoError::from(e);
-                if !e.is_not_found() {
-                    return Err(e);
-                }
-                return Ok(Some(format!("{key}: missing")));
-            }
+        let Some(data) = get_whole(&*self.store, &key).await? else {
+            return Ok(Some(format!("{key}: missing")));
         };
         let checked = index_run::parse_run(&data, self.key()).and_then(|meta| {
             for (i, s) in meta.sections.iter().enumerate() {
@@ -500,20 +493,7 @@ impl V2Reader {
     /// [`Self::read_group_run`]'s fallbacks. Each run has its own result — damage in one
     /// leaves the others readable —; an error of the store fails the call.
     pub async fn read_runs(&self, runs: &[(Id, u16, u16)]) -> RepoResult<Vec<RepoResult<Bytes>>> {
-        // Every group named, with the slots wanted from it.
-        let mut names: Vec<Id> = Vec::new();
-        let mut wanted: Vec<Vec<(u16, u16)>> = Vec::new();
-        for &(group, first, count) in runs {
-            let at = match names.iter().rposition(|g| *g == group) {
-                Some(at) => at,
-                None => {
-                    names.push(group);
-                    wanted.push(Vec::new());
-                    names.len() - 1
-                }
-            };
-            wanted[at].push((first, count));
-        }
+        let (names, wanted) = by_group(runs);
         // The good copy of each that stores what is wanted (`None`: the slow path).
         let mut located: Vec<Option<GroupLocation>> = Vec::with_capacity(names.len());
         for (group, slots) in names.iter().zip(&wanted) {
@@ -560,6 +540,45 @@ impl V2Reader {
         Ok(out)
     }
 
+    /// The plain bytes of each of `runs`, read like [`Self::read_runs`] but without hashing
+    /// each chunk: for a caller that checks what it assembles (a restore checks each segment
+    /// against its leaf's digest, one BLAKE3 pass at full SIMD width). `None` when a run
+    /// cannot be read this way (no good copy stores it, a group fails to open): the caller
+    /// then reads with [`Self::read_runs`], which finds and quarantines the damage; as it
+    /// must when the bytes fail its check. An error of the store fails the call.
+    pub async fn read_runs_unchecked(
+        &self,
+        runs: &[(Id, u16, u16)],
+    ) -> RepoResult<Option<Vec<Bytes>>> {
+        let (names, wanted) = by_group(runs);
+        let mut located = Vec::with_capacity(names.len());
+        for (group, slots) in names.iter().zip(&wanted) {
+            match self.locate_group_storing(group, slots).await {
+                Ok(loc) if loc.stores(slots) => located.push(loc),
+                Ok(_) => return Ok(None),
+                Err(e) if e.is_damage() => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+        let opened = match self.open_groups_unchecked(&located).await {
+            Ok(opened) => opened,
+            Err(e) if e.is_damage() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::with_capacity(runs.len());
+        for &(group, first, count) in runs {
+            let at = names
+                .iter()
+                .position(|g| *g == group)
+                .expect("every group named");
+            match located[at].slots(&opened[at], first, count) {
+                Ok(bytes) => out.push(bytes),
+                Err(_) => return Ok(None),
+            }
+        }
+        Ok(Some(out))
+    }
+
     /// The plain bytes of chunk or manifest node `id`, checked, from a good copy; a copy
     /// found damaged is quarantined and the next one tried.
     pub async fn read_chunk(&self, id: &Id) -> RepoResult<Bytes> {
@@ -583,4 +602,24 @@ impl V2Reader {
             }
         }
     }
+}
+
+/// The groups `runs` name, each once in order of first use, with the (first, count) runs
+/// wanted from each.
+#[allow(clippy::type_complexity)]
+fn by_group(runs: &[(Id, u16, u16)]) -> (Vec<Id>, Vec<Vec<(u16, u16)>>) {
+    let mut names: Vec<Id> = Vec::new();
+    let mut wanted: Vec<Vec<(u16, u16)>> = Vec::new();
+    for &(group, first, count) in runs {
+        let at = match names.iter().rposition(|g| *g == group) {
+            Some(at) => at,
+            None => {
+                names.push(group);
+                wanted.push(Vec::new());
+                names.len() - 1
+            }
+        };
+        wanted[at].push((first, count));
+    }
+    (names, wanted)
 }

@@ -83,6 +83,17 @@ impl HeadAndTail {
 
 /// A ranged read that must return exactly the range (a short read is damage: the object is
 /// shorter than its own footer says, or changed under us).
+/// Object `key` whole, or `None` if it does not exist (what a whole check reads).
+pub(super) async fn get_whole(store: &dyn ObjectStore, key: &str) -> RepoResult<Option<Bytes>> {
+    match store.get(key).await {
+        Ok(data) => Ok(Some(data)),
+        Err(e) => match RepoError::from(e) {
+            e if e.is_not_found() => Ok(None),
+            e => Err(e),
+        },
+    }
+}
+
 pub(super) async fn get_exact(
     store: &dyn ObjectStore,
     key: &str,
