@@ -2,7 +2,8 @@
 # Format 2 as written by cairn itself (issue 16), against format 1, in one run on the same
 # images: the su-* series committed into a format 1 and a format 2 repository (stored bytes,
 # commit time and throughput per step), the rebuilt golden image after su-1 (what moved data
-# costs), then a restore of the newest version from each (time and throughput).
+# costs), then a restore of the newest version from each (time and throughput) and where the
+# repository's bytes go (bench/metadata.py).
 #
 #   bench/format2.sh [DATASET_DIR]     (default: .data/full, built if missing)
 #
@@ -42,6 +43,10 @@ print(json.dumps({"format": int(sys.argv[1]), "scenario": "series", "step": "res
       "$format" "$t0" "$t1" "$WORK/out.raw" >>"$OUT"
     cmp "$WORK/out.raw" "${@: -1}" || die "format $format: restore differs from $(basename "${@: -1}")"
     rm -f "$WORK/out.raw"
+    python3 "$ROOT/bench/metadata.py" "$repo" --json | python3 -c '
+import json, sys
+m = json.loads(sys.stdin.read())
+print(json.dumps({"format": int(sys.argv[1]), "scenario": "series", "step": "metadata", "op": "metadata", **m}))' "$format" >>"$OUT"
   fi
   rm -rf "$repo"
 }
@@ -57,6 +62,8 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 mib = 1 << 20
 print(f"{'format':>6} {'scenario':>8} {'step':>13} {'op':>7} {'stored MiB':>10} {'new MiB':>8} {'s':>6} {'MiB/s':>7}")
 for r in rows:
+    if r["op"] == "metadata":
+        continue
     stored = r.get("stored", 0) / mib
     new = r.get("new", 0) / mib
     rate = r["read"] / mib / r["seconds"] if r["seconds"] else 0
@@ -64,5 +71,8 @@ for r in rows:
 for f in (1, 2):
     s = sum(r.get("stored", 0) for r in rows if r["format"] == f and r["scenario"] == "series")
     print(f"format {f}: su-0..su-5 stored {s / mib:.1f} MiB")
+    for m in (r for r in rows if r["format"] == f and r["op"] == "metadata"):
+        print(f"format {f}: metadata (trees, index, summaries, records) {100 * m['metadata_share']:.2f}%"
+              f" of {m['total'] / mib:.1f} MiB; pack trailers {100 * m['trailer_share']:.2f}%")
 EOF
 echo "results: $OUT"

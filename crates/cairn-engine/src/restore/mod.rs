@@ -736,6 +736,11 @@ fn write_blobs(
 /// so skipped blocks read as zeros).
 fn write_file(f: &File, sparse: bool, data: &[u8], off: u64, path: &Path) -> EngineResult<()> {
     const BLOCK: usize = 4096;
+    // Runs of data are written at most 16 KiB at a time. Measured on the CI machine (kernel
+    // 6.18, ext4, a Firecracker VM): a format 2 restore writing whole 1 MiB runs spent 2x the
+    // system time of one writing 16 KiB pieces (1.40-1.50 s against 0.65-0.72 s for su-5,
+    // wall 1.6 s against 1.1 s), the page cache's large folios being the difference.
+    const MAX_WRITE: usize = 16 << 10;
     let err = |e| EngineError::Output {
         op: "write error on",
         path: path.to_path_buf(),
@@ -754,6 +759,10 @@ fn write_file(f: &File, sparse: bool, data: &[u8], off: u64, path: &Path) -> Eng
             (true, Some(s)) => {
                 f.write_all_at(&data[s..pos], off + s as u64).map_err(err)?;
                 run_start = None;
+            }
+            (false, Some(s)) if pos - s >= MAX_WRITE => {
+                f.write_all_at(&data[s..pos], off + s as u64).map_err(err)?;
+                run_start = Some(pos);
             }
             _ => {}
         }
