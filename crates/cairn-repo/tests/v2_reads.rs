@@ -550,7 +550,7 @@ async fn a_pack_stored_but_never_indexed_is_discarded() {
 }
 
 #[tokio::test]
-async fn a_leafs_neighbouring_groups_come_in_one_read_and_damage_names_its_group() {
+async fn a_leafs_nearby_groups_come_in_one_read_and_damage_names_its_group() {
     let dir = tempfile::tempdir().unwrap();
     let local: Arc<dyn ObjectStore> = Arc::new(LocalStore::create(dir.path()).unwrap());
     let store = Arc::new(cairn_store::CountingStore::new(local.clone()));
@@ -579,12 +579,13 @@ async fn a_leafs_neighbouring_groups_come_in_one_read_and_damage_names_its_group
     }
     store.reset();
     let opened = r.open_groups(&located).await.unwrap();
-    // One read for the neighbours 1..=3, one for 5; group 1 asked twice is fetched once.
-    assert_eq!(store.reads(), 2);
-    let spanned = groups[3].range().end - groups[1].range().start;
+    // One read for the neighbours 1..=3 and for 5, one group (at most 64 KiB) away: group 4
+    // is read through and dropped; group 1 asked twice is fetched once.
+    assert!(groups[5].range().start - groups[3].range().end <= 64 << 10);
+    assert_eq!(store.reads(), 1);
     assert_eq!(
         store.bytes_read(),
-        spanned + groups[5].range().end - groups[5].range().start
+        groups[5].range().end - groups[1].range().start
     );
     assert_eq!(r.fetches().groups, 4);
     for (at, g) in wanted.iter().enumerate() {
@@ -597,6 +598,23 @@ async fn a_leafs_neighbouring_groups_come_in_one_read_and_damage_names_its_group
     store.reset();
     r.open_groups(&located).await.unwrap();
     assert_eq!(store.reads(), 0);
+    // Groups further apart than 64 KiB come in reads of their own (0 and 5: four groups of
+    // random, incompressible chunks between them).
+    let r2 = repo.v2_reader(None, CacheLimits::default());
+    r2.add_run(&run_id).await.unwrap();
+    let far = [
+        r2.locate_group(&w[0].id).await.unwrap(),
+        r2.locate_group(&w[5].id).await.unwrap(),
+    ];
+    assert!(groups[5].range().start - groups[0].range().end > 64 << 10);
+    store.reset();
+    r2.open_groups(&far).await.unwrap();
+    assert_eq!(store.reads(), 2);
+    assert_eq!(
+        store.bytes_read(),
+        groups[0].range().end - groups[0].range().start + groups[5].range().end
+            - groups[5].range().start
+    );
 
     // A flipped byte in group 2 fails the span by naming group 2 (a fresh reader: no cache).
     let path = dir.path().join(&pack_key);

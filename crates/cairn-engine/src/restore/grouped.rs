@@ -1,8 +1,8 @@
 //! Restore of a format 2 version: the leaf map from the interior nodes, then a rolling window
-//! of leaves read in parallel — each leaf's group runs through the repository's
-//! [`V2Reader`](cairn_repo::v2::V2Reader), whose group cache decodes a group once however
-//! many runs of it the window reads — and written in segment order (stdout needs the order;
-//! files and devices take it at no cost).
+//! of batches of consecutive leaves read in parallel — a batch's leaves, then all their
+//! group runs, through the repository's [`V2Reader`](cairn_repo::v2::V2Reader) in as few
+//! ranged reads as their places allow — and written in segment order (stdout needs the
+//! order; files and devices take it at no cost).
 //!
 //! With `allow_damage`, what cannot be read is zeros and listed: a group run no copy of
 //! which is readable (each slot's chunk is tried wherever else it is stored first), a leaf,
@@ -21,8 +21,12 @@ use super::{
     RestoreProgress, RestoreStats, Sink,
 };
 use crate::error::{EngineError, EngineResult};
-use crate::segment::{read_segment, read_segment_allowing_damage, SegmentRead};
+use crate::segment::{read_segment_allowing_damage, read_segments, SegmentRead};
 use crate::tree::{leaf_map, readable_leaf_map};
+
+/// Leaves a restore reads together (their leaves and groups in as few reads as their places
+/// allow): 4 segments, so a window of 8 reads holds 32 MiB of segments at most.
+const LEAVES_PER_READ: usize = 4;
 
 /// Restores `version` of a format 2 repository into `sink`.
 pub(super) async fn run_grouped(
@@ -56,74 +60,75 @@ pub(super) async fn run_grouped(
     };
     let leaves: Vec<(u64, Id)> = leaves.into_iter().collect();
     let mut done_to = 0u64;
-    // A rolling window: `parallel_reads` leaves in flight, the next started as soon as the
-    // oldest is written (not when the slowest of a batch is), written in segment order.
+    // A rolling window: `parallel_reads` batches of leaves in flight, the next started as
+    // soon as the oldest is written (not when the slowest of a window is), written in
+    // segment order. A batch's leaves and groups are read together (`read_segments`: a few
+    // large reads rather than two small ones a leaf); with `allow_damage` a batch is a leaf.
     let window = options.parallel_reads.max(1);
-    let mut pending = leaves.iter().copied();
+    let batch = if tolerant { 1 } else { LEAVES_PER_READ };
+    let mut pending = leaves.chunks(batch);
     let mut in_flight = std::collections::VecDeque::with_capacity(window);
-    let spawn = |(index, id): (u64, Id)| {
+    let len_of = |index: u64| seg.min(version.logical_size.saturating_sub(index * seg));
+    let spawn = |batch: &[(u64, Id)]| {
         let repo = repo.clone();
-        let len = seg.min(version.logical_size.saturating_sub(index * seg));
+        let indexes: Vec<u64> = batch.iter().map(|(index, _)| *index).collect();
+        let wanted: Vec<(Id, u64)> = batch.iter().map(|&(i, id)| (id, len_of(i))).collect();
         (
-            index,
+            indexes,
             tokio::spawn(async move {
-                match tolerant {
-                    false => {
-                        read_segment(&repo, &id, len)
-                            .await
-                            .map(|(data, stored)| SegmentRead {
-                                data,
-                                stored,
-                                ..Default::default()
-                            })
-                    }
-                    true => {
-                        let reader = repo.v2().expect("a format 2 repository");
-                        match read_segment_allowing_damage(&repo, reader, &id, len).await {
-                            // The leaf itself is lost: the whole segment is.
-                            Err(e) if e.is_damage() => Ok(SegmentRead {
-                                data: vec![0; len as usize],
-                                damaged: vec![(0, len, e.to_string())],
-                                ..Default::default()
-                            }),
-                            other => other,
-                        }
-                    }
+                if !tolerant {
+                    return read_segments(&repo, &wanted).await;
+                }
+                let (id, len) = wanted[0];
+                let reader = repo.v2().expect("a format 2 repository");
+                match read_segment_allowing_damage(&repo, reader, &id, len).await {
+                    // The leaf itself is lost: the whole segment is.
+                    Err(e) if e.is_damage() => Ok(vec![SegmentRead {
+                        data: vec![0; len as usize],
+                        damaged: vec![(0, len, e.to_string())],
+                        ..Default::default()
+                    }]),
+                    other => other.map(|read| vec![read]),
                 }
             }),
         )
     };
     in_flight.extend(pending.by_ref().take(window).map(spawn));
-    while let Some((index, task)) = in_flight.pop_front() {
+    while let Some((indexes, task)) = in_flight.pop_front() {
         crate::interrupt::check()?;
-        let SegmentRead {
-            data,
-            stored,
-            damaged: lost,
-        } = task
+        let reads = task
             .await
             .map_err(|e| EngineError::internal("restore task", e))??;
         in_flight.extend(pending.next().map(spawn));
-        let off = index * seg;
-        damaged.extend(lost.into_iter().map(|(at, len, reason)| DamagedRange {
-            offset: off + at,
-            len,
-            reason,
-        }));
-        write_zeros(sink, done_to, off, path)?;
-        match sink {
-            Sink::File { file, zeros_needed } => write_file(file, !zeros_needed, &data, off, path)?,
-            Sink::Qcow2 { writer } => write_qcow2(writer, &data, off)?,
-            Sink::Stdout { .. } => write_stdout(&data)?,
+        for (index, read) in indexes.into_iter().zip(reads) {
+            let SegmentRead {
+                data,
+                stored,
+                damaged: lost,
+            } = read;
+            let off = index * seg;
+            damaged.extend(lost.into_iter().map(|(at, len, reason)| DamagedRange {
+                offset: off + at,
+                len,
+                reason,
+            }));
+            write_zeros(sink, done_to, off, path)?;
+            match sink {
+                Sink::File { file, zeros_needed } => {
+                    write_file(file, !zeros_needed, &data, off, path)?
+                }
+                Sink::Qcow2 { writer } => write_qcow2(writer, &data, off)?,
+                Sink::Stdout { .. } => write_stdout(&data)?,
+            }
+            done_to = off + data.len() as u64;
+            stats.data_bytes += stored;
+            progress.done.store(done_to, Ordering::Relaxed);
+            let now = reader.fetches();
+            progress.fetched.store(
+                now.group_bytes.saturating_sub(before.group_bytes),
+                Ordering::Relaxed,
+            );
         }
-        done_to = off + data.len() as u64;
-        stats.data_bytes += stored;
-        progress.done.store(done_to, Ordering::Relaxed);
-        let now = reader.fetches();
-        progress.fetched.store(
-            now.group_bytes.saturating_sub(before.group_bytes),
-            Ordering::Relaxed,
-        );
     }
     write_zeros(sink, done_to, version.logical_size, path)?;
     let after = reader.fetches();

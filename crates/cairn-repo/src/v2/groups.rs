@@ -17,9 +17,19 @@ use super::trailers::PackTrailer;
 use cairn_format::pack_v2::PackGroup;
 use std::sync::atomic::Ordering;
 
-/// At most this many groups in one read (about 2 MiB stored at the default group size), so
-/// a span's bytes stay a small part of the group cache.
-const MAX_SPAN_GROUPS: usize = 16;
+/// At most this many groups in one read (at most 4 MiB of plain bytes at the default group
+/// size, about 1.5 MiB stored on the su-* images), so a span's bytes stay a small part of the
+/// group cache. A restore asks a few leaves' groups at once, which lie side by side.
+const MAX_SPAN_GROUPS: usize = 64;
+
+/// Groups of one pack at most this far apart are read in one request, the bytes between them
+/// read and dropped (as format 1's restore coalesces chunks): the groups of a version's
+/// segment were written by several commits, so they are near each other more often than
+/// next to each other.
+const MAX_SPAN_GAP: u64 = 64 << 10;
+
+/// At most this many stored bytes in one read, gaps included.
+const MAX_SPAN_BYTES: u64 = 4 << 20;
 use super::{sealed_error, Cost, V2Reader};
 use crate::error::{RepoError, RepoResult};
 
@@ -229,8 +239,8 @@ impl V2Reader {
         Ok(out)
     }
 
-    /// The groups of `wanted` not `opened` yet, each once, as spans of neighbouring groups of
-    /// one pack (indexes into `wanted`), in pack order.
+    /// The groups of `wanted` not `opened` yet, each once, as spans of groups of one pack
+    /// near each other (indexes into `wanted`), in pack order.
     fn spans(
         &self,
         wanted: &[super::GroupLocation],
@@ -242,10 +252,20 @@ impl V2Reader {
         let mut spans: Vec<Vec<usize>> = Vec::new();
         for i in missing {
             let w = &wanted[i];
+            let range = |l: &super::GroupLocation| {
+                l.trailer.groups.get(l.group as usize).map(PackGroup::range)
+            };
             let neighbour = spans.last().is_some_and(|span| {
+                let first = &wanted[span[0]];
                 let last = &wanted[*span.last().expect("spans are never empty")];
-                last.trailer.pack == w.trailer.pack
-                    && last.group.checked_add(1) == Some(w.group)
+                let (Some(first), Some(last), Some(this)) = (range(first), range(last), range(w))
+                else {
+                    return false;
+                };
+                wanted[span[0]].trailer.pack == w.trailer.pack
+                    && this.start >= last.end
+                    && this.start - last.end <= MAX_SPAN_GAP
+                    && this.end - first.start <= MAX_SPAN_BYTES
                     && span.len() < MAX_SPAN_GROUPS
             });
             match spans.last_mut() {
@@ -256,8 +276,8 @@ impl V2Reader {
         spans
     }
 
-    /// Fetches neighbouring groups `span` (indexes into `wanted`, one pack, consecutive
-    /// groups) with one ranged read and opens each: `checked`, every chunk hashed and the
+    /// Fetches groups `span` (indexes into `wanted`, one pack, in pack order, near each
+    /// other) with one ranged read and opens each: `checked`, every chunk hashed and the
     /// group cached; otherwise neither ([`OpenedGroup::open_unchecked`]).
     async fn fetch_span_with(
         &self,
@@ -290,8 +310,10 @@ impl V2Reader {
             let group = wanted[i].group;
             let g = entry(i)?;
             let r = g.range();
-            let bytes = stored
-                .get((r.start - start) as usize..(r.end - start) as usize)
+            let bytes = r
+                .start
+                .checked_sub(start)
+                .and_then(|at| stored.get(at as usize..(r.end - start) as usize))
                 .ok_or_else(|| {
                     RepoError::corrupt(
                         &key,

@@ -21,6 +21,10 @@ use crate::error::{RepoError, RepoResult};
 /// and a filter of about 10 bits an id).
 const TAIL_GUESS: u64 = 64 << 10;
 
+/// Sections read together when a lookup misses the cache (about 64 KiB of a run): a restore
+/// or a commit looks up keys all over the key space, so the neighbours are soon asked for.
+const SECTION_READ_AHEAD: usize = 16;
+
 /// A run whose meta was read and checked.
 #[derive(Debug)]
 pub(super) struct OpenRun {
@@ -264,15 +268,45 @@ impl V2Reader {
         Ok(checked.err().map(|e| sealed_error(&key, e).to_string()))
     }
 
+    /// Section `i` of `run`, read with the sections after it that are not cached yet (up to
+    /// [`SECTION_READ_AHEAD`] in all, contiguous in the run) in one ranged read; the others
+    /// enter the cache. A neighbour that fails its check is left out, for its own lookup to
+    /// report.
     async fn read_section(&self, run: &OpenRun, i: usize) -> RepoResult<Arc<Section>> {
         self.fetched
             .sections
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let range = run.meta.sections[i].range();
-        let stored: Bytes = get_exact(&*self.store, &run.key, range).await?;
+        let sections = &run.meta.sections;
+        let mut last = i;
+        while last + 1 < sections.len()
+            && last + 1 - i < SECTION_READ_AHEAD
+            && !self.sections.contains_key(&(run.id, last as u32 + 1))
+        {
+            last += 1;
+        }
+        let start = sections[i].range().start;
+        let stored: Bytes =
+            match get_exact(&*self.store, &run.key, start..sections[last].range().end).await {
+                // A run cut short past section i: read section i alone.
+                Err(e) if e.is_damage() && last > i => {
+                    last = i;
+                    get_exact(&*self.store, &run.key, sections[i].range()).await?
+                }
+                other => other?,
+            };
+        let piece = |j: usize| {
+            let r = sections[j].range();
+            stored.slice((r.start - start) as usize..(r.end - start) as usize)
+        };
+        for j in i + 1..=last {
+            if let Ok(entries) = run.meta.open_section(j, &piece(j), self.key()) {
+                self.sections
+                    .insert((run.id, j as u32), Arc::new(Section(entries)));
+            }
+        }
         let entries = run
             .meta
-            .open_section(i, &stored, self.key())
+            .open_section(i, &piece(i), self.key())
             .map_err(|e| sealed_error(format!("{} section {i}", run.key), e))?;
         Ok(Arc::new(Section(entries)))
     }
@@ -577,6 +611,23 @@ impl V2Reader {
             }
         }
         Ok(Some(out))
+    }
+
+    /// Brings manifest nodes `ids` into the group cache with as few reads as possible (a
+    /// restore's next leaves lie side by side in a pack). Best effort: what cannot be
+    /// located or opened here is left for the read that needs it, which reports (and
+    /// quarantines) the damage.
+    pub async fn prefetch_nodes(&self, ids: &[Id]) {
+        let mut wanted = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Ok((trailer, at)) = self.locate_chunk(id).await {
+                wanted.push(GroupLocation {
+                    trailer,
+                    group: at.group,
+                });
+            }
+        }
+        let _ = self.open_groups(&wanted).await;
     }
 
     /// The plain bytes of chunk or manifest node `id`, checked, from a good copy; a copy
