@@ -525,8 +525,15 @@ def run_scaling(env: Env, runs: int, out: dict) -> None:
                 die(f"cairn restored the {gib} GiB image wrong")
             shutil.rmtree(dest)
             st = c.stats()
+            # What every other reader costs at this size: a full verify (every pack read),
+            # then a GC after the first version is removed (fast deletion).
+            t4 = env.timer.run(c.cli("verify"))
+            t4.pop("stdout")
+            sh(c.cli("rm", "--no-gc", "vm@1"), stdout=subprocess.DEVNULL)
+            t5 = env.timer.run(c.cli("gc"))
+            t5.pop("stdout")
             rows.append(dict(gib=gib, run=run, data=data, first=t1, second=t2, restore=t3,
-                             stored=s1["stored_bytes"], stats=st))
+                             stored=s1["stored_bytes"], stats=st, verify=t4, gc=t5))
             shutil.rmtree(repo)
         img.unlink()
 
@@ -552,6 +559,13 @@ def run_scaling(env: Env, runs: int, out: dict) -> None:
             row["restore_oldest"] = env.timer.run(c.cli("restore", "vm@1", dest / "disk.raw", "--force"))
             row["restore_oldest"].pop("stdout")
             shutil.rmtree(dest)
+            row["verify"] = env.timer.run(c.cli("verify"))
+            row["verify"].pop("stdout")
+            # Fast deletion of one version (the one before the head) among n: its cost
+            # should follow what is deleted, not how many versions live.
+            sh(c.cli("rm", "--no-gc", f"vm@{n - 1}"), stdout=subprocess.DEVNULL)
+            row["gc"] = env.timer.run(c.cli("gc"))
+            row["gc"].pop("stdout")
             log(f"scaling: {n} versions, repository {row['stats']['stored_bytes'] / MIB:.1f} MiB")
         rows.append(row)
     shutil.rmtree(repo)

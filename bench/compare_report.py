@@ -252,11 +252,20 @@ def scaling_section(D: Data) -> list[str]:
                          fmt(m(lambda r: r["stats"]["tree_nodes"]), 0),
                          fmt(m(lambda r: r["stats"]["tree_bytes"]) / 1024, 0),
                          fmt(m(lambda r: r["stats"]["metadata_bytes"]) / 1024, 0)])
+            if "verify" in rs[0]:
+                rows[-1] += [fmt(m(lambda r: r["verify"]["wall"])),
+                             fmt(m(lambda r: r["verify"]["rss_kib"]) / 1024, 0),
+                             fmt(m(lambda r: r["gc"]["wall"])),
+                             fmt(m(lambda r: r["gc"]["rss_kib"]) / 1024, 0)]
+        readers = "verify" in size_rows[0]
+        if readers:
+            header += ["verify s", "verify RSS MiB", "gc s", "gc RSS MiB"]
         out += ["## Scaling with image size (cairn)", "",
                 "Sparse images with 1 MiB of real data (dataset bytes, made unique per copy) in "
                 "every 16 MiB; a first commit into a fresh repository, then a re-commit after "
                 "1 MiB of 4 KiB writes per GiB, then a restore of the head. Two versions are "
-                "stored at the end.", "", table(header, rows), ""]
+                "stored at the end." + (" Then a full `verify`, and `gc` after `rm vm@1`."
+                                        if readers else ""), "", table(header, rows), ""]
     ver_rows = D.d.get("scaling_versions", [])
     if ver_rows:
         marks = [r for r in ver_rows if "stats" in r]
@@ -275,9 +284,18 @@ def scaling_section(D: Data) -> list[str]:
                          fmt(mrow["stats"]["tree_bytes"] / 1024, 0),
                          fmt(mrow["stats"]["metadata_bytes"] / 1024, 0),
                          fmt(mrow["log"]["wall"], 3), fmt(mrow["restore_oldest"]["wall"], 2)])
+            if "verify" in mrow:
+                rows[-1] += [fmt(mrow["verify"]["wall"], 2),
+                             fmt(mrow["verify"]["rss_kib"] / 1024, 0),
+                             fmt(mrow["gc"]["wall"], 2), fmt(mrow["gc"]["rss_kib"] / 1024, 0)]
+        readers = "verify" in marks[0] if marks else False
+        if readers:
+            header += ["verify s", "verify RSS MiB", "gc s", "gc RSS MiB"]
         out += ["## Scaling with the number of versions (cairn)", "",
                 "One 1 GiB image (64 MiB of data); before each commit, four random 4 KiB "
-                "blocks are overwritten (a quiet VM between snapshots).", "",
+                "blocks are overwritten (a quiet VM between snapshots)." +
+                (" At each mark, a full `verify`, then `gc` after `rm` of the version before "
+                 "the head." if readers else ""), "",
                 table(header, rows), ""]
     return out
 

@@ -227,10 +227,11 @@ pub enum Command {
     /// Reclaim the space of deleted versions and of data no version uses any more.
     ///
     /// By default, fast deletion: the data of versions deleted since the last gc is freed
-    /// unless the reference summary (a Bloom filter) of some live version may contain it.
-    /// Its cost follows the deleted versions and the summaries, not the repository; a false
-    /// positive leaves a little dead data behind (well under 0.1% with the default 24 bits
-    /// per chunk). --repair runs the exact pass: marks every blob that a live version (image
+    /// unless the reference summary of some live version lists it (format 2: the exact slots
+    /// of each group a version uses; format 1: a Bloom filter, whose false positives leave a
+    /// little dead data behind, well under 0.1% with the default 24 bits per chunk). It reads
+    /// the summaries and, on format 2, every pack's trailer — never a pack's data, except
+    /// to repack. --repair runs the exact pass: marks every blob that a live version (image
     /// heads, tags and their histories, minus deleted versions) uses and sweeps the rest,
     /// including leaks and packs of crashed commits, and merges the index files.
     ///

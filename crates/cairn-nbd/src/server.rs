@@ -215,6 +215,12 @@ impl Server {
                             // EXPORT_NAME cannot carry an error reply.
                             return Err(e.into());
                         }
+                        if h.option == NBD_OPT_SET_META_CONTEXT {
+                            // SET replaces the selection even when it fails, a malformed
+                            // request included (found by the session fuzzer: a second SET
+                            // with a mutated query count left the first one selected).
+                            st.meta_export = None;
+                        }
                         reply_err(&mut out, h.option, NBD_REP_ERR_INVALID, &e.to_string()).await?;
                         OptOutcome::Continue
                     }

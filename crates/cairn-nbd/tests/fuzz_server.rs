@@ -1442,6 +1442,32 @@ fn info_request_count_larger_than_the_option_is_invalid() {
 }
 
 #[test]
+fn a_malformed_set_meta_context_clears_the_selection() {
+    // Found by the session fuzzer: a valid SET, then a SET whose query count is mutated, then
+    // GO and BLOCK_STATUS. SET replaces the selection even when it fails, so the block status
+    // request has no context to answer for (the oracle refuses a reply for context 1).
+    let mut bad = 4u32.to_be_bytes().to_vec();
+    bad.extend_from_slice(b"disk");
+    bad.extend_from_slice(&0xa725_bef7u32.to_be_bytes());
+    bad.extend_from_slice(&15u32.to_be_bytes());
+    bad.extend_from_slice(BASE_ALLOCATION.as_bytes());
+    let input = Transcript::new(BOTH_FLAGS)
+        .opt_empty(NBD_OPT_STRUCTURED_REPLY)
+        .opt(NBD_OPT_SET_META_CONTEXT, meta("disk", &[BASE_ALLOCATION]))
+        .opt(NBD_OPT_SET_META_CONTEXT, bytes(&bad))
+        .opt(NBD_OPT_GO, info("disk", &[]))
+        .req(0, NBD_CMD_BLOCK_STATUS, 1, 0, 4096)
+        .req(0, NBD_CMD_DISC, 2, 0, 0)
+        .bytes;
+    let (run, p) = run_checked(&input, false);
+    assert_eq!(run.result, Ok(()));
+    assert_eq!(
+        replies_to(&p, NBD_OPT_SET_META_CONTEXT),
+        vec![NBD_REP_META_CONTEXT, NBD_REP_ACK, NBD_REP_ERR_INVALID]
+    );
+}
+
+#[test]
 fn write_over_the_maximum_payload_is_a_hard_disconnect() {
     for len in [MAX_PAYLOAD + 1, 0x8000_0000, u32::MAX] {
         let mut input = go_simple_and(|t| t.req(0, NBD_CMD_READ, 1, 0, 512));
