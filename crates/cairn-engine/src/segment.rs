@@ -131,7 +131,11 @@ pub async fn read_segments(
     for (i, read) in out.into_iter().enumerate() {
         segments.push(match read {
             Some(read) => read,
-            None => read_run_segment(repo, reader, &leaves[i].0, leaves[i].1, false).await?,
+            // Damage or a mismatch: the checked path names and quarantines it.
+            None => {
+                read_checked_segment(repo, reader, &leaves[i].0, &decoded[i], leaves[i].1, false)
+                    .await?
+            }
         });
     }
     Ok(segments)
@@ -197,6 +201,20 @@ async fn read_run_segment(
             }
         }
     }
+    read_checked_segment(repo, reader, id, &leaf, len, tolerant).await
+}
+
+/// The segment of `leaf` (leaf `id`) read through [`V2Reader::read_runs`], every chunk
+/// checked and damage named; with `tolerant`, a run that cannot be read is zeros and listed.
+async fn read_checked_segment(
+    repo: &Repo,
+    reader: &V2Reader,
+    id: &Id,
+    leaf: &RunLeaf,
+    len: u64,
+    tolerant: bool,
+) -> EngineResult<SegmentRead> {
+    let runs: Vec<(Id, u16, u16)> = leaf.group_runs().collect();
     let mut read = reader.read_runs(&runs).await?.into_iter();
     let mut out = SegmentRead {
         data: Vec::with_capacity(len as usize),

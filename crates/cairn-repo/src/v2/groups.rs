@@ -183,15 +183,7 @@ impl V2Reader {
         &self,
         wanted: &[super::GroupLocation],
     ) -> RepoResult<Vec<Arc<OpenedGroup>>> {
-        let mut opened: Vec<Option<Arc<OpenedGroup>>> = wanted
-            .iter()
-            .map(|w| self.groups.get(&(w.trailer.pack, w.group)))
-            .collect();
-        for span in self.spans(wanted, &opened) {
-            for (i, group) in self.fetch_span_with(wanted, &span, true).await? {
-                opened[i] = Some(group);
-            }
-        }
+        let opened = self.fetch_missing(wanted, true).await?;
         // Duplicates of a group fetched above are in the cache now.
         let mut out = Vec::with_capacity(wanted.len());
         for (w, o) in wanted.iter().zip(opened) {
@@ -211,15 +203,7 @@ impl V2Reader {
         &self,
         wanted: &[super::GroupLocation],
     ) -> RepoResult<Vec<Arc<OpenedGroup>>> {
-        let mut opened: Vec<Option<Arc<OpenedGroup>>> = wanted
-            .iter()
-            .map(|w| self.groups.get(&(w.trailer.pack, w.group)))
-            .collect();
-        for span in self.spans(wanted, &opened) {
-            for (i, group) in self.fetch_span_with(wanted, &span, false).await? {
-                opened[i] = Some(group);
-            }
-        }
+        let opened = self.fetch_missing(wanted, false).await?;
         let mut out: Vec<Arc<OpenedGroup>> = Vec::with_capacity(wanted.len());
         for (i, o) in opened.into_iter().enumerate() {
             out.push(match o {
@@ -237,6 +221,26 @@ impl V2Reader {
             });
         }
         Ok(out)
+    }
+
+    /// Each group of `wanted` from the cache, or fetched in spans (`checked`: opened, hashed
+    /// and cached; otherwise opened unchecked and not cached); `None` for a repeat of a group
+    /// fetched here.
+    async fn fetch_missing(
+        &self,
+        wanted: &[super::GroupLocation],
+        checked: bool,
+    ) -> RepoResult<Vec<Option<Arc<OpenedGroup>>>> {
+        let mut opened: Vec<Option<Arc<OpenedGroup>>> = wanted
+            .iter()
+            .map(|w| self.groups.get(&(w.trailer.pack, w.group)))
+            .collect();
+        for span in self.spans(wanted, &opened) {
+            for (i, group) in self.fetch_span_with(wanted, &span, checked).await? {
+                opened[i] = Some(group);
+            }
+        }
+        Ok(opened)
     }
 
     /// The groups of `wanted` not `opened` yet, each once, as spans of groups of one pack

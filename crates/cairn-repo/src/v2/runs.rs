@@ -555,10 +555,7 @@ impl V2Reader {
         }
         let mut out = Vec::with_capacity(runs.len());
         for &(group, first, count) in runs {
-            let at = names
-                .iter()
-                .position(|g| *g == group)
-                .expect("every group named");
+            let at = group_index(&names, &group);
             let quick = match (&located[at], slot_of[at], &opened) {
                 (Some(loc), Some(j), Some(opened)) => Some(loc.slots(&opened[j], first, count)),
                 _ => None,
@@ -601,10 +598,7 @@ impl V2Reader {
         };
         let mut out = Vec::with_capacity(runs.len());
         for &(group, first, count) in runs {
-            let at = names
-                .iter()
-                .position(|g| *g == group)
-                .expect("every group named");
+            let at = group_index(&names, &group);
             match located[at].slots(&opened[at], first, count) {
                 Ok(bytes) => out.push(bytes),
                 Err(_) => return Ok(None),
@@ -658,6 +652,14 @@ impl V2Reader {
 /// The groups `runs` name, each once in order of first use, with the (first, count) runs
 /// wanted from each.
 #[allow(clippy::type_complexity)]
+/// Where `group` is in the names [`by_group`] made of the same runs.
+fn group_index(names: &[Id], group: &Id) -> usize {
+    names
+        .iter()
+        .position(|g| g == group)
+        .expect("every group of the runs is named")
+}
+
 fn by_group(runs: &[(Id, u16, u16)]) -> (Vec<Id>, Vec<Vec<(u16, u16)>>) {
     let mut names: Vec<Id> = Vec::new();
     let mut wanted: Vec<Vec<(u16, u16)>> = Vec::new();
