@@ -10,6 +10,7 @@ duration first and then killing it with SIGKILL after a random delay between 0 a
   2. `cairn gc` / `cairn gc --repair`, after versions were removed with `rm --no-gc`   (25)
   3. `cairn rm IMAGE@V` / `cairn prune IMAGE --keep-last K`                             (25)
   4. `cairn restore --force` to a file, over an earlier restore (every third: SIGTERM)  (20)
+  5. `cairn index compact --all` after two more commits (format 2 only)                 (12)
 
 An interrupted (SIGINT/SIGTERM) command must exit 128+signal with one line on stderr, its
 session closed and no temporary or partial file left, at once.
@@ -31,7 +32,7 @@ repository, no `.*.cairn-partial-*` file in the restore target directory, and a 
 `cairn gc --repair` must reclaim nothing.
 
     scripts/kill_loops.py [--bin target/release/cairn] [--dir DIR] [--seed N]
-                          [--trials 30,25,25,20] [--encrypted | --format 1]
+                          [--trials 30,25,25,20,12] [--encrypted | --format 1]
 
 The repository is `cairn init`'s default (format 2). --encrypted runs the same loops and
 checks on an encrypted format 2 repository (`init --encrypt`, the passphrase in
@@ -443,6 +444,29 @@ class Run:
                     f"never a torn one")
             self.check_all(label)
 
+    def loop_compact(self, trials):
+        """Index compaction killed at random: every run merged into one while the old runs
+        are deleted; a kill at any point must lose no location (check_all restores every
+        version) and the next compaction must finish the job."""
+        self.clear_dead_sessions()
+        typical = self.typical("index compact --all (after two commits)",
+                               lambda: self.repo.run("index", "compact", "--all"),
+                               lambda: (self.commit(), self.commit()))
+        for trial in range(trials):
+            label = f"compact trial {trial}"
+            self.commit()
+            self.commit()
+            killed, rc, _ = self.kill_at_random(["index", "compact", "--all"], typical)
+            if not killed:
+                self.ok(rc == 0, f"{label}: an unkilled compaction succeeds (exit {rc})")
+            self.check_all(label)
+            # The next compaction takes over the dead one's lock and leaves one run.
+            p = self.repo.run("--json", "index", "compact", "--all", check=False, timeout=120)
+            runs = (json.loads(p.stdout)["runs_after"] if p.returncode == 0 else None)
+            self.ok(runs == 1, f"{label}: the next compaction succeeds and leaves one run "
+                               f"(exit {p.returncode}, {runs} runs: {p.stderr.strip()[-200:]})")
+            self.trim()
+
     def finish(self):
         self.clear_dead_sessions()
         p = self.repo.run("--json", "gc", "--repair", check=False, timeout=120)
@@ -478,8 +502,9 @@ def main():
                     "temporary directory under $CAIRN_TEST_TMP or /tmp, removed at the end)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--trials", default=None,
-                    help="trials of the commit, gc, rm/prune and restore loops "
-                    "(default 30,25,25,20; with --encrypted or --format 1 15,12,8,8)")
+                    help="trials of the commit, gc, rm/prune, restore and index compaction "
+                    "loops (default 30,25,25,20,12; with --encrypted 15,12,8,8,6; with "
+                    "--format 1 15,12,8,8,0)")
     ap.add_argument("--encrypted", action="store_true",
                     help="an encrypted format 2 repository")
     ap.add_argument("--format", type=int, choices=(1, 2), default=None,
@@ -487,10 +512,16 @@ def main():
     args = ap.parse_args()
     if args.encrypted and args.format == 1:
         sys.exit("kill_loops: --encrypted needs format 2")
-    default = "15,12,8,8" if args.encrypted or args.format == 1 else "30,25,25,20"
+    default = ("15,12,8,8,0" if args.format == 1 else "15,12,8,8,6" if args.encrypted
+               else "30,25,25,20,12")
     trials = [int(x) for x in (args.trials or default).split(",")]
-    if len(trials) != 4:
-        sys.exit("kill_loops: --trials takes four numbers (commit,gc,rm,restore)")
+    if len(trials) == 4:
+        trials.append(0)
+    if len(trials) != 5:
+        sys.exit("kill_loops: --trials takes four or five numbers "
+                 "(commit,gc,rm,restore[,compact])")
+    if args.format == 1 and trials[4]:
+        sys.exit("kill_loops: index compaction is for format 2")
     binary = os.path.abspath(args.bin)
     if not os.access(binary, os.X_OK):
         sys.exit(f"kill_loops: no cairn binary at {binary} (build it: "
@@ -519,6 +550,7 @@ def main():
                  ("gc", lambda: run.loop_gc(trials[1], gc_timeout)),
                  ("rm/prune", lambda: run.loop_rm(trials[2])),
                  ("restore", lambda: run.loop_restore(trials[3])),
+                 ("index compact", lambda: run.loop_compact(trials[4])),
                  ("final gc --repair and leak checks", run.finish)]
         for (name, loop), n in zip(loops, trials + [0]):
             if n == 0 and name != loops[-1][0]:

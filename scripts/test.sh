@@ -178,10 +178,10 @@ check "disk formats: qcow2 in and out, backing chains, NBD, dirty bitmaps, polit
 check "operator safety as root: a 100% full tmpfs freed by rm and gc, an encrypted format 2 commit failing cleanly on one, a mounted device refused (scripts/safety.py)" \
   python3 "$ROOT/scripts/safety.py" --bin "$CAIRN_BIN"
 
-check "kill -9 loops: 100 trials of commit, gc, rm/prune and restore killed or interrupted, format 2 (scripts/kill_loops.py)" \
+check "kill -9 loops: 112 trials of commit, gc, rm/prune, restore and index compaction killed or interrupted, format 2 (scripts/kill_loops.py)" \
   python3 "$ROOT/scripts/kill_loops.py" --bin "$CAIRN_BIN"
 
-check "kill -9 loops on an encrypted format 2 repository: 43 trials of commit, gc, rm/prune and restore, then the leak checks (scripts/kill_loops.py --encrypted)" \
+check "kill -9 loops on an encrypted format 2 repository: 49 trials of commit, gc, rm/prune, restore and index compaction, then the leak checks (scripts/kill_loops.py --encrypted)" \
   python3 "$ROOT/scripts/kill_loops.py" --bin "$CAIRN_BIN" --encrypted
 
 check "kill -9 loops on a format 1 repository: 43 trials of commit, gc, rm/prune and restore, then the leak checks (scripts/kill_loops.py --format 1)" \

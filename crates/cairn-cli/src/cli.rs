@@ -239,6 +239,19 @@ pub enum Command {
     /// --repack-threshold, reading only metadata except the packs they repack. Safe while other
     /// processes commit: gc publishes its plan and waits for older sessions before deleting.
     Gc(GcArgs),
+    /// The index of a format 2 repository: `index compact` merges its runs.
+    ///
+    /// Every commit writes one index run (where its chunks are), and every lookup asks each
+    /// run's filter, so lookups slow down as runs accumulate. `cairn index compact` merges
+    /// them in tiers (eight runs of a size into one eight times larger), so N commits leave
+    /// O(log N) runs; --all merges every run into one. It reads and writes only index runs
+    /// (about 1% of the stored bytes), never a pack. Safe while other processes commit: it
+    /// takes the gc lock, publishes a plan and waits for older sessions before deleting the
+    /// runs it merged. `cairn gc` merges every run too, when it has deleted something.
+    ///
+    /// Examples: cairn index compact · cairn index compact --all --json
+    #[command(verbatim_doc_comment)]
+    Index(IndexArgs),
     /// Serve a version over NBD at once; its data is fetched on demand.
     ///
     /// QEMU or any NBD client sees a plain raw disk (`qemu-system-x86_64 -drive
@@ -581,6 +594,35 @@ pub struct GcArgs {
     #[arg(long, default_value_t = 600, env = "CAIRN_SESSION_STALE_SECS")]
     pub stale_after: u64,
     /// Give up (deleting nothing) after waiting this many seconds for older sessions.
+    #[arg(long, default_value_t = 3600)]
+    pub wait_limit: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct IndexArgs {
+    #[command(subcommand)]
+    pub action: IndexAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum IndexAction {
+    /// Merge index runs: each tier of eight runs of a size into one (--all: every run).
+    Compact(IndexCompactArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct IndexCompactArgs {
+    /// Merge every run into one, not only the full tiers.
+    #[arg(long)]
+    pub all: bool,
+    /// Report what would be merged; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Seconds without a heartbeat after which another process's session counts as dead.
+    #[arg(long, default_value_t = 600, env = "CAIRN_SESSION_STALE_SECS")]
+    pub stale_after: u64,
+    /// Give up (deleting nothing; the merged runs stay, harmlessly, next to their inputs)
+    /// after waiting this many seconds for older sessions.
     #[arg(long, default_value_t = 3600)]
     pub wait_limit: u64,
 }

@@ -81,6 +81,7 @@ fn main() -> ExitCode {
             Command::Stats => commands::stats::run(&ctx).await,
             Command::Repair(args) => commands::repair::run(&ctx, args).await,
             Command::Gc(args) => commands::gc::run(&ctx, args).await,
+            Command::Index(args) => commands::index::run(&ctx, args).await,
             Command::Export(args) => commands::export::run(&ctx, args).await,
             Command::Exports(args) => commands::exports::run(&ctx, args).await,
             Command::Status(args) => commands::export::status(&ctx, args).await,
@@ -125,6 +126,7 @@ fn stops_gracefully(command: &Command) -> bool {
         | Command::Verify(_)
         | Command::Repair(_)
         | Command::Gc(_)
+        | Command::Index(_)
         | Command::Rm(_)
         | Command::Prune(_)
         | Command::Copy(_) => true,

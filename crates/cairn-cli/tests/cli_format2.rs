@@ -251,3 +251,63 @@ fn stats_counts_the_chunks_and_nodes_of_a_format_2_repository() {
     assert_eq!(s["tree_nodes"], 4, "{s}");
     assert!(s["tree_bytes"].as_u64().unwrap() > 0, "{s}");
 }
+
+#[test]
+fn index_compact_merges_the_runs_of_many_commits_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    ok(&repo, &["-q", "init", "--reserve", "0"]);
+    let mut data = noise(2 << 20, 3);
+    let disk = dir.path().join("disk.raw");
+    for i in 0..9u64 {
+        let at = (i as usize % 8) * (256 << 10);
+        data[at..at + 4096].copy_from_slice(&noise(4096, 10 + i));
+        std::fs::write(&disk, &data).unwrap();
+        ok(&repo, &["-q", "commit", "vm", disk.to_str().unwrap()]);
+    }
+    let runs = || std::fs::read_dir(repo.join("index-runs")).unwrap().count();
+    assert_eq!(runs(), 9);
+
+    let before = snapshot(&repo);
+    let dry = ok(&repo, &["--json", "index", "compact", "--dry-run"]);
+    let dry: serde_json::Value = serde_json::from_str(dry.trim()).unwrap();
+    assert_eq!(
+        (dry["merges"].as_u64(), dry["runs_after"].as_u64()),
+        (Some(1), Some(1)),
+        "{dry}"
+    );
+    assert!(snapshot(&repo) == before, "a dry run changes nothing");
+
+    let line = ok(&repo, &["index", "compact"]);
+    assert!(
+        line.starts_with("merged 9 index runs into 1 (9 -> 1 runs, "),
+        "{line}"
+    );
+    assert_eq!(runs(), 1);
+    // One run left: nothing to merge, its size said as `cairn stats` says sizes.
+    let run = std::fs::read_dir(repo.join("index-runs"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    let kib = run.metadata().unwrap().len() as f64 / 1024.0;
+    assert_eq!(
+        ok(&repo, &["index", "compact", "--all"]).trim_end(),
+        format!("nothing to merge: 1 index run ({kib:.1} KiB)")
+    );
+    ok(&repo, &["-q", "verify"]);
+    let out = dir.path().join("out.raw");
+    ok(&repo, &["-q", "restore", "vm", out.to_str().unwrap()]);
+    assert!(std::fs::read(&out).unwrap() == data);
+
+    // Format 1 keeps whole index files: the command says what merges those.
+    let v1 = dir.path().join("v1");
+    ok(&v1, &["-q", "init", "--format", "1", "--reserve", "0"]);
+    let e = cairn(&v1, &["index", "compact"]);
+    assert!(!e.status.success());
+    let err = String::from_utf8_lossy(&e.stderr);
+    assert!(
+        err.contains("format 2") && err.contains("gc --repair"),
+        "{err}"
+    );
+}

@@ -20,6 +20,31 @@ pub use cairn_store::FailingStore;
 #[allow(unused_imports)]
 pub use cairn_testkit::noise;
 
+/// The passphrase of the encrypted repositories [`init_format2`] makes.
+pub const PASSPHRASE: &[u8] = b"correct horse battery staple";
+
+/// A new repository with `config` (format 2), encrypted under [`PASSPHRASE`] with a cheap KDF
+/// when `encrypted`.
+pub async fn init_format2(
+    store: Arc<dyn cairn_store::ObjectStore>,
+    config: RepoConfig,
+    encrypted: bool,
+) -> Arc<Repo> {
+    let repo = match encrypted {
+        false => Repo::init(store, config).await,
+        true => {
+            let kdf = cairn_format::crypto::KdfParams {
+                memory_kib: 1024,
+                passes: 1,
+                lanes: 1,
+            };
+            let pass = zeroize::Zeroizing::new(PASSPHRASE.to_vec());
+            Repo::init_encrypted(store, config, pass, kdf).await
+        }
+    };
+    Arc::new(repo.unwrap())
+}
+
 pub fn config(chunk: u32, segment: u32) -> RepoConfig {
     RepoConfig {
         repo_id: [1; 16],

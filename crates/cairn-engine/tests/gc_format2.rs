@@ -12,14 +12,11 @@ use std::time::Duration;
 use cairn_engine::gc::{gc, GcMode, GcOptions, GcReport};
 use cairn_engine::verify::verify;
 use cairn_format::config::RepoConfig;
-use cairn_format::crypto::KdfParams;
 use cairn_format::version::VersionRecord;
 use cairn_repo::{GivenPassphrase, Repo, SessionKind};
 use cairn_store::{MemoryStore, ObjectStore};
-use common::{commit_bytes, noise, restore_bytes};
+use common::{commit_bytes, noise, restore_bytes, PASSPHRASE};
 use zeroize::Zeroizing;
-
-const PASSPHRASE: &[u8] = b"correct horse battery staple";
 
 fn config() -> RepoConfig {
     RepoConfig {
@@ -39,18 +36,7 @@ fn opts() -> GcOptions {
 }
 
 async fn init(store: Arc<MemoryStore>, encrypted: bool) -> Arc<Repo> {
-    let repo = match encrypted {
-        false => Repo::init(store, config()).await,
-        true => {
-            let kdf = KdfParams {
-                memory_kib: 1024,
-                passes: 1,
-                lanes: 1,
-            };
-            Repo::init_encrypted(store, config(), Zeroizing::new(PASSPHRASE.to_vec()), kdf).await
-        }
-    };
-    Arc::new(repo.unwrap())
+    common::init_format2(store, config(), encrypted).await
 }
 
 async fn open(store: &Arc<MemoryStore>) -> Arc<Repo> {

@@ -1,5 +1,4 @@
-//! Index runs (format v2, issues 16 and 17): where chunks and groups are, read in pieces. Not
-//! yet written by any command.
+//! Index runs (format v2, issues 16 and 17): where chunks and groups are, read in pieces.
 //!
 //! v1 readers load every index file whole (48 bytes per chunk, held in one map). A v2 run is
 //! an immutable sorted table that a reader consults without loading it: the footer and the
@@ -15,7 +14,7 @@
 //! ```text
 //! offset  size  field
 //! 0       8     magic "CRNIRUN\0"
-//! 8       4     version (u32) = 1
+//! 8       4     version (u32) = 2 (1 is read too: its filter hashes the full ids)
 //! 12      4     flags (u32): bit 0 = sealed (sections and meta encrypted); others 0
 //! 16      ...   sections, back to back; a section = n × (key (u64) | pack ordinal (u32)),
 //!               sorted by (key, pack ordinal), no entry twice; sealed: domain "index file"
@@ -23,7 +22,9 @@
 //!                 pack count P (u32) | P × pack id (32)
 //!                 section count S (u32) | S × (first key (u64) | entry count (u32)
 //!                   | offset (u32) | stored length (u32) | BLAKE3 of the stored section (32))
-//!                 filter: log2 of its bits (u8) | probes (u8) | bits (see `summary::Bloom`)
+//!                 filter: log2 of its bits (u8) | probes (u8) | bits (see `summary::Bloom`),
+//!                   over the distinct keys (`ProbeKey::of_key`), so a merge of runs rebuilds it
+//!                   from their entries alone
 //! M+L     52    footer: L (u32) | entry count (u64) | BLAKE3 of the L meta bytes (32)
 //!               | "CRNIREND"
 //! ```
@@ -39,7 +40,11 @@ use crate::{FormatError, Id};
 
 pub const MAGIC: &[u8; 8] = b"CRNIRUN\0";
 pub const END_MAGIC: &[u8; 8] = b"CRNIREND";
-pub const VERSION: u32 = 1;
+/// The version writers write. Version 1 (read still) differs only in its filter, which hashes
+/// the full ids — so only the pack trailers, which hold them, could rebuild it.
+pub const VERSION: u32 = 2;
+/// The oldest version readers accept.
+pub const FIRST_VERSION: u32 = 1;
 pub const HEADER_LEN: usize = 16;
 pub const FOOTER_LEN: usize = 4 + 8 + 32 + 8;
 pub const ENTRY_LEN: usize = 12;
@@ -86,6 +91,8 @@ impl SectionRef {
 /// What a reader holds of a run: everything but the sections.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunMeta {
+    /// 1: the filter hashes full ids; 2: it hashes the 8-byte keys.
+    pub version: u32,
     pub sealed: bool,
     pub packs: Vec<Id>,
     pub sections: Vec<SectionRef>,
@@ -125,69 +132,149 @@ pub fn write_run_with(
         .collect();
     entries.sort_unstable();
     entries.dedup();
-    let mut filter =
-        Bloom::with_capacity(locations.len() as u64, FILTER_BITS_PER_ENTRY, FILTER_PROBES);
-    for (id, _) in locations {
-        filter.insert(ProbeKey::of(id));
+    let mut w = RunWriter::with_sections(packs, entries.len() as u64, key, section_entries);
+    for e in entries {
+        w.push(e);
+    }
+    w.finish()
+}
+
+/// Writes a version 2 run from entries given in order — the way a compaction merges runs
+/// from their own sections without the ids' other 24 bytes. Entries must come sorted by
+/// (key, pack ordinal); a repeat of the last entry is dropped.
+pub struct RunWriter<'k> {
+    key: Option<&'k MasterKey>,
+    packs: Vec<Id>,
+    section_entries: usize,
+    filter: Bloom,
+    out: Vec<u8>,
+    sections: Vec<SectionRef>,
+    /// Entries of the section being filled.
+    pending: Vec<Entry>,
+    last: Option<Entry>,
+    entries: u64,
+}
+
+impl<'k> RunWriter<'k> {
+    /// A writer for about `expected` entries (the filter's size) naming `packs` (sorted, no
+    /// repeats: the pack ordinals of the entries index it).
+    pub fn new(packs: Vec<Id>, expected: u64, key: Option<&'k MasterKey>) -> RunWriter<'k> {
+        Self::with_sections(packs, expected, key, SECTION_ENTRIES)
     }
 
-    let mut out = Vec::with_capacity(HEADER_LEN + entries.len() * ENTRY_LEN + 1024);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
-    let flags = if key.is_some() { FLAG_SEALED } else { 0 };
-    out.extend_from_slice(&flags.to_le_bytes());
-    let mut sections = Vec::new();
-    let mut rest = &entries[..];
-    while let Some(first) = rest.first() {
-        // Cut after `section_entries`, then further until the key changes.
-        let mut n = section_entries.max(1).min(rest.len());
-        while n < rest.len() && rest[n].key == rest[n - 1].key {
-            n += 1;
+    fn with_sections(
+        packs: Vec<Id>,
+        expected: u64,
+        key: Option<&'k MasterKey>,
+        section_entries: usize,
+    ) -> RunWriter<'k> {
+        debug_assert!(
+            packs.windows(2).all(|w| w[0] < w[1]),
+            "packs sorted, no repeats"
+        );
+        let mut out = Vec::with_capacity(HEADER_LEN + expected as usize * ENTRY_LEN + 1024);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        let flags = if key.is_some() { FLAG_SEALED } else { 0 };
+        out.extend_from_slice(&flags.to_le_bytes());
+        RunWriter {
+            key,
+            packs,
+            section_entries: section_entries.max(1),
+            filter: Bloom::with_capacity(expected, FILTER_BITS_PER_ENTRY, FILTER_PROBES),
+            out,
+            sections: Vec::new(),
+            pending: Vec::new(),
+            last: None,
+            entries: 0,
         }
-        let mut e = Encoder::with_capacity(n * ENTRY_LEN);
-        for x in &rest[..n] {
+    }
+
+    /// Adds `e` (after every entry pushed before it in (key, pack) order).
+    pub fn push(&mut self, e: Entry) {
+        assert!(
+            (e.pack as usize) < self.packs.len(),
+            "an entry names a pack of the table"
+        );
+        match self.last {
+            Some(last) if last == e => return,
+            Some(last) => assert!(last < e, "entries pushed in order"),
+            None => {}
+        }
+        // Cut after `section_entries`, later while the key repeats.
+        if self.pending.len() >= self.section_entries
+            && self.pending.last().is_some_and(|p| p.key != e.key)
+        {
+            self.cut();
+        }
+        if self.last.is_none_or(|l| l.key != e.key) {
+            self.filter.insert(ProbeKey::of_key(e.key));
+        }
+        self.pending.push(e);
+        self.last = Some(e);
+        self.entries += 1;
+    }
+
+    /// Entries pushed (repeats not counted).
+    pub fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    fn cut(&mut self) {
+        let Some(first) = self.pending.first() else {
+            return;
+        };
+        let mut e = Encoder::with_capacity(self.pending.len() * ENTRY_LEN);
+        for x in &self.pending {
             e.u64(x.key).u32(x.pack);
         }
         let plain = e.finish();
-        let stored = match key {
+        let stored = match self.key {
             None => plain,
             Some(k) => k.seal(Domain::IndexFile, &plain),
         };
-        sections.push(SectionRef {
+        self.sections.push(SectionRef {
             first_key: first.key,
-            entries: n as u32,
-            offset: u32::try_from(out.len()).expect("index run past 4 GiB"),
+            entries: self.pending.len() as u32,
+            offset: u32::try_from(self.out.len()).expect("index run past 4 GiB"),
             stored_len: stored.len() as u32,
             checksum: *blake3::hash(&stored).as_bytes(),
         });
-        out.extend_from_slice(&stored);
-        rest = &rest[n..];
+        self.out.extend_from_slice(&stored);
+        self.pending.clear();
     }
 
-    let mut e = Encoder::with_capacity(8 + packs.len() * 32 + sections.len() * SECTION_REF_LEN);
-    e.u32(packs.len() as u32);
-    for p in &packs {
-        e.id(p);
+    /// The run's bytes.
+    pub fn finish(mut self) -> Vec<u8> {
+        self.cut();
+        let mut e = Encoder::with_capacity(
+            8 + self.packs.len() * 32 + self.sections.len() * SECTION_REF_LEN,
+        );
+        e.u32(self.packs.len() as u32);
+        for p in &self.packs {
+            e.id(p);
+        }
+        e.u32(self.sections.len() as u32);
+        for s in &self.sections {
+            e.u64(s.first_key)
+                .u32(s.entries)
+                .u32(s.offset)
+                .u32(s.stored_len)
+                .bytes(&s.checksum);
+        }
+        self.filter.encode_into(&mut e);
+        let meta = match self.key {
+            None => e.finish(),
+            Some(k) => k.seal(Domain::IndexFile, &e.finish()),
+        };
+        let mut out = self.out;
+        out.extend_from_slice(&meta);
+        out.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.entries.to_le_bytes());
+        out.extend_from_slice(blake3::hash(&meta).as_bytes());
+        out.extend_from_slice(END_MAGIC);
+        out
     }
-    e.u32(sections.len() as u32);
-    for s in &sections {
-        e.u64(s.first_key)
-            .u32(s.entries)
-            .u32(s.offset)
-            .u32(s.stored_len)
-            .bytes(&s.checksum);
-    }
-    filter.encode_into(&mut e);
-    let meta = match key {
-        None => e.finish(),
-        Some(k) => k.seal(Domain::IndexFile, &e.finish()),
-    };
-    out.extend_from_slice(&meta);
-    out.extend_from_slice(&(meta.len() as u32).to_le_bytes());
-    out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
-    out.extend_from_slice(blake3::hash(&meta).as_bytes());
-    out.extend_from_slice(END_MAGIC);
-    out
 }
 
 fn bad(reason: impl Into<String>) -> CryptoError {
@@ -218,8 +305,9 @@ pub fn parse_footer(tail: &[u8]) -> Result<Footer, CryptoError> {
     })
 }
 
-/// Checks a run's header (its first [`HEADER_LEN`] bytes): whether it is sealed.
-pub fn parse_header(head: &[u8]) -> Result<bool, CryptoError> {
+/// Checks a run's header (its first [`HEADER_LEN`] bytes): its version and whether it is
+/// sealed.
+pub fn parse_header(head: &[u8]) -> Result<(u32, bool), CryptoError> {
     if head.len() < HEADER_LEN {
         return Err(FormatError::Truncated {
             what: WHAT,
@@ -232,8 +320,8 @@ pub fn parse_header(head: &[u8]) -> Result<bool, CryptoError> {
         return Err(FormatError::BadMagic { what: WHAT }.into());
     }
     let word = |at: usize| u32::from_le_bytes(head[at..at + 4].try_into().expect("4 bytes"));
-    match word(8) {
-        VERSION => {}
+    let version = match word(8) {
+        v @ FIRST_VERSION..=VERSION => v,
         v if v > VERSION => {
             return Err(FormatError::TooNew {
                 what: WHAT,
@@ -243,10 +331,10 @@ pub fn parse_header(head: &[u8]) -> Result<bool, CryptoError> {
             .into())
         }
         v => return Err(bad(format!("version {v}"))),
-    }
+    };
     match word(12) {
-        0 => Ok(false),
-        FLAG_SEALED => Ok(true),
+        0 => Ok((version, false)),
+        FLAG_SEALED => Ok((version, true)),
         f => Err(bad(format!("unknown flags {f:#x}"))),
     }
 }
@@ -260,7 +348,7 @@ pub fn parse_meta(
     stored_meta: &[u8],
     key: Option<&MasterKey>,
 ) -> Result<RunMeta, CryptoError> {
-    let sealed = parse_header(head)?;
+    let (version, sealed) = parse_header(head)?;
     let meta_start = run_len
         .checked_sub(FOOTER_LEN as u64 + u64::from(footer.meta_len))
         .filter(|m| *m >= HEADER_LEN as u64)
@@ -347,6 +435,7 @@ pub fn parse_meta(
     let filter = Bloom::decode_from(&mut d, WHAT)?;
     d.finish()?;
     Ok(RunMeta {
+        version,
         sealed,
         packs,
         sections,
@@ -382,10 +471,14 @@ pub fn parse_run(run: &[u8], key: Option<&MasterKey>) -> Result<RunMeta, CryptoE
 impl RunMeta {
     /// The section that would hold `id`'s entries, unless the filter rules it out.
     pub fn section_for(&self, id: &Id) -> Option<usize> {
-        if !self.filter.contains(id) {
+        let key = key_of(id);
+        let probe = match self.version {
+            1 => ProbeKey::of(id),
+            _ => ProbeKey::of_key(key),
+        };
+        if !self.filter.contains_probe(probe) {
             return None;
         }
-        let key = key_of(id);
         match self.sections.partition_point(|s| s.first_key <= key) {
             0 => None,
             i => Some(i - 1),

@@ -49,6 +49,17 @@ impl ProbeKey {
             u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")) | 1,
         )
     }
+
+    /// The probes of an 8-byte key alone (index runs version 2, whose filter must be
+    /// rebuildable from their entries): h1 = the key, h2 = (key × 0x9E3779B97F4A7C15) rotated
+    /// left by 32 bits, | 1 — the multiply spreads every key bit into h2's low bits, which
+    /// the filter's mask keeps, so two keys share all probes only if they are equal.
+    pub fn of_key(key: u64) -> ProbeKey {
+        ProbeKey(
+            key,
+            key.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(32) | 1,
+        )
+    }
 }
 
 /// A Bloom filter of blob ids with 2^log2_bits bits and `probes` hash functions.
@@ -116,7 +127,12 @@ impl Bloom {
 
     /// False means `id` was certainly never inserted.
     pub fn contains(&self, id: &Id) -> bool {
-        self.positions(ProbeKey::of(id))
+        self.contains_probe(ProbeKey::of(id))
+    }
+
+    /// False means `key` was certainly never inserted.
+    pub fn contains_probe(&self, key: ProbeKey) -> bool {
+        self.positions(key)
             .all(|p| self.words[p / 64] & (1 << (p % 64)) != 0)
     }
 

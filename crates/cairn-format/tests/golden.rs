@@ -97,6 +97,7 @@ const VECTORS: &[&str] = &[
     "v2_leaf_runs",
     "v2_leaf_digest",
     "v2_index_run",
+    "v2_index_run_2",
     "v2_group_summary",
 ];
 
@@ -1493,21 +1494,11 @@ fn v2_leaf_digest() {
     assert_eq!(decoded.digest(), Some(Id::of(b"segment bytes")));
 }
 
-/// Built from FORMAT.md alone by tests/independent_v2.py (Bloom filter bits included).
-#[test]
-fn v2_index_run() {
-    let (pa, pb) = (Id::of(b"pack a"), Id::of(b"pack b"));
-    let mut locations: Vec<(Id, Id)> = (0u8..5)
-        .map(|i| (Id::of(&[i]), if i % 2 == 0 { pa } else { pb }))
-        .collect();
-    locations.push((Id::of(&[0]), pb));
-    let bytes = golden(
-        "v2_index_run",
-        &index_run::write_run_with(&locations, None, 2),
-    );
-    let meta = index_run::parse_run(&bytes, None).unwrap();
-    assert_eq!(meta.entries, 6);
-    for (id, _) in &locations {
+/// Every location of the golden runs is found in its section, with exactly its packs.
+fn check_golden_run(bytes: &[u8], locations: &[(Id, Id)], version: u32) {
+    let meta = index_run::parse_run(bytes, None).unwrap();
+    assert_eq!((meta.version, meta.entries), (version, 6));
+    for (id, _) in locations {
         let i = meta.section_for(id).expect("a member passes the filter");
         let r = meta.sections[i].range();
         let entries = meta
@@ -1523,6 +1514,35 @@ fn v2_index_run() {
         want.sort();
         assert_eq!(packs, want);
     }
+}
+
+fn golden_run_locations() -> Vec<(Id, Id)> {
+    let (pa, pb) = (Id::of(b"pack a"), Id::of(b"pack b"));
+    let mut locations: Vec<(Id, Id)> = (0u8..5)
+        .map(|i| (Id::of(&[i]), if i % 2 == 0 { pa } else { pb }))
+        .collect();
+    locations.push((Id::of(&[0]), pb));
+    locations
+}
+
+/// Version 1 (written until 2026-11-26, read still): its filter hashes the full ids. Built
+/// from FORMAT.md alone by tests/independent_v2.py (Bloom filter bits included).
+#[test]
+fn v2_index_run() {
+    let bytes = read_vector("v2_index_run");
+    check_golden_run(&bytes, &golden_run_locations(), 1);
+}
+
+/// Version 2: the filter hashes the 8-byte keys, so a merge rebuilds it from the entries.
+/// Built from FORMAT.md alone by tests/independent_v2.py (Bloom filter bits included).
+#[test]
+fn v2_index_run_2() {
+    let locations = golden_run_locations();
+    let bytes = golden(
+        "v2_index_run_2",
+        &index_run::write_run_with(&locations, None, 2),
+    );
+    check_golden_run(&bytes, &locations, 2);
 }
 
 /// A format 2 reference summary: two nodes, two groups (one with slots in two words), and a

@@ -5,7 +5,7 @@ itself. Needs Python's blake3 (pip install blake3).
 
     python3 crates/cairn-format/tests/independent_v2.py   # checks; --write rewrites
 
-Covers v2_pack_plain, v2_leaf_runs, v2_leaf_digest, v2_index_run and the pinned ids of v2_group_ids. (The sealed vectors
+Covers v2_pack_plain, v2_leaf_runs, v2_leaf_digest, v2_index_run (version 1), v2_index_run_2 and the pinned ids of v2_group_ids. (The sealed vectors
 v2_sealed_*, v2_key_slot and v2_group_sealed_raw were computed with PyNaCl and argon2-cffi.)
 """
 import os
@@ -61,16 +61,17 @@ def leaf_digest():
     return out
 
 
-def index_run():
+def index_run(version):
     """A plain index run: ids BLAKE3([i]) for i in 0..5, in "pack a" (even i) or "pack b"
-    (odd i), id 0 in both; sections of 2 entries (cut later while keys are equal)."""
+    (odd i), id 0 in both; sections of 2 entries (cut later while keys are equal). Version 1's
+    filter hashes the full ids (one insert per location), version 2's the distinct keys."""
     pa, pb = bid(b"pack a"), bid(b"pack b")
     locations = [(bid(bytes([i])), pa if i % 2 == 0 else pb) for i in range(5)]
     locations.append((bid(bytes([0])), pb))
     packs = sorted({p for _, p in locations})
     key = lambda i: struct.unpack("<Q", i[:8])[0]
     entries = sorted({(key(i), packs.index(p)) for i, p in locations})
-    out = b"CRNIRUN\0" + struct.pack("<II", 1, 0)
+    out = b"CRNIRUN\0" + struct.pack("<II", version, 0)
     sections, at = [], 0
     while at < len(entries):
         n = min(2, len(entries) - at)
@@ -80,13 +81,25 @@ def index_run():
         sections.append((entries[at][0], n, len(out), len(body), bid(body)))
         out += body
         at += n
-    # Bloom filter: 10 bits per location rounded up to a power of two (at least 2^9), 7
-    # probes at (h1 + i*h2) mod bits, h1 = id[0:8], h2 = id[8:16] | 1, little-endian.
-    want = len(locations) * 10
+    # Bloom filter: 10 bits per location (version 1) or entry (version 2) rounded up to a
+    # power of two (at least 2^9), 7 probes at (h1 + i*h2) mod bits. Version 1: h1 = id[0:8],
+    # h2 = id[8:16] | 1, little-endian; version 2: h1 = the key, h2 = (key * 0x9E3779B97F4A7C15
+    # mod 2^64) rotated left 32 bits, | 1.
+    if version == 1:
+        want = len(locations) * 10
+        probes = [struct.unpack("<QQ", i[:16]) for i, _ in locations]
+    else:
+        want = len(entries) * 10
+        m = (1 << 64) - 1
+
+        def h2(k):
+            x = (k * 0x9E3779B97F4A7C15) & m
+            return ((x << 32) | (x >> 32)) & m
+
+        probes = [(k, h2(k)) for k in sorted({k for k, _ in entries})]
     log2 = max(9, min(36, (want - 1).bit_length()))
     bits = bytearray(1 << (log2 - 3))
-    for i, _ in locations:
-        h1, h2 = struct.unpack("<QQ", i[:16])
+    for h1, h2 in probes:
         for probe in range(7):
             pos = (h1 + probe * (h2 | 1)) % (1 << log2)
             bits[pos // 8] |= 1 << (pos % 8)
@@ -116,7 +129,8 @@ def as_hex(b):
 def main():
     ok = True
     vectors = (("v2_pack_plain", pack_plain()), ("v2_leaf_runs", leaf_runs()),
-               ("v2_leaf_digest", leaf_digest()), ("v2_index_run", index_run()))
+               ("v2_leaf_digest", leaf_digest()), ("v2_index_run", index_run(1)),
+               ("v2_index_run_2", index_run(2)))
     for name, data in vectors:
         path = os.path.join(HERE, name + ".hex")
         if "--write" in sys.argv:

@@ -653,13 +653,8 @@ impl Repo {
         locations: &[(Id, Id)],
         key: Option<&cairn_format::crypto::MasterKey>,
     ) -> RepoResult<(Id, u64)> {
-        let raw = Bytes::from(cairn_format::index_run::write_run(locations, key));
-        let id = Id::of(&raw);
-        let len = raw.len() as u64;
-        let written = match self.store.put_if_absent(&keys::index_run(&id), raw).await? {
-            PutOutcome::Created => len,
-            PutOutcome::AlreadyExists => 0,
-        };
+        let raw = cairn_format::index_run::write_run(locations, key);
+        let (id, written) = self.put_run_bytes(raw).await?;
         {
             let mut unindexed = self.unindexed.lock().expect("unindexed lock");
             for (_, pack) in locations {
@@ -670,6 +665,19 @@ impl Repo {
         if let Some(v2) = &self.v2 {
             v2.add_run(&id).await?;
         }
+        Ok((id, written))
+    }
+
+    /// Stores an index run's bytes under their id (a merge of runs: compaction). Returns its
+    /// id and the bytes written (0 if the same run existed).
+    pub async fn put_run_bytes(&self, raw: Vec<u8>) -> RepoResult<(Id, u64)> {
+        let raw = Bytes::from(raw);
+        let id = Id::of(&raw);
+        let len = raw.len() as u64;
+        let written = match self.store.put_if_absent(&keys::index_run(&id), raw).await? {
+            PutOutcome::Created => len,
+            PutOutcome::AlreadyExists => 0,
+        };
         Ok((id, written))
     }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use cairn_engine::gc::{gc, GcMode, GcOptions, GcReport, WaitNotice};
+use cairn_engine::progress::WorkProgress;
 use cairn_repo::Repo;
 use serde_json::{json, Value};
 
@@ -27,13 +28,14 @@ pub async fn run(ctx: &Context, args: GcArgs) -> Result<ExitCode> {
         } else {
             GcMode::Fast
         },
-        dry_run: args.dry_run,
         repack_threshold: args.repack_threshold,
-        stale_after: Duration::from_secs(args.stale_after),
-        wait_limit: Duration::from_secs(args.wait_limit),
-        on_wait: wait_notice(ctx),
-        progress,
-        ..Default::default()
+        ..protocol_options(
+            ctx,
+            args.dry_run,
+            args.stale_after,
+            args.wait_limit,
+            progress,
+        )
     };
     let r = gc(&repo, &options).await;
     drop(ticker);
@@ -77,6 +79,26 @@ pub async fn free_deleted(ctx: &Context, repo: &Arc<Repo>) -> Option<GcReport> {
             eprintln!("warning: space not reclaimed now ({e}); run `cairn gc` later");
             None
         }
+    }
+}
+
+/// The options of a command that publishes a GC plan (gc, index compact): a dry run or not,
+/// when another session counts as dead, how long to wait for older ones (saying so), and
+/// the progress counters.
+pub(crate) fn protocol_options(
+    ctx: &Context,
+    dry_run: bool,
+    stale_after_s: u64,
+    wait_limit_s: u64,
+    progress: Option<Arc<WorkProgress>>,
+) -> GcOptions {
+    GcOptions {
+        dry_run,
+        stale_after: Duration::from_secs(stale_after_s),
+        wait_limit: Duration::from_secs(wait_limit_s),
+        on_wait: wait_notice(ctx),
+        progress,
+        ..Default::default()
     }
 }
 

@@ -9,6 +9,7 @@ pub mod export;
 pub mod exports;
 pub mod gc;
 pub mod images;
+pub mod index;
 pub mod init;
 pub mod key;
 pub mod log;

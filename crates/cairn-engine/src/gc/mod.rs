@@ -34,6 +34,7 @@
 //! made (duplicates), and every sweep step deletes only what the index files written in step 2
 //! and the rescue index no longer need.
 
+pub mod compact;
 mod exact;
 mod fast;
 mod group_summaries;

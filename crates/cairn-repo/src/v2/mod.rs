@@ -19,6 +19,7 @@
 
 mod check;
 mod groups;
+mod merge;
 mod packer;
 mod runs;
 mod tail;
@@ -35,8 +36,9 @@ use quick_cache::Weighter;
 
 pub use check::PackCheck;
 pub use groups::OpenedGroup;
+pub use merge::MergedRun;
 pub use packer::{FinishedPack, GroupPacker, Placement};
-pub use runs::GroupLocation;
+pub use runs::{GroupLocation, RunSize};
 pub use trailers::{PackTrailer, SlotRef};
 
 use crate::error::RepoError;

@@ -28,9 +28,20 @@ const SECTION_READ_AHEAD: usize = 16;
 /// A run whose meta was read and checked.
 #[derive(Debug)]
 pub(super) struct OpenRun {
-    id: Id,
-    key: String,
-    meta: RunMeta,
+    pub(super) id: Id,
+    pub(super) key: String,
+    pub(super) meta: RunMeta,
+    pub(super) len: u64,
+}
+
+/// What compaction needs to know of a run: how many entries it holds and its version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunSize {
+    pub id: Id,
+    pub entries: u64,
+    pub version: u32,
+    /// The run's stored bytes.
+    pub len: u64,
 }
 
 /// One section's entries, checked.
@@ -156,7 +167,12 @@ impl V2Reader {
         self.runs
             .write()
             .expect("runs lock")
-            .push(Arc::new(OpenRun { id: *id, key, meta }));
+            .push(Arc::new(OpenRun {
+                id: *id,
+                key,
+                meta,
+                len: obj.len,
+            }));
         Ok(())
     }
 
@@ -181,6 +197,19 @@ impl V2Reader {
             .write()
             .expect("runs lock")
             .retain(|r| keep.contains(&r.id));
+    }
+
+    /// The size of every run lookups ask, oldest first.
+    pub fn run_sizes(&self) -> Vec<RunSize> {
+        let runs = self.runs.read().expect("runs lock");
+        runs.iter()
+            .map(|r| RunSize {
+                id: r.id,
+                entries: r.meta.entries,
+                version: r.meta.version,
+                len: r.len,
+            })
+            .collect()
     }
 
     /// The runs lookups ask, oldest first.
@@ -649,9 +678,6 @@ impl V2Reader {
     }
 }
 
-/// The groups `runs` name, each once in order of first use, with the (first, count) runs
-/// wanted from each.
-#[allow(clippy::type_complexity)]
 /// Where `group` is in the names [`by_group`] made of the same runs.
 fn group_index(names: &[Id], group: &Id) -> usize {
     names
@@ -660,6 +686,9 @@ fn group_index(names: &[Id], group: &Id) -> usize {
         .expect("every group of the runs is named")
 }
 
+/// The groups `runs` name, each once in order of first use, with the (first, count) runs
+/// wanted from each.
+#[allow(clippy::type_complexity)]
 fn by_group(runs: &[(Id, u16, u16)]) -> (Vec<Id>, Vec<Vec<(u16, u16)>>) {
     let mut names: Vec<Id> = Vec::new();
     let mut wanted: Vec<Vec<(u16, u16)>> = Vec::new();

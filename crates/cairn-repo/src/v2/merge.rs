@@ -1,0 +1,161 @@
+//! Merging index runs from their own bytes (issue 17): a k-way merge of their sorted sections
+//! into one version 2 run, whose filter hashes the 8-byte keys and so is rebuilt from the
+//! entries alone — no pack trailer is read, and memory holds one batch of sections per input
+//! (plus the output being built). Every section is checked as it is read; a damaged input
+//! fails the merge (compaction never hides damage: `verify` reports it, `repair` rebuilds the
+//! run from the packs).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+
+use cairn_format::index_run::{self, Entry, RunWriter};
+use cairn_format::Id;
+
+use super::runs::OpenRun;
+use super::tail::get_exact;
+use super::{sealed_error, V2Reader};
+use crate::error::{RepoError, RepoResult};
+
+/// Sections a merge reads from one input at a time (about 64 KiB).
+const SECTIONS_PER_READ: usize = 16;
+
+/// A merged run, ready to publish.
+#[derive(Debug)]
+pub struct MergedRun {
+    pub bytes: Vec<u8>,
+    /// Entries in the merged run (repeats across the inputs counted once).
+    pub entries: u64,
+    /// Stored bytes of the inputs read.
+    pub bytes_read: u64,
+}
+
+/// One input's position: its entries not merged yet, of the sections read so far.
+struct Cursor {
+    run: Arc<OpenRun>,
+    /// The merged pack table's ordinal of each of this run's packs (monotonic: both tables
+    /// are sorted, so remapped entries stay in order).
+    ordinal: Vec<u32>,
+    next_section: usize,
+    batch: std::vec::IntoIter<Entry>,
+}
+
+impl V2Reader {
+    /// Merges runs `ids` (each read and checked here) into one version 2 run holding every
+    /// entry of every input, and only those. An input that is missing or damaged fails the
+    /// merge, naming it.
+    pub async fn merge_runs(&self, ids: &[Id]) -> RepoResult<MergedRun> {
+        let mut inputs = Vec::with_capacity(ids.len());
+        for id in ids {
+            inputs.push(self.open_run(id).await?);
+        }
+        let mut packs: Vec<Id> = inputs
+            .iter()
+            .flat_map(|r| r.meta.packs.iter().copied())
+            .collect();
+        packs.sort_unstable();
+        packs.dedup();
+        let expected: u64 = inputs.iter().map(|r| r.meta.entries).sum();
+        let mut cursors: Vec<Cursor> = inputs
+            .into_iter()
+            .map(|run| Cursor {
+                ordinal: run
+                    .meta
+                    .packs
+                    .iter()
+                    .map(|p| packs.binary_search(p).expect("in the union") as u32)
+                    .collect(),
+                run,
+                next_section: 0,
+                batch: Vec::new().into_iter(),
+            })
+            .collect();
+        let mut writer = RunWriter::new(packs, expected, self.key());
+        let mut bytes_read = 0;
+        // (entry, input): the smallest entry of every input that has one left.
+        let mut heap = BinaryHeap::with_capacity(cursors.len());
+        for (i, c) in cursors.iter_mut().enumerate() {
+            if let Some(e) = self.next_entry(c, &mut bytes_read).await? {
+                heap.push(Reverse((e, i)));
+            }
+        }
+        while let Some(Reverse((e, i))) = heap.pop() {
+            writer.push(e);
+            if let Some(next) = self.next_entry(&mut cursors[i], &mut bytes_read).await? {
+                heap.push(Reverse((next, i)));
+            }
+        }
+        let entries = writer.entries();
+        let bytes = writer.finish();
+        // The merged run is read back before anyone may publish it (a bug here would lose
+        // every location the inputs held once they are deleted).
+        match index_run::parse_run(&bytes, self.key()) {
+            Ok(meta) if meta.entries == entries => {}
+            other => {
+                return Err(RepoError::Invalid(format!(
+                    "the merge of {} index runs does not read back ({other:?}); nothing was \
+                     published",
+                    ids.len()
+                )))
+            }
+        }
+        Ok(MergedRun {
+            bytes,
+            entries,
+            bytes_read,
+        })
+    }
+
+    /// The run `id` as this reader holds it, its meta read and checked first if it is not.
+    async fn open_run(&self, id: &Id) -> RepoResult<Arc<OpenRun>> {
+        self.add_run(id).await?;
+        self.runs
+            .read()
+            .expect("runs lock")
+            .iter()
+            .find(|r| r.id == *id)
+            .cloned()
+            .ok_or_else(|| {
+                RepoError::corrupt(
+                    cairn_format::keys::index_run(id),
+                    cairn_format::FormatError::invalid("index run", "missing"),
+                )
+            })
+    }
+
+    /// The cursor's next entry, remapped to the merged pack table; reads its next sections
+    /// when the batch is spent.
+    async fn next_entry(&self, c: &mut Cursor, bytes_read: &mut u64) -> RepoResult<Option<Entry>> {
+        loop {
+            if let Some(e) = c.batch.next() {
+                return Ok(Some(Entry {
+                    key: e.key,
+                    pack: c.ordinal[e.pack as usize],
+                }));
+            }
+            let sections = &c.run.meta.sections;
+            if c.next_section >= sections.len() {
+                return Ok(None);
+            }
+            let first = c.next_section;
+            let last = (first + SECTIONS_PER_READ).min(sections.len()) - 1;
+            let start = sections[first].range().start;
+            let stored =
+                get_exact(&*self.store, &c.run.key, start..sections[last].range().end).await?;
+            *bytes_read += stored.len() as u64;
+            let mut batch = Vec::new();
+            for (j, section) in sections.iter().enumerate().take(last + 1).skip(first) {
+                let r = section.range();
+                let piece = &stored[(r.start - start) as usize..(r.end - start) as usize];
+                let entries = c
+                    .run
+                    .meta
+                    .open_section(j, piece, self.key())
+                    .map_err(|e| sealed_error(format!("{} section {j}", c.run.key), e))?;
+                batch.extend(entries);
+            }
+            c.next_section = last + 1;
+            c.batch = batch.into_iter();
+        }
+    }
+}
