@@ -164,6 +164,38 @@ async fn compaction_of_an_encrypted_repository_merges_its_sealed_runs() {
     merges_runs_and_loses_no_location(true).await;
 }
 
+/// An export is not waited for: the runs it read at open may be deleted under it. A lookup
+/// that needs one forgets it and misses (never a store error), and after the refresh an
+/// export does on a miss, it finds everything through the merged run.
+#[tokio::test]
+async fn an_export_reading_across_a_compaction_refreshes_and_finds_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> = Arc::new(LocalStore::create(dir.path()).unwrap());
+    let repo = init(store.clone(), false).await;
+    let versions = history(&repo, 9).await;
+    let export = Repo::open_cached(store.clone(), SessionKind::Export, None, None)
+        .await
+        .unwrap();
+    let r = compact(&repo, &options(false)).await.unwrap();
+    assert_eq!(r.runs_after, 1);
+    let (record, data) = versions.last().unwrap();
+    let root = record.root.expect("a tree");
+    let v2 = export.v2().expect("format 2");
+    match v2.read_chunk(&root).await {
+        Err(e) => assert!(
+            matches!(e, cairn_repo::RepoError::BlobMissing { .. }),
+            "a miss, not {e}"
+        ),
+        Ok(_) => panic!("the export's runs were all deleted; it cannot have found the root"),
+    }
+    export.refresh_index().await.unwrap();
+    assert!(v2.read_chunk(&root).await.is_ok());
+    let export = Arc::new(export);
+    assert!(restore_bytes(&export, record).await.unwrap() == *data);
+    export.close().await.unwrap();
+    repo.close().await.unwrap();
+}
+
 /// The sessions a dying compaction leaves behind would go stale after a while; fast-forward.
 async fn expire_sessions(store: &dyn ObjectStore) {
     for key in store.list_refs("sessions/").await.unwrap() {

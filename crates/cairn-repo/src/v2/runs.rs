@@ -248,6 +248,17 @@ impl V2Reader {
                     damage.get_or_insert(e);
                     continue;
                 }
+                // Deleted since this reader added it: a GC or a compaction superseded it and
+                // did not wait for this reader (an export). Forgotten; what it located is in
+                // its replacement, which the caller's refresh (`Repo::refresh_index`) adds.
+                Err(e) if e.is_not_found() => {
+                    tracing::debug!("index run {} vanished; forgotten", run.key);
+                    self.runs
+                        .write()
+                        .expect("runs lock")
+                        .retain(|r| r.id != run.id);
+                    continue;
+                }
                 Err(e) => return Err(e),
             };
             for pack in run.meta.candidates(&section.0, id) {
