@@ -468,6 +468,10 @@ class Run:
             self.trim()
 
     def finish(self):
+        # GC removes only the temporaries older than every live session, less the 1 s
+        # clock-skew margin (a younger one may be a live writer's): let the last killed
+        # writer's age past it first, or the leak check below fails by timing alone.
+        time.sleep(max(0.0, 1.5 - (time.monotonic() - self.last_kill)))
         self.clear_dead_sessions()
         p = self.repo.run("--json", "gc", "--repair", check=False, timeout=120)
         self.ok(p.returncode == 0, f"final gc --repair succeeds: {p.stderr.strip()}")
