@@ -85,15 +85,29 @@ async fn locations(store: &dyn ObjectStore, key: Option<&MasterKey>) -> BTreeSet
     out
 }
 
+/// A local repository (format 2, `encrypted` or not) holding [`history`] of `n` commits.
+async fn local_history(
+    encrypted: bool,
+    n: u64,
+) -> (
+    tempfile::TempDir,
+    Arc<dyn ObjectStore>,
+    Arc<Repo>,
+    Vec<(VersionRecord, Vec<u8>)>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> = Arc::new(LocalStore::create(dir.path()).unwrap());
+    let repo = init(store.clone(), encrypted).await;
+    let versions = history(&repo, n).await;
+    (dir, store, repo, versions)
+}
+
 async fn run_count(store: &dyn ObjectStore) -> usize {
     store.list(keys::INDEX_RUNS).await.unwrap().len()
 }
 
 async fn merges_runs_and_loses_no_location(encrypted: bool) {
-    let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn ObjectStore> = Arc::new(LocalStore::create(dir.path()).unwrap());
-    let repo = init(store.clone(), encrypted).await;
-    let versions = history(&repo, 11).await;
+    let (dir, store, repo, versions) = local_history(encrypted, 11).await;
     assert_eq!(run_count(&*store).await, 12);
     let before = locations(&*store, repo.key()).await;
 
@@ -169,10 +183,7 @@ async fn compaction_of_an_encrypted_repository_merges_its_sealed_runs() {
 /// export does on a miss, it finds everything through the merged run.
 #[tokio::test]
 async fn an_export_reading_across_a_compaction_refreshes_and_finds_everything() {
-    let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn ObjectStore> = Arc::new(LocalStore::create(dir.path()).unwrap());
-    let repo = init(store.clone(), false).await;
-    let versions = history(&repo, 9).await;
+    let (_dir, store, repo, versions) = local_history(false, 9).await;
     let export = Repo::open_cached(store.clone(), SessionKind::Export, None, None)
         .await
         .unwrap();
@@ -210,10 +221,7 @@ async fn expire_sessions(store: &dyn ObjectStore) {
 
 #[tokio::test]
 async fn compaction_dying_after_any_number_of_store_writes_loses_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn ObjectStore> = Arc::new(LocalStore::create(dir.path()).unwrap());
-    let repo = init(store.clone(), false).await;
-    let versions = history(&repo, 9).await;
+    let (_dir, store, repo, versions) = local_history(false, 9).await;
     let before = locations(&*store, None).await;
     repo.close().await.unwrap();
     let mut trials = 0;
@@ -254,6 +262,38 @@ async fn compaction_dying_after_any_number_of_store_writes_loses_nothing() {
     r.close().await.unwrap();
     assert_eq!(run_count(&*store).await, 1);
     assert!(locations(&*store, None).await == before);
+}
+
+/// A damaged run is never merged (its damage would be hidden in the output): compaction stops
+/// with one line naming it and what to run, and changes nothing.
+#[tokio::test]
+async fn a_damaged_run_stops_compaction_and_changes_nothing() {
+    let (dir, store, repo, _) = local_history(false, 9).await;
+    let victim = store.list(keys::INDEX_RUNS).await.unwrap()[3].key.clone();
+    let path = dir.path().join(&victim);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.len() - 60; // in the meta, which the footer's checksum covers
+    bytes[at] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    let before = cairn_testkit::repo_snapshot(dir.path());
+    let e = compact(&repo, &options(false))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&victim) && e.contains("cairn repair") && e.contains("nothing was changed"),
+        "{e}"
+    );
+    assert!(!e.contains('\n'), "one line: {e}");
+    repo.close().await.unwrap();
+    let after = cairn_testkit::repo_snapshot(dir.path());
+    let data = |snap: &[(String, Vec<u8>)]| -> Vec<(String, Vec<u8>)> {
+        snap.iter()
+            .filter(|(k, _)| !k.starts_with("refs/"))
+            .cloned()
+            .collect()
+    };
+    assert!(data(&after) == data(&before), "no object changed");
 }
 
 #[tokio::test]
