@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use cairn_format::leaf_v2::LeafDigest;
 use cairn_format::node::{tree_height, Interior, Leaf};
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
@@ -17,13 +18,28 @@ pub fn segment_count(size: u64, segment_size: u32) -> u64 {
     size.div_ceil(segment_size as u64)
 }
 
-/// Builds the interior levels over `leaves` (segment index → leaf id; absent = all zeros)
+/// A leaf of a tree's segment map: its id and, where known, the digest and figures its
+/// level-1 node carries for it (format 2; `cairn_format::node`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeLeaf {
+    pub id: Id,
+    pub digest: Option<LeafDigest>,
+}
+
+impl From<Id> for TreeLeaf {
+    fn from(id: Id) -> Self {
+        TreeLeaf { id, digest: None }
+    }
+}
+
+/// Builds the interior levels over `leaves` (segment index → leaf; absent = all zeros)
 /// bottom-up. Every new node is handed to `emit` (id, encoded bytes); nodes equal to ones in
 /// an earlier version get the same id, so the caller's dedup skips them — that is how a new
-/// version rewrites only the path from changed leaves to the root.
+/// version rewrites only the path from changed leaves to the root. A level-1 node carries its
+/// leaves' digests where they are known.
 /// Returns the root id (`None` if there are no leaves) and the height.
 pub fn build_tree(
-    leaves: &BTreeMap<u64, Id>,
+    leaves: &BTreeMap<u64, TreeLeaf>,
     segments: u64,
     fanout: u16,
     id_of: impl Fn(&[u8]) -> Id,
@@ -31,15 +47,17 @@ pub fn build_tree(
 ) -> (Option<Id>, u8) {
     let height = tree_height(segments, fanout);
     let f = fanout as u64;
-    let mut level_nodes: BTreeMap<u64, Id> = leaves.clone();
+    let mut level_nodes: BTreeMap<u64, TreeLeaf> = leaves.clone();
     for level in 1..=height {
         let mut parents: BTreeMap<u64, Interior> = BTreeMap::new();
-        for (&index, &id) in &level_nodes {
-            let node = parents.entry(index / f).or_insert_with(|| Interior {
-                level,
-                children: Vec::new(),
-            });
-            node.children.push(((index % f) as u16, id));
+        for (&index, child) in &level_nodes {
+            let node = parents
+                .entry(index / f)
+                .or_insert_with(|| Interior::new(level, Vec::new()));
+            node.children.push(((index % f) as u16, child.id));
+            if level == 1 {
+                node.leaf_digests.push(child.digest);
+            }
         }
         level_nodes = parents
             .into_iter()
@@ -47,12 +65,12 @@ pub fn build_tree(
                 let bytes = node.encode();
                 let id = id_of(&bytes);
                 emit(id, bytes);
-                (index, id)
+                (index, TreeLeaf::from(id))
             })
             .collect();
     }
     debug_assert!(level_nodes.len() <= 1);
-    (level_nodes.into_values().next(), height)
+    (level_nodes.into_values().next().map(|n| n.id), height)
 }
 
 /// Reads node `id` and decodes it as an interior node at `level`.
@@ -186,6 +204,15 @@ pub(crate) const NODE_READS_IN_FLIGHT: usize = 32;
 /// The segment → leaf map of a version, read from its interior nodes only (level by level,
 /// several reads in flight).
 pub async fn leaf_map(repo: &Arc<Repo>, record: &VersionRecord) -> EngineResult<BTreeMap<u64, Id>> {
+    Ok(ids_only(read_leaf_map(repo, record, None).await?))
+}
+
+/// Like [`leaf_map`], with the leaf digests the level-1 nodes carry (what a commit on top of
+/// the version needs to build its own level-1 nodes and to find reusable leaves).
+pub async fn leaf_refs(
+    repo: &Arc<Repo>,
+    record: &VersionRecord,
+) -> EngineResult<BTreeMap<u64, TreeLeaf>> {
     read_leaf_map(repo, record, None).await
 }
 
@@ -196,26 +223,30 @@ pub async fn readable_leaf_map(
     record: &VersionRecord,
     skipped: &mut SkippedSegments,
 ) -> EngineResult<BTreeMap<u64, Id>> {
-    read_leaf_map(repo, record, Some(skipped)).await
+    Ok(ids_only(read_leaf_map(repo, record, Some(skipped)).await?))
+}
+
+fn ids_only(map: BTreeMap<u64, TreeLeaf>) -> BTreeMap<u64, Id> {
+    map.into_iter().map(|(seg, leaf)| (seg, leaf.id)).collect()
 }
 
 async fn read_leaf_map(
     repo: &Arc<Repo>,
     record: &VersionRecord,
     mut skipped: Option<&mut SkippedSegments>,
-) -> EngineResult<BTreeMap<u64, Id>> {
+) -> EngineResult<BTreeMap<u64, TreeLeaf>> {
     let Some(root) = record.root else {
         return Ok(BTreeMap::new());
     };
     let f = record.fanout as u64;
-    let mut frontier: Vec<(u64, Id)> = vec![(0, root)];
+    let mut frontier: Vec<(u64, TreeLeaf)> = vec![(0, TreeLeaf::from(root))];
     for level in (1..=record.height).rev() {
         let mut next = Vec::new();
         for batch in frontier.chunks(NODE_READS_IN_FLIGHT) {
             let mut set = JoinSet::new();
-            for &(index, id) in batch {
+            for &(index, node) in batch {
                 let repo = repo.clone();
-                set.spawn(async move { (index, read_interior(&repo, &id, level).await) });
+                set.spawn(async move { (index, read_interior(&repo, &node.id, level).await) });
             }
             while let Some(r) = set.join_next().await {
                 let (index, node) = r.map_err(|e| EngineError::internal("node reader", e))?;
@@ -230,11 +261,10 @@ async fn read_leaf_map(
                     }
                     (Err(e), _) => return Err(e),
                 };
-                next.extend(
-                    node.children
-                        .iter()
-                        .map(|&(slot, child)| (index * f + slot as u64, child)),
-                );
+                next.extend(node.children.iter().enumerate().map(|(i, &(slot, id))| {
+                    let digest = node.leaf_digest(i);
+                    (index * f + slot as u64, TreeLeaf { id, digest })
+                }));
             }
         }
         frontier = next;
@@ -252,12 +282,14 @@ mod tests {
     #[test]
     fn only_paths_to_changed_leaves_are_new() {
         let fanout = 4;
-        let leaves: BTreeMap<u64, Id> = (0..40u64).map(|s| (s, Id::of(&s.to_le_bytes()))).collect();
+        let leaves: BTreeMap<u64, TreeLeaf> = (0..40u64)
+            .map(|s| (s, TreeLeaf::from(Id::of(&s.to_le_bytes()))))
+            .collect();
         let mut first = Vec::new();
         let (root1, h) = build_tree(&leaves, 64, fanout, Id::of, |id, _| first.push(id));
         assert_eq!(h, 3);
         let mut changed = leaves.clone();
-        changed.insert(17, Id::of(b"new"));
+        changed.insert(17, TreeLeaf::from(Id::of(b"new")));
         let mut second = Vec::new();
         let (root2, _) = build_tree(&changed, 64, fanout, Id::of, |id, _| second.push(id));
         assert_ne!(root1, root2);

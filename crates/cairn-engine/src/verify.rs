@@ -14,6 +14,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use cairn_format::keys;
+use cairn_format::leaf_v2::{LeafDigest, RunLeaf};
 use cairn_format::node::Leaf;
 use cairn_format::pack::{self, BlobEntry};
 use cairn_format::version::VersionRecord;
@@ -235,6 +236,7 @@ pub async fn verify_with(repo: Arc<Repo>, options: &VerifyOptions) -> EngineResu
         repo: repo.clone(),
         bad_blobs: &bad_blobs,
         memo: HashMap::new(),
+        leaf_digests: HashMap::new(),
     };
     progress::start(
         &options.progress,
@@ -488,6 +490,8 @@ struct TreeChecker<'a> {
     bad_blobs: &'a HashMap<Id, String>,
     /// Node id → first problem in its subtree (`None`: intact).
     memo: HashMap<Id, Option<String>>,
+    /// Format 2: each leaf's digest and figures, to check what level-1 nodes carry for it.
+    leaf_digests: HashMap<Id, Option<LeafDigest>>,
 }
 
 type Verdict<'b> = Pin<Box<dyn Future<Output = Option<String>> + Send + 'b>>;
@@ -543,6 +547,8 @@ impl TreeChecker<'_> {
         };
         if level == 0 {
             if let Some(reader) = self.repo.v2() {
+                let digest = RunLeaf::decode(&raw).ok().and_then(|l| l.leaf_digest());
+                self.leaf_digests.insert(id, digest);
                 return grouped::check_run_leaf(reader, self.bad_blobs, &id, &raw, record).await;
             }
         }
@@ -551,9 +557,18 @@ impl TreeChecker<'_> {
             Ok(Node::Leaf(leaf)) => return self.check_leaf(&id, &leaf, record),
             Err(e) => return Some(e.to_string()),
         };
-        for (_, child) in node.children {
+        for (i, &(_, child)) in node.children.iter().enumerate() {
             if let Some(reason) = self.check(child, level - 1, record).await {
                 return Some(reason);
+            }
+            // What a commit trusts to reuse the leaf unread must be the leaf's own.
+            if let Some(carried) = node.leaf_digest(i) {
+                if self.leaf_digests.get(&child) != Some(&Some(carried)) {
+                    return Some(format!(
+                        "manifest node {id}: the digest it carries for leaf {child} is not the \
+                         leaf's"
+                    ));
+                }
             }
         }
         None

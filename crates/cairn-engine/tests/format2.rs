@@ -444,8 +444,9 @@ async fn used_by_tree(
 }
 
 /// The reference summary a commit writes lists exactly the slots its tree uses and every
-/// node; a patch's lists those plus the slots of the leaves it replaced (counted as stale),
-/// until they would pass 1/8 of the table, when it is rebuilt exact.
+/// node; a patch's lists those plus the base's (its untouched leaves are not read): the
+/// slots of the leaves it replaced that no new leaf uses count as stale, until they would
+/// pass 1/8 of the table, when it is rebuilt exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reference_summaries_list_what_the_tree_uses() {
     let dir = tempfile::tempdir().unwrap();
@@ -463,7 +464,8 @@ async fn reference_summaries_list_what_the_tree_uses() {
     assert_eq!(summary.nodes.len(), leaves.len() + 1);
     assert!(leaves.iter().chain([&root]).all(|n| summary.has_node(n)));
 
-    // A patch of 3 blocks in one segment: that segment's 64 base slots become stale.
+    // A patch of 3 blocks in one segment: the 3 base slots they overwrote become stale (the
+    // segment's new leaf still uses its other 61).
     let mut p = Blocks(Default::default());
     for b in [1, 2, 40] {
         p.set(&mut image, b, noise(4096, 100 + b));
@@ -475,7 +477,7 @@ async fn reference_summaries_list_what_the_tree_uses() {
         .unwrap()
         .unwrap();
     let (used2, leaves2) = used_by_tree(&repo, &v2.record).await;
-    assert_eq!(s2.stale_slots, 64);
+    assert_eq!(s2.stale_slots, 3);
     assert_eq!(
         s2.slot_count(),
         used2.slot_count() + 3,
@@ -492,10 +494,10 @@ async fn reference_summaries_list_what_the_tree_uses() {
         "the new tree's nodes only"
     );
 
-    // Stale slots past 1/8 of the table (64 + 2 × 64 > 1,008 / 8): the next patch reads the
+    // Stale slots past 1/8 of the table (3 + 128 > 1,011 / 8): the next patch reads the
     // untouched leaves instead.
     let mut q = Blocks(Default::default());
-    for b in [0, 512] {
+    for b in 0..128 {
         q.set(&mut image, b, noise(4096, 200 + b));
     }
     let v3 = patch(&repo, &v2, size, &q).await;
@@ -557,4 +559,81 @@ async fn a_recommit_reuses_the_parents_unchanged_leaves() {
         let raw = reader.read_chunk(leaf).await.unwrap();
         assert!(RunLeaf::decode(&raw).unwrap().digest().is_some());
     }
+}
+
+/// A re-commit learns its parent's segment digests from the level-1 nodes, which carry
+/// them: the unchanged leaves are reused unread (before, every leaf was read, each from the
+/// pack of the commit that last changed it), the tree's reference summary covers them through
+/// the parent's, and `verify` checks what the nodes carry against the leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recommit_reuses_unchanged_leaves_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = v2_repo(dir.path()).await;
+    let seg = 256usize << 10;
+    let mut image = noise(16 * seg, 11);
+    let mut head = commit_bytes(&repo, "vm", image.clone()).await;
+    // Segments 0..8 changed one per commit: each leaf now sits in its own commit's pack.
+    for s in 0..8 {
+        image[s * seg + 8192..s * seg + 12288].copy_from_slice(&noise(4096, 50 + s as u64));
+        head = commit_bytes(&repo, "vm", image.clone()).await;
+    }
+    let reader = repo.v2().unwrap();
+    let leaves = cairn_engine::tree::leaf_refs(&repo, &head.record)
+        .await
+        .unwrap();
+    assert_eq!(leaves.len(), 16);
+    let mut old_packs = std::collections::HashSet::new();
+    for (&s, leaf) in &leaves {
+        let raw = reader.read_chunk(&leaf.id).await.unwrap();
+        let digest = RunLeaf::decode(&raw).unwrap().leaf_digest();
+        assert!(digest.is_some());
+        assert_eq!(
+            leaf.digest, digest,
+            "the level-1 node carries leaf {s}'s digest"
+        );
+        if s < 7 {
+            old_packs.insert(reader.locate_chunk(&leaf.id).await.unwrap().0.pack);
+        }
+    }
+    assert_eq!(old_packs.len(), 7);
+
+    // Change segment 15 and commit through a store that counts what is read.
+    image[15 * seg..15 * seg + 4096].copy_from_slice(&noise(4096, 99));
+    let counting = Arc::new(cairn_store::CountingStore::new(Arc::new(
+        LocalStore::open(dir.path()).unwrap(),
+    )));
+    let repo2 = Arc::new(Repo::open(counting.clone()).await.unwrap());
+    counting.reset();
+    let c = commit_bytes(&repo2, "vm", image.clone()).await;
+    assert_eq!(c.reused_segments, 15);
+    let read: Vec<String> = counting.take_keys_read();
+    for pack in &old_packs {
+        assert!(
+            !read.iter().any(|k| k.contains(&pack.to_string())),
+            "pack {pack} of an unchanged leaf was read: {read:?}"
+        );
+    }
+    assert_eq!(c.record.stats.chunks, head.record.stats.chunks);
+    assert_eq!(c.record.stats.data_bytes, head.record.stats.data_bytes);
+    assert!(restore_bytes(&repo2, &c.record).await.unwrap() == image);
+
+    // The summary lists at least what the tree uses; the one overwritten slot is stale.
+    let (summary, _) = repo2
+        .load_group_summary(&c.record.root.unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    let (used, tree_leaves) = used_by_tree(&repo2, &c.record).await;
+    for (group, slots) in &used.groups {
+        let listed = &summary.groups[group];
+        assert!(slots.runs().iter().all(|&(f, n)| listed.contains_run(f, n)));
+    }
+    assert!(tree_leaves.iter().all(|n| summary.has_node(n)));
+    assert_eq!(
+        summary.slot_count(),
+        used.slot_count() + summary.stale_slots
+    );
+    assert!(summary.stale_slots >= 1);
+    let report = verify(repo2.clone()).await.unwrap();
+    assert!(report.is_clean(), "{report:?}");
 }

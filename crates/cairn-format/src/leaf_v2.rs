@@ -95,6 +95,20 @@ impl RunExtent {
 /// Flags bit 0: a segment digest follows the extent count.
 const FLAG_DIGEST: u8 = 1;
 
+/// What a level-1 interior node knows of a child leaf that carries a segment digest (format 2,
+/// `node::Interior`): the digest and the leaf's figures. With them a commit finds its
+/// parent's reusable leaves, and counts what they hold, from the interior nodes alone — a
+/// few objects where reading every leaf opened a pack per commit that ever changed one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeafDigest {
+    /// The segment digest (the leaf's own).
+    pub digest: Id,
+    /// Slots the leaf's group runs name (its chunks), at least 1.
+    pub chunks: u32,
+    /// Plain bytes of its group runs (the segment's non-zero data), at least `chunks`.
+    pub data_bytes: u32,
+}
+
 /// The extents of one segment, in order, merged on construction, and the digest of its bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RunLeaf {
@@ -130,6 +144,24 @@ impl RunLeaf {
     /// Records the digest of the segment's plain bytes (see the module docs).
     pub fn set_digest(&mut self, digest: Id) {
         self.digest = Some(digest);
+    }
+
+    /// The digest and figures a level-1 node carries for this leaf: `None` for a leaf without
+    /// a digest or without data (never stored).
+    pub fn leaf_digest(&self) -> Option<LeafDigest> {
+        let digest = self.digest?;
+        let (mut chunks, mut data_bytes) = (0u32, 0u32);
+        for e in &self.extents {
+            if let RunExtent::Run { count, len, .. } = *e {
+                chunks = chunks.saturating_add(u32::from(count));
+                data_bytes = data_bytes.saturating_add(len);
+            }
+        }
+        (chunks > 0).then_some(LeafDigest {
+            digest,
+            chunks,
+            data_bytes,
+        })
     }
 
     /// The group runs, in order, as (group id, first slot, count): what the leaf uses.

@@ -17,13 +17,23 @@
 //!   extent:          kind (u8: 0 zero run, 1 chunk) | length (u32) | chunk id (32, chunks only)
 //! Interior encoding: "CI" 0x01 level (u8) | n (u16) | n × (slot (u16) | child id (32)),
 //!                    slots strictly increasing.
+//! Format 2, level 1, when a child's leaf digest is known (since 2026-11-26):
+//!                    "CI" 0x02 0x01 | n (u16) | n × (slot (u16) | child id (32) | flags (u8)
+//!                    | [segment digest (32) | chunks (u32) | data bytes (u32)] if flags bit 0)
+//!                    — the child leaf's `LeafDigest`, so a commit learns its parent's segment
+//!                    digests from the level-1 nodes instead of every leaf.
 
 use crate::codec::{Decoder, Encoder};
+use crate::leaf_v2::LeafDigest;
 use crate::{FormatError, FormatResult, Id};
 
 pub(crate) const LEAF_MAGIC: [u8; 2] = *b"CL";
 const INTERIOR_MAGIC: [u8; 2] = *b"CI";
 const NODE_VERSION: u8 = 1;
+/// The version of a level-1 node that carries its leaves' digests (format 2).
+const INTERIOR_DIGESTS_VERSION: u8 = 2;
+/// Flags bit 0 of a version 2 entry: the child's `LeafDigest` follows.
+const CHILD_HAS_DIGEST: u8 = 1;
 
 /// One extent of a segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -142,10 +152,51 @@ impl Leaf {
 pub struct Interior {
     pub level: u8,
     pub children: Vec<(u16, Id)>,
+    /// Format 2, level 1: each child leaf's digest and figures, in the order of `children`,
+    /// where the writer knew them. Empty (or no `Some`): the node is encoded as version 1.
+    pub leaf_digests: Vec<Option<LeafDigest>>,
 }
 
 impl Interior {
+    /// A node without leaf digests (version 1).
+    pub fn new(level: u8, children: Vec<(u16, Id)>) -> Self {
+        Interior {
+            level,
+            children,
+            leaf_digests: Vec::new(),
+        }
+    }
+
+    /// Whether the node is encoded as version 2 (a level-1 node with a leaf digest).
+    fn carries_digests(&self) -> bool {
+        self.level == 1 && self.leaf_digests.iter().any(Option::is_some)
+    }
+
     pub fn encode(&self) -> Vec<u8> {
+        if self.carries_digests() {
+            assert_eq!(
+                self.leaf_digests.len(),
+                self.children.len(),
+                "one leaf digest entry per child"
+            );
+            let mut e = Encoder::with_capacity(6 + self.children.len() * 75);
+            e.bytes(&INTERIOR_MAGIC)
+                .u8(INTERIOR_DIGESTS_VERSION)
+                .u8(self.level)
+                .u16(self.children.len() as u16);
+            for ((slot, id), digest) in self.children.iter().zip(&self.leaf_digests) {
+                e.u16(*slot).id(id);
+                match digest {
+                    None => e.u8(0),
+                    Some(d) => e
+                        .u8(CHILD_HAS_DIGEST)
+                        .id(&d.digest)
+                        .u32(d.chunks)
+                        .u32(d.data_bytes),
+                };
+            }
+            return e.finish();
+        }
         let mut e = Encoder::with_capacity(6 + self.children.len() * 34);
         e.bytes(&INTERIOR_MAGIC)
             .u8(NODE_VERSION)
@@ -158,40 +209,58 @@ impl Interior {
     }
 
     pub fn decode(data: &[u8]) -> FormatResult<Self> {
-        let mut d = Decoder::new(data, "manifest node");
+        const WHAT: &str = "manifest node";
+        let mut d = Decoder::new(data, WHAT);
         if d.take(2)? != INTERIOR_MAGIC {
-            return Err(FormatError::BadMagic {
-                what: "manifest node",
-            });
+            return Err(FormatError::BadMagic { what: WHAT });
         }
-        check_version(d.u8()?, "manifest node")?;
+        let version = d.u8()?;
+        let with_digests = version == INTERIOR_DIGESTS_VERSION;
+        if !with_digests {
+            check_version(version, WHAT)?;
+        }
         let level = d.u8()?;
         if level == 0 {
+            return Err(FormatError::invalid(WHAT, "interior node at level 0"));
+        }
+        if with_digests && level != 1 {
             return Err(FormatError::invalid(
-                "manifest node",
-                "interior node at level 0",
+                WHAT,
+                format!("leaf digests in a node at level {level}"),
             ));
         }
         let n = d.u16()? as usize;
         let mut children = Vec::with_capacity(n.min(d.remaining() / 34));
+        let mut leaf_digests = Vec::new();
         let mut prev: Option<u16> = None;
         for _ in 0..n {
             let slot = d.u16()?;
             if prev.is_some_and(|p| p >= slot) {
-                return Err(FormatError::invalid(
-                    "manifest node",
-                    "slots not increasing",
-                ));
+                return Err(FormatError::invalid(WHAT, "slots not increasing"));
             }
             prev = Some(slot);
             let id = d.id()?;
             if id.is_zero() {
-                return Err(FormatError::invalid("manifest node", "zero child id"));
+                return Err(FormatError::invalid(WHAT, "zero child id"));
             }
             children.push((slot, id));
+            if with_digests {
+                leaf_digests.push(decode_leaf_digest(&mut d)?);
+            }
         }
         d.finish()?;
-        Ok(Interior { level, children })
+        if with_digests && leaf_digests.iter().all(Option::is_none) {
+            // One encoding per node: without a digest it is written as version 1.
+            return Err(FormatError::invalid(
+                WHAT,
+                "version 2 without a leaf digest",
+            ));
+        }
+        Ok(Interior {
+            level,
+            children,
+            leaf_digests,
+        })
     }
 
     /// The child at `slot`, if present.
@@ -200,6 +269,39 @@ impl Interior {
             .binary_search_by_key(&slot, |(s, _)| *s)
             .ok()
             .map(|i| self.children[i].1)
+    }
+
+    /// The leaf digest the node carries for its `i`-th child, if any.
+    pub fn leaf_digest(&self, i: usize) -> Option<LeafDigest> {
+        self.leaf_digests.get(i).copied().flatten()
+    }
+}
+
+/// One entry's flags and, if flagged, its `LeafDigest` (a leaf holds data: 1 ≤ chunks ≤ data
+/// bytes, since every chunk has at least one byte).
+fn decode_leaf_digest(d: &mut Decoder<'_>) -> FormatResult<Option<LeafDigest>> {
+    const WHAT: &str = "manifest node";
+    match d.u8()? {
+        0 => Ok(None),
+        CHILD_HAS_DIGEST => {
+            let digest = d.id()?;
+            let (chunks, data_bytes) = (d.u32()?, d.u32()?);
+            if chunks == 0 || chunks > data_bytes {
+                return Err(FormatError::invalid(
+                    WHAT,
+                    format!("a leaf of {chunks} chunks and {data_bytes} data bytes"),
+                ));
+            }
+            Ok(Some(LeafDigest {
+                digest,
+                chunks,
+                data_bytes,
+            }))
+        }
+        f => Err(FormatError::invalid(
+            WHAT,
+            format!("unknown child flags {f:#x}"),
+        )),
     }
 }
 
@@ -280,11 +382,33 @@ mod tests {
 
         #[test]
         fn interior_round_trip(slots in proptest::collection::btree_set(0u16..256, 0..256)) {
-            let n = Interior {
-                level: 2,
-                children: slots.into_iter().map(|s| (s, Id::of(&s.to_le_bytes()))).collect(),
-            };
+            let n = Interior::new(
+                2,
+                slots.into_iter().map(|s| (s, Id::of(&s.to_le_bytes()))).collect(),
+            );
             prop_assert_eq!(Interior::decode(&n.encode()).unwrap(), n);
+        }
+
+        #[test]
+        fn level1_digests_round_trip(
+            children in proptest::collection::btree_map(0u16..256, any::<Option<(u32, u32)>>(), 1..64),
+        ) {
+            let n = Interior {
+                level: 1,
+                children: children.keys().map(|&s| (s, Id::of(&s.to_le_bytes()))).collect(),
+                leaf_digests: children.iter().map(|(&s, d)| d.map(|(a, b)| LeafDigest {
+                    digest: Id::of(&[s as u8, 1]),
+                    chunks: a.min(b).max(1),
+                    data_bytes: a.max(b).max(1),
+                })).collect(),
+            };
+            let decoded = Interior::decode(&n.encode()).unwrap();
+            if n.leaf_digests.iter().any(Option::is_some) {
+                prop_assert_eq!(decoded, n);
+            } else {
+                // Without a digest the node is version 1, which carries none.
+                prop_assert_eq!(decoded, Interior::new(1, n.children.clone()));
+            }
         }
 
         #[test]

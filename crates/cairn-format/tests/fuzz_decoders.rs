@@ -8,7 +8,7 @@ use cairn_format::group::{chunk, open_group, GroupBuilder, GroupChunk, GroupDesc
 use cairn_format::group_summary::GroupSummary;
 use cairn_format::index::{IndexFile, PackIndex};
 use cairn_format::index_run;
-use cairn_format::leaf_v2::{RunExtent, RunLeaf};
+use cairn_format::leaf_v2::{LeafDigest, RunExtent, RunLeaf};
 use cairn_format::marker::{self, GcPlan};
 use cairn_format::node::{Extent, Interior, Leaf};
 use cairn_format::pack::{self, encode_blob, BlobEncoding, BlobEntry, BlobKind, PackBuilder};
@@ -112,6 +112,7 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
         ),
         ("pack_v2", pack_v2_sample(None)),
         ("leaf_v2", leaf_v2_sample().encode()),
+        ("interior_v2", interior_v2_sample().encode()),
         ("group_summary", group_summary_sample().encode()),
         ("index_run", index_run_sample(None)),
         ("index_run_sealed", index_run_sample(Some(&sealing_key()))),
@@ -190,6 +191,22 @@ fn leaf_v2_sample() -> RunLeaf {
     leaf
 }
 
+/// A level-1 node carrying one of its two leaves' digests (format 2).
+fn interior_v2_sample() -> Interior {
+    Interior {
+        level: 1,
+        children: vec![(2, Id::of(b"a")), (9, Id::of(b"b"))],
+        leaf_digests: vec![
+            None,
+            Some(LeafDigest {
+                digest: Id::of(b"d"),
+                chunks: 4,
+                data_bytes: 16384,
+            }),
+        ],
+    }
+}
+
 /// The key the "sealed" sample is sealed with (format v2 encryption).
 fn sealing_key() -> MasterKey {
     MasterKey::from_bytes([5; 64])
@@ -212,6 +229,7 @@ fn decode(kind: &str, data: &[u8]) -> bool {
         "key_slot" => KeySlot::decode(data).is_ok(),
         "pack_v2" => pack_v2::parse_pack(data, None).is_ok(),
         "leaf_v2" => RunLeaf::decode(data).is_ok(),
+        "interior_v2" => Interior::decode(data).is_ok(),
         "group_summary" => GroupSummary::decode(data).is_ok(),
         "index_run" => open_index_run(data, None),
         "index_run_sealed" => open_index_run(data, Some(&sealing_key())),
@@ -230,7 +248,11 @@ fn samples_decode() {
 #[test]
 fn every_bit_flip_and_truncation_of_an_enveloped_structure_is_rejected() {
     for (kind, bytes) in samples() {
-        if kind == "pack" || kind.starts_with("pack_v2") || kind == "key_slot" || kind == "leaf_v2"
+        if kind == "pack"
+            || kind.starts_with("pack_v2")
+            || kind == "key_slot"
+            || kind == "leaf_v2"
+            || kind == "interior_v2"
         {
             // packs: covered by the pack module's tests (blobs are checked by id); key slots
             // and leaves carry no checksum of their own (a slot is authenticated when opened,

@@ -23,7 +23,7 @@ use cairn_format::group::{chunk, group_id, open_group, GroupBuilder, GroupChunk}
 use cairn_format::group_summary::GroupSummary;
 use cairn_format::index::{IndexFile, PackIndex};
 use cairn_format::index_run;
-use cairn_format::leaf_v2::{RunExtent, RunLeaf};
+use cairn_format::leaf_v2::{LeafDigest, RunExtent, RunLeaf};
 use cairn_format::marker::{self, GcLeftover, GcPlan, ProcessTag, Quarantine, Session};
 use cairn_format::name::{escape, unescape, unescape_segment};
 use cairn_format::node::{self, Extent, Interior, Leaf};
@@ -96,6 +96,7 @@ const VECTORS: &[&str] = &[
     "v2_pack_plain",
     "v2_leaf_runs",
     "v2_leaf_digest",
+    "v2_interior_digests",
     "v2_index_run",
     "v2_index_run_2",
     "v2_group_summary",
@@ -816,22 +817,19 @@ fn interiors() {
     let cases = [
         (
             "interior_level1",
-            Interior {
-                level: 1,
-                children: vec![
+            Interior::new(
+                1,
+                vec![
                     (0, hid("leaf 0")),
                     (1, hid("leaf 1")),
                     (255, hid("leaf 255")),
                 ],
-            },
+            ),
             "6f8967dfd4e756cb76a0dcf5c66d1035563fc6ad266920478812883d6bb88497",
         ),
         (
             "interior_level3",
-            Interior {
-                level: 3,
-                children: vec![(7, id(0x07)), (4095, id(0xff))],
-            },
+            Interior::new(3, vec![(7, id(0x07)), (4095, id(0xff))]),
             "6d796757235dc3a1bdecea52e99ee293ab1c37f6b021077ab98d9330f80d0e33",
         ),
     ];
@@ -1492,6 +1490,34 @@ fn v2_leaf_digest() {
     let decoded = RunLeaf::decode(&bytes).unwrap();
     assert_eq!(decoded, leaf);
     assert_eq!(decoded.digest(), Some(Id::of(b"segment bytes")));
+}
+
+/// A level-1 node of format 2 carrying two of its three leaves' digests, built in Python from
+/// FORMAT.md.
+#[test]
+fn v2_interior_digests() {
+    let digest = |name: &str, chunks, data_bytes| {
+        Some(LeafDigest {
+            digest: Id::of(name.as_bytes()),
+            chunks,
+            data_bytes,
+        })
+    };
+    let node = Interior {
+        level: 1,
+        children: vec![
+            (0, Id::of(b"leaf 0")),
+            (3, Id::of(b"leaf 3")),
+            (255, Id::of(b"leaf 255")),
+        ],
+        leaf_digests: vec![
+            digest("segment 0", 256, 1 << 20),
+            None,
+            digest("segment 255", 3, 5000),
+        ],
+    };
+    let bytes = golden("v2_interior_digests", &node.encode());
+    assert_eq!(Interior::decode(&bytes).unwrap(), node);
 }
 
 /// Every location of the golden runs is found in its section, with exactly its packs.

@@ -5,7 +5,8 @@ itself. Needs Python's blake3 (pip install blake3).
 
     python3 crates/cairn-format/tests/independent_v2.py   # checks; --write rewrites
 
-Covers v2_pack_plain, v2_leaf_runs, v2_leaf_digest, v2_index_run (version 1), v2_index_run_2 and the pinned ids of v2_group_ids. (The sealed vectors
+Covers v2_pack_plain, v2_leaf_runs, v2_leaf_digest, v2_interior_digests, v2_index_run (version 1),
+v2_index_run_2 and the pinned ids of v2_group_ids. (The sealed vectors
 v2_sealed_*, v2_key_slot and v2_group_sealed_raw were computed with PyNaCl and argon2-cffi.)
 """
 import os
@@ -58,6 +59,21 @@ def leaf_digest():
     out = b"CL" + bytes([2, 1]) + struct.pack("<I", 2) + bid(b"segment bytes")
     out += bytes([2]) + struct.pack("<I", 8192) + g1 + struct.pack("<HH", 0, 2)
     out += bytes([0]) + struct.pack("<I", 4096)
+    return out
+
+
+def interior_digests():
+    """A level-1 interior node of format 2 carrying two of its three leaves' digests."""
+    children = [(0, bid(b"leaf 0"), (bid(b"segment 0"), 256, 1048576)),
+                (3, bid(b"leaf 3"), None),
+                (255, bid(b"leaf 255"), (bid(b"segment 255"), 3, 5000))]
+    out = b"CI" + bytes([2, 1]) + struct.pack("<H", len(children))
+    for slot, child, digest in children:
+        out += struct.pack("<H", slot) + child
+        if digest is None:
+            out += bytes([0])
+        else:
+            out += bytes([1]) + digest[0] + struct.pack("<II", digest[1], digest[2])
     return out
 
 
@@ -130,7 +146,7 @@ def main():
     ok = True
     vectors = (("v2_pack_plain", pack_plain()), ("v2_leaf_runs", leaf_runs()),
                ("v2_leaf_digest", leaf_digest()), ("v2_index_run", index_run(1)),
-               ("v2_index_run_2", index_run(2)))
+               ("v2_index_run_2", index_run(2)), ("v2_interior_digests", interior_digests()))
     for name, data in vectors:
         path = os.path.join(HERE, name + ".hex")
         if "--write" in sys.argv:

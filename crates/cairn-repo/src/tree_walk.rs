@@ -252,21 +252,9 @@ mod tests {
             id
         };
         let (l0, l1, l9) = (put(leaf(0)), put(leaf(1)), put(leaf(9)));
-        let a = put(Interior {
-            level: 1,
-            children: vec![(0, l0), (1, l1)],
-        }
-        .encode());
-        let b = put(Interior {
-            level: 1,
-            children: vec![(1, l9)],
-        }
-        .encode());
-        let root = put(Interior {
-            level: 2,
-            children: vec![(0, a), (2, b)],
-        }
-        .encode());
+        let a = put(Interior::new(1, vec![(0, l0), (1, l1)]).encode());
+        let b = put(Interior::new(1, vec![(1, l9)]).encode());
+        let root = put(Interior::new(2, vec![(0, a), (2, b)]).encode());
         (root, nodes)
     }
 

@@ -43,7 +43,7 @@ use super::{CommitOptions, CommitProgress, PipelineOutput};
 use crate::chunker::{chunk_ranges, is_zero};
 use crate::error::{EngineError, EngineResult};
 use crate::source::{Segment, Source};
-use crate::tree::{build_tree, segment_count};
+use crate::tree::{build_tree, segment_count, TreeLeaf};
 
 /// What the packer stores: the data groups a worker built from one segment (sent together,
 /// so they lie side by side in a pack and a restore reads a leaf's groups in one request), or
@@ -56,12 +56,15 @@ enum Packable {
 /// What one worker learned about one segment.
 struct SegmentResult {
     index: u64,
-    leaf: Option<Id>,
-    /// The leaf's group runs (group, first slot, count), for the reference summary.
+    leaf: Option<TreeLeaf>,
+    /// The leaf's group runs (group, first slot, count), for the reference summary; empty
+    /// for a parent's leaf reused unread (`unread`).
     runs: Vec<(Id, u16, u16)>,
     stats: CommitStats,
     /// The parent's leaf, reused (the fast path).
     reused: bool,
+    /// Reused without reading it: its runs come from the parent's summary.
+    unread: bool,
 }
 
 /// What a commit's workers share: where the chunks this commit stores went, and which nodes
@@ -224,7 +227,7 @@ pub(crate) fn run_grouped(
     repo: Arc<Repo>,
     handle: Handle,
     feed: impl Feed,
-    mut leaves: BTreeMap<u64, Id>,
+    mut leaves: BTreeMap<u64, TreeLeaf>,
     options: &CommitOptions,
     progress: &CommitProgress,
     parent: &ParentLeaves,
@@ -301,8 +304,12 @@ pub(crate) fn run_grouped(
         let mut reused_segments = 0;
         // The reference summary: the sent segments' runs here, every node of the tree below.
         let mut summary = GroupSummary::default();
+        let mut unread_leaves = HashSet::new();
         for r in result_rx {
             reused_segments += u64::from(r.reused);
+            if let (true, Some(leaf)) = (r.unread, &r.leaf) {
+                unread_leaves.insert(leaf.id);
+            }
             match r.leaf {
                 Some(leaf) => leaves.insert(r.index, leaf),
                 None => leaves.remove(&r.index),
@@ -357,7 +364,7 @@ pub(crate) fn run_grouped(
         let (root, height) =
             tree.ok_or_else(|| EngineError::internal("commit", "stopped before its tree"))?;
         for leaf in leaves.values() {
-            summary.add_node(leaf);
+            summary.add_node(&leaf.id);
         }
         Ok(PipelineOutput {
             root,
@@ -372,6 +379,7 @@ pub(crate) fn run_grouped(
             reused: std::mem::take(&mut *dedup.reused_nodes.lock().expect("dedup lock")),
             reused_slots: std::mem::take(&mut *dedup.reused_slots.lock().expect("dedup lock")),
             reused_segments,
+            unread_leaves: unread_leaves.into_iter().collect(),
         })
     })
 }
@@ -507,7 +515,7 @@ impl Worker<'_> {
                 Item::Elsewhere(id, len) => run(self.dedup.wait(&id, self.cancel)?, len),
             });
         }
-        let leaf_id = if leaf.is_all_zero() {
+        let tree_leaf = if leaf.is_all_zero() {
             None
         } else {
             leaf.set_digest(digest);
@@ -516,29 +524,60 @@ impl Worker<'_> {
             if self.dedup.claim_node(&id)? {
                 self.send(Packable::Node(id, bytes))?;
             }
-            Some(id)
+            Some(TreeLeaf {
+                id,
+                digest: leaf.leaf_digest(),
+            })
         };
-        let runs = match leaf_id {
+        let runs = match tree_leaf {
             None => Vec::new(),
             Some(_) => leaf.group_runs().collect(),
         };
         Ok(SegmentResult {
             index: seg.index,
-            leaf: leaf_id,
+            leaf: tree_leaf,
             runs,
             stats,
             reused: false,
+            unread: false,
         })
     }
 
     /// The parent fast path: the parent's leaf for a segment whose bytes have `digest`, if
     /// there is one. The parent is live, so what its leaves name is stored (a GC that
-    /// removed it meanwhile is caught by the stale-GC guard at publication); a group with a
-    /// quarantined copy must have a good copy storing the run, else the segment is committed
-    /// as any other, which stores again what is damaged.
+    /// removed it meanwhile is caught by the stale-GC guard at publication). A leaf reused
+    /// unread was loaded only when nothing the parent uses has a quarantined copy
+    /// (`ParentLeaves::load`); of a leaf read, a group with a quarantined copy must have a
+    /// good copy storing the run, else the segment is committed as any other, which stores
+    /// again what is damaged.
     fn reuse(&self, index: u64, digest: &Id) -> EngineResult<Option<SegmentResult>> {
-        let Some((leaf_id, leaf)) = self.parent.get(digest) else {
+        let Some(parent) = self.parent.get(digest) else {
             return Ok(None);
+        };
+        let reused = |runs: Vec<(Id, u16, u16)>, unread| {
+            self.dedup
+                .reused_nodes
+                .lock()
+                .expect("dedup lock")
+                .insert(parent.id);
+            Ok(Some(SegmentResult {
+                index,
+                leaf: Some(TreeLeaf {
+                    id: parent.id,
+                    digest: Some(parent.digest),
+                }),
+                runs,
+                stats: CommitStats {
+                    chunks: u64::from(parent.digest.chunks),
+                    data_bytes: u64::from(parent.digest.data_bytes),
+                    ..CommitStats::default()
+                },
+                reused: true,
+                unread,
+            }))
+        };
+        let Some(leaf) = &parent.leaf else {
+            return reused(Vec::new(), true);
         };
         let reader = self.dedup.reader;
         for (group, first, count) in leaf.group_runs() {
@@ -569,33 +608,14 @@ impl Worker<'_> {
                 Err(e) => return Err(e),
             }
         }
-        let mut stats = CommitStats::default();
         let runs: Vec<(Id, u16, u16)> = leaf.group_runs().collect();
         {
             let mut reused = self.dedup.reused_slots.lock().expect("dedup lock");
             for &(group, first, count) in &runs {
-                stats.chunks += u64::from(count);
                 reused.entry(group).or_default().insert_run(first, count);
             }
         }
-        stats.data_bytes = leaf
-            .extents()
-            .iter()
-            .filter(|e| matches!(e, RunExtent::Run { .. }))
-            .map(|e| u64::from(e.len()))
-            .sum();
-        self.dedup
-            .reused_nodes
-            .lock()
-            .expect("dedup lock")
-            .insert(*leaf_id);
-        Ok(Some(SegmentResult {
-            index,
-            leaf: Some(*leaf_id),
-            runs,
-            stats,
-            reused: true,
-        }))
+        reused(runs, false)
     }
 
     /// Compresses the open group and records where its chunks went (other workers waiting

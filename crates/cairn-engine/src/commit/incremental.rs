@@ -24,7 +24,7 @@ use cairn_repo::Repo;
 use super::patch::{commit_patch, PatchOptions, PatchSource};
 use super::CommitResult;
 use crate::error::{EngineError, EngineResult};
-use crate::tree::leaf_map;
+use crate::tree::leaf_refs;
 
 /// Bytes per changed block when the repository's chunker does not dictate them (FastCDC):
 /// the qcow2 default cluster and QEMU's default dirty-bitmap granularity.
@@ -113,7 +113,7 @@ pub async fn commit_changes(
     };
     let bs = block_size as u64;
     // Zero ranges that change something: inside segments the parent holds.
-    let parent_leaves = leaf_map(&repo, &parent.1).await?;
+    let parent_leaves = leaf_refs(&repo, &parent.1).await?;
     let seg = parent.1.segment_size.max(1) as u64;
     let mut zeros = Vec::new();
     for &(start, end) in &changes.zeros {

@@ -29,6 +29,7 @@
 //! writable export's COMMIT), [`incremental`] (a qcow2 overlay's clusters or an NBD dirty
 //! bitmap, on top of [`patch`]) and [`plan`] (which of these a source gets).
 
+pub(crate) mod base_summary;
 pub(crate) mod grouped;
 pub mod incremental;
 pub(crate) mod packing;
@@ -114,19 +115,28 @@ pub async fn commit(
         None => ParentLeaves::default(),
     };
     tracing::debug!(leaves = parent.len(), "parent fast path");
-    let out = {
+    let (mut out, mut parent) = {
         let repo = repo.clone();
         let options = options.clone();
         let progress = progress.clone();
-        tokio::task::spawn_blocking(move || match repo.v2() {
-            Some(_) => {
-                grouped::run_grouped_pipeline(repo, handle, source, &options, &progress, &parent)
-            }
-            None => run_pipeline(repo, handle, source, &options, &progress, None),
+        tokio::task::spawn_blocking(move || {
+            let out = match repo.v2() {
+                Some(_) => grouped::run_grouped_pipeline(
+                    repo, handle, source, &options, &progress, &parent,
+                ),
+                None => run_pipeline(repo, handle, source, &options, &progress, None),
+            };
+            out.map(|out| (out, parent))
         })
         .await
         .map_err(|e| EngineError::internal("pipeline thread", e))??
     };
+    // Leaves of the parent reused unread: what they use comes from the parent's summary.
+    if let Some(summary) = out.group_summary.as_mut() {
+        let base = parent.take_summary();
+        base_summary::complete_summary(&repo, base, &out.unread_leaves, parent.ids(), summary)
+            .await?;
+    }
 
     publish(
         &repo,

@@ -22,7 +22,7 @@ use super::{CommitOptions, CommitProgress};
 use crate::chunker::{chunk_ranges, is_zero};
 use crate::error::{EngineError, EngineResult};
 use crate::source::{Segment, Source};
-use crate::tree::{build_tree, segment_count};
+use crate::tree::{build_tree, segment_count, TreeLeaf};
 
 /// A built tree whose packs are durable, ready for [`super::publish`].
 pub(crate) struct PipelineOutput {
@@ -45,6 +45,9 @@ pub(crate) struct PipelineOutput {
     pub reused_slots: std::collections::HashMap<Id, cairn_format::slots::SlotSet>,
     /// Format 2: segments whose parent's leaf was reused as it is (the parent fast path).
     pub reused_segments: u64,
+    /// Format 2: leaves of the parent reused unread (the fast path): what they use is not in
+    /// `group_summary` yet (`base_summary::complete_summary` adds it) nor in `reused_slots`.
+    pub unread_leaves: Vec<Id>,
 }
 
 /// What one worker learned about one segment.
@@ -162,7 +165,7 @@ pub(crate) fn run_pipeline(
         let mut chunk_keys = Vec::new();
         for r in result_rx {
             if let Some(leaf) = r.leaf {
-                leaves.insert(r.index, leaf);
+                leaves.insert(r.index, TreeLeaf::from(leaf));
             }
             chunk_keys.extend(r.chunks);
             stats.add_chunks(&r.stats);
@@ -178,7 +181,7 @@ pub(crate) fn run_pipeline(
         }
         let size = *read.as_ref().unwrap_or(&0);
         let ok_so_far = read.is_ok() && worker_error.is_none();
-        let mut node_keys: Vec<ProbeKey> = leaves.values().map(ProbeKey::of).collect();
+        let mut node_keys: Vec<ProbeKey> = leaves.values().map(|l| ProbeKey::of(&l.id)).collect();
         let tree = ok_so_far.then(|| {
             build_tree(
                 &leaves,
@@ -205,6 +208,7 @@ pub(crate) fn run_pipeline(
         let summary = root.map(|_| Summary::build(chunk_keys, node_keys, config.summary_bits));
         Ok(PipelineOutput {
             reused_segments: 0,
+            unread_leaves: Vec::new(),
             root,
             summary,
             group_summary: None,

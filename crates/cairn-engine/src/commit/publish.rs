@@ -8,6 +8,7 @@ use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::{Repo, RepoError};
 
+use super::base_summary::read_leaf;
 use super::{CommitProgress, CommitResult, PipelineOutput};
 use crate::error::{EngineError, EngineResult};
 
@@ -37,7 +38,22 @@ pub(crate) async fn check_stale_gc(repo: &Repo, out: &PipelineOutput) -> EngineR
             for id in &out.reused {
                 missing += usize::from(view.find_chunk(id).await?.is_none());
             }
-            for (group, slots) in &out.reused_slots {
+            // Leaves reused unread: their runs are read now (a leaf gone is counted above).
+            let mut reused_slots = out.reused_slots.clone();
+            for id in &out.unread_leaves {
+                let leaf = match read_leaf(repo, id).await {
+                    Ok(leaf) => leaf,
+                    Err(e) if e.is_damage() => continue,
+                    Err(e) => return Err(e),
+                };
+                for (group, first, count) in leaf.group_runs() {
+                    reused_slots
+                        .entry(group)
+                        .or_default()
+                        .insert_run(first, count);
+                }
+            }
+            for (group, slots) in &reused_slots {
                 let runs = slots.runs();
                 let stored = match view.locate_group_storing(group, &runs).await {
                     Ok(loc) => loc.stores(&runs),

@@ -14,26 +14,27 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use cairn_format::group_summary::GroupSummary;
 use cairn_format::leaf_v2::{RunExtent, RunLeaf};
 use cairn_format::version::CommitStats;
 use cairn_format::Id;
-use cairn_repo::{Repo, RepoError};
+use cairn_repo::Repo;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::rebuild::{lay_blocks, Context, SegmentTask};
+use crate::commit::base_summary::read_leaf;
 use crate::commit::grouped::run_grouped;
 use crate::commit::parent::ParentLeaves;
 use crate::commit::{CommitOptions, CommitProgress, PipelineOutput};
 use crate::error::{EngineError, EngineResult};
 use crate::source::Segment;
+use crate::tree::TreeLeaf;
 
 /// Runs format 2's pipeline over the touched segments of `tasks`; `leaves` is the base's
 /// segment → leaf map. The output's stats are the rebuilt segments' only.
 pub(super) fn run(
     ctx: &Context<'_>,
     tasks: &[SegmentTask],
-    leaves: BTreeMap<u64, Id>,
+    leaves: BTreeMap<u64, TreeLeaf>,
 ) -> EngineResult<PipelineOutput> {
     let progress = CommitProgress::default();
     let feed = |tx: Sender<Segment>, _recycle: &Receiver<Vec<u8>>, cancel: &AtomicBool| {
@@ -117,47 +118,6 @@ fn materialize(ctx: &Context<'_>, task: &SegmentTask) -> EngineResult<Vec<u8>> {
     Ok(data)
 }
 
-/// A patched tree's reference summary: `summary` comes from the pipeline with every node of
-/// the new tree and the runs of the rebuilt segments; this adds the runs of the `untouched`
-/// leaves. They are the base's, so the base's summary supplies them when it can: its groups
-/// are merged in, and the `replaced` slots of the rebuilt segments' base leaves count as
-/// stale (listed, perhaps no longer used: a leak fast deletion tolerates, never a loss). When
-/// the base has no summary, or stale slots would pass 1/8 of the table, the untouched leaves
-/// are read instead (bounded by the image's manifest).
-pub(super) async fn complete_summary(
-    repo: &Arc<Repo>,
-    base_root: Option<Id>,
-    untouched: &[Id],
-    replaced: u64,
-    summary: &mut GroupSummary,
-) -> EngineResult<()> {
-    if untouched.is_empty() {
-        return Ok(());
-    }
-    if let Some(root) = base_root {
-        match repo.load_group_summary(&root).await {
-            Ok(Some((mut base, _))) => {
-                base.stale_slots += replaced;
-                if base.stale_slots.saturating_mul(8) <= base.slot_count() {
-                    // The base's nodes are not the new tree's (it has its own, all of them).
-                    base.nodes.clear();
-                    summary.merge(&base);
-                    return Ok(());
-                }
-            }
-            Ok(None) => tracing::debug!(%root, "base has no reference summary; rebuilding"),
-            Err(e) => tracing::warn!(%root, "{e}; rebuilding the reference summary"),
-        }
-    }
-    for id in untouched {
-        let raw = repo.read_blob(id).await?;
-        for (group, first, count) in decode(id, &raw)?.group_runs() {
-            summary.add_run(&group, first, count);
-        }
-    }
-    Ok(())
-}
-
 /// The chunks and data bytes the base leaves of the touched segments hold (what the patch
 /// replaces in the base's figures).
 pub(super) async fn old_stats(
@@ -166,9 +126,7 @@ pub(super) async fn old_stats(
 ) -> EngineResult<CommitStats> {
     let mut old = CommitStats::default();
     for leaf in tasks.iter().filter_map(|t| t.base_leaf) {
-        let raw = repo.read_blob(&leaf).await?;
-        let leaf = decode(&leaf, &raw)?;
-        for e in leaf.extents() {
+        for e in read_leaf(repo, &leaf).await?.extents() {
             if let RunExtent::Run { count, len, .. } = *e {
                 old.chunks += u64::from(count);
                 old.data_bytes += u64::from(len);
@@ -179,12 +137,7 @@ pub(super) async fn old_stats(
 }
 
 fn base_leaf(repo: &Repo, handle: &tokio::runtime::Handle, id: &Id) -> EngineResult<RunLeaf> {
-    let raw = handle.block_on(repo.read_blob(id))?;
-    decode(id, &raw)
-}
-
-fn decode(id: &Id, raw: &[u8]) -> EngineResult<RunLeaf> {
-    Ok(RunLeaf::decode(raw).map_err(|e| RepoError::corrupt(format!("manifest node {id}"), e))?)
+    handle.block_on(read_leaf(repo, id))
 }
 
 fn v2(repo: &Repo) -> EngineResult<&Arc<cairn_repo::v2::V2Reader>> {

@@ -32,9 +32,10 @@ use cairn_format::Id;
 use cairn_repo::Repo;
 use tokio::runtime::{Handle, RuntimeFlavor};
 
+use crate::commit::base_summary::{complete_summary, load_base_summary};
 use crate::commit::{publish, CommitProgress, CommitResult, PipelineOutput};
 use crate::error::{EngineError, EngineResult};
-use crate::tree::leaf_map;
+use crate::tree::{leaf_refs, TreeLeaf};
 
 mod grouped;
 mod rebuild;
@@ -61,8 +62,8 @@ pub struct PatchOptions {
     pub message: String,
     /// The base's segment → leaf map, when the caller has already loaded it (an incremental
     /// commit needs it first to drop zero writes over absent segments): saves walking the
-    /// base's interior nodes a second time. Must be `leaf_map` of the base passed along.
-    pub base_leaves: Option<BTreeMap<u64, Id>>,
+    /// base's interior nodes a second time. Must be `leaf_refs` of the base passed along.
+    pub base_leaves: Option<BTreeMap<u64, TreeLeaf>>,
     /// The version's time (ns since the epoch); `None`: now. `cairn copy` keeps the source
     /// version's.
     pub time_ns: Option<i64>,
@@ -73,7 +74,7 @@ pub struct PatchOptions {
 struct PatchBase {
     origin: Option<Id>,
     size: u64,
-    leaves: BTreeMap<u64, Id>,
+    leaves: BTreeMap<u64, TreeLeaf>,
     stats: CommitStats,
     root: Option<Id>,
 }
@@ -118,7 +119,7 @@ impl PatchBase {
         }
         let leaves = match options.base_leaves.take() {
             Some(leaves) => leaves,
-            None => leaf_map(repo, record).await?,
+            None => leaf_refs(repo, record).await?,
         };
         Ok(PatchBase {
             origin: Some(*id),
@@ -140,7 +141,7 @@ async fn segment_tasks(
     new_size: u64,
     segment_size: u64,
     base_size: u64,
-    leaves: &BTreeMap<u64, Id>,
+    leaves: &BTreeMap<u64, TreeLeaf>,
 ) -> EngineResult<(Vec<SegmentTask>, Vec<u64>)> {
     let block_size = patch.block_size() as u64;
     let mut blocks = patch.changed_blocks();
@@ -176,9 +177,9 @@ async fn segment_tasks(
     // waits for this session and rescues what it reuses.)
     for (&seg, leaf) in leaves.iter() {
         let reusable = match repo.v2() {
-            None => repo.has_blob(leaf),
+            None => repo.has_blob(&leaf.id),
             Some(_) if !repo.saw_any_plan() => true,
-            Some(v2) => v2.find_chunk(leaf).await?.is_some(),
+            Some(v2) => v2.find_chunk(&leaf.id).await?.is_some(),
         };
         if !reusable {
             touched.entry(seg).or_default();
@@ -188,7 +189,7 @@ async fn segment_tasks(
         .into_iter()
         .map(|(segment, blocks)| SegmentTask {
             segment,
-            base_leaf: leaves.get(&segment).copied(),
+            base_leaf: leaves.get(&segment).map(|leaf| leaf.id),
             blocks,
         })
         .collect();
@@ -255,14 +256,16 @@ pub async fn commit_patch(
     let out = match repo.v2() {
         Some(_) => {
             let old = grouped::old_stats(&repo, &tasks).await?;
-            // Leaves kept as they are: referred to without being stored.
+            // Leaves kept as they are: referred to without being stored, nor read.
             let untouched: Vec<Id> = untouched_leaves(&leaves, &tasks).collect();
             let mut out = tokio::task::block_in_place(|| grouped::run(&ctx, &tasks, leaves))?;
             if let Some(summary) = out.group_summary.as_mut() {
-                grouped::complete_summary(&repo, base_root, &untouched, old.chunks, summary)
-                    .await?;
+                let replaced: Vec<Id> = tasks.iter().filter_map(|t| t.base_leaf).collect();
+                let base = load_base_summary(&repo, base_root).await;
+                complete_summary(&repo, base, &untouched, &replaced, summary).await?;
             }
-            out.reused.extend(untouched);
+            out.reused.extend(untouched.iter().copied());
+            out.unread_leaves.extend(untouched);
             out.stats = patched_stats(&base_stats, &out.stats, &old);
             out
         }
@@ -292,7 +295,7 @@ pub async fn commit_patch(
 async fn build_format1(
     ctx: &Context<'_>,
     tasks: &[SegmentTask],
-    mut leaves: BTreeMap<u64, Id>,
+    mut leaves: BTreeMap<u64, TreeLeaf>,
     base_stats: &CommitStats,
     base_root: Option<Id>,
 ) -> EngineResult<PipelineOutput> {
@@ -323,6 +326,7 @@ async fn build_format1(
         pack_bytes: built.pack_bytes,
         reused,
         reused_slots: Default::default(),
+        unread_leaves: Vec::new(),
     })
 }
 
@@ -341,11 +345,11 @@ fn patched_stats(base: &CommitStats, new: &CommitStats, old: &CommitStats) -> Co
 /// The leaves of segments no task rebuilds (`tasks` sorted by segment): kept as they are,
 /// referred to without being stored.
 fn untouched_leaves<'a>(
-    leaves: &'a BTreeMap<u64, Id>,
+    leaves: &'a BTreeMap<u64, TreeLeaf>,
     tasks: &'a [SegmentTask],
 ) -> impl Iterator<Item = Id> + 'a {
     leaves
         .iter()
         .filter(|(seg, _)| tasks.binary_search_by_key(seg, |t| &t.segment).is_err())
-        .map(|(_, id)| *id)
+        .map(|(_, leaf)| leaf.id)
 }

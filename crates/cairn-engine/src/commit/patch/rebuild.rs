@@ -23,7 +23,7 @@ use super::PatchSource;
 use crate::chunker::{chunk_ranges, is_zero};
 use crate::commit::{encode, pack_blobs, CommitProgress, Dedup, EncodedBlob};
 use crate::error::{EngineError, EngineResult};
-use crate::tree::{build_tree, read_leaf, segment_count};
+use crate::tree::{build_tree, read_leaf, segment_count, TreeLeaf};
 
 /// Base chunk reads in flight while materializing one segment.
 const READS_IN_FLIGHT: usize = 16;
@@ -85,7 +85,7 @@ struct SegmentOut {
 pub(super) fn run(
     ctx: &Context<'_>,
     tasks: &[SegmentTask],
-    leaves: &mut BTreeMap<u64, Id>,
+    leaves: &mut BTreeMap<u64, TreeLeaf>,
 ) -> EngineResult<Built> {
     let workers = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
@@ -136,7 +136,7 @@ pub(super) fn run(
                 Ok(outs) => {
                     for o in outs {
                         match o.leaf {
-                            Some(id) => leaves.insert(o.segment, id),
+                            Some(id) => leaves.insert(o.segment, TreeLeaf::from(id)),
                             None => leaves.remove(&o.segment),
                         };
                         keys.chunks.extend(o.chunks);

@@ -12,8 +12,8 @@ use tokio::task::JoinSet;
 
 use super::rebuild::{Keys, SegmentTask};
 use crate::error::{EngineError, EngineResult};
-use crate::tree::read_leaf;
 use crate::tree::NODE_READS_IN_FLIGHT;
+use crate::tree::{read_leaf, TreeLeaf};
 
 /// The reference summary of the new tree. It must contain every chunk and node of the tree
 /// (GC's fast deletion trusts it); a superset is safe.
@@ -28,13 +28,13 @@ use crate::tree::NODE_READS_IN_FLIGHT;
 pub(super) async fn summarize(
     repo: &Arc<Repo>,
     base_root: Option<Id>,
-    leaves: &BTreeMap<u64, Id>,
+    leaves: &BTreeMap<u64, TreeLeaf>,
     tasks: &[SegmentTask],
     keys: &Keys,
     untouched_leaves: usize,
 ) -> EngineResult<Summary> {
     let bits = repo.config().summary_bits;
-    let mut nodes: Vec<ProbeKey> = leaves.values().map(ProbeKey::of).collect();
+    let mut nodes: Vec<ProbeKey> = leaves.values().map(|l| ProbeKey::of(&l.id)).collect();
     nodes.extend(&keys.interior);
     nodes.sort_unstable();
     nodes.dedup();
@@ -93,7 +93,7 @@ pub(super) async fn summarize(
     let kept: Vec<Id> = leaves
         .iter()
         .filter(|(seg, _)| tasks.binary_search_by_key(seg, |t| &t.segment).is_err())
-        .map(|(_, id)| *id)
+        .map(|(_, leaf)| leaf.id)
         .collect();
     let mut chunks = new_chunks;
     for batch in kept.chunks(NODE_READS_IN_FLIGHT) {
