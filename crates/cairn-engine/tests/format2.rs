@@ -637,3 +637,43 @@ async fn a_recommit_reuses_unchanged_leaves_unread() {
     let report = verify(repo2.clone()).await.unwrap();
     assert!(report.is_clean(), "{report:?}");
 }
+
+/// A session that opens while a GC plan is pending does not find what the plan hides (a GC
+/// that does not wait for it rescues dead data only after its own wait). A re-commit then
+/// reuses no parent leaf it cannot locate: it stores them again rather than failing, or
+/// referring to a leaf its index does not hold (found by the GC stress run: "blob … is not
+/// in any index").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recommit_under_a_pending_plan_reuses_only_leaves_it_can_locate() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = v2_repo(dir.path()).await;
+    let seg = 256usize << 10;
+    let mut image = noise(8 * seg, 21);
+    commit_bytes(&repo, "vm", image.clone()).await;
+    let first_runs = repo.index_run_ids(&Default::default()).await.unwrap();
+    image[..4096].copy_from_slice(&noise(4096, 22));
+    let b = commit_bytes(&repo, "vm", image.clone()).await;
+    // A pending plan hides the first commit's run, which locates most of b's leaves.
+    let plan = repo
+        .publish_gc_plan(&cairn_format::marker::GcPlan {
+            created_ns: cairn_repo::session::now_ns(),
+            dead_blobs: Vec::new(),
+            superseded_index: first_runs,
+        })
+        .await
+        .unwrap();
+    image[3 * seg..3 * seg + 4096].copy_from_slice(&noise(4096, 23));
+    let under_plan = reopen(dir.path()).await;
+    assert!(under_plan.saw_any_plan());
+    let c = commit_bytes(&under_plan, "vm", image.clone()).await;
+    assert!(
+        c.reused_segments < 7,
+        "leaves the session cannot locate are not reused ({} were)",
+        c.reused_segments
+    );
+    under_plan.withdraw_gc_plan(&plan).await;
+    let repo = reopen(dir.path()).await;
+    assert!(restore_bytes(&repo, &c.record).await.unwrap() == image);
+    assert!(restore_bytes(&repo, &b.record).await.is_ok());
+    assert!(verify(repo).await.unwrap().is_clean());
+}

@@ -48,17 +48,29 @@ pub(crate) async fn complete_summary(
         return Ok(());
     }
     if let Some(mut base) = base {
-        let mut stale = 0u64;
+        let mut stale = Some(0u64);
         for id in replaced.iter().filter(|id| !summary.has_node(id)) {
-            for (group, first, count) in read_leaf(repo, id).await?.group_runs() {
+            // A dropped leaf this session cannot read (a pending GC is deleting it: its
+            // version is gone) leaves its stale slots unknown: the summary is made exact.
+            let leaf = match read_leaf(repo, id).await {
+                Ok(leaf) => leaf,
+                Err(e) if e.is_damage() => {
+                    tracing::debug!(%id, "{e}; an exact reference summary instead");
+                    stale = None;
+                    break;
+                }
+                Err(e) => return Err(e),
+            };
+            for (group, first, count) in leaf.group_runs() {
                 let used = summary.slots(&group);
                 let run = usize::from(first)..usize::from(first) + usize::from(count);
-                stale += run
+                let dropped = run
                     .filter(|&s| !used.is_some_and(|u| u.contains(s)))
-                    .count() as u64;
+                    .count();
+                stale = stale.map(|n| n + dropped as u64);
             }
         }
-        base.stale_slots = base.stale_slots.saturating_add(stale);
+        base.stale_slots = stale.map_or(u64::MAX, |n| base.stale_slots.saturating_add(n));
         if base.stale_slots.saturating_mul(8) <= base.slot_count() {
             // The base's nodes are not the new tree's (it lists all of its own).
             base.nodes.clear();

@@ -23,7 +23,11 @@
 //!   on how many are in flight;
 //! - `publish`: the ordered publication and the stale-GC guard before it;
 //! - `grouped`: the same pipeline for a format 2 repository (4 KiB dedup, chunks compressed
-//!   in groups, an index run in place of the index file).
+//!   in groups, an index run in place of the index file);
+//! - `parent`: format 2's parent fast path (the newest version's leaves by segment digest,
+//!   from its level-1 nodes);
+//! - `base_summary`: a format 2 tree's reference summary when leaves of a base were reused
+//!   unread (the parent's, or a patch's untouched ones).
 //!
 //! Commits made some other way reuse them: [`patch`] (a base version plus changed blocks, the
 //! writable export's COMMIT), [`incremental`] (a qcow2 overlay's clusters or an NBD dirty

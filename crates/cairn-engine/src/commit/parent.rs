@@ -80,7 +80,7 @@ impl ParentLeaves {
                 continue;
             }
             match (leaf.digest, &summary) {
-                (Some(digest), Some(_)) => {
+                (Some(digest), Some(_)) if reusable_unread(repo, &leaf.id).await? => {
                     by_digest.insert(
                         digest.digest,
                         ParentLeaf {
@@ -132,6 +132,19 @@ impl ParentLeaves {
     pub(crate) fn take_summary(&mut self) -> Option<GroupSummary> {
         self.summary.take()
     }
+}
+
+/// Whether the parent's leaf `id` may be reused without reading it: always, unless a GC plan
+/// was pending when this session opened — that GC does not wait for this session, and a leaf
+/// of the parent that it found dead (reused from a version it deletes) is rescued only after
+/// its wait, so this session's index may not hold it. Then the leaf must be located here;
+/// otherwise it is read like any other, and a leaf that cannot be read is not reused (its
+/// segment is committed as new). A GC planned later waits for this session.
+async fn reusable_unread(repo: &Repo, id: &Id) -> EngineResult<bool> {
+    Ok(match repo.v2() {
+        Some(v2) if repo.saw_any_plan() => v2.find_chunk(id).await?.is_some(),
+        _ => true,
+    })
 }
 
 /// Whether `summary` lists a group or node with a quarantined copy (the parent's leaves are
