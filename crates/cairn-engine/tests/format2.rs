@@ -443,6 +443,15 @@ async fn used_by_tree(
     (used, leaves.into_values().collect())
 }
 
+/// `summary` lists every slot `used` lists and every leaf of `leaves` (it may list more).
+fn assert_lists(summary: &GroupSummary, used: &GroupSummary, leaves: &[cairn_format::Id]) {
+    for (group, slots) in &used.groups {
+        let listed = &summary.groups[group];
+        assert!(slots.runs().iter().all(|&(f, n)| listed.contains_run(f, n)));
+    }
+    assert!(leaves.iter().all(|n| summary.has_node(n)));
+}
+
 /// The reference summary a commit writes lists exactly the slots its tree uses and every
 /// node; a patch's lists those plus the base's (its untouched leaves are not read): the
 /// slots of the leaves it replaced that no new leaf uses count as stale, until they would
@@ -483,11 +492,7 @@ async fn reference_summaries_list_what_the_tree_uses() {
         used2.slot_count() + 3,
         "the 3 replaced slots"
     );
-    for (group, slots) in &used2.groups {
-        let listed = &s2.groups[group];
-        assert!(slots.runs().iter().all(|&(f, c)| listed.contains_run(f, c)));
-    }
-    assert!(leaves2.iter().all(|n| s2.has_node(n)));
+    assert_lists(&s2, &used2, &leaves2);
     assert_eq!(
         s2.nodes.len(),
         leaves2.len() + 1,
@@ -624,11 +629,7 @@ async fn a_recommit_reuses_unchanged_leaves_unread() {
         .unwrap()
         .unwrap();
     let (used, tree_leaves) = used_by_tree(&repo2, &c.record).await;
-    for (group, slots) in &used.groups {
-        let listed = &summary.groups[group];
-        assert!(slots.runs().iter().all(|&(f, n)| listed.contains_run(f, n)));
-    }
-    assert!(tree_leaves.iter().all(|n| summary.has_node(n)));
+    assert_lists(&summary, &used, &tree_leaves);
     assert_eq!(
         summary.slot_count(),
         used.slot_count() + summary.stale_slots
