@@ -575,6 +575,11 @@ pub struct CommitArgs {
     /// Hashing and compression threads (default: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Do not merge index runs after the commit. By default a commit that leaves eight small
+    /// runs (one per commit) merges them when no other process is using the repository, so
+    /// lookups stay fast as history grows; `cairn index compact` does the same by hand.
+    #[arg(long)]
+    pub no_compact: bool,
 }
 
 #[derive(Debug, Args)]

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_engine::gc::compact::{compact, CompactOptions, CompactReport};
+use cairn_engine::gc::compact::{after_commit, compact, CompactOptions, CompactReport};
 use cairn_engine::gc::GcOptions;
 use cairn_engine::verify::verify;
 use cairn_format::config::RepoConfig;
@@ -43,6 +43,7 @@ async fn open(store: Arc<dyn ObjectStore>) -> cairn_repo::RepoResult<Repo> {
 fn options(all: bool) -> CompactOptions {
     CompactOptions {
         all,
+        max_tier: None,
         gc: GcOptions {
             poll: Duration::from_millis(10),
             ..Default::default()
@@ -205,6 +206,38 @@ async fn an_export_reading_across_a_compaction_refreshes_and_finds_everything() 
     assert!(restore_bytes(&export, record).await.unwrap() == *data);
     export.close().await.unwrap();
     repo.close().await.unwrap();
+}
+
+/// After a commit, full tiers are merged only when nothing else is using the repository (no
+/// commit waits for another process), and then every version still restores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_merges_a_full_tier_only_when_no_other_session_is_alive() {
+    let (_dir, store, repo, versions) = local_history(false, 7).await;
+    assert_eq!(run_count(&*store).await, 8, "7 + 1 commits, a full tier 0");
+
+    // Another process (here: a second session) is alive: nothing is merged.
+    let other = open(store.clone()).await.unwrap();
+    assert!(after_commit(&repo).await.is_none());
+    assert_eq!(run_count(&*store).await, 8);
+
+    // Alone again: the tier is merged into one run, with the GC protocol's cleanup.
+    other.close().await.unwrap();
+    let r = after_commit(&repo).await.expect("merged");
+    assert_eq!((r.runs_before, r.runs_after, r.merges), (8, 1, 1));
+    assert_eq!(run_count(&*store).await, 1);
+    assert!(store.list(keys::PLANS).await.unwrap().is_empty());
+    assert!(
+        store.read_ref(keys::GC_LOCK).await.unwrap().is_none(),
+        "lock released"
+    );
+    // Nothing more to merge.
+    assert!(after_commit(&repo).await.is_none());
+
+    let repo = Arc::new(open(store.clone()).await.unwrap());
+    for (record, data) in &versions {
+        assert!(restore_bytes(&repo, record).await.unwrap() == *data);
+    }
+    assert!(verify(repo.clone()).await.unwrap().is_clean());
 }
 
 /// The sessions a dying compaction leaves behind would go stale after a while; fast-forward.

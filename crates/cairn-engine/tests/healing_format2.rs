@@ -135,6 +135,8 @@ async fn a_damaged_group_heals_when_its_content_is_committed_again() {
     let v3 = commit_bytes(&repo, "vm", data3.clone()).await;
     assert_eq!(v3.record.stats.new_chunks, 17);
     assert_eq!(v3.record.stats.new_chunk_bytes, 17 * 4096);
+    // The segment's other chunks come from the parent's leaf; never the quarantined group's.
+    assert_eq!(v3.parent_chunks, 256 - 17);
 
     // ...which heals every version: they read those chunks by id; verify is clean (the
     // damaged pack is known, not a problem).

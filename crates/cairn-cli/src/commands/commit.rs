@@ -72,8 +72,15 @@ pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
             changed,
             because,
         } => {
-            let (result, stats) =
-                commit_changes(repo, &args.image, *parent, image, &changed, &args.message).await?;
+            let (result, stats) = commit_changes(
+                repo.clone(),
+                &args.image,
+                *parent,
+                image,
+                &changed,
+                &args.message,
+            )
+            .await?;
             let read = stats.read_bytes;
             (result, Some(stats), read, Some(because))
         }
@@ -84,6 +91,10 @@ pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
         provenance.record(Path::new(&spec), identity_before, &result.id);
     }
     report(ctx, &result, incremental, read_bytes, because, elapsed);
+    // The version is published and reported: what follows only tidies the index.
+    if !args.no_compact {
+        cairn_engine::gc::compact::after_commit(&repo).await;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -183,6 +194,7 @@ fn report(
         v["duration_s"] = serde_json::json!(elapsed.as_secs_f64());
         v["read_bytes"] = serde_json::json!(read_bytes);
         v["reused_segments"] = serde_json::json!(result.reused_segments);
+        v["parent_chunks"] = serde_json::json!(result.parent_chunks);
         v["incremental"] = match (incremental, &because) {
             (Some(s), Some(b)) => serde_json::json!({
                 "changed_bytes": s.changed_bytes,

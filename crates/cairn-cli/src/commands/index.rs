@@ -19,6 +19,7 @@ pub async fn run(ctx: &Context, args: IndexArgs) -> Result<ExitCode> {
     let (progress, ticker) = Ticker::for_work(ctx.progress);
     let options = CompactOptions {
         all: args.all,
+        max_tier: None,
         gc: protocol_options(
             ctx,
             args.dry_run,

@@ -38,6 +38,7 @@ use tokio::runtime::Handle;
 
 use super::packing::Uploader;
 use super::parent::ParentLeaves;
+use super::parent_chunks::ParentChunks;
 use super::pipeline::read_all;
 use super::{CommitOptions, CommitProgress, PipelineOutput};
 use crate::chunker::{chunk_ranges, is_zero};
@@ -65,6 +66,8 @@ struct SegmentResult {
     reused: bool,
     /// Reused without reading it: its runs come from the parent's summary.
     unread: bool,
+    /// Chunks found in the parent's leaf of the same segment (no index lookup).
+    parent_chunks: u64,
 }
 
 /// What a commit's workers share: where the chunks this commit stores went, and which nodes
@@ -119,12 +122,7 @@ impl GroupDedup<'_> {
             return Ok(p.map_or(Claim::Elsewhere, Claim::At));
         }
         if let Some(p) = self.ask(self.reader.find_chunk(id))? {
-            self.reused_slots
-                .lock()
-                .expect("dedup lock")
-                .entry(p.group)
-                .or_default()
-                .insert_run(p.slot, 1);
+            self.note_reused(p);
             return Ok(Claim::At(p));
         }
         Ok(match self.claimed.lock().expect("dedup lock").entry(*id) {
@@ -134,6 +132,17 @@ impl GroupDedup<'_> {
                 Claim::Mine
             }
         })
+    }
+
+    /// Records that the tree refers to `p`, a slot stored before this commit (for the stale-GC
+    /// guard).
+    fn note_reused(&self, p: Placement) {
+        self.reused_slots
+            .lock()
+            .expect("dedup lock")
+            .entry(p.group)
+            .or_default()
+            .insert_run(p.slot, 1);
     }
 
     /// Records that `ids` are slots 0.. of group `group`.
@@ -302,11 +311,13 @@ pub(crate) fn run_grouped(
 
         let mut stats = CommitStats::default();
         let mut reused_segments = 0;
+        let mut parent_chunks = 0;
         // The reference summary: the sent segments' runs here, every node of the tree below.
         let mut summary = GroupSummary::default();
         let mut unread_leaves = HashSet::new();
         for r in result_rx {
             reused_segments += u64::from(r.reused);
+            parent_chunks += r.parent_chunks;
             if let (true, Some(leaf)) = (r.unread, &r.leaf) {
                 unread_leaves.insert(leaf.id);
             }
@@ -379,6 +390,7 @@ pub(crate) fn run_grouped(
             reused: std::mem::take(&mut *dedup.reused_nodes.lock().expect("dedup lock")),
             reused_slots: std::mem::take(&mut *dedup.reused_slots.lock().expect("dedup lock")),
             reused_segments,
+            parent_chunks,
             unread_leaves: unread_leaves.into_iter().collect(),
         })
     })
@@ -391,7 +403,7 @@ struct Worker<'a> {
     key: Option<&'a MasterKey>,
     group_size: usize,
     dedup: &'a GroupDedup<'a>,
-    /// The parent's leaves by segment digest.
+    /// The parent's leaves by segment digest and by segment.
     parent: &'a ParentLeaves,
     pack_tx: Sender<Packable>,
     cancel: &'a AtomicBool,
@@ -456,6 +468,9 @@ impl Worker<'_> {
             built: Vec::new(),
             finished: Vec::new(),
         };
+        // The parent's chunks of this segment, read at its first chunk of data.
+        let mut near: Option<ParentChunks> = None;
+        let mut parent_chunks = 0;
         for r in chunk_ranges(self.config, &seg.data) {
             let data = &seg.data[r];
             let len = data.len() as u32;
@@ -466,6 +481,16 @@ impl Worker<'_> {
             let id = self.id_of(data);
             stats.chunks += 1;
             stats.data_bytes += u64::from(len);
+            let near = match &near {
+                Some(near) => near,
+                None => near.insert(self.parent_chunks(seg.index)?),
+            };
+            if let Some(p) = near.get(&id) {
+                self.dedup.note_reused(p);
+                items.push(Item::At(p, len));
+                parent_chunks += 1;
+                continue;
+            }
             match self.dedup.claim(&id)? {
                 Claim::At(p) => items.push(Item::At(p, len)),
                 Claim::Elsewhere => items.push(Item::Elsewhere(id, len)),
@@ -540,7 +565,16 @@ impl Worker<'_> {
             stats,
             reused: false,
             unread: false,
+            parent_chunks,
         })
+    }
+
+    /// The chunks of the parent's leaf of segment `index` (none if it had none).
+    fn parent_chunks(&self, index: u64) -> EngineResult<ParentChunks> {
+        match self.parent.at_segment(index) {
+            Some(leaf) => self.dedup.ask(ParentChunks::load(self.dedup.reader, leaf)),
+            None => Ok(ParentChunks::default()),
+        }
     }
 
     /// The parent fast path: the parent's leaf for a segment whose bytes have `digest`, if
@@ -574,6 +608,7 @@ impl Worker<'_> {
                 },
                 reused: true,
                 unread,
+                parent_chunks: 0,
             }))
         };
         let Some(leaf) = &parent.leaf else {

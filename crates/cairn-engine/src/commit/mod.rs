@@ -38,6 +38,7 @@ pub(crate) mod grouped;
 pub mod incremental;
 pub(crate) mod packing;
 pub(crate) mod parent;
+mod parent_chunks;
 pub mod patch;
 pub(crate) mod pipeline;
 pub mod plan;
@@ -92,6 +93,9 @@ pub struct CommitResult {
     /// Format 2: segments whose leaf in the image's previous version was reused as it is,
     /// their bytes hashed once and not chunked (the parent fast path).
     pub reused_segments: u64,
+    /// Format 2: chunks of changed segments found in the previous version's leaf of the same
+    /// segment, without an index lookup.
+    pub parent_chunks: u64,
 }
 
 /// Commits `source` as a new version of `image`.

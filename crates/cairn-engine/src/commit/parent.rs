@@ -19,7 +19,7 @@
 //! slots, else the segment takes the ordinary path, which stores again what is damaged —
 //! damage never spreads to a new version through the fast path.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use cairn_format::group_summary::{key_of, GroupSummary};
@@ -31,7 +31,7 @@ use tokio::task::JoinSet;
 
 use super::base_summary::load_base_summary;
 use crate::error::{EngineError, EngineResult};
-use crate::tree::{leaf_refs, NODE_READS_IN_FLIGHT};
+use crate::tree::{leaf_refs, TreeLeaf, NODE_READS_IN_FLIGHT};
 
 /// A leaf of the parent that the fast path can reuse.
 #[derive(Debug)]
@@ -49,6 +49,9 @@ pub(crate) struct ParentLeaves {
     by_digest: HashMap<Id, ParentLeaf>,
     /// Every leaf of the parent (those the new tree drops count as stale in its summary).
     ids: Vec<Id>,
+    /// The parent's leaf of each segment, for chunk-level dedup of a changed segment
+    /// (`parent_chunks`).
+    by_segment: HashMap<u64, Id>,
     /// The parent's reference summary, when leaves are reused unread.
     summary: Option<GroupSummary>,
 }
@@ -75,6 +78,7 @@ impl ParentLeaves {
         let mut by_digest = HashMap::with_capacity(leaves.len());
         let mut ids = HashSet::with_capacity(leaves.len());
         let mut unread = Vec::new();
+        let by_segment = leaves.iter().map(|(s, l)| (*s, l.id)).collect();
         for leaf in leaves.into_values() {
             if !ids.insert(leaf.id) {
                 continue;
@@ -109,8 +113,23 @@ impl ParentLeaves {
         Ok(ParentLeaves {
             by_digest,
             ids: ids.into_iter().collect(),
+            by_segment,
             summary: summary.filter(|_| unread_reused),
         })
+    }
+
+    /// Only the base's leaf of each segment, for a patch: the segments it sends all changed,
+    /// so no whole leaf is reused, but their chunks are mostly the base's.
+    pub(crate) fn by_segment_only(leaves: &BTreeMap<u64, TreeLeaf>) -> Self {
+        ParentLeaves {
+            by_segment: leaves.iter().map(|(s, l)| (*s, l.id)).collect(),
+            ..ParentLeaves::default()
+        }
+    }
+
+    /// The parent's leaf of segment `index`, if it had one (not all zeros).
+    pub(crate) fn at_segment(&self, index: u64) -> Option<&Id> {
+        self.by_segment.get(&index)
     }
 
     /// The leaf of a segment whose bytes have `digest`.

@@ -105,7 +105,7 @@ pub(crate) async fn publish(
     }
     let mut stats = out.stats;
     stats.stored_bytes = out.pack_bytes + index_bytes;
-    let reused_segments = out.reused_segments;
+    let (reused_segments, parent_chunks) = (out.reused_segments, out.parent_chunks);
     progress.stored.fetch_add(index_bytes, Ordering::Relaxed);
 
     // Steps 3 and 4: version record, then the head ref by compare-and-swap. A lost race
@@ -146,6 +146,7 @@ pub(crate) async fn publish(
                     id,
                     record,
                     reused_segments,
+                    parent_chunks,
                 });
             }
             // Another commit moved the head first: the record no ref will ever name is taken
@@ -160,6 +161,7 @@ pub(crate) async fn publish(
                         id,
                         record,
                         reused_segments,
+                        parent_chunks,
                     });
                 }
                 repo.delete_unpublished_version(&id).await

@@ -25,7 +25,9 @@ use cairn_repo::session::now_ns;
 use cairn_repo::v2::RunSize;
 use cairn_repo::{Repo, RepoError};
 
-use super::{acquire_lock, publish_and_wait, GcOptions, GcReport};
+use cairn_repo::GcLockAttempt;
+
+use super::{acquire_lock, others_alive, publish_and_wait, GcOptions, GcReport};
 use crate::error::{EngineError, EngineResult};
 use crate::progress::{self, Unit};
 
@@ -39,6 +41,8 @@ pub const TIER_BASE: u64 = 8192;
 pub struct CompactOptions {
     /// Merge every run into one, not just the full tiers.
     pub all: bool,
+    /// Merge no tier above this one (a commit's own compaction stays small); `None`: any.
+    pub max_tier: Option<u32>,
     /// Waiting, staleness, progress and dry run, as for GC.
     pub gc: GcOptions,
 }
@@ -134,6 +138,71 @@ pub async fn compact(repo: &Arc<Repo>, options: &CompactOptions) -> EngineResult
     Ok(report)
 }
 
+/// Merges full tiers right after a commit, when that costs the commit no wait (issue 17: the
+/// runs of many commits otherwise pile up until someone runs `cairn index compact`, and every
+/// lookup asks each of them — a commit after 1,000 versions took twice as long with 1,000 runs
+/// as with one). Only if a tier is full in this session's view, no other session GC waits for
+/// is alive, and the GC lock is free at once; otherwise, or on any error, nothing changes (the
+/// runs wait for a later commit or `cairn index compact`) and the commit stands either way.
+pub async fn after_commit(repo: &Arc<Repo>) -> Option<CompactReport> {
+    let reader = repo.v2()?;
+    next_merge(&reader.run_sizes(), false)?;
+    let options = CompactOptions {
+        all: false,
+        // Tiers 0 and 1: at most 8 × 65,536 entries (6 MiB of runs) read by a commit.
+        max_tier: Some(1),
+        gc: GcOptions {
+            // Only a session that opened in the moment between the check below and the plan
+            // can hold it up; a gc that opened then waits for our lock, so give up soon (the
+            // plan is withdrawn, the merged run stays beside its inputs, and a later
+            // compaction merges it again, byte for byte).
+            wait_limit: std::time::Duration::from_secs(3),
+            ..GcOptions::default()
+        },
+    };
+    let started = Instant::now();
+    let skip = |why: &str| {
+        tracing::debug!("index runs left for a later compaction: {why}");
+        None
+    };
+    match others_alive(repo, options.gc.stale_after).await {
+        Ok(0) => {}
+        Ok(n) => return skip(&format!("{n} other session(s) alive")),
+        Err(e) => return skip(&e.to_string()),
+    }
+    let lock = match repo.take_gc_lock(options.gc.stale_after).await {
+        Ok(GcLockAttempt::Taken(lock)) => lock,
+        Ok(_) => return skip("the gc lock is taken"),
+        Err(e) => return skip(&e.to_string()),
+    };
+    let result = run(repo, &options).await;
+    if result.is_err() {
+        repo.withdraw_all_gc_plans().await;
+    }
+    repo.release_gc_lock(lock).await;
+    match result {
+        // This session's view still held runs a compaction since merged away.
+        Ok(report) if report.merges == 0 => None,
+        Ok(mut report) => {
+            report.duration_s = started.elapsed().as_secs_f64();
+            tracing::info!(
+                merges = report.merges,
+                runs_before = report.runs_before,
+                runs_after = report.runs_after,
+                "index runs merged after the commit"
+            );
+            Some(report)
+        }
+        Err(e) => {
+            tracing::warn!(
+                "merging index runs after the commit failed: {e}; the commit stands, and \
+                 `cairn index compact` merges them later"
+            );
+            None
+        }
+    }
+}
+
 async fn run(repo: &Repo, options: &CompactOptions) -> EngineResult<CompactReport> {
     let dry_run = options.gc.dry_run;
     if !dry_run {
@@ -166,7 +235,12 @@ async fn run(repo: &Repo, options: &CompactOptions) -> EngineResult<CompactRepor
         Unit::Bytes,
         to_read,
     );
-    while let Some(inputs) = next_merge(&runs, options.all) {
+    while let Some(inputs) = next_merge(&runs, options.all).filter(|inputs| {
+        let tier_of = |id: &Id| runs.iter().find(|r| r.id == *id).map(|r| tier(r.entries));
+        options
+            .max_tier
+            .is_none_or(|max| tier_of(&inputs[0]).is_some_and(|t| t <= max))
+    }) {
         crate::interrupt::check()?;
         let merged = if dry_run {
             // What the merge would hold, at most: the sum of its inputs.

@@ -250,7 +250,31 @@ pub async fn gc(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport>
 }
 
 async fn acquire_lock(repo: &Repo, options: &GcOptions) -> EngineResult<GcLock> {
-    match repo.take_gc_lock(options.stale_after).await? {
+    let started = Instant::now();
+    loop {
+        match repo.take_gc_lock(options.stale_after).await? {
+            // A commit merging index runs holds the lock for a moment (`compact::after_commit`):
+            // wait for it rather than fail a scheduled gc. (Another gc's lock fails at once, as
+            // ever: that gc may be waiting for this process's session.)
+            GcLockAttempt::HeldBy(holder)
+                if holder.starts_with(SessionKind::Commit.name())
+                    && started.elapsed() < LOCK_WAIT =>
+            {
+                tracing::debug!("the gc lock is held by {holder}; waiting");
+                crate::interrupt::check()?;
+                tokio::time::sleep(options.poll).await;
+            }
+            attempt => return lock_taken(attempt),
+        }
+    }
+}
+
+/// How long GC and compaction wait for a commit's hold on the GC lock before they give up.
+const LOCK_WAIT: Duration = Duration::from_secs(30);
+
+/// The lock of an attempt, or the error that says why there is none.
+fn lock_taken(attempt: GcLockAttempt) -> EngineResult<GcLock> {
+    match attempt {
         GcLockAttempt::Taken(lock) => Ok(lock),
         GcLockAttempt::HeldBy(holder) => Err(EngineError::Gc(format!(
             "another gc is running: {holder}; try again when it has finished"
@@ -343,6 +367,24 @@ async fn put_index(repo: &Repo, packs: Vec<PackIndex>) -> EngineResult<Id> {
 /// Sessions that started up to this long after a plan was published are waited for too, in
 /// case the clocks of the hosts sharing a repository disagree.
 pub const CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(1);
+
+/// How many sessions other than this process's own are alive and of a kind GC waits for.
+async fn others_alive(repo: &Repo, stale_after: Duration) -> EngineResult<usize> {
+    let me = repo.session_key();
+    let now = now_ns();
+    Ok(repo
+        .sessions()
+        .await?
+        .into_iter()
+        .filter(|(key, s)| {
+            s.as_ref().is_some_and(|s| {
+                Some(key) != me.as_ref()
+                    && SessionKind::gc_waits_for(&s.kind)
+                    && liveness(s, now, stale_after) == Liveness::Alive
+            })
+        })
+        .count())
+}
 
 async fn wait_for_sessions(repo: &Repo, cutoff_ns: i64, options: &GcOptions) -> EngineResult<()> {
     let me = repo.session_key();

@@ -44,6 +44,9 @@ pub(super) fn run(
         }
         r.map(|()| ctx.new_size)
     };
+    // A patch sends only the segments it touched, which differ from the base's: no whole
+    // leaf is reused, but their chunks are found in the base's leaf of the same segment.
+    let parent = ParentLeaves::by_segment_only(&leaves);
     run_grouped(
         ctx.repo.clone(),
         ctx.handle.clone(),
@@ -51,8 +54,7 @@ pub(super) fn run(
         leaves,
         &CommitOptions::default(),
         &progress,
-        // A patch sends only the segments it touched, which differ from the base's.
-        &ParentLeaves::default(),
+        &parent,
     )
 }
 

@@ -315,6 +315,7 @@ async fn build_format1(
     };
     Ok(PipelineOutput {
         reused_segments: 0,
+        parent_chunks: 0,
         root,
         summary,
         group_summary: None,
