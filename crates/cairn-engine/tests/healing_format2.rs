@@ -215,6 +215,33 @@ async fn the_parent_fast_path_never_reuses_a_leaf_whose_group_is_damaged() {
     assert!(restore_bytes(&repo, &v3.record).await.unwrap() == data);
 }
 
+/// A parent whose manifest nodes are damaged gives a commit neither its leaves (whole-leaf
+/// reuse) nor their chunks (the changed segment's parent chunks): every chunk is found through
+/// the index instead, and the new version is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_over_a_parent_with_damaged_leaves_finds_its_chunks_through_the_index() {
+    let (store, repo) = new_repo().await;
+    let data = noise(3 << 20, 21);
+    let v1 = commit_bytes(&repo, "vm", data.clone()).await;
+    let leaf = cairn_engine::tree::leaf_map(&repo, &v1.record)
+        .await
+        .unwrap()[&1];
+    let (trailer, at) = repo.v2().unwrap().locate_chunk(&leaf).await.unwrap();
+    let offset = trailer.groups[at.group as usize].offset as usize;
+    store.corrupt_object(&keys::pack(&trailer.pack), offset + 40);
+
+    let repo = reopen(&store, &repo).await;
+    let mut changed = data.clone();
+    changed[(1 << 20) + 8192..(1 << 20) + 12288].fill(5);
+    let v2 = commit_bytes(&repo, "vm", changed.clone()).await;
+    assert_eq!(v2.parent_chunks, 0, "the damaged leaf lends nothing");
+    assert_eq!(
+        v2.record.stats.new_chunks, 1,
+        "the rest found through the index"
+    );
+    assert!(restore_bytes(&repo, &v2.record).await.unwrap() == changed);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_that_meets_damage_quarantines_it_and_allow_damage_restores_the_rest() {
     let (store, repo) = new_repo().await;
