@@ -7,12 +7,12 @@
 #
 #   scripts/fuzz.sh [SECONDS]      (default 60, per target)
 #
-# With a nightly toolchain (rustup), coverage-guided: cargo-fuzz (libFuzzer) runs the target
-# crates/cairn-image/fuzz/fuzz_targets/qcow2_parse.rs, seeded with small images made by
-# qemu-img (v2, v3, compressed, zero clusters, a backing file name), then
-# crates/cairn-nbd/fuzz/fuzz_targets/nbd_server.rs, seeded with valid client sessions, and
-# crates/cairn-format/fuzz/fuzz_targets/format_decoders.rs (every decoder of repository
-# bytes), seeded with the golden vectors;
+# With a nightly toolchain (rustup), coverage-guided: cargo-fuzz (libFuzzer) builds the three
+# targets of the crate fuzz/ at once (one compile of their dependencies), then runs
+# fuzz/fuzz_targets/qcow2_parse.rs, seeded with small images made by qemu-img (v2, v3,
+# compressed, zero clusters, a backing file name), fuzz/fuzz_targets/nbd_server.rs, seeded
+# with valid client sessions, and fuzz/fuzz_targets/format_decoders.rs (every decoder of
+# repository bytes), seeded with the golden vectors;
 # cargo-fuzz is installed with `cargo install` the first time. Without nightly, the stable
 # mutation fuzzers (crates/cairn-image/tests/fuzz_qcow2.rs: bit flips, overwrites,
 # truncations of real images; crates/cairn-nbd/tests/fuzz_server.rs: the same over client
@@ -23,14 +23,16 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 SECONDS_LIMIT=${1:-60}
-FUZZ_DIR="$ROOT/crates/cairn-image/fuzz"
-NBD_FUZZ_DIR="$ROOT/crates/cairn-nbd/fuzz"
+# The cargo-fuzz crate (its own workspace: fuzz/Cargo.toml); cargo fuzz runs from its parent.
+FUZZ_DIR="$ROOT/fuzz"
 
 if rustup run nightly rustc --version >/dev/null 2>&1 || rustup toolchain install nightly --profile minimal >/dev/null 2>&1; then
   if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
     log "cargo install cargo-fuzz --locked (once)"
     cargo install cargo-fuzz --locked >&2
   fi
+  log "cargo +nightly fuzz build (the three targets, one compile)"
+  (cd "$ROOT" && cargo +nightly fuzz build >&2)
   corpus=$(mktemp -d)
   trap 'rm -rf "$corpus"' EXIT
   raw="$corpus/src.raw"
@@ -53,7 +55,7 @@ PY
   mkdir -p "$corpus/run"
   cp "$corpus"/*.qcow2 "$corpus/run/"
   log "cargo +nightly fuzz run qcow2_parse for ${SECONDS_LIMIT} s (libFuzzer)"
-  (cd "$FUZZ_DIR" && cargo +nightly fuzz run qcow2_parse "$corpus/run" -- \
+  (cd "$ROOT" && cargo +nightly fuzz run qcow2_parse "$corpus/run" -- \
     -max_total_time="$SECONDS_LIMIT" -rss_limit_mb=2048 -max_len=1048576 -timeout=10 >&2)
   echo "fuzz: cargo-fuzz ran qcow2_parse for ${SECONDS_LIMIT} s without a finding"
 
@@ -93,17 +95,16 @@ PY
   log "cargo +nightly fuzz run nbd_server for ${SECONDS_LIMIT} s (libFuzzer)"
   # No allocation of the server's may come near 512 MiB (options are capped at 64 KiB, WRITE
   # payloads at 32 MiB); a hostile 32-bit length would ask for up to 4 GiB.
-  (cd "$NBD_FUZZ_DIR" && cargo +nightly fuzz run nbd_server "$nbd_corpus" -- \
+  (cd "$ROOT" && cargo +nightly fuzz run nbd_server "$nbd_corpus" -- \
     -dict="$corpus/nbd.dict" -max_total_time="$SECONDS_LIMIT" -rss_limit_mb=2048 \
     -malloc_limit_mb=512 -max_len=65536 -timeout=10 >&2)
   echo "fuzz: cargo-fuzz ran nbd_server for ${SECONDS_LIMIT} s without a finding"
 
   # Every decoder of cairn-format: the first byte picks the decoder, so each golden vector
   # seeds each decoder (one line per decoder in the target's DECODERS table).
-  FORMAT_FUZZ_DIR="$ROOT/crates/cairn-format/fuzz"
   format_corpus="$corpus/format"
   mkdir -p "$format_corpus"
-  decoders=$(grep -c '^    ("' "$FORMAT_FUZZ_DIR/fuzz_targets/format_decoders.rs")
+  decoders=$(grep -c '^    ("' "$FUZZ_DIR/fuzz_targets/format_decoders.rs")
   python3 - "$format_corpus" "$decoders" "$ROOT"/crates/cairn-format/tests/golden/*.hex <<'PY'
 import os, sys
 out, n = sys.argv[1], int(sys.argv[2])
@@ -115,7 +116,7 @@ for path in sys.argv[3:]:
             f.write(bytes([which]) + data)
 PY
   log "cargo +nightly fuzz run format_decoders for ${SECONDS_LIMIT} s (libFuzzer, $decoders decoders)"
-  (cd "$FORMAT_FUZZ_DIR" && cargo +nightly fuzz run format_decoders "$format_corpus" -- \
+  (cd "$ROOT" && cargo +nightly fuzz run format_decoders "$format_corpus" -- \
     -max_total_time="$SECONDS_LIMIT" -rss_limit_mb=2048 -malloc_limit_mb=512 \
     -max_len=262144 -timeout=10 >&2)
   echo "fuzz: cargo-fuzz ran format_decoders for ${SECONDS_LIMIT} s without a finding"

@@ -5,6 +5,7 @@
 //! Needs `CAIRN_TEST_S3_URL` and the `AWS_*` credentials (see `scripts/minio.sh run`); prints
 //! a skip line without them, unless `CAIRN_REQUIRE_S3=1`.
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use common::cairn;

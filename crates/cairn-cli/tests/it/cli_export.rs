@@ -1,0 +1,362 @@
+//! `cairn export`: a version served over NBD to real clients (qemu-img, nbdcopy, nbdinfo),
+//! the shared chunk cache, writable overlays and COMMIT, and failure when the repository goes
+//! away.
+
+use crate::common::cairn;
+use crate::common::export::*;
+
+use serde_json::Value;
+
+/// qemu-img and then nbdcopy read the whole export: both bit-exact to `want`.
+fn clients_read(served: &Served, dir: &std::path::Path, want: &std::path::Path) {
+    let out = dir.join("convert.raw");
+    qemu_img_convert(served.uri(), &out);
+    same_file(&out, want, "qemu-img convert");
+    let copy = dir.join("copy.raw");
+    nbdcopy(served.uri(), &copy);
+    same_file(&copy, want, "nbdcopy");
+}
+
+/// `nbdinfo --map` of `uri`: its text and its rows split into fields.
+fn map_rows(uri: &str) -> (String, Vec<Vec<String>>) {
+    let map = tool("nbdinfo", "libnbd-bin")
+        .args(["--map", uri])
+        .output()
+        .unwrap();
+    let map = String::from_utf8(map.stdout).unwrap();
+    let rows = map
+        .lines()
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect();
+    (map, rows)
+}
+
+#[test]
+fn real_clients_read_a_version_bit_exact_and_skip_its_holes() {
+    let (dir, repo, a, _) = setup();
+    let mut served = Served::start(&repo, "vm@1", dir.path(), "a");
+    clients_read(&served, dir.path(), &a);
+
+    // The map shows the zero run as a hole, exactly where it is.
+    let (map, rows) = map_rows(&served.uri());
+    assert_eq!(rows.len(), 3, "{map}");
+    assert_eq!(rows[0][..3], ["0", "3145728", "0"], "{map}");
+    assert_eq!(rows[1][..3], ["3145728", "2097152", "3"], "{map}");
+    assert_eq!(rows[2][..3], ["5242880", "1060864", "0"], "{map}");
+
+    // The data was fetched once (the second client read from the cache), zeros never.
+    let s = served.stats();
+    let data_bytes = 3 * 1048576 + 1048576 + 12288;
+    assert_eq!(s["bytes_fetched"].as_u64().unwrap(), data_bytes, "{s}");
+    assert!(s["cache_hits"].as_u64().unwrap() > 0, "{s}");
+    assert_eq!(s["fetch_errors"], 0);
+
+    // Writes to a read-only export are refused.
+    let w = tool("qemu-io", "qemu-utils")
+        .args(["-f", "raw", "-c", "write -P 0xab 0 4096", &served.uri()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&w.stdout).to_string() + &String::from_utf8_lossy(&w.stderr);
+    assert!(!text.contains("wrote 4096"), "{text}");
+}
+
+/// Format 2: the same clients, the same bytes and holes; each group fetched once (its plain
+/// bytes counted), and a second export of an image sharing data fetches only its own groups.
+#[test]
+fn a_format_2_version_is_served_bit_exact_and_shares_the_cache() {
+    let (dir, repo, a, b) = setup_format("2");
+    let mut served = Served::start(&repo, "vm@1", dir.path(), "a");
+    clients_read(&served, dir.path(), &a);
+    let (map, rows) = map_rows(&served.uri());
+    assert_eq!(rows.len(), 3, "{map}");
+    assert_eq!(rows[1][..3], ["3145728", "2097152", "3"], "{map}");
+    let s = served.stats();
+    let data_bytes = 3 * 1048576 + 1048576 + 12288;
+    assert_eq!(s["bytes_fetched"].as_u64().unwrap(), data_bytes, "{s}");
+    assert_eq!(s["fetch_errors"], 0, "{s}");
+    drop(served);
+
+    let mut served = Served::start(&repo, "other", dir.path(), "b");
+    let out = dir.path().join("b-out.raw");
+    qemu_img_convert(served.uri(), &out);
+    same_file(&out, &b, "second export");
+    let s = served.stats();
+    assert_eq!(s["bytes_fetched"].as_u64().unwrap(), 1 << 20, "{s}");
+    assert_eq!(s["cache_hits"].as_u64().unwrap(), 3 * 256, "{s}");
+}
+
+#[test]
+fn a_second_export_fetches_only_what_the_cache_lacks() {
+    let (dir, repo, _, b) = setup();
+    {
+        let served = Served::start(&repo, "vm", dir.path(), "a");
+        qemu_img_convert(served.uri(), &dir.path().join("a-out.raw"));
+    }
+    // Another image sharing its first 3 MiB: only its own last MiB comes from the repository.
+    let mut served = Served::start(&repo, "other", dir.path(), "b");
+    let out = dir.path().join("b-out.raw");
+    qemu_img_convert(served.uri(), &out);
+    same_file(&out, &b, "second export");
+    let s = served.stats();
+    assert_eq!(s["bytes_fetched"].as_u64().unwrap(), 1 << 20, "{s}");
+    assert_eq!(s["cache_hits"].as_u64().unwrap(), 3 * 64, "{s}");
+}
+
+#[test]
+fn reads_fail_with_an_error_when_the_repository_is_gone() {
+    let (dir, repo, _, _) = setup();
+    let served = Served::start(&repo, "vm", dir.path(), "a");
+    std::fs::rename(repo.join("packs"), dir.path().join("packs-away")).unwrap();
+    let out = tool("qemu-io", "qemu-utils")
+        .args(["-r", "-f", "raw", "-c", "read -P 0 0 65536", &served.uri()])
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("Input/output error"), "{text}");
+    // Zeros need no repository.
+    let out = tool("qemu-io", "qemu-utils")
+        .args([
+            "-r",
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0 3145728 65536",
+            &served.uri(),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("read 65536/65536 bytes"), "{text}");
+}
+
+#[test]
+fn writes_go_to_the_overlay_and_commit_back_as_a_new_version() {
+    writes_commit_back("1", 6); // 2 + 1 + 1 + 1 + 1 blocks of 16 KiB
+}
+
+/// Format 2: the overlay's blocks are 4 KiB (its chunk size), COMMIT a patch on group runs.
+#[test]
+fn format_2_writes_commit_back_as_a_new_version() {
+    writes_commit_back("2", 18); // 8 + 4 + 4 + 2 blocks of 4 KiB
+}
+
+fn writes_commit_back(format: &str, blocks_held: u64) {
+    let (dir, repo, a, _) = setup_format(format);
+    let served = start_writable(&repo, "vm", dir.path(), "w");
+    let uri = served.uri();
+    // A partial-block write across two blocks, a full block, zeros over data, and data in the
+    // zero run.
+    qemu_io(
+        &uri,
+        &[
+            "write -P 0xab 10000 30000",
+            "write -P 0xcd 65536 16384",
+            "write -z 131072 16384",
+            "write -P 0xef 4194304 8192",
+            "flush",
+        ],
+    );
+    let mut want = std::fs::read(&a).unwrap();
+    want[10000..40000].fill(0xab);
+    want[65536..81920].fill(0xcd);
+    want[131072..147456].fill(0);
+    want[4194304..4202496].fill(0xef);
+    qemu_io(
+        &uri,
+        &["read -P 0xab 10000 30000", "read -P 0xef 4194304 8192"],
+    );
+    let copy = dir.path().join("live.raw");
+    nbdcopy(&uri, &copy);
+    same_file_bytes(&copy, &want, "export with overlay");
+
+    let status = cairn_ctl(&repo, dir.path(), &["--json", "status", "disk"]);
+    let status: Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["overlay"]["blocks_held"], blocks_held, "{status}");
+
+    // COMMIT: a new version of vm holding exactly what the export showed.
+    let out = cairn_ctl(
+        &repo,
+        dir.path(),
+        &[
+            "--json",
+            "commit",
+            "vm",
+            "--from-export",
+            "disk",
+            "-m",
+            "from qemu",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["image"].as_str(), v["seq"].as_u64()),
+        (Some("vm"), Some(2)),
+        "{v}"
+    );
+    // The zeroed blocks are a hole; equal blocks are one chunk (in both formats: 5).
+    assert_eq!(v["new_chunks"], 5, "{v}");
+    let restored = dir.path().join("v2.raw");
+    assert!(cairn(
+        &repo,
+        &[
+            "-q",
+            "restore",
+            "vm@2",
+            restored.to_str().unwrap(),
+            "--force"
+        ]
+    )
+    .status
+    .success());
+    same_file_bytes(&restored, &want, "committed version");
+
+    // The export goes on with the new version and an empty overlay.
+    let status: Value =
+        serde_json::from_slice(&cairn_ctl(&repo, dir.path(), &["--json", "status", "disk"]).stdout)
+            .unwrap();
+    assert_eq!(
+        (
+            status["seq"].as_u64(),
+            status["overlay"]["blocks_held"].as_u64()
+        ),
+        (Some(2), Some(0)),
+        "{status}"
+    );
+    qemu_io(&uri, &["read -P 0xcd 65536 16384"]);
+
+    // Writes committed into a new image start its history at the export's version.
+    qemu_io(&uri, &["write -P 0x11 0 4096", "flush"]);
+    let out = cairn_ctl(
+        &repo,
+        dir.path(),
+        &["-q", "commit", "branch", "--from-export", "disk"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log = String::from_utf8(cairn(&repo, &["log", "branch"]).stdout).unwrap();
+    assert!(log.starts_with("branch@1 "), "{log}");
+    assert!(log.contains("\ncloned from vm@2 ("), "{log}");
+}
+
+#[test]
+fn overlay_snapshots_roll_back_and_flushed_writes_survive_kill_9() {
+    let (dir, repo, _, _) = setup();
+    let mut served = start_writable(&repo, "vm", dir.path(), "w");
+    let uri = served.uri();
+    qemu_io(&uri, &["write -P 0x11 0 16384", "flush"]);
+    let ok = |args: &[&str]| {
+        let out = cairn_ctl(&repo, dir.path(), args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    ok(&["overlay", "snapshot", "disk", "s1"]);
+    qemu_io(
+        &uri,
+        &[
+            "write -P 0x22 0 16384",
+            "write -P 0x33 16384 16384",
+            "flush",
+        ],
+    );
+    assert_eq!(ok(&["overlay", "list", "disk"]), "disk: snapshots s1\n");
+    ok(&["overlay", "rollback", "disk", "s1"]);
+    qemu_io(&uri, &["read -P 0x11 0 16384"]);
+    ok(&["overlay", "snapshot", "disk", "s2"]);
+    qemu_io(&uri, &["write -P 0x44 32768 16384", "flush"]);
+    ok(&["overlay", "delete", "disk", "s1"]);
+    qemu_io(&uri, &["read -P 0x11 0 16384", "read -P 0x44 32768 16384"]);
+
+    // kill -9, then a new export on the same version reopens the overlay with its writes.
+    served.child.kill().unwrap();
+    served.child.wait().unwrap();
+    let served = start_writable(&repo, "vm", dir.path(), "w2");
+    qemu_io(
+        &served.uri(),
+        &["read -P 0x11 0 16384", "read -P 0x44 32768 16384"],
+    );
+    let status: Value =
+        serde_json::from_slice(&cairn_ctl(&repo, dir.path(), &["--json", "status", "disk"]).stdout)
+            .unwrap();
+    assert_eq!(
+        status["overlay"]["snapshots"],
+        serde_json::json!(["s2"]),
+        "{status}"
+    );
+}
+
+#[test]
+fn one_process_serves_several_exports_sharing_one_cache() {
+    let (dir, repo, a, b) = setup();
+    let served = Served::spawn(&repo, dir.path(), "multi", &["vm@1=first", "other=second"]);
+    let socket = served.socket.clone();
+    let list = tool("nbdinfo", "libnbd-bin")
+        .args([
+            "--list",
+            "--json",
+            &format!("nbd+unix:///?socket={}", socket.display()),
+        ])
+        .output()
+        .unwrap();
+    let list: Value = serde_json::from_slice(&list.stdout).unwrap();
+    let mut names: Vec<&str> = list["exports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["export-name"].as_str().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["first", "second"], "{list}");
+    for (name, want) in [("first", &a), ("second", &b)] {
+        let out = dir.path().join(format!("{name}.raw"));
+        qemu_img_convert(
+            format!("nbd+unix:///{name}?socket={}", socket.display()),
+            &out,
+        );
+        same_file(&out, want, name);
+    }
+    let status = cairn_ctl(&repo, dir.path(), &["--json", "status", "second"]);
+    let status: Value = serde_json::from_slice(&status.stdout).unwrap();
+    // The second image shares its first 3 MiB with the first: served from the cache.
+    assert_eq!(status["stats"]["bytes_fetched"], 1 << 20, "{status}");
+    drop(served);
+}
+
+/// `nbdinfo [ cairn export … ]` starts the export itself (socket activation) and talks to it.
+#[test]
+fn a_client_can_start_the_export_itself() {
+    let (dir, repo, a, _) = setup();
+    let out = tool("nbdinfo", "libnbd-bin")
+        .args(["--size", "--", "["])
+        .arg(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--repo")
+        .arg(&repo)
+        .args(["-q", "export", "vm", "--cache-dir"])
+        .arg(dir.path().join("cache"))
+        .arg("]")
+        .env("CAIRN_RUN_DIR", dir.path().join("run"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let size = std::fs::metadata(&a).unwrap().len();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        size.to_string()
+    );
+}

@@ -1,0 +1,312 @@
+//! Safe in an operator's hands: restores never clobber, names that cannot be stored are
+//! refused before any write, killed processes do not hold up GC, SIGINT/SIGTERM end work
+//! cleanly, and nothing is left behind.
+
+use crate::common::{cairn, noise, stderr_line};
+
+use std::io::Write;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn init(dir: &Path) -> PathBuf {
+    let repo = dir.join("repo");
+    let out = cairn(&repo, &["init", "--reserve", "0"]);
+    assert!(out.status.success(), "{out:?}");
+    repo
+}
+
+fn commit_file(repo: &Path, image: &str, path: &Path) {
+    let out = cairn(repo, &["-q", "commit", image, path.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// Every file under `dir` whose name starts with `prefix`.
+fn files_named(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if e.file_name().to_string_lossy().starts_with(prefix) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+fn sessions(repo: &Path) -> Vec<PathBuf> {
+    files_named(&repo.join("refs/sessions"), "")
+}
+
+#[test]
+fn restore_never_clobbers() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = init(dir.path());
+    let data = noise(1 << 20, 1);
+    let src = dir.path().join("disk.raw");
+    std::fs::write(&src, &data).unwrap();
+    commit_file(&repo, "vm", &src);
+
+    // An existing file: refused without --force, unchanged.
+    let existing = dir.path().join("existing.raw");
+    std::fs::write(&existing, b"precious").unwrap();
+    let out = cairn(&repo, &["restore", "vm", existing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr_line(&out),
+        format!(
+            "cairn: error: will not restore to {}: it exists; pass --force to replace it (the \
+             new image is written aside and renamed over it only when complete)",
+            existing.display()
+        )
+    );
+    assert_eq!(std::fs::read(&existing).unwrap(), b"precious");
+    // With --force it is replaced, bit-exact.
+    let out = cairn(
+        &repo,
+        &["-q", "restore", "vm", existing.to_str().unwrap(), "--force"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(std::fs::read(&existing).unwrap(), data);
+
+    // A file another process holds a lock on (QEMU locks a running VM's images): refused
+    // even with --force.
+    let locked = dir.path().join("locked.raw");
+    std::fs::write(&locked, b"in use").unwrap();
+    let holder = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&locked)
+        .unwrap();
+    // SAFETY: a zeroed flock (plain integers) is a valid value.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_RDLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock.l_start = 100;
+    lock.l_len = 1;
+    // SAFETY: `holder` owns a valid descriptor during the call; `lock` outlives it.
+    let rc = unsafe { libc::fcntl(holder.as_raw_fd(), libc::F_OFD_SETLK, &lock) };
+    assert_eq!(rc, 0);
+    let out = cairn(
+        &repo,
+        &["restore", "vm", locked.to_str().unwrap(), "--force"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let line = stderr_line(&out);
+    assert!(line.contains("it is in use:"), "{line}");
+    assert_eq!(std::fs::read(&locked).unwrap(), b"in use");
+    drop(holder);
+
+    // A FIFO, a directory, a character device: refused, and left as they were.
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    for (target, what) in [
+        (fifo.clone(), "it is a FIFO"),
+        (dir.path().to_path_buf(), "it is a directory"),
+        (PathBuf::from("/dev/null"), "it is a character device"),
+    ] {
+        let out = cairn(
+            &repo,
+            &["restore", "vm", target.to_str().unwrap(), "--force"],
+        );
+        assert_eq!(out.status.code(), Some(1), "{target:?}");
+        assert_eq!(
+            stderr_line(&out),
+            format!(
+                "cairn: error: will not restore to {}: {what}; restore writes files and block \
+                 devices (`-` writes to standard output)",
+                target.display()
+            )
+        );
+    }
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    assert!(std::fs::metadata("/dev/null")
+        .unwrap()
+        .file_type()
+        .is_char_device());
+    // No partial file was left anywhere.
+    assert!(files_named(dir.path(), ".existing.raw.cairn-partial").is_empty());
+}
+
+#[test]
+fn a_name_that_cannot_be_stored_is_refused_before_any_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = init(dir.path());
+    let src = dir.path().join("disk.raw");
+    std::fs::write(&src, noise(1 << 20, 2)).unwrap();
+    let name = "+".repeat(200);
+    let out = cairn(&repo, &["commit", &name, src.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let line = stderr_line(&out);
+    assert!(
+        line.contains("600 bytes once encoded for storage, at most 255"),
+        "{line}"
+    );
+    assert!(line.len() < 250, "the name is shortened: {line}");
+    for sub in ["packs", "index", "versions", "summaries"] {
+        assert!(
+            files_named(&repo.join(sub), "").is_empty(),
+            "{sub} is empty"
+        );
+    }
+}
+
+/// A `cairn commit vm -` fed through a pipe that the test controls: it stays mid-commit
+/// until the pipe is closed.
+struct SlowCommit {
+    child: Child,
+}
+
+impl SlowCommit {
+    fn start(repo: &Path, image: &str) -> SlowCommit {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .arg("--repo")
+            .arg(repo)
+            .args(["-q", "commit", image, "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Enough data for a few packs (1 MiB of noise per segment), then keep it waiting.
+        let stdin = child.stdin.as_mut().unwrap();
+        stdin.write_all(&noise(24 << 20, 3)).unwrap();
+        stdin.flush().unwrap();
+        SlowCommit { child }
+    }
+
+    /// Waits until the commit has registered its session.
+    fn wait_for_session(&self, repo: &Path, before: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while sessions(repo).len() <= before {
+            assert!(Instant::now() < deadline, "the commit never registered");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn gc_json(repo: &Path, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["--json", "gc"];
+    all.extend_from_slice(args);
+    let out = cairn(repo, &all);
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn a_killed_commit_or_gc_does_not_hold_up_the_next_gc() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = init(dir.path());
+    let src = dir.path().join("disk.raw");
+    for seed in 0..2 {
+        std::fs::write(&src, noise(4 << 20, 10 + seed)).unwrap();
+        commit_file(&repo, "vm", &src);
+    }
+    // Something for GC to do, so that it has to wait for older sessions.
+    assert!(cairn(&repo, &["rm", "--no-gc", "vm@1"]).status.success());
+
+    let mut commit = SlowCommit::start(&repo, "other");
+    commit.wait_for_session(&repo, 0);
+    commit.child.kill().unwrap(); // SIGKILL: no cleanup at all
+    commit.child.wait().unwrap();
+    assert_eq!(
+        sessions(&repo).len(),
+        1,
+        "the dead commit's session is left"
+    );
+    // A GC right after does not wait for the dead process (10 minutes before); the wait
+    // limit makes a wait fail instead of hang.
+    let report = gc_json(&repo, &["--wait-limit", "30"]);
+    assert_eq!(report["freed_versions"], 1);
+    assert!(sessions(&repo).is_empty(), "the dead session was removed");
+
+    // A GC killed while it waits for a live session leaves its lock; a GC started once that
+    // session is gone takes the dead GC's lock over at once.
+    assert!(cairn(&repo, &["rm", "--no-gc", "vm@2"]).status.success());
+    let mut live = SlowCommit::start(&repo, "other");
+    live.wait_for_session(&repo, 0);
+    let mut waiting_gc = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--repo")
+        .arg(&repo)
+        .args(["gc"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !repo.join("refs/gc/lock").exists() {
+        assert!(Instant::now() < deadline, "gc never took its lock");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    waiting_gc.kill().unwrap();
+    waiting_gc.wait().unwrap();
+    live.child.kill().unwrap();
+    live.child.wait().unwrap();
+    assert!(
+        repo.join("refs/gc/lock").exists(),
+        "the killed gc's lock is left"
+    );
+    let report = gc_json(&repo, &["--wait-limit", "30"]);
+    assert_eq!(report["freed_versions"], 1);
+    assert!(!repo.join("refs/gc/lock").exists());
+
+    // What the killed commits left (their packs and temporary files) is gone, and a repair
+    // pass finds nothing more to reclaim. (Temporary files count as stale once they are
+    // older than every live session by the clock-skew margin of one second.)
+    std::thread::sleep(Duration::from_millis(1100));
+    let report = gc_json(&repo, &["--repair"]);
+    assert_eq!(report["bytes_reclaimed"], 0, "{report}");
+    assert!(files_named(&repo, ".tmp-").is_empty());
+    let out = cairn(&repo, &["verify"]);
+    assert!(out.status.success(), "{out:?}");
+}
+
+#[test]
+fn sigint_and_sigterm_end_a_commit_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = init(dir.path());
+    for (signal, code, name) in [
+        (libc::SIGINT, 130, "SIGINT"),
+        (libc::SIGTERM, 143, "SIGTERM"),
+    ] {
+        let commit = SlowCommit::start(&repo, "vm");
+        commit.wait_for_session(&repo, 0);
+        // Let it store a pack or two.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while files_named(&repo.join("packs"), "").is_empty() {
+            assert!(Instant::now() < deadline, "no pack was stored");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Hold stdin open until the process has exited (wait_with_output would close it,
+        // and an EOF could let the commit finish before it handles the signal).
+        let mut child = commit.child;
+        let stdin = child.stdin.take();
+        // SAFETY: kill with a valid pid and signal number.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let out = child.wait_with_output().unwrap();
+        drop(stdin);
+        assert_eq!(out.status.code(), Some(code), "{out:?}");
+        assert_eq!(
+            stderr_line(&out),
+            format!("cairn: interrupted by {name}; stopped cleanly, nothing half-done was kept")
+        );
+        assert!(sessions(&repo).is_empty(), "the session was closed");
+        assert!(
+            files_named(&repo.join("packs"), "").is_empty(),
+            "the unpublished packs were deleted"
+        );
+        assert!(files_named(&repo, ".tmp-").is_empty());
+        assert!(files_named(&repo.join("versions"), "").is_empty());
+    }
+    let out = cairn(&repo, &["images"]);
+    assert!(out.status.success());
+    assert!(out.stdout.is_empty(), "nothing was published");
+}

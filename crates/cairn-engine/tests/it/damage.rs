@@ -1,0 +1,315 @@
+//! Damage and faults: corrupt or truncated packs, failing stores, concurrent committers.
+//! The user must get a clear error, the repository must stay consistent, and no committed
+//! version may be lost.
+
+use cairn_format::keys;
+use std::sync::Arc;
+
+use crate::common::*;
+use cairn_engine::commit::{commit, CommitOptions};
+use cairn_engine::resolve::{history, resolve, VersionSpec};
+use cairn_engine::source::StreamSource;
+use cairn_engine::verify::verify;
+use cairn_format::Id;
+use cairn_repo::Repo;
+use cairn_store::{MemoryStore, ObjectStore};
+
+/// Three versions of one image: v2 and v3 share everything but one MiB with v1; v3 adds a
+/// unique MiB. Returns the store, the repo and the contents.
+async fn three_versions() -> (Arc<MemoryStore>, Arc<Repo>, Vec<Vec<u8>>) {
+    let store = Arc::new(MemoryStore::new());
+    let repo = Arc::new(
+        Repo::init(store.clone(), config(16384, 1 << 20))
+            .await
+            .unwrap(),
+    );
+    let v1 = noise(4 << 20, 1);
+    let mut v2 = v1.clone();
+    v2[(1 << 20)..(2 << 20)].copy_from_slice(&noise(1 << 20, 2));
+    let mut v3 = v2.clone();
+    v3[(3 << 20)..(4 << 20)].copy_from_slice(&noise(1 << 20, 3));
+    let mut contents = Vec::new();
+    for v in [v1, v2, v3] {
+        commit_bytes(&repo, "vm", v.clone()).await;
+        contents.push(v);
+    }
+    (store, repo, contents)
+}
+
+/// Reopens the repository as a new process would.
+async fn reopen(store: &Arc<MemoryStore>) -> Arc<Repo> {
+    Arc::new(Repo::open(store.clone()).await.unwrap())
+}
+
+async fn version(repo: &Repo, spec: &str) -> cairn_format::version::VersionRecord {
+    resolve(repo, &VersionSpec::parse(spec).unwrap())
+        .await
+        .unwrap()
+        .1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flipped_byte_in_a_chunk_names_exactly_the_affected_versions() {
+    let (store, repo, contents) = three_versions().await;
+    assert!(verify(repo.clone()).await.unwrap().is_clean());
+    // Damage a chunk that only version 3 uses: the first chunk of its unique last MiB.
+    let v3 = version(&repo, "vm@3").await;
+    let unique = Id::of(&contents[2][(3 << 20)..(3 << 20) + 16384]);
+    let loc = repo.locate(&unique).unwrap();
+    store.corrupt_object(&keys::pack(&loc.pack), loc.entry.offset as usize + 100);
+
+    // A restore that meets the damage names the blob, the pack and the offset...
+    let repo = reopen(&store).await;
+    let err = restore_bytes(&repo, &v3).await.unwrap_err();
+    assert!(
+        err.starts_with(&format!(
+            "blob {unique} in pack {} at offset {}: ",
+            loc.pack, loc.entry.offset
+        )),
+        "{err}"
+    );
+    // ...and so does verify, which names exactly the damaged version.
+    let repo = reopen(&store).await;
+    let report = verify(repo.clone()).await.unwrap();
+    assert!(!report.is_clean());
+    let damaged: Vec<(String, u64)> = report
+        .damaged_versions
+        .iter()
+        .map(|d| (d.image.clone(), d.seq))
+        .collect();
+    assert_eq!(damaged, vec![("vm".to_string(), 3)]);
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.contains(&unique.to_hex()) && p.contains(&loc.pack.to_hex())),
+        "the problem names the blob and the pack: {:?}",
+        report.problems
+    );
+
+    // The damaged copy is quarantined now: a restore says so.
+    let err = restore_bytes(&repo, &v3).await.unwrap_err();
+    assert_eq!(
+        err,
+        format!(
+            "blob {unique} in pack {}: the only copy is damaged (quarantined); commit its data \
+             again or run `cairn repair --from IMAGE_FILE`",
+            loc.pack
+        )
+    );
+    for (i, expected) in contents.iter().enumerate().take(2) {
+        let v = version(&repo, &format!("vm@{}", i + 1)).await;
+        assert_eq!(&restore_bytes(&repo, &v).await.unwrap(), expected);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_pack_damages_every_version_that_uses_it() {
+    let (store, repo, contents) = three_versions().await;
+    // The first data pack holds v1's chunks (packs are 1 MiB here, so there are several).
+    let shared = Id::of(&contents[0][..16384]);
+    let loc = repo.locate(&shared).unwrap();
+    store.truncate_object(&keys::pack(&loc.pack), loc.entry.offset as usize + 10);
+    let repo = reopen(&store).await;
+    let err = restore_bytes(&repo, &version(&repo, "vm@1").await)
+        .await
+        .unwrap_err();
+    assert!(err.contains("truncated"), "{err}");
+    let repo = reopen(&store).await;
+    let report = verify(repo.clone()).await.unwrap();
+    let seqs: Vec<u64> = report.damaged_versions.iter().map(|d| d.seq).collect();
+    assert_eq!(
+        seqs,
+        vec![1, 2, 3],
+        "the first MiB is shared by all three versions"
+    );
+    assert!(
+        report.problems.iter().any(|p| p.contains("truncated")),
+        "{:?}",
+        report.problems
+    );
+    let err = restore_bytes(&repo, &version(&repo, "vm@1").await)
+        .await
+        .unwrap_err();
+    assert!(err.contains("quarantined"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_pack_and_corrupt_index_are_reported() {
+    let (store, repo, contents) = three_versions().await;
+    let unique = Id::of(&contents[2][(3 << 20)..(3 << 20) + 16384]);
+    let loc = repo.locate(&unique).unwrap();
+    store.delete(&keys::pack(&loc.pack)).await.unwrap();
+    let index_key = store.list("index/").await.unwrap()[0].key.clone();
+    store.corrupt_object(&index_key, 40);
+    let repo = reopen(&store).await;
+    let report = verify(repo.clone()).await.unwrap();
+    assert!(report
+        .problems
+        .iter()
+        .any(|p| p.starts_with(&index_key) && p.contains("checksum mismatch")));
+    assert!(!report.damaged_versions.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_failing_mid_commit_publishes_nothing_and_loses_nothing() {
+    let inner = Arc::new(MemoryStore::new());
+    let repo = Arc::new(
+        Repo::init(inner.clone(), config(16384, 1 << 20))
+            .await
+            .unwrap(),
+    );
+    let v1 = noise(6 << 20, 9);
+    let first = commit_bytes(&repo, "vm", v1.clone()).await;
+    let v2 = noise(6 << 20, 10);
+    // Allow every number of writes a commit might get through before the store "fills up",
+    // until it has enough to finish; then that commit must be complete.
+    let mut allowed = 0;
+    loop {
+        let failing = Arc::new(FailingStore::new(inner.clone(), allowed));
+        let Ok(repo_f) = Repo::open(failing).await else {
+            allowed += 1; // the store failed while the session was being registered
+            continue;
+        };
+        let repo_f = Arc::new(repo_f);
+        let src = StreamSource::new("test", std::io::Cursor::new(v2.clone()));
+        let r = commit(repo_f, "vm", Box::new(src), CommitOptions::default()).await;
+        let repo = reopen(&inner).await;
+        let log = history(&repo, "vm").await.unwrap();
+        let report = verify(repo.clone()).await.unwrap();
+        assert!(
+            report.is_clean(),
+            "allowed {allowed}: {:?}",
+            report.problems
+        );
+        match r {
+            Err(e) => {
+                assert!(
+                    e.to_string().contains("injected failure"),
+                    "allowed {allowed}: {e}"
+                );
+                assert_eq!(log.len(), 1, "allowed {allowed}: nothing was published");
+                assert_eq!(log[0].0, first.id);
+                assert_eq!(restore_bytes(&repo, &log[0].1).await.unwrap(), v1);
+            }
+            Ok(second) => {
+                assert!(allowed >= 3, "a commit needs packs, index, version and ref");
+                assert_eq!(log.len(), 2);
+                assert_eq!(second.record.seq, 2);
+                assert_eq!(restore_bytes(&repo, &second.record).await.unwrap(), v2);
+                assert_eq!(restore_bytes(&repo, &log[1].1).await.unwrap(), v1);
+                break;
+            }
+        }
+        allowed += 1;
+        assert!(allowed < 100, "commit never succeeded");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_commits_to_one_image_all_land() {
+    let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+    Repo::init(store.clone(), config(16384, 1 << 20))
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..6u64 {
+        // Each task opens its own Repo, as separate processes would.
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let repo = Arc::new(Repo::open(store).await.unwrap());
+            let data = noise(2 << 20, 100 + i);
+            let c = commit_bytes(&repo, "shared", data.clone()).await;
+            (c.id, data)
+        }));
+    }
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.unwrap());
+    }
+    let repo = Arc::new(Repo::open(store).await.unwrap());
+    let log = history(&repo, "shared").await.unwrap();
+    let seqs: Vec<u64> = log.iter().map(|(_, r)| r.seq).collect();
+    assert_eq!(
+        seqs,
+        vec![6, 5, 4, 3, 2, 1],
+        "a linear history with no lost commit"
+    );
+    for (id, data) in results {
+        let (_, record) = log
+            .iter()
+            .find(|(v, _)| *v == id)
+            .expect("every commit is in the history");
+        assert_eq!(restore_bytes(&repo, record).await.unwrap(), data);
+    }
+    assert!(verify(repo).await.unwrap().is_clean());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repository_that_refuses_writes_can_still_be_read() {
+    let (store, _repo, contents) = three_versions().await;
+    let read_only: Arc<dyn ObjectStore> = Arc::new(FailingStore::new(store.clone(), 0));
+    // Readers work without a session ...
+    let reader = Arc::new(
+        Repo::open_as(read_only.clone(), cairn_repo::SessionKind::Restore)
+            .await
+            .unwrap(),
+    );
+    let v = version(&reader, "vm@2").await;
+    assert_eq!(restore_bytes(&reader, &v).await.unwrap(), contents[1]);
+    assert!(verify(reader.clone()).await.unwrap().is_clean());
+    // ... writers need one: their safety against a concurrent GC depends on it.
+    let err = Repo::open_as(read_only, cairn_repo::SessionKind::Commit)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("injected failure"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_commit_can_take_back_its_packs() {
+    // The store fails mid-commit (a full bucket); once it accepts deletes again, the packs the
+    // commit stored but never indexed are deleted, and the repository is what it was.
+    let inner = Arc::new(MemoryStore::new());
+    let repo = Arc::new(
+        Repo::init(inner.clone(), config(16384, 1 << 20))
+            .await
+            .unwrap(),
+    );
+    commit_bytes(&repo, "vm", noise(3 << 20, 1)).await;
+    let packs = |store: Arc<MemoryStore>| async move {
+        let mut keys: Vec<String> = store
+            .list("packs/")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.key)
+            .collect();
+        keys.sort();
+        keys
+    };
+    let before = packs(inner.clone()).await;
+    for allowed in [2, 4, 7] {
+        let failing = Arc::new(FailingStore::new(inner.clone(), allowed));
+        let repo_f = Arc::new(Repo::open(failing.clone()).await.unwrap());
+        let src = StreamSource::new("test", std::io::Cursor::new(noise(8 << 20, 2)));
+        let err = commit(
+            repo_f.clone(),
+            "vm",
+            Box::new(src),
+            CommitOptions::default(),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("injected failure"), "{err}");
+        assert!(
+            packs(inner.clone()).await.len() > before.len(),
+            "allowed {allowed}: some packs landed"
+        );
+        failing.allow(usize::MAX);
+        assert!(repo_f.discard_unindexed_packs().await > 0);
+        assert_eq!(packs(inner.clone()).await, before, "allowed {allowed}");
+        repo_f.close().await.unwrap();
+    }
+    let report = verify(reopen(&inner).await).await.unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}

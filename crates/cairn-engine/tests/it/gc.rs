@@ -1,0 +1,520 @@
+//! Garbage collection: space comes back, live data never goes, concurrent commits are safe,
+//! and a GC that dies at any point leaves a consistent repository.
+
+use cairn_format::keys;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::common::*;
+use cairn_engine::gc::{gc, GcMode, GcOptions};
+use cairn_engine::progress::WorkProgress;
+use cairn_engine::resolve::{history, resolve, VersionSpec};
+use cairn_engine::verify::verify;
+use cairn_format::config::RepoConfig;
+use cairn_format::summary::Summary;
+use cairn_format::version::VersionRecord;
+use cairn_repo::Repo;
+use cairn_store::{MemoryStore, ObjectStore};
+
+fn opts(mode: GcMode) -> GcOptions {
+    GcOptions {
+        mode,
+        poll: Duration::from_millis(10),
+        ..Default::default()
+    }
+}
+
+/// A repository format under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    V1,
+    /// Format 2 (4 KiB chunks in groups; GC marks exactly in either mode).
+    V2,
+}
+
+impl Format {
+    fn config(self) -> RepoConfig {
+        match self {
+            Format::V1 => config(16384, 1 << 20),
+            Format::V2 => RepoConfig {
+                repo_id: [1; 16],
+                segment_size: 1 << 20,
+                pack_target: 1 << 20,
+                ..RepoConfig::default_v2()
+            },
+        }
+    }
+}
+
+/// Runs a scenario with fast deletion and with the exact pass on format 1, and once on
+/// format 2.
+macro_rules! both_modes {
+    ($name:ident) => {
+        mod $name {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn fast() {
+                super::$name(GcMode::Fast, Format::V1).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn repair() {
+                super::$name(GcMode::Repair, Format::V1).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn format2() {
+                super::$name(GcMode::Fast, Format::V2).await
+            }
+        }
+    };
+}
+
+async fn stored_bytes(store: &dyn ObjectStore) -> u64 {
+    store
+        .list("")
+        .await
+        .unwrap()
+        .iter()
+        .filter(|m| {
+            ["packs/", "index/", "index-runs/"]
+                .iter()
+                .any(|p| m.key.starts_with(p))
+        })
+        .map(|m| m.size)
+        .sum()
+}
+
+async fn expire_sessions(store: &dyn ObjectStore) {
+    for key in store.list_refs("sessions/").await.unwrap() {
+        if let Some(state) = store.read_ref(&key).await.unwrap() {
+            let _ = store.cas_ref(&key, Some(&state.version), None).await;
+        }
+    }
+}
+
+async fn version(repo: &Repo, spec: &str) -> VersionRecord {
+    resolve(repo, &VersionSpec::parse(spec).unwrap())
+        .await
+        .unwrap()
+        .1
+}
+
+/// Five versions of one image, each rewriting a different quarter with fresh noise.
+async fn series(store: Arc<MemoryStore>, format: Format) -> (Arc<Repo>, Vec<Vec<u8>>) {
+    let repo = Arc::new(Repo::init(store, format.config()).await.unwrap());
+    let mut data = noise(8 << 20, 1);
+    let mut contents = Vec::new();
+    for i in 0..5u64 {
+        let q = (i as usize % 4) * (2 << 20);
+        data[q..q + (2 << 20)].copy_from_slice(&noise(2 << 20, 10 + i));
+        commit_bytes(&repo, "vm", data.clone()).await;
+        contents.push(data.clone());
+    }
+    (repo, contents)
+}
+
+both_modes!(gc_after_deleting_all_but_the_newest_matches_a_fresh_repository);
+async fn gc_after_deleting_all_but_the_newest_matches_a_fresh_repository(
+    mode: GcMode,
+    format: Format,
+) {
+    let store = Arc::new(MemoryStore::new());
+    let (repo, contents) = series(store.clone(), format).await;
+    for seq in 1..=4 {
+        let (id, _) = resolve(&repo, &VersionSpec::parse(&format!("vm@{seq}")).unwrap())
+            .await
+            .unwrap();
+        repo.mark_deleted(&id).await.unwrap();
+    }
+    let before = stored_bytes(store.as_ref()).await;
+    let progress = Arc::new(WorkProgress::default());
+    let options = GcOptions {
+        progress: Some(progress.clone()),
+        ..opts(mode)
+    };
+    let report = gc(&repo, &options).await.unwrap();
+    let after = stored_bytes(store.as_ref()).await;
+    assert_eq!(report.bytes_before, before);
+    // Progress went through the steps of this mode, each counted to its total; the bytes
+    // repacked are the report's.
+    let steps: Vec<(&str, u64, u64)> = progress
+        .steps()
+        .iter()
+        .map(|r| (r.step.name, r.done, r.total))
+        .collect();
+    // Fast deletion reads the live version's summary (format 1 then walks the deleted
+    // versions' trees; format 2 reads no tree); the exact pass walks the live tree.
+    let mut want = match (mode, format) {
+        (GcMode::Fast, Format::V1) => vec![
+            ("loading live summaries", 1, 1),
+            ("judging deleted versions", 4, 4),
+        ],
+        (GcMode::Fast, Format::V2) => vec![("loading live summaries", 1, 1)],
+        (GcMode::Repair, _) => vec![("marking live versions", 1, 1)],
+    };
+    if (mode, format) == (GcMode::Fast, Format::V2) {
+        assert_eq!(report.metadata_bytes_read, 0, "{report:?}");
+        assert!(report.summary_bytes > 0, "{report:?}");
+    }
+    let repacked = report.bytes_repacked;
+    want.extend([
+        ("repacking", repacked, repacked),
+        ("waiting for older sessions", 0, 0),
+        ("deleting", 0, 0),
+    ]);
+    assert_eq!(steps, want, "{report:?}");
+    assert_eq!(report.bytes_after, after);
+    assert!(
+        report.dead_blobs > 0 && report.packs_deleted + report.packs_repacked > 0,
+        "{report:?}"
+    );
+
+    // A fresh repository holding only the newest version.
+    let fresh_store = Arc::new(MemoryStore::new());
+    let fresh = Arc::new(
+        Repo::init(fresh_store.clone(), format.config())
+            .await
+            .unwrap(),
+    );
+    commit_bytes(&fresh, "vm", contents[4].clone()).await;
+    let fresh_bytes = stored_bytes(fresh_store.as_ref()).await;
+    let ratio = after as f64 / fresh_bytes as f64;
+    assert!(
+        (0.98..=1.02).contains(&ratio),
+        "after gc {after} vs fresh {fresh_bytes} ({ratio:.3})"
+    );
+
+    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    assert!(verify(repo.clone()).await.unwrap().is_clean());
+    let newest = version(&repo, "vm").await;
+    assert_eq!(restore_bytes(&repo, &newest).await.unwrap(), contents[4]);
+    // A second GC finds nothing more to do.
+    let again = gc(&repo, &opts(mode)).await.unwrap();
+    assert_eq!(again.dead_blobs, 0);
+    assert_eq!(again.reclaimed(), 0, "{again:?}");
+}
+
+both_modes!(gc_keeps_everything_live_versions_use);
+async fn gc_keeps_everything_live_versions_use(mode: GcMode, format: Format) {
+    let store = Arc::new(MemoryStore::new());
+    let (repo, contents) = series(store.clone(), format).await;
+    // Delete the middle versions only.
+    for seq in [2, 3] {
+        let (id, _) = resolve(&repo, &VersionSpec::parse(&format!("vm@{seq}")).unwrap())
+            .await
+            .unwrap();
+        repo.mark_deleted(&id).await.unwrap();
+    }
+    gc(&repo, &opts(mode)).await.unwrap();
+    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    assert!(verify(repo.clone()).await.unwrap().is_clean());
+    let log = history(&repo, "vm").await.unwrap();
+    let seqs: Vec<u64> = log.iter().map(|(_, r)| r.seq).collect();
+    assert_eq!(seqs, vec![5, 4, 1]);
+    for (_, r) in &log {
+        assert_eq!(
+            restore_bytes(&repo, r).await.unwrap(),
+            contents[r.seq as usize - 1]
+        );
+    }
+}
+
+both_modes!(a_commit_running_during_gc_that_reuses_dead_data_is_rescued);
+async fn a_commit_running_during_gc_that_reuses_dead_data_is_rescued(mode: GcMode, format: Format) {
+    let store = Arc::new(MemoryStore::new());
+    let repo = Arc::new(Repo::init(store.clone(), format.config()).await.unwrap());
+    let old = noise(4 << 20, 77);
+    let first = commit_bytes(&repo, "vm", old.clone()).await;
+    commit_bytes(&repo, "vm", noise(4 << 20, 78)).await;
+    repo.mark_deleted(&first.id).await.unwrap();
+    repo.close().await.unwrap();
+
+    // A committer opens the repository (its session predates the GC's plan) ...
+    let committer = Arc::new(Repo::open(store.clone()).await.unwrap());
+    // ... the GC marks (the old data is dead), publishes its plan and waits for that session.
+    let gc_repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let gc_task = tokio::spawn(async move { gc(&gc_repo, &opts(mode)).await });
+    while store.list("gc/plans/").await.unwrap().is_empty() {
+        assert!(!gc_task.is_finished(), "gc finished without waiting");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The committer commits the old content again: it deduplicates against the dead blobs.
+    let again = commit_bytes(&committer, "vm", old.clone()).await;
+    assert_eq!(again.record.stats.new_chunks, 0, "reused the dead blobs");
+    committer.close().await.unwrap();
+    let report = gc_task.await.unwrap().unwrap();
+    assert!(report.rescued_blobs > 0, "{report:?}");
+
+    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let v = verify(repo.clone()).await.unwrap();
+    assert!(v.is_clean(), "{:?} {:?}", v.problems, v.damaged_versions);
+    assert_eq!(restore_bytes(&repo, &again.record).await.unwrap(), old);
+}
+
+both_modes!(a_session_that_starts_after_the_plan_does_not_reuse_doomed_blobs);
+async fn a_session_that_starts_after_the_plan_does_not_reuse_doomed_blobs(
+    mode: GcMode,
+    format: Format,
+) {
+    let store = Arc::new(MemoryStore::new());
+    let repo = Arc::new(Repo::init(store.clone(), format.config()).await.unwrap());
+    let old = noise(2 << 20, 5);
+    let first = commit_bytes(&repo, "vm", old.clone()).await;
+    commit_bytes(&repo, "vm", noise(2 << 20, 6)).await;
+    repo.mark_deleted(&first.id).await.unwrap();
+    repo.close().await.unwrap();
+    // Keep an old session alive so the GC stays parked after publishing its plan.
+    let blocker = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let gc_repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let gc_task = tokio::spawn(async move { gc(&gc_repo, &opts(mode)).await });
+    while store.list("gc/plans/").await.unwrap().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let late = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let c = commit_bytes(&late, "vm", old.clone()).await;
+    assert!(
+        c.record.stats.new_chunks > 0,
+        "a late session stores its own copies"
+    );
+    late.close().await.unwrap();
+    blocker.close().await.unwrap();
+    gc_task.await.unwrap().unwrap();
+    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let v = verify(repo.clone()).await.unwrap();
+    assert!(v.is_clean(), "{:?} {:?}", v.problems, v.damaged_versions);
+    assert_eq!(restore_bytes(&repo, &c.record).await.unwrap(), old);
+}
+
+both_modes!(gc_dying_after_any_number_of_store_operations_loses_nothing);
+async fn gc_dying_after_any_number_of_store_operations_loses_nothing(mode: GcMode, format: Format) {
+    let store = Arc::new(MemoryStore::new());
+    let (repo, contents) = series(store.clone(), format).await;
+    repo.close().await.unwrap();
+    let mut trials = 0;
+    let mut alive: Vec<u64> = vec![1, 2, 3, 4, 5];
+    // Two rounds of deletions, each followed by GCs that die after 0, 1, 2, ... store
+    // operations until one completes.
+    for round in [vec![1u64, 3], vec![2, 4]] {
+        let r = Arc::new(Repo::open(store.clone()).await.unwrap());
+        for seq in &round {
+            let (id, _) = resolve(&r, &VersionSpec::parse(&format!("vm@{seq}")).unwrap())
+                .await
+                .unwrap();
+            r.mark_deleted(&id).await.unwrap();
+        }
+        r.close().await.unwrap();
+        alive.retain(|s| !round.contains(s));
+        for allowed in 0.. {
+            let failing: Arc<dyn ObjectStore> = Arc::new(FailingStore::new(store.clone(), allowed));
+            let Ok(r) = Repo::open(failing).await else {
+                continue; // could not even register a session
+            };
+            let r = Arc::new(r);
+            let outcome = gc(&r, &opts(mode)).await;
+            drop(r);
+            trials += 1;
+            // The "killed" GC's session would go stale after a while; fast-forward that.
+            expire_sessions(store.as_ref()).await;
+            // Whatever happened, a new process sees a consistent repository.
+            let check = Arc::new(Repo::open(store.clone()).await.unwrap());
+            let report = verify(check.clone()).await.unwrap();
+            assert!(
+                report.is_clean(),
+                "gc stopped after {allowed} writes: {:?} {:?}",
+                report.problems,
+                report.damaged_versions
+            );
+            for seq in &alive {
+                let v = version(&check, &format!("vm@{seq}")).await;
+                assert_eq!(
+                    restore_bytes(&check, &v).await.unwrap(),
+                    contents[*seq as usize - 1],
+                    "after {allowed}"
+                );
+            }
+            check.close().await.unwrap();
+            if outcome.is_ok() {
+                break;
+            }
+            assert!(allowed < 500, "gc never completed");
+        }
+    }
+    assert!(trials >= 20, "only {trials} crash points exercised");
+    // A final, undisturbed GC completes the work of the interrupted ones.
+    let r = Arc::new(Repo::open(store.clone()).await.unwrap());
+    gc(&r, &opts(mode)).await.unwrap();
+    assert!(verify(r.clone()).await.unwrap().is_clean());
+    let v = version(&r, "vm@5").await;
+    assert_eq!(restore_bytes(&r, &v).await.unwrap(), contents[4]);
+}
+
+async fn load_summary(store: &dyn ObjectStore, record: &VersionRecord) -> Summary {
+    let raw = store
+        .get(&keys::summary(&record.root.unwrap()))
+        .await
+        .unwrap();
+    Summary::decode(&raw).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_commit_publishes_a_summary_holding_every_blob_of_its_tree() {
+    let store = Arc::new(MemoryStore::new());
+    let (repo, _) = series(store.clone(), Format::V1).await;
+    for (_, record) in history(&repo, "vm").await.unwrap() {
+        let s = load_summary(store.as_ref(), &record).await;
+        let TreeBlobs { nodes, chunks } = tree_blobs(&repo, &record).await;
+        assert!(chunks.iter().all(|id| s.chunks.contains(id)));
+        assert!(nodes.iter().all(|id| s.nodes.contains(id)));
+        let distinct: std::collections::HashSet<_> = chunks.iter().collect();
+        assert_eq!(s.chunk_items, distinct.len() as u64);
+        assert_eq!(s.node_items, nodes.len() as u64);
+        // 512 chunks × 24 bits → 2^14 bits.
+        assert_eq!(s.chunks.bit_count(), 1 << 14);
+    }
+}
+
+/// With 4 bits per chunk the summaries claim many dead chunks: fast deletion leaks them, the
+/// exact pass finds exactly that leak and removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_deletion_leaks_only_what_summaries_claim_and_repair_removes_it() {
+    let store = Arc::new(MemoryStore::new());
+    let mut cfg = config(16384, 1 << 20);
+    cfg.summary_bits = 4;
+    let repo = Arc::new(Repo::init(store.clone(), cfg.clone()).await.unwrap());
+    let mut data = noise(8 << 20, 1);
+    let mut contents = Vec::new();
+    for i in 0..5u64 {
+        let q = (i as usize % 4) * (2 << 20);
+        data[q..q + (2 << 20)].copy_from_slice(&noise(2 << 20, 10 + i));
+        commit_bytes(&repo, "vm", data.clone()).await;
+        contents.push(data.clone());
+    }
+    for seq in 1..=4 {
+        let (id, _) = resolve(&repo, &VersionSpec::parse(&format!("vm@{seq}")).unwrap())
+            .await
+            .unwrap();
+        repo.mark_deleted(&id).await.unwrap();
+    }
+    let mut fast_opts = opts(GcMode::Fast);
+    fast_opts.repack_threshold = 1.0; // repack every pack with a dead blob: leaks are the filter's
+    let fast = gc(&repo, &fast_opts).await.unwrap();
+    assert_eq!(fast.freed_versions, 4);
+    assert!(fast.dead_blobs > 0 && fast.kept_by_summary > 0, "{fast:?}");
+    assert!(fast.summary_fp_rate > 0.01, "{fast:?}");
+    // Nothing is visited twice.
+    let again = gc(&repo, &fast_opts).await.unwrap();
+    assert_eq!((again.freed_versions, again.dead_blobs), (0, 0));
+
+    let mut exact = opts(GcMode::Repair);
+    exact.dry_run = true;
+    let leak = gc(&repo, &exact).await.unwrap();
+    // The live version uses 512 chunks + its nodes; every other indexed blob is leaked.
+    assert!(leak.dead_blobs > 0, "{leak:?}");
+    assert!(
+        leak.dead_blobs <= fast.kept_by_summary,
+        "leak {} exceeds the blobs the summaries claimed {}",
+        leak.dead_blobs,
+        fast.kept_by_summary
+    );
+    let repaired = gc(&repo, &opts(GcMode::Repair)).await.unwrap();
+    assert_eq!(repaired.dead_blobs, leak.dead_blobs);
+    let after = stored_bytes(store.as_ref()).await;
+
+    let fresh_store = Arc::new(MemoryStore::new());
+    let fresh = Arc::new(Repo::init(fresh_store.clone(), cfg).await.unwrap());
+    commit_bytes(&fresh, "vm", contents[4].clone()).await;
+    let ratio = after as f64 / stored_bytes(fresh_store.as_ref()).await as f64;
+    assert!((0.98..=1.02).contains(&ratio), "{ratio}");
+    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    assert!(verify(repo.clone()).await.unwrap().is_clean());
+    let newest = version(&repo, "vm").await;
+    assert_eq!(restore_bytes(&repo, &newest).await.unwrap(), contents[4]);
+}
+
+/// Fast deletion never trusts a summary it cannot read: a missing or damaged one is rebuilt
+/// from the manifest before anything is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_deletion_rebuilds_missing_and_damaged_summaries() {
+    let store = Arc::new(MemoryStore::new());
+    let (repo, contents) = series(store.clone(), Format::V1).await;
+    let v4 = version(&repo, "vm@4").await;
+    let v5 = version(&repo, "vm@5").await;
+    store
+        .delete(&keys::summary(&v5.root.unwrap()))
+        .await
+        .unwrap();
+    store.corrupt_object(&keys::summary(&v4.root.unwrap()), 40);
+    for seq in 1..=3 {
+        let (id, _) = resolve(&repo, &VersionSpec::parse(&format!("vm@{seq}")).unwrap())
+            .await
+            .unwrap();
+        repo.mark_deleted(&id).await.unwrap();
+    }
+    let report = gc(&repo, &opts(GcMode::Fast)).await.unwrap();
+    assert!(report.dead_blobs > 0, "{report:?}");
+    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    assert!(verify(repo.clone()).await.unwrap().is_clean());
+    for (record, data) in [(&v4, &contents[3]), (&v5, &contents[4])] {
+        assert_eq!(&restore_bytes(&repo, record).await.unwrap(), data);
+        let s = load_summary(store.as_ref(), record).await; // rebuilt and stored again
+        let chunks = tree_blobs(&repo, record).await.chunks;
+        assert!(chunks.iter().all(|id| s.chunks.contains(id)));
+    }
+    // The deleted versions' summaries are gone with them.
+    assert_eq!(store.list("summaries/").await.unwrap().len(), 2);
+}
+
+/// A clone shares its source's tree and summary; deleting the source frees nothing it uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_cloned_image_keeps_what_the_clone_uses() {
+    let store = Arc::new(MemoryStore::new());
+    let (repo, contents) = series(store.clone(), Format::V1).await;
+    cairn_engine::clone::clone_version(&repo, &VersionSpec::parse("vm@3").unwrap(), "copy", None)
+        .await
+        .unwrap();
+    cairn_engine::remove::remove_image(&repo, "vm")
+        .await
+        .unwrap();
+    let report = gc(&repo, &opts(GcMode::Fast)).await.unwrap();
+    assert_eq!(report.freed_versions, 5);
+    assert!(report.dead_blobs > 0, "{report:?}");
+    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    assert!(verify(repo.clone()).await.unwrap().is_clean());
+    let copy = version(&repo, "copy").await;
+    assert_eq!(restore_bytes(&repo, &copy).await.unwrap(), contents[2]);
+}
+
+/// With near-perfect summaries, fast deletion of a rolling window leaves nothing for the exact
+/// pass: every blob it keeps is live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_deletion_with_precise_summaries_leaves_nothing_for_repair() {
+    let store = Arc::new(MemoryStore::new());
+    let mut cfg = config(16384, 1 << 20);
+    cfg.summary_bits = 64;
+    let repo = Arc::new(Repo::init(store.clone(), cfg).await.unwrap());
+    let chunks = 1024usize;
+    let mut data = noise(chunks * 16384, 3);
+    let mut seed = 100;
+    let mut fast_opts = opts(GcMode::Fast);
+    fast_opts.repack_threshold = 1.0;
+    let mut exact = opts(GcMode::Repair);
+    exact.dry_run = true;
+    for step in 0..8 {
+        commit_bytes(&repo, "vm", data.clone()).await;
+        for k in 0..50 {
+            let c = (k * 37 + step * 11) % chunks;
+            seed += 1;
+            data[c * 16384..(c + 1) * 16384].copy_from_slice(&noise(16384, seed));
+        }
+        if step >= 3 {
+            let h = history(&repo, "vm").await.unwrap();
+            let (oldest, _) = h.last().unwrap();
+            repo.mark_deleted(oldest).await.unwrap();
+            let fast = gc(&repo, &fast_opts).await.unwrap();
+            let leak = gc(&repo, &exact).await.unwrap();
+            assert_eq!(
+                leak.dead_blobs, 0,
+                "step {step}: fast {fast:?}\nexact {leak:?}"
+            );
+        }
+    }
+}

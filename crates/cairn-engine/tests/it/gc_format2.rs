@@ -1,0 +1,246 @@
+//! GC on format 2, where the unit of storage is a group of 4 KiB chunks: a group some of
+//! whose slots no live version uses is rewritten without them (same id, the slots still
+//! listed), reads stay bit-exact, later commits never dedup against a dropped slot, and a
+//! commit that reused such a slot while the GC ran gets the whole group rescued. Plain and
+//! encrypted repositories alike (`gc.rs` runs the general GC scenarios on format 2 too).
+
+use crate::common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::common::{commit_bytes, noise, restore_bytes, PASSPHRASE};
+use cairn_engine::gc::{gc, GcMode, GcOptions, GcReport};
+use cairn_engine::verify::verify;
+use cairn_format::config::RepoConfig;
+use cairn_format::version::VersionRecord;
+use cairn_repo::{GivenPassphrase, Repo, SessionKind};
+use cairn_store::{MemoryStore, ObjectStore};
+use zeroize::Zeroizing;
+
+fn config() -> RepoConfig {
+    RepoConfig {
+        repo_id: [7; 16],
+        segment_size: 256 << 10,
+        pack_target: 1 << 20,
+        ..RepoConfig::default_v2()
+    }
+}
+
+fn opts() -> GcOptions {
+    GcOptions {
+        mode: GcMode::Fast,
+        poll: Duration::from_millis(10),
+        ..Default::default()
+    }
+}
+
+async fn init(store: Arc<MemoryStore>, encrypted: bool) -> Arc<Repo> {
+    common::init_format2(store, config(), encrypted).await
+}
+
+async fn open(store: &Arc<MemoryStore>) -> Arc<Repo> {
+    let pass = GivenPassphrase(Zeroizing::new(PASSPHRASE.to_vec()));
+    let repo = Repo::open_cached(store.clone(), SessionKind::Commit, None, Some(&pass))
+        .await
+        .unwrap();
+    Arc::new(repo)
+}
+
+/// Slots whose bytes some group no longer stores, over every pack the index names.
+async fn dropped_slots(repo: &Repo) -> usize {
+    let (view, _) = repo.v2_view().await.unwrap();
+    let mut dropped = 0;
+    for pack in view.packs() {
+        let trailer = view.trailer(&pack).await.unwrap();
+        for g in &trailer.groups {
+            dropped += g.desc.chunks.iter().filter(|c| !c.stored).count();
+        }
+    }
+    dropped
+}
+
+async fn stored_bytes(store: &dyn ObjectStore) -> u64 {
+    let listed = store.list("").await.unwrap();
+    let data = listed
+        .iter()
+        .filter(|m| m.key.starts_with("packs/") || m.key.starts_with("index-runs/"));
+    data.map(|m| m.size).sum()
+}
+
+/// `a` is 2 MiB of noise (32 groups of 16 chunks); `b` is `a` with every other 4 KiB block
+/// of its first MiB new, so `b` uses half the slots of `a`'s first 16 groups.
+fn pair() -> (Vec<u8>, Vec<u8>) {
+    let a = noise(2 << 20, 1);
+    let mut b = a.clone();
+    for block in (0..256).step_by(2) {
+        let at = block * 4096;
+        b[at..at + 4096].copy_from_slice(&noise(4096, 1000 + block as u64));
+    }
+    (a, b)
+}
+
+async fn check(repo: &Arc<Repo>, record: &VersionRecord, want: &[u8]) {
+    assert!(restore_bytes(repo, record).await.unwrap() == want);
+}
+
+async fn assert_clean(repo: &Arc<Repo>) {
+    let v = verify(repo.clone()).await.unwrap();
+    assert!(v.is_clean(), "{:?} {:?}", v.problems, v.damaged_versions);
+}
+
+async fn groups_with_dead_slots_are_rewritten_without_them(encrypted: bool) {
+    let store = Arc::new(MemoryStore::new());
+    let repo = init(store.clone(), encrypted).await;
+    let (a, b) = pair();
+    let first = commit_bytes(&repo, "vm", a.clone()).await;
+    let second = commit_bytes(&repo, "vm", b.clone()).await;
+    assert_eq!(second.record.stats.new_chunks, 128);
+    repo.mark_deleted(&first.id).await.unwrap();
+    let before = stored_bytes(store.as_ref()).await;
+    let report: GcReport = gc(&repo, &opts()).await.unwrap();
+    assert_eq!(report.bytes_before, before);
+    assert_eq!(report.bytes_after, stored_bytes(store.as_ref()).await);
+    assert_eq!(report.freed_versions, 1);
+
+    let repo = open(&store).await;
+    // The 16 half-dead groups were rewritten with their 8 live slots each; the 16 groups
+    // `b` uses whole were copied or kept as they are.
+    assert_eq!(dropped_slots(&repo).await, 16 * 8, "{report:?}");
+    assert_clean(&repo).await;
+    check(&repo, &second.record, &b).await;
+
+    // What is left is what a repository holding only `b` stores (the dropped slots' ids
+    // and lengths stay listed: 37 bytes each).
+    let fresh_store = Arc::new(MemoryStore::new());
+    let fresh = init(fresh_store.clone(), encrypted).await;
+    commit_bytes(&fresh, "vm", b.clone()).await;
+    let (after, fresh) = (
+        report.bytes_after as f64,
+        stored_bytes(fresh_store.as_ref()).await as f64,
+    );
+    assert!(
+        (0.98..=1.02).contains(&(after / fresh)),
+        "after gc {after} vs fresh {fresh}: {report:?}"
+    );
+
+    // A second GC has nothing to do; `a` committed again stores exactly the dropped chunks
+    // (never deduplicated against a slot that is gone) and restores bit-exact.
+    let again = gc(&repo, &opts()).await.unwrap();
+    assert_eq!(again.reclaimed(), 0, "{again:?}");
+    let third = commit_bytes(&repo, "vm", a.clone()).await;
+    assert_eq!(third.record.stats.new_chunks, 128);
+    check(&repo, &third.record, &a).await;
+    check(&repo, &second.record, &b).await;
+    assert_clean(&repo).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_with_dead_slots_are_rewritten_without_them_plain() {
+    groups_with_dead_slots_are_rewritten_without_them(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_with_dead_slots_are_rewritten_without_them_encrypted() {
+    groups_with_dead_slots_are_rewritten_without_them(true).await
+}
+
+/// A commit whose session predates the plan reuses slots the GC drops: after the wait the
+/// GC finds them and copies the whole groups into rescue packs; readers take the copy that
+/// stores the slots they want.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_reusing_slots_a_gc_drops_gets_the_whole_group_rescued() {
+    let store = Arc::new(MemoryStore::new());
+    let repo = init(store.clone(), true).await;
+    let (a, b) = pair();
+    let first = commit_bytes(&repo, "vm", a.clone()).await;
+    let second = commit_bytes(&repo, "vm", b.clone()).await;
+    repo.mark_deleted(&first.id).await.unwrap();
+    repo.close().await.unwrap();
+
+    let committer = open(&store).await;
+    let gc_repo = open(&store).await;
+    let gc_task = tokio::spawn(async move { gc(&gc_repo, &opts()).await });
+    while store.list("gc/plans/").await.unwrap().is_empty() {
+        assert!(!gc_task.is_finished(), "gc finished without waiting");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // `a` again, deduplicated against every slot of `a`'s groups — half of which the GC
+    // has already rewritten away in its new packs.
+    let again = commit_bytes(&committer, "other", a.clone()).await;
+    assert_eq!(again.record.stats.new_chunks, 0);
+    committer.close().await.unwrap();
+    let report = gc_task.await.unwrap().unwrap();
+    // The 16 half-dead groups, and `a`'s own manifest nodes, which the new version reuses
+    // whole: the 4 leaves of the first MiB and the root (its other leaves are `b`'s too).
+    assert_eq!(report.rescued_blobs, 16 + 5, "{report:?}");
+
+    let repo = open(&store).await;
+    assert_clean(&repo).await;
+    check(&repo, &again.record, &a).await;
+    check(&repo, &second.record, &b).await;
+    // Fast deletion has nothing more to do (nothing was deleted since); the exact pass
+    // keeps one copy of each group: the rescued whole ones (both versions use them), and
+    // drops the trimmed copies.
+    let fast = gc(&repo, &opts()).await.unwrap();
+    assert_eq!((fast.reclaimed(), fast.freed_versions), (0, 0), "{fast:?}");
+    assert_eq!(dropped_slots(&repo).await, 16 * 8);
+    let repair = GcOptions {
+        mode: GcMode::Repair,
+        ..opts()
+    };
+    gc(&repo, &repair).await.unwrap();
+    let repo = open(&store).await;
+    assert_eq!(dropped_slots(&repo).await, 0);
+    assert_clean(&repo).await;
+    check(&repo, &again.record, &a).await;
+    check(&repo, &second.record, &b).await;
+}
+
+/// Fast deletion trusts the live versions' reference summaries; one that is damaged (or
+/// missing) is rebuilt from its tree, and the GC then frees exactly what it frees with the
+/// summary intact. An encrypted repository's summaries are sealed.
+async fn a_damaged_summary_is_rebuilt_from_the_tree(encrypted: bool) {
+    let store = Arc::new(MemoryStore::new());
+    let repo = init(store.clone(), encrypted).await;
+    let (a, b) = pair();
+    let first = commit_bytes(&repo, "vm", a.clone()).await;
+    let second = commit_bytes(&repo, "vm", b.clone()).await;
+    repo.mark_deleted(&first.id).await.unwrap();
+    let key = cairn_format::keys::summary(&second.record.root.unwrap());
+    let stored = store.get(&key).await.unwrap();
+    let magic_visible = stored.windows(8).any(|w| w == b"CRNSUM2\0");
+    assert_eq!(magic_visible, !encrypted, "sealed only when encrypted");
+    let mut bad = stored.to_vec();
+    let at = bad.len() / 2;
+    bad[at] ^= 0x40;
+    store.delete(&key).await.unwrap();
+    store.put_if_absent(&key, bad.into()).await.unwrap();
+    repo.close().await.unwrap();
+
+    let repo = open(&store).await;
+    let report = gc(&repo, &opts()).await.unwrap();
+    assert!(
+        report.metadata_bytes_read > 0,
+        "the tree was walked: {report:?}"
+    );
+    assert_eq!(dropped_slots(&repo).await, 16 * 8, "{report:?}");
+    let rebuilt = repo.load_group_summary(&second.record.root.unwrap()).await;
+    assert!(matches!(rebuilt, Ok(Some(_))), "{rebuilt:?}");
+    // The summary of the deleted version's tree went with it.
+    let first_key = cairn_format::keys::summary(&first.record.root.unwrap());
+    assert!(store.head(&first_key).await.unwrap().is_none());
+    let repo = open(&store).await;
+    assert_clean(&repo).await;
+    check(&repo, &second.record, &b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_summary_is_rebuilt_from_the_tree_plain() {
+    a_damaged_summary_is_rebuilt_from_the_tree(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_summary_is_rebuilt_from_the_tree_encrypted() {
+    a_damaged_summary_is_rebuilt_from_the_tree(true).await
+}
