@@ -23,6 +23,51 @@ impl SlotSet {
         }
     }
 
+    /// Adds slot `slot`; false if it was already in the set.
+    pub fn insert(&mut self, slot: u16) -> bool {
+        let slot = usize::from(slot);
+        if self.0.len() <= slot / 64 {
+            self.0.resize(slot / 64 + 1, 0);
+        }
+        let (word, bit) = (&mut self.0[slot / 64], 1u64 << (slot % 64));
+        let added = *word & bit == 0;
+        *word |= bit;
+        added
+    }
+
+    /// Removes slot `slot`; false if it was not in the set. Trailing zero words go, so equal
+    /// sets compare equal.
+    pub fn remove(&mut self, slot: u16) -> bool {
+        let slot = usize::from(slot);
+        let Some(word) = self.0.get_mut(slot / 64) else {
+            return false;
+        };
+        let bit = 1u64 << (slot % 64);
+        let present = *word & bit != 0;
+        *word &= !bit;
+        while self.0.last() == Some(&0) {
+            self.0.pop();
+        }
+        present
+    }
+
+    /// The slots in the set, ascending.
+    pub fn iter(&self) -> impl Iterator<Item = u16> + '_ {
+        self.0
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &w)| set_bits(w).map(move |b| (i * 64 + b) as u16))
+    }
+
+    /// The slots in both sets, ascending.
+    pub fn intersection<'a>(&'a self, other: &'a SlotSet) -> impl Iterator<Item = u16> + 'a {
+        self.0
+            .iter()
+            .zip(&other.0)
+            .enumerate()
+            .flat_map(|(i, (a, b))| set_bits(a & b).map(move |bit| (i * 64 + bit) as u16))
+    }
+
     pub fn contains(&self, slot: usize) -> bool {
         self.0
             .get(slot / 64)
@@ -101,6 +146,17 @@ impl SlotSet {
     }
 }
 
+/// The set bits of `w`, ascending.
+fn set_bits(mut w: u64) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        (w != 0).then(|| {
+            let b = w.trailing_zeros() as usize;
+            w &= w - 1;
+            b
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,5 +183,23 @@ mod tests {
         assert_eq!(back, a);
         a.insert_run(0, 0);
         assert_eq!(a.len(), 7);
+        assert_eq!(
+            a.iter().collect::<Vec<_>>(),
+            vec![0, 1, 2, 3, 70, 71, u16::MAX]
+        );
+        assert_eq!(a.intersection(&b).collect::<Vec<_>>(), vec![3, u16::MAX]);
+    }
+
+    #[test]
+    fn insert_and_remove_keep_the_set_canonical() {
+        let mut a = SlotSet::default();
+        assert!(a.insert(200) && !a.insert(200) && a.insert(3));
+        assert!(a.remove(200) && !a.remove(200) && !a.remove(9_000));
+        let mut b = SlotSet::default();
+        b.insert_run(3, 1);
+        assert_eq!(a, b, "no trailing zero word after a removal");
+        assert!(a.remove(3));
+        assert_eq!(a, SlotSet::default());
+        assert!(a.is_empty());
     }
 }

@@ -113,7 +113,14 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
         ("pack_v2", pack_v2_sample(None)),
         ("leaf_v2", leaf_v2_sample().encode()),
         ("interior_v2", interior_v2_sample().encode()),
-        ("group_summary", group_summary_sample().encode()),
+        (
+            "group_summary",
+            group_summary_sample(GroupSummary::default()).encode(),
+        ),
+        (
+            "group_summary_counted",
+            group_summary_sample(GroupSummary::counted()).encode(),
+        ),
         ("index_run", index_run_sample(None)),
         ("index_run_sealed", index_run_sample(Some(&sealing_key()))),
         ("pack_v2_sealed", pack_v2_sample(Some(&sealing_key()))),
@@ -157,14 +164,15 @@ fn open_index_run(data: &[u8], key: Option<&MasterKey>) -> bool {
     })
 }
 
-/// A v2 leaf of zero runs and group runs.
-fn group_summary_sample() -> GroupSummary {
-    let mut s = GroupSummary::default();
+/// A reference summary of a node and two runs that overlap (counted: slots 5..10 repeat).
+fn group_summary_sample(mut s: GroupSummary) -> GroupSummary {
     s.add_node(&Id::of(b"n"));
     s.add_run(&Id::of(b"g"), 1, 70);
+    s.add_run(&Id::of(b"g"), 5, 5);
     s
 }
 
+/// A v2 leaf of zero runs and group runs.
 fn leaf_v2_sample() -> RunLeaf {
     let mut leaf = RunLeaf::default();
     for (i, e) in [
@@ -230,7 +238,7 @@ fn decode(kind: &str, data: &[u8]) -> bool {
         "pack_v2" => pack_v2::parse_pack(data, None).is_ok(),
         "leaf_v2" => RunLeaf::decode(data).is_ok(),
         "interior_v2" => Interior::decode(data).is_ok(),
-        "group_summary" => GroupSummary::decode(data).is_ok(),
+        "group_summary" | "group_summary_counted" => GroupSummary::decode(data).is_ok(),
         "index_run" => open_index_run(data, None),
         "index_run_sealed" => open_index_run(data, Some(&sealing_key())),
         "pack_v2_sealed" => pack_v2::parse_pack(data, Some(&sealing_key())).is_ok(),

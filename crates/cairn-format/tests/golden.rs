@@ -100,6 +100,7 @@ const VECTORS: &[&str] = &[
     "v2_index_run",
     "v2_index_run_2",
     "v2_group_summary",
+    "v2_group_summary_counted",
 ];
 
 fn golden_dir() -> PathBuf {
@@ -1589,6 +1590,28 @@ fn v2_group_summary() {
     // envelope 16 | stale 8 | 2 nodes: 4 + 16 | 2 groups: 4 + (8 + 2 + 9) + (8 + 2 + 1) | 32
     assert_eq!(bytes.len(), 16 + 8 + 20 + 4 + 19 + 11 + 32);
     every_flip_is_noticed("v2_group_summary", &bytes, &[], |b| {
+        GroupSummary::decode(b).is_ok_and(|x| x == s)
+    });
+}
+
+/// A counted reference summary (envelope version 2): one node; group g1's leaves reference
+/// slots 0..3 twice, slot 1 a third time and slot 64 once; g2's slot 5 once. Every flip is
+/// refused (envelope checksum).
+#[test]
+fn v2_group_summary_counted() {
+    let mut s = GroupSummary::counted();
+    s.add_node(&Id::of(b"n1"));
+    let (g1, g2) = (Id::of(b"g1"), Id::of(b"g2"));
+    for (group, first, count) in [(g1, 0, 3), (g1, 0, 3), (g1, 1, 1), (g1, 64, 1), (g2, 5, 1)] {
+        s.add_run(&group, first, count);
+    }
+    let bytes = golden("v2_group_summary_counted", &s.encode());
+    assert_eq!(GroupSummary::decode(&bytes).unwrap(), s);
+    assert!(s.is_counted() && s.repeats.as_ref().unwrap().len() == 3);
+    // envelope 16 | stale 8 | 1 node: 4 + 8 | 2 groups: 4 + (8 + 2 + 9) + (8 + 2 + 1)
+    // | 3 repeats: 4 + 3 × (8 + 2 + 4) | 32
+    assert_eq!(bytes.len(), 16 + 8 + 12 + 4 + 19 + 11 + 4 + 42 + 32);
+    every_flip_is_noticed("v2_group_summary_counted", &bytes, &[], |b| {
         GroupSummary::decode(b).is_ok_and(|x| x == s)
     });
 }

@@ -6,7 +6,8 @@ itself. Needs Python's blake3 (pip install blake3).
     python3 crates/cairn-format/tests/independent_v2.py   # checks; --write rewrites
 
 Covers v2_pack_plain, v2_leaf_runs, v2_leaf_digest, v2_interior_digests, v2_index_run (version 1),
-v2_index_run_2 and the pinned ids of v2_group_ids. (The sealed vectors
+v2_index_run_2, v2_group_summary (version 1), v2_group_summary_counted (version 2) and the
+pinned ids of v2_group_ids. (The sealed vectors
 v2_sealed_*, v2_key_slot and v2_group_sealed_raw were computed with PyNaCl and argon2-cffi.)
 """
 import os
@@ -126,6 +127,40 @@ def index_run(version):
     return out + meta + struct.pack("<IQ", len(meta), len(entries)) + bid(meta) + b"CRNIREND"
 
 
+def envelope(magic, version, payload):
+    head = magic + struct.pack("<II", version, len(payload)) + payload
+    return head + bid(head)
+
+
+def group_summary(counted):
+    """A reference summary. Version 1: two nodes, group g1 slots 0..3 and 64, g2 slots 5..7,
+    3 stale slots. Version 2 (counted): one node; g1's leaves reference slots 0..3 twice,
+    slot 1 a third time and slot 64 once; g2's slot 5 once."""
+    key = lambda i: struct.unpack("<Q", i[:8])[0]
+    g1, g2 = bid(b"g1"), bid(b"g2")
+    if counted:
+        nodes = [bid(b"n1")]
+        slots = {key(g1): [0, 1, 2, 64], key(g2): [5]}
+        repeats = {(key(g1), 0): 1, (key(g1), 1): 2, (key(g1), 2): 1}
+    else:
+        nodes = [bid(b"n1"), bid(b"n2")]
+        slots = {key(g1): [0, 1, 2, 64], key(g2): [5, 6]}
+    out = struct.pack("<Q", 0 if counted else 3)
+    out += struct.pack("<I", len(nodes)) + b"".join(struct.pack("<Q", k) for k in sorted(map(key, nodes)))
+    out += struct.pack("<I", len(slots))
+    for k in sorted(slots):
+        bits = bytearray(max(slots[k]) // 8 + 1)
+        for s in slots[k]:
+            bits[s // 8] |= 1 << (s % 8)
+        out += struct.pack("<QH", k, len(bits)) + bytes(bits)
+    if not counted:
+        return envelope(b"CRNSUM2\0", 1, out)
+    out += struct.pack("<I", len(repeats))
+    for (k, s), n in sorted(repeats.items()):
+        out += struct.pack("<QHI", k, s, n)
+    return envelope(b"CRNSUM2\0", 2, out)
+
+
 def group_ids():
     context = "cairn 2026-11-25 v2 group id"
     listing = bid(b"a") + struct.pack("<I", 4096) + bid(b"b") + struct.pack("<I", 100)
@@ -146,7 +181,9 @@ def main():
     ok = True
     vectors = (("v2_pack_plain", pack_plain()), ("v2_leaf_runs", leaf_runs()),
                ("v2_leaf_digest", leaf_digest()), ("v2_index_run", index_run(1)),
-               ("v2_index_run_2", index_run(2)), ("v2_interior_digests", interior_digests()))
+               ("v2_index_run_2", index_run(2)), ("v2_interior_digests", interior_digests()),
+               ("v2_group_summary", group_summary(False)),
+               ("v2_group_summary_counted", group_summary(True)))
     for name, data in vectors:
         path = os.path.join(HERE, name + ".hex")
         if "--write" in sys.argv:

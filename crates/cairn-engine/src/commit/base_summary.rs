@@ -1,12 +1,18 @@
 //! A format 2 tree's reference summary when the commit reused leaves of a base version
 //! without reading them (the parent fast path finds them by the digests its level-1 nodes
 //! carry; a patch keeps its untouched segments' leaves). What those leaves use comes from the
-//! base's own summary instead, merged in as a superset: the slots the base used and the new
-//! tree may not are counted as stale (listed, perhaps no longer used: a leak fast deletion
-//! tolerates, never a loss). Once stale slots would pass [`STALE_BOUND`] of the table, the
-//! reused leaves are read and the summary is exact again, so the leak stays bounded and its
-//! cost amortized.
+//! base's own summary instead, which is counted (`cairn_format::group_summary`: a reference
+//! per leaf occurrence per run): the base's counts, minus the base's leaf occurrences that
+//! are not among the reused ones, plus reused occurrences the base did not have, are exactly
+//! what the reused leaves use. Only the leaves of those two differences are read — the ones
+//! a commit changed — never the ones it kept, and the summary stays exact: fast deletion
+//! leaks nothing through it.
+//!
+//! Without a counted base summary (one written before counts existed, one GC rebuilt) or
+//! when the differences are the larger set, the reused leaves themselves are read; the new
+//! summary is counted either way, so the next commit takes the cheap path.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use cairn_format::group_summary::GroupSummary;
@@ -15,14 +21,6 @@ use cairn_format::Id;
 use cairn_repo::{Repo, RepoError};
 
 use crate::error::EngineResult;
-
-/// Stale slots a merged summary may carry, as a fraction of the slots it lists (1/N). Each
-/// stale slot is data fast deletion keeps until `gc --repair`: at 1/8 the GC stress test's
-/// leak check measured 1.27–1.85% of the repository left to the exact pass, at 1/32
-/// 0.45–0.79%, at 1/64 0.16% (exact summaries: 0%). 1/64 keeps that leak well under its 1%
-/// bound; a commit that changes more than ~1.5% of an image's slots since the last exact
-/// summary then reads the reused leaves (as every commit did before level-1 digests).
-const STALE_BOUND: u64 = 64;
 
 /// The base's summary, or `None` (logged) when it is missing or cannot be read: the caller
 /// then reads the leaves it would have covered.
@@ -41,63 +39,107 @@ pub(crate) async fn load_base_summary(repo: &Repo, root: Option<Id>) -> Option<G
     }
 }
 
-/// Completes `summary` — every node of the new tree and the group runs of the leaves this
-/// commit built — with what the `unexpanded` leaves use: `base` (the summary of the version
-/// they come from) merged in, its stale count raised by the slots of the `replaced` base
-/// leaves (no longer in the new tree) that no built leaf uses; or, without a base summary or
-/// past [`STALE_BOUND`], the `unexpanded` leaves read one by one.
+/// Completes the counted `summary` — every node of the new tree and a reference per run of
+/// each leaf occurrence this commit built or read — with the references of the `unread` leaf
+/// occurrences (one entry per segment that reuses a base leaf unread). `base_leaves` lists
+/// the base tree's leaf occurrences (one entry per segment with a leaf) and `base` is its
+/// summary.
 pub(crate) async fn complete_summary(
     repo: &Arc<Repo>,
     base: Option<GroupSummary>,
-    unexpanded: &[Id],
-    replaced: &[Id],
+    unread: &[Id],
+    base_leaves: &[Id],
     summary: &mut GroupSummary,
 ) -> EngineResult<()> {
-    if unexpanded.is_empty() {
+    if unread.is_empty() {
         return Ok(());
     }
-    if let Some(mut base) = base {
-        let mut stale = Some(0u64);
-        for id in replaced.iter().filter(|id| !summary.has_node(id)) {
+    let unread = occurrences(unread);
+    if let Some(base) = base.filter(GroupSummary::is_counted) {
+        let in_base = occurrences(base_leaves);
+        let surplus = |of: &HashMap<Id, u64>, over: &HashMap<Id, u64>| -> Vec<(Id, u64)> {
+            of.iter()
+                .filter_map(|(id, &n)| {
+                    let m = over.get(id).copied().unwrap_or(0);
+                    (n > m).then_some((*id, n - m))
+                })
+                .collect()
+        };
+        let dropped = surplus(&in_base, &unread);
+        let added = surplus(&unread, &in_base);
+        if dropped.len() + added.len() <= unread.len() {
+            if let Some(reused) = derive(repo, base, &dropped, &added).await? {
+                summary.merge(&reused);
+                return Ok(());
+            }
+        } else {
+            tracing::debug!(
+                changed = dropped.len() + added.len(),
+                reused = unread.len(),
+                "more leaves changed than were reused: the reused ones are read"
+            );
+        }
+    }
+    for (id, n) in &unread {
+        add_leaf(summary, &read_leaf(repo, id).await?, *n);
+    }
+    Ok(())
+}
+
+/// What the reused leaves use, from the `base`'s counted summary: minus the `dropped` leaf
+/// occurrences, plus the `added` ones. `None` (logged) when a dropped leaf cannot be read or
+/// the base's summary does not hold its references (it does not describe its tree): the
+/// caller reads the reused leaves instead.
+async fn derive(
+    repo: &Repo,
+    mut base: GroupSummary,
+    dropped: &[(Id, u64)],
+    added: &[(Id, u64)],
+) -> EngineResult<Option<GroupSummary>> {
+    // The base's nodes are not the new tree's (the new summary lists all of its own).
+    base.nodes.clear();
+    for (id, n) in dropped {
+        let leaf = match read_leaf(repo, id).await {
+            Ok(leaf) => leaf,
             // A dropped leaf this session cannot read (a pending GC is deleting it: its
-            // version is gone) leaves its stale slots unknown: the summary is made exact.
-            let leaf = match read_leaf(repo, id).await {
-                Ok(leaf) => leaf,
-                Err(e) if e.is_damage() => {
-                    tracing::debug!(%id, "{e}; an exact reference summary instead");
-                    stale = None;
-                    break;
-                }
-                Err(e) => return Err(e),
-            };
+            // version is gone).
+            Err(e) if e.is_damage() => {
+                tracing::debug!(%id, "{e}; the reused leaves are read instead");
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        for _ in 0..*n {
             for (group, first, count) in leaf.group_runs() {
-                let used = summary.slots(&group);
-                let run = usize::from(first)..usize::from(first) + usize::from(count);
-                let dropped = run
-                    .filter(|&s| !used.is_some_and(|u| u.contains(s)))
-                    .count();
-                stale = stale.map(|n| n + dropped as u64);
+                if let Err(e) = base.remove_run(&group, first, count) {
+                    tracing::warn!(%id, "base summary: {e}; the reused leaves are read instead");
+                    return Ok(None);
+                }
             }
         }
-        base.stale_slots = stale.map_or(u64::MAX, |n| base.stale_slots.saturating_add(n));
-        if base.stale_slots.saturating_mul(STALE_BOUND) <= base.slot_count() {
-            // The base's nodes are not the new tree's (it lists all of its own).
-            base.nodes.clear();
-            summary.merge(&base);
-            return Ok(());
-        }
-        tracing::debug!(
-            stale = base.stale_slots,
-            slots = base.slot_count(),
-            "stale slots past the bound: the reused leaves are read for an exact summary"
-        );
     }
-    for id in unexpanded {
-        for (group, first, count) in read_leaf(repo, id).await?.group_runs() {
+    for (id, n) in added {
+        add_leaf(&mut base, &read_leaf(repo, id).await?, *n);
+    }
+    Ok(Some(base))
+}
+
+/// Adds `n` references to every run of `leaf`.
+fn add_leaf(summary: &mut GroupSummary, leaf: &RunLeaf, n: u64) {
+    for _ in 0..n {
+        for (group, first, count) in leaf.group_runs() {
             summary.add_run(&group, first, count);
         }
     }
-    Ok(())
+}
+
+/// How many times each id occurs.
+fn occurrences(ids: &[Id]) -> HashMap<Id, u64> {
+    let mut out = HashMap::with_capacity(ids.len());
+    for id in ids {
+        *out.entry(*id).or_default() += 1;
+    }
+    out
 }
 
 /// Reads and decodes the v2 leaf `id`.

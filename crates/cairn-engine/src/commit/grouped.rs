@@ -313,13 +313,13 @@ pub(crate) fn run_grouped(
         let mut reused_segments = 0;
         let mut parent_chunks = 0;
         // The reference summary: the sent segments' runs here, every node of the tree below.
-        let mut summary = GroupSummary::default();
-        let mut unread_leaves = HashSet::new();
+        let mut summary = GroupSummary::counted();
+        let mut unread_leaves = Vec::new();
         for r in result_rx {
             reused_segments += u64::from(r.reused);
             parent_chunks += r.parent_chunks;
             if let (true, Some(leaf)) = (r.unread, &r.leaf) {
-                unread_leaves.insert(leaf.id);
+                unread_leaves.push(leaf.id);
             }
             match r.leaf {
                 Some(leaf) => leaves.insert(r.index, leaf),
@@ -391,7 +391,7 @@ pub(crate) fn run_grouped(
             reused_slots: std::mem::take(&mut *dedup.reused_slots.lock().expect("dedup lock")),
             reused_segments,
             parent_chunks,
-            unread_leaves: unread_leaves.into_iter().collect(),
+            unread_leaves,
         })
     })
 }

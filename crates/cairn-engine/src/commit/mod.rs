@@ -142,7 +142,8 @@ pub async fn commit(
     // Leaves of the parent reused unread: what they use comes from the parent's summary.
     if let Some(summary) = out.group_summary.as_mut() {
         let base = parent.take_summary();
-        base_summary::complete_summary(&repo, base, &out.unread_leaves, parent.ids(), summary)
+        let base_leaves = parent.occurrences();
+        base_summary::complete_summary(&repo, base, &out.unread_leaves, &base_leaves, summary)
             .await?;
     }
 

@@ -9,9 +9,9 @@
 //! figures (`cairn_format::node`), so loading the parent reads its interior nodes and its
 //! reference summary — a few objects — not every leaf (which opened a pack per commit that
 //! ever changed one: 1,047 pack files for a re-commit after 300 versions). A reused leaf
-//! stays unread; what it uses reaches the new tree's summary through the parent's
-//! (`base_summary`). Leaves whose level-1 node carries no digest (written before 2026-11-26)
-//! are read as before.
+//! stays unread; what it uses reaches the new tree's summary through the parent's counted
+//! summary (`base_summary`). Leaves whose level-1 node carries no digest (written before
+//! 2026-11-26) are read as before.
 //!
 //! A reused leaf is trusted only as far as the repository still holds what it names. Unread
 //! leaves are reused only when no group or node the parent's summary lists has a quarantined
@@ -47,10 +47,8 @@ pub(crate) struct ParentLeaf {
 #[derive(Debug, Default)]
 pub(crate) struct ParentLeaves {
     by_digest: HashMap<Id, ParentLeaf>,
-    /// Every leaf of the parent (those the new tree drops count as stale in its summary).
-    ids: Vec<Id>,
     /// The parent's leaf of each segment, for chunk-level dedup of a changed segment
-    /// (`parent_chunks`).
+    /// (`parent_chunks`) and for the new tree's summary (`base_summary`).
     by_segment: HashMap<u64, Id>,
     /// The parent's reference summary, when leaves are reused unread.
     summary: Option<GroupSummary>,
@@ -112,7 +110,6 @@ impl ParentLeaves {
         let unread_reused = by_digest.values().any(|l| l.leaf.is_none());
         Ok(ParentLeaves {
             by_digest,
-            ids: ids.into_iter().collect(),
             by_segment,
             summary: summary.filter(|_| unread_reused),
         })
@@ -142,9 +139,9 @@ impl ParentLeaves {
         self.by_digest.len()
     }
 
-    /// Every leaf of the parent.
-    pub(crate) fn ids(&self) -> &[Id] {
-        &self.ids
+    /// The parent's leaf occurrences: a leaf per segment that has one.
+    pub(crate) fn occurrences(&self) -> Vec<Id> {
+        self.by_segment.values().copied().collect()
     }
 
     /// The parent's reference summary, taken (for the new tree's summary).

@@ -47,8 +47,9 @@ pub(crate) struct PipelineOutput {
     pub reused_segments: u64,
     /// Format 2: chunks of changed segments found in the parent's leaf of the same segment.
     pub parent_chunks: u64,
-    /// Format 2: leaves of the parent reused unread (the fast path): what they use is not in
-    /// `group_summary` yet (`base_summary::complete_summary` adds it) nor in `reused_slots`.
+    /// Format 2: leaves of the parent reused unread (the fast path), one entry per segment
+    /// that reuses one: what they use is not in `group_summary` yet
+    /// (`base_summary::complete_summary` adds it) nor in `reused_slots`.
     pub unread_leaves: Vec<Id>,
 }
 

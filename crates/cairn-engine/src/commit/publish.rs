@@ -40,7 +40,8 @@ pub(crate) async fn check_stale_gc(repo: &Repo, out: &PipelineOutput) -> EngineR
             }
             // Leaves reused unread: their runs are read now (a leaf gone is counted above).
             let mut reused_slots = out.reused_slots.clone();
-            for id in &out.unread_leaves {
+            let unread: std::collections::HashSet<&Id> = out.unread_leaves.iter().collect();
+            for id in unread {
                 let leaf = match read_leaf(repo, id).await {
                     Ok(leaf) => leaf,
                     Err(e) if e.is_damage() => continue,

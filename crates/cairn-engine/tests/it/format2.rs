@@ -428,13 +428,14 @@ async fn a_patch_stores_only_its_blocks_and_equals_a_full_commit() {
     assert!(verify(reopen(dir.path()).await).await.unwrap().is_clean());
 }
 
-/// What `record`'s leaves use, read from the tree: (groups' slots, leaf ids).
+/// What `record`'s leaves use, read from the tree: (groups' slots with a reference per leaf
+/// occurrence per run, leaf ids).
 async fn used_by_tree(
     repo: &Arc<Repo>,
     record: &cairn_format::version::VersionRecord,
 ) -> (GroupSummary, Vec<cairn_format::Id>) {
     let leaves = cairn_engine::tree::leaf_map(repo, record).await.unwrap();
-    let mut used = GroupSummary::default();
+    let mut used = GroupSummary::counted();
     for leaf in leaves.values() {
         let raw = repo.read_blob(leaf).await.unwrap();
         for (group, first, count) in RunLeaf::decode(&raw).unwrap().group_runs() {
@@ -444,19 +445,40 @@ async fn used_by_tree(
     (used, leaves.into_values().collect())
 }
 
-/// `summary` lists every slot `used` lists and every leaf of `leaves` (it may list more).
-fn assert_lists(summary: &GroupSummary, used: &GroupSummary, leaves: &[cairn_format::Id]) {
-    for (group, slots) in &used.groups {
-        let listed = &summary.groups[group];
-        assert!(slots.runs().iter().all(|&(f, n)| listed.contains_run(f, n)));
-    }
-    assert!(leaves.iter().all(|n| summary.has_node(n)));
+/// `record`'s reference summary, and what its tree uses (`used_by_tree`).
+async fn summary_and_use(
+    repo: &Arc<Repo>,
+    record: &cairn_format::version::VersionRecord,
+) -> (GroupSummary, GroupSummary, Vec<cairn_format::Id>) {
+    let root = record.root.unwrap();
+    let (summary, _) = repo.load_group_summary(&root).await.unwrap().unwrap();
+    let (used, leaves) = used_by_tree(repo, record).await;
+    (summary, used, leaves)
 }
 
-/// The reference summary a commit writes lists exactly the slots its tree uses and every
-/// node; a patch's lists those plus the base's (its untouched leaves are not read): the
-/// slots of the leaves it replaced that no new leaf uses count as stale, until they would
-/// pass 1/64 of the table, when it is rebuilt exact.
+/// `summary` is exactly what the tree uses: its slots with their references (counted), and
+/// its nodes (`leaves` and `interior` more).
+fn assert_exact(
+    summary: &GroupSummary,
+    used: &GroupSummary,
+    leaves: &[cairn_format::Id],
+    interior: usize,
+) {
+    assert!(summary.is_counted(), "{summary:?}");
+    assert_eq!(summary.groups, used.groups);
+    assert_eq!(summary.repeats, used.repeats);
+    assert!(leaves.iter().all(|n| summary.has_node(n)));
+    let distinct: std::collections::HashSet<_> = leaves.iter().collect();
+    assert_eq!(
+        summary.nodes.len(),
+        distinct.len() + interior,
+        "the new tree's nodes only"
+    );
+}
+
+/// The reference summary a commit writes lists exactly the slots its tree uses, with their
+/// references, and every node; a patch's too, though its untouched leaves are not read: the
+/// base's counted summary, minus the leaves it replaced, plus the ones it built.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reference_summaries_list_what_the_tree_uses() {
     let dir = tempfile::tempdir().unwrap();
@@ -468,52 +490,73 @@ async fn reference_summaries_list_what_the_tree_uses() {
     let root = base.record.root.unwrap();
     let (summary, _) = repo.load_group_summary(&root).await.unwrap().unwrap();
     let (used, leaves) = used_by_tree(&repo, &base.record).await;
-    assert_eq!(summary.groups, used.groups);
-    assert_eq!(summary.stale_slots, 0);
     // 16 leaves and the root (height 1 at fanout 256).
-    assert_eq!(summary.nodes.len(), leaves.len() + 1);
-    assert!(leaves.iter().chain([&root]).all(|n| summary.has_node(n)));
+    assert!(summary.has_node(&root));
 
-    // A patch of 3 blocks in one segment: the 3 base slots they overwrote become stale (the
-    // segment's new leaf still uses its other 61).
+    assert_exact(&summary, &used, &leaves, 1);
+
+    // A patch of 3 blocks in one segment: the 3 base slots they overwrote are gone from the
+    // table (the segment's new leaf still uses its other 61); then a patch of 20 more.
     let mut p = Blocks(Default::default());
     for b in [1, 2, 40] {
         p.set(&mut image, b, noise(4096, 100 + b));
     }
     let v2 = patch(&repo, &base, size, &p).await;
-    let (s2, _) = repo
-        .load_group_summary(&v2.record.root.unwrap())
-        .await
-        .unwrap()
-        .unwrap();
-    let (used2, leaves2) = used_by_tree(&repo, &v2.record).await;
-    assert_eq!(s2.stale_slots, 3);
+    let (s2, used2, leaves2) = summary_and_use(&repo, &v2.record).await;
     assert_eq!(
         s2.slot_count(),
-        used2.slot_count() + 3,
-        "the 3 replaced slots"
+        summary.slot_count(),
+        "3 slots replaced by 3 new ones"
     );
-    assert_lists(&s2, &used2, &leaves2);
-    assert_eq!(
-        s2.nodes.len(),
-        leaves2.len() + 1,
-        "the new tree's nodes only"
-    );
-
-    // Stale slots past 1/64 of the table (3 + 20 > 1,011 / 64, though not past 1/8): the
-    // next patch reads the untouched leaves instead.
+    assert_exact(&s2, &used2, &leaves2, 1);
     let mut q = Blocks(Default::default());
     for b in 0..20 {
         q.set(&mut image, b, noise(4096, 200 + b));
     }
     let v3 = patch(&repo, &v2, size, &q).await;
-    let (s3, _) = repo
-        .load_group_summary(&v3.record.root.unwrap())
-        .await
-        .unwrap()
-        .unwrap();
-    let (used3, _) = used_by_tree(&repo, &v3.record).await;
-    assert_eq!((s3.stale_slots, &s3.groups), (0, &used3.groups));
+    let (s3, used3, leaves3) = summary_and_use(&repo, &v3.record).await;
+    assert_exact(&s3, &used3, &leaves3, 1);
+    assert!(restore_bytes(&repo, &v3.record).await.unwrap() == image);
+}
+
+/// A leaf may occur in a tree more than once (segments with the same bytes), and the
+/// summary counts each occurrence: a commit that drops one of two occurrences keeps the
+/// leaf's slots, one that adds an occurrence of a reused leaf counts it, and the summary is
+/// exact after each — without reading the leaves the commit kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counted_summaries_follow_leaves_that_occur_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = v2_repo(dir.path()).await;
+    let seg = 256usize << 10;
+    let mut image = noise(8 * seg, 31);
+    let a = noise(seg, 32);
+    image[..seg].copy_from_slice(&a);
+    image[seg..2 * seg].copy_from_slice(&a);
+    let v1 = commit_bytes(&repo, "vm", image.clone()).await;
+    let (s1, used1, leaves1) = summary_and_use(&repo, &v1.record).await;
+    assert_eq!(leaves1[0], leaves1[1], "segments 0 and 1 share a leaf");
+    assert_eq!(
+        used1.repeats.as_ref().unwrap().len(),
+        64,
+        "each slot of the shared leaf"
+    );
+    assert_exact(&s1, &used1, &leaves1, 1);
+
+    // Segment 1 changes: one occurrence of the shared leaf is dropped, its slots stay.
+    image[seg + 4096..seg + 8192].copy_from_slice(&noise(4096, 33));
+    let v2 = commit_bytes(&repo, "vm", image.clone()).await;
+    assert_eq!(v2.reused_segments, 7);
+    let (s2, used2, leaves2) = summary_and_use(&repo, &v2.record).await;
+    assert_exact(&s2, &used2, &leaves2, 1);
+
+    // Segments 2 and 3 take segment 0's bytes: the shared leaf, reused unread, occurs three
+    // times (once more than in the parent).
+    image.copy_within(..seg, 2 * seg);
+    image.copy_within(..seg, 3 * seg);
+    let v3 = commit_bytes(&repo, "vm", image.clone()).await;
+    let (s3, used3, leaves3) = summary_and_use(&repo, &v3.record).await;
+    assert_eq!(leaves3[2], leaves3[0]);
+    assert_exact(&s3, &used3, &leaves3, 1);
     assert!(restore_bytes(&repo, &v3.record).await.unwrap() == image);
 }
 
@@ -626,19 +669,10 @@ async fn a_recommit_reuses_unchanged_leaves_unread() {
     assert_eq!(c.record.stats.data_bytes, head.record.stats.data_bytes);
     assert!(restore_bytes(&repo2, &c.record).await.unwrap() == image);
 
-    // The summary lists at least what the tree uses; the one overwritten slot is stale.
-    let (summary, _) = repo2
-        .load_group_summary(&c.record.root.unwrap())
-        .await
-        .unwrap()
-        .unwrap();
-    let (used, tree_leaves) = used_by_tree(&repo2, &c.record).await;
-    assert_lists(&summary, &used, &tree_leaves);
-    assert_eq!(
-        summary.slot_count(),
-        used.slot_count() + summary.stale_slots
-    );
-    assert!(summary.stale_slots >= 1);
+    // The summary is exact (the overwritten slot is gone) though the unchanged leaves were
+    // not read: the parent's counted summary, minus the changed leaf, plus its new one.
+    let (summary, used, tree_leaves) = summary_and_use(&repo2, &c.record).await;
+    assert_exact(&summary, &used, &tree_leaves, 1);
     let report = verify(repo2.clone()).await.unwrap();
     assert!(report.is_clean(), "{report:?}");
 }
@@ -681,4 +715,31 @@ async fn a_recommit_under_a_pending_plan_reuses_only_leaves_it_can_locate() {
     assert!(restore_bytes(&repo, &c.record).await.unwrap() == image);
     assert!(restore_bytes(&repo, &b.record).await.is_ok());
     assert!(verify(repo).await.unwrap().is_clean());
+}
+
+/// A base whose summary carries no counts (written before counts existed, or rebuilt by GC):
+/// the commit over it reads the leaves it reuses and writes an exact, counted summary, which
+/// the next commit derives from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_over_an_uncounted_summary_reads_its_reused_leaves_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = v2_repo(dir.path()).await;
+    let seg = 256usize << 10;
+    let mut image = noise(8 * seg, 41);
+    let v1 = commit_bytes(&repo, "vm", image.clone()).await;
+    let root = v1.record.root.unwrap();
+    let (mut uncounted, _) = repo.load_group_summary(&root).await.unwrap().unwrap();
+    uncounted.repeats = None;
+    repo.delete_summary(&root).await.unwrap();
+    repo.put_group_summary(&root, &uncounted).await.unwrap();
+    let (back, _) = repo.load_group_summary(&root).await.unwrap().unwrap();
+    assert!(!back.is_counted());
+
+    for (round, s) in [(1u64, 3usize), (2, 5)] {
+        image[s * seg..s * seg + 4096].copy_from_slice(&noise(4096, 40 + round));
+        let v = commit_bytes(&repo, "vm", image.clone()).await;
+        assert_eq!(v.reused_segments, 7);
+        let (summary, used, leaves) = summary_and_use(&repo, &v.record).await;
+        assert_exact(&summary, &used, &leaves, 1);
+    }
 }

@@ -258,11 +258,11 @@ pub async fn commit_patch(
             let old = grouped::old_stats(&repo, &tasks).await?;
             // Leaves kept as they are: referred to without being stored, nor read.
             let untouched: Vec<Id> = untouched_leaves(&leaves, &tasks).collect();
+            let base_leaves: Vec<Id> = leaves.values().map(|l| l.id).collect();
             let mut out = tokio::task::block_in_place(|| grouped::run(&ctx, &tasks, leaves))?;
             if let Some(summary) = out.group_summary.as_mut() {
-                let replaced: Vec<Id> = tasks.iter().filter_map(|t| t.base_leaf).collect();
                 let base = load_base_summary(&repo, base_root).await;
-                complete_summary(&repo, base, &untouched, &replaced, summary).await?;
+                complete_summary(&repo, base, &untouched, &base_leaves, summary).await?;
             }
             out.reused.extend(untouched.iter().copied());
             out.unread_leaves.extend(untouched);
