@@ -11,16 +11,19 @@
 # Example:
 #   scripts/minio.sh run cargo test -p cairn-store-s3 --test minio
 #
-# The binary is looked up on PATH, then in $ROOT/.data/bin and ~/go/bin; a fresh build goes to
-# $ROOT/.data/bin/minio. Needs go (PATH or /usr/local/go/bin) and curl (for --aws-sigv4).
+# The binary is looked up on PATH, then in $ROOT/.data/bin, the user's cache
+# (${XDG_CACHE_HOME:-~/.cache}/cairn/bin) and ~/go/bin; a fresh build goes to the cache, so a new
+# clone of cairn on the same host does not build it again. Needs go (PATH or
+# /usr/local/go/bin) and curl (for --aws-sigv4).
 set -euo pipefail
 
 # shellcheck source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 minio_bin() {
-  local c
-  for c in "$(command -v minio 2>/dev/null || true)" "$ROOT/.data/bin/minio" "$HOME/go/bin/minio"; do
+  local c cache="${XDG_CACHE_HOME:-$HOME/.cache}/cairn/bin"
+  for c in "$(command -v minio 2>/dev/null || true)" "$ROOT/.data/bin/minio" "$cache/minio" \
+    "$HOME/go/bin/minio"; do
     if [ -n "$c" ] && [ -x "$c" ]; then
       printf '%s\n' "$c"
       return 0
@@ -30,11 +33,11 @@ minio_bin() {
   go=$(command -v go 2>/dev/null || true)
   [ -n "$go" ] || go=/usr/local/go/bin/go
   [ -x "$go" ] || die "MinIO is not installed and go is missing (install Go, or put minio on PATH)"
-  mkdir -p "$ROOT/.data/bin"
-  log "building MinIO with go install (takes ~4 minutes)"
-  GOBIN="$ROOT/.data/bin" "$go" install github.com/minio/minio@latest >&2 \
+  mkdir -p "$cache"
+  log "building MinIO with go install into $cache (takes ~4 minutes, once per host)"
+  GOBIN="$cache" "$go" install github.com/minio/minio@latest >&2 \
     || die "go install github.com/minio/minio@latest failed"
-  printf '%s\n' "$ROOT/.data/bin/minio"
+  printf '%s\n' "$cache/minio"
 }
 
 free_port() {
