@@ -23,9 +23,8 @@
 //! per leaf occurrence per run naming it), and `stale slots` is 0. So a commit that reuses a
 //! base's leaves unread can take the base's counts, subtract the leaves it dropped and add
 //! the ones it built, and stay exact without reading the leaves it kept. Version 1 (written
-//! before 2026-11-26, and by GC, which rebuilds a summary from the marks of a walk) carries
-//! no counts: `stale slots` counts slots the table may list without the tree using them (a
-//! superset, kept by writers of that time within a bound).
+//! before 2026-11-26) carries no counts: `stale slots` counts slots the table may list
+//! without the tree using them (a superset, kept by writers of that time within a bound).
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -8,9 +8,9 @@
 //! a commit changed — never the ones it kept, and the summary stays exact: fast deletion
 //! leaks nothing through it.
 //!
-//! Without a counted base summary (one written before counts existed, one GC rebuilt) or
-//! when the differences are the larger set, the reused leaves themselves are read; the new
-//! summary is counted either way, so the next commit takes the cheap path.
+//! Without a counted base summary (one written before counts existed) or when the
+//! differences are the larger set, the reused leaves themselves are read; the new summary is
+//! counted either way, so the next commit takes the cheap path.
 
 use std::collections::HashMap;
 use std::sync::Arc;

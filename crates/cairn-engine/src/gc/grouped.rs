@@ -346,21 +346,6 @@ pub(super) struct Marks {
 }
 
 impl Marks {
-    /// The reference summary of what is marked.
-    pub(super) fn summary(&self) -> GroupSummary {
-        let mut s = GroupSummary::default();
-        for node in &self.nodes {
-            s.add_node(node);
-        }
-        for (group, slots) in &self.slots {
-            s.groups
-                .entry(cairn_format::group_summary::key_of(group))
-                .or_default()
-                .union_with(slots);
-        }
-        s
-    }
-
     /// Marks every node of `record`'s tree and every group slot its leaves name, reading each
     /// node once (through `reader`: checked against its id).
     pub(super) async fn mark_version(
@@ -403,9 +388,9 @@ impl Marks {
 }
 
 /// Reads manifest nodes through a format 2 reader, counting the bytes.
-struct Nodes<'a> {
-    reader: &'a V2Reader,
-    bytes_read: &'a mut u64,
+pub(super) struct Nodes<'a> {
+    pub(super) reader: &'a V2Reader,
+    pub(super) bytes_read: &'a mut u64,
 }
 
 impl NodeReader for Nodes<'_> {
