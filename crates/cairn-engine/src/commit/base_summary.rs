@@ -124,8 +124,8 @@ async fn derive(
     Ok(Some(base))
 }
 
-/// Adds `n` references to every run of `leaf`.
-fn add_leaf(summary: &mut GroupSummary, leaf: &RunLeaf, n: u64) {
+/// Adds `n` references to every run of `leaf` (`n` occurrences of it in a tree).
+pub(crate) fn add_leaf(summary: &mut GroupSummary, leaf: &RunLeaf, n: u64) {
     for _ in 0..n {
         for (group, first, count) in leaf.group_runs() {
             summary.add_run(&group, first, count);

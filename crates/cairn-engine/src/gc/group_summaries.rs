@@ -15,6 +15,7 @@ use cairn_repo::{Repo, RepoError};
 
 use super::grouped::Nodes;
 use super::{unreadable_live_tree, GcOptions, GcReport};
+use crate::commit::base_summary::add_leaf;
 use crate::error::{EngineError, EngineResult};
 use crate::live::LiveVersions;
 use crate::progress::{self, Unit};
@@ -120,11 +121,7 @@ async fn counted_summary(
         let leaf = RunLeaf::decode(&raw)
             .map_err(|e| RepoError::corrupt(format!("manifest node {id}"), e))?;
         summary.add_node(id);
-        for _ in 0..*n {
-            for (group, first, count) in leaf.group_runs() {
-                summary.add_run(&group, first, count);
-            }
-        }
+        add_leaf(&mut summary, &leaf, *n);
     }
     Ok(summary)
 }
