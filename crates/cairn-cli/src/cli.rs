@@ -474,6 +474,16 @@ pub enum OutputFormatArg {
     Qcow2,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DedupArg {
+    /// Find every chunk stored before: the parent's leaf, similar packs, then one index
+    /// lookup for each chunk still not found. Nothing is stored twice.
+    Exact,
+    /// The parent's leaf and similar packs only (at most 4 index lookups a changed 1 MiB
+    /// segment): a chunk they miss is stored again.
+    Bounded,
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum CompressionArg {
     Zstd,
@@ -580,6 +590,11 @@ pub struct CommitArgs {
     /// lookups stay fast as history grows; `cairn index compact` does the same by hand.
     #[arg(long)]
     pub no_compact: bool,
+    /// How hard a format 2 commit looks for data stored before. `bounded` asks the index a
+    /// few times a changed segment instead of once a chunk, and may store a little again
+    /// (BENCHMARKS.md "Dedup tiers" measures how much).
+    #[arg(long, value_enum, default_value = "bounded")]
+    pub dedup: DedupArg,
 }
 
 #[derive(Debug, Args)]

@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use cairn_engine::commit::incremental::{commit_changes, IncrementalStats};
 use cairn_engine::commit::plan::{plan_commit, CommitPlan, CommitSource};
-use cairn_engine::commit::{commit, CommitOptions, CommitProgress, CommitResult};
+use cairn_engine::commit::{commit, CommitOptions, CommitProgress, CommitResult, DedupMode};
 use cairn_engine::resolve::{resolve, VersionSpec};
 use cairn_engine::source::{
     open_image, InterruptibleStdin, RateLimited, ReadPolicy, Source, SourceFormat, StreamSource,
@@ -21,7 +21,7 @@ use cairn_image::DiskImage;
 use cairn_nbd::client::NbdImage;
 use cairn_repo::Repo;
 
-use crate::cli::{CommitArgs, SourceFormatArg};
+use crate::cli::{CommitArgs, DedupArg, SourceFormatArg};
 use crate::context::Context;
 use crate::output::{bytes, print_json, rate, version_json};
 use crate::progress::Ticker;
@@ -90,7 +90,16 @@ pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
         // This file now holds this version: an overlay on it commits incrementally.
         provenance.record(Path::new(&spec), identity_before, &result.id);
     }
-    report(ctx, &result, incremental, read_bytes, because, elapsed);
+    let fetches = repo.v2().map(|r| r.fetches());
+    report(
+        ctx,
+        &result,
+        incremental,
+        read_bytes,
+        because,
+        elapsed,
+        fetches,
+    );
     // The version is published and reported: what follows only tidies the index.
     if !args.no_compact {
         cairn_engine::gc::compact::after_commit(&repo).await;
@@ -173,6 +182,10 @@ async fn full_commit(
         message: args.message.clone(),
         workers: args.threads,
         progress: Some(progress.clone()),
+        dedup: match args.dedup {
+            DedupArg::Exact => DedupMode::Exact,
+            DedupArg::Bounded => DedupMode::Bounded,
+        },
         ..Default::default()
     };
     let result = commit(repo, &args.image, source, options).await;
@@ -187,6 +200,7 @@ fn report(
     read_bytes: u64,
     because: Option<String>,
     elapsed: std::time::Duration,
+    fetches: Option<cairn_repo::v2::Fetches>,
 ) {
     let r = &result.record;
     if ctx.json {
@@ -194,7 +208,21 @@ fn report(
         v["duration_s"] = serde_json::json!(elapsed.as_secs_f64());
         v["read_bytes"] = serde_json::json!(read_bytes);
         v["reused_segments"] = serde_json::json!(result.reused_segments);
-        v["parent_chunks"] = serde_json::json!(result.parent_chunks);
+        v["parent_chunks"] = serde_json::json!(result.dedup.parent);
+        v["similar_chunks"] = serde_json::json!(result.dedup.similar);
+        v["index_chunks"] = serde_json::json!(result.dedup.index);
+        v["hook_lookups"] = serde_json::json!(result.dedup.hook_lookups);
+        // What this process read of the repository's format 2 objects (index sections, pack
+        // trailers, groups): how much a commit's dedup cost in reads.
+        v["fetched"] = match fetches {
+            Some(f) => serde_json::json!({
+                "index_sections": f.sections,
+                "trailers": f.trailers,
+                "groups": f.groups,
+                "group_bytes": f.group_bytes,
+            }),
+            None => serde_json::Value::Null,
+        };
         v["incremental"] = match (incremental, &because) {
             (Some(s), Some(b)) => serde_json::json!({
                 "changed_bytes": s.changed_bytes,

@@ -312,3 +312,65 @@ fn index_compact_merges_the_runs_of_many_commits_and_says_so() {
         "{err}"
     );
 }
+
+#[test]
+fn commit_dedup_modes_report_what_each_tier_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    ok(&repo, &["-q", "init", "--reserve", "0"]);
+    // A golden image, and copies of it with its data moved by 5 blocks and one new block,
+    // committed as images of their own: no parent, so only similar packs find the data.
+    let golden = noise(4 << 20, 11);
+    let g = dir.path().join("golden.raw");
+    std::fs::write(&g, &golden).unwrap();
+    ok(&repo, &["-q", "commit", "golden", g.to_str().unwrap()]);
+    let copy = |seed| {
+        let mut copy = vec![0u8; 5 * 4096];
+        copy.extend_from_slice(&golden[..golden.len() - 6 * 4096]);
+        copy.extend(noise(4096, seed));
+        let path = dir.path().join(format!("copy-{seed}.raw"));
+        std::fs::write(&path, &copy).unwrap();
+        (copy, path)
+    };
+    let json = |args: &[&str]| -> serde_json::Value {
+        serde_json::from_str(ok(&repo, args).trim()).unwrap()
+    };
+    let moved = (golden.len() / 4096 - 6) as u64;
+    for (mode, seed) in [("bounded", 12), ("exact", 13)] {
+        let (_, path) = copy(seed);
+        let v = json(&[
+            "--json",
+            "commit",
+            "--dedup",
+            mode,
+            mode,
+            path.to_str().unwrap(),
+        ]);
+        assert_eq!(v["new_chunks"], 1, "{mode}: {v}");
+        assert_eq!(v["similar_chunks"], moved, "{mode}: {v}");
+        assert_eq!(v["parent_chunks"], 0, "{mode}: {v}");
+        assert_eq!(v["index_chunks"], 0, "{mode}: {v}");
+        assert!(v["hook_lookups"].as_u64().unwrap() >= 1, "{v}");
+        assert!(v["fetched"]["trailers"].as_u64().unwrap() >= 1, "{v}");
+    }
+    // The default is bounded: the index is asked only for hooks.
+    let (data, path) = copy(14);
+    let v = json(&["--json", "commit", "default", path.to_str().unwrap()]);
+    assert_eq!(
+        (v["new_chunks"].clone(), v["index_chunks"].clone()),
+        (1.into(), 0.into())
+    );
+    let out = dir.path().join("out.raw");
+    ok(&repo, &["-q", "restore", "default", out.to_str().unwrap()]);
+    assert!(std::fs::read(&out).unwrap() == data);
+    // A mode that does not exist is refused by name.
+    let bad = cairn(
+        &repo,
+        &["commit", "--dedup", "fuzzy", "x", path.to_str().unwrap()],
+    );
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("fuzzy"),
+        "{bad:?}"
+    );
+}

@@ -5,7 +5,7 @@
 //! ```text
 //!  reader ──segments──▶ workers (×N) ─────────────groups─────────────▶ packer ──packs──▶ uploads
 //!  (as in format 1)     chunk, zero-detect, BLAKE3,                     data groups and nodes
-//!                       dedup (index runs, then this commit),           in separate packs
+//!                       dedup (this commit, `dedup/`'s tiers),          in separate packs
 //!                       new chunks into groups, zstd per group
 //!                            │
 //!                            └──leaves (group runs)──▶ collector ──▶ tree ──▶ index run ──▶ version ──▶ ref
@@ -36,9 +36,9 @@ use cairn_repo::{Repo, RepoResult};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use tokio::runtime::Handle;
 
+use super::dedup::{DedupMode, DedupTally, SegmentDedup};
 use super::packing::Uploader;
 use super::parent::ParentLeaves;
-use super::parent_chunks::ParentChunks;
 use super::pipeline::read_all;
 use super::{CommitOptions, CommitProgress, PipelineOutput};
 use crate::chunker::{chunk_ranges, is_zero};
@@ -66,14 +66,12 @@ struct SegmentResult {
     reused: bool,
     /// Reused without reading it: its runs come from the parent's summary.
     unread: bool,
-    /// Chunks found in the parent's leaf of the same segment (no index lookup).
-    parent_chunks: u64,
 }
 
 /// What a commit's workers share: where the chunks this commit stores went, and which nodes
 /// it stores.
-struct GroupDedup<'a> {
-    reader: &'a V2Reader,
+pub(super) struct GroupDedup<'a> {
+    pub(super) reader: &'a V2Reader,
     handle: &'a Handle,
     /// Set when any part of the commit failed: a lookup in flight is abandoned (on a hung
     /// store it would otherwise hold the failed commit for its whole retry budget).
@@ -92,8 +90,10 @@ struct GroupDedup<'a> {
 
 /// What a worker does with a chunk.
 enum Claim {
-    /// Stored already (in the repository, or by this commit): refer to it.
+    /// Stored already by this commit: refer to it.
     At(Placement),
+    /// Stored before this commit, found by an index lookup: refer to it.
+    Indexed(Placement),
     /// Another worker of this commit stores it: wait for its place.
     Elsewhere,
     /// New: this worker stores it.
@@ -103,7 +103,10 @@ enum Claim {
 impl GroupDedup<'_> {
     /// Runs a lookup of the repository's index to completion, or until the commit is
     /// cancelled.
-    fn ask<T>(&self, lookup: impl std::future::Future<Output = RepoResult<T>>) -> EngineResult<T> {
+    pub(super) fn ask<T>(
+        &self,
+        lookup: impl std::future::Future<Output = RepoResult<T>>,
+    ) -> EngineResult<T> {
         let cancel = self.cancel;
         self.handle.block_on(async {
             tokio::select! {
@@ -117,13 +120,17 @@ impl GroupDedup<'_> {
         })
     }
 
-    fn claim(&self, id: &Id) -> EngineResult<Claim> {
+    /// Claims chunk `id`, which the tiers before did not find: stored by this commit
+    /// already, else (exact mode) found by an index lookup, else this worker's to store.
+    fn claim(&self, id: &Id, mode: DedupMode) -> EngineResult<Claim> {
         if let Some(p) = self.claimed.lock().expect("dedup lock").get(id) {
             return Ok(p.map_or(Claim::Elsewhere, Claim::At));
         }
-        if let Some(p) = self.ask(self.reader.find_chunk(id))? {
-            self.note_reused(p);
-            return Ok(Claim::At(p));
+        if mode == DedupMode::Exact {
+            if let Some(p) = self.ask(self.reader.find_chunk(id))? {
+                self.note_reused(p);
+                return Ok(Claim::Indexed(p));
+            }
         }
         Ok(match self.claimed.lock().expect("dedup lock").entry(*id) {
             Entry::Occupied(e) => e.get().map_or(Claim::Elsewhere, Claim::At),
@@ -134,9 +141,14 @@ impl GroupDedup<'_> {
         })
     }
 
+    /// Whether this commit stores chunk `id` (placed or not yet).
+    pub(super) fn is_claimed(&self, id: &Id) -> bool {
+        self.claimed.lock().expect("dedup lock").contains_key(id)
+    }
+
     /// Records that the tree refers to `p`, a slot stored before this commit (for the stale-GC
     /// guard).
-    fn note_reused(&self, p: Placement) {
+    pub(super) fn note_reused(&self, p: Placement) {
         self.reused_slots
             .lock()
             .expect("dedup lock")
@@ -289,7 +301,7 @@ pub(crate) fn run_grouped(
             let (seg_rx, result_tx, recycle_tx) =
                 (seg_rx.clone(), result_tx.clone(), recycle_tx.clone());
             worker_handles.push(s.spawn(move || {
-                let r = worker.run(&seg_rx, &result_tx, &recycle_tx);
+                let r = worker.run(&seg_rx, &result_tx, &recycle_tx, options.dedup);
                 if r.is_err() {
                     cancel.store(true, Ordering::Relaxed);
                 }
@@ -311,13 +323,11 @@ pub(crate) fn run_grouped(
 
         let mut stats = CommitStats::default();
         let mut reused_segments = 0;
-        let mut parent_chunks = 0;
         // The reference summary: the sent segments' runs here, every node of the tree below.
         let mut summary = GroupSummary::counted();
         let mut unread_leaves = Vec::new();
         for r in result_rx {
             reused_segments += u64::from(r.reused);
-            parent_chunks += r.parent_chunks;
             if let (true, Some(leaf)) = (r.unread, &r.leaf) {
                 unread_leaves.push(leaf.id);
             }
@@ -334,9 +344,11 @@ pub(crate) fn run_grouped(
         // error before a worker that only stopped because another failed.
         let read = read.join().expect("reader thread panicked");
         let mut worker_errors = Vec::new();
+        let mut tally = DedupTally::default();
         for w in worker_handles {
-            if let Err(e) = w.join().expect("worker thread panicked") {
-                worker_errors.push(e);
+            match w.join().expect("worker thread panicked") {
+                Ok(t) => tally.add(&t),
+                Err(e) => worker_errors.push(e),
             }
         }
         worker_errors.sort_by_key(|e| matches!(e, EngineError::Internal { .. }));
@@ -390,7 +402,7 @@ pub(crate) fn run_grouped(
             reused: std::mem::take(&mut *dedup.reused_nodes.lock().expect("dedup lock")),
             reused_slots: std::mem::take(&mut *dedup.reused_slots.lock().expect("dedup lock")),
             reused_segments,
-            parent_chunks,
+            dedup: tally,
             unread_leaves,
         })
     })
@@ -441,21 +453,23 @@ impl Worker<'_> {
         seg_rx: &Receiver<Segment>,
         result_tx: &Sender<SegmentResult>,
         recycle_tx: &Sender<Vec<u8>>,
-    ) -> EngineResult<()> {
+        mode: DedupMode,
+    ) -> EngineResult<DedupTally> {
+        let mut tiers = SegmentDedup::new(self.dedup, self.parent, mode);
         for seg in seg_rx {
             if self.cancel.load(Ordering::Relaxed) {
                 break;
             }
-            let result = self.segment(&seg)?;
+            let result = self.segment(&seg, &mut tiers)?;
             let _ = recycle_tx.try_send(seg.data);
             result_tx
                 .send(result)
                 .map_err(|_| EngineError::internal("collector", "stopped early"))?;
         }
-        Ok(())
+        Ok(tiers.tally)
     }
 
-    fn segment(&self, seg: &Segment) -> EngineResult<SegmentResult> {
+    fn segment(&self, seg: &Segment, tiers: &mut SegmentDedup) -> EngineResult<SegmentResult> {
         let digest = self.id_of(&seg.data);
         if let Some(reused) = self.reuse(seg.index, &digest)? {
             return Ok(reused);
@@ -468,31 +482,34 @@ impl Worker<'_> {
             built: Vec::new(),
             finished: Vec::new(),
         };
-        // The parent's chunks of this segment, read at its first chunk of data.
-        let mut near: Option<ParentChunks> = None;
-        let mut parent_chunks = 0;
-        for r in chunk_ranges(self.config, &seg.data) {
+        let ranges = chunk_ranges(self.config, &seg.data);
+        let ids: Vec<Option<Id>> = ranges
+            .iter()
+            .map(|r| {
+                let data = &seg.data[r.clone()];
+                (!is_zero(data)).then(|| self.id_of(data))
+            })
+            .collect();
+        let known = tiers.locate(seg.index, &ids)?;
+        for ((r, id), known) in ranges.into_iter().zip(ids).zip(known) {
             let data = &seg.data[r];
             let len = data.len() as u32;
-            if is_zero(data) {
+            let Some(id) = id else {
                 items.push(Item::Zero(len));
                 continue;
-            }
-            let id = self.id_of(data);
+            };
             stats.chunks += 1;
             stats.data_bytes += u64::from(len);
-            let near = match &near {
-                Some(near) => near,
-                None => near.insert(self.parent_chunks(seg.index)?),
-            };
-            if let Some(p) = near.get(&id) {
-                self.dedup.note_reused(p);
+            if let Some(p) = known {
                 items.push(Item::At(p, len));
-                parent_chunks += 1;
                 continue;
             }
-            match self.dedup.claim(&id)? {
+            match self.dedup.claim(&id, tiers.mode)? {
                 Claim::At(p) => items.push(Item::At(p, len)),
+                Claim::Indexed(p) => {
+                    tiers.tally.index += 1;
+                    items.push(Item::At(p, len));
+                }
                 Claim::Elsewhere => items.push(Item::Elsewhere(id, len)),
                 Claim::Mine => {
                     if groups.builder.is_full_for(data.len()) {
@@ -565,16 +582,7 @@ impl Worker<'_> {
             stats,
             reused: false,
             unread: false,
-            parent_chunks,
         })
-    }
-
-    /// The chunks of the parent's leaf of segment `index` (none if it had none).
-    fn parent_chunks(&self, index: u64) -> EngineResult<ParentChunks> {
-        match self.parent.at_segment(index) {
-            Some(leaf) => self.dedup.ask(ParentChunks::load(self.dedup.reader, leaf)),
-            None => Ok(ParentChunks::default()),
-        }
     }
 
     /// The parent fast path: the parent's leaf for a segment whose bytes have `digest`, if
@@ -608,7 +616,6 @@ impl Worker<'_> {
                 },
                 reused: true,
                 unread,
-                parent_chunks: 0,
             }))
         };
         let Some(leaf) = &parent.leaf else {

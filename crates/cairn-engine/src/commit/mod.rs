@@ -34,11 +34,11 @@
 //! bitmap, on top of [`patch`]) and [`plan`] (which of these a source gets).
 
 pub(crate) mod base_summary;
+pub mod dedup;
 pub(crate) mod grouped;
 pub mod incremental;
 pub(crate) mod packing;
 pub(crate) mod parent;
-mod parent_chunks;
 pub mod patch;
 pub(crate) mod pipeline;
 pub mod plan;
@@ -56,6 +56,7 @@ use cairn_format::name::validate_image_name;
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::Repo;
+pub use dedup::{DedupMode, DedupTally};
 use tokio::runtime::Handle;
 
 use crate::error::{EngineError, EngineResult};
@@ -83,6 +84,8 @@ pub struct CommitOptions {
     /// Packs uploading at once (default: the store's hint).
     pub uploads: Option<usize>,
     pub progress: Option<Arc<CommitProgress>>,
+    /// How hard format 2 looks for chunks stored before (exact: every one).
+    pub dedup: DedupMode,
 }
 
 /// The published version.
@@ -93,9 +96,9 @@ pub struct CommitResult {
     /// Format 2: segments whose leaf in the image's previous version was reused as it is,
     /// their bytes hashed once and not chunked (the parent fast path).
     pub reused_segments: u64,
-    /// Format 2: chunks of changed segments found in the previous version's leaf of the same
-    /// segment, without an index lookup.
-    pub parent_chunks: u64,
+    /// Format 2: what each dedup tier found in changed segments (`dedup.parent`: in the
+    /// previous version's leaf of the same segment, without an index lookup).
+    pub dedup: DedupTally,
 }
 
 /// Commits `source` as a new version of `image`.

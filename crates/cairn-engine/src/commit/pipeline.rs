@@ -45,8 +45,8 @@ pub(crate) struct PipelineOutput {
     pub reused_slots: std::collections::HashMap<Id, cairn_format::slots::SlotSet>,
     /// Format 2: segments whose parent's leaf was reused as it is (the parent fast path).
     pub reused_segments: u64,
-    /// Format 2: chunks of changed segments found in the parent's leaf of the same segment.
-    pub parent_chunks: u64,
+    /// Format 2: what each dedup tier found in changed segments.
+    pub dedup: super::dedup::DedupTally,
     /// Format 2: leaves of the parent reused unread (the fast path), one entry per segment
     /// that reuses one: what they use is not in `group_summary` yet
     /// (`base_summary::complete_summary` adds it) nor in `reused_slots`.
@@ -211,7 +211,7 @@ pub(crate) fn run_pipeline(
         let summary = root.map(|_| Summary::build(chunk_keys, node_keys, config.summary_bits));
         Ok(PipelineOutput {
             reused_segments: 0,
-            parent_chunks: 0,
+            dedup: Default::default(),
             unread_leaves: Vec::new(),
             root,
             summary,

@@ -106,7 +106,7 @@ pub(crate) async fn publish(
     }
     let mut stats = out.stats;
     stats.stored_bytes = out.pack_bytes + index_bytes;
-    let (reused_segments, parent_chunks) = (out.reused_segments, out.parent_chunks);
+    let (reused_segments, dedup) = (out.reused_segments, out.dedup);
     progress.stored.fetch_add(index_bytes, Ordering::Relaxed);
 
     // Steps 3 and 4: version record, then the head ref by compare-and-swap. A lost race
@@ -147,7 +147,7 @@ pub(crate) async fn publish(
                     id,
                     record,
                     reused_segments,
-                    parent_chunks,
+                    dedup,
                 });
             }
             // Another commit moved the head first: the record no ref will ever name is taken
@@ -162,7 +162,7 @@ pub(crate) async fn publish(
                         id,
                         record,
                         reused_segments,
-                        parent_chunks,
+                        dedup,
                     });
                 }
                 repo.delete_unpublished_version(&id).await

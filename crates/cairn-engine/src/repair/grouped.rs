@@ -12,7 +12,7 @@ use cairn_repo::{Repo, RepoError};
 
 use super::{in_order, tally, LostVersion, RepairReport};
 use crate::commit::parent::ParentLeaves;
-use crate::commit::{run_grouped_pipeline, CommitOptions, CommitProgress};
+use crate::commit::{run_grouped_pipeline, CommitOptions, CommitProgress, DedupMode};
 use crate::error::{EngineError, EngineResult};
 use crate::live::LiveVersions;
 use crate::source::Source;
@@ -148,7 +148,11 @@ pub(super) async fn store_from(
                 repo,
                 handle,
                 source,
-                &CommitOptions::default(),
+                // Exact: a block stored anywhere is found, not stored again.
+                &CommitOptions {
+                    dedup: DedupMode::Exact,
+                    ..Default::default()
+                },
                 &progress,
                 &none,
             )

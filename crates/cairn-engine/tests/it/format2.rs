@@ -400,7 +400,7 @@ async fn a_patch_stores_only_its_blocks_and_equals_a_full_commit() {
     assert_eq!(new.record.stats.new_chunks, 1, "{:?}", new.record.stats);
     // Segments 0 and 2 changed one block each: their other 63 chunks are found in the
     // base's leaf of the same segment (block 130's bytes, block 0's, through the index).
-    assert_eq!(new.parent_chunks, 126);
+    assert_eq!(new.dedup.parent, 126);
     assert_eq!(new.record.parent, Some(base.id));
     let leaves = cairn_engine::tree::leaf_map(&repo, &new.record)
         .await
@@ -592,7 +592,7 @@ async fn a_recommit_reuses_the_parents_unchanged_leaves() {
     );
     // The changed segment's other 62 chunks are found in the parent's leaf of that segment,
     // without an index lookup.
-    assert_eq!(c.parent_chunks, 62);
+    assert_eq!(c.dedup.parent, 62);
     assert!(restore_bytes(&repo, &c.record).await.unwrap() == changed);
     assert!(restore_bytes(&repo, &b.record).await.unwrap() == img);
 

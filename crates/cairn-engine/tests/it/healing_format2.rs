@@ -134,7 +134,7 @@ async fn a_damaged_group_heals_when_its_content_is_committed_again() {
     assert_eq!(v3.record.stats.new_chunks, 17);
     assert_eq!(v3.record.stats.new_chunk_bytes, 17 * 4096);
     // The segment's other chunks come from the parent's leaf; never the quarantined group's.
-    assert_eq!(v3.parent_chunks, 256 - 17);
+    assert_eq!(v3.dedup.parent, 256 - 17);
 
     // ...which heals every version: they read those chunks by id; verify is clean (the
     // damaged pack is known, not a problem).
@@ -232,7 +232,7 @@ async fn a_commit_over_a_parent_with_damaged_leaves_finds_its_chunks_through_the
     let mut changed = data.clone();
     changed[(1 << 20) + 8192..(1 << 20) + 12288].fill(5);
     let v2 = commit_bytes(&repo, "vm", changed.clone()).await;
-    assert_eq!(v2.parent_chunks, 0, "the damaged leaf lends nothing");
+    assert_eq!(v2.dedup.parent, 0, "the damaged leaf lends nothing");
     assert_eq!(
         v2.record.stats.new_chunks, 1,
         "the rest found through the index"

@@ -10,6 +10,7 @@ mod common;
 mod compact;
 mod copy;
 mod damage;
+mod dedup_tiers;
 mod diff;
 mod encrypted;
 mod format2;

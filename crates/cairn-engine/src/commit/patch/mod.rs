@@ -315,7 +315,7 @@ async fn build_format1(
     };
     Ok(PipelineOutput {
         reused_segments: 0,
-        parent_chunks: 0,
+        dedup: Default::default(),
         root,
         summary,
         group_summary: None,

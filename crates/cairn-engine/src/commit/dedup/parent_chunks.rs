@@ -5,7 +5,8 @@
 //! the pack trailers, cached per pack) gives their ids and slots, so those chunks are found
 //! with a hash-map probe instead of an index lookup each — a lookup that asks every index run
 //! and costs far more when it hits than when it misses (a 64 GiB re-commit after scattered
-//! writes spent most of its 11 s on hits). Only chunks not found here go to the index.
+//! writes spent most of its 11 s on hits). Only chunks not found here go on to the next tiers
+//! (`super`).
 //!
 //! What is trusted is what the index path trusts: a group copy this session's index locates,
 //! not quarantined, that still stores the slots (the parent is live, so GC kept them; a GC

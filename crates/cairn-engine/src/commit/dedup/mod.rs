@@ -1,0 +1,149 @@
+//! Where a changed segment's chunks are stored already, before this commit: the VM-centric
+//! paper's tiers (`002_…` §3.1), cheapest first.
+//!
+//! 1. The parent's leaf of the same segment ([`parent_chunks`]): one leaf read, and a
+//!    hash-map probe a chunk.
+//! 2. Similar data ([`similar`]): the packs that held chunks of this worker's recent
+//!    segments, then the packs of the segment's *hooks* — the few smallest keys among the
+//!    chunks still not found, looked up in the index. A pack's trailer names every chunk
+//!    stored beside the hook (the same commit's neighbouring segments), so data that moved,
+//!    a clone's files or another image's copy of them are found with a few lookups a
+//!    segment.
+//! 3. Exact mode only: the index, once for each chunk still not found (`GroupDedup::claim`).
+//!
+//! Bounded mode stops after tier 2. A chunk the tiers miss is stored again (a duplicate that
+//! costs space, never correctness), and a changed segment costs at most [`similar::HOOKS`]
+//! index lookups instead of one per chunk: what the index reader must answer no longer
+//! grows with the data committed (issue 17). Which mode stores what is measured in
+//! BENCHMARKS.md ("Dedup tiers").
+//!
+//! Every chunk found here is reported to the stale-GC guard, as the index path's are.
+
+mod parent_chunks;
+mod similar;
+
+use cairn_format::Id;
+use cairn_repo::v2::Placement;
+
+use super::grouped::GroupDedup;
+use super::parent::ParentLeaves;
+use crate::error::EngineResult;
+use parent_chunks::ParentChunks;
+use similar::{SimilarPacks, RECENT};
+
+/// How hard a commit looks for chunks stored before it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DedupMode {
+    /// Every tier, then the index for each chunk still not found: nothing stored twice.
+    Exact,
+    /// The parent's leaf and similar packs only: at most a few index lookups a segment.
+    #[default]
+    Bounded,
+}
+
+impl DedupMode {
+    /// The mode's name, as the CLI spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            DedupMode::Exact => "exact",
+            DedupMode::Bounded => "bounded",
+        }
+    }
+}
+
+/// What each tier found, in chunk occurrences (a commit's figures, summed over its workers).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DedupTally {
+    /// Found in the parent's leaf of the same segment.
+    pub parent: u64,
+    /// Found in the packs of recent segments or of the segment's hooks.
+    pub similar: u64,
+    /// Found by an index lookup of their own (exact mode).
+    pub index: u64,
+    /// Hooks looked up in the index.
+    pub hook_lookups: u64,
+}
+
+impl DedupTally {
+    pub fn add(&mut self, other: &DedupTally) {
+        self.parent += other.parent;
+        self.similar += other.similar;
+        self.index += other.index;
+        self.hook_lookups += other.hook_lookups;
+    }
+}
+
+/// One worker's tiers: the shared claims of the commit, the parent's leaves, and the packs its
+/// recent segments used.
+pub(in crate::commit) struct SegmentDedup<'a> {
+    shared: &'a GroupDedup<'a>,
+    parent: &'a ParentLeaves,
+    pub(in crate::commit) mode: DedupMode,
+    similar: SimilarPacks,
+    pub(in crate::commit) tally: DedupTally,
+}
+
+impl<'a> SegmentDedup<'a> {
+    pub(in crate::commit) fn new(
+        shared: &'a GroupDedup<'a>,
+        parent: &'a ParentLeaves,
+        mode: DedupMode,
+    ) -> SegmentDedup<'a> {
+        SegmentDedup {
+            shared,
+            parent,
+            mode,
+            similar: SimilarPacks::default(),
+            tally: DedupTally::default(),
+        }
+    }
+
+    /// Where tiers 1 and 2 find each chunk of segment `index` (`ids`, `None` for a chunk of
+    /// zeros); `None` where they do not (the caller claims it, asking the index in exact
+    /// mode).
+    pub(in crate::commit) fn locate(
+        &mut self,
+        index: u64,
+        ids: &[Option<Id>],
+    ) -> EngineResult<Vec<Option<Placement>>> {
+        let mut found = vec![None; ids.len()];
+        if ids.iter().all(Option::is_none) {
+            return Ok(found);
+        }
+        let reader = self.shared.reader;
+        let near = match self.parent.at_segment(index) {
+            Some(leaf) => self.shared.ask(ParentChunks::load(reader, leaf))?,
+            None => ParentChunks::default(),
+        };
+        for (f, id) in found.iter_mut().zip(ids) {
+            if let Some(p) = id.as_ref().and_then(|id| near.get(id)) {
+                *f = Some(p);
+                self.tally.parent += 1;
+            }
+        }
+        self.tally.similar += self.similar.probe(reader, ids, &mut found, RECENT);
+        // One hook at a time, each the smallest key still not found: a segment whose chunks
+        // lie in two packs finds the second through the chunks the first did not hold.
+        let mut tried = Vec::new();
+        while tried.len() < similar::HOOKS {
+            let Some(hook) = similar::next_hook(ids, &found, &tried) else {
+                break;
+            };
+            tried.push(hook);
+            if self.shared.is_claimed(&hook) {
+                continue;
+            }
+            self.tally.hook_lookups += 1;
+            if let Some(trailer) = self.shared.ask(similar::hook_pack(reader, &hook))? {
+                if self.similar.learn(trailer) {
+                    // Only the new pack: the others were probed already.
+                    self.tally.similar += self.similar.probe(reader, ids, &mut found, 1);
+                }
+            }
+        }
+        for p in found.iter().flatten() {
+            self.shared.note_reused(*p);
+        }
+        Ok(found)
+    }
+}
