@@ -70,7 +70,10 @@ def size_axis(bins, sizes, source: Path, work: Path) -> list[dict]:
             second = json.loads(out)
             row = dict(build=name, gib=gib, data=data, first_s=t1, first_rss=r1, second_s=t2,
                        second_rss=r2, parent_chunks=second.get("parent_chunks"),
-                       reused_segments=second.get("reused_segments"))
+                       reused_segments=second.get("reused_segments"),
+                       similar_chunks=second.get("similar_chunks"),
+                       index_chunks=second.get("index_chunks"),
+                       fetched=second.get("fetched"))
             print(json.dumps(row), flush=True)
             rows.append(row)
             shutil.rmtree(repo)

@@ -96,7 +96,9 @@ pub struct RunMeta {
     pub sealed: bool,
     pub packs: Vec<Id>,
     pub sections: Vec<SectionRef>,
-    pub filter: Bloom,
+    /// `None` once a reader took it out to keep within its memory budget: every id then
+    /// passes, and the fence keys alone choose the section.
+    pub filter: Option<Bloom>,
     pub entries: u64,
 }
 
@@ -439,7 +441,7 @@ pub fn parse_meta(
         sealed,
         packs,
         sections,
-        filter,
+        filter: Some(filter),
         entries: footer.entries,
     })
 }
@@ -471,14 +473,23 @@ pub fn parse_run(run: &[u8], key: Option<&MasterKey>) -> Result<RunMeta, CryptoE
 impl RunMeta {
     /// The section that would hold `id`'s entries, unless the filter rules it out.
     pub fn section_for(&self, id: &Id) -> Option<usize> {
-        let key = key_of(id);
-        let probe = match self.version {
-            1 => ProbeKey::of(id),
-            _ => ProbeKey::of_key(key),
-        };
-        if !self.filter.contains_probe(probe) {
-            return None;
+        match &self.filter {
+            Some(filter) if !self.filter_passes(filter, id) => None,
+            _ => self.section_of(id),
         }
+    }
+
+    /// Whether `filter` (this run's, perhaps held apart from the meta) lets `id` through.
+    pub fn filter_passes(&self, filter: &Bloom, id: &Id) -> bool {
+        filter.contains_probe(match self.version {
+            1 => ProbeKey::of(id),
+            _ => ProbeKey::of_key(key_of(id)),
+        })
+    }
+
+    /// The section whose fence keys cover `id`'s key (no filter asked).
+    pub fn section_of(&self, id: &Id) -> Option<usize> {
+        let key = key_of(id);
         match self.sections.partition_point(|s| s.first_key <= key) {
             0 => None,
             i => Some(i - 1),

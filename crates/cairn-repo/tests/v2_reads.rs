@@ -417,6 +417,70 @@ async fn the_group_cache_stays_within_its_bound() {
     );
 }
 
+/// A reader of `runs` holding at most `filter_bytes` of their filters.
+async fn budgeted(f: &Fixture, runs: &[Id], filter_bytes: u64) -> V2Reader {
+    let limits = CacheLimits {
+        filter_bytes,
+        ..CacheLimits::default()
+    };
+    let r = f.repo.v2_reader(None, limits);
+    r.add_runs(runs).await.unwrap();
+    r
+}
+
+#[tokio::test]
+async fn runs_whose_filters_exceed_the_budget_are_asked_through_their_fence_keys() {
+    // Three runs of different sizes: with room for none of their filters, for the smaller
+    // ones only, and for all, every chunk is found where it is and an absent id is not.
+    let f = fixture().await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+    let mut runs = Vec::new();
+    let mut all = Vec::new();
+    for groups in [2, 4, 24] {
+        let (p, b, w) = pack(&mut rng, groups, None);
+        runs.push(f.publish(&[(p, b)], &locations(p, &w, None), None).await);
+        all.extend(w);
+    }
+    let full = budgeted(&f, &runs, u64::MAX).await;
+    let (held, unfiltered) = full.filter_memory();
+    assert_eq!(unfiltered, 0);
+    // Room for all but the largest filter: only the largest run loses its filter.
+    let no_largest = budgeted(&f, &runs, held - 1).await;
+    let (kept, dropped) = no_largest.filter_memory();
+    assert_eq!(dropped, 1);
+    assert!(kept < held && kept > 0, "{kept} of {held}");
+    let none = budgeted(&f, &runs, 0).await;
+    assert_eq!(none.filter_memory(), (0, 3));
+    for r in [&full, &no_largest, &none] {
+        // (Some chunks repeat across groups: any group holding the same bytes will do.)
+        for g in &all {
+            for c in &g.chunks {
+                let p = r.find_chunk(&Id::of(c)).await.unwrap().expect("found");
+                let at = all.iter().find(|w| w.id == p.group).expect("a known group");
+                assert!(at.chunks[usize::from(p.slot)] == *c);
+            }
+        }
+        assert_eq!(r.find_chunk(&Id::of(b"absent")).await.unwrap(), None);
+    }
+    // Absent ids, on fresh readers: without filters every run is asked through a section
+    // (read once, then cached); with them, only the rare false positive reads one.
+    let (full, none) = (
+        budgeted(&f, &runs, u64::MAX).await,
+        budgeted(&f, &runs, 0).await,
+    );
+    for i in 0u64..100 {
+        let id = Id::of(&i.to_le_bytes());
+        assert_eq!(full.find_chunk(&id).await.unwrap(), None);
+        assert_eq!(none.find_chunk(&id).await.unwrap(), None);
+    }
+    let (with, without) = (full.fetches().sections, none.fetches().sections);
+    assert!(without >= 3, "every run asked: {without}");
+    assert!(
+        with < without,
+        "{with} section reads with filters, {without} without"
+    );
+}
+
 /// A 4 MiB image: random regions, zeros, a region repeated, a compressible region.
 fn image(rng: &mut rand::rngs::StdRng) -> Vec<u8> {
     let mut img = vec![0u8; 4 << 20];

@@ -90,7 +90,7 @@ pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
         // This file now holds this version: an overlay on it commits incrementally.
         provenance.record(Path::new(&spec), identity_before, &result.id);
     }
-    let fetches = repo.v2().map(|r| r.fetches());
+    let fetches = repo.v2().map(|r| (r.fetches(), r.filter_memory()));
     report(
         ctx,
         &result,
@@ -200,7 +200,7 @@ fn report(
     read_bytes: u64,
     because: Option<String>,
     elapsed: std::time::Duration,
-    fetches: Option<cairn_repo::v2::Fetches>,
+    fetches: Option<(cairn_repo::v2::Fetches, (u64, usize))>,
 ) {
     let r = &result.record;
     if ctx.json {
@@ -215,11 +215,13 @@ fn report(
         // What this process read of the repository's format 2 objects (index sections, pack
         // trailers, groups): how much a commit's dedup cost in reads.
         v["fetched"] = match fetches {
-            Some(f) => serde_json::json!({
+            Some((f, (filter_bytes, unfiltered))) => serde_json::json!({
                 "index_sections": f.sections,
                 "trailers": f.trailers,
                 "groups": f.groups,
                 "group_bytes": f.group_bytes,
+                "index_filter_bytes": filter_bytes,
+                "index_runs_without_filter": unfiltered,
             }),
             None => serde_json::Value::Null,
         };

@@ -363,6 +363,42 @@ fn commit_dedup_modes_report_what_each_tier_found() {
     let out = dir.path().join("out.raw");
     ok(&repo, &["-q", "restore", "default", out.to_str().unwrap()]);
     assert!(std::fs::read(&out).unwrap() == data);
+    // With no memory for index filters every run is asked through its fence keys: the
+    // same chunks are found in both modes, and what is committed restores and verifies.
+    for (mode, seed) in [("bounded", 15), ("exact", 16)] {
+        let (data, path) = copy(seed);
+        let image = format!("lean-{mode}");
+        let v = json(&[
+            "--json",
+            "--index-memory",
+            "0",
+            "commit",
+            "--dedup",
+            mode,
+            &image,
+            path.to_str().unwrap(),
+        ]);
+        assert_eq!(v["new_chunks"], 1, "{mode}: {v}");
+        assert_eq!(v["fetched"]["index_filter_bytes"], 0, "{v}");
+        assert!(
+            v["fetched"]["index_runs_without_filter"].as_u64().unwrap() >= 1,
+            "{v}"
+        );
+        let out = dir.path().join(format!("{image}.raw"));
+        ok(
+            &repo,
+            &[
+                "-q",
+                "--index-memory",
+                "0",
+                "restore",
+                &image,
+                out.to_str().unwrap(),
+            ],
+        );
+        assert!(std::fs::read(&out).unwrap() == data);
+    }
+    ok(&repo, &["-q", "--index-memory", "0", "verify"]);
     // A mode that does not exist is refused by name.
     let bad = cairn(
         &repo,

@@ -53,15 +53,37 @@ pub struct CacheLimits {
     pub trailer_bytes: u64,
     /// Bytes of index run sections kept (12 bytes an entry).
     pub section_bytes: u64,
+    /// Bytes of index run filters held (about 1.25–2.5 bytes an entry). Past it the largest
+    /// runs' filters are dropped, and a lookup asks those runs through their fence keys: one
+    /// section read (cached) instead of a probe in memory. Bounded dedup asks the index a
+    /// few times a changed segment, so it barely notices; exact dedup asks once a new chunk.
+    pub filter_bytes: u64,
+}
+
+/// What [`CacheLimits::default`] gives, once set (the CLI's `--index-memory`).
+static PROCESS_LIMITS: std::sync::OnceLock<CacheLimits> = std::sync::OnceLock::new();
+
+impl CacheLimits {
+    /// The limits every reader of this process gets by default, set once at start (later
+    /// calls are ignored; `false` then).
+    pub fn set_process_default(limits: CacheLimits) -> bool {
+        PROCESS_LIMITS.set(limits).is_ok()
+    }
+
+    /// The built-in limits: 64 MiB of groups, 32 of trailers, 8 of sections, 64 of filters
+    /// (about 40 million index entries: 150 GiB of unique 4 KiB chunks with every filter
+    /// held).
+    pub const BUILT_IN: CacheLimits = CacheLimits {
+        group_bytes: 64 << 20,
+        trailer_bytes: 32 << 20,
+        section_bytes: 8 << 20,
+        filter_bytes: 64 << 20,
+    };
 }
 
 impl Default for CacheLimits {
     fn default() -> Self {
-        CacheLimits {
-            group_bytes: 64 << 20,
-            trailer_bytes: 32 << 20,
-            section_bytes: 8 << 20,
-        }
+        *PROCESS_LIMITS.get().unwrap_or(&CacheLimits::BUILT_IN)
     }
 }
 
@@ -94,6 +116,8 @@ pub struct V2Reader {
     groups: CostCache<(Id, u32), OpenedGroup>,
     sections: CostCache<(Id, u32), runs::Section>,
     runs: std::sync::RwLock<Vec<Arc<runs::OpenRun>>>,
+    /// [`CacheLimits::filter_bytes`].
+    filter_budget: u64,
     fetched: FetchCounters,
     /// Group copies found damaged (by any reader of this repository, or an earlier process):
     /// never read or deduplicated against.
@@ -143,6 +167,7 @@ impl V2Reader {
             groups: cost_cache(limits.group_bytes, 64 << 10),
             sections: cost_cache(limits.section_bytes, 4 << 10),
             runs: std::sync::RwLock::new(Vec::new()),
+            filter_budget: limits.filter_bytes,
             fetched: FetchCounters::default(),
             quarantine,
         }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use cairn_format::group::GroupChunk;
 use cairn_format::index_run::{self, Entry, RunMeta, FOOTER_LEN, HEADER_LEN};
+use cairn_format::summary::Bloom;
 use cairn_format::{keys, FormatError, Id};
 
 use super::groups::OpenedGroup;
@@ -30,8 +31,30 @@ const SECTION_READ_AHEAD: usize = 16;
 pub(super) struct OpenRun {
     pub(super) id: Id,
     pub(super) key: String,
+    /// The meta, its filter taken out (`filter`).
     pub(super) meta: RunMeta,
     pub(super) len: u64,
+    /// The run's filter while the reader's budget holds it (`None`: dropped, every id is
+    /// asked through the fence keys).
+    filter: std::sync::RwLock<Option<Bloom>>,
+}
+
+impl OpenRun {
+    /// The section that may hold `id`, unless the held filter rules it out.
+    fn section_for(&self, id: &Id) -> Option<usize> {
+        match &*self.filter.read().expect("filter lock") {
+            Some(f) if !self.meta.filter_passes(f, id) => None,
+            _ => self.meta.section_of(id),
+        }
+    }
+
+    fn filter_bytes(&self) -> u64 {
+        self.filter
+            .read()
+            .expect("filter lock")
+            .as_ref()
+            .map_or(0, |f| f.byte_len() as u64)
+    }
 }
 
 /// What compaction needs to know of a run: how many entries it holds and its version.
@@ -153,7 +176,7 @@ impl V2Reader {
                 )
             })?;
         let stored_meta = obj.bytes(store, &key, meta_start..footer_at).await?;
-        let meta = index_run::parse_meta(obj.len, &obj.head, &footer, &stored_meta, self.key())
+        let mut meta = index_run::parse_meta(obj.len, &obj.head, &footer, &stored_meta, self.key())
             .map_err(|e| sealed_error(&key, e))?;
         if meta.sealed != self.key.is_some() {
             return Err(RepoError::corrupt(
@@ -164,16 +187,46 @@ impl V2Reader {
                 ),
             ));
         }
-        self.runs
-            .write()
-            .expect("runs lock")
-            .push(Arc::new(OpenRun {
-                id: *id,
-                key,
-                meta,
-                len: obj.len,
-            }));
+        let filter = meta.filter.take();
+        let mut runs = self.runs.write().expect("runs lock");
+        runs.push(Arc::new(OpenRun {
+            id: *id,
+            key,
+            meta,
+            len: obj.len,
+            filter: std::sync::RwLock::new(filter),
+        }));
+        self.keep_filter_budget(&runs);
         Ok(())
+    }
+
+    /// Drops the largest filters held until the rest fit the budget: a run without one
+    /// costs a section read a lookup whatever its size, so the filters of small runs (the
+    /// newest, asked first) are the ones worth their bytes.
+    fn keep_filter_budget(&self, runs: &[Arc<OpenRun>]) {
+        let mut held: Vec<(u64, &Arc<OpenRun>)> = runs
+            .iter()
+            .map(|r| (r.filter_bytes(), r))
+            .filter(|(b, _)| *b > 0)
+            .collect();
+        let mut total: u64 = held.iter().map(|(b, _)| b).sum();
+        held.sort_by_key(|(b, _)| std::cmp::Reverse(*b));
+        for (bytes, run) in held {
+            if total <= self.filter_budget {
+                break;
+            }
+            *run.filter.write().expect("filter lock") = None;
+            total -= bytes;
+            tracing::debug!(run = %run.key, bytes, "index run filter dropped (over budget)");
+        }
+    }
+
+    /// Bytes of run filters held (within [`super::CacheLimits::filter_bytes`]) and how many
+    /// runs are asked without one.
+    pub fn filter_memory(&self) -> (u64, usize) {
+        let runs = self.runs.read().expect("runs lock");
+        let held: Vec<u64> = runs.iter().map(|r| r.filter_bytes()).collect();
+        (held.iter().sum(), held.iter().filter(|b| **b == 0).count())
     }
 
     /// Adds the runs `ids` ([`Self::add_run`]); a damaged run is skipped and its error
@@ -235,7 +288,7 @@ impl V2Reader {
         // commit's run never spreads to ids that other runs locate.
         let mut damage = None;
         for run in runs.iter().rev() {
-            let Some(i) = run.meta.section_for(id) else {
+            let Some(i) = run.section_for(id) else {
                 continue;
             };
             let section = match self
