@@ -26,9 +26,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from datetime import date
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ab_scaling import timed  # noqa: E402
+from compare import dir_bytes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = {
@@ -38,22 +41,10 @@ SCENARIOS = {
 }
 
 
-def dir_bytes(path: Path) -> int:
-    total = 0
-    for p in path.rglob("*"):
-        if p.is_file() and p.name != ".cairn-reserve":
-            total += p.stat().st_size
-    return total
-
-
-def timed(cmd: list[str]) -> tuple[float, int, str]:
-    """Runs cmd; returns (seconds, peak RSS in MiB, stdout)."""
-    t = time.monotonic()
-    p = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed: {p.stderr.strip()[-500:]}")
-    rss = int(p.stderr.strip().splitlines()[-1]) // 1024
-    return time.monotonic() - t, rss, p.stdout
+def repo_bytes(repo: Path) -> int:
+    """What a repository occupies, less the space reserve `init` preallocates (not data)."""
+    reserve = repo / ".cairn-reserve"
+    return dir_bytes(repo) - (reserve.stat().st_size if reserve.exists() else 0)
 
 
 def run(binary: str, dataset: Path, scenario: str, mode: str, work: Path) -> list[dict]:
@@ -64,13 +55,13 @@ def run(binary: str, dataset: Path, scenario: str, mode: str, work: Path) -> lis
     base = [binary, "--repo", str(repo), "-q"]
     subprocess.run([*base, "init"], check=True, stdout=subprocess.DEVNULL)
     rows = []
-    before = dir_bytes(repo)
+    before = repo_bytes(repo)
     for image, step in SCENARIOS[scenario]:
         flag = [] if mode == "before" else ["--dedup", mode]
         secs, rss, out = timed([*base, "--json", "commit", "--no-compact", *flag,
                                 image, str(dataset / f"{step}.raw")])
         r = json.loads(out)
-        after = dir_bytes(repo)
+        after = repo_bytes(repo)
         fetched = r.get("fetched") or {}
         row = dict(scenario=scenario, mode=mode, step=step, added=after - before,
                    seconds=round(secs, 3), rss_mib=rss,
