@@ -1,9 +1,9 @@
 //! Where a changed segment's chunks are stored already, before this commit: the VM-centric
 //! paper's tiers (`002_…` §3.1), cheapest first.
 //!
-//! 1. The parent's leaf of the same segment ([`parent_chunks`]): one leaf read, and a
+//! 1. The parent's leaf of the same segment (`parent_chunks`): one leaf read, and a
 //!    hash-map probe a chunk.
-//! 2. Similar data ([`similar`]): the packs that held chunks of this worker's recent
+//! 2. Similar data (`similar`): the packs that held chunks of this worker's recent
 //!    segments, then the packs of the segment's *hooks* — the few smallest keys among the
 //!    chunks still not found, looked up in the index. A pack's trailer names every chunk
 //!    stored beside the hook (the same commit's neighbouring segments), so data that moved,
@@ -12,7 +12,7 @@
 //! 3. Exact mode only: the index, once for each chunk still not found (`GroupDedup::claim`).
 //!
 //! Bounded mode stops after tier 2. A chunk the tiers miss is stored again (a duplicate that
-//! costs space, never correctness), and a changed segment costs at most [`similar::HOOKS`]
+//! costs space, never correctness), and a changed segment costs at most `similar::HOOKS`
 //! index lookups instead of one per chunk: what the index reader must answer no longer
 //! grows with the data committed (issue 17). Which mode stores what is measured in
 //! BENCHMARKS.md ("Dedup tiers").
