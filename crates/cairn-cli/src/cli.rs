@@ -599,7 +599,8 @@ pub struct CommitArgs {
     pub no_compact: bool,
     /// How hard a format 2 commit looks for data stored before. `bounded` asks the index a
     /// few times a changed segment instead of once a chunk, and may store a little again
-    /// (BENCHMARKS.md "Dedup tiers" measures how much).
+    /// (BENCHMARKS.md "Dedup tiers" measures how much). Full and incremental commits take
+    /// it; `--from-export` commits with the default.
     #[arg(long, value_enum, default_value = "bounded")]
     pub dedup: DedupArg,
 }

@@ -259,6 +259,8 @@ impl ImagePlan {
                             message: step.record.message.clone(),
                             base_leaves: None,
                             time_ns: Some(step.record.time_ns),
+                            // The repository's default, as a commit of the same data gets.
+                            ..PatchOptions::default()
                         },
                     )
                     .await?;

@@ -79,6 +79,7 @@ pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
                 image,
                 &changed,
                 &args.message,
+                dedup_mode(args.dedup),
             )
             .await?;
             let read = stats.read_bytes;
@@ -182,15 +183,19 @@ async fn full_commit(
         message: args.message.clone(),
         workers: args.threads,
         progress: Some(progress.clone()),
-        dedup: match args.dedup {
-            DedupArg::Exact => DedupMode::Exact,
-            DedupArg::Bounded => DedupMode::Bounded,
-        },
+        dedup: dedup_mode(args.dedup),
         ..Default::default()
     };
     let result = commit(repo, &args.image, source, options).await;
     drop(ticker);
     Ok((result?, progress.read.load(Ordering::Relaxed)))
+}
+
+fn dedup_mode(arg: DedupArg) -> DedupMode {
+    match arg {
+        DedupArg::Exact => DedupMode::Exact,
+        DedupArg::Bounded => DedupMode::Bounded,
+    }
 }
 
 fn report(

@@ -94,6 +94,7 @@ pub async fn commit_changes(
     source: Arc<dyn DiskImage>,
     changes: &Changes,
     message: &str,
+    dedup: super::DedupMode,
 ) -> EngineResult<(CommitResult, IncrementalStats)> {
     let size = source.size();
     if size < parent.1.logical_size {
@@ -161,6 +162,7 @@ pub async fn commit_changes(
             message: message.to_string(),
             base_leaves: Some(parent_leaves),
             time_ns: None,
+            dedup,
         },
     )
     .await?;

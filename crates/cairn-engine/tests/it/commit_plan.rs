@@ -96,9 +96,17 @@ async fn an_overlay_on_a_known_version_commits_only_its_clusters() {
     assert_eq!(changed.data, vec![(1 << 20, (1 << 20) + (64 << 10))]);
     assert!(changed.zeros.is_empty());
     assert_eq!(because, format!("{} holds vm@1", base.display()));
-    let (result, stats) = commit_changes(repo.clone(), "vm", *p, image, &changed, "")
-        .await
-        .unwrap();
+    let (result, stats) = commit_changes(
+        repo.clone(),
+        "vm",
+        *p,
+        image,
+        &changed,
+        "",
+        Default::default(),
+    )
+    .await
+    .unwrap();
     assert_eq!(stats.changed_bytes, 64 << 10);
     assert_eq!(restore_bytes(&repo, &result.record).await.unwrap(), want);
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::common::*;
 use cairn_engine::commit::incremental::{commit_changes, layer_changes};
+use cairn_engine::commit::DedupMode;
 use cairn_format::config::Chunker;
 use cairn_image::{Allocation, DiskImage, ImageResult, Layer, MapRun};
 use cairn_repo::Repo;
@@ -110,6 +111,7 @@ async fn overlay_round_trip(chunker: Chunker) {
         img.clone(),
         &changed,
         "overlay",
+        DedupMode::Exact,
     )
     .await
     .unwrap();
@@ -158,6 +160,7 @@ async fn a_source_smaller_than_its_parent_is_refused() {
         img,
         &Default::default(),
         "",
+        DedupMode::default(),
     )
     .await
     .err()
@@ -191,6 +194,7 @@ async fn zeros_over_zeros_are_no_change() {
         img.clone(),
         &changes,
         "",
+        DedupMode::Bounded,
     )
     .await
     .unwrap();

@@ -52,7 +52,10 @@ pub(super) fn run(
         ctx.handle.clone(),
         feed,
         leaves,
-        &CommitOptions::default(),
+        &CommitOptions {
+            dedup: ctx.dedup,
+            ..Default::default()
+        },
         &progress,
         &parent,
     )

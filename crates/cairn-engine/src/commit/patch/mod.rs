@@ -67,6 +67,8 @@ pub struct PatchOptions {
     /// The version's time (ns since the epoch); `None`: now. `cairn copy` keeps the source
     /// version's.
     pub time_ns: Option<i64>,
+    /// How hard format 2 looks for the touched segments' chunks stored before.
+    pub dedup: crate::commit::DedupMode,
 }
 
 /// The version a patch applies to: its size, its segment → leaf map (interior nodes only)
@@ -252,6 +254,7 @@ pub async fn commit_patch(
         block_size,
         new_size,
         base_size,
+        dedup: options.dedup,
     };
     let out = match repo.v2() {
         Some(_) => {

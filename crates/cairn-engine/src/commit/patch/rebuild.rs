@@ -44,6 +44,8 @@ pub(super) struct Context<'a> {
     pub(super) block_size: u64,
     pub(super) new_size: u64,
     pub(super) base_size: u64,
+    /// Format 2's dedup mode for the touched segments.
+    pub(super) dedup: crate::commit::DedupMode,
 }
 
 /// Summary keys of what the rebuilt segments and the tree refer to.
