@@ -180,6 +180,33 @@ async fn a_damaged_group_heals_when_its_content_is_committed_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn similar_packs_never_lend_a_quarantined_group_to_another_image() {
+    // A golden image, one of its groups damaged and quarantined; the same bytes committed as
+    // an image of its own find everything else through the golden image's pack (the
+    // similar-pack tier), and store that group's 16 chunks again.
+    let (store, repo) = new_repo().await;
+    let data = noise(3 << 20, 8);
+    commit_bytes(&repo, "golden", data.clone()).await;
+    let at = (2 << 20) + 32 * 4096;
+    let (_, _, slots) = damage_group_of(&store, &repo, &data[at..at + 4096]).await;
+    let repo = reopen(&store, &repo).await;
+    assert_eq!(verify(repo.clone()).await.unwrap().quarantined, 1);
+    let repo = reopen(&store, &repo).await;
+    let clone = commit_bytes(&repo, "clone", data.clone()).await;
+    assert_eq!(
+        clone.record.stats.new_chunks, slots as u64,
+        "{:?}",
+        clone.dedup
+    );
+    assert_eq!(clone.dedup.similar, 3 * 256 - slots as u64);
+    assert_eq!(clone.dedup.index, 0);
+    assert!(restore_bytes(&repo, &clone.record).await.unwrap() == data);
+    // The golden version reads the group's chunks from the clone's copy now.
+    let golden = version(&repo, "golden").await;
+    assert!(restore_bytes(&repo, &golden).await.unwrap() == data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_parent_fast_path_never_reuses_a_leaf_whose_group_is_damaged() {
     let (store, repo) = new_repo().await;
     let data = noise(3 << 20, 12);

@@ -41,16 +41,6 @@ pub enum DedupMode {
     Bounded,
 }
 
-impl DedupMode {
-    /// The mode's name, as the CLI spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            DedupMode::Exact => "exact",
-            DedupMode::Bounded => "bounded",
-        }
-    }
-}
-
 /// What each tier found, in chunk occurrences (a commit's figures, summed over its workers).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DedupTally {
