@@ -20,16 +20,18 @@
 //! Every chunk found here is reported to the stale-GC guard, as the index path's are.
 
 mod parent_chunks;
-mod similar;
+pub mod similar;
+
+use std::sync::Arc;
 
 use cairn_format::Id;
-use cairn_repo::v2::Placement;
+use cairn_repo::v2::{PackTrailer, Placement};
 
 use super::grouped::GroupDedup;
 use super::parent::ParentLeaves;
-use crate::error::EngineResult;
+use crate::error::{EngineError, EngineResult};
 use parent_chunks::ParentChunks;
-use similar::{SimilarPacks, RECENT};
+use similar::{SimilarPacks, SimilarSource};
 
 /// How hard a commit looks for chunks stored before it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -69,7 +71,7 @@ pub(in crate::commit) struct SegmentDedup<'a> {
     shared: &'a GroupDedup<'a>,
     parent: &'a ParentLeaves,
     pub(in crate::commit) mode: DedupMode,
-    similar: SimilarPacks,
+    similar: SimilarPacks<PackTrailer>,
     pub(in crate::commit) tally: DedupTally,
 }
 
@@ -111,29 +113,36 @@ impl<'a> SegmentDedup<'a> {
                 self.tally.parent += 1;
             }
         }
-        self.tally.similar += self.similar.probe(reader, ids, &mut found, RECENT);
-        // One hook at a time, each the smallest key still not found: a segment whose chunks
-        // lie in two packs finds the second through the chunks the first did not hold.
-        let mut tried = Vec::new();
-        while tried.len() < similar::HOOKS {
-            let Some(hook) = similar::next_hook(ids, &found, &tried) else {
-                break;
-            };
-            tried.push(hook);
-            if self.shared.is_claimed(&hook) {
-                continue;
-            }
-            self.tally.hook_lookups += 1;
-            if let Some(trailer) = self.shared.ask(similar::hook_pack(reader, &hook))? {
-                if self.similar.learn(trailer) {
-                    // Only the new pack: the others were probed already.
-                    self.tally.similar += self.similar.probe(reader, ids, &mut found, 1);
-                }
-            }
-        }
+        similar::search_similar(
+            &CommitPacks(self.shared),
+            &mut self.similar,
+            ids,
+            &mut found,
+            &mut self.tally,
+        )?;
         for p in found.iter().flatten() {
             self.shared.note_reused(*p);
         }
         Ok(found)
+    }
+}
+
+/// The similar tier's view of a commit: its claims, the index and the quarantine.
+struct CommitPacks<'a>(&'a GroupDedup<'a>);
+
+impl SimilarSource for CommitPacks<'_> {
+    type Pack = PackTrailer;
+    type Error = EngineError;
+
+    fn stored_by_this_commit(&self, id: &Id) -> bool {
+        self.0.is_claimed(id)
+    }
+
+    fn hook_pack(&self, id: &Id) -> EngineResult<Option<Arc<PackTrailer>>> {
+        self.0.ask(similar::hook_pack(self.0.reader, id))
+    }
+
+    fn good_copy(&self, pack: &Id, group: &Id) -> bool {
+        !self.0.reader.is_quarantined_copy(pack, group)
     }
 }

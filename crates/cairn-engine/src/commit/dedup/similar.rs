@@ -25,12 +25,86 @@ use cairn_format::Id;
 use cairn_repo::v2::{PackTrailer, Placement, V2Reader};
 use cairn_repo::RepoResult;
 
+use super::DedupTally;
+
 /// Hooks a segment looks up at most: a segment whose chunks lie in up to four packs finds
 /// them all, and one of new data costs four lookups, not one a chunk (256 in 1 MiB).
-pub(crate) const HOOKS: usize = 4;
+pub const HOOKS: usize = 4;
 
 /// Packs a worker keeps probing after they found chunks.
-pub(crate) const RECENT: usize = 8;
+pub const RECENT: usize = 8;
+
+/// A pack as this tier sees it: which chunks it stores, and where. A commit's packs are
+/// [`PackTrailer`]s read from the store; the trace benchmark (`cairn-trace`) gives its
+/// simulated packs the same face, so both run this module's search.
+pub trait StoredPack {
+    /// The pack's id.
+    fn pack_id(&self) -> Id;
+    /// Where this pack stores chunk `id` (its group's id and slot), if it does.
+    fn place(&self, id: &Id) -> Option<Placement>;
+}
+
+impl StoredPack for PackTrailer {
+    fn pack_id(&self) -> Id {
+        self.pack
+    }
+
+    fn place(&self, id: &Id) -> Option<Placement> {
+        let slot = self.chunk(id)?;
+        let group = self.group_id(slot.group).expect("a group of this trailer");
+        Some(Placement {
+            group,
+            slot: slot.slot,
+        })
+    }
+}
+
+/// What the similar tier asks of the repository around it.
+pub trait SimilarSource {
+    type Pack: StoredPack;
+    type Error;
+    /// Whether this commit stores chunk `id` itself (a hook it need not look up).
+    fn stored_by_this_commit(&self, id: &Id) -> bool;
+    /// The pack that stores chunk `id` in a good copy, found through the index (`None` if
+    /// none does).
+    fn hook_pack(&self, id: &Id) -> Result<Option<Arc<Self::Pack>>, Self::Error>;
+    /// Whether the copy of group `group` in pack `pack` may be used (not quarantined);
+    /// asked with `group == pack` for the pack as a whole.
+    fn good_copy(&self, pack: &Id, group: &Id) -> bool;
+}
+
+/// Tier 2 for one segment: fills `found[i]` for the chunks `ids[i]` that the worker's recent
+/// packs, then the packs of the segment's hooks, store; counts what it found and the hooks
+/// it looked up in `tally`.
+pub fn search_similar<S: SimilarSource>(
+    source: &S,
+    similar: &mut SimilarPacks<S::Pack>,
+    ids: &[Option<Id>],
+    found: &mut [Option<Placement>],
+    tally: &mut DedupTally,
+) -> Result<(), S::Error> {
+    tally.similar += similar.probe(source, ids, found, RECENT);
+    // One hook at a time, each the smallest key still not found: a segment whose chunks
+    // lie in two packs finds the second through the chunks the first did not hold.
+    let mut tried = Vec::new();
+    while tried.len() < HOOKS {
+        let Some(hook) = next_hook(ids, found, &tried) else {
+            break;
+        };
+        tried.push(hook);
+        if source.stored_by_this_commit(&hook) {
+            continue;
+        }
+        tally.hook_lookups += 1;
+        if let Some(pack) = source.hook_pack(&hook)? {
+            if similar.learn(pack) {
+                // Only the new pack: the others were probed already.
+                tally.similar += similar.probe(source, ids, found, 1);
+            }
+        }
+    }
+    Ok(())
+}
 
 /// The next hook of a segment: the smallest key among its chunks not found yet (`found[i]`
 /// is `None`, `ids[i]` is not) and not `tried`.
@@ -57,37 +131,52 @@ pub(crate) async fn hook_pack(reader: &V2Reader, id: &Id) -> RepoResult<Option<A
 }
 
 /// The packs one worker probes, most recently useful first.
-#[derive(Debug, Default)]
-pub(crate) struct SimilarPacks {
-    packs: VecDeque<Arc<PackTrailer>>,
+#[derive(Debug)]
+pub struct SimilarPacks<P> {
+    packs: VecDeque<Arc<P>>,
 }
 
-impl SimilarPacks {
-    /// Adds `trailer` at the front (the oldest falls off); `false` if it was held already.
-    pub(crate) fn learn(&mut self, trailer: Arc<PackTrailer>) -> bool {
-        if let Some(at) = self.packs.iter().position(|t| t.pack == trailer.pack) {
+impl<P> Default for SimilarPacks<P> {
+    fn default() -> Self {
+        SimilarPacks {
+            packs: VecDeque::new(),
+        }
+    }
+}
+
+impl<P: StoredPack> SimilarPacks<P> {
+    /// Adds `pack` at the front (the oldest falls off); `false` if it was held already.
+    pub fn learn(&mut self, pack: Arc<P>) -> bool {
+        let id = pack.pack_id();
+        if let Some(at) = self.packs.iter().position(|t| t.pack_id() == id) {
             let t = self.packs.remove(at).expect("a held pack");
             self.packs.push_front(t);
             return false;
         }
-        self.packs.push_front(trailer);
+        self.packs.push_front(pack);
         self.packs.truncate(RECENT);
         true
     }
 
+    /// The packs held, most recently useful first.
+    pub fn held(&self) -> impl Iterator<Item = &Arc<P>> {
+        self.packs.iter()
+    }
+
     /// Fills `found` for the chunks the first `packs` packs store in a good copy; returns
     /// how many it found. A pack that found any moves to the front.
-    pub(crate) fn probe(
+    pub fn probe<S: SimilarSource<Pack = P>>(
         &mut self,
-        reader: &V2Reader,
+        source: &S,
         ids: &[Option<Id>],
         found: &mut [Option<Placement>],
         packs: usize,
     ) -> u64 {
         let mut n = 0;
         let mut useful = Vec::new();
-        for (at, trailer) in self.packs.iter().take(packs).enumerate() {
-            if reader.is_quarantined_copy(&trailer.pack, &trailer.pack) {
+        for (at, pack) in self.packs.iter().take(packs).enumerate() {
+            let pack_id = pack.pack_id();
+            if !source.good_copy(&pack_id, &pack_id) {
                 continue;
             }
             let before = n;
@@ -95,19 +184,13 @@ impl SimilarPacks {
                 let (None, Some(id)) = (&f, id) else {
                     continue;
                 };
-                let Some(slot) = trailer.chunk(id) else {
+                let Some(p) = pack.place(id) else {
                     continue;
                 };
-                let group = trailer
-                    .group_id(slot.group)
-                    .expect("a group of this trailer");
-                if reader.is_quarantined_copy(&trailer.pack, &group) {
+                if !source.good_copy(&pack_id, &p.group) {
                     continue;
                 }
-                *f = Some(Placement {
-                    group,
-                    slot: slot.slot,
-                });
+                *f = Some(p);
                 n += 1;
             }
             if n > before {
