@@ -15,6 +15,7 @@ pub mod group;
 pub mod group_summary;
 pub mod id;
 pub mod index;
+pub mod id_hash;
 pub mod index_run;
 pub mod keys;
 pub mod leaf_v2;

@@ -2,10 +2,10 @@
 //! slot's chunk id), looked up by group id or chunk id. An index run only says a pack *may*
 //! hold an id (an 8-byte key); the trailer's full ids decide.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use cairn_format::group::group_id;
+use cairn_format::id_hash::IdMap;
 use cairn_format::pack::{BlobKind, FOOTER_LEN};
 use cairn_format::pack_v2::{self, PackGroup, HEADER_LEN};
 use cairn_format::{keys, FormatError, Id};
@@ -32,14 +32,14 @@ pub struct PackTrailer {
     pub groups: Vec<PackGroup>,
     /// Each group's id, by position.
     group_ids: Vec<Id>,
-    by_group: HashMap<Id, u32>,
-    by_chunk: HashMap<Id, SlotRef>,
+    by_group: IdMap<u32>,
+    by_chunk: IdMap<SlotRef>,
 }
 
 impl PackTrailer {
     fn new(pack: Id, groups: Vec<PackGroup>, reader: &V2Reader) -> PackTrailer {
-        let mut by_group = HashMap::with_capacity(groups.len());
-        let mut by_chunk = HashMap::new();
+        let mut by_group = IdMap::with_capacity_and_hasher(groups.len(), Default::default());
+        let mut by_chunk = IdMap::default();
         let mut group_ids = Vec::with_capacity(groups.len());
         for (g, group) in groups.iter().enumerate() {
             let gid = group_id(&group.desc.chunks, reader.key());
