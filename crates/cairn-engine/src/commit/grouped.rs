@@ -17,7 +17,6 @@
 //! every wait ends (or the commit is cancelled). Publication is format 1's order, with the
 //! index run in place of the index file.
 
-use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -36,6 +35,7 @@ use cairn_repo::{Repo, RepoResult};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use tokio::runtime::Handle;
 
+use super::claims::{Claimed, Claims};
 use super::dedup::{DedupMode, DedupTally, SegmentDedup};
 use super::packing::Uploader;
 use super::parent::ParentLeaves;
@@ -77,7 +77,7 @@ pub(super) struct GroupDedup<'a> {
     /// store it would otherwise hold the failed commit for its whole retry budget).
     cancel: &'a AtomicBool,
     /// Chunks this commit stores: their place once their group is built (`None` before).
-    claimed: Mutex<HashMap<Id, Option<Placement>>>,
+    claims: Mutex<Claims>,
     placed: Condvar,
     nodes: Mutex<HashSet<Id>>,
     /// What this commit refers to without storing it — slots of stored groups, and manifest
@@ -86,6 +86,12 @@ pub(super) struct GroupDedup<'a> {
     /// Groups found to have a good copy storing every slot (the fast path's check, once).
     complete_groups: Mutex<HashSet<Id>>,
     reused_nodes: Mutex<HashSet<Id>>,
+}
+
+/// A chunk this commit claimed before: placed, or another worker's to wait for (its claim
+/// is kept until the wait ends, `Claims::find`).
+fn before(p: Option<Placement>) -> Claim {
+    p.map_or(Claim::Elsewhere, Claim::At)
 }
 
 /// What a worker does with a chunk.
@@ -123,8 +129,8 @@ impl GroupDedup<'_> {
     /// Claims chunk `id`, which the tiers before did not find: stored by this commit
     /// already, else (exact mode) found by an index lookup, else this worker's to store.
     fn claim(&self, id: &Id, mode: DedupMode) -> EngineResult<Claim> {
-        if let Some(p) = self.claimed.lock().expect("dedup lock").get(id) {
-            return Ok(p.map_or(Claim::Elsewhere, Claim::At));
+        if let Some(p) = self.claims.lock().expect("dedup lock").find(id) {
+            return Ok(before(p));
         }
         if mode == DedupMode::Exact {
             if let Some(p) = self.ask(self.reader.find_chunk(id))? {
@@ -132,18 +138,15 @@ impl GroupDedup<'_> {
                 return Ok(Claim::Indexed(p));
             }
         }
-        Ok(match self.claimed.lock().expect("dedup lock").entry(*id) {
-            Entry::Occupied(e) => e.get().map_or(Claim::Elsewhere, Claim::At),
-            Entry::Vacant(v) => {
-                v.insert(None);
-                Claim::Mine
-            }
+        Ok(match self.claims.lock().expect("dedup lock").claim(id) {
+            Claimed::Before(p) => before(p),
+            Claimed::New => Claim::Mine,
         })
     }
 
     /// Whether this commit stores chunk `id` (placed or not yet).
     pub(super) fn is_claimed(&self, id: &Id) -> bool {
-        self.claimed.lock().expect("dedup lock").contains_key(id)
+        self.claims.lock().expect("dedup lock").contains(id)
     }
 
     /// Records that the tree refers to `p`, a slot stored before this commit (for the stale-GC
@@ -159,32 +162,24 @@ impl GroupDedup<'_> {
 
     /// Records that `ids` are slots 0.. of group `group`.
     fn place(&self, ids: &[Id], group: Id) {
-        let mut claimed = self.claimed.lock().expect("dedup lock");
-        for (slot, id) in ids.iter().enumerate() {
-            claimed.insert(
-                *id,
-                Some(Placement {
-                    group,
-                    slot: slot as u16,
-                }),
-            );
-        }
+        self.claims.lock().expect("dedup lock").place(ids, group);
         self.placed.notify_all();
     }
 
     /// Where another worker put `id` (waits until its group is built).
     fn wait(&self, id: &Id, cancel: &AtomicBool) -> EngineResult<Placement> {
-        let mut claimed = self.claimed.lock().expect("dedup lock");
+        let mut claims = self.claims.lock().expect("dedup lock");
         loop {
-            if let Some(Some(p)) = claimed.get(id) {
-                return Ok(*p);
+            if let Some(Some(p)) = claims.get(id) {
+                claims.done_waiting(id);
+                return Ok(p);
             }
             if cancel.load(Ordering::Relaxed) {
                 return Err(EngineError::internal("worker", "stopped early"));
             }
-            claimed = self
+            claims = self
                 .placed
-                .wait_timeout(claimed, Duration::from_millis(50))
+                .wait_timeout(claims, Duration::from_millis(50))
                 .expect("dedup lock")
                 .0;
         }
@@ -275,7 +270,7 @@ pub(crate) fn run_grouped(
         reader: &reader,
         handle: &handle,
         cancel: &cancel,
-        claimed: Mutex::new(HashMap::new()),
+        claims: Mutex::new(Claims::new(options.claims_generation())),
         placed: Condvar::new(),
         nodes: Mutex::new(HashSet::new()),
         reused_slots: Mutex::new(HashMap::new()),

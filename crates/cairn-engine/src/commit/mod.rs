@@ -34,6 +34,7 @@
 //! bitmap, on top of [`patch`]) and [`plan`] (which of these a source gets).
 
 pub(crate) mod base_summary;
+pub mod claims;
 pub mod dedup;
 pub(crate) mod grouped;
 pub mod incremental;
@@ -86,6 +87,23 @@ pub struct CommitOptions {
     pub progress: Option<Arc<CommitProgress>>,
     /// How hard format 2 looks for chunks stored before (exact: every one).
     pub dedup: DedupMode,
+    /// Bounded mode: claims of this commit's own new chunks kept per generation (0: the
+    /// default, [`claims::BOUNDED_GENERATION`]); a chunk that comes again after more new
+    /// chunks than this may be stored twice. Exact mode keeps every claim.
+    pub bounded_claims: usize,
+}
+
+impl CommitOptions {
+    /// Claims a generation keeps (`None`: every claim, exact mode).
+    pub(crate) fn claims_generation(&self) -> Option<usize> {
+        match self.dedup {
+            DedupMode::Exact => None,
+            DedupMode::Bounded => Some(match self.bounded_claims {
+                0 => claims::BOUNDED_GENERATION,
+                n => n,
+            }),
+        }
+    }
 }
 
 /// The published version.
