@@ -59,6 +59,7 @@ struct TraceSource<'a> {
     sampled_below: u64,
     lookups: &'a Cell<u64>,
     hook_hits: &'a Cell<u64>,
+    hooks: usize,
 }
 
 impl SimilarSource for TraceSource<'_> {
@@ -84,6 +85,10 @@ impl SimilarSource for TraceSource<'_> {
 
     fn good_copy(&self, _pack: &Id, _group: &Id) -> bool {
         true
+    }
+
+    fn hooks(&self) -> usize {
+        self.hooks
     }
 }
 
@@ -132,6 +137,8 @@ pub struct CommitSettings {
     /// Only keys below `u64::MAX / hook_sample` are in the index the hooks ask (a sampled
     /// hook index, as in sparse indexing); 1 asks the whole index, as cairn does today.
     pub hook_sample: u64,
+    /// Hooks a segment looks up at most (cairn: `similar::HOOKS`).
+    pub hooks: usize,
 }
 
 /// Commits `vm`'s disk as it is now: its parent is the snapshot before (`vm.before` holds the
@@ -149,6 +156,7 @@ pub fn commit(
         trailer_slots,
         claims_generation,
         hook_sample,
+        hooks,
     } = settings;
     let mut fig = CommitFigures {
         raw_chunks: vm.disk.len() as u64,
@@ -205,6 +213,7 @@ pub fn commit(
             sampled_below,
             lookups: &lookups,
             hook_hits: &hook_hits,
+            hooks,
         };
         let Ok(()) = search_similar(&source, &mut similar, &ids, &mut found, &mut tally);
         // Tier 3 (exact mode) and the claims, as `GroupDedup::claim`.

@@ -22,6 +22,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use cairn_engine::commit::claims::BOUNDED_GENERATION;
+use cairn_engine::commit::dedup::similar::HOOKS;
 use cairn_engine::commit::DedupMode;
 use clap::Parser;
 use serde_json::json;
@@ -68,6 +69,13 @@ struct Args {
     /// A VM's own data, on average.
     #[arg(long, default_value_t = 10.0)]
     user_gib: f64,
+    /// Mean file size in 4 KiB chunks (geometric): smaller files scatter a segment's chunks
+    /// over more packs.
+    #[arg(long, default_value_t = 64)]
+    file_chunks: u32,
+    /// Share of OS and application files a VM places away from the template's order.
+    #[arg(long, default_value_t = 0.1)]
+    relocated: f64,
     /// Dedup mode: bounded (cairn's default), exact, or both (two runs, one report).
     #[arg(long, default_value = "both")]
     mode: String,
@@ -89,6 +97,9 @@ struct Args {
     /// holds some of most segments' hooks (sparse indexing, Lillibridge et al. 2009).
     #[arg(long, default_value_t = 1)]
     hook_sample: u64,
+    /// Hooks a changed segment looks up at most (cairn's is 4).
+    #[arg(long, default_value_t = HOOKS)]
+    hooks: usize,
     /// Seed of the generator.
     #[arg(long, default_value_t = 17)]
     seed: u64,
@@ -256,8 +267,8 @@ fn fleet_params(args: &Args) -> FleetParams {
         copy_share: 0.05,
         move_share: 0.3,
         moving_vms: 1.0 / 3.0,
-        relocated: 0.1,
-        file_chunks: 64,
+        relocated: args.relocated,
+        file_chunks: args.file_chunks,
         hot_files: 0.02,
         hot_share: 0.8,
         seed: args.seed,
@@ -275,6 +286,7 @@ fn settings(args: &Args, mode: DedupMode) -> CommitSettings {
             (_, false, n) => Some(n),
         },
         hook_sample: args.hook_sample.max(1),
+        hooks: args.hooks,
     }
 }
 
@@ -306,6 +318,7 @@ fn main() -> ExitCode {
     let out = json!({ "fleet": p, "index_memory_mib": args.index_memory,
                       "claims_generation": args.claims_generation,
                       "keep_all_claims": args.keep_all_claims, "hook_sample": args.hook_sample,
+                      "hooks": args.hooks,
                       "host_vms": args.host_vms,
                       "runs": runs });
     println!("{}", serde_json::to_string_pretty(&out).expect("json"));

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::common::{noise, restore_bytes};
+use cairn_engine::commit::dedup::similar::{HOOKS, MAX_HOOKS};
 use cairn_engine::commit::{commit, CommitOptions, CommitResult, DedupMode};
 use cairn_engine::source::StreamSource;
 use cairn_engine::verify::verify;
@@ -79,35 +80,46 @@ fn block_ids(data: &[u8]) -> Vec<Id> {
 
 #[tokio::test]
 async fn bounded_mode_stores_again_what_its_hooks_do_not_lead_to_and_exact_mode_does_not() {
-    // Twelve images of one segment each, committed apart (one pack each); then a new image
-    // whose one segment takes five blocks of each and four new ones.
-    let sources: Vec<Vec<u8>> = (0..12).map(|i| noise(SEGMENT, 100 + i)).collect();
+    // Forty-eight images of one segment each, committed apart (one pack each); then a new
+    // image whose one segment takes a block of each and sixteen new ones: more packs than a
+    // segment may look up.
+    let sources: Vec<Vec<u8>> = (0..48).map(|i| noise(SEGMENT, 100 + i)).collect();
     let mut mixed = Vec::new();
     let mut from = Vec::new();
     for (i, s) in sources.iter().enumerate() {
-        for k in 0..5 {
-            let at = (7 * k + i) * BLOCK;
-            mixed.extend_from_slice(&s[at..at + BLOCK]);
-            from.push(Some(i));
-        }
+        let at = (i % 64) * BLOCK;
+        mixed.extend_from_slice(&s[at..at + BLOCK]);
+        from.push(Some(i));
     }
-    mixed.extend(noise(4 * BLOCK, 999));
-    from.extend([None; 4]);
+    mixed.extend(noise(16 * BLOCK, 999));
+    from.extend([None; 16]);
     mixed.resize(SEGMENT, 0);
-    // What the hooks find, worked out apart: four times, the smallest key among the chunks
-    // not found yet leads to the pack of the image it came from, and every chunk of that
-    // image is found there (a new chunk's hook finds nothing).
+    // What the hooks find, worked out apart: the smallest key among the chunks not found
+    // yet leads to the pack of the image it came from (a new chunk's hook finds nothing),
+    // until HOOKS in a row found nothing or MAX_HOOKS were looked up.
     let ids = block_ids(&mixed[..64 * BLOCK]);
     let mut open: Vec<usize> = (0..64).collect();
     open.sort_by_key(|&i| (ids[i].prefix_u64(), ids[i]));
-    let mut expected_similar = 0;
-    for _ in 0..4 {
+    let (mut expected_similar, mut lookups, mut misses) = (0, 0, 0);
+    while misses < HOOKS && lookups < MAX_HOOKS && !open.is_empty() {
         let hook = open.remove(0);
-        if let Some(src) = from[hook] {
-            expected_similar += 5;
-            open.retain(|&i| from[i] != Some(src));
+        lookups += 1;
+        match from[hook] {
+            Some(src) => {
+                expected_similar += 1;
+                open.retain(|&i| from[i] != Some(src));
+                misses = 0;
+            }
+            None => misses += 1,
         }
     }
+    // With these seeds: 21 packs found through 32 lookups (four hooks in all, the policy
+    // before 2026-11-27, found 1).
+    assert!(expected_similar < 48, "the hooks cannot reach every pack");
+    assert!(
+        expected_similar > HOOKS as u64,
+        "hooks that find packs keep looking"
+    );
 
     let mut stored = Vec::new();
     for mode in [DedupMode::Exact, DedupMode::Bounded] {
@@ -120,11 +132,11 @@ async fn bounded_mode_stores_again_what_its_hooks_do_not_lead_to_and_exact_mode_
         let t = r.dedup;
         assert_eq!(t.parent, 0);
         assert_eq!(t.similar, expected_similar, "{mode:?}: {t:?}");
-        assert_eq!(t.hook_lookups, 4);
+        assert_eq!(t.hook_lookups, lookups as u64);
         match mode {
             DedupMode::Exact => {
-                assert_eq!(t.index, 60 - expected_similar, "{t:?}");
-                assert_eq!(r.record.stats.new_chunks, 4);
+                assert_eq!(t.index, 48 - expected_similar, "{t:?}");
+                assert_eq!(r.record.stats.new_chunks, 16);
             }
             DedupMode::Bounded => {
                 assert_eq!(t.index, 0, "bounded mode asks the index only for hooks");
@@ -135,7 +147,7 @@ async fn bounded_mode_stores_again_what_its_hooks_do_not_lead_to_and_exact_mode_
         stored.push(r.record.stats.stored_bytes);
     }
     assert!(
-        stored[1] > stored[0] + (60 - expected_similar - 1) * BLOCK as u64,
+        stored[1] > stored[0] + (48 - expected_similar - 1) * BLOCK as u64,
         "bounded stores the missed noise again: {stored:?}"
     );
 }

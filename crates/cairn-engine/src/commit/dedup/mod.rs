@@ -12,8 +12,9 @@
 //! 3. Exact mode only: the index, once for each chunk still not found (`GroupDedup::claim`).
 //!
 //! Bounded mode stops after tier 2. A chunk the tiers miss is stored again (a duplicate that
-//! costs space, never correctness), and a changed segment costs at most `similar::HOOKS`
-//! index lookups instead of one per chunk: what the index reader must answer no longer
+//! costs space, never correctness), and a changed segment costs a few index lookups (four
+//! for new data, at most `similar::MAX_HOOKS` while hooks keep finding packs) instead of
+//! one per chunk: what the index reader must answer no longer
 //! grows with the data committed (issue 17). Which mode stores what is measured in
 //! BENCHMARKS.md ("Dedup tiers").
 //!
