@@ -95,14 +95,19 @@ impl Claims {
     /// Records that `ids` are slots 0.. of group `group`.
     pub fn place(&mut self, ids: &[Id], group: Id) {
         for (slot, id) in ids.iter().enumerate() {
-            self.previous.remove(id);
-            self.current.insert(
-                *id,
-                Some(Placement {
-                    group,
-                    slot: slot as u16,
-                }),
-            );
+            let p = Some(Placement {
+                group,
+                slot: slot as u16,
+            });
+            // Usually claimed in this generation: one probe. A claim carried over a turn
+            // moves to the current generation.
+            match self.current.get_mut(id) {
+                Some(at) => *at = p,
+                None => {
+                    self.previous.remove(id);
+                    self.current.insert(*id, p);
+                }
+            }
         }
         self.turn();
     }
