@@ -55,7 +55,7 @@ pub async fn repo_stats(repo: &Repo) -> EngineResult<RepoStats> {
         // Format 2: from the trailers of the packs the index runs name (each read once).
         Some(v2) => {
             let mut blobs = HashSet::new();
-            for pack in v2.packs() {
+            for pack in v2.packs().await? {
                 let trailer = v2.trailer(&pack).await?;
                 for g in &trailer.groups {
                     let stored = g.desc.chunks.iter().filter(|c| c.stored);

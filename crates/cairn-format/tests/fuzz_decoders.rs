@@ -144,24 +144,23 @@ fn pack_v2_sample(key: Option<&MasterKey>) -> Vec<u8> {
     w.finish(key).1
 }
 
-/// A v2 index run of 40 ids in 4 packs, in sections of 8 entries.
+/// An index run (version 3) of 40 ids in 4 packs: sections of 8 entries, 2 sections a
+/// directory block, 3 packs a pack block.
 fn index_run_sample(key: Option<&MasterKey>) -> Vec<u8> {
     let locations: Vec<(Id, Id)> = (0u32..40)
         .map(|i| (Id::of(&i.to_le_bytes()), Id::of(&[(i % 4) as u8])))
         .collect();
-    index_run::write_run_with(&locations, key, 8)
+    let geometry = index_run::Geometry {
+        section_entries: 8,
+        block_sections: 2,
+        packs_per_block: 3,
+    };
+    index_run::write_run_with(&locations, key, geometry)
 }
 
 /// An index run decodes when its meta and every section do.
 fn open_index_run(data: &[u8], key: Option<&MasterKey>) -> bool {
-    let Ok(meta) = index_run::parse_run(data, key) else {
-        return false;
-    };
-    (0..meta.sections.len()).all(|i| {
-        let r = meta.sections[i].range();
-        data.get(r.start as usize..r.end as usize)
-            .is_some_and(|s| meta.open_section(i, s, key).is_ok())
-    })
+    index_run::parse_run(data, key).is_ok_and(|run| run.all_entries(data, key).is_ok())
 }
 
 /// A reference summary of a node and two runs that overlap (counted: slots 5..10 repeat).

@@ -99,6 +99,7 @@ const VECTORS: &[&str] = &[
     "v2_interior_digests",
     "v2_index_run",
     "v2_index_run_2",
+    "v2_index_run_3",
     "v2_group_summary",
     "v2_group_summary_counted",
 ];
@@ -1523,15 +1524,11 @@ fn v2_interior_digests() {
 
 /// Every location of the golden runs is found in its section, with exactly its packs.
 fn check_golden_run(bytes: &[u8], locations: &[(Id, Id)], version: u32) {
-    let meta = index_run::parse_run(bytes, None).unwrap();
-    assert_eq!((meta.version, meta.entries), (version, 6));
+    let run = index_run::parse_run(bytes, None).unwrap();
+    assert_eq!((run.version(), run.entries()), (version, 6));
     for (id, _) in locations {
-        let i = meta.section_for(id).expect("a member passes the filter");
-        let r = meta.sections[i].range();
-        let entries = meta
-            .open_section(i, &bytes[r.start as usize..r.end as usize], None)
-            .unwrap();
-        let mut packs: Vec<Id> = meta.candidates(&entries, id).collect();
+        assert!(run.section_for(id).is_some(), "a member passes the filter");
+        let mut packs = run.lookup(bytes, id, None).unwrap();
         packs.sort();
         let mut want: Vec<Id> = locations
             .iter()
@@ -1560,16 +1557,33 @@ fn v2_index_run() {
     check_golden_run(&bytes, &golden_run_locations(), 1);
 }
 
-/// Version 2: the filter hashes the 8-byte keys, so a merge rebuilds it from the entries.
-/// Built from FORMAT.md alone by tests/independent_v2.py (Bloom filter bits included).
+/// Version 2 (written until 2026-11-27, read still): the filter hashes the 8-byte keys, the
+/// meta holds every section reference and the pack table. Built from FORMAT.md alone by
+/// tests/independent_v2.py (Bloom filter bits included).
 #[test]
 fn v2_index_run_2() {
+    let bytes = read_vector("v2_index_run_2");
+    check_golden_run(&bytes, &golden_run_locations(), 2);
+}
+
+/// Version 3: a top level of fence keys and checksums, every piece read on demand (here 2
+/// sections a directory block, 1 pack a pack block). Built from FORMAT.md alone by
+/// tests/independent_v2.py (Bloom filter bits included).
+#[test]
+fn v2_index_run_3() {
     let locations = golden_run_locations();
+    let geometry = index_run::Geometry {
+        section_entries: 2,
+        block_sections: 2,
+        packs_per_block: 1,
+    };
     let bytes = golden(
-        "v2_index_run_2",
-        &index_run::write_run_with(&locations, None, 2),
+        "v2_index_run_3",
+        &index_run::write_run_with(&locations, None, geometry),
     );
-    check_golden_run(&bytes, &locations, 2);
+    check_golden_run(&bytes, &locations, 3);
+    let run = index_run::parse_run(&bytes, None).unwrap();
+    assert_eq!((run.meta.blocks.len(), run.meta.pack_blocks.len()), (2, 2));
 }
 
 /// A format 2 reference summary: two nodes, two groups (one with slots in two words), and a

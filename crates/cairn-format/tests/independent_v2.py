@@ -6,7 +6,7 @@ itself. Needs Python's blake3 (pip install blake3).
     python3 crates/cairn-format/tests/independent_v2.py   # checks; --write rewrites
 
 Covers v2_pack_plain, v2_leaf_runs, v2_leaf_digest, v2_interior_digests, v2_index_run (version 1),
-v2_index_run_2, v2_group_summary (version 1), v2_group_summary_counted (version 2) and the
+v2_index_run_2, v2_index_run_3, v2_group_summary (version 1), v2_group_summary_counted (version 2) and the
 pinned ids of v2_group_ids. (The sealed vectors
 v2_sealed_*, v2_key_slot and v2_group_sealed_raw were computed with PyNaCl and argon2-cffi.)
 """
@@ -81,7 +81,8 @@ def interior_digests():
 def index_run(version):
     """A plain index run: ids BLAKE3([i]) for i in 0..5, in "pack a" (even i) or "pack b"
     (odd i), id 0 in both; sections of 2 entries (cut later while keys are equal). Version 1's
-    filter hashes the full ids (one insert per location), version 2's the distinct keys."""
+    filter hashes the full ids (one insert per location), versions 2 and 3 the distinct keys.
+    Version 3 puts 2 sections in a directory block and 1 pack id in a pack block."""
     pa, pb = bid(b"pack a"), bid(b"pack b")
     locations = [(bid(bytes([i])), pa if i % 2 == 0 else pb) for i in range(5)]
     locations.append((bid(bytes([0])), pb))
@@ -98,10 +99,10 @@ def index_run(version):
         sections.append((entries[at][0], n, len(out), len(body), bid(body)))
         out += body
         at += n
-    # Bloom filter: 10 bits per location (version 1) or entry (version 2) rounded up to a
+    # Bloom filter: 10 bits per location (version 1) or entry (versions 2, 3) rounded up to a
     # power of two (at least 2^9), 7 probes at (h1 + i*h2) mod bits. Version 1: h1 = id[0:8],
-    # h2 = id[8:16] | 1, little-endian; version 2: h1 = the key, h2 = (key * 0x9E3779B97F4A7C15
-    # mod 2^64) rotated left 32 bits, | 1.
+    # h2 = id[8:16] | 1, little-endian; versions 2, 3: h1 = the key, h2 = (key *
+    # 0x9E3779B97F4A7C15 mod 2^64) rotated left 32 bits, | 1.
     if version == 1:
         want = len(locations) * 10
         probes = [struct.unpack("<QQ", i[:16]) for i, _ in locations]
@@ -120,10 +121,31 @@ def index_run(version):
         for probe in range(7):
             pos = (h1 + probe * (h2 | 1)) % (1 << log2)
             bits[pos // 8] |= 1 << (pos % 8)
-    meta = struct.pack("<I", len(packs)) + b"".join(packs) + struct.pack("<I", len(sections))
-    for first, n, offset, length, checksum in sections:
-        meta += struct.pack("<QIII", first, n, offset, length) + checksum
-    meta += bytes([log2, 7]) + bytes(bits)
+    filt = bytes([log2, 7]) + bytes(bits)
+    if version == 3:
+        # Directory blocks (2 sections each), pack blocks (1 id each), the filter, then the
+        # top level; no offsets, every place follows from the counts.
+        top = struct.pack("<II", len(packs), 1)
+        blocks = []
+        for b in range(0, len(sections), 2):
+            part = sections[b:b + 2]
+            body = b"".join(struct.pack("<QI", f, n) + c for f, n, _, _, c in part)
+            blocks.append((part[0][0], len(part), sum(n for _, n, _, _, _ in part), bid(body)))
+            out += body
+        for p in packs:
+            top += bid(p)
+            out += p
+        top += struct.pack("<I", len(blocks))
+        for first, count, n, checksum in blocks:
+            top += struct.pack("<QIQ", first, count, n) + checksum
+        top += struct.pack("<Q", len(filt)) + bid(filt)
+        out += filt
+        meta = top
+    else:
+        meta = struct.pack("<I", len(packs)) + b"".join(packs) + struct.pack("<I", len(sections))
+        for first, n, offset, length, checksum in sections:
+            meta += struct.pack("<QIII", first, n, offset, length) + checksum
+        meta += filt
     return out + meta + struct.pack("<IQ", len(meta), len(entries)) + bid(meta) + b"CRNIREND"
 
 
@@ -181,7 +203,8 @@ def main():
     ok = True
     vectors = (("v2_pack_plain", pack_plain()), ("v2_leaf_runs", leaf_runs()),
                ("v2_leaf_digest", leaf_digest()), ("v2_index_run", index_run(1)),
-               ("v2_index_run_2", index_run(2)), ("v2_interior_digests", interior_digests()),
+               ("v2_index_run_2", index_run(2)),
+               ("v2_index_run_3", index_run(3)), ("v2_interior_digests", interior_digests()),
                ("v2_group_summary", group_summary(False)),
                ("v2_group_summary_counted", group_summary(True)))
     for name, data in vectors:

@@ -3,7 +3,6 @@
 //! (ranged reads of trailers, sections and groups), bit-exact, with one fetch per group
 //! however many readers ask, and with every kind of damage refused by name.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use cairn_format::config::{Compression, RepoConfig};
@@ -19,117 +18,8 @@ use cairn_repo::{Repo, RepoError};
 use cairn_store::{LocalStore, ObjectStore};
 use rand::{Rng, SeedableRng};
 
-const CHUNK: usize = 4096;
-const GROUP: usize = 64 << 10;
-
-/// A group as written: its id, descriptor and its chunks' plain bytes.
-struct Written {
-    id: Id,
-    chunks: Vec<Vec<u8>>,
-}
-
-/// A pack of `groups` groups of 16 chunks (half of them compressible) and what it holds.
-fn pack(
-    rng: &mut rand::rngs::StdRng,
-    groups: usize,
-    key: Option<&MasterKey>,
-) -> (Id, Vec<u8>, Vec<Written>) {
-    let mut w = PackWriter::new(key.is_some());
-    let mut written = Vec::new();
-    for g in 0..groups {
-        let mut b = GroupBuilder::new(GROUP);
-        let mut chunks = Vec::new();
-        for _ in 0..GROUP / CHUNK {
-            let mut c = vec![0u8; CHUNK];
-            if g % 2 == 0 {
-                rng.fill(&mut c[..]);
-            } else {
-                c[..64].fill(rng.gen());
-            }
-            let id = key.map_or_else(|| Id::of(&c), |k| k.id_of(&c));
-            b.push(id, &c);
-            chunks.push(c);
-        }
-        let group = b.finish(Compression::Zstd { level: 3 }, key);
-        written.push(Written {
-            id: group_id(&group.desc.chunks, key),
-            chunks,
-        });
-        w.push(BlobKind::Data, group);
-    }
-    let (id, bytes, _) = w.finish(key);
-    (id, bytes, written)
-}
-
-/// Every chunk and group id of `written` located in `pack`.
-fn locations(pack: Id, written: &[Written], key: Option<&MasterKey>) -> Vec<(Id, Id)> {
-    let mut out = Vec::new();
-    for g in written {
-        out.push((g.id, pack));
-        for c in &g.chunks {
-            out.push((key.map_or_else(|| Id::of(c), |k| k.id_of(c)), pack));
-        }
-    }
-    out
-}
-
-struct Fixture {
-    _dir: tempfile::TempDir,
-    root: std::path::PathBuf,
-    store: Arc<LocalStore>,
-    repo: Repo,
-}
-
-async fn fixture() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("repo");
-    let store = Arc::new(LocalStore::create(&root).unwrap());
-    let repo = Repo::init(store.clone(), RepoConfig::default())
-        .await
-        .unwrap();
-    Fixture {
-        _dir: dir,
-        root,
-        store,
-        repo,
-    }
-}
-
-impl Fixture {
-    async fn put(&self, key: &str, bytes: Vec<u8>) {
-        self.store.put_if_absent(key, bytes.into()).await.unwrap();
-    }
-
-    /// Stores a pack and an index run of `locations`; returns the run's id.
-    async fn publish(
-        &self,
-        packs: &[(Id, Vec<u8>)],
-        locations: &[(Id, Id)],
-        key: Option<&MasterKey>,
-    ) -> Id {
-        for (id, bytes) in packs {
-            self.put(&keys::pack(id), bytes.clone()).await;
-        }
-        let run = index_run::write_run(locations, key);
-        let id = Id::of(&run);
-        self.put(&keys::index_run(&id), run).await;
-        id
-    }
-
-    fn reader(&self, key: Option<MasterKey>) -> V2Reader {
-        self.repo.v2_reader(key, CacheLimits::default())
-    }
-
-    fn object(&self, key: &str) -> std::path::PathBuf {
-        self.root.join(key)
-    }
-}
-
-fn flip(path: &Path, at: u64) {
-    let mut bytes = std::fs::read(path).unwrap();
-    bytes[at as usize] ^= 0x40;
-    std::fs::write(path, bytes).unwrap();
-}
+mod common;
+use common::*;
 
 #[tokio::test]
 async fn groups_and_chunks_read_back_bit_exact_plain_and_sealed() {

@@ -267,7 +267,13 @@ impl Snapshot {
             e => e.into(),
         })?;
         let runs = reader.run_ids();
-        let named: HashSet<Id> = reader.packs().into_iter().collect();
+        // A pack table that cannot be read stops GC like a damaged run: a pack it names must
+        // not pass for one no run names.
+        let named: HashSet<Id> = match reader.packs().await {
+            Ok(packs) => packs.into_iter().collect(),
+            Err(e) if e.is_damage() => return Err(incomplete(e.to_string())),
+            Err(e) => return Err(e.into()),
+        };
         Ok(Snapshot {
             reader,
             runs,

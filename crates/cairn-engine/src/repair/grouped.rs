@@ -44,7 +44,7 @@ pub(super) async fn repair_runs(
         // Checked whole just now: only a race with a GC could get here.
         tracing::warn!("{line}");
     }
-    let named: HashSet<Id> = reader.packs().into_iter().collect();
+    let named: HashSet<Id> = reader.packs().await?.into_iter().collect();
     let mut unnamed: Vec<Id> = repo
         .pack_sizes()
         .await?

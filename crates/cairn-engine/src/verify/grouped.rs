@@ -50,7 +50,7 @@ pub(super) async fn check_packs(
     let packs = if scoped {
         packs_used(repo, reader, versions).await
     } else {
-        reader.packs()
+        reader.readable_packs().await?
     };
     report.packs_in_scope = packs.len() as u64;
     let packs: Vec<Id> = packs

@@ -75,13 +75,8 @@ async fn locations(store: &dyn ObjectStore, key: Option<&MasterKey>) -> BTreeSet
     for meta in store.list(keys::INDEX_RUNS).await.unwrap() {
         let bytes = store.get(&meta.key).await.unwrap();
         let run = index_run::parse_run(&bytes, key).unwrap();
-        for (i, s) in run.sections.iter().enumerate() {
-            let r = s.range();
-            let entries = run
-                .open_section(i, &bytes[r.start as usize..r.end as usize], key)
-                .unwrap();
-            out.extend(entries.iter().map(|e| (e.key, run.packs[e.pack as usize])));
-        }
+        let entries = run.all_entries(&bytes, key).unwrap();
+        out.extend(entries.iter().map(|e| (e.key, run.packs[e.pack as usize])));
     }
     out
 }
@@ -139,7 +134,7 @@ async fn merges_runs_and_loses_no_location(encrypted: bool) {
         store.list(keys::PLANS).await.unwrap().is_empty(),
         "plan removed"
     );
-    // Exactly the same locations, each once, in a version 2 run.
+    // Exactly the same locations, each once, in a run of the current version.
     let after = locations(&*store, repo.key()).await;
     assert!(
         after == before,
@@ -148,7 +143,7 @@ async fn merges_runs_and_loses_no_location(encrypted: bool) {
     assert_eq!(r.entries_after, before.len() as u64);
     let run_key = &store.list(keys::INDEX_RUNS).await.unwrap()[0].key;
     let run = index_run::parse_run(&store.get(run_key).await.unwrap(), repo.key()).unwrap();
-    assert_eq!(run.version, index_run::VERSION);
+    assert_eq!(run.version(), index_run::VERSION);
     // Nothing more to merge.
     let again = compact(&repo, &options(false)).await.unwrap();
     assert_eq!((again.merges, again.runs_after), (0, 1));

@@ -80,7 +80,7 @@ fn image() -> Vec<u8> {
 async fn stored_ids(repo: &Repo) -> HashSet<Id> {
     let reader = repo.v2().unwrap();
     let mut ids = HashSet::new();
-    for pack in reader.packs() {
+    for pack in reader.packs().await.unwrap() {
         let trailer = reader.trailer(&pack).await.unwrap();
         for (i, g) in trailer.groups.iter().enumerate() {
             ids.insert(trailer.group_id(i as u32).unwrap());
@@ -186,7 +186,7 @@ async fn a_flipped_byte_in_any_sealed_object_is_found_and_named() {
         let r = open(&dir, Some("pw")).await.unwrap();
         let reader = r.v2().unwrap();
         let mut biggest = None;
-        for pack in reader.packs() {
+        for pack in reader.packs().await.unwrap() {
             let t = reader.trailer(&pack).await.unwrap();
             let bytes: u64 = t
                 .groups

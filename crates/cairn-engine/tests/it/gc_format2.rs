@@ -51,7 +51,7 @@ async fn open(store: &Arc<MemoryStore>) -> Arc<Repo> {
 async fn dropped_slots(repo: &Repo) -> usize {
     let (view, _) = repo.v2_view().await.unwrap();
     let mut dropped = 0;
-    for pack in view.packs() {
+    for pack in view.packs().await.unwrap() {
         let trailer = view.trailer(&pack).await.unwrap();
         for g in &trailer.groups {
             dropped += g.desc.chunks.iter().filter(|c| !c.stored).count();

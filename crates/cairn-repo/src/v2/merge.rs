@@ -1,7 +1,7 @@
 //! Merging index runs from their own bytes (issue 17): a k-way merge of their sorted sections
-//! into one version 2 run, whose filter hashes the 8-byte keys and so is rebuilt from the
+//! into one version 3 run, whose filter hashes the 8-byte keys and so is rebuilt from the
 //! entries alone — no pack trailer is read, and memory holds one batch of sections per input
-//! (plus the output being built). Every section is checked as it is read; a damaged input
+//! and the inputs' pack tables (plus the output being built). Every section is checked as it is read; a damaged input
 //! fails the merge (compaction never hides damage: `verify` reports it, `repair` rebuilds the
 //! run from the packs).
 
@@ -9,7 +9,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
 
-use cairn_format::index_run::{self, Entry, RunWriter};
+use cairn_format::index_run::{self, Directory, Entry, RunWriter};
 use cairn_format::Id;
 
 use super::runs::OpenRun;
@@ -36,12 +36,15 @@ struct Cursor {
     /// The merged pack table's ordinal of each of this run's packs (monotonic: both tables
     /// are sorted, so remapped entries stay in order).
     ordinal: Vec<u32>,
+    /// The directory block being read, and the next block.
+    directory: Option<Arc<Directory>>,
+    next_block: usize,
     next_section: usize,
     batch: std::vec::IntoIter<Entry>,
 }
 
 impl V2Reader {
-    /// Merges runs `ids` (each read and checked here) into one version 2 run holding every
+    /// Merges runs `ids` (each read and checked here) into one version 3 run holding every
     /// entry of every input, and only those. An input that is missing or damaged fails the
     /// merge, naming it.
     pub async fn merge_runs(&self, ids: &[Id]) -> RepoResult<MergedRun> {
@@ -49,23 +52,25 @@ impl V2Reader {
         for id in ids {
             inputs.push(self.open_run(id).await?);
         }
-        let mut packs: Vec<Id> = inputs
-            .iter()
-            .flat_map(|r| r.meta.packs.iter().copied())
-            .collect();
+        let mut tables = Vec::with_capacity(inputs.len());
+        for run in &inputs {
+            tables.push(self.run_packs(run).await?);
+        }
+        let mut packs: Vec<Id> = tables.iter().flatten().copied().collect();
         packs.sort_unstable();
         packs.dedup();
         let expected: u64 = inputs.iter().map(|r| r.meta.entries).sum();
         let mut cursors: Vec<Cursor> = inputs
             .into_iter()
-            .map(|run| Cursor {
-                ordinal: run
-                    .meta
-                    .packs
+            .zip(tables)
+            .map(|(run, table)| Cursor {
+                ordinal: table
                     .iter()
                     .map(|p| packs.binary_search(p).expect("in the union") as u32)
                     .collect(),
                 run,
+                directory: None,
+                next_block: 0,
                 next_section: 0,
                 batch: Vec::new().into_iter(),
             })
@@ -90,7 +95,7 @@ impl V2Reader {
         // The merged run is read back before anyone may publish it (a bug here would lose
         // every location the inputs held once they are deleted).
         match index_run::parse_run(&bytes, self.key()) {
-            Ok(meta) if meta.entries == entries => {}
+            Ok(run) if run.entries() == entries => {}
             other => {
                 return Err(RepoError::Invalid(format!(
                     "the merge of {} index runs does not read back ({other:?}); nothing was \
@@ -133,10 +138,18 @@ impl V2Reader {
                     pack: c.ordinal[e.pack as usize],
                 }));
             }
-            let sections = &c.run.meta.sections;
-            if c.next_section >= sections.len() {
-                return Ok(None);
-            }
+            let dir = match &c.directory {
+                Some(dir) if c.next_section < dir.sections.len() => dir.clone(),
+                _ if c.next_block < c.run.meta.blocks.len() => {
+                    let dir = self.directory(&c.run, c.next_block).await?;
+                    c.directory = Some(dir.clone());
+                    c.next_block += 1;
+                    c.next_section = 0;
+                    dir
+                }
+                _ => return Ok(None),
+            };
+            let sections = &dir.sections;
             let first = c.next_section;
             let last = (first + SECTIONS_PER_READ).min(sections.len()) - 1;
             let start = sections[first].range().start;
@@ -150,8 +163,11 @@ impl V2Reader {
                 let entries = c
                     .run
                     .meta
-                    .open_section(j, piece, self.key())
-                    .map_err(|e| sealed_error(format!("{} section {j}", c.run.key), e))?;
+                    .open_section(&dir, j, piece, self.key())
+                    .map_err(|e| {
+                        let n = dir.first_section as usize + j;
+                        sealed_error(format!("{} section {n}", c.run.key), e)
+                    })?;
                 batch.extend(entries);
             }
             c.next_section = last + 1;

@@ -21,6 +21,7 @@ mod check;
 mod groups;
 mod merge;
 mod packer;
+mod pieces;
 mod runs;
 mod tail;
 mod trailers;
@@ -51,7 +52,8 @@ pub struct CacheLimits {
     pub group_bytes: u64,
     /// Approximate bytes of decoded pack trailers kept.
     pub trailer_bytes: u64,
-    /// Bytes of index run sections kept (12 bytes an entry).
+    /// Bytes of index run pieces kept: sections (16 bytes an entry), directory blocks and
+    /// blocks of pack tables.
     pub section_bytes: u64,
     /// Bytes of index run filters held (about 1.25–2.5 bytes an entry). Past it the largest
     /// runs' filters are dropped, and a lookup asks those runs through their fence keys: one
@@ -114,7 +116,8 @@ pub struct V2Reader {
     key: Option<MasterKey>,
     trailers: CostCache<Id, PackTrailer>,
     groups: CostCache<(Id, u32), OpenedGroup>,
-    sections: CostCache<(Id, u32), runs::Section>,
+    /// Pieces of index runs: sections, directory blocks, pack blocks.
+    pieces: CostCache<(Id, pieces::PieceKey), pieces::RunPiece>,
     runs: std::sync::RwLock<Vec<Arc<runs::OpenRun>>>,
     /// [`CacheLimits::filter_bytes`].
     filter_budget: u64,
@@ -165,7 +168,7 @@ impl V2Reader {
             key,
             trailers: cost_cache(limits.trailer_bytes, 256 << 10),
             groups: cost_cache(limits.group_bytes, 64 << 10),
-            sections: cost_cache(limits.section_bytes, 4 << 10),
+            pieces: cost_cache(limits.section_bytes, 4 << 10),
             runs: std::sync::RwLock::new(Vec::new()),
             filter_budget: limits.filter_bytes,
             fetched: FetchCounters::default(),

@@ -1,37 +1,34 @@
-//! Index runs, read in pieces: a run's meta (pack table, fence keys, filter) once when it is
-//! added, then only the ~4 KiB section a lookup falls in (kept in a bounded cache). A lookup
-//! asks the runs newest first; an entry is a candidate pack, accepted only when the pack's
-//! trailer holds the full id — so an 8-byte key collision costs a trailer read, never a
-//! wrong answer. Which runs exist, and their compaction, are issue 17's.
+//! Index runs, read in pieces: a run's top level (fence keys of its directory blocks, the
+//! checksums of its pieces) once when it is added, and its filter while the budget holds it;
+//! then only the pieces a lookup falls in (`pieces`). A lookup asks the runs newest first; an
+//! entry is a candidate pack, accepted only when the pack's trailer holds the full id — so an
+//! 8-byte key collision costs a trailer read, never a wrong answer.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use cairn_format::group::GroupChunk;
-use cairn_format::index_run::{self, Entry, RunMeta, FOOTER_LEN, HEADER_LEN};
+use cairn_format::index_run::{self, RunMeta, FOOTER_LEN, HEADER_LEN};
 use cairn_format::summary::Bloom;
 use cairn_format::{keys, FormatError, Id};
 
 use super::groups::OpenedGroup;
-use super::tail::{get_exact, get_whole, HeadAndTail};
+use super::tail::{get_whole, HeadAndTail};
 use super::trailers::{PackTrailer, SlotRef};
-use super::{sealed_error, Cost, V2Reader};
+use super::{sealed_error, V2Reader};
 use crate::error::{RepoError, RepoResult};
 
-/// How much of a run's end the first read fetches (its meta: 32 bytes a pack, 52 a section,
-/// and a filter of about 10 bits an id).
+/// How much of a run's end the first read fetches: a version 3 top level (60 bytes a
+/// directory block) and the filter before it for runs of up to ~50,000 entries; a version
+/// 1–2 meta (32 bytes a pack, 52 a section, and the filter).
 const TAIL_GUESS: u64 = 64 << 10;
-
-/// Sections read together when a lookup misses the cache (about 64 KiB of a run): a restore
-/// or a commit looks up keys all over the key space, so the neighbours are soon asked for.
-const SECTION_READ_AHEAD: usize = 16;
 
 /// A run whose meta was read and checked.
 #[derive(Debug)]
 pub(super) struct OpenRun {
     pub(super) id: Id,
     pub(super) key: String,
-    /// The meta, its filter taken out (`filter`).
+    /// The meta (version 3: the top level), its filter taken out (`filter`).
     pub(super) meta: RunMeta,
     pub(super) len: u64,
     /// The run's filter while the reader's budget holds it (`None`: dropped, every id is
@@ -40,11 +37,11 @@ pub(super) struct OpenRun {
 }
 
 impl OpenRun {
-    /// The section that may hold `id`, unless the held filter rules it out.
-    fn section_for(&self, id: &Id) -> Option<usize> {
+    /// Whether the held filter lets `id` through (every id passes a run without one).
+    fn filter_passes(&self, id: &Id) -> bool {
         match &*self.filter.read().expect("filter lock") {
-            Some(f) if !self.meta.filter_passes(f, id) => None,
-            _ => self.meta.section_of(id),
+            Some(f) => self.meta.filter_passes(f, id),
+            None => true,
         }
     }
 
@@ -65,16 +62,6 @@ pub struct RunSize {
     pub version: u32,
     /// The run's stored bytes.
     pub len: u64,
-}
-
-/// One section's entries, checked.
-#[derive(Debug)]
-pub(super) struct Section(Vec<Entry>);
-
-impl Cost for Section {
-    fn cost(&self) -> u64 {
-        (self.0.len() * index_run::ENTRY_LEN) as u64
-    }
 }
 
 /// Where a group is: its pack's trailer and its position there.
@@ -187,7 +174,17 @@ impl V2Reader {
                 ),
             ));
         }
-        let filter = meta.filter.take();
+        let filter = match (meta.filter.take(), meta.filter_at.clone()) {
+            (Some(f), _) => Some(f),
+            (None, Some(at)) if self.filter_fits(at.range.end - at.range.start) => {
+                let stored = obj.bytes(store, &key, at.range).await?;
+                Some(
+                    meta.open_filter(&stored, self.key())
+                        .map_err(|e| sealed_error(format!("{key} filter"), e))?,
+                )
+            }
+            (None, _) => None,
+        };
         let mut runs = self.runs.write().expect("runs lock");
         runs.push(Arc::new(OpenRun {
             id: *id,
@@ -198,6 +195,16 @@ impl V2Reader {
         }));
         self.keep_filter_budget(&runs);
         Ok(())
+    }
+
+    /// Whether a filter of `bytes` is worth reading: it fits the budget beside those held, or
+    /// it is smaller than the largest held (which [`Self::keep_filter_budget`] then drops).
+    fn filter_fits(&self, bytes: u64) -> bool {
+        let runs = self.runs.read().expect("runs lock");
+        let held: Vec<u64> = runs.iter().map(|r| r.filter_bytes()).collect();
+        let total: u64 = held.iter().sum();
+        bytes <= self.filter_budget
+            && (total + bytes <= self.filter_budget || held.iter().any(|h| *h > bytes))
     }
 
     /// Drops the largest filters held until the rest fit the budget: a run without one
@@ -227,6 +234,13 @@ impl V2Reader {
         let runs = self.runs.read().expect("runs lock");
         let held: Vec<u64> = runs.iter().map(|r| r.filter_bytes()).collect();
         (held.iter().sum(), held.iter().filter(|b| **b == 0).count())
+    }
+
+    /// Bytes of run metadata this reader holds whatever it looks up: every run's top level
+    /// (for version 1–2 runs, their whole section and pack tables), filters apart.
+    pub fn meta_memory(&self) -> u64 {
+        let runs = self.runs.read().expect("runs lock");
+        runs.iter().map(|r| r.meta.cost()).sum()
     }
 
     /// Adds the runs `ids` ([`Self::add_run`]); a damaged run is skipped and its error
@@ -271,13 +285,32 @@ impl V2Reader {
         runs.iter().map(|r| r.id).collect()
     }
 
-    /// Every pack an index run names (what a verify of the whole repository reads), sorted.
-    pub fn packs(&self) -> Vec<Id> {
-        let runs = self.runs.read().expect("runs lock");
-        let mut packs: Vec<Id> = runs.iter().flat_map(|r| r.meta.packs.clone()).collect();
+    /// Every pack an index run names (what GC and repair keep), sorted. A pack table that
+    /// cannot be read fails the call: a caller that deletes what no run names must never take
+    /// a damaged table for an empty one.
+    pub async fn packs(&self) -> RepoResult<Vec<Id>> {
+        self.collect_packs(false).await
+    }
+
+    /// Every pack the runs whose pack tables can be read name, sorted (what a verify checks:
+    /// a damaged table is reported by [`Self::check_runs`]). An error of the store fails it.
+    pub async fn readable_packs(&self) -> RepoResult<Vec<Id>> {
+        self.collect_packs(true).await
+    }
+
+    async fn collect_packs(&self, skip_damaged: bool) -> RepoResult<Vec<Id>> {
+        let runs: Vec<Arc<OpenRun>> = self.runs.read().expect("runs lock").clone();
+        let mut packs = Vec::new();
+        for run in &runs {
+            match self.run_packs(run).await {
+                Ok(table) => packs.extend(table),
+                Err(e) if skip_damaged && e.is_damage() => tracing::debug!("{e}"),
+                Err(e) => return Err(e),
+            }
+        }
         packs.sort_unstable();
         packs.dedup();
-        packs
+        Ok(packs)
     }
 
     /// The packs the runs name for `id` (candidates), newest run first, without repeats.
@@ -288,15 +321,11 @@ impl V2Reader {
         // commit's run never spreads to ids that other runs locate.
         let mut damage = None;
         for run in runs.iter().rev() {
-            let Some(i) = run.section_for(id) else {
+            if !run.filter_passes(id) {
                 continue;
-            };
-            let section = match self
-                .sections
-                .get_or_insert_async(&(run.id, i as u32), self.read_section(run, i))
-                .await
-            {
-                Ok(section) => section,
+            }
+            let found = match self.run_candidates(run, id).await {
+                Ok(found) => found,
                 Err(e) if e.is_damage() => {
                     damage.get_or_insert(e);
                     continue;
@@ -314,7 +343,7 @@ impl V2Reader {
                 }
                 Err(e) => return Err(e),
             };
-            for pack in run.meta.candidates(&section.0, id) {
+            for pack in found {
                 if !packs.contains(&pack) {
                     packs.push(pack);
                 }
@@ -344,14 +373,13 @@ impl V2Reader {
         let Some(data) = get_whole(&*self.store, &key).await? else {
             return Ok(Some(format!("{key}: missing")));
         };
-        let checked = index_run::parse_run(&data, self.key()).and_then(|meta| {
-            for (i, s) in meta.sections.iter().enumerate() {
-                let r = s.range();
-                let stored = data.get(r.start as usize..r.end as usize).unwrap_or(&[]);
-                meta.open_section(i, stored, self.key())
+        let checked = index_run::parse_run(&data, self.key()).and_then(|run| {
+            for (b, j, _) in run.sections() {
+                run.open_section(&data, b, j, self.key())
                     .map_err(|e| match e {
                         cairn_format::crypto::CryptoError::Format(f) => {
-                            FormatError::invalid("index run", format!("section {i}: {f}")).into()
+                            let n = run.directories[b].first_section as usize + j;
+                            FormatError::invalid("index run", format!("section {n}: {f}")).into()
                         }
                         other => other,
                     })?;
@@ -359,49 +387,6 @@ impl V2Reader {
             Ok(())
         });
         Ok(checked.err().map(|e| sealed_error(&key, e).to_string()))
-    }
-
-    /// Section `i` of `run`, read with the sections after it that are not cached yet (up to
-    /// [`SECTION_READ_AHEAD`] in all, contiguous in the run) in one ranged read; the others
-    /// enter the cache. A neighbour that fails its check is left out, for its own lookup to
-    /// report.
-    async fn read_section(&self, run: &OpenRun, i: usize) -> RepoResult<Arc<Section>> {
-        self.fetched
-            .sections
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let sections = &run.meta.sections;
-        let mut last = i;
-        while last + 1 < sections.len()
-            && last + 1 - i < SECTION_READ_AHEAD
-            && !self.sections.contains_key(&(run.id, last as u32 + 1))
-        {
-            last += 1;
-        }
-        let start = sections[i].range().start;
-        let stored: Bytes =
-            match get_exact(&*self.store, &run.key, start..sections[last].range().end).await {
-                // A run cut short past section i: read section i alone.
-                Err(e) if e.is_damage() && last > i => {
-                    last = i;
-                    get_exact(&*self.store, &run.key, sections[i].range()).await?
-                }
-                other => other?,
-            };
-        let piece = |j: usize| {
-            let r = sections[j].range();
-            stored.slice((r.start - start) as usize..(r.end - start) as usize)
-        };
-        for j in i + 1..=last {
-            if let Ok(entries) = run.meta.open_section(j, &piece(j), self.key()) {
-                self.sections
-                    .insert((run.id, j as u32), Arc::new(Section(entries)));
-            }
-        }
-        let entries = run
-            .meta
-            .open_section(i, &piece(i), self.key())
-            .map_err(|e| sealed_error(format!("{} section {i}", run.key), e))?;
-        Ok(Arc::new(Section(entries)))
     }
 
     /// The trailers of the candidate packs for `id` that can be used, in lookup order, and

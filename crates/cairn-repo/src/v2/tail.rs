@@ -81,8 +81,6 @@ impl HeadAndTail {
     }
 }
 
-/// A ranged read that must return exactly the range (a short read is damage: the object is
-/// shorter than its own footer says, or changed under us).
 /// Object `key` whole, or `None` if it does not exist (what a whole check reads).
 pub(super) async fn get_whole(store: &dyn ObjectStore, key: &str) -> RepoResult<Option<Bytes>> {
     match store.get(key).await {
@@ -94,6 +92,8 @@ pub(super) async fn get_whole(store: &dyn ObjectStore, key: &str) -> RepoResult<
     }
 }
 
+/// A ranged read that must return exactly the range (a short read is damage: the object is
+/// shorter than its own footer says, or changed under us).
 pub(super) async fn get_exact(
     store: &dyn ObjectStore,
     key: &str,

@@ -1,0 +1,323 @@
+//! Writing version 3 runs: sections as entries come, directory blocks and pack blocks after
+//! them, then the filter and the top level.
+
+use crate::codec::Encoder;
+use crate::crypto::{Domain, MasterKey};
+use crate::summary::{Bloom, ProbeKey};
+use crate::Id;
+
+use super::{
+    key_of, Entry, BLOCK_SECTIONS, END_MAGIC, ENTRY_LEN, FILTER_BITS_PER_ENTRY, FILTER_PROBES,
+    FLAG_SEALED, HEADER_LEN, MAGIC, PACKS_PER_BLOCK, SECTION_ENTRIES, VERSION,
+};
+
+/// How a writer cuts a run into pieces. Readers accept any geometry; tests and golden
+/// vectors use small ones to have many pieces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// Entries per section (a section is cut later while its last key repeats).
+    pub section_entries: usize,
+    /// Sections per directory block.
+    pub block_sections: usize,
+    /// Pack ids per pack block.
+    pub packs_per_block: u32,
+}
+
+impl Default for Geometry {
+    fn default() -> Self {
+        Geometry {
+            section_entries: SECTION_ENTRIES,
+            block_sections: BLOCK_SECTIONS,
+            packs_per_block: PACKS_PER_BLOCK,
+        }
+    }
+}
+
+/// Builds a run from (id, pack id) pairs: the index of one commit's packs, or a repair.
+pub fn write_run(locations: &[(Id, Id)], key: Option<&MasterKey>) -> Vec<u8> {
+    write_run_with(locations, key, Geometry::default())
+}
+
+/// [`write_run`] with a given geometry (tests, golden vectors).
+pub fn write_run_with(locations: &[(Id, Id)], key: Option<&MasterKey>, g: Geometry) -> Vec<u8> {
+    let mut packs: Vec<Id> = locations.iter().map(|(_, p)| *p).collect();
+    packs.sort_unstable();
+    packs.dedup();
+    let mut entries: Vec<Entry> = locations
+        .iter()
+        .map(|(id, p)| Entry {
+            key: key_of(id),
+            pack: packs.binary_search(p).expect("listed") as u32,
+        })
+        .collect();
+    entries.sort_unstable();
+    entries.dedup();
+    let mut w = RunWriter::with_geometry(packs, entries.len() as u64, key, g);
+    for e in entries {
+        w.push(e);
+    }
+    w.finish()
+}
+
+/// What the top level will say of one directory block.
+struct BlockTop {
+    first_key: u64,
+    sections: u32,
+    entries: u64,
+    checksum: [u8; 32],
+}
+
+/// Writes a version 3 run from entries given in order — the way a compaction merges runs
+/// from their own sections without the ids' other 24 bytes. Entries must come sorted by
+/// (key, pack ordinal); a repeat of the last entry is dropped.
+pub struct RunWriter<'k> {
+    key: Option<&'k MasterKey>,
+    packs: Vec<Id>,
+    geometry: Geometry,
+    filter: Bloom,
+    /// Header and sections.
+    out: Vec<u8>,
+    /// Stored directory blocks, back to back.
+    directory: Vec<u8>,
+    blocks: Vec<BlockTop>,
+    /// The directory block being filled (plain) and what it covers.
+    block: Encoder,
+    block_top: Option<BlockTop>,
+    /// Entries of the section being filled.
+    pending: Vec<Entry>,
+    last: Option<Entry>,
+    entries: u64,
+}
+
+impl<'k> RunWriter<'k> {
+    /// A writer for about `expected` entries (the filter's size) naming `packs` (sorted, no
+    /// repeats: the pack ordinals of the entries index it).
+    pub fn new(packs: Vec<Id>, expected: u64, key: Option<&'k MasterKey>) -> RunWriter<'k> {
+        Self::with_geometry(packs, expected, key, Geometry::default())
+    }
+
+    /// [`Self::new`] with a given geometry.
+    pub fn with_geometry(
+        packs: Vec<Id>,
+        expected: u64,
+        key: Option<&'k MasterKey>,
+        geometry: Geometry,
+    ) -> RunWriter<'k> {
+        debug_assert!(
+            packs.windows(2).all(|w| w[0] < w[1]),
+            "packs sorted, no repeats"
+        );
+        let mut out = Vec::with_capacity(HEADER_LEN + expected as usize * ENTRY_LEN + 1024);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        let flags = if key.is_some() { FLAG_SEALED } else { 0 };
+        out.extend_from_slice(&flags.to_le_bytes());
+        RunWriter {
+            key,
+            packs,
+            geometry: Geometry {
+                section_entries: geometry.section_entries.max(1),
+                block_sections: geometry.block_sections.max(1),
+                packs_per_block: geometry.packs_per_block.max(1),
+            },
+            filter: Bloom::with_capacity(expected, FILTER_BITS_PER_ENTRY, FILTER_PROBES),
+            out,
+            directory: Vec::new(),
+            blocks: Vec::new(),
+            block: Encoder::new(),
+            block_top: None,
+            pending: Vec::new(),
+            last: None,
+            entries: 0,
+        }
+    }
+
+    /// Adds `e` (after every entry pushed before it in (key, pack) order).
+    pub fn push(&mut self, e: Entry) {
+        assert!(
+            (e.pack as usize) < self.packs.len(),
+            "an entry names a pack of the table"
+        );
+        match self.last {
+            Some(last) if last == e => return,
+            Some(last) => assert!(last < e, "entries pushed in order"),
+            None => {}
+        }
+        // Cut after `section_entries`, later while the key repeats.
+        if self.pending.len() >= self.geometry.section_entries
+            && self.pending.last().is_some_and(|p| p.key != e.key)
+        {
+            self.cut();
+        }
+        if self.last.is_none_or(|l| l.key != e.key) {
+            self.filter.insert(ProbeKey::of_key(e.key));
+        }
+        self.pending.push(e);
+        self.last = Some(e);
+        self.entries += 1;
+    }
+
+    /// Entries pushed (repeats not counted).
+    pub fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    fn seal(&self, plain: Vec<u8>) -> Vec<u8> {
+        match self.key {
+            None => plain,
+            Some(k) => k.seal(Domain::IndexFile, &plain),
+        }
+    }
+
+    /// Ends the section being filled: its bytes to the run, its reference to the block.
+    fn cut(&mut self) {
+        let Some(first) = self.pending.first() else {
+            return;
+        };
+        let first_key = first.key;
+        let mut e = Encoder::with_capacity(self.pending.len() * ENTRY_LEN);
+        for x in &self.pending {
+            e.u64(x.key).u32(x.pack);
+        }
+        let stored = self.seal(e.finish());
+        let entries = self.pending.len() as u32;
+        self.block
+            .u64(first_key)
+            .u32(entries)
+            .bytes(blake3::hash(&stored).as_bytes());
+        let top = self.block_top.get_or_insert(BlockTop {
+            first_key,
+            sections: 0,
+            entries: 0,
+            checksum: [0; 32],
+        });
+        top.sections += 1;
+        top.entries += u64::from(entries);
+        self.out.extend_from_slice(&stored);
+        self.pending.clear();
+        if top.sections as usize >= self.geometry.block_sections {
+            self.end_block();
+        }
+    }
+
+    /// Ends the directory block being filled.
+    fn end_block(&mut self) {
+        let Some(mut top) = self.block_top.take() else {
+            return;
+        };
+        let plain = std::mem::take(&mut self.block).finish();
+        let stored = self.seal(plain);
+        top.checksum = *blake3::hash(&stored).as_bytes();
+        self.directory.extend_from_slice(&stored);
+        self.blocks.push(top);
+    }
+
+    /// The run's bytes.
+    pub fn finish(mut self) -> Vec<u8> {
+        self.cut();
+        self.end_block();
+        let mut out = std::mem::take(&mut self.out);
+        out.append(&mut self.directory);
+        let per = self.geometry.packs_per_block;
+        let mut top = Encoder::new();
+        top.u32(self.packs.len() as u32).u32(per);
+        for block in self.packs.chunks(per as usize) {
+            let mut e = Encoder::with_capacity(block.len() * 32);
+            for p in block {
+                e.id(p);
+            }
+            let stored = self.seal(e.finish());
+            top.bytes(blake3::hash(&stored).as_bytes());
+            out.extend_from_slice(&stored);
+        }
+        top.u32(self.blocks.len() as u32);
+        for b in &self.blocks {
+            top.u64(b.first_key)
+                .u32(b.sections)
+                .u64(b.entries)
+                .bytes(&b.checksum);
+        }
+        let mut f = Encoder::with_capacity(self.filter.byte_len() + 2);
+        self.filter.encode_into(&mut f);
+        let filter = self.seal(f.finish());
+        top.u64(filter.len() as u64)
+            .bytes(blake3::hash(&filter).as_bytes());
+        out.extend_from_slice(&filter);
+        let top = self.seal(top.finish());
+        out.extend_from_slice(&top);
+        out.extend_from_slice(&(top.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.entries.to_le_bytes());
+        out.extend_from_slice(blake3::hash(&top).as_bytes());
+        out.extend_from_slice(END_MAGIC);
+        out
+    }
+}
+
+/// Writes a version 2 run (what builds before 2026-11-27 wrote: the section table and pack
+/// table whole in the meta), for tests of readers that must still read them.
+#[doc(hidden)]
+pub fn write_legacy_run(
+    locations: &[(Id, Id)],
+    key: Option<&MasterKey>,
+    section_entries: usize,
+) -> Vec<u8> {
+    let seal = |plain: Vec<u8>| match key {
+        None => plain,
+        Some(k) => k.seal(Domain::IndexFile, &plain),
+    };
+    let mut packs: Vec<Id> = locations.iter().map(|(_, p)| *p).collect();
+    packs.sort_unstable();
+    packs.dedup();
+    let mut entries: Vec<Entry> = locations
+        .iter()
+        .map(|(id, p)| Entry {
+            key: key_of(id),
+            pack: packs.binary_search(p).expect("listed") as u32,
+        })
+        .collect();
+    entries.sort_unstable();
+    entries.dedup();
+    let mut filter =
+        Bloom::with_capacity(entries.len() as u64, FILTER_BITS_PER_ENTRY, FILTER_PROBES);
+    let mut out = Vec::new();
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&2u32.to_le_bytes());
+    let flags = if key.is_some() { FLAG_SEALED } else { 0 };
+    out.extend_from_slice(&flags.to_le_bytes());
+    let mut refs = Encoder::new();
+    let (mut at, mut count) = (0, 0u32);
+    while at < entries.len() {
+        let mut n = section_entries.max(1).min(entries.len() - at);
+        while at + n < entries.len() && entries[at + n].key == entries[at + n - 1].key {
+            n += 1;
+        }
+        let mut e = Encoder::new();
+        for x in &entries[at..at + n] {
+            e.u64(x.key).u32(x.pack);
+            filter.insert(ProbeKey::of_key(x.key));
+        }
+        let stored = seal(e.finish());
+        refs.u64(entries[at].key)
+            .u32(n as u32)
+            .u32(out.len() as u32)
+            .u32(stored.len() as u32)
+            .bytes(blake3::hash(&stored).as_bytes());
+        out.extend_from_slice(&stored);
+        at += n;
+        count += 1;
+    }
+    let mut meta = Encoder::new();
+    meta.u32(packs.len() as u32);
+    for p in &packs {
+        meta.id(p);
+    }
+    meta.u32(count).bytes(&refs.finish());
+    filter.encode_into(&mut meta);
+    let meta = seal(meta.finish());
+    out.extend_from_slice(&meta);
+    out.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    out.extend_from_slice(blake3::hash(&meta).as_bytes());
+    out.extend_from_slice(END_MAGIC);
+    out
+}
