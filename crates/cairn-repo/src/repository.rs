@@ -345,6 +345,7 @@ impl Repo {
             let runs = self.index_run_ids(&superseded).await?;
             v2.retain_runs(&runs);
             v2.add_runs(&runs).await?;
+            v2.refill_filters().await?;
             return Ok(());
         }
         let (index, _) = self.read_index(&superseded).await?;

@@ -37,6 +37,10 @@ struct Pieces {
 }
 
 async fn pieces(key: Option<&MasterKey>, legacy: bool) -> Pieces {
+    pieces_with(key, legacy, SMALL).await
+}
+
+async fn pieces_with(key: Option<&MasterKey>, legacy: bool, geometry: Geometry) -> Pieces {
     let dir = tempfile::tempdir().unwrap();
     let local: Arc<dyn ObjectStore> = Arc::new(LocalStore::create(dir.path()).unwrap());
     let counting = Arc::new(CountingStore::new(local.clone()));
@@ -57,7 +61,7 @@ async fn pieces(key: Option<&MasterKey>, legacy: bool) -> Pieces {
     let run_bytes = if legacy {
         index_run::write_legacy_run(&all, key, 8)
     } else {
-        index_run::write_run_with(&all, key, SMALL)
+        index_run::write_run_with(&all, key, geometry)
     };
     let run = Id::of(&run_bytes);
     local
@@ -231,4 +235,44 @@ async fn version_2_runs_older_builds_wrote_are_read_as_before() {
         assert_eq!(r.packs().await.unwrap().len(), 4);
         assert_eq!(r.check_run(&p.run).await.unwrap(), None);
     }
+}
+
+#[tokio::test]
+async fn sparse_lookups_read_one_section_and_dense_ones_read_ahead() {
+    // About 50 sections of 4 entries in one directory block.
+    let geometry = Geometry {
+        section_entries: 4,
+        block_sections: 64,
+        packs_per_block: 1,
+    };
+    let p = pieces_with(None, false, geometry).await;
+    let whole = index_run::parse_run(&p.run_bytes, None).unwrap();
+    let sections = whole.sections().count();
+    assert!((40..64).contains(&sections), "{sections} sections");
+    let ids = p.chunk_ids(None);
+    let section_of = |id: &Id| whole.section_for(id).unwrap().1;
+    // Two ids in neighbouring sections: the first read does not bring the second's section.
+    let first = ids[0];
+    let next = *ids
+        .iter()
+        .find(|id| section_of(id) == section_of(&first) + 1)
+        .expect("an id in the next section");
+    let r = p.reader(None).await;
+    r.locate_chunk(&first).await.unwrap();
+    r.locate_chunk(&next).await.unwrap();
+    assert_eq!(
+        r.fetches().sections,
+        2,
+        "no read-ahead while lookups are sparse"
+    );
+    // Once one section in 16 was read, reads take 16: asked in key order, every id costs
+    // about one read per 16 sections.
+    let mut sorted = ids.clone();
+    sorted.sort_by_key(index_run::key_of);
+    for id in &sorted {
+        r.locate_chunk(id).await.unwrap();
+    }
+    let reads = r.fetches().sections;
+    let most = sections.div_ceil(16) + sections / 16 + 2;
+    assert!(reads <= most as u64, "{reads} section reads for {sections}");
 }

@@ -341,6 +341,13 @@ async fn runs_whose_filters_exceed_the_budget_are_asked_through_their_fence_keys
     assert!(kept < held && kept > 0, "{kept} of {held}");
     let none = budgeted(&f, &runs, 0).await;
     assert_eq!(none.filter_memory(), (0, 3));
+    // The smallest run superseded (a compaction, a GC): the largest's filter fits now and
+    // is read again; without room, nothing is read.
+    let refilled = budgeted(&f, &runs, held - 1).await;
+    refilled.retain_runs(&runs[1..]);
+    assert_eq!(refilled.refill_filters().await.unwrap(), 1);
+    assert_eq!(refilled.filter_memory().1, 0);
+    assert_eq!(none.refill_filters().await.unwrap(), 0);
     for r in [&full, &no_largest, &none] {
         // (Some chunks repeat across groups: any group holding the same bytes will do.)
         for g in &all {

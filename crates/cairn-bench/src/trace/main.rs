@@ -82,6 +82,10 @@ struct Args {
     /// Index filter budget in MiB (cairn's `--index-memory`).
     #[arg(long, default_value_t = 64)]
     index_memory: u64,
+    /// Other filter budgets in MiB to cost the same commits at (the dedup is the same: only
+    /// what the reader holds and reads differs), reported under `other_index_memory`.
+    #[arg(long, value_delimiter = ',')]
+    also_index_memory: Vec<u64>,
     /// VMs one host commits, for the per-host raw:RAM (the paper: 25 a machine).
     #[arg(long, default_value_t = 25)]
     host_vms: u32,
@@ -130,7 +134,18 @@ struct RunTotals {
     peak: CommitCost,
     peak_total: u64,
     peak_commit: String,
+    /// The same commits costed at the other filter budgets: (MiB, peak, index bytes read).
+    others: Vec<OtherBudget>,
     seconds: f64,
+}
+
+/// The costliest commit at another filter budget.
+#[derive(Default, serde::Serialize)]
+struct OtherBudget {
+    index_memory_mib: u64,
+    peak: CommitCost,
+    peak_total: u64,
+    read_bytes: u64,
 }
 
 impl RunTotals {
@@ -159,7 +174,7 @@ impl RunTotals {
     }
 }
 
-fn run(p: &FleetParams, settings: CommitSettings, filter_budget: u64) -> RunTotals {
+fn run(p: &FleetParams, settings: CommitSettings, filter_budget: u64, others: &[u64]) -> RunTotals {
     // The index a commit consults: group entries (a sixteenth of the chunks) and the chunk
     // keys, all of them or the sampled hooks.
     let index_entries =
@@ -169,7 +184,16 @@ fn run(p: &FleetParams, settings: CommitSettings, filter_budget: u64) -> RunTota
     let layers = Layers::new(p);
     let mut store = Store::default();
     let mut seen = FirstSeen::default();
-    let mut totals = RunTotals::default();
+    let mut totals = RunTotals {
+        others: others
+            .iter()
+            .map(|mib| OtherBudget {
+                index_memory_mib: *mib,
+                ..OtherBudget::default()
+            })
+            .collect(),
+        ..RunTotals::default()
+    };
     for v in 0..p.vms {
         let mut vm = Vm::install(p, &layers, v);
         for day in 0..p.snapshots {
@@ -182,6 +206,13 @@ fn run(p: &FleetParams, settings: CommitSettings, filter_budget: u64) -> RunTota
             let f = commit::commit(&vm, day == 0, settings, &mut store, &mut seen);
             let cost = CommitCost::of(&f, entries, packs, filter_budget);
             totals.add(&f, cost, || format!("vm {v} snapshot {day}"));
+            for o in &mut totals.others {
+                let cost = CommitCost::of(&f, entries, packs, o.index_memory_mib << 20);
+                o.read_bytes += cost.read_bytes;
+                if cost.total() > o.peak_total {
+                    (o.peak_total, o.peak) = (cost.total(), cost);
+                }
+            }
         }
         seen.drop_stream(p.user_stream(v));
         if (v + 1) % 10 == 0 || v + 1 == p.vms {
@@ -244,6 +275,16 @@ fn report(p: &FleetParams, args: &Args, t: &RunTotals, mode: DedupMode) -> serde
         "peak_memory_bytes": t.peak_total,
         "raw_to_ram_host": host_raw / peak,
         "raw_to_ram_fleet": raw / peak,
+        // The same peak commit had its runs held version 1–2 meta whole (before 2026-11-27).
+        "raw_to_ram_host_whole_meta":
+            host_raw / (peak - t.peak.index_meta as f64 + t.peak.index_meta_whole as f64),
+        "other_index_memory": t.others.iter().map(|o| json!({
+            "index_memory_mib": o.index_memory_mib,
+            "peak_memory": o.peak,
+            "peak_memory_bytes": o.peak_total,
+            "raw_to_ram_host": host_raw / o.peak_total.max(1) as f64,
+            "index_bytes_read_per_gib": o.read_bytes as f64 / committed_gib,
+        })).collect::<Vec<_>>(),
         "seconds": t.seconds,
         "chunks_through_tiers_per_s": t.changed_chunks as f64 / t.seconds,
     })
@@ -305,7 +346,12 @@ fn main() -> ExitCode {
     let mut runs = Vec::new();
     let mut ok = true;
     for mode in modes {
-        let t = run(&p, settings(&args, mode), args.index_memory << 20);
+        let t = run(
+            &p,
+            settings(&args, mode),
+            args.index_memory << 20,
+            &args.also_index_memory,
+        );
         if mode == DedupMode::Exact && t.stored != t.exact_new {
             eprintln!(
                 "cairn-trace: exact mode stored {} chunks, the generator counts {} seen first",
@@ -369,7 +415,7 @@ mod tests {
     #[test]
     fn exact_mode_stores_exactly_the_chunks_the_generator_commits_first() {
         let (args, p) = small(&[]);
-        let t = run(&p, settings(&args, DedupMode::Exact), 64 << 20);
+        let t = run(&p, settings(&args, DedupMode::Exact), 64 << 20, &[]);
         assert_eq!(t.stored, t.exact_new);
         assert!(t.index > 0 && t.index_lookups > t.index);
         // Every data chunk of a changed segment is accounted for once.
@@ -382,7 +428,7 @@ mod tests {
     #[test]
     fn bounded_mode_finds_shared_layers_through_similar_packs_and_stores_little_more() {
         let (args, p) = small(&[]);
-        let t = run(&p, settings(&args, DedupMode::Bounded), 64 << 20);
+        let t = run(&p, settings(&args, DedupMode::Bounded), 64 << 20, &[]);
         assert_eq!(t.index_lookups, 0);
         assert!(t.stored >= t.exact_new);
         assert!(
@@ -395,7 +441,7 @@ mod tests {
         // later VMs find theirs in the first VMs' packs (408,301 chunks with this seed).
         assert!(t.similar > 300_000, "{}", t.similar);
         assert!(t.hook_lookups > 0 && t.hook_hits > 0);
-        let again = run(&p, settings(&args, DedupMode::Bounded), 64 << 20);
+        let again = run(&p, settings(&args, DedupMode::Bounded), 64 << 20, &[]);
         assert_eq!((again.stored, again.similar), (t.stored, t.similar));
     }
 
@@ -404,9 +450,9 @@ mod tests {
         // One key in 1,024: a quarter of a full segment's 256 keys on average, so most
         // segments have no hook the index holds.
         let (args, p) = small(&["--hook-sample", "1024"]);
-        let t = run(&p, settings(&args, DedupMode::Bounded), 64 << 20);
+        let t = run(&p, settings(&args, DedupMode::Bounded), 64 << 20, &[]);
         let (full_args, _) = small(&[]);
-        let full = run(&p, settings(&full_args, DedupMode::Bounded), 64 << 20);
+        let full = run(&p, settings(&full_args, DedupMode::Bounded), 64 << 20, &[]);
         assert!(t.hook_lookups * 2 < full.hook_lookups);
         assert!(t.stored >= full.stored);
         assert!(t.similar > 0);
@@ -415,11 +461,12 @@ mod tests {
     #[test]
     fn bounded_claims_take_less_memory_than_keeping_them_all() {
         let (args, p) = small(&["--claims-generation", "1000"]);
-        let t = run(&p, settings(&args, DedupMode::Bounded), 64 << 20);
+        let t = run(&p, settings(&args, DedupMode::Bounded), 64 << 20, &[]);
         let all = run(
             &p,
             settings(&small(&["--keep-all-claims"]).0, DedupMode::Bounded),
             64 << 20,
+            &[],
         );
         assert!(t.peak.claims < all.peak.claims);
         assert_eq!(all.peak.claims, all.peak.claims_all_kept);

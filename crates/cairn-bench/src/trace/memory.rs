@@ -4,7 +4,10 @@
 //! the trace holds no index runs and reads no trailers (see `store.rs`); the figures say what
 //! the real reader would, given the same lookups.
 
-use cairn_format::index_run::{SectionRef, ENTRY_LEN, SECTION_ENTRIES};
+use cairn_format::index_run::{
+    BlockRef, SectionRef, BLOCK_SECTIONS, DIRECTORY_ENTRY_LEN, ENTRY_LEN, PACKS_PER_BLOCK,
+    SECTION_ENTRIES,
+};
 use cairn_format::Id;
 use cairn_repo::v2::{CacheLimits, Placement};
 
@@ -18,6 +21,15 @@ pub const TRAILER_HELD: u64 =
     PACK_CHUNKS as u64 * (41 + 64) + (PACK_CHUNKS / GROUP_CHUNKS) as u64 * 160;
 /// Bytes of an index run section as stored.
 pub const SECTION_STORED: u64 = (SECTION_ENTRIES * ENTRY_LEN) as u64;
+/// Bytes of a section decoded in the reader's cache (`Vec<Entry>`, 16 bytes an entry).
+pub const SECTION_HELD: u64 = (SECTION_ENTRIES * 16) as u64;
+/// Bytes of a version 3 directory block as stored, and decoded (`Directory`).
+pub const DIRECTORY_STORED: u64 = (BLOCK_SECTIONS * DIRECTORY_ENTRY_LEN) as u64;
+pub const DIRECTORY_HELD: u64 = (BLOCK_SECTIONS * std::mem::size_of::<SectionRef>()) as u64;
+/// Bytes of a version 3 pack block, stored and held alike.
+pub const PACK_BLOCK: u64 = PACKS_PER_BLOCK as u64 * 32;
+/// What a reader holds per version 3 pack block in a run's top level (`Piece::At`).
+const PACK_BLOCK_REF: u64 = 48;
 
 /// Bytes of a `hashbrown` map (std's `HashMap`) of `entries` entries of `size` bytes:
 /// buckets at 7/8 load, rounded up to a power of two, and a control byte each.
@@ -40,13 +52,18 @@ pub struct CommitCost {
     pub claims_all_kept: u64,
     /// Decoded trailers of the packs the tiers asked for, within the trailer cache.
     pub trailers: u64,
-    /// Fence keys (section references) and pack tables of every index run.
+    /// What every index run's top level holds (version 3: fence keys of its directory blocks
+    /// and checksums of its pieces).
     pub index_meta: u64,
+    /// What version 1–2 runs held instead (every section reference and the whole pack
+    /// table), the reader's whole meta before 2026-11-27. Not in the total.
+    pub index_meta_whole: u64,
     /// Run filters held, within the filter budget.
     pub filters: u64,
-    /// Index sections cached, within the section cache.
+    /// Index run pieces cached (sections, directory blocks, pack blocks), within the
+    /// section cache.
     pub sections: u64,
-    /// Index bytes read: sections and trailers.
+    /// Index bytes read: run pieces and trailers (each lookup's pieces counted as read).
     pub read_bytes: u64,
 }
 
@@ -62,6 +79,8 @@ impl CommitCost {
         let limits = CacheLimits::BUILT_IN;
         let claim = std::mem::size_of::<(Id, Option<Placement>)>();
         let sections = entries.div_ceil(SECTION_ENTRIES as u64);
+        let blocks = sections.div_ceil(BLOCK_SECTIONS as u64);
+        let pack_blocks = packs.div_ceil(u64::from(PACKS_PER_BLOCK));
         let filter_bits = (entries.max(1) * 10).next_power_of_two();
         let filter_all = filter_bits / 8;
         let filters = if filter_all <= filter_budget {
@@ -78,10 +97,14 @@ impl CommitCost {
             claims: map_bytes(f.claims_current, claim) + map_bytes(f.claims_previous, claim),
             claims_all_kept: map_bytes(f.stored, claim),
             trailers: (f.packs_asked * TRAILER_HELD).min(limits.trailer_bytes),
-            index_meta: sections * std::mem::size_of::<SectionRef>() as u64 + packs * 32,
+            index_meta: blocks * std::mem::size_of::<BlockRef>() as u64
+                + pack_blocks * PACK_BLOCK_REF,
+            index_meta_whole: sections * std::mem::size_of::<SectionRef>() as u64 + packs * 32,
             filters,
-            sections: (section_reads * SECTION_STORED).min(limits.section_bytes),
-            read_bytes: section_reads * SECTION_STORED + f.trailer_fetches * TRAILER_STORED,
+            sections: (section_reads * (SECTION_HELD + DIRECTORY_HELD + PACK_BLOCK))
+                .min(limits.section_bytes),
+            read_bytes: section_reads * (SECTION_STORED + DIRECTORY_STORED + PACK_BLOCK)
+                + f.trailer_fetches * TRAILER_STORED,
         }
     }
 }

@@ -15,10 +15,26 @@ use super::tail::get_exact;
 use super::{sealed_error, Cost, V2Reader};
 use crate::error::RepoResult;
 
-/// Sections read together when a lookup misses the cache (about 64 KiB of a run, within one
-/// directory block): a restore or a commit looks up keys all over the key space, so the
-/// neighbours are soon asked for.
+/// Sections read together when a lookup misses the cache in a run read densely (about 64 KiB,
+/// within one directory block): a restore or an exact commit looks up keys all over the key
+/// space, so the neighbours are soon asked for.
 const SECTION_READ_AHEAD: usize = 16;
+
+/// How many sections a read of `run` takes: [`SECTION_READ_AHEAD`] once this reader has read
+/// at least one in that many of the run's sections (its lookups are dense: the neighbours
+/// will be asked for), else one. A bounded commit asks a large compacted run a few hooks a
+/// segment, scattered over millions of sections: reading ahead there would read 16 sections
+/// to use one.
+fn read_ahead(run: &OpenRun) -> usize {
+    let read = run
+        .sections_read
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if read.saturating_mul(SECTION_READ_AHEAD as u64) >= run.section_count {
+        SECTION_READ_AHEAD
+    } else {
+        1
+    }
+}
 
 /// Which piece of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -93,8 +109,8 @@ impl V2Reader {
     }
 
     /// Section `j` of `dir`, read with the sections after it in the same block that are not
-    /// cached yet (up to [`SECTION_READ_AHEAD`] in all, contiguous in the run) in one ranged
-    /// read; the others enter the cache. A neighbour that fails its check is left out, for
+    /// cached yet (up to [`read_ahead`] in all, contiguous in the run) in one ranged read; the
+    /// others enter the cache. A neighbour that fails its check is left out, for
     /// its own lookup to report.
     async fn read_section(
         &self,
@@ -110,8 +126,9 @@ impl V2Reader {
             self.pieces
                 .contains_key(&(run.id, PieceKey::Section(dir.first_section + k as u32)))
         };
+        let ahead = read_ahead(run);
         let mut last = j;
-        while last + 1 < sections.len() && last + 1 - j < SECTION_READ_AHEAD && !cached(last + 1) {
+        while last + 1 < sections.len() && last + 1 - j < ahead && !cached(last + 1) {
             last += 1;
         }
         let start = sections[j].range().start;

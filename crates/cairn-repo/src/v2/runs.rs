@@ -34,6 +34,9 @@ pub(super) struct OpenRun {
     /// The run's filter while the reader's budget holds it (`None`: dropped, every id is
     /// asked through the fence keys).
     filter: std::sync::RwLock<Option<Bloom>>,
+    /// The run's sections, and how many this reader read (see `pieces::read_ahead`).
+    pub(super) section_count: u64,
+    pub(super) sections_read: std::sync::atomic::AtomicU64,
 }
 
 impl OpenRun {
@@ -189,9 +192,11 @@ impl V2Reader {
         runs.push(Arc::new(OpenRun {
             id: *id,
             key,
+            section_count: meta.section_count(),
             meta,
             len: obj.len,
             filter: std::sync::RwLock::new(filter),
+            sections_read: Default::default(),
         }));
         self.keep_filter_budget(&runs);
         Ok(())
@@ -226,6 +231,50 @@ impl V2Reader {
             total -= bytes;
             tracing::debug!(run = %run.key, bytes, "index run filter dropped (over budget)");
         }
+    }
+
+    /// Reads the filters of version 3 runs asked without one that fit the budget now (a GC or
+    /// a compaction removed runs since they were added: `Repo::refresh_index` calls it),
+    /// smallest first. A filter that cannot be read is left out: its run is still asked
+    /// through its fence keys. (A version 1–2 run's filter came with its meta and is not read
+    /// again.)
+    pub async fn refill_filters(&self) -> RepoResult<usize> {
+        let mut wanting: Vec<(u64, Arc<OpenRun>)> = {
+            let runs = self.runs.read().expect("runs lock");
+            runs.iter()
+                .filter(|r| r.filter_bytes() == 0)
+                .filter_map(|r| {
+                    let at = r.meta.filter_at.as_ref()?;
+                    Some((at.range.end - at.range.start, r.clone()))
+                })
+                .collect()
+        };
+        wanting.sort_by_key(|(bytes, _)| *bytes);
+        let mut read = 0;
+        for (bytes, run) in wanting {
+            let (held, _) = self.filter_memory();
+            if held + bytes > self.filter_budget {
+                break;
+            }
+            let at = run.meta.filter_at.as_ref().expect("chosen for it");
+            let filter =
+                match super::tail::get_exact(&*self.store, &run.key, at.range.clone()).await {
+                    Ok(stored) => run.meta.open_filter(&stored, self.key()),
+                    Err(e) if e.is_damage() || e.is_not_found() => {
+                        tracing::debug!("{e}");
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+            match filter {
+                Ok(f) => {
+                    *run.filter.write().expect("filter lock") = Some(f);
+                    read += 1;
+                }
+                Err(e) => tracing::debug!("{}", sealed_error(format!("{} filter", run.key), e)),
+            }
+        }
+        Ok(read)
     }
 
     /// Bytes of run filters held (within [`super::CacheLimits::filter_bytes`]) and how many
