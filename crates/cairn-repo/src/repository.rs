@@ -655,14 +655,25 @@ impl Repo {
         key: Option<&cairn_format::crypto::MasterKey>,
     ) -> RepoResult<(Id, u64)> {
         let raw = cairn_format::index_run::write_run(locations, key);
+        self.put_run_naming(raw, locations.iter().map(|(_, pack)| pack))
+            .await
+    }
+
+    /// Stores run bytes that name `packs` (among others): those packs are indexed from now on
+    /// (a failed operation no longer discards them), and this process's own later reads (a
+    /// second commit, a restore) see the run too.
+    pub async fn put_run_naming(
+        &self,
+        raw: Vec<u8>,
+        packs: impl IntoIterator<Item = &Id>,
+    ) -> RepoResult<(Id, u64)> {
         let (id, written) = self.put_run_bytes(raw).await?;
         {
             let mut unindexed = self.unindexed.lock().expect("unindexed lock");
-            for (_, pack) in locations {
+            for pack in packs {
                 unindexed.remove(pack);
             }
         }
-        // This process's own later reads (a second commit, a restore) see the run too.
         if let Some(v2) = &self.v2 {
             v2.add_run(&id).await?;
         }

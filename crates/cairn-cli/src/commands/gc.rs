@@ -145,6 +145,8 @@ pub fn report_json(r: &GcReport) -> Value {
         "bytes_reclaimed": r.reclaimed(),
         "bytes_repacked": r.bytes_repacked,
         "metadata_bytes_read": r.metadata_bytes_read,
+        "trailers_read": r.trailers_read,
+        "index_bytes_read": r.index_bytes_read,
         "summary_bytes": r.summary_bytes,
         "waited_s": r.waited_s,
         "duration_s": r.duration_s,

@@ -81,8 +81,9 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     if options.mode == GcMode::Fast && unfreed.is_empty() && !orphans_listed {
         return Ok(report);
     }
-    snapshot.read_trailers(&pack_sizes).await?;
-
+    // Fast deletion reads the trailers of the packs the deleted versions' dead data is in
+    // (`None`: every pack, as the exact pass does).
+    let mut scope: Option<HashSet<Id>> = None;
     let live_use: Box<dyn Liveness + Send + Sync> = match options.mode {
         GcMode::Repair => {
             let mut marks = Marks::default();
@@ -104,9 +105,12 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         GcMode::Fast => {
             let summary = live_summary(repo, &snapshot.reader, &live, options, &mut report).await?;
             report.live_blobs = (summary.nodes.len() + summary.groups.len()) as u64;
+            scope = affected_packs(repo, &snapshot, &summary, &unfreed, &live).await?;
             Box::new(summary)
         }
     };
+    snapshot.read_trailers(&pack_sizes, scope.as_ref()).await?;
+    report.trailers_read = snapshot.trailers.len() as u64;
     let damaged = Damaged::find(repo, &snapshot, &*live_use).await?;
     let plan = PackPlan::new(&snapshot, &*live_use, &damaged, options.repack_threshold);
     report.groups_rebuilt = damaged.rebuilt.len() as u64;
@@ -173,8 +177,25 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         locations.extend(snapshot.trailers[pack].index_entries(|node| live_use.node_used(node)));
     }
     let mut written_runs = HashSet::new();
-    if !locations.is_empty() {
-        written_runs.insert(repo.put_index_run(&locations, repo.key()).await?.0);
+    match &scope {
+        // The packs this GC read are named as they are now; every other entry as it was.
+        Some(read) => {
+            let merged = snapshot
+                .reader
+                .merge_runs_replacing(&snapshot.runs, read, &locations)
+                .await
+                .map_err(|e| match e {
+                    e if e.is_damage() => incomplete(e.to_string()),
+                    e => e.into(),
+                })?;
+            report.index_bytes_read += merged.bytes_read;
+            let named = locations.iter().map(|(_, pack)| pack);
+            written_runs.insert(repo.put_run_naming(merged.bytes, named).await?.0);
+        }
+        None if !locations.is_empty() => {
+            written_runs.insert(repo.put_index_run(&locations, repo.key()).await?.0);
+        }
+        None => {}
     }
     let superseded: Vec<Id> = snapshot
         .runs
@@ -282,10 +303,20 @@ impl Snapshot {
         })
     }
 
-    /// Reads the trailer of every named pack that exists (in `pack_sizes`); a damaged one
-    /// fails it (a missing one holds nothing to keep: verify reports it).
-    async fn read_trailers(&mut self, pack_sizes: &HashMap<Id, u64>) -> EngineResult<()> {
-        let mut named: Vec<Id> = self.named.iter().copied().collect();
+    /// Reads the trailer of every named pack that exists (in `pack_sizes`), or of those in
+    /// `only`; a damaged one fails it (a missing one holds nothing to keep: verify reports
+    /// it).
+    async fn read_trailers(
+        &mut self,
+        pack_sizes: &HashMap<Id, u64>,
+        only: Option<&HashSet<Id>>,
+    ) -> EngineResult<()> {
+        let mut named: Vec<Id> = self
+            .named
+            .iter()
+            .filter(|p| only.is_none_or(|o| o.contains(*p)))
+            .copied()
+            .collect();
         named.sort();
         for pack in named.iter().filter(|p| pack_sizes.contains_key(*p)) {
             crate::interrupt::check()?;
@@ -297,6 +328,66 @@ impl Snapshot {
         }
         Ok(())
     }
+}
+
+/// The packs fast deletion must read: those the index names for a node or a group slot that
+/// the deleted versions `unfreed` used and no live version uses (`live`), and those holding
+/// a quarantined copy (so damaged groups are still rebuilt). Every other pack holds nothing
+/// that died since the last GC, so its trailer is not read and its index entries are kept as
+/// they are. `None` (read every pack) when a deleted version's summary is missing or
+/// damaged: what died cannot be told without it.
+async fn affected_packs(
+    repo: &Repo,
+    snapshot: &Snapshot,
+    live: &GroupSummary,
+    unfreed: &[Id],
+    versions: &LiveVersions,
+) -> EngineResult<Option<HashSet<Id>>> {
+    let live_roots: HashSet<Id> = versions.live.values().filter_map(|r| r.root).collect();
+    let mut dead_keys: Vec<u64> = Vec::new();
+    for v in unfreed {
+        let Ok(record) = repo.load_version(v).await else {
+            return Ok(None);
+        };
+        let Some(root) = record.root.filter(|r| !live_roots.contains(r)) else {
+            continue;
+        };
+        let summary = match repo.load_group_summary(&root).await {
+            Ok(Some((summary, _))) => summary,
+            Ok(None) => return Ok(None),
+            Err(e) if e.is_damage() => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        dead_keys.extend(summary.nodes.iter().filter(|k| !live.nodes.contains(*k)));
+        for (key, slots) in &summary.groups {
+            let still = live.groups.get(key);
+            if still.is_none_or(|l| slots.iter().any(|s| !l.contains(usize::from(s)))) {
+                dead_keys.push(*key);
+            }
+        }
+    }
+    dead_keys.sort_unstable();
+    dead_keys.dedup();
+    let mut packs = HashSet::new();
+    for key in dead_keys {
+        crate::interrupt::check()?;
+        let found = snapshot
+            .reader
+            .packs_for_key(key)
+            .await
+            .map_err(|e| match e {
+                e if e.is_damage() => incomplete(e.to_string()),
+                e => e.into(),
+            })?;
+        packs.extend(found);
+    }
+    packs.extend(
+        repo.quarantine_markers()
+            .await?
+            .into_iter()
+            .map(|(pack, _)| pack),
+    );
+    Ok(Some(packs))
 }
 
 /// GC refuses to act on a partial view of the index.

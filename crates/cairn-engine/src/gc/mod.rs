@@ -159,6 +159,12 @@ pub struct GcReport {
     pub packs_written: u64,
     pub orphan_packs_deleted: u64,
     pub index_files_replaced: u64,
+    /// Format 2: pack trailers read (fast deletion reads only the packs the deleted versions'
+    /// dead data is in; the exact pass reads every one).
+    pub trailers_read: u64,
+    /// Format 2, fast deletion: bytes of index runs read to rewrite them without the
+    /// trailers of packs it did not read.
+    pub index_bytes_read: u64,
     pub rescued_blobs: u64,
     /// Format 2: live groups whose only copies were damaged, rebuilt from good copies of
     /// their chunks stored elsewhere.

@@ -274,3 +274,94 @@ async fn a_damaged_summary_is_rebuilt_from_the_tree_plain() {
 async fn a_damaged_summary_is_rebuilt_from_the_tree_encrypted() {
     a_damaged_summary_is_rebuilt_from_the_tree(true).await
 }
+
+/// Every pack the index runs name.
+async fn named_packs(repo: &Repo) -> usize {
+    let (view, _) = repo.v2_view().await.unwrap();
+    view.packs().await.unwrap().len()
+}
+
+/// Fast deletion reads only the packs of what died (issue 17): six versions each with their
+/// own 512 KiB of a 4 MiB image; deleting one reads the trailers of its data and node packs,
+/// not the other versions'. What is left restores bit-exact and verifies, the index runs
+/// name exactly the packs that exist, and the exact pass finds nothing more to delete.
+async fn fast_deletion_reads_only_the_packs_of_what_died(encrypted: bool) {
+    let store = Arc::new(MemoryStore::new());
+    let repo = init(store.clone(), encrypted).await;
+    let base = noise(4 << 20, 3);
+    let mut versions = Vec::new();
+    for k in 0..6u64 {
+        let mut image = base.clone();
+        image[1 << 20..(1 << 20) + (512 << 10)].copy_from_slice(&noise(512 << 10, 50 + k));
+        let c = commit_bytes(&repo, "vm", image.clone()).await;
+        versions.push((c, image));
+    }
+    let packs_before = named_packs(&repo).await;
+    repo.mark_deleted(&versions[2].0.id).await.unwrap();
+    let report = gc(&repo, &opts()).await.unwrap();
+    assert_eq!(report.freed_versions, 1);
+    assert!(
+        report.packs_deleted + report.packs_repacked >= 1,
+        "{report:?}"
+    );
+    assert!(
+        report.trailers_read > 0 && report.trailers_read * 3 <= packs_before as u64,
+        "{} of {packs_before} trailers read: {report:?}",
+        report.trailers_read
+    );
+    assert!(report.index_bytes_read > 0, "{report:?}");
+
+    let repo = open(&store).await;
+    for (k, (c, image)) in versions.iter().enumerate() {
+        if k != 2 {
+            check(&repo, &c.record, image).await;
+        }
+    }
+    assert_clean(&repo).await;
+    // The runs name every pack that exists and no other.
+    let (view, _) = repo.v2_view().await.unwrap();
+    let mut named = view.packs().await.unwrap();
+    let mut listed: Vec<_> = repo.pack_sizes().await.unwrap().into_keys().collect();
+    named.sort();
+    listed.sort();
+    assert_eq!(named, listed);
+    // Nothing died that fast deletion left behind.
+    let exact = gc(
+        &repo,
+        &GcOptions {
+            mode: GcMode::Repair,
+            ..opts()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (
+            exact.packs_deleted,
+            exact.packs_repacked,
+            exact.orphan_packs_deleted
+        ),
+        (0, 0, 0),
+        "{exact:?}"
+    );
+    // The version's data committed again is stored again (no entry of a deleted group
+    // was left for it to dedup against), and restores bit-exact.
+    let again = commit_bytes(&repo, "vm", versions[2].1.clone()).await;
+    assert_eq!(
+        again.record.stats.new_chunks, 128,
+        "{:?}",
+        again.record.stats
+    );
+    check(&repo, &again.record, &versions[2].1).await;
+    assert_clean(&repo).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_deletion_reads_only_the_packs_of_what_died_plain() {
+    fast_deletion_reads_only_the_packs_of_what_died(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_deletion_reads_only_the_packs_of_what_died_encrypted() {
+    fast_deletion_reads_only_the_packs_of_what_died(true).await
+}

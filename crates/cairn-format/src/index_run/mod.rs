@@ -206,7 +206,11 @@ pub struct RunMeta {
 impl RunMeta {
     /// The directory block whose fence keys cover `id`'s key (no filter asked).
     pub fn block_of(&self, id: &Id) -> Option<usize> {
-        let key = key_of(id);
+        self.block_of_key(key_of(id))
+    }
+
+    /// The directory block whose fence keys cover `key`.
+    pub fn block_of_key(&self, key: u64) -> Option<usize> {
         match self.blocks.partition_point(|b| b.first_key <= key) {
             0 => None,
             i => Some(i - 1),

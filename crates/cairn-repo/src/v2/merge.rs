@@ -6,7 +6,7 @@
 //! run from the packs).
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashSet};
 use std::sync::Arc;
 
 use cairn_format::index_run::{self, Directory, Entry, RunWriter};
@@ -32,10 +32,12 @@ pub struct MergedRun {
 
 /// One input's position: its entries not merged yet, of the sections read so far.
 struct Cursor {
-    run: Arc<OpenRun>,
+    /// `None`: the entries given with the merge (all in `batch`, remapped already).
+    run: Option<Arc<OpenRun>>,
     /// The merged pack table's ordinal of each of this run's packs (monotonic: both tables
-    /// are sorted, so remapped entries stay in order).
-    ordinal: Vec<u32>,
+    /// are sorted, so remapped entries stay in order); `None` for a pack whose entries are
+    /// dropped.
+    ordinal: Vec<Option<u32>>,
     /// The directory block being read, and the next block.
     directory: Option<Arc<Directory>>,
     next_block: usize,
@@ -48,6 +50,19 @@ impl V2Reader {
     /// entry of every input, and only those. An input that is missing or damaged fails the
     /// merge, naming it.
     pub async fn merge_runs(&self, ids: &[Id]) -> RepoResult<MergedRun> {
+        self.merge_runs_replacing(ids, &HashSet::new(), &[]).await
+    }
+
+    /// Merges runs `ids` like [`Self::merge_runs`], but without any entry that names a pack
+    /// of `replaced`, and with the locations `extra` (id, pack) added: what a GC that read
+    /// only some packs' trailers publishes — the rest of the index as it was, and for the
+    /// packs it read, exactly what they hold now (kept packs, new packs).
+    pub async fn merge_runs_replacing(
+        &self,
+        ids: &[Id],
+        replaced: &HashSet<Id>,
+        extra: &[(Id, Id)],
+    ) -> RepoResult<MergedRun> {
         let mut inputs = Vec::with_capacity(ids.len());
         for id in ids {
             inputs.push(self.open_run(id).await?);
@@ -56,25 +71,48 @@ impl V2Reader {
         for run in &inputs {
             tables.push(self.run_packs(run).await?);
         }
-        let mut packs: Vec<Id> = tables.iter().flatten().copied().collect();
+        let mut packs: Vec<Id> = tables
+            .iter()
+            .flatten()
+            .filter(|p| !replaced.contains(*p))
+            .chain(extra.iter().map(|(_, p)| p))
+            .copied()
+            .collect();
         packs.sort_unstable();
         packs.dedup();
-        let expected: u64 = inputs.iter().map(|r| r.meta.entries).sum();
+        let expected: u64 = inputs.iter().map(|r| r.meta.entries).sum::<u64>() + extra.len() as u64;
+        let mut given: Vec<Entry> = extra
+            .iter()
+            .map(|(id, p)| Entry {
+                key: index_run::key_of(id),
+                pack: packs.binary_search(p).expect("in the union") as u32,
+            })
+            .collect();
+        given.sort_unstable();
+        given.dedup();
         let mut cursors: Vec<Cursor> = inputs
             .into_iter()
             .zip(tables)
             .map(|(run, table)| Cursor {
                 ordinal: table
                     .iter()
-                    .map(|p| packs.binary_search(p).expect("in the union") as u32)
+                    .map(|p| packs.binary_search(p).ok().map(|o| o as u32))
                     .collect(),
-                run,
+                run: Some(run),
                 directory: None,
                 next_block: 0,
                 next_section: 0,
                 batch: Vec::new().into_iter(),
             })
             .collect();
+        cursors.push(Cursor {
+            run: None,
+            ordinal: Vec::new(),
+            directory: None,
+            next_block: 0,
+            next_section: 0,
+            batch: given.into_iter(),
+        });
         let mut writer = RunWriter::new(packs, expected, self.key());
         let mut bytes_read = 0;
         // (entry, input): the smallest entry of every input that has one left.
@@ -132,16 +170,19 @@ impl V2Reader {
     /// when the batch is spent.
     async fn next_entry(&self, c: &mut Cursor, bytes_read: &mut u64) -> RepoResult<Option<Entry>> {
         loop {
+            let Some(run) = c.run.clone() else {
+                return Ok(c.batch.next()); // the given entries, remapped already
+            };
             if let Some(e) = c.batch.next() {
-                return Ok(Some(Entry {
-                    key: e.key,
-                    pack: c.ordinal[e.pack as usize],
-                }));
+                match c.ordinal[e.pack as usize] {
+                    Some(pack) => return Ok(Some(Entry { key: e.key, pack })),
+                    None => continue, // a replaced pack's
+                }
             }
             let dir = match &c.directory {
                 Some(dir) if c.next_section < dir.sections.len() => dir.clone(),
-                _ if c.next_block < c.run.meta.blocks.len() => {
-                    let dir = self.directory(&c.run, c.next_block).await?;
+                _ if c.next_block < run.meta.blocks.len() => {
+                    let dir = self.directory(&run, c.next_block).await?;
                     c.directory = Some(dir.clone());
                     c.next_block += 1;
                     c.next_section = 0;
@@ -154,19 +195,18 @@ impl V2Reader {
             let last = (first + SECTIONS_PER_READ).min(sections.len()) - 1;
             let start = sections[first].range().start;
             let stored =
-                get_exact(&*self.store, &c.run.key, start..sections[last].range().end).await?;
+                get_exact(&*self.store, &run.key, start..sections[last].range().end).await?;
             *bytes_read += stored.len() as u64;
             let mut batch = Vec::new();
             for (j, section) in sections.iter().enumerate().take(last + 1).skip(first) {
                 let r = section.range();
                 let piece = &stored[(r.start - start) as usize..(r.end - start) as usize];
-                let entries = c
-                    .run
+                let entries = run
                     .meta
                     .open_section(&dir, j, piece, self.key())
                     .map_err(|e| {
                         let n = dir.first_section as usize + j;
-                        sealed_error(format!("{} section {n}", c.run.key), e)
+                        sealed_error(format!("{} section {n}", run.key), e)
                     })?;
                 batch.extend(entries);
             }

@@ -362,6 +362,26 @@ impl V2Reader {
         Ok(packs)
     }
 
+    /// Every pack a run names for the 8-byte `key` (what GC looks up for the keys of a
+    /// reference summary), sorted. A version 1 run's filter hashes full ids, so it is asked
+    /// through its fence keys. A piece that cannot be read fails the call.
+    pub async fn packs_for_key(&self, key: u64) -> RepoResult<Vec<Id>> {
+        let runs: Vec<Arc<OpenRun>> = self.runs.read().expect("runs lock").clone();
+        let mut packs = Vec::new();
+        for run in &runs {
+            let passes = match (&*run.filter.read().expect("filter lock"), run.meta.version) {
+                (Some(f), 2..) => f.contains_probe(cairn_format::summary::ProbeKey::of_key(key)),
+                _ => true,
+            };
+            if passes {
+                packs.extend(self.run_candidates(run, key).await?);
+            }
+        }
+        packs.sort_unstable();
+        packs.dedup();
+        Ok(packs)
+    }
+
     /// The packs the runs name for `id` (candidates), newest run first, without repeats.
     async fn candidates(&self, id: &Id) -> RepoResult<Vec<Id>> {
         let runs: Vec<Arc<OpenRun>> = self.runs.read().expect("runs lock").clone();
@@ -373,7 +393,7 @@ impl V2Reader {
             if !run.filter_passes(id) {
                 continue;
             }
-            let found = match self.run_candidates(run, id).await {
+            let found = match self.run_candidates(run, index_run::key_of(id)).await {
                 Ok(found) => found,
                 Err(e) if e.is_damage() => {
                     damage.get_or_insert(e);
