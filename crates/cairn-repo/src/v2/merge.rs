@@ -80,7 +80,12 @@ impl V2Reader {
             .collect();
         packs.sort_unstable();
         packs.dedup();
-        let expected: u64 = inputs.iter().map(|r| r.meta.entries).sum::<u64>() + extra.len() as u64;
+        // The filter's size: the inputs' entries, and the given ones of packs no input names
+        // (those of a replaced pack take the place of its entries in the inputs). Counting
+        // both would round the filter up to twice its size.
+        let named: HashSet<&Id> = tables.iter().flatten().collect();
+        let expected: u64 = inputs.iter().map(|r| r.meta.entries).sum::<u64>()
+            + extra.iter().filter(|(_, p)| !named.contains(p)).count() as u64;
         let mut given: Vec<Entry> = extra
             .iter()
             .map(|(id, p)| Entry {

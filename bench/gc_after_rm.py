@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""GC after `rm` on one repository, copied for each build, in one run (issue 17's GC scaling):
+a sparse image of GIB GiB (1 MiB of data per 16 MiB, built from the dataset as compare.py
+builds it) committed N times by the first build, WRITES 4 KiB writes into its data before each
+commit after the first; then for each build, on a copy: `rm --no-gc IMAGE@max(1, N/2)` and a
+timed `gc --json` (wall seconds, peak RSS, and what it read).
+
+    bench/gc_after_rm.py WORK N NAME=PATH [NAME=PATH ...]
+    GC_AB_GIB=16 GC_AB_WRITES=4096 bench/gc_after_rm.py WORK 2 before=B after=A
+
+WORK must not exist yet. Results are JSON lines on stdout.
+"""
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare import GIB, make_scaled_image, scribble  # noqa: E402
+
+DATASET = Path(os.environ.get("CAIRN_DATASET", ".data/small")) / "su-2.raw"
+
+
+def timed(cmd):
+    t = time.monotonic()
+    p = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], capture_output=True, text=True)
+    if p.returncode:
+        sys.exit(p.stderr[-500:])
+    return time.monotonic() - t, int(p.stderr.strip().splitlines()[-1]) // 1024, p.stdout
+
+
+def main():
+    work, n, bins = Path(sys.argv[1]), int(sys.argv[2]), [b.split("=", 1) for b in sys.argv[3:]]
+    gib = int(os.environ.get("GC_AB_GIB", "1"))
+    writes = int(os.environ.get("GC_AB_WRITES", "4"))
+    work.mkdir(parents=True)
+    img, repo = work / "img.raw", work / "repo"
+    make_scaled_image(img, gib * GIB, DATASET, 7)
+    first = bins[0][1]
+    subprocess.run([first, "--repo", str(repo), "init"], check=True, capture_output=True)
+    rng = random.Random(3)
+    for i in range(n):
+        if i:
+            scribble(img, rng, writes)
+        subprocess.run([first, "--repo", str(repo), "commit", "vm", str(img)], check=True,
+                       capture_output=True)
+    for name, binary in bins:
+        copy = work / f"repo-{name}"
+        shutil.copytree(repo, copy)
+        subprocess.run([binary, "--repo", str(copy), "rm", "--no-gc", f"vm@{max(1, n // 2)}"],
+                       check=True, capture_output=True)
+        s, rss, out = timed([binary, "--repo", str(copy), "--json", "gc"])
+        r = json.loads(out)
+        print(json.dumps({"build": name, "versions": n, "gib": gib, "gc_s": round(s, 3),
+                          "gc_rss": rss, "trailers_read": r.get("trailers_read"),
+                          "index_bytes_read": r.get("index_bytes_read"),
+                          "packs_deleted": r.get("packs_deleted"),
+                          "packs_repacked": r.get("packs_repacked"),
+                          "bytes_reclaimed": r.get("bytes_reclaimed")}), flush=True)
+        shutil.rmtree(copy)
+
+
+if __name__ == "__main__":
+    main()
