@@ -38,8 +38,9 @@ pub fn write_run(locations: &[(Id, Id)], key: Option<&MasterKey>) -> Vec<u8> {
     write_run_with(locations, key, Geometry::default())
 }
 
-/// [`write_run`] with a given geometry (tests, golden vectors).
-pub fn write_run_with(locations: &[(Id, Id)], key: Option<&MasterKey>, g: Geometry) -> Vec<u8> {
+/// The pack table (sorted, no repeats) of (id, pack id) pairs, and their entries in order,
+/// each once.
+fn table_and_entries(locations: &[(Id, Id)]) -> (Vec<Id>, Vec<Entry>) {
     let mut packs: Vec<Id> = locations.iter().map(|(_, p)| *p).collect();
     packs.sort_unstable();
     packs.dedup();
@@ -52,6 +53,12 @@ pub fn write_run_with(locations: &[(Id, Id)], key: Option<&MasterKey>, g: Geomet
         .collect();
     entries.sort_unstable();
     entries.dedup();
+    (packs, entries)
+}
+
+/// [`write_run`] with a given geometry (tests, golden vectors).
+pub fn write_run_with(locations: &[(Id, Id)], key: Option<&MasterKey>, g: Geometry) -> Vec<u8> {
+    let (packs, entries) = table_and_entries(locations);
     let mut w = RunWriter::with_geometry(packs, entries.len() as u64, key, g);
     for e in entries {
         w.push(e);
@@ -265,18 +272,7 @@ pub fn write_legacy_run(
         None => plain,
         Some(k) => k.seal(Domain::IndexFile, &plain),
     };
-    let mut packs: Vec<Id> = locations.iter().map(|(_, p)| *p).collect();
-    packs.sort_unstable();
-    packs.dedup();
-    let mut entries: Vec<Entry> = locations
-        .iter()
-        .map(|(id, p)| Entry {
-            key: key_of(id),
-            pack: packs.binary_search(p).expect("listed") as u32,
-        })
-        .collect();
-    entries.sort_unstable();
-    entries.dedup();
+    let (packs, entries) = table_and_entries(locations);
     let mut filter =
         Bloom::with_capacity(entries.len() as u64, FILTER_BITS_PER_ENTRY, FILTER_PROBES);
     let mut out = Vec::new();
