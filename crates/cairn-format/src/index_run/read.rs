@@ -91,13 +91,13 @@ pub fn parse_header(head: &[u8]) -> Result<(u32, bool), CryptoError> {
 }
 
 /// Checks `stored` against its checksum and opens it (sealed runs).
-fn open_piece(
+fn open_piece<'a>(
     sealed: bool,
     key: Option<&MasterKey>,
     what: &'static str,
-    stored: &[u8],
+    stored: &'a [u8],
     at: &PieceAt,
-) -> Result<Vec<u8>, CryptoError> {
+) -> Result<std::borrow::Cow<'a, [u8]>, CryptoError> {
     let want = at.range.end - at.range.start;
     if stored.len() as u64 != want {
         return Err(truncated(what, want, stored.len() as u64));
@@ -105,7 +105,7 @@ fn open_piece(
     if blake3::hash(stored).as_bytes() != &at.checksum {
         return Err(FormatError::Checksum { what }.into());
     }
-    Ok(open_if_sealed(sealed, key, Domain::IndexFile, what, stored)?.to_vec())
+    open_if_sealed(sealed, key, Domain::IndexFile, what, stored)
 }
 
 /// Parses and checks the meta of a run of `run_len` bytes, given its header, footer and the

@@ -95,20 +95,34 @@ impl V2Reader {
             Piece::At(at) => at.range.clone(),
         };
         let piece = self
-            .pieces
-            .get_or_insert_async(&(run.id, PieceKey::Directory(b as u32)), async {
-                let stored = get_exact(&*self.store, &run.key, at).await?;
-                let dir = run
-                    .meta
-                    .open_directory(b, &stored, self.key())
-                    .map_err(|e| sealed_error(format!("{} directory block {b}", run.key), e))?;
-                Ok::<_, crate::error::RepoError>(Arc::new(RunPiece::Directory(Arc::new(dir))))
+            .cached_piece(run, PieceKey::Directory(b as u32), at, |stored| {
+                let dir = run.meta.open_directory(b, stored, self.key());
+                let dir =
+                    dir.map_err(|e| sealed_error(format!("{} directory block {b}", run.key), e))?;
+                Ok(RunPiece::Directory(Arc::new(dir)))
             })
             .await?;
         match &*piece {
             RunPiece::Directory(d) => Ok(d.clone()),
             _ => unreachable!("a directory key holds a directory"),
         }
+    }
+
+    /// The piece `which` of `run`, stored at `at`: cached, or read and decoded by `open`
+    /// (concurrent misses wait for one read).
+    async fn cached_piece(
+        &self,
+        run: &OpenRun,
+        which: PieceKey,
+        at: std::ops::Range<u64>,
+        open: impl FnOnce(&[u8]) -> RepoResult<RunPiece>,
+    ) -> RepoResult<Arc<RunPiece>> {
+        self.pieces
+            .get_or_insert_async(&(run.id, which), async {
+                let stored = get_exact(&*self.store, &run.key, at).await?;
+                Ok::<_, crate::error::RepoError>(Arc::new(open(&stored)?))
+            })
+            .await
     }
 
     /// The entries of section `j` of `dir` (a directory block of `run`), cached or read.
@@ -206,14 +220,11 @@ impl V2Reader {
             Piece::At(at) => at.range.clone(),
         };
         let piece = self
-            .pieces
-            .get_or_insert_async(&(run.id, PieceKey::Packs(b as u32)), async {
-                let stored = get_exact(&*self.store, &run.key, at).await?;
-                let block = run
-                    .meta
-                    .open_pack_block(b, &stored, self.key())
-                    .map_err(|e| sealed_error(format!("{} pack block {b}", run.key), e))?;
-                Ok::<_, crate::error::RepoError>(Arc::new(RunPiece::Packs(Arc::new(block))))
+            .cached_piece(run, PieceKey::Packs(b as u32), at, |stored| {
+                let block = run.meta.open_pack_block(b, stored, self.key());
+                let block =
+                    block.map_err(|e| sealed_error(format!("{} pack block {b}", run.key), e))?;
+                Ok(RunPiece::Packs(Arc::new(block)))
             })
             .await?;
         match &*piece {

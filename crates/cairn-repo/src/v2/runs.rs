@@ -48,6 +48,18 @@ impl OpenRun {
         }
     }
 
+    /// Whether the held filter lets an 8-byte `key` through (a version 1 run's filter hashes
+    /// full ids, so every key passes it).
+    fn filter_passes_key(&self, key: u64) -> bool {
+        match (
+            &*self.filter.read().expect("filter lock"),
+            self.meta.version,
+        ) {
+            (Some(f), 2..) => f.contains_probe(cairn_format::summary::ProbeKey::of_key(key)),
+            _ => true,
+        }
+    }
+
     fn filter_bytes(&self) -> u64 {
         self.filter
             .read()
@@ -369,11 +381,7 @@ impl V2Reader {
         let runs: Vec<Arc<OpenRun>> = self.runs.read().expect("runs lock").clone();
         let mut packs = Vec::new();
         for run in &runs {
-            let passes = match (&*run.filter.read().expect("filter lock"), run.meta.version) {
-                (Some(f), 2..) => f.contains_probe(cairn_format::summary::ProbeKey::of_key(key)),
-                _ => true,
-            };
-            if passes {
+            if run.filter_passes_key(key) {
                 packs.extend(self.run_candidates(run, key).await?);
             }
         }
