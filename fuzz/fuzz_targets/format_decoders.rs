@@ -16,6 +16,7 @@ use cairn_format::group::{chunk, open_group, GroupChunk, GroupDesc};
 use cairn_format::index::IndexFile;
 use cairn_format::index_run;
 use cairn_format::group_summary::GroupSummary;
+use cairn_format::merged_summary::MergedSummary;
 use cairn_format::leaf_v2::RunLeaf;
 use cairn_format::marker::{self, GcLeftover, GcPlan, Quarantine, Session};
 use cairn_format::node::{Interior, Leaf};
@@ -131,6 +132,18 @@ const DECODERS: &[(&str, Fix, Decoder)] = &[
     ("leaf_v2", Fix::None, |d| drop(RunLeaf::decode(d))),
     ("group_summary", Fix::Envelope, |d| {
         drop(GroupSummary::decode(d))
+    }),
+    ("merged_summary", Fix::Envelope, |d| {
+        if let Ok(mut m) = MergedSummary::decode(d) {
+            // Keeping a decoded merge up must not panic either.
+            let mut union = GroupSummary::default();
+            m.union_into(&mut union);
+            let roots: Vec<Id> = m.trees().copied().collect();
+            for root in roots {
+                let _ = m.remove_tree(&root, &union);
+            }
+            let _ = m.add_tree(&Id::of(b"x"), &union);
+        }
     }),
     ("index_run", Fix::RunFooter, |d| {
         if let Ok(run) = index_run::parse_run(d, None) {

@@ -28,6 +28,9 @@ pub const FREED: &str = "gc/freed/";
 pub const PLANS: &str = "gc/plans/";
 /// Blobs fast deletion could not free yet, judged again next time: `gc/leftover/<id>`.
 pub const LEFTOVERS: &str = "gc/leftover/";
+/// Format 2's merged reference summaries, one per image, kept by fast deletion:
+/// `gc/merged/<content id>`.
+pub const MERGED_SUMMARIES: &str = "gc/merged/";
 /// Quarantine markers of damaged blob copies: `quarantine/<pack>/<blob>`.
 pub const QUARANTINE: &str = "quarantine/";
 /// Damaged objects and refs set aside by `cairn repair`: `damaged/<key>`,
@@ -85,6 +88,10 @@ pub fn plan(id: &Id) -> String {
 
 pub fn leftover(id: &Id) -> String {
     format!("{LEFTOVERS}{id}")
+}
+
+pub fn merged_summary(id: &Id) -> String {
+    format!("{MERGED_SUMMARIES}{id}")
 }
 
 /// Key of the quarantine marker of the copy of `blob` in `pack`.

@@ -20,6 +20,7 @@ pub mod index_run;
 pub mod keys;
 pub mod leaf_v2;
 pub mod marker;
+pub mod merged_summary;
 pub mod name;
 pub mod node;
 pub mod pack;

@@ -25,6 +25,7 @@ use cairn_format::index::{IndexFile, PackIndex};
 use cairn_format::index_run;
 use cairn_format::leaf_v2::{LeafDigest, RunExtent, RunLeaf};
 use cairn_format::marker::{self, GcLeftover, GcPlan, ProcessTag, Quarantine, Session};
+use cairn_format::merged_summary::MergedSummary;
 use cairn_format::name::{escape, unescape, unescape_segment};
 use cairn_format::node::{self, Extent, Interior, Leaf};
 use cairn_format::pack::{
@@ -102,6 +103,7 @@ const VECTORS: &[&str] = &[
     "v2_index_run_3",
     "v2_group_summary",
     "v2_group_summary_counted",
+    "v2_merged_summary",
 ];
 
 fn golden_dir() -> PathBuf {
@@ -1223,6 +1225,11 @@ fn gc_leftovers() {
         assert_eq!(GcLeftover::decode(&bytes).unwrap(), l, "{name}");
     }
     pin("leftover prefix", keys::LEFTOVERS, "gc/leftover/");
+    pin(
+        "merged summaries prefix",
+        keys::MERGED_SUMMARIES,
+        "gc/merged/",
+    );
     pin("quarantine prefix", keys::QUARANTINE, "quarantine/");
 }
 
@@ -1586,10 +1593,9 @@ fn v2_index_run_3() {
     assert_eq!((run.meta.blocks.len(), run.meta.pack_blocks.len()), (2, 2));
 }
 
-/// A format 2 reference summary: two nodes, two groups (one with slots in two words), and a
-/// stale count; every flip is refused (envelope checksum).
-#[test]
-fn v2_group_summary() {
+/// The summary of `v2_group_summary`: two nodes, two groups (one with slots in two words),
+/// and a stale count.
+fn uncounted_summary() -> GroupSummary {
     let mut s = GroupSummary {
         stale_slots: 3,
         ..Default::default()
@@ -1599,6 +1605,24 @@ fn v2_group_summary() {
     s.add_run(&Id::of(b"g1"), 0, 3);
     s.add_run(&Id::of(b"g1"), 64, 1);
     s.add_run(&Id::of(b"g2"), 5, 2);
+    s
+}
+
+/// The summary of `v2_group_summary_counted`.
+fn counted_summary() -> GroupSummary {
+    let mut s = GroupSummary::counted();
+    s.add_node(&Id::of(b"n1"));
+    let (g1, g2) = (Id::of(b"g1"), Id::of(b"g2"));
+    for (group, first, count) in [(g1, 0, 3), (g1, 0, 3), (g1, 1, 1), (g1, 64, 1), (g2, 5, 1)] {
+        s.add_run(&group, first, count);
+    }
+    s
+}
+
+/// A format 2 reference summary; every flip is refused (envelope checksum).
+#[test]
+fn v2_group_summary() {
+    let s = uncounted_summary();
     let bytes = golden("v2_group_summary", &s.encode());
     assert_eq!(GroupSummary::decode(&bytes).unwrap(), s);
     // envelope 16 | stale 8 | 2 nodes: 4 + 16 | 2 groups: 4 + (8 + 2 + 9) + (8 + 2 + 1) | 32
@@ -1613,12 +1637,7 @@ fn v2_group_summary() {
 /// refused (envelope checksum).
 #[test]
 fn v2_group_summary_counted() {
-    let mut s = GroupSummary::counted();
-    s.add_node(&Id::of(b"n1"));
-    let (g1, g2) = (Id::of(b"g1"), Id::of(b"g2"));
-    for (group, first, count) in [(g1, 0, 3), (g1, 0, 3), (g1, 1, 1), (g1, 64, 1), (g2, 5, 1)] {
-        s.add_run(&group, first, count);
-    }
+    let s = counted_summary();
     let bytes = golden("v2_group_summary_counted", &s.encode());
     assert_eq!(GroupSummary::decode(&bytes).unwrap(), s);
     assert!(s.is_counted() && s.repeats.as_ref().unwrap().len() == 3);
@@ -1628,4 +1647,26 @@ fn v2_group_summary_counted() {
     every_flip_is_noticed("v2_group_summary_counted", &bytes, &[], |b| {
         GroupSummary::decode(b).is_ok_and(|x| x == s)
     });
+}
+
+/// A merged summary of image "vm" counting the trees of the two summaries above: n1 and g1's
+/// slots by both (common 2), g2's slot 6 by one and slot 5 by both (a tie: common 1, one
+/// exception). Every flip is refused (envelope checksum).
+#[test]
+fn v2_merged_summary() {
+    let mut m = MergedSummary::new("vm");
+    assert!(m.add_tree(&Id::of(b"r1"), &counted_summary()));
+    assert!(m.add_tree(&Id::of(b"r2"), &uncounted_summary()));
+    let bytes = golden("v2_merged_summary", &m.encode());
+    assert_eq!(MergedSummary::decode(&bytes).unwrap(), m);
+    // envelope 16 | image 4 | 2 trees: 4 + 2 × 64 | 2 nodes: 4 + 2 × 12
+    // | 2 groups: 4 + (8 + 2 + 9 + 4 + 2) + (8 + 2 + 1 + 4 + 2 + 6) | 32
+    assert_eq!(bytes.len(), 16 + 4 + 132 + 28 + 4 + 25 + 23 + 32);
+    every_flip_is_noticed("v2_merged_summary", &bytes, &[], |b| {
+        MergedSummary::decode(b).is_ok_and(|x| x == m)
+    });
+    m.remove_tree(&Id::of(b"r2"), &uncounted_summary()).unwrap();
+    let mut alone = MergedSummary::new("vm");
+    alone.add_tree(&Id::of(b"r1"), &counted_summary());
+    assert_eq!(m, alone);
 }

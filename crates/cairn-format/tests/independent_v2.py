@@ -6,7 +6,8 @@ itself. Needs Python's blake3 (pip install blake3).
     python3 crates/cairn-format/tests/independent_v2.py   # checks; --write rewrites
 
 Covers v2_pack_plain, v2_leaf_runs, v2_leaf_digest, v2_interior_digests, v2_index_run (version 1),
-v2_index_run_2, v2_index_run_3, v2_group_summary (version 1), v2_group_summary_counted (version 2) and the
+v2_index_run_2, v2_index_run_3, v2_group_summary (version 1), v2_group_summary_counted (version 2),
+v2_merged_summary and the
 pinned ids of v2_group_ids. (The sealed vectors
 v2_sealed_*, v2_key_slot and v2_group_sealed_raw were computed with PyNaCl and argon2-cffi.)
 """
@@ -183,6 +184,29 @@ def group_summary(counted):
     return envelope(b"CRNSUM2\0", 2, out)
 
 
+def merged_summary():
+    """A merged summary of image "vm" counting two trees: r1 with the counted summary above,
+    r2 with the version 1 one. n1 is used by both, n2 by r2; g1's slots 0..3 and 64 by both
+    (common 2); g2's slot 5 by both and slot 6 by r2 (a tie: common 1, slot 5 an exception)."""
+    key = lambda i: struct.unpack("<Q", i[:8])[0]
+    trees = sorted([(bid(b"r1"), bid(group_summary(True))), (bid(b"r2"), bid(group_summary(False)))])
+    out = struct.pack("<H", 2) + b"vm" + struct.pack("<I", len(trees))
+    out += b"".join(root + summary for root, summary in trees)
+    nodes = sorted([(key(bid(b"n1")), 2), (key(bid(b"n2")), 1)])
+    out += struct.pack("<I", len(nodes)) + b"".join(struct.pack("<QI", k, n) for k, n in nodes)
+    g1, g2 = key(bid(b"g1")), key(bid(b"g2"))
+    groups = {g1: ([0, 1, 2, 64], 2, []), g2: ([5, 6], 1, [(5, 2)])}
+    out += struct.pack("<I", len(groups))
+    for k in sorted(groups):
+        slots, common, exceptions = groups[k]
+        bits = bytearray(max(slots) // 8 + 1)
+        for s_ in slots:
+            bits[s_ // 8] |= 1 << (s_ % 8)
+        out += struct.pack("<QH", k, len(bits)) + bytes(bits) + struct.pack("<IH", common, len(exceptions))
+        out += b"".join(struct.pack("<HI", slot, n) for slot, n in exceptions)
+    return envelope(b"CRNMSUM\0", 1, out)
+
+
 def group_ids():
     context = "cairn 2026-11-25 v2 group id"
     listing = bid(b"a") + struct.pack("<I", 4096) + bid(b"b") + struct.pack("<I", 100)
@@ -206,7 +230,8 @@ def main():
                ("v2_index_run_2", index_run(2)),
                ("v2_index_run_3", index_run(3)), ("v2_interior_digests", interior_digests()),
                ("v2_group_summary", group_summary(False)),
-               ("v2_group_summary_counted", group_summary(True)))
+               ("v2_group_summary_counted", group_summary(True)),
+               ("v2_merged_summary", merged_summary()))
     for name, data in vectors:
         path = os.path.join(HERE, name + ".hex")
         if "--write" in sys.argv:

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use cairn_format::crypto::Domain;
 use cairn_format::group_summary::GroupSummary;
 use cairn_format::marker::{encode_freed, GcLeftover};
+use cairn_format::merged_summary::MergedSummary;
 use cairn_format::summary::Summary;
 use cairn_format::Id;
 use cairn_store::StoreError;
@@ -75,6 +76,43 @@ impl Repo {
 
     pub async fn delete_summary(&self, root: &Id) -> RepoResult<()> {
         Ok(self.store().delete(&keys::summary(root)).await?)
+    }
+
+    /// Stores a merged summary (sealed like a summary) under its content id. Returns the key
+    /// and the bytes written.
+    pub async fn put_merged_summary(&self, merged: &MergedSummary) -> RepoResult<(String, u64)> {
+        let raw = self.seal(Domain::Summary, merged.encode());
+        let key = keys::merged_summary(&Id::of(&raw));
+        let len = raw.len() as u64;
+        self.store().put_if_absent(&key, Bytes::from(raw)).await?;
+        Ok((key, len))
+    }
+
+    /// Every merged summary, by key, with its stored size; a damaged one is an error in its
+    /// place (GC drops it and builds the merge again from the trees' summaries).
+    pub async fn merged_summaries(
+        &self,
+    ) -> RepoResult<Vec<(String, RepoResult<MergedSummary>, u64)>> {
+        let mut out = Vec::new();
+        for meta in self.store().list(keys::MERGED_SUMMARIES).await? {
+            let raw = match self.store().get(&meta.key).await {
+                Ok(raw) => raw,
+                Err(StoreError::NotFound { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let len = raw.len() as u64;
+            let merged = self
+                .open_sealed(Domain::Summary, "merged summary", &meta.key, raw)
+                .and_then(|plain| {
+                    MergedSummary::decode(&plain).map_err(|e| RepoError::corrupt(&meta.key, e))
+                });
+            out.push((meta.key, merged, len));
+        }
+        Ok(out)
+    }
+
+    pub async fn delete_merged_summary(&self, key: &str) -> RepoResult<()> {
+        Ok(self.store().delete(key).await?)
     }
 
     /// Records that the space of deleted version `version` has been given back.

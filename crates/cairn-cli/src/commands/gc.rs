@@ -148,6 +148,7 @@ pub fn report_json(r: &GcReport) -> Value {
         "trailers_read": r.trailers_read,
         "index_bytes_read": r.index_bytes_read,
         "summary_bytes": r.summary_bytes,
+        "summaries_read": r.summaries_read,
         "waited_s": r.waited_s,
         "duration_s": r.duration_s,
     })

@@ -1,12 +1,14 @@
 //! Format 2's reference summaries on the GC side: what the live versions use, read from one
-//! summary per live tree (`cairn_format::group_summary`) instead of walking every tree. A
-//! missing or damaged summary is rebuilt from its tree, counted as a commit writes it (and
-//! stored again, unless dry run).
+//! merged summary per image (`cairn_format::merged_summary`) kept up with the summaries of
+//! trees deleted or committed since (`cairn_format::group_summary`), instead of walking
+//! every tree. A missing or damaged summary is rebuilt from its tree, counted as a commit
+//! writes it (and stored again, unless dry run).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use cairn_format::group_summary::GroupSummary;
 use cairn_format::leaf_v2::RunLeaf;
+use cairn_format::merged_summary::{tree_changes, MergedSummary};
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::tree_walk::{decode_interior, NodeReader};
@@ -20,34 +22,144 @@ use crate::error::{EngineError, EngineResult};
 use crate::live::LiveVersions;
 use crate::progress::{self, Unit};
 
-/// The union of the summaries of every live tree.
+/// What the live trees use, and the summaries read on the way of trees no longer live.
+pub(super) struct LiveUse {
+    /// The union of every live tree's summary.
+    pub(super) union: GroupSummary,
+    /// Summaries of trees subtracted from a merge, by root (fast deletion's `affected_packs`
+    /// needs those of the deleted versions: they are not read twice).
+    pub(super) gone: HashMap<Id, GroupSummary>,
+}
+
+/// The union of the summaries of every live tree, through one merged summary per image
+/// (`cairn_format::merged_summary`): a merge's trees that are no longer live are subtracted,
+/// live trees it does not count are added (their own summaries read), and the merge is
+/// written back for the next GC (unless dry run). So a GC reads one object per image plus
+/// the summaries of trees deleted or committed since the last GC, not one per live version.
+/// A merge that is damaged, or counts a tree whose summary is gone or changed, is built
+/// again from its trees' summaries.
 pub(super) async fn live_summary(
     repo: &Repo,
     reader: &V2Reader,
     live: &LiveVersions,
     options: &GcOptions,
     report: &mut GcReport,
-) -> EngineResult<GroupSummary> {
-    let mut records: Vec<&VersionRecord> = live.live.values().collect();
-    records.sort_by_key(|r| r.root);
+) -> EngineResult<LiveUse> {
+    // Each image's live trees, with a version that has the tree (to rebuild its summary).
+    let mut images: BTreeMap<&str, BTreeMap<Id, &VersionRecord>> = BTreeMap::new();
+    for record in live.live.values() {
+        if let Some(root) = record.root {
+            let trees = images.entry(record.image.as_str()).or_default();
+            trees.entry(root).or_insert(record);
+        }
+    }
+    let mut stored: BTreeMap<String, Vec<(String, MergedSummary)>> = BTreeMap::new();
+    let mut obsolete: Vec<String> = Vec::new();
+    for (key, merged, len) in repo.merged_summaries().await? {
+        report.summary_bytes += len;
+        report.summaries_read += 1;
+        match merged {
+            Ok(m) if images.contains_key(m.image.as_str()) => {
+                stored.entry(m.image.clone()).or_default().push((key, m));
+            }
+            Ok(_) => obsolete.push(key), // no live tree left in its image
+            Err(e) if e.is_damage() => {
+                tracing::warn!("{e}; building the merged summary again");
+                obsolete.push(key);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
     progress::start(
         &options.progress,
         "loading live summaries",
         Unit::Items,
-        records.len() as u64,
+        images.len() as u64,
     );
-    let mut merged = GroupSummary::default();
-    let mut roots = HashSet::new();
-    for record in records {
+    let mut out = LiveUse {
+        union: GroupSummary::default(),
+        gone: HashMap::new(),
+    };
+    for (image, trees) in &images {
         progress::add(&options.progress, 1);
-        let Some(root) = record.root else { continue };
-        if roots.insert(root) {
+        let live_roots: BTreeSet<Id> = trees.keys().copied().collect();
+        // A GC killed between writing a merge and deleting the one it replaces leaves two:
+        // the one with the fewest trees to subtract is used, the others deleted.
+        let mut candidates = stored.remove(*image).unwrap_or_default();
+        candidates.sort_by_cached_key(|(_, m)| tree_changes(m, &live_roots).0.len());
+        let mut kept: Option<(String, MergedSummary, bool)> = None;
+        for (key, mut merged) in candidates {
+            if kept.is_none() {
+                if let Some(changed) =
+                    subtract_gone(repo, &mut merged, &live_roots, &mut out.gone, report).await?
+                {
+                    kept = Some((key, merged, changed));
+                    continue;
+                }
+            }
+            obsolete.push(key);
+        }
+        let (old_key, mut merged, mut changed) = match kept {
+            Some((key, merged, changed)) => (Some(key), merged, changed),
+            None => (None, MergedSummary::new(image), true),
+        };
+        for root in tree_changes(&merged, &live_roots).1 {
             let summary =
-                ensure_group_summary(repo, reader, record, !options.dry_run, report).await?;
-            merged.merge(&summary);
+                ensure_group_summary(repo, reader, trees[&root], !options.dry_run, report).await?;
+            merged.add_tree(&root, &summary);
+            changed = true;
+        }
+        merged.union_into(&mut out.union);
+        if changed && !options.dry_run {
+            let (key, _) = repo.put_merged_summary(&merged).await?;
+            obsolete.extend(old_key.filter(|old| *old != key));
         }
     }
-    Ok(merged)
+    if !options.dry_run {
+        for key in obsolete {
+            repo.delete_merged_summary(&key).await?;
+        }
+    }
+    Ok(out)
+}
+
+/// Subtracts from `merged` the trees it counts that are not in `live_roots`, each with its
+/// own summary (kept in `gone`). `Some(changed)`, or `None` when a tree cannot be subtracted
+/// (its summary is missing, damaged, or not the one the merge counted): the merge is then
+/// dropped and built again.
+async fn subtract_gone(
+    repo: &Repo,
+    merged: &mut MergedSummary,
+    live_roots: &BTreeSet<Id>,
+    gone: &mut HashMap<Id, GroupSummary>,
+    report: &mut GcReport,
+) -> EngineResult<Option<bool>> {
+    let (to_subtract, _) = tree_changes(merged, live_roots);
+    for root in &to_subtract {
+        if !gone.contains_key(root) {
+            match repo.load_group_summary(root).await {
+                Ok(Some((summary, read))) => {
+                    report.summary_bytes += read;
+                    report.summaries_read += 1;
+                    gone.insert(*root, summary);
+                }
+                Ok(None) => {
+                    tracing::warn!(image = %merged.image, %root, "the merged summary counts a tree without a summary; building it again");
+                    return Ok(None);
+                }
+                Err(e) if e.is_damage() => {
+                    tracing::warn!(image = %merged.image, "{e}; building the merged summary again");
+                    return Ok(None);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if let Err(e) = merged.remove_tree(root, &gone[root]) {
+            tracing::warn!(image = %merged.image, "merged summary: {e}; building it again");
+            return Ok(None);
+        }
+    }
+    Ok(Some(!to_subtract.is_empty()))
 }
 
 /// The summary of `record`'s tree; rebuilt by walking the tree (every node read through
@@ -67,6 +179,7 @@ async fn ensure_group_summary(
     match repo.load_group_summary(&root).await {
         Ok(Some((summary, read))) => {
             report.summary_bytes += read;
+            report.summaries_read += 1;
             return Ok(summary);
         }
         Ok(None) => tracing::warn!(%root, "no reference summary; rebuilding it"),

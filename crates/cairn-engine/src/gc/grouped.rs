@@ -40,7 +40,7 @@ use cairn_repo::tree_walk::{walk_tree, GroupedTreeNodes, NodeReader};
 use cairn_repo::v2::{OpenedGroup, PackTrailer, V2Reader};
 use cairn_repo::{Repo, RepoError};
 
-use super::group_summaries::live_summary;
+use super::group_summaries::{live_summary, LiveUse};
 use super::leftovers::{remove_orphan_records, remove_stale_markers};
 use super::rebuild::Damaged;
 use super::{
@@ -86,6 +86,14 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     let mut scope: Option<HashSet<Id>> = None;
     let live_use: Box<dyn Liveness + Send + Sync> = match options.mode {
         GcMode::Repair => {
+            // The exact pass does not keep merged summaries up: it deletes them (before it
+            // deletes the summaries of dead trees they may count), and the next fast
+            // deletion builds them again.
+            if !options.dry_run {
+                for (key, _, _) in repo.merged_summaries().await? {
+                    repo.delete_merged_summary(&key).await?;
+                }
+            }
             let mut marks = Marks::default();
             progress::start(
                 &options.progress,
@@ -103,10 +111,10 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             Box::new(marks)
         }
         GcMode::Fast => {
-            let summary = live_summary(repo, &snapshot.reader, &live, options, &mut report).await?;
-            report.live_blobs = (summary.nodes.len() + summary.groups.len()) as u64;
-            scope = affected_packs(repo, &snapshot, &summary, &unfreed, &live).await?;
-            Box::new(summary)
+            let used = live_summary(repo, &snapshot.reader, &live, options, &mut report).await?;
+            report.live_blobs = (used.union.nodes.len() + used.union.groups.len()) as u64;
+            scope = affected_packs(repo, &snapshot, &used, &unfreed, &live).await?;
+            Box::new(used.union)
         }
     };
     snapshot.read_trailers(&pack_sizes, scope.as_ref()).await?;
@@ -339,12 +347,14 @@ impl Snapshot {
 async fn affected_packs(
     repo: &Repo,
     snapshot: &Snapshot,
-    live: &GroupSummary,
+    used: &LiveUse,
     unfreed: &[Id],
     versions: &LiveVersions,
 ) -> EngineResult<Option<HashSet<Id>>> {
+    let live = &used.union;
     let live_roots: HashSet<Id> = versions.live.values().filter_map(|r| r.root).collect();
     let mut dead_keys: Vec<u64> = Vec::new();
+    let mut done = HashSet::new();
     for v in unfreed {
         let Ok(record) = repo.load_version(v).await else {
             return Ok(None);
@@ -352,11 +362,21 @@ async fn affected_packs(
         let Some(root) = record.root.filter(|r| !live_roots.contains(r)) else {
             continue;
         };
-        let summary = match repo.load_group_summary(&root).await {
-            Ok(Some((summary, _))) => summary,
-            Ok(None) => return Ok(None),
-            Err(e) if e.is_damage() => return Ok(None),
-            Err(e) => return Err(e.into()),
+        if !done.insert(root) {
+            continue;
+        }
+        let loaded;
+        let summary = match used.gone.get(&root) {
+            Some(summary) => summary,
+            None => match repo.load_group_summary(&root).await {
+                Ok(Some((summary, _))) => {
+                    loaded = summary;
+                    &loaded
+                }
+                Ok(None) => return Ok(None),
+                Err(e) if e.is_damage() => return Ok(None),
+                Err(e) => return Err(e.into()),
+            },
         };
         dead_keys.extend(summary.nodes.iter().filter(|k| !live.nodes.contains(*k)));
         for (key, slots) in &summary.groups {

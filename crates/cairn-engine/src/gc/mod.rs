@@ -149,6 +149,9 @@ pub struct GcReport {
     pub dead_left_in_packs: u64,
     /// Bytes of reference summaries read (fast) or written (repair).
     pub summary_bytes: u64,
+    /// Format 2, fast deletion: summary objects read (one merged summary per image, plus
+    /// the summaries of trees deleted or committed since the last GC).
+    pub summaries_read: u64,
     /// Fast deletion: estimated chance that a dead chunk is judged live (equation (1) of the
     /// paper, over the merged live summaries).
     pub summary_fp_rate: f64,

@@ -27,7 +27,7 @@ fn config() -> RepoConfig {
     }
 }
 
-fn opts() -> GcOptions {
+pub(crate) fn opts() -> GcOptions {
     GcOptions {
         mode: GcMode::Fast,
         poll: Duration::from_millis(10),
@@ -35,11 +35,11 @@ fn opts() -> GcOptions {
     }
 }
 
-async fn init(store: Arc<MemoryStore>, encrypted: bool) -> Arc<Repo> {
+pub(crate) async fn init(store: Arc<MemoryStore>, encrypted: bool) -> Arc<Repo> {
     common::init_format2(store, config(), encrypted).await
 }
 
-async fn open(store: &Arc<MemoryStore>) -> Arc<Repo> {
+pub(crate) async fn open(store: &Arc<MemoryStore>) -> Arc<Repo> {
     let pass = GivenPassphrase(Zeroizing::new(PASSPHRASE.to_vec()));
     let repo = Repo::open_cached(store.clone(), SessionKind::Commit, None, Some(&pass))
         .await
@@ -80,11 +80,11 @@ fn pair() -> (Vec<u8>, Vec<u8>) {
     (a, b)
 }
 
-async fn check(repo: &Arc<Repo>, record: &VersionRecord, want: &[u8]) {
+pub(crate) async fn check(repo: &Arc<Repo>, record: &VersionRecord, want: &[u8]) {
     assert!(restore_bytes(repo, record).await.unwrap() == want);
 }
 
-async fn assert_clean(repo: &Arc<Repo>) {
+pub(crate) async fn assert_clean(repo: &Arc<Repo>) {
     let v = verify(repo.clone()).await.unwrap();
     assert!(v.is_clean(), "{:?} {:?}", v.problems, v.damaged_versions);
 }

@@ -17,6 +17,7 @@ mod format2;
 mod gc;
 mod gc_format2;
 mod gc_leak;
+mod gc_merged;
 mod healing;
 mod healing_format2;
 mod history;

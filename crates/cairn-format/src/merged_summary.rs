@@ -1,0 +1,526 @@
+//! Merged reference summaries of format 2 (`gc/merged/<id>`): for one image, how many of a
+//! set of trees use each manifest node key and each slot of each group key. Fast deletion
+//! reads one per image instead of one reference summary (`group_summary`) per live tree: a
+//! tree no longer live is subtracted (its own summary read), a tree committed since is added,
+//! and the result is written back for the next GC.
+//!
+//! The counts are of *trees*, not of references inside a tree: a tree's summary lists a node
+//! key or a slot once, and adding the tree adds one to each. Each tree is listed with the
+//! content id of the summary that was added, and a tree is only subtracted with a summary of
+//! the same id: the counts then stay exactly those of the trees listed, so a slot whose count
+//! reaches 0 is used by none of them (a summary that was rebuilt or replaced since makes GC
+//! build the merge again from the trees' summaries instead).
+//!
+//! ```text
+//! envelope "CRNMSUM\0", version 1 (sealed as a summary in an encrypted repository)
+//! payload  = image (str16)
+//!          | tree count T (u32) | T × (root id (32) | summary id (32))        ascending roots
+//!          | node count N (u32) | N × (node key (u64) | trees (u32, 1 ..= T))  ascending keys
+//!          | group count G (u32) | G × (group key (u64) | slot set | common (u32, 1 ..= T)
+//!                                    | exceptions E (u16)
+//!                                    | E × (slot (u16) | trees (u32, 1 ..= T, ≠ common)))
+//! ```
+//! Group keys ascend; a group's listed slots are used by `common` trees each except the
+//! exceptions, which name listed slots in ascending order. The slot set is `group_summary`'s.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::codec::{Decoder, Encoder};
+use crate::group_summary::GroupSummary;
+use crate::slots::SlotSet;
+use crate::{envelope, FormatError, FormatResult, Id};
+
+const MAGIC: &[u8; 8] = b"CRNMSUM\0";
+const WHAT: &str = "merged summary";
+
+/// The content id of a tree's summary, as a merge records it: the id of its canonical
+/// encoding (so the same summary read from a plain or a sealed object has one id).
+pub fn summary_id(summary: &GroupSummary) -> Id {
+    Id::of(&summary.encode())
+}
+
+/// How many trees use each listed slot of one group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SlotCounts {
+    slots: SlotSet,
+    /// The count of every listed slot not in `exceptions`.
+    common: u32,
+    /// (slot, count), ascending, each slot listed, no count equal to `common`.
+    exceptions: Vec<(u16, u32)>,
+}
+
+impl SlotCounts {
+    /// Every listed slot with its count, ascending.
+    fn dense(&self) -> Vec<(u16, u32)> {
+        let mut exceptions = self.exceptions.iter().peekable();
+        self.slots
+            .iter()
+            .map(|s| match exceptions.next_if(|(e, _)| *e == s) {
+                Some(&(_, n)) => (s, n),
+                None => (s, self.common),
+            })
+            .collect()
+    }
+
+    /// The canonical form of `dense` (slots ascending, counts ≥ 1): the most frequent count
+    /// is the common one (the smaller on a tie). `None` when no slot is left.
+    fn from_dense(dense: &[(u16, u32)]) -> Option<SlotCounts> {
+        let mut frequency: BTreeMap<u32, usize> = BTreeMap::new();
+        for (_, n) in dense {
+            *frequency.entry(*n).or_default() += 1;
+        }
+        let common = frequency
+            .iter()
+            .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+            .map(|(n, _)| *n)?;
+        let mut slots = SlotSet::default();
+        for (s, _) in dense {
+            slots.insert(*s);
+        }
+        Some(SlotCounts {
+            slots,
+            common,
+            exceptions: dense
+                .iter()
+                .filter(|(_, n)| *n != common)
+                .copied()
+                .collect(),
+        })
+    }
+
+    /// One more tree uses `used`.
+    fn add(&mut self, used: &SlotSet) {
+        if self.exceptions.is_empty() && self.slots == *used {
+            self.common = self.common.saturating_add(1);
+            return;
+        }
+        let mut counts: BTreeMap<u16, u32> = self.dense().into_iter().collect();
+        for s in used.iter() {
+            let n = counts.entry(s).or_default();
+            *n = n.saturating_add(1);
+        }
+        let dense: Vec<_> = counts.into_iter().collect();
+        *self = SlotCounts::from_dense(&dense).expect("a slot was added");
+    }
+
+    /// One tree that used `used` no longer counts; `Err(slot)` if a slot it names has no
+    /// count (the caller drops the merge). `Ok(false)` when no slot is left.
+    fn remove(&mut self, used: &SlotSet) -> Result<bool, u16> {
+        if self.exceptions.is_empty() && self.slots == *used {
+            self.common -= 1;
+            return Ok(self.common > 0);
+        }
+        let mut counts: BTreeMap<u16, u32> = self.dense().into_iter().collect();
+        for s in used.iter() {
+            match counts.get_mut(&s) {
+                Some(1) => {
+                    counts.remove(&s);
+                }
+                Some(n) => *n -= 1,
+                None => return Err(s),
+            }
+        }
+        let dense: Vec<_> = counts.into_iter().collect();
+        match SlotCounts::from_dense(&dense) {
+            Some(c) => {
+                *self = c;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
+/// A tree could not be subtracted from a merge: the merge does not describe it as given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotMerged(pub String);
+
+impl std::fmt::Display for NotMerged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a set of trees of one image use, counted per tree.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MergedSummary {
+    pub image: String,
+    /// Root id → the id of the summary added for it ([`summary_id`]).
+    trees: BTreeMap<Id, Id>,
+    nodes: BTreeMap<u64, u32>,
+    groups: BTreeMap<u64, SlotCounts>,
+}
+
+impl MergedSummary {
+    pub fn new(image: &str) -> MergedSummary {
+        MergedSummary {
+            image: image.to_string(),
+            ..MergedSummary::default()
+        }
+    }
+
+    /// The roots of the trees counted.
+    pub fn trees(&self) -> impl Iterator<Item = &Id> {
+        self.trees.keys()
+    }
+
+    pub fn covers(&self, root: &Id) -> bool {
+        self.trees.contains_key(root)
+    }
+
+    pub fn tree_count(&self) -> usize {
+        self.trees.len()
+    }
+
+    /// Counts the tree rooted at `root`, whose summary is `summary`; false (and nothing
+    /// changes) if it is counted already.
+    pub fn add_tree(&mut self, root: &Id, summary: &GroupSummary) -> bool {
+        if self.trees.contains_key(root) {
+            return false;
+        }
+        self.trees.insert(*root, summary_id(summary));
+        for key in &summary.nodes {
+            let n = self.nodes.entry(*key).or_default();
+            *n = n.saturating_add(1);
+        }
+        for (key, used) in summary.groups.iter().filter(|(_, s)| !s.is_empty()) {
+            match self.groups.get_mut(key) {
+                Some(counts) => counts.add(used),
+                None => {
+                    self.groups.insert(
+                        *key,
+                        SlotCounts {
+                            slots: used.clone(),
+                            common: 1,
+                            exceptions: Vec::new(),
+                        },
+                    );
+                }
+            }
+        }
+        true
+    }
+
+    /// Stops counting the tree rooted at `root`, given the same summary [`add_tree`] was
+    /// given for it (checked by its id). On an error the merge is partly changed: the caller
+    /// drops it.
+    ///
+    /// [`add_tree`]: MergedSummary::add_tree
+    pub fn remove_tree(&mut self, root: &Id, summary: &GroupSummary) -> Result<(), NotMerged> {
+        match self.trees.get(root) {
+            None => return Err(NotMerged(format!("tree {root} is not counted"))),
+            Some(id) if *id != summary_id(summary) => {
+                return Err(NotMerged(format!(
+                    "the summary of tree {root} is not the one counted"
+                )))
+            }
+            Some(_) => {}
+        }
+        self.trees.remove(root);
+        for key in &summary.nodes {
+            match self.nodes.get_mut(key) {
+                Some(1) => {
+                    self.nodes.remove(key);
+                }
+                Some(n) => *n -= 1,
+                None => return Err(NotMerged(format!("node key {key:016x} is not counted"))),
+            }
+        }
+        for (key, used) in summary.groups.iter().filter(|(_, s)| !s.is_empty()) {
+            let Some(counts) = self.groups.get_mut(key) else {
+                return Err(NotMerged(format!("group key {key:016x} is not counted")));
+            };
+            match counts.remove(used) {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.groups.remove(key);
+                }
+                Err(slot) => {
+                    return Err(NotMerged(format!(
+                        "slot {slot} of group key {key:016x} is not counted"
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds what the counted trees use to `union` (node keys and slots, without counts).
+    pub fn union_into(&self, union: &mut GroupSummary) {
+        union.repeats = None;
+        union.nodes.extend(self.nodes.keys().copied());
+        for (key, counts) in &self.groups {
+            union
+                .groups
+                .entry(*key)
+                .or_default()
+                .union_with(&counts.slots);
+        }
+    }
+
+    /// Node keys and group slots counted (for reports).
+    pub fn entries(&self) -> (usize, u64) {
+        (
+            self.nodes.len(),
+            self.groups.values().map(|c| c.slots.len()).sum(),
+        )
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::with_capacity(
+            16 + self.trees.len() * 64 + self.nodes.len() * 12 + self.groups.len() * 24,
+        );
+        e.str16(&self.image);
+        e.u32(u32::try_from(self.trees.len()).expect("trees fit u32"));
+        for (root, summary) in &self.trees {
+            e.id(root).id(summary);
+        }
+        e.u32(u32::try_from(self.nodes.len()).expect("nodes fit u32"));
+        for (key, n) in &self.nodes {
+            e.u64(*key).u32(*n);
+        }
+        e.u32(u32::try_from(self.groups.len()).expect("groups fit u32"));
+        for (key, counts) in &self.groups {
+            e.u64(*key);
+            counts.slots.encode_into(&mut e);
+            e.u32(counts.common);
+            e.u16(u16::try_from(counts.exceptions.len()).expect("slots fit u16"));
+            for (slot, n) in &counts.exceptions {
+                e.u16(*slot).u32(*n);
+            }
+        }
+        envelope::seal(MAGIC, &e.finish())
+    }
+
+    pub fn decode(data: &[u8]) -> FormatResult<MergedSummary> {
+        let mut d = Decoder::new(envelope::open(MAGIC, data, WHAT)?, WHAT);
+        let mut m = MergedSummary::new(&d.str16()?);
+        let trees = d.u32()?;
+        let mut last = None;
+        for _ in 0..trees {
+            let (root, summary) = (d.id()?, d.id()?);
+            if last.is_some_and(|l| l >= root) {
+                return Err(invalid("tree roots not strictly ascending"));
+            }
+            last = Some(root);
+            m.trees.insert(root, summary);
+        }
+        let in_range = |n: u32, what: &str| {
+            if n == 0 || n > trees {
+                Err(invalid(format!("{what} counted by {n} of {trees} trees")))
+            } else {
+                Ok(n)
+            }
+        };
+        let mut last = None;
+        for _ in 0..d.u32()? {
+            let key = d.u64()?;
+            if last.is_some_and(|l| l >= key) {
+                return Err(invalid("node keys not strictly ascending"));
+            }
+            last = Some(key);
+            m.nodes.insert(key, in_range(d.u32()?, "a node key")?);
+        }
+        let mut last = None;
+        for _ in 0..d.u32()? {
+            let key = d.u64()?;
+            if last.is_some_and(|l| l >= key) {
+                return Err(invalid("group keys not strictly ascending"));
+            }
+            last = Some(key);
+            let slots = SlotSet::decode_from(&mut d, WHAT)?;
+            let common = in_range(d.u32()?, "a group")?;
+            let mut exceptions = Vec::new();
+            let mut last_slot = None;
+            for _ in 0..d.u16()? {
+                let (slot, n) = (d.u16()?, in_range(d.u32()?, "a slot")?);
+                if last_slot.is_some_and(|l| l >= slot) {
+                    return Err(invalid("exception slots not strictly ascending"));
+                }
+                last_slot = Some(slot);
+                if !slots.contains(usize::from(slot)) || n == common {
+                    return Err(invalid(format!(
+                        "exception for slot {slot}: not listed, or equal to the common count"
+                    )));
+                }
+                exceptions.push((slot, n));
+            }
+            m.groups.insert(
+                key,
+                SlotCounts {
+                    slots,
+                    common,
+                    exceptions,
+                },
+            );
+        }
+        d.finish()?;
+        Ok(m)
+    }
+}
+
+fn invalid(why: impl Into<String>) -> FormatError {
+    FormatError::invalid(WHAT, why.into())
+}
+
+/// Roots in `merge` but not in `live` (trees to subtract), and in `live` but not in `merge`
+/// (trees to add).
+pub fn tree_changes(merge: &MergedSummary, live: &BTreeSet<Id>) -> (Vec<Id>, Vec<Id>) {
+    let gone = merge
+        .trees
+        .keys()
+        .filter(|r| !live.contains(*r))
+        .copied()
+        .collect();
+    let new = live.iter().filter(|r| !merge.covers(r)).copied().collect();
+    (gone, new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tree's summary from (node, [(group, first, count)]) names.
+    fn tree(nodes: &[u8], runs: &[(u8, u16, u16)]) -> GroupSummary {
+        let mut s = GroupSummary::counted();
+        for n in nodes {
+            s.add_node(&Id::of(&[b'n', *n]));
+        }
+        for &(g, first, count) in runs {
+            s.add_run(&Id::of(&[b'g', g]), first, count);
+        }
+        s
+    }
+
+    fn union_of<'a>(trees: impl IntoIterator<Item = &'a GroupSummary>) -> GroupSummary {
+        let mut u = GroupSummary::default();
+        for t in trees {
+            u.merge(t);
+        }
+        u
+    }
+
+    fn merged_union(m: &MergedSummary) -> GroupSummary {
+        let mut u = GroupSummary::default();
+        m.union_into(&mut u);
+        u
+    }
+
+    #[test]
+    fn subtracting_a_tree_leaves_exactly_what_the_others_use() {
+        let a = tree(&[1, 2], &[(1, 0, 16), (2, 0, 4)]);
+        let b = tree(&[2, 3], &[(1, 0, 8), (2, 2, 4), (3, 0, 1)]);
+        let c = tree(&[3], &[(1, 4, 2), (3, 0, 1)]);
+        let roots: Vec<Id> = (0..3u8).map(|i| Id::of(&[b'r', i])).collect();
+        let mut m = MergedSummary::new("vm");
+        for (root, t) in roots.iter().zip([&a, &b, &c]) {
+            assert!(m.add_tree(root, t));
+        }
+        assert!(!m.add_tree(&roots[0], &a), "a tree is counted once");
+        assert_eq!(merged_union(&m), union_of([&a, &b, &c]));
+
+        m.remove_tree(&roots[1], &b).unwrap();
+        assert_eq!(merged_union(&m), union_of([&a, &c]));
+        // Slot 8..16 of group 1 was a's alone and stays; slot 5 of group 2 was b's alone.
+        let g2 = m.groups[&key(2)].slots.iter().collect::<Vec<_>>();
+        assert_eq!(g2, vec![0, 1, 2, 3]);
+
+        // The result is the merge built from the remaining trees, byte for byte.
+        let mut again = MergedSummary::new("vm");
+        again.add_tree(&roots[0], &a);
+        again.add_tree(&roots[2], &c);
+        assert_eq!(m, again);
+        assert_eq!(m.encode(), again.encode());
+
+        m.remove_tree(&roots[0], &a).unwrap();
+        m.remove_tree(&roots[2], &c).unwrap();
+        assert_eq!(m, MergedSummary::new("vm"));
+    }
+
+    fn key(g: u8) -> u64 {
+        crate::group_summary::key_of(&Id::of(&[b'g', g]))
+    }
+
+    #[test]
+    fn a_tree_is_subtracted_only_with_the_summary_that_was_added() {
+        let a = tree(&[1], &[(1, 0, 4)]);
+        let b = tree(&[1], &[(1, 0, 2)]);
+        let (ra, rb) = (Id::of(b"ra"), Id::of(b"rb"));
+        let mut m = MergedSummary::new("vm");
+        m.add_tree(&ra, &a);
+        m.add_tree(&rb, &b);
+        // a's summary replaced by a superset would take b's slots with it: refused.
+        let bigger = tree(&[1, 2], &[(1, 0, 4)]);
+        let err = m.clone().remove_tree(&ra, &bigger).unwrap_err();
+        assert!(err.0.contains("not the one counted"), "{err}");
+        let err = m.clone().remove_tree(&Id::of(b"rc"), &a).unwrap_err();
+        assert!(err.0.contains("is not counted"), "{err}");
+        m.remove_tree(&ra, &a).unwrap();
+        assert_eq!(merged_union(&m), union_of([&b]));
+    }
+
+    /// Random histories: a merge kept up by adding and subtracting trees equals the merge
+    /// built from the trees left, and its encoding round-trips.
+    #[test]
+    fn kept_up_merges_equal_rebuilt_ones() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut m = MergedSummary::new("image");
+        let mut live: BTreeMap<Id, GroupSummary> = BTreeMap::new();
+        for step in 0..300u32 {
+            if live.len() > 3 && next(3) == 0 {
+                let victim = *live.keys().nth(next(live.len() as u64) as usize).unwrap();
+                let s = live.remove(&victim).unwrap();
+                m.remove_tree(&victim, &s).unwrap();
+            } else {
+                let mut runs = Vec::new();
+                for _ in 0..1 + next(6) {
+                    runs.push((next(8) as u8, next(60) as u16, 1 + next(8) as u16));
+                }
+                let nodes: Vec<u8> = (0..next(4)).map(|_| next(16) as u8).collect();
+                let s = tree(&nodes, &runs);
+                let root = Id::of(&step.to_le_bytes());
+                m.add_tree(&root, &s);
+                live.insert(root, s);
+            }
+            let mut rebuilt = MergedSummary::new("image");
+            for (root, s) in &live {
+                rebuilt.add_tree(root, s);
+            }
+            assert_eq!(m, rebuilt, "step {step}");
+            assert_eq!(MergedSummary::decode(&m.encode()).unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn decoding_refuses_damage_and_impossible_counts() {
+        let mut m = MergedSummary::new("vm");
+        m.add_tree(&Id::of(b"r1"), &tree(&[1], &[(1, 0, 4)]));
+        m.add_tree(&Id::of(b"r2"), &tree(&[], &[(1, 2, 4)]));
+        let raw = m.encode();
+        assert_eq!(MergedSummary::decode(&raw).unwrap(), m);
+        for i in 0..raw.len() {
+            let mut bad = raw.clone();
+            bad[i] ^= 0x10;
+            assert!(MergedSummary::decode(&bad).is_err(), "flip at {i}");
+        }
+        assert!(MergedSummary::decode(&raw[..raw.len() - 1]).is_err());
+
+        // Payloads with a valid checksum but impossible content.
+        let payload = envelope::open(MAGIC, &raw, WHAT).unwrap().to_vec();
+        let reseal = |p: &[u8]| MergedSummary::decode(&envelope::seal(MAGIC, p));
+        // image "vm" (2 + 2) | trees 2 (4) | 2 × 64 | nodes 1 (4) | key (8) | count at 144
+        let count_at = 4 + 4 + 128 + 4 + 8;
+        let mut bad = payload.clone();
+        bad[count_at..count_at + 4].copy_from_slice(&3u32.to_le_bytes());
+        let err = reseal(&bad).unwrap_err();
+        assert!(err.to_string().contains("counted by 3 of 2 trees"), "{err}");
+        bad[count_at..count_at + 4].copy_from_slice(&0u32.to_le_bytes());
+        assert!(reseal(&bad).is_err());
+    }
+}
