@@ -36,10 +36,9 @@ fn main() -> ExitCode {
     let cli = parse_command_line();
     init_logging(cli.verbose);
     if let Some(mib) = cli.index_memory {
-        cairn_repo::v2::CacheLimits::set_process_default(cairn_repo::v2::CacheLimits {
-            filter_bytes: mib.saturating_mul(1 << 20),
-            ..cairn_repo::v2::CacheLimits::BUILT_IN
-        });
+        cairn_repo::v2::CacheLimits::set_process_default(
+            cairn_repo::v2::CacheLimits::for_index_memory(mib.saturating_mul(1 << 20)),
+        );
     }
     let ctx = Context::new(&cli);
     let json = cli.json;

@@ -79,11 +79,13 @@ struct Args {
     /// Dedup mode: bounded (cairn's default), exact, or both (two runs, one report).
     #[arg(long, default_value = "both")]
     mode: String,
-    /// Index filter budget in MiB (cairn's `--index-memory`).
+    /// Index memory budget in MiB (cairn's `--index-memory`: filters, and through
+    /// `CacheLimits::for_index_memory` the trailer and piece caches).
     #[arg(long, default_value_t = 64)]
     index_memory: u64,
-    /// Other filter budgets in MiB to cost the same commits at (the dedup is the same: only
-    /// what the reader holds and reads differs), reported under `other_index_memory`.
+    /// Other index memory budgets in MiB to cost the same commits at (the dedup is the same:
+    /// only what the reader holds and reads differs; the trailer fetches are the main
+    /// budget's), reported under `other_index_memory`.
     #[arg(long, value_delimiter = ',')]
     also_index_memory: Vec<u64>,
     /// VMs one host commits, for the per-host raw:RAM (the paper: 25 a machine).
@@ -174,7 +176,7 @@ impl RunTotals {
     }
 }
 
-fn run(p: &FleetParams, settings: CommitSettings, filter_budget: u64, others: &[u64]) -> RunTotals {
+fn run(p: &FleetParams, settings: CommitSettings, index_memory: u64, others: &[u64]) -> RunTotals {
     // The index a commit consults: group entries (a sixteenth of the chunks) and the chunk
     // keys, all of them or the sampled hooks.
     let index_entries =
@@ -204,7 +206,7 @@ fn run(p: &FleetParams, settings: CommitSettings, filter_budget: u64, others: &[
             let entries = index_entries(store.stored_chunks);
             let packs = store.packs() as u64;
             let f = commit::commit(&vm, day == 0, settings, &mut store, &mut seen);
-            let cost = CommitCost::of(&f, entries, packs, filter_budget);
+            let cost = CommitCost::of(&f, entries, packs, index_memory);
             totals.add(&f, cost, || format!("vm {v} snapshot {day}"));
             for o in &mut totals.others {
                 let cost = CommitCost::of(&f, entries, packs, o.index_memory_mib << 20);
@@ -319,8 +321,9 @@ fn fleet_params(args: &Args) -> FleetParams {
 fn settings(args: &Args, mode: DedupMode) -> CommitSettings {
     CommitSettings {
         mode,
-        trailer_slots: (cairn_repo::v2::CacheLimits::BUILT_IN.trailer_bytes / TRAILER_HELD)
-            as usize,
+        trailer_slots: (cairn_repo::v2::CacheLimits::for_index_memory(args.index_memory << 20)
+            .trailer_bytes
+            / TRAILER_HELD) as usize,
         claims_generation: match (mode, args.keep_all_claims, args.claims_generation) {
             (DedupMode::Exact, _, _) | (_, true, _) => None,
             (_, false, 0) => Some(BOUNDED_GENERATION),

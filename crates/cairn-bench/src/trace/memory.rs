@@ -73,10 +73,11 @@ impl CommitCost {
     }
 
     /// The cost of commit `f` against an index of `entries` entries over `packs` packs, with
-    /// filter budget `filter_budget` (the whole index as one compacted run; a sampled hook
-    /// index is counted by its own entries, see `main.rs`).
-    pub fn of(f: &CommitFigures, entries: u64, packs: u64, filter_budget: u64) -> CommitCost {
-        let limits = CacheLimits::BUILT_IN;
+    /// the limits of index memory budget `index_memory` (the whole index as one compacted
+    /// run; a sampled hook index is counted by its own entries, see `main.rs`).
+    pub fn of(f: &CommitFigures, entries: u64, packs: u64, index_memory: u64) -> CommitCost {
+        let limits = CacheLimits::for_index_memory(index_memory);
+        let filter_budget = limits.filter_bytes;
         let claim = std::mem::size_of::<(Id, Option<Placement>)>();
         let sections = entries.div_ceil(SECTION_ENTRIES as u64);
         let blocks = sections.div_ceil(BLOCK_SECTIONS as u64);
