@@ -19,8 +19,9 @@
 //!
 //! Concurrent commits that reuse what this GC deletes — a dead group, a slot a rewritten
 //! group dropped, a dead node — are found after the wait by marking the versions published
-//! since, and those groups are copied whole from their old packs into rescue packs, named by a
-//! rescue run; readers prefer a copy of a group that stores the slots they want
+//! since, and those groups are copied from their old packs into rescue packs, named by a rescue
+//! run, with the slots the live versions or the newcomers use (the rest dropped as a repack
+//! drops them); readers prefer a copy of a group that stores the slots they want
 //! (`V2Reader::locate_group_storing`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -243,7 +244,8 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
                 .await?;
         }
         let (now, _) = repo.v2_view().await?;
-        if let Some(run) = rescue(repo, &snapshot, &now, &used, &mut report).await? {
+        let rescued = rescue(repo, &snapshot, &now, &used, &*live_use, &mut report).await?;
+        if let Some(run) = rescued {
             written_runs.insert(run);
         }
     }
@@ -788,13 +790,17 @@ impl<'a> Repacker<'a> {
 
 /// Step 5 on format 2: every node and group slot that versions published during the wait
 /// use (`used`) and that the index as it is now (`now`: without the superseded runs) does
-/// not locate — a dead group or node, or a slot a rewritten group dropped — is copied whole
-/// from the snapshot's copy into a rescue pack, named by a rescue run (returned).
+/// not locate — a dead group or node, or a slot a rewritten group dropped — is copied from the
+/// snapshot's copy into a rescue pack, named by a rescue run (returned): a node whole, a group
+/// with the slots `live_use` or `used` names (the others dropped when they are worth it, as a
+/// repack drops them; until 2026-11-27 the whole group, whose dead slots only `gc --repair`
+/// reclaimed).
 async fn rescue(
     repo: &Repo,
     snapshot: &Snapshot,
     now: &V2Reader,
     used: &Marks,
+    live_use: &(dyn Liveness + Send + Sync),
     report: &mut GcReport,
 ) -> EngineResult<Option<Id>> {
     let mut wanted: Vec<(Id, u32)> = Vec::new(); // (pack, group) of the snapshot
@@ -837,10 +843,20 @@ async fn rescue(
         }
         let bytes = &data.as_ref().expect("read above").1;
         let trailer = &snapshot.trailers[&pack];
-        let group = copy_group(repo, trailer, g, bytes, None)?;
+        // What the versions live at the decision use, and what the newcomers use: nothing
+        // else can reach this copy (later sessions saw the plan), so the slots neither
+        // uses are dropped as a repack drops them, rather than kept for `gc --repair`.
+        let mut live = live_use.live_slots(trailer, g);
+        if let Some(slots) = live.as_mut() {
+            let gid = trailer.group_id(g).expect("a group of this trailer");
+            if let Some(newer) = used.used_slots(&gid) {
+                slots.union_with(newer);
+            }
+        }
+        let group = copy_group(repo, trailer, g, bytes, live.as_ref())?;
         report.bytes_repacked += u64::from(group.desc.stored_len);
         writer
-            .push(trailer.groups[g as usize].kind, group, None)
+            .push(trailer.groups[g as usize].kind, group, live.as_ref())
             .await?;
     }
     let locations = writer.finish().await?;

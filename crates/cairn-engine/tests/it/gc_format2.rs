@@ -197,6 +197,44 @@ async fn a_commit_reusing_slots_a_gc_drops_gets_the_whole_group_rescued() {
     check(&repo, &second.record, &b).await;
 }
 
+/// A rescue copies a group with the slots the live versions or the newcomers use, not whole:
+/// here the commit during the wait reuses one dropped slot of one of `a`'s groups, and the
+/// rescued copy stores that slot and the 8 `b` uses, the other 7 dropped (before 2026-11-27
+/// they stayed until `gc --repair`, which fast deletion no longer finds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescued_group_keeps_only_the_slots_in_use() {
+    let store = Arc::new(MemoryStore::new());
+    let repo = init(store.clone(), false).await;
+    let (a, b) = pair();
+    let first = commit_bytes(&repo, "vm", a.clone()).await;
+    let second = commit_bytes(&repo, "vm", b.clone()).await;
+    repo.mark_deleted(&first.id).await.unwrap();
+    repo.close().await.unwrap();
+
+    let committer = open(&store).await;
+    let gc_repo = open(&store).await;
+    let gc_task = tokio::spawn(async move { gc(&gc_repo, &opts()).await });
+    while store.list("gc/plans/").await.unwrap().is_empty() {
+        assert!(!gc_task.is_finished(), "gc finished without waiting");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // `b` with its first block as in `a`: slot 0 of `a`'s first group, which the GC drops.
+    let mut c = b.clone();
+    c[..4096].copy_from_slice(&a[..4096]);
+    let again = commit_bytes(&committer, "other", c.clone()).await;
+    assert_eq!(again.record.stats.new_chunks, 0);
+    committer.close().await.unwrap();
+    let report = gc_task.await.unwrap().unwrap();
+    assert_eq!(report.rescued_blobs, 1, "{report:?}");
+
+    let repo = open(&store).await;
+    // 16 trimmed groups drop 8 slots each; the rescued copy of the first drops 7.
+    assert_eq!(dropped_slots(&repo).await, 16 * 8 + 7);
+    assert_clean(&repo).await;
+    check(&repo, &again.record, &c).await;
+    check(&repo, &second.record, &b).await;
+}
+
 /// Fast deletion trusts the live versions' reference summaries; one that is damaged (or
 /// missing) is rebuilt from its tree, and the GC then frees exactly what it frees with the
 /// summary intact. An encrypted repository's summaries are sealed.
