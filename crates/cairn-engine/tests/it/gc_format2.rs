@@ -145,13 +145,20 @@ async fn groups_with_dead_slots_are_rewritten_without_them_encrypted() {
     groups_with_dead_slots_are_rewritten_without_them(true).await
 }
 
-/// A commit whose session predates the plan reuses slots the GC drops: after the wait the
-/// GC finds them and copies the whole groups into rescue packs; readers take the copy that
-/// stores the slots they want.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_commit_reusing_slots_a_gc_drops_gets_the_whole_group_rescued() {
+/// `a` then `b` committed and `a` deleted; a GC that has published its plan and waits for
+/// `committer`, a session opened before it.
+struct DuringGc {
+    store: Arc<MemoryStore>,
+    committer: Arc<Repo>,
+    gc_task: tokio::task::JoinHandle<Result<GcReport, cairn_engine::EngineError>>,
+    a: Vec<u8>,
+    b: Vec<u8>,
+    second: cairn_engine::commit::CommitResult,
+}
+
+async fn gc_waiting_for_a_commit(encrypted: bool) -> DuringGc {
     let store = Arc::new(MemoryStore::new());
-    let repo = init(store.clone(), true).await;
+    let repo = init(store.clone(), encrypted).await;
     let (a, b) = pair();
     let first = commit_bytes(&repo, "vm", a.clone()).await;
     let second = commit_bytes(&repo, "vm", b.clone()).await;
@@ -165,6 +172,29 @@ async fn a_commit_reusing_slots_a_gc_drops_gets_the_whole_group_rescued() {
         assert!(!gc_task.is_finished(), "gc finished without waiting");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    DuringGc {
+        store,
+        committer,
+        gc_task,
+        a,
+        b,
+        second,
+    }
+}
+
+/// A commit whose session predates the plan reuses slots the GC drops: after the wait the
+/// GC finds them and copies the groups into rescue packs (whole here: the commit uses every
+/// slot); readers take the copy that stores the slots they want.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_reusing_slots_a_gc_drops_gets_the_whole_group_rescued() {
+    let DuringGc {
+        store,
+        committer,
+        gc_task,
+        a,
+        b,
+        second,
+    } = gc_waiting_for_a_commit(true).await;
     // `a` again, deduplicated against every slot of `a`'s groups — half of which the GC
     // has already rewritten away in its new packs.
     let again = commit_bytes(&committer, "other", a.clone()).await;
@@ -203,21 +233,14 @@ async fn a_commit_reusing_slots_a_gc_drops_gets_the_whole_group_rescued() {
 /// they stayed until `gc --repair`, which fast deletion no longer finds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rescued_group_keeps_only_the_slots_in_use() {
-    let store = Arc::new(MemoryStore::new());
-    let repo = init(store.clone(), false).await;
-    let (a, b) = pair();
-    let first = commit_bytes(&repo, "vm", a.clone()).await;
-    let second = commit_bytes(&repo, "vm", b.clone()).await;
-    repo.mark_deleted(&first.id).await.unwrap();
-    repo.close().await.unwrap();
-
-    let committer = open(&store).await;
-    let gc_repo = open(&store).await;
-    let gc_task = tokio::spawn(async move { gc(&gc_repo, &opts()).await });
-    while store.list("gc/plans/").await.unwrap().is_empty() {
-        assert!(!gc_task.is_finished(), "gc finished without waiting");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let DuringGc {
+        store,
+        committer,
+        gc_task,
+        a,
+        b,
+        second,
+    } = gc_waiting_for_a_commit(false).await;
     // `b` with its first block as in `a`: slot 0 of `a`'s first group, which the GC drops.
     let mut c = b.clone();
     c[..4096].copy_from_slice(&a[..4096]);
