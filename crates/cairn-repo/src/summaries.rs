@@ -115,6 +115,15 @@ impl Repo {
         Ok(self.store().delete(key).await?)
     }
 
+    /// Deletes every merged summary (listed, not read). Returns how many.
+    pub async fn delete_merged_summaries(&self) -> RepoResult<u64> {
+        let listed = self.store().list(keys::MERGED_SUMMARIES).await?;
+        for meta in &listed {
+            self.store().delete(&meta.key).await?;
+        }
+        Ok(listed.len() as u64)
+    }
+
     /// Records that the space of deleted version `version` has been given back.
     pub async fn mark_freed(&self, version: &Id) -> RepoResult<()> {
         self.store()

@@ -91,9 +91,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             // deletes the summaries of dead trees they may count), and the next fast
             // deletion builds them again.
             if !options.dry_run {
-                for (key, _, _) in repo.merged_summaries().await? {
-                    repo.delete_merged_summary(&key).await?;
-                }
+                repo.delete_merged_summaries().await?;
             }
             let mut marks = Marks::default();
             progress::start(

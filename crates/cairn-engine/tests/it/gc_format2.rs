@@ -80,6 +80,15 @@ fn pair() -> (Vec<u8>, Vec<u8>) {
     (a, b)
 }
 
+/// Runs the exact pass (`gc --repair`).
+pub(crate) async fn repair(repo: &Arc<Repo>) -> GcReport {
+    let options = GcOptions {
+        mode: GcMode::Repair,
+        ..opts()
+    };
+    gc(repo, &options).await.unwrap()
+}
+
 pub(crate) async fn check(repo: &Arc<Repo>, record: &VersionRecord, want: &[u8]) {
     assert!(restore_bytes(repo, record).await.unwrap() == want);
 }
@@ -215,11 +224,7 @@ async fn a_commit_reusing_slots_a_gc_drops_gets_the_whole_group_rescued() {
     let fast = gc(&repo, &opts()).await.unwrap();
     assert_eq!((fast.reclaimed(), fast.freed_versions), (0, 0), "{fast:?}");
     assert_eq!(dropped_slots(&repo).await, 16 * 8);
-    let repair = GcOptions {
-        mode: GcMode::Repair,
-        ..opts()
-    };
-    gc(&repo, &repair).await.unwrap();
+    repair(&repo).await;
     let repo = open(&store).await;
     assert_eq!(dropped_slots(&repo).await, 0);
     assert_clean(&repo).await;
@@ -387,15 +392,7 @@ async fn fast_deletion_reads_only_the_packs_of_what_died(encrypted: bool) {
     listed.sort();
     assert_eq!(named, listed);
     // Nothing died that fast deletion left behind.
-    let exact = gc(
-        &repo,
-        &GcOptions {
-            mode: GcMode::Repair,
-            ..opts()
-        },
-    )
-    .await
-    .unwrap();
+    let exact = repair(&repo).await;
     assert_eq!(
         (
             exact.packs_deleted,
