@@ -17,6 +17,7 @@ use cairn_format::index::IndexFile;
 use cairn_format::index_run;
 use cairn_format::group_summary::GroupSummary;
 use cairn_format::merged_summary::MergedSummary;
+use cairn_format::record_bundle::RecordBundle;
 use cairn_format::leaf_v2::RunLeaf;
 use cairn_format::marker::{self, GcLeftover, GcPlan, Quarantine, Session};
 use cairn_format::node::{Interior, Leaf};
@@ -144,6 +145,9 @@ const DECODERS: &[(&str, Fix, Decoder)] = &[
             }
             let _ = m.add_tree(&Id::of(b"x"), &union);
         }
+    }),
+    ("record_bundle", Fix::Envelope, |d| {
+        drop(RecordBundle::decode(d))
     }),
     ("index_run", Fix::RunFooter, |d| {
         if let Ok(run) = index_run::parse_run(d, None) {

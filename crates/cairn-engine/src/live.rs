@@ -11,6 +11,7 @@
 //! undeleted record of that image counts as live. Over-keeping in a damaged repository costs
 //! space until `cairn repair`; under-keeping would lose intact versions.
 
+use bytes::Bytes;
 use cairn_format::keys;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -36,38 +37,104 @@ pub struct LiveVersions {
     pub broken_images: BTreeSet<String>,
 }
 
-/// A version record, or `Ok(None)` with the finding pushed to `damage` when it is damaged or
-/// missing. Errors of the store itself (unreachable, denied) still fail: they say nothing
-/// about the data.
+/// Where a walk reads version records: from their own keys, or first from records already
+/// at hand (a GC's record bundle, and what this source read before). Records are immutable
+/// and named by the hash of their stored bytes, so one at hand is checked exactly as one read.
+#[derive(Default)]
+pub struct RecordSource {
+    known: HashMap<Id, Bytes>,
+    /// Records read from their own keys.
+    pub read: u64,
+}
+
+impl RecordSource {
+    /// A source holding `known` (stored bytes by id) at hand.
+    pub fn with(known: impl IntoIterator<Item = (Id, Bytes)>) -> RecordSource {
+        RecordSource {
+            known: known.into_iter().collect(),
+            read: 0,
+        }
+    }
+
+    /// The stored bytes at hand of record `id`.
+    pub fn stored(&self, id: &Id) -> Option<&Bytes> {
+        self.known.get(id)
+    }
+
+    /// Reads and checks record `id`, from what is at hand when it is there.
+    pub async fn load(&mut self, repo: &Repo, id: &Id) -> Result<VersionRecord, RepoError> {
+        if let Some(stored) = self.known.get(id) {
+            match repo.open_version(id, stored) {
+                Ok(record) => return Ok(record),
+                // Bytes that match the id yet do not open (sealed with another key): read
+                // the record's own key instead.
+                Err(_) => {
+                    self.known.remove(id);
+                }
+            }
+        }
+        let stored = repo.load_version_stored(id).await?;
+        self.read += 1;
+        let record = repo.open_version(id, &stored)?;
+        self.known.insert(*id, stored);
+        Ok(record)
+    }
+
+    /// A version record, or `Ok(None)` with the finding pushed to `damage` when it is
+    /// damaged or missing. Errors of the store itself (unreachable, denied) still fail: they
+    /// say nothing about the data.
+    pub async fn load_or_report(
+        &mut self,
+        repo: &Repo,
+        id: &Id,
+        damage: &mut Vec<Damaged>,
+    ) -> EngineResult<Option<VersionRecord>> {
+        match self.load(repo, id).await {
+            Ok(record) => Ok(Some(record)),
+            // A record `cairn repair` already found lost is a known break, not new damage.
+            Err(RepoError::VersionMissing { .. }) if repo.is_known_lost_version(id).await? => {
+                Ok(None)
+            }
+            Err(e) if e.is_damage() => {
+                let finding = Damaged {
+                    key: keys::version(id),
+                    problem: match e {
+                        RepoError::VersionMissing { .. } => "missing".to_string(),
+                        RepoError::Corrupt { source, .. } => source.to_string(),
+                        other => other.to_string(),
+                    },
+                };
+                if !damage.contains(&finding) {
+                    damage.push(finding);
+                }
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// [`RecordSource::load_or_report`], reading the record from its own key.
 pub async fn load_or_report(
     repo: &Repo,
     id: &Id,
     damage: &mut Vec<Damaged>,
 ) -> EngineResult<Option<VersionRecord>> {
-    match repo.load_version(id).await {
-        Ok(record) => Ok(Some(record)),
-        // A record `cairn repair` already found lost is a known break, not new damage.
-        Err(RepoError::VersionMissing { .. }) if repo.is_known_lost_version(id).await? => Ok(None),
-        Err(e) if e.is_damage() => {
-            let finding = Damaged {
-                key: keys::version(id),
-                problem: match e {
-                    RepoError::VersionMissing { .. } => "missing".to_string(),
-                    RepoError::Corrupt { source, .. } => source.to_string(),
-                    other => other.to_string(),
-                },
-            };
-            if !damage.contains(&finding) {
-                damage.push(finding);
-            }
-            Ok(None)
-        }
-        Err(e) => Err(e.into()),
-    }
+    RecordSource::default()
+        .load_or_report(repo, id, damage)
+        .await
 }
 
 /// Walks every head and tag down its parent chain.
 pub async fn live_versions(repo: &Repo) -> EngineResult<LiveVersions> {
+    live_versions_from(repo, &mut RecordSource::default()).await
+}
+
+/// [`live_versions`], reading records through `records`.
+pub async fn live_versions_from(
+    repo: &Repo,
+    records: &mut RecordSource,
+) -> EngineResult<LiveVersions> {
     let deleted = repo.deleted_versions().await?;
     let mut damage = Vec::new();
     let mut broken: BTreeSet<String> = BTreeSet::new();
@@ -113,7 +180,7 @@ pub async fn live_versions(repo: &Repo) -> EngineResult<LiveVersions> {
             if !reachable.insert(id) {
                 break;
             }
-            let Some(record) = load_or_report(repo, &id, &mut damage).await? else {
+            let Some(record) = records.load_or_report(repo, &id, &mut damage).await? else {
                 reachable.remove(&id);
                 broken.insert(chain_image.clone());
                 break;
@@ -126,7 +193,7 @@ pub async fn live_versions(repo: &Repo) -> EngineResult<LiveVersions> {
         }
     }
     if !broken.is_empty() {
-        for (id, record) in records_of(repo, &broken, &mut damage).await? {
+        for (id, record) in records_of(repo, records, &broken, &mut damage).await? {
             reachable.insert(id);
             if !deleted.contains(&id) {
                 live.insert(id, record);
@@ -147,12 +214,13 @@ pub async fn live_versions(repo: &Repo) -> EngineResult<LiveVersions> {
 /// when damage broke a history). Unreadable records are reported in `damage`.
 pub async fn records_of(
     repo: &Repo,
+    records: &mut RecordSource,
     images: &BTreeSet<String>,
     damage: &mut Vec<Damaged>,
 ) -> EngineResult<Vec<(Id, VersionRecord)>> {
     let mut out = Vec::new();
     for id in repo.version_record_ids().await?.into_iter().flatten() {
-        if let Some(record) = load_or_report(repo, &id, damage).await? {
+        if let Some(record) = records.load_or_report(repo, &id, damage).await? {
             if images.contains(&record.image) {
                 out.push((id, record));
             }

@@ -275,11 +275,12 @@ async fn chain_of(
         let below = out.versions.last().map_or(u64::MAX, |(_, r)| r.seq);
         let have: HashSet<Id> = out.versions.iter().map(|(id, _)| *id).collect();
         let images = std::collections::BTreeSet::from([image.to_string()]);
-        let mut found: Vec<(Id, VersionRecord)> = records_of(repo, &images, &mut out.damage)
-            .await?
-            .into_iter()
-            .filter(|(id, r)| r.seq < below && !have.contains(id))
-            .collect();
+        let mut found: Vec<(Id, VersionRecord)> =
+            records_of(repo, &mut Default::default(), &images, &mut out.damage)
+                .await?
+                .into_iter()
+                .filter(|(id, r)| r.seq < below && !have.contains(id))
+                .collect();
         found.sort_by_key(|(_, r)| std::cmp::Reverse((r.seq, r.time_ns)));
         out.versions.extend(found);
     }

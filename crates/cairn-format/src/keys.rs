@@ -31,6 +31,8 @@ pub const LEFTOVERS: &str = "gc/leftover/";
 /// Format 2's merged reference summaries, one per image, kept by fast deletion:
 /// `gc/merged/<content id>`.
 pub const MERGED_SUMMARIES: &str = "gc/merged/";
+/// The version records the last GC reached, in one object: `gc/records/<content id>`.
+pub const RECORD_BUNDLES: &str = "gc/records/";
 /// Quarantine markers of damaged blob copies: `quarantine/<pack>/<blob>`.
 pub const QUARANTINE: &str = "quarantine/";
 /// Damaged objects and refs set aside by `cairn repair`: `damaged/<key>`,
@@ -92,6 +94,10 @@ pub fn leftover(id: &Id) -> String {
 
 pub fn merged_summary(id: &Id) -> String {
     format!("{MERGED_SUMMARIES}{id}")
+}
+
+pub fn record_bundle(id: &Id) -> String {
+    format!("{RECORD_BUNDLES}{id}")
 }
 
 /// Key of the quarantine marker of the copy of `blob` in `pack`.

@@ -25,6 +25,7 @@ pub mod name;
 pub mod node;
 pub mod pack;
 pub mod pack_v2;
+pub mod record_bundle;
 pub mod refs;
 pub mod slots;
 pub mod summary;

@@ -32,6 +32,7 @@ use cairn_format::pack::{
     self, decode_blob, encode_blob, BlobEncoding, BlobEntry, BlobKind, PackBuilder,
 };
 use cairn_format::pack_v2::{self, PackWriter};
+use cairn_format::record_bundle::RecordBundle;
 use cairn_format::summary::{self, ProbeKey, Summary};
 use cairn_format::version::{CommitStats, VersionRecord};
 use cairn_format::{envelope, refs, FormatError, Id, FORMAT_VERSION};
@@ -104,6 +105,7 @@ const VECTORS: &[&str] = &[
     "v2_group_summary",
     "v2_group_summary_counted",
     "v2_merged_summary",
+    "v2_record_bundle",
 ];
 
 fn golden_dir() -> PathBuf {
@@ -1230,6 +1232,7 @@ fn gc_leftovers() {
         keys::MERGED_SUMMARIES,
         "gc/merged/",
     );
+    pin("record bundles prefix", keys::RECORD_BUNDLES, "gc/records/");
     pin("quarantine prefix", keys::QUARANTINE, "quarantine/");
 }
 
@@ -1669,4 +1672,20 @@ fn v2_merged_summary() {
     let mut alone = MergedSummary::new("vm");
     alone.add_tree(&Id::of(b"r1"), &counted_summary());
     assert_eq!(m, alone);
+}
+
+/// A version record bundle of two records, in ascending order of their ids (recomputed, not
+/// stored). Every flip is refused (envelope checksum).
+#[test]
+fn v2_record_bundle() {
+    let mut b = RecordBundle::default();
+    b.insert(b"another version record".to_vec());
+    b.insert(b"a version record".to_vec());
+    let bytes = golden("v2_record_bundle", &b.encode());
+    assert_eq!(RecordBundle::decode(&bytes).unwrap(), b);
+    // envelope 16 | count 4 | 4 + 16 | 4 + 22 | 32
+    assert_eq!(bytes.len(), 16 + 4 + 20 + 26 + 32);
+    every_flip_is_noticed("v2_record_bundle", &bytes, &[], |x| {
+        RecordBundle::decode(x).is_ok_and(|y| y == b)
+    });
 }

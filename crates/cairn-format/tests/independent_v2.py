@@ -7,7 +7,7 @@ itself. Needs Python's blake3 (pip install blake3).
 
 Covers v2_pack_plain, v2_leaf_runs, v2_leaf_digest, v2_interior_digests, v2_index_run (version 1),
 v2_index_run_2, v2_index_run_3, v2_group_summary (version 1), v2_group_summary_counted (version 2),
-v2_merged_summary and the
+v2_merged_summary, v2_record_bundle and the
 pinned ids of v2_group_ids. (The sealed vectors
 v2_sealed_*, v2_key_slot and v2_group_sealed_raw were computed with PyNaCl and argon2-cffi.)
 """
@@ -207,6 +207,15 @@ def merged_summary():
     return envelope(b"CRNMSUM\0", 1, out)
 
 
+def record_bundle():
+    """A version record bundle of two records (any bytes: the bundle does not read them), in
+    ascending order of their ids."""
+    records = sorted([b"a version record", b"another version record"], key=bid)
+    out = struct.pack("<I", len(records))
+    out += b"".join(struct.pack("<I", len(r)) + r for r in records)
+    return envelope(b"CRNRECS\0", 1, out)
+
+
 def group_ids():
     context = "cairn 2026-11-25 v2 group id"
     listing = bid(b"a") + struct.pack("<I", 4096) + bid(b"b") + struct.pack("<I", 100)
@@ -231,7 +240,8 @@ def main():
                ("v2_index_run_3", index_run(3)), ("v2_interior_digests", interior_digests()),
                ("v2_group_summary", group_summary(False)),
                ("v2_group_summary_counted", group_summary(True)),
-               ("v2_merged_summary", merged_summary()))
+               ("v2_merged_summary", merged_summary()),
+               ("v2_record_bundle", record_bundle()))
     for name, data in vectors:
         path = os.path.join(HERE, name + ".hex")
         if "--write" in sys.argv:

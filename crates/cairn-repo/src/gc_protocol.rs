@@ -238,6 +238,27 @@ impl Repo {
             .collect())
     }
 
+    /// The size of every pack, as [`Repo::pack_sizes`], given those of an earlier listing
+    /// (`known`): the packs are listed without sizes and only those not in `known` are asked
+    /// for theirs (a local directory then stats the packs written since, not every pack).
+    pub async fn pack_sizes_since(&self, known: &HashMap<Id, u64>) -> RepoResult<HashMap<Id, u64>> {
+        let mut out = HashMap::new();
+        for key in self.store().list_keys(keys::PACKS).await? {
+            let Some(id) = keys::pack_id(&key) else {
+                continue;
+            };
+            let size = match known.get(&id) {
+                Some(size) => *size,
+                None => match self.store().head(&key).await? {
+                    Some(size) => size,
+                    None => continue, // deleted since it was listed
+                },
+            };
+            out.insert(id, size);
+        }
+        Ok(out)
+    }
+
     /// Bytes of every index file (format 2: index run) in the store.
     pub async fn index_file_bytes(&self) -> RepoResult<u64> {
         let prefix = match self.v2() {

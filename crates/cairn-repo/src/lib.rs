@@ -18,6 +18,7 @@ mod history;
 mod keyring;
 mod listings;
 mod quarantine;
+mod record_bundles;
 mod repository;
 pub mod session;
 mod set_aside;

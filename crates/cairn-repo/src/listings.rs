@@ -39,10 +39,10 @@ impl Repo {
     pub async fn version_record_ids(&self) -> RepoResult<Vec<Result<Id, String>>> {
         Ok(self
             .store()
-            .list(keys::VERSIONS)
+            .list_keys(keys::VERSIONS)
             .await?
             .into_iter()
-            .map(|m| keys::id_after(keys::VERSIONS, &m.key).ok_or(m.key))
+            .map(|key| keys::id_after(keys::VERSIONS, &key).ok_or(key))
             .collect())
     }
 

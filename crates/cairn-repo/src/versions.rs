@@ -111,13 +111,24 @@ impl Repo {
 
     /// Reads and checks a version record.
     pub async fn load_version(&self, id: &Id) -> RepoResult<VersionRecord> {
+        let stored = self.load_version_stored(id).await?;
+        self.open_version(id, &stored)
+    }
+
+    /// A version record's bytes as stored (checked by [`Repo::open_version`]).
+    pub async fn load_version_stored(&self, id: &Id) -> RepoResult<Bytes> {
+        match self.store().get(&keys::version(id)).await {
+            Ok(raw) => Ok(raw),
+            Err(StoreError::NotFound { .. }) => Err(RepoError::VersionMissing { id: *id }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Checks a version record's stored bytes against its id (wherever they were read:
+    /// its own key or a GC's record bundle) and decodes it.
+    pub fn open_version(&self, id: &Id, stored: &Bytes) -> RepoResult<VersionRecord> {
         let key = keys::version(id);
-        let raw = match self.store().get(&key).await {
-            Ok(raw) => raw,
-            Err(StoreError::NotFound { .. }) => return Err(RepoError::VersionMissing { id: *id }),
-            Err(e) => return Err(e.into()),
-        };
-        if Id::of(&raw) != *id {
+        if Id::of(stored) != *id {
             return Err(RepoError::corrupt(
                 key,
                 cairn_format::FormatError::Checksum {
@@ -125,7 +136,12 @@ impl Repo {
                 },
             ));
         }
-        let raw = self.open_sealed(Domain::VersionRecord, "version record", &key, raw)?;
+        let raw = self.open_sealed(
+            Domain::VersionRecord,
+            "version record",
+            &key,
+            stored.clone(),
+        )?;
         VersionRecord::decode(&raw).map_err(|e| RepoError::corrupt(key, e))
     }
 

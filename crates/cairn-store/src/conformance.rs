@@ -101,6 +101,17 @@ impl Ctx<'_> {
             "{}: list({prefix}) not sorted: {found:?}",
             self.name()
         );
+        let keys = self.ok(
+            self.store.list_keys(prefix).await,
+            &format!("list_keys({prefix})"),
+        );
+        let listed: Vec<&str> = found.iter().map(|m| m.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            listed,
+            "{}: list_keys({prefix}) differs from list",
+            self.name()
+        );
         found
     }
 

@@ -127,6 +127,10 @@ impl ObjectStore for CountingStore {
         self.inner.list(prefix).await
     }
 
+    async fn list_keys(&self, prefix: &str) -> StoreResult<Vec<String>> {
+        self.inner.list_keys(prefix).await
+    }
+
     async fn delete(&self, key: &str) -> StoreResult<()> {
         self.inner.delete(key).await
     }

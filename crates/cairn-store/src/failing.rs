@@ -82,6 +82,9 @@ impl ObjectStore for FailingStore {
     async fn list(&self, prefix: &str) -> StoreResult<Vec<ObjectMeta>> {
         self.inner.list(prefix).await
     }
+    async fn list_keys(&self, prefix: &str) -> StoreResult<Vec<String>> {
+        self.inner.list_keys(prefix).await
+    }
     async fn delete(&self, key: &str) -> StoreResult<()> {
         self.spend(key)?;
         self.inner.delete(key).await

@@ -110,6 +110,7 @@ impl StoreHints {
 ///   the object is an error ([`StoreError::RangeOutOfBounds`]), never a short read.
 /// - `list` returns every object whose key starts with `prefix`, sorted by key; refs are not
 ///   objects and do not appear in listings of object prefixes (they live under their own keys).
+///   `list_keys` returns the same keys.
 /// - `delete` is idempotent.
 /// - `cas_ref` swaps only if the ref's current version equals `expected` (`None` = the ref
 ///   must not exist); `new = None` deletes the ref.
@@ -137,6 +138,17 @@ pub trait ObjectStore: Send + Sync + Debug {
 
     /// Every object whose key starts with `prefix`, sorted by key.
     async fn list(&self, prefix: &str) -> StoreResult<Vec<ObjectMeta>>;
+
+    /// The keys `list` returns, without sizes: a local directory then stats no file (a
+    /// listing an object store returns has the sizes anyway).
+    async fn list_keys(&self, prefix: &str) -> StoreResult<Vec<String>> {
+        Ok(self
+            .list(prefix)
+            .await?
+            .into_iter()
+            .map(|m| m.key)
+            .collect())
+    }
 
     /// Remove an object; succeeds if it does not exist.
     async fn delete(&self, key: &str) -> StoreResult<()>;

@@ -313,8 +313,17 @@ impl ObjectStore for LocalStore {
     async fn list(&self, prefix: &str) -> StoreResult<Vec<ObjectMeta>> {
         validate_prefix(prefix)?;
         let (root, prefix) = (self.root.clone(), prefix.to_owned());
-        self.blocking(move || list_files(&root, &prefix, &[REFS_SEGMENT, RESERVE_NAME]))
+        self.blocking(move || list_files(&root, &prefix, &[REFS_SEGMENT, RESERVE_NAME], true))
             .await
+    }
+
+    async fn list_keys(&self, prefix: &str) -> StoreResult<Vec<String>> {
+        validate_prefix(prefix)?;
+        let (root, prefix) = (self.root.clone(), prefix.to_owned());
+        let listed = self
+            .blocking(move || list_files(&root, &prefix, &[REFS_SEGMENT, RESERVE_NAME], false))
+            .await?;
+        Ok(listed.into_iter().map(|m| m.key).collect())
     }
 
     async fn delete(&self, key: &str) -> StoreResult<()> {
@@ -337,7 +346,7 @@ impl ObjectStore for LocalStore {
         validate_prefix(prefix)?;
         let (refs, prefix) = (self.refs_dir(), prefix.to_owned());
         let metas = self
-            .blocking(move || list_files(&refs, &prefix, &[REF_LOCK_NAME]))
+            .blocking(move || list_files(&refs, &prefix, &[REF_LOCK_NAME], true))
             .await?;
         Ok(metas.into_iter().map(|m| m.key).collect())
     }

@@ -149,6 +149,8 @@ pub fn report_json(r: &GcReport) -> Value {
         "index_bytes_read": r.index_bytes_read,
         "summary_bytes": r.summary_bytes,
         "summaries_read": r.summaries_read,
+        "records_read": r.records_read,
+        "record_bundle_bytes": r.record_bundle_bytes,
         "waited_s": r.waited_s,
         "duration_s": r.duration_s,
     })

@@ -65,7 +65,11 @@ pub(super) async fn live_summary(
             Ok(_) => obsolete.push(key), // no live tree left in its image
             Err(e) if e.is_damage() => {
                 tracing::warn!("{e}; building the merged summary again");
-                obsolete.push(key);
+                // Deleted now, not with the obsolete ones: the merge built again may have
+                // its content id, and would not be written over it.
+                if !options.dry_run {
+                    repo.delete_merged_summary(&key).await?;
+                }
             }
             Err(e) => return Err(e.into()),
         }

@@ -44,12 +44,13 @@ use cairn_repo::{Repo, RepoError};
 use super::group_summaries::{live_summary, LiveUse};
 use super::leftovers::{remove_orphan_records, remove_stale_markers};
 use super::rebuild::Damaged;
+use super::records::GcRecords;
 use super::{
-    finish, publish_and_wait, stored_bytes, sweep, unreadable_live_tree, GcMode, GcOptions,
-    GcReport,
+    finish, publish_and_wait, stored_bytes, stored_bytes_since, sweep, unreadable_live_tree,
+    GcMode, GcOptions, GcReport,
 };
 use crate::error::{EngineError, EngineResult};
-use crate::live::{live_versions, LiveVersions};
+use crate::live::{live_versions_from, LiveVersions, RecordSource};
 use crate::progress::{self, Unit};
 
 /// A group copied into a new pack is rewritten without its dead slots when they hold at
@@ -68,7 +69,8 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     // Refs first, then the index: a version's groups are indexed before its ref names it.
     // The packs are listed after the runs, so every pack a run names that exists is listed
     // (packs are durable before a run names them); a listed pack no run names is an orphan.
-    let live = live_versions(repo).await?;
+    let mut records = GcRecords::load(repo, options, &mut report).await?;
+    let live = live_versions_from(repo, &mut records.source).await?;
     let mut snapshot = Snapshot::load(repo).await?;
     let (bytes_before, pack_sizes) = stored_bytes(repo).await?;
     report.bytes_before = bytes_before;
@@ -80,6 +82,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     // exact pass also finds leaks and consolidates the runs.
     let orphans_listed = pack_sizes.keys().any(|p| !snapshot.named.contains(p));
     if options.mode == GcMode::Fast && unfreed.is_empty() && !orphans_listed {
+        records.keep(repo, &live, options, &mut report).await?;
         return Ok(report);
     }
     // Fast deletion reads the trailers of the packs the deleted versions' dead data is in
@@ -112,7 +115,8 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         GcMode::Fast => {
             let used = live_summary(repo, &snapshot.reader, &live, options, &mut report).await?;
             report.live_blobs = (used.union.nodes.len() + used.union.groups.len()) as u64;
-            scope = affected_packs(repo, &snapshot, &used, &unfreed, &live).await?;
+            scope = affected_packs(repo, &mut records.source, &snapshot, &used, &unfreed, &live)
+                .await?;
             Box::new(used.union)
         }
     };
@@ -143,6 +147,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             .sum();
         let orphaned: u64 = orphans.iter().map(|p| pack_sizes[p]).sum();
         report.bytes_after = bytes_before - doomed - repacked - orphaned;
+        records.keep(repo, &live, options, &mut report).await?;
         return Ok(report);
     }
     let nothing_to_do = plan.to_delete.is_empty()
@@ -151,7 +156,8 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         && orphans.is_empty()
         && snapshot.runs.len() <= 1;
     if nothing_to_do {
-        free_versions(repo, &unfreed, &live).await?;
+        free_versions(repo, &mut records.source, &unfreed, &live).await?;
+        records.keep(repo, &live, options, &mut report).await?;
         remove_orphan_records(repo, &live, options, &mut report).await?;
         report.freed_versions = unfreed.len() as u64;
         return Ok(report);
@@ -225,7 +231,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         .chain(&plan.to_repack)
         .copied()
         .collect();
-    let live_now = live_versions(repo).await?;
+    let live_now = live_versions_from(repo, &mut records.source).await?;
     let newcomers: Vec<&VersionRecord> = live_now
         .live
         .iter()
@@ -252,10 +258,11 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     sweep(repo, &superseded, &written_runs, &doomed).await?;
     delete_orphans(repo, &orphans, &mut report).await?;
     remove_orphan_records(repo, &live_now, options, &mut report).await?;
-    free_versions(repo, &unfreed, &live_now).await?;
+    free_versions(repo, &mut records.source, &unfreed, &live_now).await?;
+    records.keep(repo, &live_now, options, &mut report).await?;
     report.freed_versions = unfreed.len() as u64;
     finish(repo, &published, options).await?;
-    let (bytes_after, packs_after) = stored_bytes(repo).await?;
+    let (bytes_after, packs_after) = stored_bytes_since(repo, &pack_sizes).await?;
     report.bytes_after = bytes_after;
     // Markers of copies whose pack is gone (repacked, deleted, or missing: the consolidated
     // run names only packs that exist).
@@ -265,10 +272,15 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
 
 /// Records that the space of the deleted versions `unfreed` is given back, and deletes the
 /// reference summaries of their trees that no live version has.
-async fn free_versions(repo: &Repo, unfreed: &[Id], live: &LiveVersions) -> EngineResult<()> {
+async fn free_versions(
+    repo: &Repo,
+    records: &mut RecordSource,
+    unfreed: &[Id],
+    live: &LiveVersions,
+) -> EngineResult<()> {
     let live_roots: HashSet<Id> = live.live.values().filter_map(|r| r.root).collect();
     for v in unfreed {
-        if let Ok(record) = repo.load_version(v).await {
+        if let Ok(record) = records.load(repo, v).await {
             if let Some(root) = record.root.filter(|r| !live_roots.contains(r)) {
                 repo.delete_summary(&root).await?;
             }
@@ -346,6 +358,7 @@ impl Snapshot {
 /// damaged: what died cannot be told without it.
 async fn affected_packs(
     repo: &Repo,
+    records: &mut RecordSource,
     snapshot: &Snapshot,
     used: &LiveUse,
     unfreed: &[Id],
@@ -356,7 +369,7 @@ async fn affected_packs(
     let mut dead_keys: Vec<u64> = Vec::new();
     let mut done = HashSet::new();
     for v in unfreed {
-        let Ok(record) = repo.load_version(v).await else {
+        let Ok(record) = records.load(repo, v).await else {
             return Ok(None);
         };
         let Some(root) = record.root.filter(|r| !live_roots.contains(r)) else {

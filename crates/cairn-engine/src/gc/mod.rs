@@ -41,6 +41,7 @@ mod group_summaries;
 mod grouped;
 mod leftovers;
 mod rebuild;
+mod records;
 pub(crate) mod summaries;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -152,6 +153,10 @@ pub struct GcReport {
     /// Format 2, fast deletion: summary objects read (one merged summary per image, plus
     /// the summaries of trees deleted or committed since the last GC).
     pub summaries_read: u64,
+    /// Format 2: version records read from their own keys (the rest came from the record
+    /// bundle the last GC wrote), and the bundle's bytes.
+    pub records_read: u64,
+    pub record_bundle_bytes: u64,
     /// Fast deletion: estimated chance that a dead chunk is judged live (equation (1) of the
     /// paper, over the merged live summaries).
     pub summary_fp_rate: f64,
@@ -650,6 +655,17 @@ async fn finish(repo: &Repo, published: &Published, options: &GcOptions) -> Engi
 /// Bytes of packs and index files, and each pack's size.
 async fn stored_bytes(repo: &Repo) -> EngineResult<(u64, HashMap<Id, u64>)> {
     let pack_sizes = repo.pack_sizes().await?;
+    let index_bytes = repo.index_file_bytes().await?;
+    Ok((pack_sizes.values().sum::<u64>() + index_bytes, pack_sizes))
+}
+
+/// [`stored_bytes`] again at the end of a GC, asking only the packs not listed at its start
+/// (`before`) for their size.
+async fn stored_bytes_since(
+    repo: &Repo,
+    before: &HashMap<Id, u64>,
+) -> EngineResult<(u64, HashMap<Id, u64>)> {
+    let pack_sizes = repo.pack_sizes_since(before).await?;
     let index_bytes = repo.index_file_bytes().await?;
     Ok((pack_sizes.values().sum::<u64>() + index_bytes, pack_sizes))
 }

@@ -224,7 +224,7 @@ async fn repair_metadata(
         }
         let mut damage = Vec::new();
         let images = std::collections::BTreeSet::from([image.clone()]);
-        let newest = records_of(repo, &images, &mut damage)
+        let newest = records_of(repo, &mut Default::default(), &images, &mut damage)
             .await?
             .into_iter()
             .filter(|(id, _)| !live.deleted.contains(id))

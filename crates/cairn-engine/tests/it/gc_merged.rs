@@ -173,3 +173,38 @@ async fn a_tree_whose_summary_changed_is_not_subtracted() {
     assert_eq!(merged, own);
 }
 
+/// A damaged merge built again with the same trees has the same content id (in a plain
+/// repository): it is written over the damaged one, not lost with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_built_again_under_its_own_key_is_kept() {
+    let store = Arc::new(MemoryStore::new());
+    let repo = init(store.clone(), false).await;
+    let mut a = Vec::new();
+    for k in 0..4 {
+        a.push(commit_bytes(&repo, "a", version(4, k)).await);
+    }
+    commit_bytes(&repo, "b", version(5, 0)).await;
+    repo.mark_deleted(&a[0].id).await.unwrap();
+    gc(&repo, &opts()).await.unwrap();
+    let merges = repo.merged_summaries().await.unwrap();
+    let (b_key, _, _) = merges
+        .iter()
+        .find(|(_, m, _)| m.as_ref().unwrap().image == "b")
+        .unwrap();
+    let good = store.get(b_key).await.unwrap();
+    let mut bad = good.to_vec();
+    let at = bad.len() / 2;
+    bad[at] ^= 0x04;
+    store.delete(b_key).await.unwrap();
+    store.put_if_absent(b_key, bad.into()).await.unwrap();
+
+    // b's merge is built again from its one tree: the same bytes under the same key.
+    repo.mark_deleted(&a[1].id).await.unwrap();
+    let rebuilt = gc(&repo, &opts()).await.unwrap();
+    assert_eq!(rebuilt.summaries_read, 2 + 1 + 1, "{rebuilt:?}");
+    assert_eq!(store.get(b_key).await.unwrap(), good);
+    // The next GC reads both merges as they are: a's, b's, and the tree deleted since.
+    repo.mark_deleted(&a[2].id).await.unwrap();
+    let next = gc(&repo, &opts()).await.unwrap();
+    assert_eq!(next.summaries_read, 2 + 1, "{next:?}");
+}

@@ -18,6 +18,7 @@ mod gc;
 mod gc_format2;
 mod gc_leak;
 mod gc_merged;
+mod gc_records;
 mod healing;
 mod healing_format2;
 mod history;

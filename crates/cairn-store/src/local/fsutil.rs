@@ -98,10 +98,12 @@ pub(super) fn remove_temp_files(root: &Path, before: SystemTime) -> StoreResult<
         for entry in entries {
             let entry = entry.map_err(|e| StoreError::io("list directory", &dir, e))?;
             let path = entry.path();
-            let Ok(meta) = fs::symlink_metadata(&path) else {
+            // The directory entry's type costs no call on most file systems; only temporary
+            // files are stat'ed (a walk of a large repository stats nothing else).
+            let Ok(file_type) = entry.file_type() else {
                 continue; // gone meanwhile
             };
-            if meta.is_dir() {
+            if file_type.is_dir() {
                 dirs.push(path);
                 continue;
             }
@@ -109,6 +111,12 @@ pub(super) fn remove_temp_files(root: &Path, before: SystemTime) -> StoreResult<
                 .file_name()
                 .to_str()
                 .is_some_and(|n| n.starts_with(TEMP_PREFIX));
+            if !is_temp {
+                continue;
+            }
+            let Ok(meta) = fs::symlink_metadata(&path) else {
+                continue; // gone meanwhile
+            };
             let old = meta.modified().is_ok_and(|m| m < before);
             if is_temp && meta.is_file() && old {
                 match fs::remove_file(&path) {
@@ -161,7 +169,8 @@ impl FileLock {
     }
 }
 
-/// Every file under `base` whose path relative to `base` starts with `prefix`, sorted by key.
+/// Every file under `base` whose path relative to `base` starts with `prefix`, sorted by key;
+/// with its size when `sizes` (one stat a file), else size 0.
 ///
 /// Only directories that can hold matching keys are read: the complete segments of `prefix`
 /// are followed directly, the partial last segment filters the entries of that directory,
@@ -171,6 +180,7 @@ pub(super) fn list_files(
     base: &Path,
     prefix: &str,
     skip_top: &[&str],
+    sizes: bool,
 ) -> StoreResult<Vec<ObjectMeta>> {
     let (dir_part, partial) = match prefix.rfind('/') {
         Some(i) => (&prefix[..=i], &prefix[i + 1..]),
@@ -182,7 +192,7 @@ pub(super) fn list_files(
     let start = base.join(dir_part);
     let skip = if dir_part.is_empty() { skip_top } else { &[] };
     let mut out = Vec::new();
-    walk(&start, dir_part, Some(partial), skip, &mut out)?;
+    walk(&start, dir_part, Some(partial), skip, sizes, &mut out)?;
     out.sort_unstable_by(|a, b| a.key.cmp(&b.key));
     Ok(out)
 }
@@ -194,6 +204,7 @@ fn walk(
     key_prefix: &str,
     filter: Option<&str>,
     skip: &[&str],
+    sizes: bool,
     out: &mut Vec<ObjectMeta>,
 ) -> StoreResult<()> {
     let entries = match fs::read_dir(dir) {
@@ -220,7 +231,9 @@ fn walk(
             .map_err(|e| StoreError::io("stat", &path, e))?;
         let key = format!("{key_prefix}{name}");
         if file_type.is_dir() {
-            walk(&path, &format!("{key}/"), None, &[], out)?;
+            walk(&path, &format!("{key}/"), None, &[], sizes, out)?;
+        } else if file_type.is_file() && !sizes {
+            out.push(ObjectMeta { key, size: 0 });
         } else if file_type.is_file() {
             let size = match entry.metadata() {
                 Ok(m) => m.len(),
