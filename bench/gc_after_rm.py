@@ -5,7 +5,7 @@ builds it) committed N times by the first build, WRITES 4 KiB writes into its da
 commit after the first; then for each build, on a copy: `rm IMAGE@1` with its GC (untimed: a
 repository that is collected regularly has had a GC before, which keeps the merged summaries),
 then `rm --no-gc IMAGE@max(2, N/2)` and a timed `gc --json` (wall seconds, peak RSS, and what
-it read). N >= 3.
+it read: summaries, version records, index bytes). N >= 3.
 
     bench/gc_after_rm.py WORK N NAME=PATH [NAME=PATH ...]
     GC_AB_GIB=16 GC_AB_WRITES=4096 bench/gc_after_rm.py WORK 2 before=B after=A
@@ -63,6 +63,8 @@ def main():
                           "gc_rss": rss, "trailers_read": r.get("trailers_read"),
                           "summaries_read": r.get("summaries_read"),
                           "summary_bytes": r.get("summary_bytes"),
+                          "records_read": r.get("records_read"),
+                          "record_bundle_bytes": r.get("record_bundle_bytes"),
                           "index_bytes_read": r.get("index_bytes_read"),
                           "packs_deleted": r.get("packs_deleted"),
                           "packs_repacked": r.get("packs_repacked"),

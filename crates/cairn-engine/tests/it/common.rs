@@ -55,6 +55,23 @@ pub fn config(chunk: u32, segment: u32) -> RepoConfig {
     }
 }
 
+/// Flips bits `mask` of the middle byte of object `key` in place (a store's bit rot);
+/// returns the good bytes.
+pub async fn flip_middle_byte(
+    store: &cairn_store::MemoryStore,
+    key: &str,
+    mask: u8,
+) -> bytes::Bytes {
+    use cairn_store::ObjectStore;
+    let good = store.get(key).await.unwrap();
+    let mut bad = good.to_vec();
+    let at = bad.len() / 2;
+    bad[at] ^= mask;
+    store.delete(key).await.unwrap();
+    store.put_if_absent(key, bad.into()).await.unwrap();
+    good
+}
+
 pub fn write_file(dir: &Path, name: &str, data: &[u8]) -> PathBuf {
     let p = dir.join(name);
     File::create(&p).unwrap().write_all(data).unwrap();

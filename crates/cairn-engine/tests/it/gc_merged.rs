@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::common::{commit_bytes, noise};
+use crate::common::{commit_bytes, flip_middle_byte, noise};
 use crate::gc_format2::{assert_clean, check, init, open, opts, repair};
 use cairn_engine::commit::CommitResult as Committed;
 use cairn_engine::gc::gc;
@@ -97,11 +97,7 @@ async fn one_summary_per_image(encrypted: bool) {
 
     // A damaged merge is built again from the live trees' summaries.
     let key = merge_keys(&store).await.remove(0);
-    let mut bad = store.get(&key).await.unwrap().to_vec();
-    let at = bad.len() / 2;
-    bad[at] ^= 0x08;
-    store.delete(&key).await.unwrap();
-    store.put_if_absent(&key, bad.into()).await.unwrap();
+    flip_middle_byte(&store, &key, 0x08).await;
     repo.mark_deleted(&a[2].0.id).await.unwrap();
     let fourth = gc(&repo, &opts()).await.unwrap();
     assert_eq!(fourth.summaries_read, 1 + 3, "{fourth:?}");
@@ -191,12 +187,7 @@ async fn a_merge_built_again_under_its_own_key_is_kept() {
         .iter()
         .find(|(_, m, _)| m.as_ref().unwrap().image == "b")
         .unwrap();
-    let good = store.get(b_key).await.unwrap();
-    let mut bad = good.to_vec();
-    let at = bad.len() / 2;
-    bad[at] ^= 0x04;
-    store.delete(b_key).await.unwrap();
-    store.put_if_absent(b_key, bad.into()).await.unwrap();
+    let good = flip_middle_byte(&store, b_key, 0x04).await;
 
     // b's merge is built again from its one tree: the same bytes under the same key.
     repo.mark_deleted(&a[1].id).await.unwrap();

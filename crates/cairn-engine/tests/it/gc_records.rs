@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use crate::common::{commit_bytes, noise};
+use crate::common::{commit_bytes, flip_middle_byte, noise};
 use crate::gc_format2::{assert_clean, check, init, open, opts, repair};
 use cairn_engine::gc::gc;
 use cairn_store::{MemoryStore, ObjectStore};
@@ -75,12 +75,7 @@ async fn records_between_gcs(encrypted: bool) {
 
     // A damaged bundle is ignored: every record is read from its own key, and it is replaced.
     let key = &after_second[0];
-    let good = store.get(key).await.unwrap();
-    let mut bad = good.to_vec();
-    let at = bad.len() / 2;
-    bad[at] ^= 0x20;
-    store.delete(key).await.unwrap();
-    store.put_if_absent(key, bad.into()).await.unwrap();
+    let good = flip_middle_byte(&store, key, 0x20).await;
     repo.mark_deleted(&v[2].id).await.unwrap();
     let third = gc(&repo, &opts()).await.unwrap();
     assert_eq!(
@@ -116,4 +111,39 @@ async fn gc_reads_only_the_records_committed_since_the_last_gc_plain() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_reads_only_the_records_committed_since_the_last_gc_encrypted() {
     records_between_gcs(true).await
+}
+
+/// A GC killed between writing a bundle and deleting the one it replaced leaves two: the
+/// next GC reads both (here: neither holds every record, together they do) and keeps one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_bundles_left_by_a_killed_gc_become_one() {
+    use cairn_format::record_bundle::RecordBundle;
+    let store = Arc::new(MemoryStore::new());
+    let repo = init(store.clone(), false).await;
+    let mut v = Vec::new();
+    for k in 0..4 {
+        v.push(commit_bytes(&repo, "vm", version(k)).await);
+    }
+    let (mut old, mut new) = (RecordBundle::default(), RecordBundle::default());
+    for (i, c) in v.iter().enumerate() {
+        let key = cairn_format::keys::version(&c.id);
+        let stored = store.get(&key).await.unwrap().to_vec();
+        if i < 3 {
+            old.insert(stored.clone());
+        }
+        if i > 0 {
+            new.insert(stored);
+        }
+    }
+    repo.put_record_bundle(&old).await.unwrap();
+    repo.put_record_bundle(&new).await.unwrap();
+    assert_eq!(bundle_keys(&store).await.len(), 2);
+
+    repo.mark_deleted(&v[0].id).await.unwrap();
+    let report = gc(&repo, &opts()).await.unwrap();
+    assert_eq!(report.records_read, 0, "{report:?}");
+    let keys = bundle_keys(&store).await;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let (_, kept, _) = repo.record_bundles().await.unwrap().remove(0);
+    assert_eq!(kept.unwrap().records.len(), 4);
 }
