@@ -34,6 +34,20 @@ impl Repo {
         Ok(s)
     }
 
+    /// Every object under `prefix`, by key, with its bytes (one deleted between the listing
+    /// and the read is left out).
+    pub(crate) async fn read_listed(&self, prefix: &str) -> RepoResult<Vec<(String, Bytes)>> {
+        let mut out = Vec::new();
+        for meta in self.store().list(prefix).await? {
+            match self.store().get(&meta.key).await {
+                Ok(raw) => out.push((meta.key, raw)),
+                Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(out)
+    }
+
     /// Every version record in the store: its id, or (`Err`) the key of an object under
     /// `versions/` that does not name one.
     pub async fn version_record_ids(&self) -> RepoResult<Vec<Result<Id, String>>> {

@@ -5,7 +5,6 @@ use bytes::Bytes;
 use cairn_format::keys;
 use cairn_format::record_bundle::RecordBundle;
 use cairn_format::Id;
-use cairn_store::StoreError;
 
 use crate::error::{RepoError, RepoResult};
 use crate::repository::Repo;
@@ -24,18 +23,15 @@ impl Repo {
     /// Every bundle, by key, with its stored size; a damaged one is an error in its place (GC
     /// reads the records from their own keys instead, and replaces it).
     pub async fn record_bundles(&self) -> RepoResult<Vec<(String, RepoResult<RecordBundle>, u64)>> {
-        let mut out = Vec::new();
-        for meta in self.store().list(keys::RECORD_BUNDLES).await? {
-            let raw = match self.store().get(&meta.key).await {
-                Ok(raw) => raw,
-                Err(StoreError::NotFound { .. }) => continue,
-                Err(e) => return Err(e.into()),
-            };
-            let len = raw.len() as u64;
-            let bundle = RecordBundle::decode(&raw).map_err(|e| RepoError::corrupt(&meta.key, e));
-            out.push((meta.key, bundle, len));
-        }
-        Ok(out)
+        let listed = self.read_listed(keys::RECORD_BUNDLES).await?;
+        Ok(listed
+            .into_iter()
+            .map(|(key, raw)| {
+                let len = raw.len() as u64;
+                let bundle = RecordBundle::decode(&raw).map_err(|e| RepoError::corrupt(&key, e));
+                (key, bundle, len)
+            })
+            .collect())
     }
 
     pub async fn delete_record_bundle(&self, key: &str) -> RepoResult<()> {

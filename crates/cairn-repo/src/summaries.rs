@@ -93,22 +93,19 @@ impl Repo {
     pub async fn merged_summaries(
         &self,
     ) -> RepoResult<Vec<(String, RepoResult<MergedSummary>, u64)>> {
-        let mut out = Vec::new();
-        for meta in self.store().list(keys::MERGED_SUMMARIES).await? {
-            let raw = match self.store().get(&meta.key).await {
-                Ok(raw) => raw,
-                Err(StoreError::NotFound { .. }) => continue,
-                Err(e) => return Err(e.into()),
-            };
-            let len = raw.len() as u64;
-            let merged = self
-                .open_sealed(Domain::Summary, "merged summary", &meta.key, raw)
-                .and_then(|plain| {
-                    MergedSummary::decode(&plain).map_err(|e| RepoError::corrupt(&meta.key, e))
-                });
-            out.push((meta.key, merged, len));
-        }
-        Ok(out)
+        let listed = self.read_listed(keys::MERGED_SUMMARIES).await?;
+        Ok(listed
+            .into_iter()
+            .map(|(key, raw)| {
+                let len = raw.len() as u64;
+                let merged = self
+                    .open_sealed(Domain::Summary, "merged summary", &key, raw)
+                    .and_then(|plain| {
+                        MergedSummary::decode(&plain).map_err(|e| RepoError::corrupt(&key, e))
+                    });
+                (key, merged, len)
+            })
+            .collect())
     }
 
     pub async fn delete_merged_summary(&self, key: &str) -> RepoResult<()> {

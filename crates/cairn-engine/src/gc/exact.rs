@@ -53,7 +53,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     report.live_blobs = marker.live.len() as u64;
 
     // Plan: which copy of each live blob survives, and what happens to each pack.
-    let (bytes_before, pack_sizes) = stored_bytes(repo).await?;
+    let (bytes_before, pack_sizes) = stored_bytes(repo, None).await?;
     report.bytes_before = bytes_before;
     let plan = PackPlan::new(
         &snapshot,
@@ -196,7 +196,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         repo.delete_gc_leftover(key).await?;
     }
     finish(repo, &published, options).await?;
-    let (bytes_after, packs_after) = stored_bytes(repo).await?;
+    let (bytes_after, packs_after) = stored_bytes(repo, Some(&pack_sizes)).await?;
     report.bytes_after = bytes_after;
     remove_stale_markers(repo, &packs_after).await?;
     Ok(report)

@@ -92,7 +92,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     let mut pending: Vec<Id> = live.deleted.difference(&freed).copied().collect();
     pending.sort();
     // The pack listing is taken before the plan, for orphans (packs no index file names).
-    let (bytes_before, pack_sizes) = stored_bytes(repo).await?;
+    let (bytes_before, pack_sizes) = stored_bytes(repo, None).await?;
     report.bytes_before = bytes_before;
     report.bytes_after = bytes_before;
     if pending.is_empty() && pack_sizes.keys().all(|p| repo.index().has_pack(p)) {
@@ -395,7 +395,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         repo.delete_gc_leftover(key).await?;
     }
     finish(repo, &published, options).await?;
-    let (bytes_after, packs_after) = stored_bytes(repo).await?;
+    let (bytes_after, packs_after) = stored_bytes(repo, Some(&pack_sizes)).await?;
     report.bytes_after = bytes_after;
     remove_stale_markers(repo, &packs_after).await?;
     Ok(report)

@@ -46,8 +46,8 @@ use super::leftovers::{remove_orphan_records, remove_stale_markers};
 use super::rebuild::Damaged;
 use super::records::GcRecords;
 use super::{
-    finish, publish_and_wait, stored_bytes, stored_bytes_since, sweep, unreadable_live_tree,
-    GcMode, GcOptions, GcReport,
+    finish, publish_and_wait, stored_bytes, sweep, unreadable_live_tree, GcMode, GcOptions,
+    GcReport,
 };
 use crate::error::{EngineError, EngineResult};
 use crate::live::{live_versions_from, LiveVersions, RecordSource};
@@ -72,7 +72,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     let mut records = GcRecords::load(repo, options, &mut report).await?;
     let live = live_versions_from(repo, &mut records.source).await?;
     let mut snapshot = Snapshot::load(repo).await?;
-    let (bytes_before, pack_sizes) = stored_bytes(repo).await?;
+    let (bytes_before, pack_sizes) = stored_bytes(repo, None).await?;
     report.bytes_before = bytes_before;
     report.bytes_after = bytes_before;
     report.live_versions = live.live.len() as u64;
@@ -262,7 +262,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     records.keep(repo, &live_now, options, &mut report).await?;
     report.freed_versions = unfreed.len() as u64;
     finish(repo, &published, options).await?;
-    let (bytes_after, packs_after) = stored_bytes_since(repo, &pack_sizes).await?;
+    let (bytes_after, packs_after) = stored_bytes(repo, Some(&pack_sizes)).await?;
     report.bytes_after = bytes_after;
     // Markers of copies whose pack is gone (repacked, deleted, or missing: the consolidated
     // run names only packs that exist).

@@ -653,19 +653,15 @@ async fn finish(repo: &Repo, published: &Published, options: &GcOptions) -> Engi
 }
 
 /// Bytes of packs and index files, and each pack's size.
-async fn stored_bytes(repo: &Repo) -> EngineResult<(u64, HashMap<Id, u64>)> {
-    let pack_sizes = repo.pack_sizes().await?;
-    let index_bytes = repo.index_file_bytes().await?;
-    Ok((pack_sizes.values().sum::<u64>() + index_bytes, pack_sizes))
-}
-
-/// [`stored_bytes`] again at the end of a GC, asking only the packs not listed at its start
-/// (`before`) for their size.
-async fn stored_bytes_since(
+async fn stored_bytes(
     repo: &Repo,
-    before: &HashMap<Id, u64>,
+    listed_before: Option<&HashMap<Id, u64>>,
 ) -> EngineResult<(u64, HashMap<Id, u64>)> {
-    let pack_sizes = repo.pack_sizes_since(before).await?;
+    // At the end of a GC only the packs not listed at its start are asked for their size.
+    let pack_sizes = match listed_before {
+        Some(before) => repo.pack_sizes_since(before).await?,
+        None => repo.pack_sizes().await?,
+    };
     let index_bytes = repo.index_file_bytes().await?;
     Ok((pack_sizes.values().sum::<u64>() + index_bytes, pack_sizes))
 }
