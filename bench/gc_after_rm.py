@@ -10,7 +10,9 @@ it read: summaries, version records, index bytes). N >= 3.
     bench/gc_after_rm.py WORK N NAME=PATH [NAME=PATH ...]
     GC_AB_GIB=16 GC_AB_WRITES=4096 bench/gc_after_rm.py WORK 2 before=B after=A
 
-WORK must not exist yet. Results are JSON lines on stdout.
+WORK must not exist yet, unless it holds the repository an earlier run built with the same N
+(WORK/repo, reused as it is: the phases of one repository measured again). Results are JSON
+lines on stdout, with `gc --json`'s time per GC step (`phases_s`).
 """
 import json
 import os
@@ -39,17 +41,18 @@ def main():
     work, n, bins = Path(sys.argv[1]), int(sys.argv[2]), [b.split("=", 1) for b in sys.argv[3:]]
     gib = int(os.environ.get("GC_AB_GIB", "1"))
     writes = int(os.environ.get("GC_AB_WRITES", "4"))
-    work.mkdir(parents=True)
     img, repo = work / "img.raw", work / "repo"
-    make_scaled_image(img, gib * GIB, DATASET, 7)
-    first = bins[0][1]
-    subprocess.run([first, "--repo", str(repo), "init"], check=True, capture_output=True)
-    rng = random.Random(3)
-    for i in range(n):
-        if i:
-            scribble(img, rng, writes)
-        subprocess.run([first, "--repo", str(repo), "commit", "vm", str(img)], check=True,
-                       capture_output=True)
+    if not repo.exists():
+        work.mkdir(parents=True)
+        make_scaled_image(img, gib * GIB, DATASET, 7)
+        first = bins[0][1]
+        subprocess.run([first, "--repo", str(repo), "init"], check=True, capture_output=True)
+        rng = random.Random(3)
+        for i in range(n):
+            if i:
+                scribble(img, rng, writes)
+            subprocess.run([first, "--repo", str(repo), "commit", "vm", str(img)], check=True,
+                           capture_output=True)
     for name, binary in bins:
         copy = work / f"repo-{name}"
         shutil.copytree(repo, copy)
@@ -68,7 +71,9 @@ def main():
                           "index_bytes_read": r.get("index_bytes_read"),
                           "packs_deleted": r.get("packs_deleted"),
                           "packs_repacked": r.get("packs_repacked"),
-                          "bytes_reclaimed": r.get("bytes_reclaimed")}), flush=True)
+                          "bytes_reclaimed": r.get("bytes_reclaimed"),
+                          "gc_duration_s": r.get("duration_s"),
+                          "phases_s": r.get("phases_s")}), flush=True)
         shutil.rmtree(copy)
 
 

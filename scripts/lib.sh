@@ -9,7 +9,7 @@
 #   need_root [WHY]            exit unless running as root
 #   ensure_apt_packages PKG... install the missing ones (apt-get update runs at most once)
 #   cairn_bin                  build the CLI (once; release, or $CAIRN_PROFILE) and echo its path
-#   dataset_dir small|full     echo $ROOT/.data/small or $ROOT/.data/full, building it if needed
+#   dataset_dir small|full     echo $ROOT/.data/small or $ROOT/.data/full, building it if needed (small: copied from the host cache when built before)
 
 # Guard against double sourcing.
 if [ -n "${_CAIRN_LIB_SOURCED:-}" ]; then return 0; fi
@@ -112,14 +112,49 @@ _dataset_files() {
   esac
 }
 
-# Echoes the absolute path of the dataset; builds it (as root) if any file is missing.
+# Where a built small dataset is kept for other checkouts on this host: the user's cache,
+# keyed by the builder's own text (a changed builder builds again). Only the small dataset
+# (the test suite's) is kept: the benchmarks' full dataset is rebuilt from Debian's archive
+# as it is on the day.
+_dataset_cache() {
+  local key
+  key=$(sha256sum "$ROOT/scripts/build-dataset.sh" | cut -c1-16)
+  printf '%s\n' "${XDG_CACHE_HOME:-$HOME/.cache}/cairn/datasets/small-$key"
+}
+
+# Copies the files of dataset directory FROM to TO (sparse), each under a temporary name then
+# renamed: a copy killed half way leaves no file that passes for complete.
+_dataset_copy() { # FROM TO FILES...
+  local from=$1 to=$2 f
+  shift 2
+  for f in "$@"; do
+    mkdir -p "$(dirname "$to/$f")"
+    cp --sparse=always "$from/$f" "$to/$f.copying" && mv -f "$to/$f.copying" "$to/$f" || return 1
+  done
+}
+
+# Echoes the absolute path of the dataset; builds it (as root) if any file is missing — or,
+# for the small one, copies it from the cache a build on this host left (seconds, not the
+# build's minutes; CAIRN_DATASET_CACHE=0: always build).
 dataset_dir() {
-  local kind=${1:-} files f dir missing=0
+  local kind=${1:-} files f dir missing=0 cache=""
   files=$(_dataset_files "$kind") || die "dataset_dir: expected 'small' or 'full', got '$kind'"
   dir="$ROOT/.data/$kind"
   for f in $files; do
     [ -e "$dir/$f" ] || { missing=1; break; }
   done
+  if [ "$kind" = small ] && [ "${CAIRN_DATASET_CACHE:-1}" != 0 ]; then
+    cache=$(_dataset_cache)
+  fi
+  if [ "$missing" -eq 1 ] && [ -n "$cache" ] && [ -e "$cache/.complete" ]; then
+    log "copying the $kind dataset from $cache (built on this host before)"
+    # shellcheck disable=SC2086 # the file list is space-separated on purpose
+    if _dataset_copy "$cache" "$dir" $files; then
+      missing=0
+    else
+      log "copying from the cache failed; building the $kind dataset instead"
+    fi
+  fi
   if [ "$missing" -eq 1 ]; then
     need_root "building the $kind dataset needs debootstrap and loop mounts"
     log "building the $kind dataset in $dir (a few minutes the first time)"
@@ -127,6 +162,15 @@ dataset_dir() {
       bash "$ROOT/scripts/build-dataset.sh" "$dir" --small >&2 || die "dataset build failed"
     else
       bash "$ROOT/scripts/build-dataset.sh" "$dir" >&2 || die "dataset build failed"
+    fi
+    if [ -n "$cache" ]; then
+      # Kept for the next checkout: copied whole, then marked complete (best effort).
+      # shellcheck disable=SC2086
+      { rm -rf "$cache.tmp" && _dataset_copy "$dir" "$cache.tmp" $files &&
+        touch "$cache.tmp/.complete" && rm -rf "$cache" && mv "$cache.tmp" "$cache" &&
+        find "$(dirname "$cache")" -maxdepth 1 -name 'small-*' ! -name "$(basename "$cache")" \
+          -exec rm -rf {} +; } ||
+        log "could not keep the $kind dataset in $cache (it is built again next time)"
     fi
   fi
   printf '%s\n' "$dir"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command for cairn.
 #
-#   scripts/test.sh           everything: apt deps, small dataset (.data/small), fmt, clippy,
+#   scripts/test.sh           everything: apt deps, small dataset (.data/small: built, or copied
+#                             from the copy an earlier build on this host kept), fmt, clippy,
 #                             cargo test (profile ci, the dataset required), the S3 suite
 #                             against a local MinIO (built by go install the first time) and a
 #                             local Ceph RGW (apt), the S3 fault tests, the disk-format tests
@@ -26,7 +27,7 @@ for a in "$@"; do
   case "$a" in
     --quick) QUICK=1 ;;
     -h | --help)
-      sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *) echo "test.sh: unknown argument: $a (try --help)" >&2; exit 2 ;;

@@ -153,6 +153,11 @@ pub fn report_json(r: &GcReport) -> Value {
         "record_bundle_bytes": r.record_bundle_bytes,
         "waited_s": r.waited_s,
         "duration_s": r.duration_s,
+        "phases_s": r
+            .phases
+            .iter()
+            .map(|(name, s)| (name.to_string(), json!(s)))
+            .collect::<serde_json::Map<_, _>>(),
     })
 }
 

@@ -43,6 +43,7 @@ use cairn_repo::{Repo, RepoError};
 
 use super::group_summaries::{live_summary, LiveUse};
 use super::leftovers::{remove_orphan_records, remove_stale_markers};
+use super::phase::PhaseClock;
 use super::rebuild::Damaged;
 use super::records::GcRecords;
 use super::{
@@ -60,29 +61,37 @@ const TRIM_FRACTION: f64 = 0.125;
 
 pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport> {
     let mut report = GcReport::default();
+    let mut clock = PhaseClock::start();
     if !options.dry_run {
         let stale = repo.remove_stale_gc_plans().await?;
         if stale > 0 {
             tracing::info!(plans = stale, "removed the plans of gcs that died");
         }
     }
+    clock.lap("stale plans", &mut report);
     // Refs first, then the index: a version's groups are indexed before its ref names it.
     // The packs are listed after the runs, so every pack a run names that exists is listed
     // (packs are durable before a run names them); a listed pack no run names is an orphan.
     let mut records = GcRecords::load(repo, options, &mut report).await?;
+    clock.lap("record bundle read", &mut report);
     let live = live_versions_from(repo, &mut records.source).await?;
+    clock.lap("history", &mut report);
     let mut snapshot = Snapshot::load(repo).await?;
+    clock.lap("index runs", &mut report);
     let (bytes_before, pack_sizes) = stored_bytes(repo, None).await?;
+    clock.lap("pack listing", &mut report);
     report.bytes_before = bytes_before;
     report.bytes_after = bytes_before;
     report.live_versions = live.live.len() as u64;
     let freed = repo.freed_versions().await?;
+    clock.lap("freed list", &mut report);
     let unfreed: Vec<Id> = live.deleted.difference(&freed).copied().collect();
     // Fast deletion acts on what was deleted since the last GC (and on orphan packs); the
     // exact pass also finds leaks and consolidates the runs.
     let orphans_listed = pack_sizes.keys().any(|p| !snapshot.named.contains(p));
     if options.mode == GcMode::Fast && unfreed.is_empty() && !orphans_listed {
         records.keep(repo, &live, options, &mut report).await?;
+        clock.lap("record bundle", &mut report);
         return Ok(report);
     }
     // Fast deletion reads the trailers of the packs the deleted versions' dead data is in
@@ -110,20 +119,26 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
                     .await?;
             }
             report.live_blobs = (marks.nodes.len() + marks.slots.len()) as u64;
+            clock.lap("marking", &mut report);
             Box::new(marks)
         }
         GcMode::Fast => {
             let used = live_summary(repo, &snapshot.reader, &live, options, &mut report).await?;
             report.live_blobs = (used.union.nodes.len() + used.union.groups.len()) as u64;
+            clock.lap("live summaries", &mut report);
             scope = affected_packs(repo, &mut records.source, &snapshot, &used, &unfreed, &live)
                 .await?;
+            clock.lap("affected packs", &mut report);
             Box::new(used.union)
         }
     };
     snapshot.read_trailers(&pack_sizes, scope.as_ref()).await?;
     report.trailers_read = snapshot.trailers.len() as u64;
+    clock.lap("trailers", &mut report);
     let damaged = Damaged::find(repo, &snapshot, &*live_use).await?;
+    clock.lap("damage", &mut report);
     let plan = PackPlan::new(&snapshot, &*live_use, &damaged, options.repack_threshold);
+    clock.lap("plan", &mut report);
     report.groups_rebuilt = damaged.rebuilt.len() as u64;
     report.dead_blobs = plan.dead.len() as u64;
     report.packs_deleted = plan.to_delete.len() as u64;
@@ -148,6 +163,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         let orphaned: u64 = orphans.iter().map(|p| pack_sizes[p]).sum();
         report.bytes_after = bytes_before - doomed - repacked - orphaned;
         records.keep(repo, &live, options, &mut report).await?;
+        clock.lap("record bundle", &mut report);
         return Ok(report);
     }
     let nothing_to_do = plan.to_delete.is_empty()
@@ -157,8 +173,11 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         && snapshot.runs.len() <= 1;
     if nothing_to_do {
         free_versions(repo, &mut records.source, &unfreed, &live).await?;
+        clock.lap("free versions", &mut report);
         records.keep(repo, &live, options, &mut report).await?;
+        clock.lap("record bundle", &mut report);
         remove_orphan_records(repo, &live, options, &mut report).await?;
+        clock.lap("orphan records", &mut report);
         report.freed_versions = unfreed.len() as u64;
         return Ok(report);
     }
@@ -186,6 +205,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     }
     let mut locations = writer.finish().await?;
     report.packs_written = writer.packs_written;
+    clock.lap("repack", &mut report);
     for pack in &plan.kept {
         locations.extend(snapshot.trailers[pack].index_entries(|node| live_use.node_used(node)));
     }
@@ -210,6 +230,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         }
         None => {}
     }
+    clock.lap("index run", &mut report);
     let superseded: Vec<Id> = snapshot
         .runs
         .iter()
@@ -223,6 +244,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         superseded_index: superseded.clone(),
     };
     let published = publish_and_wait(repo, &gc_plan, options, &mut report).await?;
+    clock.lap("plan and wait", &mut report);
 
     // Versions published meanwhile may reuse what the plan deletes: rescue it.
     let doomed: Vec<Id> = plan
@@ -254,19 +276,27 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         }
     }
 
+    clock.lap("recheck", &mut report);
     progress::start(&options.progress, "deleting", Unit::Items, 0);
     sweep(repo, &superseded, &written_runs, &doomed).await?;
+    clock.lap("sweep", &mut report);
     delete_orphans(repo, &orphans, &mut report).await?;
     remove_orphan_records(repo, &live_now, options, &mut report).await?;
+    clock.lap("orphan records", &mut report);
     free_versions(repo, &mut records.source, &unfreed, &live_now).await?;
+    clock.lap("free versions", &mut report);
     records.keep(repo, &live_now, options, &mut report).await?;
+    clock.lap("record bundle", &mut report);
     report.freed_versions = unfreed.len() as u64;
     finish(repo, &published, options).await?;
+    clock.lap("finish", &mut report);
     let (bytes_after, packs_after) = stored_bytes(repo, Some(&pack_sizes)).await?;
     report.bytes_after = bytes_after;
+    clock.lap("pack sizes after", &mut report);
     // Markers of copies whose pack is gone (repacked, deleted, or missing: the consolidated
     // run names only packs that exist).
     remove_stale_markers(repo, &packs_after).await?;
+    clock.lap("stale markers", &mut report);
     Ok(report)
 }
 

@@ -40,6 +40,7 @@ mod fast;
 mod group_summaries;
 mod grouped;
 mod leftovers;
+mod phase;
 mod rebuild;
 mod records;
 pub(crate) mod summaries;
@@ -194,6 +195,8 @@ pub struct GcReport {
     pub orphan_records_removed: u64,
     pub waited_s: f64,
     pub duration_s: f64,
+    /// Wall seconds of each step, in the order they first ran (`phase.rs`).
+    pub phases: Vec<(&'static str, f64)>,
 }
 
 impl GcReport {
@@ -206,11 +209,14 @@ impl GcReport {
 /// is the GC's own and is not waited for).
 pub async fn gc(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport> {
     let started = Instant::now();
+    let mut clock = phase::PhaseClock::start();
     let lock = if options.dry_run {
         None
     } else {
         Some(acquire_lock(repo, options).await?)
     };
+    let mut lock_phase = GcReport::default();
+    clock.lap("lock", &mut lock_phase);
     let result = async {
         let run = |options: GcOptions| async move {
             match options.mode {
@@ -243,13 +249,17 @@ pub async fn gc(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport>
             }
             other => other?,
         };
+        let mut clock = phase::PhaseClock::start();
         if !options.dry_run {
             leftovers::remove_stale_files(repo, options, &mut report).await?;
+            clock.lap("stale files", &mut report);
             repo.replenish_reserve().await;
+            clock.lap("reserve", &mut report);
         }
         Ok::<_, EngineError>(report)
     }
     .await;
+    let mut unlocking = phase::PhaseClock::start();
     if let Some(lock) = lock {
         if result.is_err() {
             repo.withdraw_all_gc_plans().await;
@@ -257,6 +267,8 @@ pub async fn gc(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport>
         repo.release_gc_lock(lock).await;
     }
     let mut report = result?;
+    report.phases.splice(0..0, lock_phase.phases);
+    unlocking.lap("unlock", &mut report);
     report.mode = options.mode;
     report.dry_run = options.dry_run;
     report.duration_s = started.elapsed().as_secs_f64();

@@ -111,6 +111,35 @@ async fn groups_with_dead_slots_are_rewritten_without_them(encrypted: bool) {
     assert_eq!(report.bytes_before, before);
     assert_eq!(report.bytes_after, stored_bytes(store.as_ref()).await);
     assert_eq!(report.freed_versions, 1);
+    // Each step's time is reported once, in the order the steps ran; they add up to no
+    // more than the whole GC.
+    let steps: Vec<&str> = report.phases.iter().map(|(name, _)| *name).collect();
+    let at = |step: &str| steps.iter().position(|s| *s == step);
+    assert_eq!(steps.first(), Some(&"lock"), "{steps:?}");
+    assert_eq!(steps.last(), Some(&"unlock"), "{steps:?}");
+    let order = [
+        "live summaries",
+        "trailers",
+        "repack",
+        "index run",
+        "plan and wait",
+        "sweep",
+    ];
+    let found: Vec<Option<usize>> = order.iter().map(|s| at(s)).collect();
+    assert!(
+        found.iter().all(Option::is_some) && found.windows(2).all(|w| w[0] < w[1]),
+        "{steps:?}"
+    );
+    let mut unique = steps.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), steps.len(), "{steps:?}");
+    let total: f64 = report.phases.iter().map(|(_, s)| s).sum();
+    assert!(
+        total <= report.duration_s,
+        "{total} > {}",
+        report.duration_s
+    );
 
     let repo = open(&store).await;
     // The 16 half-dead groups were rewritten with their 8 live slots each; the 16 groups

@@ -71,6 +71,10 @@ async fn records_between_gcs(encrypted: bool) {
     // Nothing new: nothing read, the bundle stays as it is.
     let idle = gc(&repo, &opts()).await.unwrap();
     assert_eq!(idle.records_read, 0, "{idle:?}");
+    // It stopped after reading what is live: no summary, trailer or index run was touched.
+    let steps: Vec<&str> = idle.phases.iter().map(|(name, _)| *name).collect();
+    assert!(steps.contains(&"history") && steps.contains(&"record bundle"));
+    assert!(!steps.contains(&"live summaries") && !steps.contains(&"index run"));
     assert_eq!(bundle_keys(&store).await, after_second);
 
     // A damaged bundle is ignored: every record is read from its own key, and it is replaced.
