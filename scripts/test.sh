@@ -38,9 +38,13 @@ cd "$ROOT"
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-auto}
 START=$(date +%s)
 CURRENT_STEP="setup"
+BACKGROUND=() # check steps running alongside the others (background_check)
 
 on_exit() {
-  local rc=$?
+  local rc=$? entry
+  for entry in "${BACKGROUND[@]}"; do # checks left running by a step that stopped the suite
+    kill "${entry%%|*}" 2>/dev/null || true
+  done
   if [ "$rc" -ne 0 ]; then
     echo >&2
     echo "test.sh: FAILED at step: $CURRENT_STEP (exit $rc)" >&2
@@ -82,6 +86,30 @@ check() { # check NAME CMD...: a check step; its failure is recorded and the sui
     FAILURE_LINES+=("--- $CURRENT_STEP:" "$why")
   fi
   rm -f "$log" "$log.pid"
+}
+
+# Check steps that run at the same time as the next ones: each mostly waits on fsync and on
+# the processes it kills, so one alone keeps about half of the 2 cores busy (a format 1 kill
+# loop: 61 s of CPU in 69 s, 2026-11-27). background_check NAME CMD... starts one, its output
+# going to a file; finish_background_checks waits for each in turn and records it as `check`
+# does, its output printed then.
+background_check() {
+  local log
+  log=$(mktemp)
+  "${@:2}" >"$log" 2>&1 &
+  BACKGROUND+=("$!|$log|$1")
+  printf '\n==> started, running alongside the next steps: %s  [%ss]\n' "$1" "$(($(date +%s) - START))" >&2
+}
+finish_background_checks() {
+  local entry pid log name rc
+  for entry in "${BACKGROUND[@]}"; do
+    IFS='|' read -r pid log name <<<"$entry"
+    rc=0
+    wait "$pid" || rc=$?
+    check "$name (ran alongside the steps above)" bash -c 'cat "$1"; exit "$2"' _ "$log" "$rc"
+    rm -f "$log"
+  done
+  BACKGROUND=()
 }
 
 # Each committed peer report regenerates exactly from its committed measurements.
@@ -134,25 +162,29 @@ ls -ls "$DATASET" >&2
 
 check "cargo fmt --all -- --check" cargo fmt --all -- --check
 
-check "cargo clippy --workspace --all-targets -- -D warnings" \
-  cargo clippy --workspace --all-targets -- -D warnings
+# Every cargo invocation from here on uses the `ci` profile: optimized without LTO or debug
+# info (minutes less to compile on 2 cores), with clap's debug checks on so that
+# `cli_is_consistent` checks the command definitions. Clippy and rustdoc use it too: a check
+# shares the build scripts (aws-lc-sys's and zstd's C libraries, 170 s of compiling) and the
+# proc macros with the test build, which the `dev` profile would compile a second time
+# (optimized, as `[profile.dev.package."*"]` asks). The workspace has no
+# `cfg(debug_assertions)` code, so clippy lints the same code under either profile.
+export CAIRN_PROFILE=ci
+
+check "cargo clippy --workspace --all-targets --profile ci -- -D warnings" \
+  cargo clippy --workspace --all-targets --profile ci -- -D warnings
 
 # The API docs build without a broken or private link (module maps in doc comments stay true).
-check "cargo doc --workspace --no-deps (RUSTDOCFLAGS=-D warnings)" \
-  env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+check "cargo doc --workspace --no-deps --profile ci (RUSTDOCFLAGS=-D warnings)" \
+  env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --profile ci
 
 # cairn-export uses cairn-nbd without its client; prove the server builds alone.
-check "cargo clippy -p cairn-nbd --no-default-features --all-targets -- -D warnings" \
-  cargo clippy -p cairn-nbd --no-default-features --all-targets -- -D warnings
+check "cargo clippy -p cairn-nbd --no-default-features --all-targets --profile ci -- -D warnings" \
+  cargo clippy -p cairn-nbd --no-default-features --all-targets --profile ci -- -D warnings
 
 check "benchmark scripts: syntax; each committed peer report regenerates from its measurements" \
   bench_scripts_parse_and_reports_regenerate
 
-# The `ci` profile: optimized without LTO or debug info (minutes less to compile on 2 cores),
-# with clap's debug checks on so that `cli_is_consistent` checks the command definitions.
-# Every later cargo invocation of the suite uses it too (CAIRN_PROFILE), so nothing is built
-# twice.
-export CAIRN_PROFILE=ci
 # The build first, as set-up: every later step needs it. It also builds the `cairn` binary
 # the CLI tests run (target/ci/cairn), which is the one the scripts below test too.
 step "cargo test --workspace --profile ci --no-run (the build)"
@@ -168,8 +200,8 @@ check "cargo test --workspace --profile ci (CAIRN_DATASET=$DATASET, CAIRN_REQUIR
 # test-only dev-dependencies' are left out), so it compiles the binary again: 3.5 minutes
 # on 2 cores for the same code. That it compiles at all is what a new user needs, and a
 # check proves it in 20 s (reusing what clippy checked).
-check "cargo check -p cairn-cli (the binary without the tests' dependency features)" \
-  cargo check -p cairn-cli
+check "cargo check -p cairn-cli --profile ci (the binary without the tests' dependency features)" \
+  cargo check -p cairn-cli --profile ci
 
 check "S3 on MinIO: conformance, CLI, many hosts, GC stress (scripts/minio.sh run scripts/s3_suite.sh)" \
   bash "$ROOT/scripts/minio.sh" run bash "$ROOT/scripts/s3_suite.sh" "$DATASET"
@@ -190,14 +222,16 @@ check "disk formats: qcow2 in and out, backing chains, NBD, dirty bitmaps, polit
 check "operator safety as root: a 100% full tmpfs freed by rm and gc, an encrypted format 2 commit failing cleanly on one, a mounted device refused (scripts/safety.py)" \
   python3 "$ROOT/scripts/safety.py" --bin "$CAIRN_BIN"
 
+# The three kill loops run at the same time (each in a repository of its own): about 590 s
+# one after the other, each keeping half of the 2 cores busy.
+background_check "kill -9 loops on an encrypted format 2 repository: 49 trials of commit, gc, rm/prune, restore and index compaction, then the leak checks (scripts/kill_loops.py --encrypted)" \
+  python3 "$ROOT/scripts/kill_loops.py" --bin "$CAIRN_BIN" --encrypted
+background_check "kill -9 loops on a format 1 repository: 43 trials of commit, gc, rm/prune and restore, then the leak checks (scripts/kill_loops.py --format 1)" \
+  python3 "$ROOT/scripts/kill_loops.py" --bin "$CAIRN_BIN" --format 1
+
 check "kill -9 loops: 112 trials of commit, gc, rm/prune, restore and index compaction killed or interrupted, format 2 (scripts/kill_loops.py)" \
   python3 "$ROOT/scripts/kill_loops.py" --bin "$CAIRN_BIN"
-
-check "kill -9 loops on an encrypted format 2 repository: 49 trials of commit, gc, rm/prune, restore and index compaction, then the leak checks (scripts/kill_loops.py --encrypted)" \
-  python3 "$ROOT/scripts/kill_loops.py" --bin "$CAIRN_BIN" --encrypted
-
-check "kill -9 loops on a format 1 repository: 43 trials of commit, gc, rm/prune and restore, then the leak checks (scripts/kill_loops.py --format 1)" \
-  python3 "$ROOT/scripts/kill_loops.py" --bin "$CAIRN_BIN" --format 1
+finish_background_checks
 
 check "pull-mode incremental backup of a running disk with qemu-storage-daemon (scripts/pullmode_backup.py)" \
   python3 "$ROOT/scripts/pullmode_backup.py" --bin "$CAIRN_BIN"
