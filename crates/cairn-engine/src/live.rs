@@ -39,10 +39,13 @@ pub struct LiveVersions {
 
 /// Where a walk reads version records: from their own keys, or first from records already
 /// at hand (a GC's record bundle, and what this source read before). Records are immutable
-/// and named by the hash of their stored bytes, so one at hand is checked exactly as one read.
+/// and named by the hash of their stored bytes, so one at hand is checked exactly as one read,
+/// and one opened once (checked and decoded) need not be opened again: a GC walks history
+/// twice, and each record is opened once.
 #[derive(Default)]
 pub struct RecordSource {
     known: HashMap<Id, Bytes>,
+    opened: HashMap<Id, VersionRecord>,
     /// Records read from their own keys.
     pub read: u64,
 }
@@ -52,7 +55,7 @@ impl RecordSource {
     pub fn with(known: impl IntoIterator<Item = (Id, Bytes)>) -> RecordSource {
         RecordSource {
             known: known.into_iter().collect(),
-            read: 0,
+            ..RecordSource::default()
         }
     }
 
@@ -63,9 +66,15 @@ impl RecordSource {
 
     /// Reads and checks record `id`, from what is at hand when it is there.
     pub async fn load(&mut self, repo: &Repo, id: &Id) -> Result<VersionRecord, RepoError> {
+        if let Some(record) = self.opened.get(id) {
+            return Ok(record.clone());
+        }
         if let Some(stored) = self.known.get(id) {
             match repo.open_version(id, stored) {
-                Ok(record) => return Ok(record),
+                Ok(record) => {
+                    self.opened.insert(*id, record.clone());
+                    return Ok(record);
+                }
                 // Bytes that match the id yet do not open (sealed with another key): read
                 // the record's own key instead.
                 Err(_) => {
@@ -77,6 +86,7 @@ impl RecordSource {
         self.read += 1;
         let record = repo.open_version(id, &stored)?;
         self.known.insert(*id, stored);
+        self.opened.insert(*id, record.clone());
         Ok(record)
     }
 

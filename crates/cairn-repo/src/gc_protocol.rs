@@ -259,6 +259,11 @@ impl Repo {
         Ok(out)
     }
 
+    /// Whether the store holds the pack `pack` (one stat or HEAD).
+    pub async fn pack_exists(&self, pack: &Id) -> RepoResult<bool> {
+        Ok(self.store().head(&keys::pack(pack)).await?.is_some())
+    }
+
     /// Bytes of every index file (format 2: index run) in the store.
     pub async fn index_file_bytes(&self) -> RepoResult<u64> {
         let prefix = match self.v2() {

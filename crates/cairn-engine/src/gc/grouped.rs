@@ -204,7 +204,12 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         writer.push(BlobKind::Data, group, None).await?;
     }
     let mut locations = writer.finish().await?;
-    report.packs_written = writer.packs_written;
+    // The packs in the store as this GC knows them at its end: those listed at its start,
+    // minus those it deletes, plus those it writes (`bytes_after` is counted from them rather
+    // than from a second walk of the store's pack directories).
+    let mut packs_now = pack_sizes.clone();
+    packs_now.extend(writer.written.iter().copied());
+    report.packs_written = writer.written.len() as u64;
     clock.lap("repack", &mut report);
     for pack in &plan.kept {
         locations.extend(snapshot.trailers[pack].index_entries(|node| live_use.node_used(node)));
@@ -271,6 +276,10 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         }
         let (now, _) = repo.v2_view().await?;
         let rescued = rescue(repo, &snapshot, &now, &used, &*live_use, &mut report).await?;
+        if let Some((_, written)) = &rescued {
+            packs_now.extend(written.iter().copied());
+        }
+        let rescued = rescued.map(|(run, _)| run);
         if let Some(run) = rescued {
             written_runs.insert(run);
         }
@@ -280,7 +289,13 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     progress::start(&options.progress, "deleting", Unit::Items, 0);
     sweep(repo, &superseded, &written_runs, &doomed).await?;
     clock.lap("sweep", &mut report);
-    delete_orphans(repo, &orphans, &mut report).await?;
+    for pack in delete_orphans(repo, &orphans, &mut report)
+        .await?
+        .iter()
+        .chain(&doomed)
+    {
+        packs_now.remove(pack);
+    }
     remove_orphan_records(repo, &live_now, options, &mut report).await?;
     clock.lap("orphan records", &mut report);
     free_versions(repo, &mut records.source, &unfreed, &live_now).await?;
@@ -290,12 +305,11 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     report.freed_versions = unfreed.len() as u64;
     finish(repo, &published, options).await?;
     clock.lap("finish", &mut report);
-    let (bytes_after, packs_after) = stored_bytes(repo, Some(&pack_sizes)).await?;
-    report.bytes_after = bytes_after;
-    clock.lap("pack sizes after", &mut report);
+    report.bytes_after = packs_now.values().sum::<u64>() + repo.index_file_bytes().await?;
+    clock.lap("index bytes after", &mut report);
     // Markers of copies whose pack is gone (repacked, deleted, or missing: the consolidated
     // run names only packs that exist).
-    remove_stale_markers(repo, &packs_after).await?;
+    remove_stale_markers(repo, &packs_now).await?;
     clock.lap("stale markers", &mut report);
     Ok(report)
 }
@@ -750,7 +764,8 @@ struct Repacker<'a> {
     data: (PackWriter, Vec<Id>),
     nodes: (PackWriter, Vec<Id>),
     locations: Vec<(Id, Id)>,
-    packs_written: u64,
+    /// The packs stored so far, and their sizes.
+    written: Vec<(Id, u64)>,
 }
 
 impl<'a> Repacker<'a> {
@@ -761,7 +776,7 @@ impl<'a> Repacker<'a> {
             data: (PackWriter::new(sealed), Vec::new()),
             nodes: (PackWriter::new(sealed), Vec::new()),
             locations: Vec::new(),
-            packs_written: 0,
+            written: Vec::new(),
         }
     }
 
@@ -805,9 +820,9 @@ impl<'a> Repacker<'a> {
 
     async fn store(&mut self, writer: PackWriter, ids: Vec<Id>) -> EngineResult<()> {
         let (id, bytes, _) = writer.finish(self.repo.key());
-        let (pack, _) = self.repo.put_pack(&id, bytes).await?;
+        let (pack, size) = self.repo.put_pack(&id, bytes).await?;
         self.locations.extend(ids.into_iter().map(|i| (i, pack)));
-        self.packs_written += 1;
+        self.written.push((pack, size));
         Ok(())
     }
 
@@ -832,7 +847,8 @@ impl<'a> Repacker<'a> {
 /// Step 5 on format 2: every node and group slot that versions published during the wait
 /// use (`used`) and that the index as it is now (`now`: without the superseded runs) does
 /// not locate — a dead group or node, or a slot a rewritten group dropped — is copied from the
-/// snapshot's copy into a rescue pack, named by a rescue run (returned): a node whole, a group
+/// snapshot's copy into a rescue pack, named by a rescue run (returned, with the packs written
+/// and their sizes): a node whole, a group
 /// with the slots `live_use` or `used` names (the others dropped when they are worth it, as a
 /// repack drops them; until 2026-11-27 the whole group, whose dead slots only `gc --repair`
 /// reclaimed).
@@ -843,7 +859,7 @@ async fn rescue(
     used: &Marks,
     live_use: &(dyn Liveness + Send + Sync),
     report: &mut GcReport,
-) -> EngineResult<Option<Id>> {
+) -> EngineResult<Option<(Id, Vec<(Id, u64)>)>> {
     let mut wanted: Vec<(Id, u32)> = Vec::new(); // (pack, group) of the snapshot
     for node in &used.nodes {
         if now.find_chunk(node).await?.is_some() {
@@ -901,29 +917,36 @@ async fn rescue(
             .await?;
     }
     let locations = writer.finish().await?;
-    report.packs_written += writer.packs_written;
-    Ok(Some(repo.put_index_run(&locations, repo.key()).await?.0))
+    report.packs_written += writer.written.len() as u64;
+    let run = repo.put_index_run(&locations, repo.key()).await?.0;
+    Ok(Some((run, writer.written)))
 }
 
 /// Deletes the orphan packs (listed before the plan, named by no run then) that no run in the
 /// store names now, after the wait: every session that could still have published a run
-/// naming them has ended.
-async fn delete_orphans(repo: &Repo, orphans: &[Id], report: &mut GcReport) -> EngineResult<()> {
+/// naming them has ended. Returns those it deleted.
+async fn delete_orphans(
+    repo: &Repo,
+    orphans: &[Id],
+    report: &mut GcReport,
+) -> EngineResult<Vec<Id>> {
+    let mut deleted = Vec::new();
     if orphans.is_empty() {
-        return Ok(());
+        return Ok(deleted);
     }
     // Every run in the store now, as GC's snapshot reads them.
     let named = match Snapshot::load(repo).await {
         Ok(now) => now.named,
         Err(EngineError::Gc(damaged)) => {
             tracing::warn!("{damaged}; orphan packs are left for the next gc");
-            return Ok(());
+            return Ok(deleted);
         }
         Err(e) => return Err(e),
     };
     for pack in orphans.iter().filter(|p| !named.contains(*p)) {
         repo.delete_orphan_pack(pack).await?;
         report.orphan_packs_deleted += 1;
+        deleted.push(*pack);
     }
-    Ok(())
+    Ok(deleted)
 }

@@ -77,13 +77,15 @@ pub(super) async fn remove_orphan_records(
 }
 
 /// Deletes the quarantine markers of copies whose pack no longer exists (deleted or repacked
-/// by this or an earlier GC): a marker only matters while its copy is there.
+/// by this or an earlier GC): a marker only matters while its copy is there. `packs` are packs
+/// known to exist; any other marker's pack is asked for (it may be one another session wrote
+/// during this GC, whose copy a reader quarantined meanwhile).
 pub(super) async fn remove_stale_markers(
     repo: &Repo,
     packs: &std::collections::HashMap<Id, u64>,
 ) -> EngineResult<()> {
     for (pack, blob) in repo.quarantine_markers().await? {
-        if !packs.contains_key(&pack) {
+        if !packs.contains_key(&pack) && !repo.pack_exists(&pack).await? {
             repo.delete_quarantine_marker(&pack, &blob).await?;
         }
     }

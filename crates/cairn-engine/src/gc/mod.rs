@@ -178,7 +178,10 @@ pub struct GcReport {
     /// Format 2: live groups whose only copies were damaged, rebuilt from good copies of
     /// their chunks stored elsewhere.
     pub groups_rebuilt: u64,
-    /// Bytes of packs and index files before and after.
+    /// Bytes of packs and index files before and after. On format 2 the packs after are
+    /// those listed before, minus those this GC deleted, plus those it wrote (one walk of the
+    /// store's pack directories, not two): packs other sessions wrote meanwhile count in
+    /// neither figure, so their difference is what this GC gave back.
     pub bytes_before: u64,
     pub bytes_after: u64,
     /// Bytes copied while repacking.
