@@ -7,9 +7,9 @@
 #                             against a local MinIO (built by go install the first time) and a
 #                             local Ceph RGW (apt), the S3 fault tests, the disk-format tests
 #                             (qcow2, NBD, dirty bitmaps), operator safety (full disk, mounted
-#                             device), the kill -9 loops, the pull-mode backup of a running
-#                             disk, a bounded fuzz run of the qcow2 parser and of the NBD
-#                             server's decoding, scripts/e2e.sh,
+#                             device), the kill -9 loops (three at once), the pull-mode
+#                             backup of a running disk, a bounded fuzz run of the qcow2 parser
+#                             and of the NBD server's decoding, scripts/e2e.sh,
 #                             the GC stress and leak test; the benchmark scripts parse and the
 #                             committed peer report regenerates
 #   scripts/test.sh --quick   cargo test --workspace only (no root, no dataset, no e2e)

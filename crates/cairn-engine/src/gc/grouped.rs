@@ -275,13 +275,11 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
                 .await?;
         }
         let (now, _) = repo.v2_view().await?;
-        let rescued = rescue(repo, &snapshot, &now, &used, &*live_use, &mut report).await?;
-        if let Some((_, written)) = &rescued {
-            packs_now.extend(written.iter().copied());
-        }
-        let rescued = rescued.map(|(run, _)| run);
-        if let Some(run) = rescued {
+        if let Some((run, written)) =
+            rescue(repo, &snapshot, &now, &used, &*live_use, &mut report).await?
+        {
             written_runs.insert(run);
+            packs_now.extend(written);
         }
     }
 
