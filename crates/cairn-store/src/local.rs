@@ -7,6 +7,7 @@
 
 mod fsutil;
 mod reserve;
+mod seen_dirs;
 
 pub use reserve::RESERVE_NAME;
 
@@ -15,6 +16,7 @@ use std::io;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use async_trait::async_trait;
@@ -23,6 +25,7 @@ use bytes::Bytes;
 use self::fsutil::{
     create_dirs, fsync_dir, is_absent, list_files, remove_temp_files, write_temp, FileLock,
 };
+use self::seen_dirs::SeenDirs;
 use crate::key::{
     validate_object_key, validate_prefix, validate_ref_key, REFS_SEGMENT, REF_LOCK_NAME,
 };
@@ -38,6 +41,8 @@ pub struct LocalStore {
     /// Writes that hit a full file system may release the space reserve (see
     /// [`LocalStore::for_deletion`]).
     may_use_reserve: bool,
+    /// What listings saw of each directory they read (for the sweep of temporaries).
+    seen: Arc<SeenDirs>,
 }
 
 impl LocalStore {
@@ -53,6 +58,7 @@ impl LocalStore {
         Ok(LocalStore {
             root,
             may_use_reserve: false,
+            seen: Arc::default(),
         })
     }
 
@@ -312,16 +318,20 @@ impl ObjectStore for LocalStore {
 
     async fn list(&self, prefix: &str) -> StoreResult<Vec<ObjectMeta>> {
         validate_prefix(prefix)?;
-        let (root, prefix) = (self.root.clone(), prefix.to_owned());
-        self.blocking(move || list_files(&root, &prefix, &[REFS_SEGMENT, RESERVE_NAME], true))
-            .await
+        let (root, prefix, seen) = (self.root.clone(), prefix.to_owned(), self.seen.clone());
+        self.blocking(move || {
+            list_files(&root, &prefix, &[REFS_SEGMENT, RESERVE_NAME], true, &seen)
+        })
+        .await
     }
 
     async fn list_keys(&self, prefix: &str) -> StoreResult<Vec<String>> {
         validate_prefix(prefix)?;
-        let (root, prefix) = (self.root.clone(), prefix.to_owned());
+        let (root, prefix, seen) = (self.root.clone(), prefix.to_owned(), self.seen.clone());
         let listed = self
-            .blocking(move || list_files(&root, &prefix, &[REFS_SEGMENT, RESERVE_NAME], false))
+            .blocking(move || {
+                list_files(&root, &prefix, &[REFS_SEGMENT, RESERVE_NAME], false, &seen)
+            })
             .await?;
         Ok(listed.into_iter().map(|m| m.key).collect())
     }
@@ -344,9 +354,9 @@ impl ObjectStore for LocalStore {
 
     async fn list_refs(&self, prefix: &str) -> StoreResult<Vec<String>> {
         validate_prefix(prefix)?;
-        let (refs, prefix) = (self.refs_dir(), prefix.to_owned());
+        let (refs, prefix, seen) = (self.refs_dir(), prefix.to_owned(), self.seen.clone());
         let metas = self
-            .blocking(move || list_files(&refs, &prefix, &[REF_LOCK_NAME], true))
+            .blocking(move || list_files(&refs, &prefix, &[REF_LOCK_NAME], true, &seen))
             .await?;
         Ok(metas.into_iter().map(|m| m.key).collect())
     }
@@ -364,8 +374,8 @@ impl ObjectStore for LocalStore {
     }
 
     async fn remove_stale_temporaries(&self, before: SystemTime) -> StoreResult<(u64, u64)> {
-        let root = self.root.clone();
-        self.blocking(move || remove_temp_files(&root, before))
+        let (root, seen) = (self.root.clone(), self.seen.clone());
+        self.blocking(move || remove_temp_files(&root, before, &seen))
             .await
     }
 

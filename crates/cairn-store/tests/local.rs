@@ -101,15 +101,21 @@ async fn layout_on_disk() {
     assert_eq!(a, b);
 }
 
-#[tokio::test]
-async fn leftover_temp_files_are_ignored() {
+/// A new store (in the returned directory) holding one object, `packs/ab/one`.
+async fn store_with_one_pack() -> (tempfile::TempDir, LocalStore) {
     let dir = tempfile::tempdir().unwrap();
     let store = LocalStore::create(dir.path()).unwrap();
-    let root = store.root().to_path_buf();
     store
         .put_if_absent("packs/ab/one", Bytes::from_static(b"1"))
         .await
         .unwrap();
+    (dir, store)
+}
+
+#[tokio::test]
+async fn leftover_temp_files_are_ignored() {
+    let (_dir, store) = store_with_one_pack().await;
+    let root = store.root().to_path_buf();
     store
         .cas_ref("heads/a", None, Some(Bytes::from_static(b"a")))
         .await
@@ -234,4 +240,40 @@ async fn cas_is_exclusive_across_processes() {
         assert!(child.wait().unwrap().success(), "child process failed");
     }
     assert_eq!(counter(&store).await, (4 * INCREMENTS).to_string());
+}
+
+/// The sweep for stale temporaries trusts a listing's read of a directory that began after
+/// its cutoff (that read saw every temporary old enough to remove), and reads the others.
+#[tokio::test]
+async fn the_temporary_sweep_reuses_what_a_listing_read() {
+    let (_dir, store) = store_with_one_pack().await;
+    let root = store.root().to_path_buf();
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    let old_temporary = |key: &str| {
+        let path = root.join(key);
+        std::fs::write(&path, b"torn").unwrap();
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        file.set_modified(hour_ago).unwrap();
+        path
+    };
+    old_temporary("packs/ab/.tmp-0000000000000001");
+    old_temporary("packs/.tmp-0000000000000002");
+    let cutoff = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+    // The listing reads packs/ and packs/ab/.
+    assert_eq!(store.list("packs/").await.unwrap().len(), 1);
+    // No writer can add a temporary last written before the cutoff once the listing ran: this
+    // one's time is set back by hand, so the sweep, trusting the listing, does not see it.
+    let unseen = old_temporary("packs/ab/.tmp-0000000000000003");
+    // The top directory was not listed: it is read, and its temporary found.
+    old_temporary(".tmp-0000000000000004");
+    assert_eq!(
+        store.remove_stale_temporaries(cutoff).await.unwrap(),
+        (3, 12)
+    );
+    assert!(unseen.exists());
+    // A cutoff after the listing began: every directory is read again.
+    let now = std::time::SystemTime::now();
+    assert_eq!(store.remove_stale_temporaries(now).await.unwrap(), (1, 4));
+    assert!(!unseen.exists());
+    assert_eq!(store.list("packs/").await.unwrap().len(), 1);
 }

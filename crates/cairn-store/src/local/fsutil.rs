@@ -4,10 +4,12 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use super::seen_dirs::{SeenDir, SeenDirs};
 use crate::key::TEMP_PREFIX;
 use crate::{ObjectMeta, StoreError, StoreResult};
 
@@ -84,11 +86,27 @@ pub(super) fn write_temp(dir: &Path, data: &[u8]) -> StoreResult<PathBuf> {
 
 /// Removes every `.tmp-*` file under `root` (objects and refs) last modified before `before`:
 /// what writers killed between writing a temporary file and linking or renaming it left.
-/// Returns how many were removed and their bytes.
-pub(super) fn remove_temp_files(root: &Path, before: SystemTime) -> StoreResult<(u64, u64)> {
+/// Returns how many were removed and their bytes. A directory a listing read recently enough
+/// (`seen`) is not read again: that read saw every temporary old enough to remove.
+pub(super) fn remove_temp_files(
+    root: &Path,
+    before: SystemTime,
+    seen: &SeenDirs,
+) -> StoreResult<(u64, u64)> {
     let mut removed = (0u64, 0u64);
     let mut dirs = vec![root.to_path_buf()];
     while let Some(dir) = dirs.pop() {
+        if let Some(read) = seen.usable(&dir, before) {
+            dirs.extend(read.subdirs);
+            let mut changed = false;
+            for path in &read.temporaries {
+                changed |= remove_if_stale(path, before, &mut removed)?;
+            }
+            if changed {
+                fsync_dir(&dir)?;
+            }
+            continue;
+        }
         let entries = match fs::read_dir(&dir) {
             Ok(entries) => entries,
             Err(e) if is_absent(&e) => continue,
@@ -111,23 +129,8 @@ pub(super) fn remove_temp_files(root: &Path, before: SystemTime) -> StoreResult<
                 .file_name()
                 .to_str()
                 .is_some_and(|n| n.starts_with(TEMP_PREFIX));
-            if !is_temp {
-                continue;
-            }
-            let Ok(meta) = fs::symlink_metadata(&path) else {
-                continue; // gone meanwhile
-            };
-            let old = meta.modified().is_ok_and(|m| m < before);
-            if is_temp && meta.is_file() && old {
-                match fs::remove_file(&path) {
-                    Ok(()) => {
-                        removed.0 += 1;
-                        removed.1 += meta.len();
-                        changed = true;
-                    }
-                    Err(e) if is_absent(&e) => {}
-                    Err(e) => return Err(StoreError::io("remove", &path, e)),
-                }
+            if is_temp {
+                changed |= remove_if_stale(&path, before, &mut removed)?;
             }
         }
         if changed {
@@ -135,6 +138,26 @@ pub(super) fn remove_temp_files(root: &Path, before: SystemTime) -> StoreResult<
         }
     }
     Ok(removed)
+}
+
+/// Removes the temporary file `path` if it is a file last modified before `before`, counting
+/// it in `removed`; whether it did.
+fn remove_if_stale(path: &Path, before: SystemTime, removed: &mut (u64, u64)) -> StoreResult<bool> {
+    let Ok(meta) = fs::symlink_metadata(path) else {
+        return Ok(false); // gone meanwhile
+    };
+    if !meta.is_file() || !meta.modified().is_ok_and(|m| m < before) {
+        return Ok(false);
+    }
+    match fs::remove_file(path) {
+        Ok(()) => {
+            removed.0 += 1;
+            removed.1 += meta.len();
+            Ok(true)
+        }
+        Err(e) if is_absent(&e) => Ok(false),
+        Err(e) => Err(StoreError::io("remove", path, e)),
+    }
 }
 
 /// An exclusive `flock` on a lock file, released when dropped (closing the descriptor
@@ -175,12 +198,14 @@ impl FileLock {
 /// Only directories that can hold matching keys are read: the complete segments of `prefix`
 /// are followed directly, the partial last segment filters the entries of that directory,
 /// and only matching subdirectories are walked in full. Temp files and names in `skip_top`
-/// (at the top level only) are ignored.
+/// (at the top level only) are ignored. What each directory read held of subdirectories and
+/// temporary files goes to `seen`.
 pub(super) fn list_files(
     base: &Path,
     prefix: &str,
     skip_top: &[&str],
     sizes: bool,
+    seen: &SeenDirs,
 ) -> StoreResult<Vec<ObjectMeta>> {
     let (dir_part, partial) = match prefix.rfind('/') {
         Some(i) => (&prefix[..=i], &prefix[i + 1..]),
@@ -192,9 +217,16 @@ pub(super) fn list_files(
     let start = base.join(dir_part);
     let skip = if dir_part.is_empty() { skip_top } else { &[] };
     let mut out = Vec::new();
-    walk(&start, dir_part, Some(partial), skip, sizes, &mut out)?;
+    let listing = Listing { sizes, seen };
+    walk(&start, dir_part, Some(partial), skip, &listing, &mut out)?;
     out.sort_unstable_by(|a, b| a.key.cmp(&b.key));
     Ok(out)
+}
+
+/// What a listing asks of each file, and where it records the directories it reads.
+struct Listing<'a> {
+    sizes: bool,
+    seen: &'a SeenDirs,
 }
 
 /// Collect the files under `dir` (whose key prefix is `key_prefix`, empty or ending in '/').
@@ -204,9 +236,11 @@ fn walk(
     key_prefix: &str,
     filter: Option<&str>,
     skip: &[&str],
-    sizes: bool,
+    listing: &Listing,
     out: &mut Vec<ObjectMeta>,
 ) -> StoreResult<()> {
+    let mut read = SeenDir::begin();
+    let mut complete = true;
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if is_absent(&e) => return Ok(()),
@@ -215,6 +249,18 @@ fn walk(
     for entry in entries {
         let entry = entry.map_err(|e| StoreError::io("list directory", dir, e))?;
         let name = entry.file_name();
+        // What the sweep for temporaries needs, whatever the listing keeps: every
+        // subdirectory and every temporary file (the type comes with the entry on most
+        // file systems: no call).
+        let file_type = entry.file_type();
+        match &file_type {
+            Ok(t) if t.is_dir() => read.subdirs.push(entry.path()),
+            Ok(t) if t.is_file() && name.as_bytes().starts_with(TEMP_PREFIX.as_bytes()) => {
+                read.temporaries.push(entry.path())
+            }
+            Ok(_) => {}
+            Err(_) => complete = false,
+        }
         let Some(name) = name.to_str() else {
             tracing::debug!(dir = %dir.display(), ?name, "skipping non-UTF-8 name");
             continue;
@@ -226,13 +272,11 @@ fn walk(
             continue;
         }
         let path = entry.path();
-        let file_type = entry
-            .file_type()
-            .map_err(|e| StoreError::io("stat", &path, e))?;
+        let file_type = file_type.map_err(|e| StoreError::io("stat", &path, e))?;
         let key = format!("{key_prefix}{name}");
         if file_type.is_dir() {
-            walk(&path, &format!("{key}/"), None, &[], sizes, out)?;
-        } else if file_type.is_file() && !sizes {
+            walk(&path, &format!("{key}/"), None, &[], listing, out)?;
+        } else if file_type.is_file() && !listing.sizes {
             out.push(ObjectMeta { key, size: 0 });
         } else if file_type.is_file() {
             let size = match entry.metadata() {
@@ -245,6 +289,9 @@ fn walk(
         } else {
             tracing::debug!(path = %path.display(), "skipping entry that is not a file");
         }
+    }
+    if complete {
+        listing.seen.record(dir, read);
     }
     Ok(())
 }
