@@ -1,10 +1,12 @@
 //! A wrapper that lets a number of writes through and then fails every write: a disk that
-//! fills up or a server that dies mid-commit, for fault-injection tests.
+//! fills up or a server that dies mid-commit, for fault-injection tests. Optionally the writes
+//! it lets through land late, even when their caller has given up: a server that finishes a
+//! request whose body it had received.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -22,6 +24,7 @@ use crate::{
 pub struct FailingStore {
     inner: Arc<dyn ObjectStore>,
     allowed: AtomicUsize,
+    landing_delay: Option<Duration>,
 }
 
 impl FailingStore {
@@ -29,7 +32,16 @@ impl FailingStore {
         FailingStore {
             inner,
             allowed: AtomicUsize::new(allowed),
+            landing_delay: None,
         }
+    }
+
+    /// Each `put_if_absent` let through lands `delay` later, in a task of its own: it lands
+    /// even if the caller drops the call meanwhile, as a server finishes a request whose body
+    /// it had received after the client gave up.
+    pub fn with_landing_delay(mut self, delay: Duration) -> Self {
+        self.landing_delay = Some(delay);
+        self
     }
 
     /// Lets `n` more writes through from now on.
@@ -68,7 +80,19 @@ impl ObjectStore for FailingStore {
     }
     async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<PutOutcome> {
         self.spend(key)?;
-        self.inner.put_if_absent(key, data).await
+        let Some(delay) = self.landing_delay else {
+            return self.inner.put_if_absent(key, data).await;
+        };
+        let (inner, key) = (self.inner.clone(), key.to_owned());
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            inner.put_if_absent(&key, data).await
+        })
+        .await
+        .map_err(|e| StoreError::Unavailable {
+            location: "test store".into(),
+            reason: format!("landing task: {e}"),
+        })?
     }
     async fn get(&self, key: &str) -> StoreResult<Bytes> {
         self.inner.get(key).await

@@ -313,3 +313,45 @@ async fn a_failed_commit_can_take_back_its_packs() {
     let report = verify(reopen(&inner).await).await.unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_pack_of_a_failed_commit_lands_after_it_returns() {
+    // A pack PUT fails while others are in flight, and those land late even if their caller
+    // gives up (a server finishing a request whose body it had received; seen with MinIO on
+    // a full disk). The failed commit waits for them, so that every pack it stored is
+    // discarded: none appears after it returned.
+    let inner = Arc::new(MemoryStore::new());
+    let repo = Arc::new(
+        Repo::init(inner.clone(), config(16384, 1 << 20))
+            .await
+            .unwrap(),
+    );
+    commit_bytes(&repo, "vm", noise(3 << 20, 1)).await;
+    let before = inner.list("packs/").await.unwrap().len();
+    let delay = std::time::Duration::from_millis(300);
+    for allowed in [2, 3, 5] {
+        let failing = Arc::new(FailingStore::new(inner.clone(), allowed).with_landing_delay(delay));
+        let repo_f = Arc::new(Repo::open(failing.clone()).await.unwrap());
+        let src = StreamSource::new("test", std::io::Cursor::new(noise(8 << 20, 2)));
+        let options = CommitOptions {
+            uploads: Some(4),
+            ..CommitOptions::default()
+        };
+        let err = commit(repo_f.clone(), "vm", Box::new(src), options)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("injected failure"), "{err}");
+        failing.allow(usize::MAX);
+        repo_f.discard_unindexed_packs().await;
+        // Anything still landing would land within the delay.
+        tokio::time::sleep(delay * 2).await;
+        assert_eq!(
+            inner.list("packs/").await.unwrap().len(),
+            before,
+            "allowed {allowed}: a pack of the failed commit landed after it returned"
+        );
+        repo_f.close().await.unwrap();
+    }
+    let report = verify(reopen(&inner).await).await.unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}

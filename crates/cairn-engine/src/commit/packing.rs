@@ -2,7 +2,7 @@
 //! tree is read from few places), full packs upload while the next fill, with a bound on how
 //! many are in flight.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use cairn_format::config::RepoConfig;
@@ -86,15 +86,21 @@ pub(crate) fn pack_blobs(
 type Uploaded<T> = (Id, T, u64);
 
 /// Stores finished packs in the background, at most `limit` at a time, and collects them.
-/// On an early return (an error) the uploads still running are cancelled and waited for, so
-/// that when a failed commit returns, every pack it stored is known to
-/// `Repo::discard_unindexed_packs` and none lands later.
+/// On an early return (an error, an interrupt) the uploads still running are waited for, not
+/// cancelled, so that when a failed commit returns every pack it stored is known to
+/// `Repo::discard_unindexed_packs` and none lands later. A cancelled PUT whose body had gone
+/// out can still complete on the server (seen with MinIO: a pack stored after its commit had
+/// failed), and a local write in a blocking thread runs on when its task is dropped. Each
+/// upload is bounded by the store's own timeouts, so the wait is too.
 pub(crate) struct Uploader<'h, T> {
     repo: &'h Arc<Repo>,
     handle: &'h Handle,
     limit: Arc<Semaphore>,
     progress: &'h CommitProgress,
     running: Vec<JoinHandle<RepoResult<Uploaded<T>>>>,
+    /// Set by an upload that failed, before it gives back its slot: the packer waiting for
+    /// that slot then stops instead of starting an upload that would only be waited for.
+    failed: Arc<AtomicBool>,
     done: Vec<(Id, T)>,
     written: u64,
 }
@@ -112,6 +118,7 @@ impl<'h, T: Send + 'static> Uploader<'h, T> {
             limit: Arc::new(Semaphore::new(uploads.max(1))),
             progress,
             running: Vec::new(),
+            failed: Arc::new(AtomicBool::new(false)),
             done: Vec::new(),
             written: 0,
         }
@@ -124,9 +131,23 @@ impl<'h, T: Send + 'static> Uploader<'h, T> {
             .handle
             .block_on(self.limit.clone().acquire_owned())
             .map_err(|e| EngineError::internal("upload limiter", e))?;
+        if self.failed.load(Ordering::Acquire) {
+            drop(permit);
+            self.join_all()?;
+            // Only an upload's error sets the flag, and its error was not yet taken (a taken
+            // error ends the commit), so `join_all` returned it.
+            return Err(EngineError::internal(
+                "upload",
+                "a failed upload left no error",
+            ));
+        }
         let repo = self.repo.clone();
+        let failed = self.failed.clone();
         self.running.push(self.handle.spawn(async move {
             let r = repo.put_pack(&id, bytes).await;
+            if r.is_err() {
+                failed.store(true, Ordering::Release);
+            }
             drop(permit);
             r.map(|(id, n)| (id, with, n))
         }));
@@ -162,18 +183,26 @@ impl<'h, T: Send + 'static> Uploader<'h, T> {
 
     /// Waits for every upload: the stored packs (final ids) and the bytes written.
     pub(crate) fn finish(mut self) -> EngineResult<(Vec<(Id, T)>, u64)> {
+        self.join_all()?;
+        Ok((std::mem::take(&mut self.done), self.written))
+    }
+
+    /// Waits for the uploads in order; the first that failed is the error (`Drop` waits for
+    /// the rest).
+    fn join_all(&mut self) -> EngineResult<()> {
         while !self.running.is_empty() {
             let upload = self.running.remove(0);
             self.join(upload)?;
         }
-        Ok((std::mem::take(&mut self.done), self.written))
+        Ok(())
     }
 }
 
 impl<T> Drop for Uploader<'_, T> {
     fn drop(&mut self) {
+        // Waited for, not aborted: see the type's documentation. A pack that an upload stored
+        // is in the repository's unindexed set, which the failed commit then discards.
         for upload in self.running.drain(..) {
-            upload.abort();
             let _ = self.handle.block_on(upload);
         }
     }
