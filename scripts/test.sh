@@ -223,7 +223,10 @@ check "operator safety as root: a 100% full tmpfs freed by rm and gc, an encrypt
   python3 "$ROOT/scripts/safety.py" --bin "$CAIRN_BIN"
 
 # The three kill loops run at the same time (each in a repository of its own): about 590 s
-# one after the other, each keeping half of the 2 cores busy.
+# one after the other, each keeping half of the 2 cores busy. The encrypted loop (an Argon2id
+# derivation in every command) ends last, ~140 s after the others (2026-11-28 rehearsal), so
+# the pull-mode backup, the fuzzers (time-bounded) and e2e run beside its end rather than
+# leave a core idle.
 background_check "kill -9 loops on an encrypted format 2 repository: 49 trials of commit, gc, rm/prune, restore and index compaction, then the leak checks (scripts/kill_loops.py --encrypted)" \
   python3 "$ROOT/scripts/kill_loops.py" --bin "$CAIRN_BIN" --encrypted
 background_check "kill -9 loops on a format 1 repository: 43 trials of commit, gc, rm/prune and restore, then the leak checks (scripts/kill_loops.py --format 1)" \
@@ -231,7 +234,6 @@ background_check "kill -9 loops on a format 1 repository: 43 trials of commit, g
 
 check "kill -9 loops: 112 trials of commit, gc, rm/prune, restore and index compaction killed or interrupted, format 2 (scripts/kill_loops.py)" \
   python3 "$ROOT/scripts/kill_loops.py" --bin "$CAIRN_BIN"
-finish_background_checks
 
 check "pull-mode incremental backup of a running disk with qemu-storage-daemon (scripts/pullmode_backup.py)" \
   python3 "$ROOT/scripts/pullmode_backup.py" --bin "$CAIRN_BIN"
@@ -240,6 +242,7 @@ check "fuzz the qcow2 parser, the NBD server and the format decoders for ${CAIRN
   bash "$ROOT/scripts/fuzz.sh" "${CAIRN_FUZZ_SECONDS:-60}"
 
 check "scripts/e2e.sh" env CAIRN_DATASET="$DATASET" bash "$ROOT/scripts/e2e.sh"
+finish_background_checks
 
 check "scripts/stress_gc.py (4 committers + prune/gc for 60 s, 20 kill -9 of gc, then the fast-deletion leak check)" \
   env CAIRN_STRESS_DIR="$ROOT/.data" python3 "$ROOT/scripts/stress_gc.py" --seconds 60
