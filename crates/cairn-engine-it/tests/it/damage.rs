@@ -265,10 +265,8 @@ async fn a_repository_that_refuses_writes_can_still_be_read() {
     assert!(err.to_string().contains("injected failure"), "{err}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_commit_can_take_back_its_packs() {
-    // The store fails mid-commit (a full bucket); once it accepts deletes again, the packs the
-    // commit stored but never indexed are deleted, and the repository is what it was.
+/// A repository in memory with one version of 3 MiB, 1 MiB packs.
+async fn one_version_in_memory() -> Arc<MemoryStore> {
     let inner = Arc::new(MemoryStore::new());
     let repo = Arc::new(
         Repo::init(inner.clone(), config(16384, 1 << 20))
@@ -276,38 +274,50 @@ async fn a_failed_commit_can_take_back_its_packs() {
             .unwrap(),
     );
     commit_bytes(&repo, "vm", noise(3 << 20, 1)).await;
-    let packs = |store: Arc<MemoryStore>| async move {
-        let mut keys: Vec<String> = store
-            .list("packs/")
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|m| m.key)
-            .collect();
-        keys.sort();
-        keys
-    };
-    let before = packs(inner.clone()).await;
-    for allowed in [2, 4, 7] {
-        let failing = Arc::new(FailingStore::new(inner.clone(), allowed));
-        let repo_f = Arc::new(Repo::open(failing.clone()).await.unwrap());
-        let src = StreamSource::new("test", std::io::Cursor::new(noise(8 << 20, 2)));
-        let err = commit(
-            repo_f.clone(),
-            "vm",
-            Box::new(src),
-            CommitOptions::default(),
-        )
+    inner
+}
+
+/// The pack keys in `store`, sorted.
+async fn pack_keys(store: &MemoryStore) -> Vec<String> {
+    let mut keys: Vec<String> = store
+        .list("packs/")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key)
+        .collect();
+    keys.sort();
+    keys
+}
+
+/// Commits 8 MiB of new data through `failing`, which must fail it; returns the repository
+/// handle the commit used (its unindexed packs not yet discarded).
+async fn commit_that_fails(failing: Arc<FailingStore>, options: CommitOptions) -> Arc<Repo> {
+    let repo = Arc::new(Repo::open(failing).await.unwrap());
+    let src = StreamSource::new("test", std::io::Cursor::new(noise(8 << 20, 2)));
+    let err = commit(repo.clone(), "vm", Box::new(src), options)
         .await
         .unwrap_err();
-        assert!(err.to_string().contains("injected failure"), "{err}");
+    assert!(err.to_string().contains("injected failure"), "{err}");
+    repo
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_commit_can_take_back_its_packs() {
+    // The store fails mid-commit (a full bucket); once it accepts deletes again, the packs the
+    // commit stored but never indexed are deleted, and the repository is what it was.
+    let inner = one_version_in_memory().await;
+    let before = pack_keys(&inner).await;
+    for allowed in [2, 4, 7] {
+        let failing = Arc::new(FailingStore::new(inner.clone(), allowed));
+        let repo_f = commit_that_fails(failing.clone(), CommitOptions::default()).await;
         assert!(
-            packs(inner.clone()).await.len() > before.len(),
+            pack_keys(&inner).await.len() > before.len(),
             "allowed {allowed}: some packs landed"
         );
         failing.allow(usize::MAX);
         assert!(repo_f.discard_unindexed_packs().await > 0);
-        assert_eq!(packs(inner.clone()).await, before, "allowed {allowed}");
+        assert_eq!(pack_keys(&inner).await, before, "allowed {allowed}");
         repo_f.close().await.unwrap();
     }
     let report = verify(reopen(&inner).await).await.unwrap();
@@ -320,33 +330,22 @@ async fn no_pack_of_a_failed_commit_lands_after_it_returns() {
     // gives up (a server finishing a request whose body it had received; seen with MinIO on
     // a full disk). The failed commit waits for them, so that every pack it stored is
     // discarded: none appears after it returned.
-    let inner = Arc::new(MemoryStore::new());
-    let repo = Arc::new(
-        Repo::init(inner.clone(), config(16384, 1 << 20))
-            .await
-            .unwrap(),
-    );
-    commit_bytes(&repo, "vm", noise(3 << 20, 1)).await;
-    let before = inner.list("packs/").await.unwrap().len();
+    let inner = one_version_in_memory().await;
+    let before = pack_keys(&inner).await;
     let delay = std::time::Duration::from_millis(300);
     for allowed in [2, 3, 5] {
         let failing = Arc::new(FailingStore::new(inner.clone(), allowed).with_landing_delay(delay));
-        let repo_f = Arc::new(Repo::open(failing.clone()).await.unwrap());
-        let src = StreamSource::new("test", std::io::Cursor::new(noise(8 << 20, 2)));
         let options = CommitOptions {
             uploads: Some(4),
             ..CommitOptions::default()
         };
-        let err = commit(repo_f.clone(), "vm", Box::new(src), options)
-            .await
-            .unwrap_err();
-        assert!(err.to_string().contains("injected failure"), "{err}");
+        let repo_f = commit_that_fails(failing.clone(), options).await;
         failing.allow(usize::MAX);
         repo_f.discard_unindexed_packs().await;
         // Anything still landing would land within the delay.
         tokio::time::sleep(delay * 2).await;
         assert_eq!(
-            inner.list("packs/").await.unwrap().len(),
+            pack_keys(&inner).await,
             before,
             "allowed {allowed}: a pack of the failed commit landed after it returned"
         );
