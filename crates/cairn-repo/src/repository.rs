@@ -256,11 +256,23 @@ impl Repo {
     /// that vanishes between the listing and the read was superseded by a GC that wrote its
     /// replacement before publishing its plan, so the listing already holds the replacement.
     pub async fn load_all_index_files(&self) -> RepoResult<Vec<(Id, IndexFile)>> {
+        self.load_index_files_except(&HashSet::new()).await
+    }
+
+    /// As [`Repo::load_all_index_files`], skipping the files named in `known` (read before):
+    /// what a GC needs to see what was published since it last looked.
+    pub async fn load_index_files_except(
+        &self,
+        known: &HashSet<Id>,
+    ) -> RepoResult<Vec<(Id, IndexFile)>> {
         let mut out = Vec::new();
         for meta in self.store.list(keys::INDEX).await? {
             let Ok(id) = meta.key[keys::INDEX.len()..].parse::<Id>() else {
                 continue;
             };
+            if known.contains(&id) {
+                continue;
+            }
             let raw = match self.store.get(&meta.key).await {
                 Ok(raw) => raw,
                 Err(StoreError::NotFound { .. }) => continue,

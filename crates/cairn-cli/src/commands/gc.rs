@@ -134,6 +134,7 @@ pub fn report_json(r: &GcReport) -> Value {
         "orphan_packs_deleted": r.orphan_packs_deleted,
         "index_files_replaced": r.index_files_replaced,
         "rescued_blobs": r.rescued_blobs,
+        "surplus_copies": r.surplus_copies,
         "groups_rebuilt": r.groups_rebuilt,
         "temporaries_removed": r.temporaries_removed,
         "temporary_bytes_removed": r.temporary_bytes_removed,

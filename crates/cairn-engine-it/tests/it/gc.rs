@@ -2,6 +2,9 @@
 //! and a GC that dies at any point leaves a consistent repository.
 
 use cairn_format::keys;
+use cairn_format::pack::{BlobEntry, BlobKind};
+use cairn_format::Id;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -517,4 +520,147 @@ async fn fast_deletion_with_precise_summaries_leaves_nothing_for_repair() {
             );
         }
     }
+}
+
+/// Every index entry of the store, in listing order: (pack, entry).
+async fn index_entries(store: &dyn ObjectStore) -> Vec<(Id, BlobEntry)> {
+    let mut out = Vec::new();
+    for m in store.list(keys::INDEX).await.unwrap() {
+        let raw = store.get(&m.key).await.unwrap();
+        let file = cairn_format::index::IndexFile::decode(&raw).unwrap();
+        for p in &file.packs {
+            out.extend(p.entries.iter().map(|e| (p.pack, *e)));
+        }
+    }
+    out
+}
+
+/// Stores a second copy of every pack some index file names, and an index file naming the
+/// copies: every blob is then stored twice (as a rescue racing a
+/// commit that saw the plan leaves some).
+async fn duplicate_every_pack(repo: &Repo, store: &dyn ObjectStore) {
+    let mut copies = Vec::new();
+    for m in store.list(keys::INDEX).await.unwrap() {
+        let raw = store.get(&m.key).await.unwrap();
+        let file = cairn_format::index::IndexFile::decode(&raw).unwrap();
+        for p in file.packs {
+            let bytes = store.get(&keys::pack(&p.pack)).await.unwrap();
+            // Its key is taken: the copy is re-salted under a key of its own.
+            let (pack, _) = repo.put_pack(&p.pack, bytes.to_vec()).await.unwrap();
+            assert_ne!(pack, p.pack);
+            copies.push(cairn_format::index::PackIndex {
+                pack,
+                entries: p.entries,
+            });
+        }
+    }
+    repo.put_index_file(&cairn_format::index::IndexFile { packs: copies })
+        .await
+        .unwrap();
+}
+
+/// Versions `old` then `kept` of one image, `old` deleted, and a second copy of every pack.
+async fn two_copies_of_everything(store: &Arc<MemoryStore>) -> (VersionRecord, Vec<u8>) {
+    let repo = Arc::new(
+        Repo::init(store.clone(), config(16384, 1 << 20))
+            .await
+            .unwrap(),
+    );
+    commit_bytes(&repo, "vm", noise(2 << 20, 41)).await;
+    let kept = noise(2 << 20, 42);
+    let newest = commit_bytes(&repo, "vm", kept.clone()).await.record;
+    duplicate_every_pack(&repo, store.as_ref()).await;
+    let h = history(&repo, "vm").await.unwrap();
+    repo.mark_deleted(&h.last().unwrap().0).await.unwrap();
+    (newest, kept)
+}
+
+fn copies_of(entries: &[(Id, BlobEntry)]) -> HashMap<Id, usize> {
+    let mut n = HashMap::new();
+    for (_, e) in entries {
+        *n.entry(e.id).or_default() += 1;
+    }
+    n
+}
+
+/// Surplus copies — live blobs stored in more than one pack — go with fast deletion as dead
+/// blobs do: afterwards each blob is stored once, the exact pass finds nothing to reclaim, and
+/// the kept version restores bit-exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_deletion_drops_surplus_copies_of_live_blobs() {
+    let store = Arc::new(MemoryStore::new());
+    let (newest, kept) = two_copies_of_everything(&store).await;
+    let before = copies_of(&index_entries(store.as_ref()).await);
+    assert!(before.values().all(|n| *n == 2), "every blob stored twice");
+
+    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let fast = gc(&repo, &opts(GcMode::Fast)).await.unwrap();
+    let after = copies_of(&index_entries(store.as_ref()).await);
+    assert!(
+        after.values().all(|n| *n == 1),
+        "each blob stored once: {fast:?}"
+    );
+    assert_eq!(fast.surplus_copies as usize, after.len(), "{fast:?}");
+    // A process opened after the GC sees the repository as it is now.
+    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    assert_eq!(restore_bytes(&repo, &newest).await.unwrap(), kept);
+    let mut exact = opts(GcMode::Repair);
+    exact.dry_run = true;
+    let leak = gc(&repo, &exact).await.unwrap();
+    assert_eq!(
+        leak.reclaimed(),
+        0,
+        "nothing left for the exact pass: {leak:?}"
+    );
+    let report = verify(repo.clone()).await.unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}
+
+/// A surplus copy is the redundancy a damaged copy needs: when the copy GC would keep does
+/// not read back intact, both stay (and the version still restores, from the good one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_surplus_copy_stays_while_the_kept_copy_is_damaged() {
+    // The blobs the kept version uses: those a GC of the same (deterministic) repository keeps.
+    let twin = Arc::new(MemoryStore::new());
+    two_copies_of_everything(&twin).await;
+    let twin_repo = Arc::new(Repo::open(twin.clone()).await.unwrap());
+    gc(&twin_repo, &opts(GcMode::Fast)).await.unwrap();
+    let live = copies_of(&index_entries(twin.as_ref()).await);
+
+    let store = Arc::new(MemoryStore::new());
+    two_copies_of_everything(&store).await;
+    // GC keeps the first copy listed: damage the first listed copy of a live data blob.
+    let entries = index_entries(store.as_ref()).await;
+    let (pack, victim) = *entries
+        .iter()
+        .find(|(_, e)| live.contains_key(&e.id) && e.kind == BlobKind::Data)
+        .unwrap();
+    let key = keys::pack(&pack);
+    let mut bytes = store.get(&key).await.unwrap().to_vec();
+    bytes[victim.offset as usize + victim.stored_len as usize / 2] ^= 0x10;
+    store.delete(&key).await.unwrap();
+    store.put_if_absent(&key, bytes.into()).await.unwrap();
+
+    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let fast = gc(&repo, &opts(GcMode::Fast)).await.unwrap();
+    let after = copies_of(&index_entries(store.as_ref()).await);
+    assert_eq!(
+        after.get(&victim.id),
+        Some(&2),
+        "both copies of the damaged blob stay"
+    );
+    assert!(
+        after.iter().all(|(id, n)| *n == 1 || *id == victim.id),
+        "every other blob is stored once: {fast:?}"
+    );
+    assert_eq!(fast.surplus_copies as usize, after.len() - 1, "{fast:?}");
+    // The other copy, the intact one, is among them.
+    let copies: Vec<Id> = index_entries(store.as_ref())
+        .await
+        .into_iter()
+        .filter(|(p, e)| e.id == victim.id && *p != pack)
+        .map(|(p, _)| p)
+        .collect();
+    assert_eq!(copies.len(), 1);
+    assert!(store.head(&keys::pack(&copies[0])).await.unwrap().is_some());
 }

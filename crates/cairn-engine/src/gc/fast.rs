@@ -198,11 +198,16 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     }
     drop(seen);
 
-    // Which packs hold dead blobs, and what to do with each.
+    let surplus = surplus_copies(repo, &snapshot, &pack_sizes, &dead).await?;
+    report.surplus_copies = surplus.len() as u64;
+    let is_dead =
+        |pack: &Id, e: &BlobEntry| dead.contains(&e.id) || surplus.contains(&(*pack, e.id));
+
+    // Which packs hold dead blobs or surplus copies, and what to do with each.
     let mut entries_of: HashMap<Id, BTreeMap<u32, BlobEntry>> = HashMap::new();
     for (_, file) in &snapshot.files {
         for p in &file.packs {
-            if p.entries.iter().any(|e| dead.contains(&e.id)) {
+            if p.entries.iter().any(|e| is_dead(&p.pack, e)) {
                 let map = entries_of.entry(p.pack).or_default();
                 map.extend(p.entries.iter().map(|e| (e.offset, *e)));
             }
@@ -218,13 +223,13 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         };
         let live_bytes: u64 = entries
             .values()
-            .filter(|e| !dead.contains(&e.id))
+            .filter(|e| !is_dead(pack, e))
             .map(|e| e.stored_len as u64)
             .sum();
         // A live blob whose only copy here is quarantined cannot be copied: keep the pack.
         let pinned = entries
             .values()
-            .any(|e| !dead.contains(&e.id) && repo.is_quarantined(pack, &e.id));
+            .any(|e| !is_dead(pack, e) && repo.is_quarantined(pack, &e.id));
         if pinned {
             left.extend(
                 entries
@@ -282,7 +287,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         let live_of = |pack: &Id| {
             entries_of[pack]
                 .values()
-                .filter(|e| !dead.contains(&e.id))
+                .filter(|e| !is_dead(pack, e))
                 .copied()
                 .collect::<Vec<BlobEntry>>()
         };
@@ -399,4 +404,54 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     report.bytes_after = bytes_after;
     remove_stale_markers(repo, &packs_after).await?;
     Ok(report)
+}
+
+/// Surplus copies, as (pack, blob): a live blob stored in more than one pack — a rescue that
+/// raced a commit which saw the plan and stored its own copy, or two sessions storing the same
+/// new data — is kept once, at the copy the snapshot's index locates, and only once that copy
+/// is read back intact (a surplus copy is the redundancy a damaged keeper would need). Each
+/// costs a lookup per indexed blob here; the keepers read are as many as the surplus copies.
+async fn surplus_copies(
+    repo: &Repo,
+    snapshot: &Snapshot,
+    pack_sizes: &HashMap<Id, u64>,
+    dead: &HashSet<Id>,
+) -> EngineResult<HashSet<(Id, Id)>> {
+    let mut candidates: Vec<(Id, BlobLocation)> = Vec::new();
+    for (_, file) in &snapshot.files {
+        for p in &file.packs {
+            for e in &p.entries {
+                if dead.contains(&e.id) {
+                    continue;
+                }
+                match snapshot.index.get(&e.id) {
+                    Some(keeper)
+                        if keeper.pack != p.pack && pack_sizes.contains_key(&keeper.pack) =>
+                    {
+                        candidates.push((p.pack, keeper))
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    let mut surplus = HashSet::new();
+    for (pack, keeper) in candidates {
+        if surplus.contains(&(pack, keeper.entry.id)) {
+            continue; // listed by two index files
+        }
+        let intact = match repo
+            .read_pack_range(&keeper.pack, keeper.entry.range())
+            .await
+        {
+            Ok(stored) => repo.check_blob(&keeper, &stored).is_ok(),
+            Err(_) => false,
+        };
+        if intact {
+            surplus.insert((pack, keeper.entry.id));
+        } else {
+            tracing::warn!(blob = %keeper.entry.id, pack = %keeper.pack, "a copy of a blob stored twice does not read back intact; both copies are kept for verify and gc --repair");
+        }
+    }
+    Ok(surplus)
 }

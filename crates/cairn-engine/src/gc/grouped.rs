@@ -850,6 +850,11 @@ impl<'a> Repacker<'a> {
 /// with the slots `live_use` or `used` names (the others dropped when they are worth it, as a
 /// repack drops them; until 2026-11-27 the whole group, whose dead slots only `gc --repair`
 /// reclaimed).
+///
+/// Commits that saw the plan store their own copies of what it deletes and keep publishing
+/// while the rescue reads, so before a pack's groups are copied the index is looked at again
+/// and what it now locates is not copied (asked only once, before the reads, such a copy and
+/// the rescue's were both kept: duplicates for `gc --repair`).
 async fn rescue(
     repo: &Repo,
     snapshot: &Snapshot,
@@ -858,66 +863,114 @@ async fn rescue(
     live_use: &(dyn Liveness + Send + Sync),
     report: &mut GcReport,
 ) -> EngineResult<Option<(Id, Vec<(Id, u64)>)>> {
-    let mut wanted: Vec<(Id, u32)> = Vec::new(); // (pack, group) of the snapshot
+    // (pack, group) of the snapshot's copy -> what newcomers need from it.
+    let mut wanted: BTreeMap<(Id, u32), Vec<Need>> = BTreeMap::new();
     for node in &used.nodes {
-        if now.find_chunk(node).await?.is_some() {
+        let need = Need::Node(*node);
+        if !need.missing_in(now).await? {
             continue;
         }
         if let Ok((trailer, at)) = snapshot.reader.locate_chunk(node).await {
-            wanted.push((trailer.pack, at.group));
+            wanted
+                .entry((trailer.pack, at.group))
+                .or_default()
+                .push(need);
         }
     }
     for (group, slots) in &used.slots {
-        let runs = slots.runs();
-        match now.locate_group_storing(group, &runs).await {
-            Ok(loc) if loc.stores(&runs) => continue,
-            Ok(_) | Err(RepoError::BlobMissing { .. }) => {}
-            Err(e) => return Err(e.into()),
+        let need = Need::Slots(*group, slots.runs());
+        if !need.missing_in(now).await? {
+            continue;
         }
-        if let Ok(loc) = snapshot.reader.locate_group_storing(group, &runs).await {
-            if loc.stores(&runs) {
-                wanted.push((loc.trailer.pack, loc.group));
+        let Need::Slots(_, runs) = &need else {
+            unreachable!("built above")
+        };
+        if let Ok(loc) = snapshot.reader.locate_group_storing(group, runs).await {
+            if loc.stores(runs) {
+                wanted
+                    .entry((loc.trailer.pack, loc.group))
+                    .or_default()
+                    .push(need);
             }
         }
     }
     if wanted.is_empty() {
         return Ok(None);
     }
-    wanted.sort();
-    wanted.dedup();
-    report.rescued_blobs = wanted.len() as u64;
-    tracing::info!(
-        groups = wanted.len(),
-        "rescued groups and nodes used by concurrent commits"
-    );
     let mut writer = Repacker::new(repo);
-    let mut data: Option<(Id, bytes::Bytes)> = None;
-    for (pack, g) in wanted {
-        if data.as_ref().is_none_or(|(p, _)| *p != pack) {
-            data = Some((pack, repo.read_whole_pack(&pack).await?));
+    let packs: Vec<Id> = wanted.keys().map(|(pack, _)| *pack).collect();
+    let mut last_read = None;
+    for pack in packs {
+        if last_read == Some(pack) {
+            continue;
         }
-        let bytes = &data.as_ref().expect("read above").1;
+        last_read = Some(pack);
+        let bytes = repo.read_whole_pack(&pack).await?;
+        // Copies published while this pack was read make the rescue's own unneeded. A view
+        // that cannot be read now only costs duplicates: the copies are made as planned.
+        let fresh = repo.v2_view().await.ok().map(|(reader, _)| reader);
         let trailer = &snapshot.trailers[&pack];
-        // What the versions live at the decision use, and what the newcomers use: nothing
-        // else can reach this copy (later sessions saw the plan), so the slots neither
-        // uses are dropped as a repack drops them, rather than kept for `gc --repair`.
-        let mut live = live_use.live_slots(trailer, g);
-        if let Some(slots) = live.as_mut() {
-            let gid = trailer.group_id(g).expect("a group of this trailer");
-            if let Some(newer) = used.used_slots(&gid) {
-                slots.union_with(newer);
+        for ((_, g), needs) in wanted.range((pack, 0)..=(pack, u32::MAX)) {
+            if let Some(fresh) = &fresh {
+                let mut still = false;
+                for need in needs {
+                    still |= need.missing_in(fresh).await?;
+                }
+                if !still {
+                    continue;
+                }
             }
+            report.rescued_blobs += 1;
+            // What the versions live at the decision use, and what the newcomers use:
+            // nothing else can reach this copy (later sessions saw the plan), so the slots
+            // neither uses are dropped as a repack drops them, rather than kept for
+            // `gc --repair`.
+            let mut live = live_use.live_slots(trailer, *g);
+            if let Some(slots) = live.as_mut() {
+                let gid = trailer.group_id(*g).expect("a group of this trailer");
+                if let Some(newer) = used.used_slots(&gid) {
+                    slots.union_with(newer);
+                }
+            }
+            let group = copy_group(repo, trailer, *g, &bytes, live.as_ref())?;
+            report.bytes_repacked += u64::from(group.desc.stored_len);
+            writer
+                .push(trailer.groups[*g as usize].kind, group, live.as_ref())
+                .await?;
         }
-        let group = copy_group(repo, trailer, g, bytes, live.as_ref())?;
-        report.bytes_repacked += u64::from(group.desc.stored_len);
-        writer
-            .push(trailer.groups[g as usize].kind, group, live.as_ref())
-            .await?;
     }
     let locations = writer.finish().await?;
+    if report.rescued_blobs == 0 {
+        return Ok(None);
+    }
+    tracing::info!(
+        groups = report.rescued_blobs,
+        "rescued groups and nodes used by concurrent commits"
+    );
     report.packs_written += writer.written.len() as u64;
     let run = repo.put_index_run(&locations, repo.key()).await?.0;
     Ok(Some((run, writer.written)))
+}
+
+/// What a version published during a GC's wait needs from a copy the plan deletes.
+enum Need {
+    Node(Id),
+    /// A group's slots, as runs (first, count).
+    Slots(Id, Vec<(u16, u16)>),
+}
+
+impl Need {
+    /// True if `view` locates no copy that serves it.
+    async fn missing_in(&self, view: &V2Reader) -> EngineResult<bool> {
+        match self {
+            Need::Node(id) => Ok(view.find_chunk(id).await?.is_none()),
+            Need::Slots(group, runs) => match view.locate_group_storing(group, runs).await {
+                Ok(loc) => Ok(!loc.stores(runs)),
+                Err(RepoError::BlobMissing { .. }) => Ok(true),
+                Err(e) => Err(e.into()),
+            },
+        }
+    }
 }
 
 /// Deletes the orphan packs (listed before the plan, named by no run then) that no run in the
