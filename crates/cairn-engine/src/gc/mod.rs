@@ -571,7 +571,15 @@ async fn rescue(
     if wanted.is_empty() {
         return Ok(());
     }
-    let mut coverage = Coverage::new(&wanted, doomed);
+    // Copies listed only in index files a plan supersedes (a dead GC's, or ours) are no
+    // cover: readers skip those files. Ours name no doomed pack in their replacements.
+    let hidden: HashSet<Id> = repo
+        .gc_plans()
+        .await?
+        .into_iter()
+        .flat_map(|plan| plan.superseded_index)
+        .collect();
+    let mut coverage = Coverage::new(&wanted, doomed, hidden);
     if let Some(now) = now {
         coverage.add(&now.files);
     }
@@ -631,20 +639,22 @@ async fn rescue(
 }
 
 /// Which rescue candidates (`wanted`) some index file names in a pack outside the `doomed`
-/// ones, over the index files read so far: [`Coverage::refresh`] reads only those published
-/// since.
+/// ones, over the index files read so far (except the `hidden` ones, which pending plans
+/// supersede): [`Coverage::refresh`] reads only those published since.
 struct Coverage<'a> {
     wanted: &'a HashSet<Id>,
     doomed: &'a HashSet<Id>,
+    hidden: HashSet<Id>,
     files_read: HashSet<Id>,
     covered: HashSet<Id>,
 }
 
 impl<'a> Coverage<'a> {
-    fn new(wanted: &'a HashSet<Id>, doomed: &'a HashSet<Id>) -> Self {
+    fn new(wanted: &'a HashSet<Id>, doomed: &'a HashSet<Id>, hidden: HashSet<Id>) -> Self {
         Coverage {
             wanted,
             doomed,
+            hidden,
             files_read: HashSet::new(),
             covered: HashSet::new(),
         }
@@ -653,6 +663,9 @@ impl<'a> Coverage<'a> {
     fn add(&mut self, files: &[(Id, IndexFile)]) {
         for (id, file) in files {
             self.files_read.insert(*id);
+            if self.hidden.contains(id) {
+                continue;
+            }
             let copies = file
                 .packs
                 .iter()
