@@ -878,19 +878,17 @@ async fn rescue(
         }
     }
     for (group, slots) in &used.slots {
-        let need = Need::Slots(*group, slots.runs());
-        if !need.missing_in(now).await? {
+        let runs = slots.runs();
+        if !slots_missing(now, group, &runs).await? {
             continue;
         }
-        let Need::Slots(_, runs) = &need else {
-            unreachable!("built above")
-        };
-        if let Ok(loc) = snapshot.reader.locate_group_storing(group, runs).await {
-            if loc.stores(runs) {
+        if let Ok(loc) = snapshot.reader.locate_group_storing(group, &runs).await {
+            if loc.stores(&runs) {
+                let copy = (loc.trailer.pack, loc.group);
                 wanted
-                    .entry((loc.trailer.pack, loc.group))
+                    .entry(copy)
                     .or_default()
-                    .push(need);
+                    .push(Need::Slots(*group, runs));
             }
         }
     }
@@ -964,12 +962,17 @@ impl Need {
     async fn missing_in(&self, view: &V2Reader) -> EngineResult<bool> {
         match self {
             Need::Node(id) => Ok(view.find_chunk(id).await?.is_none()),
-            Need::Slots(group, runs) => match view.locate_group_storing(group, runs).await {
-                Ok(loc) => Ok(!loc.stores(runs)),
-                Err(RepoError::BlobMissing { .. }) => Ok(true),
-                Err(e) => Err(e.into()),
-            },
+            Need::Slots(group, runs) => slots_missing(view, group, runs).await,
         }
+    }
+}
+
+/// True if `view` locates no copy of group `group` storing slots `runs`.
+async fn slots_missing(view: &V2Reader, group: &Id, runs: &[(u16, u16)]) -> EngineResult<bool> {
+    match view.locate_group_storing(group, runs).await {
+        Ok(loc) => Ok(!loc.stores(runs)),
+        Err(RepoError::BlobMissing { .. }) => Ok(true),
+        Err(e) => Err(e.into()),
     }
 }
 
