@@ -3,7 +3,8 @@
 #
 #   scripts/test.sh           everything: apt deps, small dataset (.data/small: built, or copied
 #                             from the copy an earlier build on this host kept), fmt, clippy,
-#                             cargo test (profile ci, the dataset required), the S3 suite
+#                             cargo test (profile ci, the dataset required), the integration
+#                             tests again in exact dedup mode (CAIRN_DEDUP=exact), the S3 suite
 #                             against a local MinIO (built by go install the first time) and a
 #                             local Ceph RGW (apt), the S3 fault tests, the disk-format tests
 #                             (qcow2, NBD, dirty bitmaps), operator safety (full disk, mounted
@@ -195,6 +196,13 @@ export CAIRN_BIN
 
 check "cargo test --workspace --profile ci (CAIRN_DATASET=$DATASET, CAIRN_REQUIRE_DATASET=1)" \
   env CAIRN_DATASET="$DATASET" CAIRN_REQUIRE_DATASET=1 cargo test --workspace --profile ci
+
+# Every test that commits passes in both dedup modes: the integration tests of the engine, the
+# export and the CLI (the test targets named `it`; built above) again with exact dedup the
+# default of every commit they make (bounded above). About a minute.
+check "the integration tests again in exact dedup mode (CAIRN_DEDUP=exact cargo test --workspace --profile ci --test it)" \
+  env CAIRN_DEDUP=exact CAIRN_DATASET="$DATASET" CAIRN_REQUIRE_DATASET=1 \
+  cargo test --workspace --profile ci --test it
 
 # `cargo build -p cairn-cli` resolves fewer dependency features than the test build (the
 # test-only dev-dependencies' are left out), so it compiles the binary again: 3.5 minutes

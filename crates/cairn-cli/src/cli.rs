@@ -602,9 +602,11 @@ pub struct CommitArgs {
     /// How hard a format 2 commit looks for data stored before. `bounded` asks the index a
     /// few times a changed segment instead of once a chunk, and may store a little again
     /// (BENCHMARKS.md "Dedup tiers" measures how much). Full and incremental commits take
-    /// it; `--from-export` commits with the default.
-    #[arg(long, value_enum, default_value = "bounded")]
-    pub dedup: DedupArg,
+    /// it. Without it, the mode `CAIRN_DEDUP` names (exact or bounded), else bounded: that
+    /// default also holds for commits with no flag of their own (`--from-export`, an
+    /// export's COMMIT, `cairn copy`).
+    #[arg(long, value_enum)]
+    pub dedup: Option<DedupArg>,
 }
 
 #[derive(Debug, Args)]

@@ -40,8 +40,19 @@ fn main() -> ExitCode {
             cairn_repo::v2::CacheLimits::for_index_memory(mib.saturating_mul(1 << 20)),
         );
     }
-    let ctx = Context::new(&cli);
     let json = cli.json;
+    // Every commit of the process takes this default, those without a `--dedup` of their own
+    // too (an export's COMMIT, `cairn copy`): a bad value is refused before anything runs.
+    if let Err(value) = cairn_engine::commit::DedupMode::from_env() {
+        let env = cairn_engine::commit::DEDUP_ENV;
+        failure::print_error(
+            failure::Kind::USAGE,
+            &format!("{env}={value:?}: expected exact or bounded"),
+            json,
+        );
+        return ExitCode::from(failure::Kind::USAGE.exit);
+    }
+    let ctx = Context::new(&cli);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

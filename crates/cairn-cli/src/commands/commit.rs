@@ -191,10 +191,12 @@ async fn full_commit(
     Ok((result?, progress.read.load(Ordering::Relaxed)))
 }
 
-fn dedup_mode(arg: DedupArg) -> DedupMode {
+/// The flag's mode, else the process default (`CAIRN_DEDUP`, else bounded).
+fn dedup_mode(arg: Option<DedupArg>) -> DedupMode {
     match arg {
-        DedupArg::Exact => DedupMode::Exact,
-        DedupArg::Bounded => DedupMode::Bounded,
+        Some(DedupArg::Exact) => DedupMode::Exact,
+        Some(DedupArg::Bounded) => DedupMode::Bounded,
+        None => DedupMode::default(),
     }
 }
 

@@ -313,6 +313,60 @@ fn index_compact_merges_the_runs_of_many_commits_and_says_so() {
     );
 }
 
+/// `CAIRN_DEDUP` sets the mode of a commit without `--dedup` (bounded when unset), a flag
+/// overrides it, and a value that is not a mode is refused before anything runs.
+#[test]
+fn cairn_dedup_sets_the_default_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    ok(&repo, &["-q", "init", "--reserve", "0"]);
+    let first = noise(1 << 20, 21);
+    let a = dir.path().join("a.raw");
+    std::fs::write(&a, &first).unwrap();
+    ok(&repo, &["-q", "commit", "a", a.to_str().unwrap()]);
+    // A new image of new data but one block of `a`: the hooks (its smallest keys) are new
+    // data, so only an index lookup of every chunk finds that block.
+    let commit = |image: &str, seed: u64, dedup: Option<&str>, flag: &[&str]| {
+        let mut data = noise(1 << 20, seed);
+        data[100 * 4096..101 * 4096].copy_from_slice(&first[100 * 4096..101 * 4096]);
+        let path = dir.path().join(format!("{image}.raw"));
+        std::fs::write(&path, &data).unwrap();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"));
+        cmd.arg("--repo").arg(&repo).args(["--json", "commit"]);
+        cmd.args(flag)
+            .arg(image)
+            .arg(&path)
+            .env_remove("CAIRN_DEDUP");
+        if let Some(mode) = dedup {
+            cmd.env("CAIRN_DEDUP", mode);
+        }
+        cmd.output().unwrap()
+    };
+    let found = |out: std::process::Output| -> (u64, u64) {
+        assert!(out.status.success(), "{out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            v["new_chunks"].as_u64().unwrap(),
+            v["index_chunks"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(found(commit("unset", 22, None, &[])), (256, 0));
+    assert_eq!(found(commit("exact", 23, Some("exact"), &[])), (255, 1));
+    assert_eq!(found(commit("bounded", 24, Some("bounded"), &[])), (256, 0));
+    let flag = commit("flag", 25, Some("exact"), &["--dedup", "bounded"]);
+    assert_eq!(found(flag), (256, 0));
+    let bad = commit("bad", 26, Some("sideways"), &[]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    let e: serde_json::Value = serde_json::from_str(&common::stderr_line(&bad)).unwrap();
+    assert_eq!(e["error"]["code"], "usage");
+    assert_eq!(
+        e["error"]["message"],
+        "CAIRN_DEDUP=\"sideways\": expected exact or bounded"
+    );
+    // Nothing was committed by the refused command.
+    assert!(!cairn(&repo, &["show", "bad"]).status.success());
+}
+
 #[test]
 fn commit_dedup_modes_report_what_each_tier_found() {
     let dir = tempfile::tempdir().unwrap();
@@ -353,7 +407,7 @@ fn commit_dedup_modes_report_what_each_tier_found() {
         assert!(v["hook_lookups"].as_u64().unwrap() >= 1, "{v}");
         assert!(v["fetched"]["trailers"].as_u64().unwrap() >= 1, "{v}");
     }
-    // The default is bounded: the index is asked only for hooks.
+    // Without `--dedup` (the process default: `cairn_dedup_sets_the_default_mode`).
     let (data, path) = copy(14);
     let v = json(&["--json", "commit", "default", path.to_str().unwrap()]);
     assert_eq!(

@@ -57,7 +57,7 @@ use cairn_format::name::validate_image_name;
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::Repo;
-pub use dedup::{DedupMode, DedupTally};
+pub use dedup::{DedupMode, DedupTally, DEDUP_ENV};
 use tokio::runtime::Handle;
 
 use crate::error::{EngineError, EngineResult};

@@ -35,13 +35,52 @@ use parent_chunks::ParentChunks;
 use similar::{SimilarPacks, SimilarSource};
 
 /// How hard a commit looks for chunks stored before it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DedupMode {
     /// Every tier, then the index for each chunk still not found: nothing stored twice.
     Exact,
     /// The parent's leaf and similar packs only: at most a few index lookups a segment.
-    #[default]
     Bounded,
+}
+
+/// The environment variable that sets a process's default mode (`exact` or `bounded`).
+pub const DEDUP_ENV: &str = "CAIRN_DEDUP";
+
+impl DedupMode {
+    /// `exact` or `bounded`.
+    pub fn parse(s: &str) -> Option<DedupMode> {
+        match s {
+            "exact" => Some(DedupMode::Exact),
+            "bounded" => Some(DedupMode::Bounded),
+            _ => None,
+        }
+    }
+
+    /// The mode [`DEDUP_ENV`] names, `Ok(None)` when it is not set, or the value it holds
+    /// when that is not a mode (the CLI refuses it before doing anything).
+    pub fn from_env() -> Result<Option<DedupMode>, String> {
+        match std::env::var(DEDUP_ENV) {
+            Ok(v) => DedupMode::parse(&v).map(Some).ok_or(v),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(v)) => Err(v.to_string_lossy().into_owned()),
+        }
+    }
+}
+
+impl Default for DedupMode {
+    /// [`DEDUP_ENV`] when it names a mode, bounded otherwise. One setting for every commit of
+    /// a process, including those that have no flag of their own (an export's COMMIT,
+    /// `cairn copy`), and the way the test suite runs every test again in exact mode.
+    fn default() -> Self {
+        static PROCESS: std::sync::OnceLock<DedupMode> = std::sync::OnceLock::new();
+        *PROCESS.get_or_init(|| match DedupMode::from_env() {
+            Ok(mode) => mode.unwrap_or(DedupMode::Bounded),
+            Err(v) => {
+                tracing::warn!("{DEDUP_ENV}={v:?} is not exact or bounded; using bounded");
+                DedupMode::Bounded
+            }
+        })
+    }
 }
 
 /// What each tier found, in chunk occurrences (a commit's figures, summed over its workers).
