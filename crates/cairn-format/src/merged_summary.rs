@@ -245,6 +245,26 @@ impl MergedSummary {
         Ok(())
     }
 
+    /// Whether a counted tree uses the node of key `key` (`group_summary::key_of`).
+    pub fn has_node_key(&self, key: u64) -> bool {
+        self.nodes.contains_key(&key)
+    }
+
+    /// The slots of the group of key `key` that counted trees use (`None`: none).
+    pub fn slots_of_key(&self, key: u64) -> Option<&SlotSet> {
+        self.groups.get(&key).map(|c| &c.slots)
+    }
+
+    /// The node keys counted, ascending.
+    pub fn node_keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.nodes.keys().copied()
+    }
+
+    /// The group keys counted, ascending.
+    pub fn group_keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.groups.keys().copied()
+    }
+
     /// Adds what the counted trees use to `union` (node keys and slots, without counts).
     pub fn union_into(&self, union: &mut GroupSummary) {
         union.repeats = None;

@@ -16,6 +16,7 @@ use cairn_repo::v2::V2Reader;
 use cairn_repo::{Repo, RepoError};
 
 use super::grouped::Nodes;
+use super::live_set::LiveSet;
 use super::{unreadable_live_tree, GcOptions, GcReport};
 use crate::commit::base_summary::add_leaf;
 use crate::error::{EngineError, EngineResult};
@@ -24,14 +25,14 @@ use crate::progress::{self, Unit};
 
 /// What the live trees use, and the summaries read on the way of trees no longer live.
 pub(super) struct LiveUse {
-    /// The union of every live tree's summary.
-    pub(super) union: GroupSummary,
+    /// What every live tree uses, asked of the images' merges.
+    pub(super) live: LiveSet,
     /// Summaries of trees subtracted from a merge, by root (fast deletion's `affected_packs`
     /// needs those of the deleted versions: they are not read twice).
     pub(super) gone: HashMap<Id, GroupSummary>,
 }
 
-/// The union of the summaries of every live tree, through one merged summary per image
+/// What every live tree uses, through one merged summary per image
 /// (`cairn_format::merged_summary`): a merge's trees that are no longer live are subtracted,
 /// live trees it does not count are added (their own summaries read), and the merge is
 /// written back for the next GC (unless dry run). So a GC reads one object per image plus
@@ -80,10 +81,8 @@ pub(super) async fn live_summary(
         Unit::Items,
         images.len() as u64,
     );
-    let mut out = LiveUse {
-        union: GroupSummary::default(),
-        gone: HashMap::new(),
-    };
+    let mut gone = HashMap::new();
+    let mut merges = Vec::with_capacity(images.len());
     for (image, trees) in &images {
         progress::add(&options.progress, 1);
         let live_roots: BTreeSet<Id> = trees.keys().copied().collect();
@@ -95,7 +94,7 @@ pub(super) async fn live_summary(
         for (key, mut merged) in candidates {
             if kept.is_none() {
                 if let Some(changed) =
-                    subtract_gone(repo, &mut merged, &live_roots, &mut out.gone, report).await?
+                    subtract_gone(repo, &mut merged, &live_roots, &mut gone, report).await?
                 {
                     kept = Some((key, merged, changed));
                     continue;
@@ -113,18 +112,21 @@ pub(super) async fn live_summary(
             merged.add_tree(&root, &summary);
             changed = true;
         }
-        merged.union_into(&mut out.union);
         if changed && !options.dry_run {
             let (key, _) = repo.put_merged_summary(&merged).await?;
             obsolete.extend(old_key.filter(|old| *old != key));
         }
+        merges.push(merged);
     }
     if !options.dry_run {
         for key in obsolete {
             repo.delete_merged_summary(&key).await?;
         }
     }
-    Ok(out)
+    Ok(LiveUse {
+        live: LiveSet::new(merges),
+        gone,
+    })
 }
 
 /// Subtracts from `merged` the trees it counts that are not in `live_roots`, each with its

@@ -24,6 +24,7 @@
 //! drops them); readers prefer a copy of a group that stores the slots they want
 //! (`V2Reader::locate_group_storing`).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -124,12 +125,12 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         }
         GcMode::Fast => {
             let used = live_summary(repo, &snapshot.reader, &live, options, &mut report).await?;
-            report.live_blobs = (used.union.nodes.len() + used.union.groups.len()) as u64;
+            report.live_blobs = used.live.blobs();
             clock.lap("live summaries", &mut report);
             scope = affected_packs(repo, &mut records.source, &snapshot, &used, &unfreed, &live)
                 .await?;
             clock.lap("affected packs", &mut report);
-            Box::new(used.union)
+            Box::new(used.live)
         }
     };
     snapshot.read_trailers(&pack_sizes, scope.as_ref()).await?;
@@ -406,7 +407,7 @@ async fn affected_packs(
     unfreed: &[Id],
     versions: &LiveVersions,
 ) -> EngineResult<Option<HashSet<Id>>> {
-    let live = &used.union;
+    let live = &used.live;
     let live_roots: HashSet<Id> = versions.live.values().filter_map(|r| r.root).collect();
     let mut dead_keys: Vec<u64> = Vec::new();
     let mut done = HashSet::new();
@@ -433,9 +434,9 @@ async fn affected_packs(
                 Err(e) => return Err(e.into()),
             },
         };
-        dead_keys.extend(summary.nodes.iter().filter(|k| !live.nodes.contains(*k)));
+        dead_keys.extend(summary.nodes.iter().filter(|k| !live.has_node_key(**k)));
         for (key, slots) in &summary.groups {
-            let still = live.groups.get(key);
+            let still = live.slots_of_key(*key);
             if still.is_none_or(|l| slots.iter().any(|s| !l.contains(usize::from(s)))) {
                 dead_keys.push(*key);
             }
@@ -478,7 +479,7 @@ fn incomplete(damage: String) -> EngineError {
 pub(super) trait Liveness {
     fn node_used(&self, id: &Id) -> bool;
     /// The slots of data group `id` that are used (`None`: none).
-    fn used_slots(&self, group: &Id) -> Option<&SlotSet>;
+    fn used_slots(&self, group: &Id) -> Option<Cow<'_, SlotSet>>;
 
     /// The used slots of group `g` of `trailer` (`None` for a node group: used whole).
     fn live_slots(&self, trailer: &PackTrailer, g: u32) -> Option<SlotSet> {
@@ -486,7 +487,11 @@ pub(super) trait Liveness {
             BlobKind::Node => None,
             BlobKind::Data => {
                 let gid = trailer.group_id(g).expect("a group of this trailer");
-                Some(self.used_slots(&gid).cloned().unwrap_or_default())
+                Some(
+                    self.used_slots(&gid)
+                        .map(Cow::into_owned)
+                        .unwrap_or_default(),
+                )
             }
         }
     }
@@ -496,8 +501,8 @@ impl Liveness for Marks {
     fn node_used(&self, id: &Id) -> bool {
         self.nodes.contains(id)
     }
-    fn used_slots(&self, group: &Id) -> Option<&SlotSet> {
-        self.slots.get(group)
+    fn used_slots(&self, group: &Id) -> Option<Cow<'_, SlotSet>> {
+        self.slots.get(group).map(Cow::Borrowed)
     }
 }
 
@@ -505,8 +510,8 @@ impl Liveness for GroupSummary {
     fn node_used(&self, id: &Id) -> bool {
         self.has_node(id)
     }
-    fn used_slots(&self, group: &Id) -> Option<&SlotSet> {
-        self.slots(group)
+    fn used_slots(&self, group: &Id) -> Option<Cow<'_, SlotSet>> {
+        self.slots(group).map(Cow::Borrowed)
     }
 }
 
@@ -608,7 +613,9 @@ impl PackPlan {
                         let id = group.desc.chunks[0].id;
                         (id, marks.node_used(&id).then_some((1.0, true)))
                     }
-                    BlobKind::Data => (gid, live_fraction(group, marks.used_slots(&gid))),
+                    BlobKind::Data => {
+                        (gid, live_fraction(group, marks.used_slots(&gid).as_deref()))
+                    }
                 };
                 match live {
                     Some(_) if snapshot.reader.is_quarantined_copy(pack, &gid) => {}
@@ -927,7 +934,7 @@ async fn rescue(
             if let Some(slots) = live.as_mut() {
                 let gid = trailer.group_id(*g).expect("a group of this trailer");
                 if let Some(newer) = used.used_slots(&gid) {
-                    slots.union_with(newer);
+                    slots.union_with(&newer);
                 }
             }
             let group = copy_group(repo, trailer, *g, &bytes, live.as_ref())?;

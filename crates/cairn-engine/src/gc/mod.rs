@@ -40,6 +40,7 @@ mod fast;
 mod group_summaries;
 mod grouped;
 mod leftovers;
+mod live_set;
 mod phase;
 mod rebuild;
 mod records;
