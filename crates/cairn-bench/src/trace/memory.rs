@@ -9,16 +9,16 @@ use cairn_format::index_run::{
     SECTION_ENTRIES,
 };
 use cairn_format::Id;
-use cairn_repo::v2::{CacheLimits, Placement};
+use cairn_repo::v2::{CacheLimits, PackTrailer, Placement};
 
 use super::commit::CommitFigures;
 use super::store::{GROUP_CHUNKS, PACK_CHUNKS};
 
 /// Bytes of a pack trailer as stored: 16 per group, 37 per chunk (`pack_v2`).
 pub const TRAILER_STORED: u64 = (PACK_CHUNKS / GROUP_CHUNKS) as u64 * 16 + PACK_CHUNKS as u64 * 37;
-/// Bytes a decoded trailer costs in the reader's cache (`PackTrailer::cost`).
+/// Bytes a decoded trailer costs in the reader's cache.
 pub const TRAILER_HELD: u64 =
-    PACK_CHUNKS as u64 * (41 + 64) + (PACK_CHUNKS / GROUP_CHUNKS) as u64 * 160;
+    PackTrailer::held_bytes(PACK_CHUNKS as u64, (PACK_CHUNKS / GROUP_CHUNKS) as u64);
 /// Bytes of an index run section as stored.
 pub const SECTION_STORED: u64 = (SECTION_ENTRIES * ENTRY_LEN) as u64;
 /// Bytes of a section decoded in the reader's cache (`Vec<Entry>`, 16 bytes an entry).
