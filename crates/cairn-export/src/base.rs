@@ -1,7 +1,8 @@
 //! The read-only base of an export: one stored version, read lazily.
 //!
-//! Opening reads only the interior manifest nodes (one per 256 segments), which map each
-//! segment to its leaf. Leaves are read the first time a segment is touched and kept. A chunk
+//! Opening reads only the root of the version's tree; the interior nodes that map segments to
+//! leaves (`segment_map`) and the leaves themselves are read the first time a segment under
+//! them is touched, and kept. A chunk
 //! comes from the host-wide cache, or else from the repository (verified against its id) and
 //! then goes into the cache; after a miss the following chunks are fetched in the background
 //! (read-ahead), as BlobSeer's on-demand mirroring does. Zero extents never touch the
@@ -21,11 +22,12 @@ use cairn_format::leaf_v2::{RunExtent, RunLeaf};
 use cairn_format::node::Extent;
 use cairn_format::version::VersionRecord;
 use cairn_format::{FormatError, Id};
-use cairn_repo::tree_walk::{decode_leaf, walk_tree, NodeAt, NodeReader, TreeVisitor};
+use cairn_repo::tree_walk::{decode_leaf, NodeReader};
 use cairn_repo::v2::V2Reader;
 use cairn_repo::{Repo, RepoError};
 
 use crate::error::{ExportError, ExportResult};
+use crate::segment_map::SegmentMap;
 
 use crate::stats::ExportStats;
 use cairn_repo::ContentCache;
@@ -80,8 +82,8 @@ pub struct Base {
     stats: Arc<ExportStats>,
     id: Id,
     record: VersionRecord,
-    /// Segment index → leaf id (absent: all zeros).
-    leaf_ids: HashMap<u64, Id>,
+    /// Segment index → leaf id, read on demand.
+    segments: SegmentMap,
     leaves: RwLock<HashMap<u64, Arc<Vec<Piece>>>>,
     readahead: usize,
 }
@@ -158,41 +160,21 @@ impl Base {
         record: VersionRecord,
         readahead: usize,
     ) -> ExportResult<Base> {
-        let leaf_ids = Self::segment_map(&repo, &record, &stats).await?;
+        let mut reader = ExportNodes {
+            repo: &repo,
+            stats: &stats,
+        };
+        let segments = SegmentMap::open(&mut reader, &record).await?;
         Ok(Base {
             repo,
             cache,
             stats,
             id,
             record,
-            leaf_ids,
+            segments,
             leaves: RwLock::new(HashMap::new()),
             readahead,
         })
-    }
-
-    /// Segment index → leaf id, from the interior nodes (leaves are read on first use).
-    async fn segment_map(
-        repo: &Repo,
-        record: &VersionRecord,
-        stats: &ExportStats,
-    ) -> ExportResult<HashMap<u64, Id>> {
-        /// Records where each leaf is without reading it.
-        struct LeafIds(HashMap<u64, Id>);
-        impl TreeVisitor<ExportError> for LeafIds {
-            fn enter(&mut self, at: &NodeAt) -> bool {
-                if at.level == 0 {
-                    self.0.insert(at.index, at.id);
-                }
-                at.level > 0
-            }
-        }
-        let mut leaves = LeafIds(HashMap::new());
-        if let Some(root) = record.root {
-            let mut reader = ExportNodes { repo, stats };
-            walk_tree(&mut reader, root, record.height, record.fanout, &mut leaves).await?;
-        }
-        Ok(leaves.0)
     }
 
     pub fn id(&self) -> Id {
@@ -219,12 +201,12 @@ impl Base {
         let start = seg * self.segment_size();
         let seg_len = self.segment_size().min(self.size().saturating_sub(start)) as u32;
         let mut pieces = Vec::new();
-        if let Some(leaf_id) = self.leaf_ids.get(&seg) {
-            let mut reader = ExportNodes {
-                repo: &self.repo,
-                stats: &self.stats,
-            };
-            let raw = reader.read_node(leaf_id).await?;
+        let mut reader = ExportNodes {
+            repo: &self.repo,
+            stats: &self.stats,
+        };
+        if let Some(leaf_id) = self.segments.leaf(&mut reader, seg).await? {
+            let raw = reader.read_node(&leaf_id).await?;
             let mut at = start;
             let mut push = |len: u32, data: PieceData| {
                 pieces.push(Piece {
@@ -256,7 +238,7 @@ impl Base {
                     }
                 }
             } else {
-                for e in decode_leaf(leaf_id, &raw)?.extents {
+                for e in decode_leaf(&leaf_id, &raw)?.extents {
                     match e {
                         Extent::Zero { len } => push(len, PieceData::Zero),
                         Extent::Chunk { id, len } => push(len, PieceData::Chunk(id)),

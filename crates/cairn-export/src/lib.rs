@@ -16,6 +16,7 @@ pub mod error;
 pub mod export;
 pub mod lifecycle;
 pub mod notify;
+mod segment_map;
 pub mod stats;
 
 pub use base::Base;

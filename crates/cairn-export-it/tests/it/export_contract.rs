@@ -2,6 +2,7 @@
 //! read-only and with a writable overlay, over a version with data, zeros and a partial last
 //! block, in both repository formats (format 2: runs of compressed groups).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use cairn_engine::commit::{commit, CommitOptions};
@@ -20,12 +21,16 @@ fn image() -> Vec<u8> {
     v
 }
 
-/// A repository of `format` holding `image()` as vm@1.
-async fn repo_with_image(format: u32) -> (Arc<Repo>, cairn_engine::commit::CommitResult) {
-    let config = match format {
+/// A repository of `format` holding `image()` as vm@1, in a tree of `fanout` children a node.
+async fn repo_with_image(
+    format: u32,
+    fanout: u16,
+) -> (Arc<Repo>, cairn_engine::commit::CommitResult) {
+    let mut config = match format {
         1 => RepoConfig::default(),
         _ => RepoConfig::default_v2(),
     };
+    config.fanout = fanout;
     let repo = Arc::new(
         Repo::init(Arc::new(MemoryStore::new()), config)
             .await
@@ -39,7 +44,16 @@ async fn repo_with_image(format: u32) -> (Arc<Repo>, cairn_engine::commit::Commi
 }
 
 async fn export(format: u32, writable: bool, dir: &std::path::Path) -> Arc<VersionExport> {
-    let (repo, version) = repo_with_image(format).await;
+    export_with(format, writable, 256, dir).await
+}
+
+async fn export_with(
+    format: u32,
+    writable: bool,
+    fanout: u16,
+    dir: &std::path::Path,
+) -> Arc<VersionExport> {
+    let (repo, version) = repo_with_image(format, fanout).await;
     let stats = Arc::new(ExportStats::default());
     let cache = Arc::new(ContentCache::open(&dir.join("cache"), 1 << 30).unwrap());
     let base = Base::open(repo, cache, stats.clone(), version.id, version.record, 8)
@@ -71,6 +85,35 @@ async fn a_read_only_format_2_export_keeps_the_contract() {
     cairn_nbd::contract::check(export(2, false, dir.path()).await, image()).await;
 }
 
+/// A tree of height 2 (fanout 2 over four segments, one of them zeros): the interior nodes
+/// under the root are read when a segment under them is first touched, not at the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_of_a_deep_tree_reads_its_interior_nodes_on_demand() {
+    for format in [1, 2] {
+        let dir = tempfile::tempdir().unwrap();
+        let (repo, version) = repo_with_image(format, 2).await;
+        assert_eq!(version.record.height, 2, "format {format}");
+        let root = version.record.root.unwrap();
+        let root_bytes = repo.read_blob(&root).await.unwrap().len() as u64;
+        let stats = Arc::new(ExportStats::default());
+        let cache = Arc::new(ContentCache::open(&dir.path().join("cache"), 1 << 30).unwrap());
+        let base = Base::open(repo, cache, stats.clone(), version.id, version.record, 8)
+            .await
+            .unwrap();
+        let fetched = || stats.metadata_bytes_fetched.load(Ordering::Relaxed);
+        assert_eq!(
+            fetched(),
+            root_bytes,
+            "format {format}: the start reads the root only"
+        );
+        let export = Arc::new(VersionExport::with_overlay(base, None, stats.clone()));
+        cairn_nbd::contract::check(export, image()).await;
+        assert!(fetched() > root_bytes, "format {format}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    cairn_nbd::contract::check(export_with(2, true, 2, dir.path()).await, image()).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writable_format_2_export_keeps_the_contract() {
     let dir = tempfile::tempdir().unwrap();
@@ -83,7 +126,7 @@ async fn a_writable_format_2_export_keeps_the_contract() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_format_2_export_fetches_each_group_once_and_shares_the_host_cache() {
     let dir = tempfile::tempdir().unwrap();
-    let (repo, version) = repo_with_image(2).await;
+    let (repo, version) = repo_with_image(2, 256).await;
     let cache = Arc::new(ContentCache::open(&dir.path().join("cache"), 1 << 30).unwrap());
     let open = |stats: Arc<ExportStats>| {
         Base::open(
