@@ -9,7 +9,9 @@ each build on a fresh repository.
   the parent's leaves (`parent_chunks`);
 - history: a 1 GiB image (64 MiB of data) committed N times with four 4 KiB writes into its
   data before each: the median commit time of the last five before 10, 100, 1,000 versions,
-  and the index runs left.
+  and the index runs left;
+- on both axes, export start: from `cairn export` launched to the end of a first 4 KiB read
+  of the image's data through qemu-io (median of three), and the export's peak RSS.
 
     bench/ab_scaling.py --bin NAME=PATH [--bin NAME=PATH ...] [--sizes 4,16,64]
                         [--versions 1000] [--dataset .data/small] [--out results.json]
@@ -32,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import GIB, make_scaled_image, scribble  # noqa: E402
+from compare import GIB, data_extents, make_scaled_image, scribble  # noqa: E402
 
 
 def timed(cmd: list[str]) -> tuple[float, int, str]:
@@ -43,6 +45,38 @@ def timed(cmd: list[str]) -> tuple[float, int, str]:
         sys.exit(f"{' '.join(cmd)} failed: {p.stderr.strip()[-500:]}")
     rss = int(p.stderr.strip().splitlines()[-1]) // 1024
     return time.monotonic() - t, rss, p.stdout
+
+
+def export_start(binary: str, repo: Path, image: str, offset: int, tries: int = 3) -> tuple[float, int]:
+    """Starts `cairn export IMAGE` on a Unix socket and reads 4 KiB at `offset` through
+    qemu-io as soon as the export serves: (median seconds from the start to the read's end,
+    the export's peak RSS in MiB after it)."""
+    times, rss = [], 0
+    for _ in range(tries):
+        sock = repo.parent / "export.sock"
+        t = time.monotonic()
+        p = subprocess.Popen([binary, "--repo", str(repo), "--json", "export", image,
+                              "--socket", str(sock)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            if not p.stdout.readline():  # one JSON line once it serves
+                sys.exit(f"cairn export {image} did not start: {p.stderr.read()[-500:]}")
+            uri = f"nbd+unix:///{image}?socket={sock}"
+            subprocess.run(["qemu-io", "-f", "raw", "-r", "-c", f"read {offset} 4k", uri],
+                           check=True, capture_output=True)
+            times.append(time.monotonic() - t)
+            status = Path(f"/proc/{p.pid}/status").read_text()
+            hwm = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
+            rss = max(rss, int(hwm.split()[1]) // 1024)
+        finally:
+            p.terminate()
+            p.wait()
+    return statistics.median(times), rss
+
+
+def first_data(path: Path) -> int:
+    """The offset of the image's first data block (an export start reads it)."""
+    return data_extents(path)[0][0]
 
 
 def builds(specs: list[str]) -> list[tuple[str, str, list[str]]]:
@@ -68,8 +102,10 @@ def size_axis(bins, sizes, source: Path, work: Path) -> list[dict]:
             scribble(img, random.Random(0), 256 * gib)
             t2, r2, out = timed([*base, "--json", "commit", *extra, "vm", str(img)])
             second = json.loads(out)
+            e_s, e_rss = export_start(binary, repo, "vm", first_data(img))
             row = dict(build=name, gib=gib, data=data, first_s=t1, first_rss=r1, second_s=t2,
-                       second_rss=r2, parent_chunks=second.get("parent_chunks"),
+                       second_rss=r2, export_s=e_s, export_rss=e_rss,
+                       parent_chunks=second.get("parent_chunks"),
                        reused_segments=second.get("reused_segments"),
                        similar_chunks=second.get("similar_chunks"),
                        index_chunks=second.get("index_chunks"),
@@ -99,9 +135,11 @@ def history_axis(bins, versions: int, source: Path, work: Path) -> list[dict]:
             times.append((t, rss))
             if n in marks:
                 last = times[-5:]
+                e_s, e_rss = export_start(binary, repo, "vm", first_data(img))
                 row = dict(build=name, versions=n,
                            commit_s=statistics.median(x[0] for x in last),
                            commit_rss=max(x[1] for x in last),
+                           export_s=e_s, export_rss=e_rss,
                            index_runs=len(list((repo / "index-runs").iterdir())))
                 print(json.dumps(row), flush=True)
                 rows.append(row)
