@@ -622,6 +622,12 @@ pub struct GcArgs {
     /// Repack packs whose live fraction (by bytes) is below this.
     #[arg(long, default_value_t = 0.97)]
     pub repack_threshold: f64,
+    /// Also merge small packs (below a quarter of the pack target, live or not) into full
+    /// ones, up to four packs' worth a run. Each commit of a few changed blocks writes a pack
+    /// of its own; after hundreds of them an image's data lies in as many packs, which
+    /// commits, restores and exports then each read. Format 2.
+    #[arg(long)]
+    pub repack_small: bool,
     /// Seconds without a heartbeat after which another process's session counts as dead.
     #[arg(long, default_value_t = 600, env = "CAIRN_SESSION_STALE_SECS")]
     pub stale_after: u64,

@@ -29,6 +29,7 @@ pub async fn run(ctx: &Context, args: GcArgs) -> Result<ExitCode> {
             GcMode::Fast
         },
         repack_threshold: args.repack_threshold,
+        repack_small: args.repack_small,
         ..protocol_options(
             ctx,
             args.dry_run,
@@ -135,6 +136,7 @@ pub fn report_json(r: &GcReport) -> Value {
         "index_files_replaced": r.index_files_replaced,
         "rescued_blobs": r.rescued_blobs,
         "surplus_copies": r.surplus_copies,
+        "small_packs": r.small_packs,
         "groups_rebuilt": r.groups_rebuilt,
         "temporaries_removed": r.temporaries_removed,
         "temporary_bytes_removed": r.temporary_bytes_removed,

@@ -452,3 +452,110 @@ async fn fast_deletion_reads_only_the_packs_of_what_died_plain() {
 async fn fast_deletion_reads_only_the_packs_of_what_died_encrypted() {
     fast_deletion_reads_only_the_packs_of_what_died(true).await
 }
+
+/// `repack_small` merges the small packs of many small commits into full ones: every version
+/// restores bit-exact, the repository verifies, commits after it read few trailers again, and
+/// a second run finds nothing small enough to merge (no churn). Without the option GC leaves
+/// them.
+async fn small_packs_are_merged_into_full_ones(encrypted: bool) {
+    let store = Arc::new(MemoryStore::new());
+    let repo = init(store.clone(), encrypted).await;
+    let mut data = noise(2 << 20, 40);
+    let mut versions = vec![(commit_bytes(&repo, "vm", data.clone()).await, data.clone())];
+    for i in 0..48u64 {
+        for j in 0..4u64 {
+            let at = ((i * 37 + j * 131) % 512) as usize * 4096;
+            data[at..at + 4096].copy_from_slice(&noise(4096, 5000 + i * 4 + j));
+        }
+        versions.push((commit_bytes(&repo, "vm", data.clone()).await, data.clone()));
+    }
+    // What a commit of four changed blocks reads, as a new process.
+    let trailers_read = |data: Vec<u8>| {
+        let store = store.clone();
+        async move {
+            let repo = open(&store).await;
+            let v = commit_bytes(&repo, "vm", data.clone()).await;
+            let read = repo.v2().unwrap().fetches().trailers;
+            repo.close().await.unwrap(); // its session ended: no GC waits for it
+            (v, data, read)
+        }
+    };
+    let change = |data: &mut Vec<u8>, seed: u64| {
+        for j in 0..4u64 {
+            let at = ((seed * 53 + j * 97) % 512) as usize * 4096;
+            data[at..at + 4096].copy_from_slice(&noise(4096, 9000 + seed * 4 + j));
+        }
+    };
+    change(&mut data, 1);
+    let (v, d, scattered) = trailers_read(data.clone()).await;
+    versions.push((v, d));
+    let before = named_packs(&repo).await;
+    assert!(before > 96, "two small packs a commit: {before}");
+    let plain = gc(&repo, &opts()).await.unwrap();
+    assert_eq!(
+        (plain.small_packs, plain.packs_repacked),
+        (0, 0),
+        "{plain:?}"
+    );
+    assert_eq!(named_packs(&repo).await, before);
+
+    let merge = GcOptions {
+        repack_small: true,
+        ..opts()
+    };
+    let report = gc(&repo, &merge).await.unwrap();
+    assert!(report.small_packs >= 96, "{report:?}");
+    assert_eq!(
+        report.packs_repacked, report.small_packs,
+        "all of it is live"
+    );
+    assert_eq!(report.packs_deleted, 0);
+    let after = named_packs(&repo).await;
+    assert_eq!(
+        after as u64,
+        before as u64 - report.small_packs + report.packs_written,
+        "{report:?}"
+    );
+    assert!(report.packs_written <= 3, "{report:?}");
+    repo.close().await.unwrap(); // the next process sees it
+    let repo = open(&store).await;
+    for (v, want) in &versions {
+        check(&repo, &v.record, want).await;
+    }
+    assert_clean(&repo).await;
+
+    // A commit after it reads the trailers of a few packs, not of one per earlier commit.
+    change(&mut data, 2);
+    let (next, _, merged) = trailers_read(data.clone()).await;
+    repo.close().await.unwrap();
+    let repo = open(&store).await;
+    check(&repo, &next.record, &data).await;
+    assert!(
+        merged * 4 < scattered,
+        "{scattered} trailers before, {merged} after"
+    );
+
+    let again = gc(&repo, &merge).await.unwrap();
+    assert_eq!(
+        (again.small_packs, again.packs_repacked),
+        (0, 0),
+        "{again:?}"
+    );
+    let exact = repair(&repo).await;
+    assert_eq!(
+        (exact.packs_deleted, exact.orphan_packs_deleted),
+        (0, 0),
+        "{exact:?}"
+    );
+    assert_clean(&open(&store).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_packs_are_merged_into_full_ones_plain() {
+    small_packs_are_merged_into_full_ones(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_packs_are_merged_into_full_ones_encrypted() {
+    small_packs_are_merged_into_full_ones(true).await
+}

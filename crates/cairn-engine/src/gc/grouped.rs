@@ -90,7 +90,17 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     // Fast deletion acts on what was deleted since the last GC (and on orphan packs); the
     // exact pass also finds leaks and consolidates the runs.
     let orphans_listed = pack_sizes.keys().any(|p| !snapshot.named.contains(p));
-    if options.mode == GcMode::Fast && unfreed.is_empty() && !orphans_listed {
+    let small = if options.repack_small {
+        small_packs(
+            &pack_sizes,
+            &snapshot.named,
+            u64::from(repo.config().pack_target),
+        )
+    } else {
+        HashSet::new()
+    };
+    report.small_packs = small.len() as u64;
+    if options.mode == GcMode::Fast && unfreed.is_empty() && !orphans_listed && small.is_empty() {
         records.keep(repo, &live, options, &mut report).await?;
         clock.lap("record bundle", &mut report);
         return Ok(report);
@@ -129,6 +139,9 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             clock.lap("live summaries", &mut report);
             scope = affected_packs(repo, &mut records.source, &snapshot, &used, &unfreed, &live)
                 .await?;
+            if let Some(scope) = scope.as_mut() {
+                scope.extend(small.iter().copied());
+            }
             clock.lap("affected packs", &mut report);
             Box::new(used.live)
         }
@@ -138,7 +151,13 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     clock.lap("trailers", &mut report);
     let damaged = Damaged::find(repo, &snapshot, &*live_use).await?;
     clock.lap("damage", &mut report);
-    let plan = PackPlan::new(&snapshot, &*live_use, &damaged, options.repack_threshold);
+    let plan = PackPlan::new(
+        &snapshot,
+        &*live_use,
+        &damaged,
+        options.repack_threshold,
+        &small,
+    );
     clock.lap("plan", &mut report);
     report.groups_rebuilt = damaged.rebuilt.len() as u64;
     report.dead_blobs = plan.dead.len() as u64;
@@ -393,6 +412,35 @@ impl Snapshot {
     }
 }
 
+/// The packs `gc --repack-small` merges into full ones: those below a quarter of the pack
+/// target that the index names, smallest first, at most four pack targets' worth a GC — and
+/// none unless together they fill half a pack, so the pack they become is not small itself.
+/// A commit of a few changed blocks writes a pack of its own; after many such commits a
+/// tree's leaves name groups in as many packs, and a commit, a restore or an export reads a
+/// trailer for each (756 for a commit after 1,000 such versions, against 18 after 10;
+/// BENCHMARKS §2). `restic prune --repack-small` answers the same growth.
+fn small_packs(sizes: &HashMap<Id, u64>, named: &HashSet<Id>, target: u64) -> HashSet<Id> {
+    let mut small: Vec<(u64, Id)> = sizes
+        .iter()
+        .filter(|(pack, size)| named.contains(*pack) && **size < target / 4)
+        .map(|(pack, size)| (*size, *pack))
+        .collect();
+    small.sort_unstable();
+    let mut total = 0;
+    let mut chosen = HashSet::new();
+    for (size, pack) in small {
+        if total + size > 4 * target {
+            break;
+        }
+        total += size;
+        chosen.insert(pack);
+    }
+    if total < target / 2 {
+        chosen.clear();
+    }
+    chosen
+}
+
 /// The packs fast deletion must read: those the index names for a node or a group slot that
 /// the deleted versions `unfreed` used and no live version uses (`live`), and those holding
 /// a quarantined copy (so damaged groups are still rebuilt). Every other pack holds nothing
@@ -599,6 +647,7 @@ impl PackPlan {
         marks: &(dyn Liveness + Sync),
         damaged: &Damaged,
         threshold: f64,
+        small: &HashSet<Id>,
     ) -> PackPlan {
         // Every good copy of every live group or node: (pack, group, live fraction,
         // complete). A quarantined copy is no copy (`rebuild.rs` deals with those).
@@ -657,6 +706,7 @@ impl PackPlan {
             } else if !canonical_in.contains_key(pack) {
                 to_delete.push(*pack);
             } else if damaged.holding.contains(pack)
+                || small.contains(pack)
                 || (live as f64) < threshold * payload.max(1) as f64
             {
                 to_repack.push(*pack);

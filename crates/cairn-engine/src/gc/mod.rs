@@ -94,6 +94,8 @@ pub struct GcOptions {
     pub dry_run: bool,
     /// Packs whose live fraction (by bytes) is below this are repacked.
     pub repack_threshold: f64,
+    /// Format 2: merge small packs into full ones ([`small_packs`]), live or not.
+    pub repack_small: bool,
     /// A session whose heartbeat is older than this belongs to a dead process.
     pub stale_after: Duration,
     /// How long to wait for older sessions before giving up (nothing is deleted then).
@@ -116,6 +118,7 @@ impl std::fmt::Debug for GcOptions {
             .field("mode", &self.mode)
             .field("dry_run", &self.dry_run)
             .field("repack_threshold", &self.repack_threshold)
+            .field("repack_small", &self.repack_small)
             .field("stale_after", &self.stale_after)
             .field("wait_limit", &self.wait_limit)
             .field("poll", &self.poll)
@@ -129,6 +132,7 @@ impl Default for GcOptions {
             mode: GcMode::Fast,
             dry_run: false,
             repack_threshold: 0.97,
+            repack_small: false,
             stale_after: Duration::from_secs(600),
             wait_limit: Duration::from_secs(3600),
             poll: Duration::from_millis(200),
@@ -180,6 +184,9 @@ pub struct GcReport {
     /// pack, beyond the one kept. Like dead blobs, they go with their pack when it is
     /// repacked or deleted, and stay while it is not worth it.
     pub surplus_copies: u64,
+    /// Format 2, `repack_small`: small packs chosen to be merged into full ones (counted in
+    /// `packs_repacked` too, or `packs_deleted` when nothing in them was live).
+    pub small_packs: u64,
     /// Format 2: live groups whose only copies were damaged, rebuilt from good copies of
     /// their chunks stored elsewhere.
     pub groups_rebuilt: u64,
