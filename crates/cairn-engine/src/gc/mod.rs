@@ -94,7 +94,8 @@ pub struct GcOptions {
     pub dry_run: bool,
     /// Packs whose live fraction (by bytes) is below this are repacked.
     pub repack_threshold: f64,
-    /// Format 2: merge small packs into full ones ([`small_packs`]), live or not.
+    /// Format 2: merge packs below a quarter of the pack target into full ones (a few pack
+    /// targets' worth a GC, once they fill half a pack), live or not.
     pub repack_small: bool,
     /// A session whose heartbeat is older than this belongs to a dead process.
     pub stale_after: Duration,
