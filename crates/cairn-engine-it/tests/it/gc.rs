@@ -664,3 +664,85 @@ async fn a_surplus_copy_stays_while_the_kept_copy_is_damaged() {
     assert_eq!(copies.len(), 1);
     assert!(store.head(&keys::pack(&copies[0])).await.unwrap().is_some());
 }
+
+/// `gc --repack-small` killed after any number of store operations loses nothing: every
+/// version restores bit-exact and the repository verifies after each death; once one
+/// completes (and the exact pass has removed what the killed ones wrote), the small packs of
+/// six small commits are merged and another run finds nothing to merge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merging_small_packs_dying_after_any_number_of_store_operations_loses_nothing() {
+    let store = Arc::new(MemoryStore::new());
+    let repo = Arc::new(
+        Repo::init(store.clone(), Format::V2.config())
+            .await
+            .unwrap(),
+    );
+    let mut data = noise(1 << 20, 70);
+    let mut contents = vec![data.clone()];
+    commit_bytes(&repo, "vm", data.clone()).await;
+    // Each commit: 32 new blocks (128 KiB), a data pack and a node pack below 256 KiB.
+    for i in 0..6u64 {
+        for j in 0..32u64 {
+            let at = ((i * 29 + j * 7) % 256) as usize * 4096;
+            data[at..at + 4096].copy_from_slice(&noise(4096, 7000 + i * 32 + j));
+        }
+        commit_bytes(&repo, "vm", data.clone()).await;
+        contents.push(data.clone());
+    }
+    repo.close().await.unwrap();
+    let packs = || async {
+        let listed = store.list("packs/").await.unwrap();
+        listed.iter().filter(|m| m.size < 256 << 10).count()
+    };
+    let small_before = packs().await;
+    assert!(small_before >= 12, "{small_before}");
+    let merge = GcOptions {
+        repack_small: true,
+        ..opts(GcMode::Fast)
+    };
+    for allowed in 0.. {
+        let failing: Arc<dyn ObjectStore> = Arc::new(FailingStore::new(store.clone(), allowed));
+        let Ok(r) = Repo::open(failing).await else {
+            continue;
+        };
+        let r = Arc::new(r);
+        let outcome = gc(&r, &merge).await;
+        drop(r);
+        expire_sessions(store.as_ref()).await;
+        let check = Arc::new(Repo::open(store.clone()).await.unwrap());
+        let report = verify(check.clone()).await.unwrap();
+        assert!(
+            report.is_clean(),
+            "gc stopped after {allowed} writes: {:?} {:?}",
+            report.problems,
+            report.damaged_versions
+        );
+        for (seq, want) in contents.iter().enumerate() {
+            let v = version(&check, &format!("vm@{}", seq + 1)).await;
+            assert!(
+                restore_bytes(&check, &v).await.unwrap() == *want,
+                "vm@{} after {allowed}",
+                seq + 1
+            );
+        }
+        check.close().await.unwrap();
+        if outcome.is_ok() {
+            break;
+        }
+        assert!(allowed < 500, "gc never completed");
+    }
+    // The exact pass removes what the killed GCs left (packs they wrote and never named,
+    // copies both a killed GC and the one after it made); then little that is small is left.
+    let r = Arc::new(Repo::open(store.clone()).await.unwrap());
+    gc(&r, &opts(GcMode::Repair)).await.unwrap();
+    r.close().await.unwrap();
+    let r = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let again = gc(&r, &merge).await.unwrap();
+    assert_eq!(again.small_packs, 0, "{again:?}");
+    assert!(verify(r.clone()).await.unwrap().is_clean());
+    let small_after = packs().await;
+    assert!(
+        small_after * 2 < small_before,
+        "{small_before} small packs before, {small_after} after"
+    );
+}

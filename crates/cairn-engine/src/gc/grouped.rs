@@ -42,11 +42,13 @@ use cairn_repo::tree_walk::{walk_tree, GroupedTreeNodes, NodeReader};
 use cairn_repo::v2::{OpenedGroup, PackTrailer, V2Reader};
 use cairn_repo::{Repo, RepoError};
 
-use super::group_summaries::{live_summary, LiveUse};
+use super::affected::affected_packs;
+use super::group_summaries::live_summary;
 use super::leftovers::{remove_orphan_records, remove_stale_markers};
 use super::phase::PhaseClock;
 use super::rebuild::Damaged;
 use super::records::GcRecords;
+use super::small_packs::small_packs;
 use super::{
     finish, publish_and_wait, stored_bytes, sweep, unreadable_live_tree, GcMode, GcOptions,
     GcReport,
@@ -412,110 +414,8 @@ impl Snapshot {
     }
 }
 
-/// The packs `gc --repack-small` merges into full ones: those below a quarter of the pack
-/// target that the index names, smallest first, at most four pack targets' worth a GC — and
-/// none unless together they fill half a pack, so the pack they become is not small itself.
-/// A commit of a few changed blocks writes a pack of its own; after many such commits a
-/// tree's leaves name groups in as many packs, and a commit, a restore or an export reads a
-/// trailer for each (756 for a commit after 1,000 such versions, against 18 after 10;
-/// BENCHMARKS §2). `restic prune --repack-small` answers the same growth.
-fn small_packs(sizes: &HashMap<Id, u64>, named: &HashSet<Id>, target: u64) -> HashSet<Id> {
-    let mut small: Vec<(u64, Id)> = sizes
-        .iter()
-        .filter(|(pack, size)| named.contains(*pack) && **size < target / 4)
-        .map(|(pack, size)| (*size, *pack))
-        .collect();
-    small.sort_unstable();
-    let mut total = 0;
-    let mut chosen = HashSet::new();
-    for (size, pack) in small {
-        if total + size > 4 * target {
-            break;
-        }
-        total += size;
-        chosen.insert(pack);
-    }
-    if total < target / 2 {
-        chosen.clear();
-    }
-    chosen
-}
-
-/// The packs fast deletion must read: those the index names for a node or a group slot that
-/// the deleted versions `unfreed` used and no live version uses (`live`), and those holding
-/// a quarantined copy (so damaged groups are still rebuilt). Every other pack holds nothing
-/// that died since the last GC, so its trailer is not read and its index entries are kept as
-/// they are. `None` (read every pack) when a deleted version's summary is missing or
-/// damaged: what died cannot be told without it.
-async fn affected_packs(
-    repo: &Repo,
-    records: &mut RecordSource,
-    snapshot: &Snapshot,
-    used: &LiveUse,
-    unfreed: &[Id],
-    versions: &LiveVersions,
-) -> EngineResult<Option<HashSet<Id>>> {
-    let live = &used.live;
-    let live_roots: HashSet<Id> = versions.live.values().filter_map(|r| r.root).collect();
-    let mut dead_keys: Vec<u64> = Vec::new();
-    let mut done = HashSet::new();
-    for v in unfreed {
-        let Ok(record) = records.load(repo, v).await else {
-            return Ok(None);
-        };
-        let Some(root) = record.root.filter(|r| !live_roots.contains(r)) else {
-            continue;
-        };
-        if !done.insert(root) {
-            continue;
-        }
-        let loaded;
-        let summary = match used.gone.get(&root) {
-            Some(summary) => summary,
-            None => match repo.load_group_summary(&root).await {
-                Ok(Some((summary, _))) => {
-                    loaded = summary;
-                    &loaded
-                }
-                Ok(None) => return Ok(None),
-                Err(e) if e.is_damage() => return Ok(None),
-                Err(e) => return Err(e.into()),
-            },
-        };
-        dead_keys.extend(summary.nodes.iter().filter(|k| !live.has_node_key(**k)));
-        for (key, slots) in &summary.groups {
-            let still = live.slots_of_key(*key);
-            if still.is_none_or(|l| slots.iter().any(|s| !l.contains(usize::from(s)))) {
-                dead_keys.push(*key);
-            }
-        }
-    }
-    dead_keys.sort_unstable();
-    dead_keys.dedup();
-    let mut packs = HashSet::new();
-    for key in dead_keys {
-        crate::interrupt::check()?;
-        let found = snapshot
-            .reader
-            .packs_for_key(key)
-            .await
-            .map_err(|e| match e {
-                e if e.is_damage() => incomplete(e.to_string()),
-                e => e.into(),
-            })?;
-        packs.extend(found);
-    }
-    packs.extend(
-        repo.quarantine_markers()
-            .await?
-            .into_iter()
-            .map(|(pack, _)| pack),
-    );
-    Ok(Some(packs))
-}
-
 /// GC refuses to act on a partial view of the index.
-fn incomplete(damage: String) -> EngineError {
+pub(super) fn incomplete(damage: String) -> EngineError {
     EngineError::Gc(format!(
         "{damage}; gc acts only on a complete index: run `cairn repair`, which rebuilds it from \
          the packs; nothing was deleted"

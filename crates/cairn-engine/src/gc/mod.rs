@@ -34,6 +34,7 @@
 //! made (duplicates), and every sweep step deletes only what the index files written in step 2
 //! and the rescue index no longer need.
 
+mod affected;
 pub mod compact;
 mod exact;
 mod fast;
@@ -44,6 +45,7 @@ mod live_set;
 mod phase;
 mod rebuild;
 mod records;
+mod small_packs;
 pub(crate) mod summaries;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

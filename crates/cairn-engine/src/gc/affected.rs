@@ -1,0 +1,85 @@
+//! Fast deletion's scope: the packs that may hold what the versions deleted since the last GC
+//! used, found through the index by key, so that GC reads their trailers and no others.
+
+use std::collections::HashSet;
+
+use cairn_format::Id;
+use cairn_repo::Repo;
+
+use super::group_summaries::LiveUse;
+use super::grouped::{incomplete, Snapshot};
+use crate::error::EngineResult;
+use crate::live::{LiveVersions, RecordSource};
+
+/// The packs fast deletion must read: those the index names for a node or a group slot that
+/// the deleted versions `unfreed` used and no live version uses (`live`), and those holding
+/// a quarantined copy (so damaged groups are still rebuilt). Every other pack holds nothing
+/// that died since the last GC, so its trailer is not read and its index entries are kept as
+/// they are. `None` (read every pack) when a deleted version's summary is missing or
+/// damaged: what died cannot be told without it.
+pub(super) async fn affected_packs(
+    repo: &Repo,
+    records: &mut RecordSource,
+    snapshot: &Snapshot,
+    used: &LiveUse,
+    unfreed: &[Id],
+    versions: &LiveVersions,
+) -> EngineResult<Option<HashSet<Id>>> {
+    let live = &used.live;
+    let live_roots: HashSet<Id> = versions.live.values().filter_map(|r| r.root).collect();
+    let mut dead_keys: Vec<u64> = Vec::new();
+    let mut done = HashSet::new();
+    for v in unfreed {
+        let Ok(record) = records.load(repo, v).await else {
+            return Ok(None);
+        };
+        let Some(root) = record.root.filter(|r| !live_roots.contains(r)) else {
+            continue;
+        };
+        if !done.insert(root) {
+            continue;
+        }
+        let loaded;
+        let summary = match used.gone.get(&root) {
+            Some(summary) => summary,
+            None => match repo.load_group_summary(&root).await {
+                Ok(Some((summary, _))) => {
+                    loaded = summary;
+                    &loaded
+                }
+                Ok(None) => return Ok(None),
+                Err(e) if e.is_damage() => return Ok(None),
+                Err(e) => return Err(e.into()),
+            },
+        };
+        dead_keys.extend(summary.nodes.iter().filter(|k| !live.has_node_key(**k)));
+        for (key, slots) in &summary.groups {
+            let still = live.slots_of_key(*key);
+            if still.is_none_or(|l| slots.iter().any(|s| !l.contains(usize::from(s)))) {
+                dead_keys.push(*key);
+            }
+        }
+    }
+    dead_keys.sort_unstable();
+    dead_keys.dedup();
+    let mut packs = HashSet::new();
+    for key in dead_keys {
+        crate::interrupt::check()?;
+        let found = snapshot
+            .reader
+            .packs_for_key(key)
+            .await
+            .map_err(|e| match e {
+                e if e.is_damage() => incomplete(e.to_string()),
+                e => e.into(),
+            })?;
+        packs.extend(found);
+    }
+    packs.extend(
+        repo.quarantine_markers()
+            .await?
+            .into_iter()
+            .map(|(pack, _)| pack),
+    );
+    Ok(Some(packs))
+}
