@@ -10,25 +10,28 @@
 //! `<dir>/tmp/` and renamed into place, so a reader never sees a partial object, and every
 //! read is checked against the id (a damaged file is deleted and counts as a miss). Recency
 //! is the file's modification time, refreshed on every hit; when the cache grows past its
-//! limit, the oldest files are deleted until it is at 90% of the limit. Several processes may
-//! share one directory: each keeps its own estimate of the total and rescans when the
-//! estimate crosses the limit.
+//! limit, the oldest files are deleted until it is at 90% of the limit (`usage`). Several
+//! processes may share one directory: each keeps its own estimate of the total and rescans,
+//! in the background, when the estimate crosses the limit (and once after its first store).
 //!
 //! The cache holds plain bytes of other people's disks, so no other account may read it: the
 //! directory is created with mode 0700 (files 0600), a directory of ours that others can
 //! enter is tightened to 0700 at open, and one that belongs to someone else and is open to
 //! others is refused.
 
+mod usage;
+
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::SystemTime;
 
 use cairn_format::Id;
+use usage::Usage;
 
 /// `$XDG_CACHE_HOME/cairn`, else `~/.cache/cairn` (else a directory under the temp dir).
 pub fn user_cache_dir() -> PathBuf {
@@ -39,38 +42,31 @@ pub fn user_cache_dir() -> PathBuf {
         .join("cairn")
 }
 
-/// (last use, size, path) of one cached object.
-type CachedFile = (SystemTime, u64, PathBuf);
-
 #[derive(Debug)]
 pub struct ContentCache {
     dir: PathBuf,
-    limit: u64,
-    /// This process's estimate of the bytes in the cache.
-    size: AtomicU64,
+    usage: Arc<Usage>,
+    /// The background scan (and eviction) running or last run, if any.
+    housekeeper: Mutex<Option<JoinHandle<()>>>,
     /// One lock per object being fetched, so concurrent readers of an object fetch it once.
     in_flight: Mutex<HashMap<Id, Arc<tokio::sync::Mutex<()>>>>,
-    evictions: AtomicU64,
 }
 
 impl ContentCache {
-    /// Opens (creating) the cache in `dir` with a limit of `limit` bytes.
+    /// Opens (creating) the cache in `dir` with a limit of `limit` bytes. Nothing is scanned
+    /// here: opening costs the same whatever the cache holds.
     pub fn open(dir: &Path, limit: u64) -> io::Result<ContentCache> {
         make_private_dir(dir)?;
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir.join("tmp"))?;
-        let cache = ContentCache {
+        Ok(ContentCache {
             dir: dir.to_path_buf(),
-            limit,
-            size: AtomicU64::new(0),
+            usage: Arc::new(Usage::new(dir, limit)),
+            housekeeper: Mutex::new(None),
             in_flight: Mutex::new(HashMap::new()),
-            evictions: AtomicU64::new(0),
-        };
-        let (total, _) = cache.scan()?;
-        cache.size.store(total, Ordering::Relaxed);
-        Ok(cache)
+        })
     }
 
     /// The chunk cache's default location: `$CAIRN_CACHE_DIR`, else
@@ -93,12 +89,45 @@ impl ContentCache {
         &self.dir
     }
 
+    /// The bytes in the cache as this process estimates them: the last scan's total and what
+    /// it stored since (before a scan, only what it stored).
     pub fn size_estimate(&self) -> u64 {
-        self.size.load(Ordering::Relaxed)
+        self.usage.estimate()
     }
 
+    /// Objects this process's scans evicted.
     pub fn evictions(&self) -> u64 {
-        self.evictions.load(Ordering::Relaxed)
+        self.usage.evictions()
+    }
+
+    /// Waits for the background scan, if one runs (tests, and callers about to report the
+    /// cache's size).
+    pub fn settle(&self) {
+        let running = self.housekeeper.lock().expect("cache lock").take();
+        if let Some(handle) = running {
+            let _ = handle.join();
+        }
+    }
+
+    /// Starts a background scan (and eviction) unless one is running. A store that ran
+    /// past the limit during a scan starts the next one.
+    fn start_housekeeping(&self) {
+        let mut slot = self.housekeeper.lock().expect("cache lock");
+        if slot.as_ref().is_some_and(|h| !h.is_finished()) {
+            return;
+        }
+        let usage = self.usage.clone();
+        let spawned = std::thread::Builder::new()
+            .name("cache-scan".into())
+            .spawn(move || {
+                if let Err(e) = usage.housekeep() {
+                    tracing::warn!("scanning the cache failed: {e}");
+                }
+            });
+        match spawned {
+            Ok(handle) => *slot = Some(handle),
+            Err(e) => tracing::warn!("cannot start the cache's scan: {e}"),
+        }
     }
 
     fn path(&self, id: &Id) -> PathBuf {
@@ -159,9 +188,9 @@ impl ContentCache {
             let _ = fs::remove_file(&tmp);
             return Err(e);
         }
-        let total = self.size.fetch_add(data.len() as u64, Ordering::Relaxed) + data.len() as u64;
-        if total > self.limit {
-            self.evict()?;
+        self.usage.add(data.len() as u64);
+        if self.usage.due() {
+            self.start_housekeeping();
         }
         Ok(())
     }
@@ -182,47 +211,6 @@ impl ContentCache {
         if map.get(id).is_some_and(|l| Arc::strong_count(l) == 1) {
             map.remove(id);
         }
-    }
-
-    /// (total bytes, files with their size and modification time).
-    fn scan(&self) -> io::Result<(u64, Vec<CachedFile>)> {
-        let mut total = 0;
-        let mut files = Vec::new();
-        for sub in fs::read_dir(&self.dir)? {
-            let sub = sub?;
-            if sub.file_name() == "tmp" || !sub.file_type()?.is_dir() {
-                continue;
-            }
-            for f in fs::read_dir(sub.path())? {
-                let Ok(f) = f else { continue };
-                let Ok(meta) = f.metadata() else { continue };
-                total += meta.len();
-                files.push((
-                    meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-                    meta.len(),
-                    f.path(),
-                ));
-            }
-        }
-        Ok((total, files))
-    }
-
-    /// Deletes the least recently used objects until the cache is at 90% of its limit.
-    fn evict(&self) -> io::Result<()> {
-        let (mut total, mut files) = self.scan()?;
-        let target = self.limit / 10 * 9;
-        files.sort();
-        for (_, len, path) in files {
-            if total <= target {
-                break;
-            }
-            if fs::remove_file(&path).is_ok() {
-                total -= len;
-                self.evictions.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.size.store(total, Ordering::Relaxed);
-        Ok(())
     }
 }
 
@@ -286,9 +274,13 @@ mod tests {
     fn stores_verifies_and_evicts_least_recently_used() {
         let dir = tempfile::tempdir().unwrap();
         let cache = ContentCache::open(dir.path(), 10 * 1000).unwrap();
+        let put = |c: &[u8]| {
+            cache.put(&Id::of(c), c).unwrap();
+            cache.settle();
+        };
         let chunks: Vec<Vec<u8>> = (0..12u8).map(|i| vec![i; 1000]).collect();
         for (i, c) in chunks.iter().enumerate().take(9) {
-            cache.put(&Id::of(c), c).unwrap();
+            put(c);
             // Distinct modification times, oldest first; chunk 0 is then used again.
             let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1000 + i as u64);
             let f = fs::File::options()
@@ -299,7 +291,7 @@ mod tests {
         }
         assert_eq!(cache.get(&Id::of(&chunks[0])).unwrap(), chunks[0]);
         for c in &chunks[9..] {
-            cache.put(&Id::of(c), c).unwrap();
+            put(c);
         }
         // The 11th chunk took the cache past 10 000 bytes: it was evicted down to 9 000, oldest
         // first (1 and 2; not 0, used again); the 12th brought it back to 10 000.
@@ -321,6 +313,37 @@ mod tests {
         // A second process (here: a second handle) sees what the first stored.
         let other = ContentCache::open(dir.path(), 10 * 1000).unwrap();
         assert_eq!(other.get(&Id::of(&chunks[0])).unwrap(), chunks[0]);
+    }
+
+    #[test]
+    fn opening_scans_nothing_and_the_first_store_brings_the_cache_under_its_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = ContentCache::open(dir.path(), 1 << 20).unwrap();
+        let chunks: Vec<Vec<u8>> = (0..21u8).map(|i| vec![i; 1000]).collect();
+        for (i, c) in chunks.iter().enumerate().take(20) {
+            big.put(&Id::of(c), c).unwrap();
+            let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1000 + i as u64);
+            let f = fs::File::options()
+                .write(true)
+                .open(big.path(&Id::of(c)))
+                .unwrap();
+            f.set_modified(t).unwrap();
+        }
+        big.settle();
+        assert_eq!(big.evictions(), 0);
+
+        // A process with a smaller limit opens it: nothing is read or deleted yet.
+        let small = ContentCache::open(dir.path(), 10 * 1000).unwrap();
+        assert_eq!(small.size_estimate(), 0);
+        assert!(chunks[..20].iter().all(|c| small.contains(&Id::of(c))));
+        // Its first store scans in the background: 21,000 bytes, down to 9,000, oldest first.
+        small.put(&Id::of(&chunks[20]), &chunks[20]).unwrap();
+        small.settle();
+        assert_eq!(small.size_estimate(), 9_000);
+        assert_eq!(small.evictions(), 12);
+        for (i, c) in chunks.iter().enumerate() {
+            assert_eq!(small.contains(&Id::of(c)), i >= 12, "chunk {i}");
+        }
     }
 
     fn mode(path: &Path) -> u32 {
