@@ -599,3 +599,51 @@ async fn a_leafs_nearby_groups_come_in_one_read_and_damage_names_its_group() {
         w[3].chunks.concat()
     );
 }
+
+#[tokio::test]
+async fn a_large_runs_filter_is_read_once_the_run_is_asked_often() {
+    // A run of 60,000 entries more than its pack's: its filter (~120 KB) lies before the 64 KiB
+    // the run's first read takes, so it is read only at the run's 64th lookup. Every lookup
+    // before and after finds what the pack stores and nothing else.
+    let f = fixture().await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+    let (p, b, w) = pack(&mut rng, 4, None);
+    let mut locs = locations(p, &w, None);
+    locs.extend((0..60_000u32).map(|i| (Id::of(&i.to_le_bytes()), p)));
+    let run = f.publish(&[(p, b)], &locs, None).await;
+    let r = f.reader(None);
+    r.add_run(&run).await.unwrap();
+    assert_eq!(r.filter_memory(), (0, 1), "no filter read at open");
+    // A refill (what `Repo::refresh_index` does) leaves it for the asks too.
+    assert_eq!(r.refill_filters().await.unwrap(), 0);
+    let chunks: Vec<&Vec<u8>> = w.iter().flat_map(|g| &g.chunks).collect();
+    let asks = cairn_repo::v2::FILTER_AFTER_ASKS as usize;
+    async fn check(r: &V2Reader, w: &[Written], c: &[u8]) {
+        let p = r.find_chunk(&Id::of(c)).await.unwrap().expect("found");
+        let g = w
+            .iter()
+            .find(|g| g.id == p.group)
+            .expect("a group of the pack");
+        assert!(g.chunks[usize::from(p.slot)] == c);
+    }
+    for i in 0..asks - 1 {
+        check(&r, &w, chunks[i % chunks.len()]).await;
+    }
+    assert_eq!(r.filter_memory(), (0, 1), "{} asks: still unread", asks - 1);
+    assert_eq!(r.find_chunk(&Id::of(b"absent")).await.unwrap(), None);
+    let (held, unfiltered) = r.filter_memory();
+    assert!(held > 64 << 10, "the filter is held now: {held} bytes");
+    assert_eq!(unfiltered, 0);
+    for c in &chunks {
+        check(&r, &w, c).await;
+    }
+    assert_eq!(r.find_chunk(&Id::of(b"absent")).await.unwrap(), None);
+
+    // Without room in the budget, the 64th ask reads nothing: fence keys, as before.
+    let lean = budgeted(&f, &[run], 1 << 10).await;
+    for i in 0..2 * asks {
+        let c = chunks[i % chunks.len()];
+        assert!(lean.find_chunk(&Id::of(c)).await.unwrap().is_some());
+    }
+    assert_eq!(lean.filter_memory(), (0, 1));
+}

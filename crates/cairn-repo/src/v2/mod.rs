@@ -39,7 +39,7 @@ pub use check::PackCheck;
 pub use groups::OpenedGroup;
 pub use merge::MergedRun;
 pub use packer::{FinishedPack, GroupPacker, Placement};
-pub use runs::{GroupLocation, RunSize};
+pub use runs::{GroupLocation, RunSize, FILTER_AFTER_ASKS};
 pub use trailers::{PackTrailer, SlotRef};
 
 use crate::error::RepoError;

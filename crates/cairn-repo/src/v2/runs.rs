@@ -1,6 +1,7 @@
 //! Index runs, read in pieces: a run's top level (fence keys of its directory blocks, the
-//! checksums of its pieces) once when it is added, and its filter while the budget holds it;
-//! then only the pieces a lookup falls in (`pieces`). A lookup asks the runs newest first; an
+//! checksums of its pieces) once when it is added, and its filter while the budget holds it —
+//! a large run's filter only once the run has been asked [`FILTER_AFTER_ASKS`] times; then
+//! only the pieces a lookup falls in (`pieces`). A lookup asks the runs newest first; an
 //! entry is a candidate pack, accepted only when the pack's trailer holds the full id — so an
 //! 8-byte key collision costs a trailer read, never a wrong answer.
 
@@ -23,6 +24,15 @@ use crate::error::{RepoError, RepoResult};
 /// 1–2 meta (32 bytes a pack, 52 a section, and the filter).
 const TAIL_GUESS: u64 = 64 << 10;
 
+/// Lookups a run answers through its fence keys before its filter is read, when the filter
+/// did not come with the run's first read (runs of more than ~50,000 entries). A lookup there
+/// reads a directory block and a section (~15 KB, cached); a filter is ~2 bytes an entry (2
+/// MiB for a million). An export serving its first reads, a `show`, a `restore` of a few
+/// versions ask a run a handful of times and never pay for its filter (the export of a 64 GiB
+/// image read a 2 MiB filter before its first read); a commit asks thousands of times and
+/// reads it at once.
+pub const FILTER_AFTER_ASKS: u64 = 64;
+
 /// A run whose meta was read and checked.
 #[derive(Debug)]
 pub(super) struct OpenRun {
@@ -34,6 +44,10 @@ pub(super) struct OpenRun {
     /// The run's filter while the reader's budget holds it (`None`: dropped, every id is
     /// asked through the fence keys).
     filter: std::sync::RwLock<Option<Bloom>>,
+    /// Whether the filter is stored apart and not read yet, the run having been asked fewer
+    /// than [`FILTER_AFTER_ASKS`] times (`asks`).
+    deferred: std::sync::atomic::AtomicBool,
+    asks: std::sync::atomic::AtomicU64,
     /// The run's sections, and how many this reader read (see `pieces::read_ahead`).
     pub(super) section_count: u64,
     pub(super) sections_read: std::sync::atomic::AtomicU64,
@@ -58,6 +72,10 @@ impl OpenRun {
             (Some(f), 2..) => f.contains_probe(cairn_format::summary::ProbeKey::of_key(key)),
             _ => true,
         }
+    }
+
+    fn is_deferred(&self) -> bool {
+        self.deferred.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn filter_bytes(&self) -> u64 {
@@ -189,16 +207,26 @@ impl V2Reader {
                 ),
             ));
         }
+        let mut deferred = false;
         let filter = match (meta.filter.take(), meta.filter_at.clone()) {
             (Some(f), _) => Some(f),
-            (None, Some(at)) if self.filter_fits(at.range.end - at.range.start) => {
-                let stored = obj.bytes(store, &key, at.range).await?;
-                Some(
-                    meta.open_filter(&stored, self.key())
-                        .map_err(|e| sealed_error(format!("{key} filter"), e))?,
-                )
+            // Read with the top level already: free to open.
+            (None, Some(at)) if at.range.start >= obj.tail_start => {
+                if self.filter_fits(at.range.end - at.range.start) {
+                    let stored = obj.bytes(store, &key, at.range).await?;
+                    Some(
+                        meta.open_filter(&stored, self.key())
+                            .map_err(|e| sealed_error(format!("{key} filter"), e))?,
+                    )
+                } else {
+                    None
+                }
             }
-            (None, _) => None,
+            (None, Some(_)) => {
+                deferred = true;
+                None
+            }
+            (None, None) => None,
         };
         let mut runs = self.runs.write().expect("runs lock");
         runs.push(Arc::new(OpenRun {
@@ -208,6 +236,8 @@ impl V2Reader {
             meta,
             len: obj.len,
             filter: std::sync::RwLock::new(filter),
+            deferred: deferred.into(),
+            asks: Default::default(),
             sections_read: Default::default(),
         }));
         self.keep_filter_budget(&runs);
@@ -245,16 +275,54 @@ impl V2Reader {
         }
     }
 
+    /// Counts a lookup of `run` and, at its [`FILTER_AFTER_ASKS`]th while its filter is
+    /// deferred, reads the filter if the budget has room (else the run stays asked through
+    /// its fence keys, as a run whose filter was dropped). A filter that cannot be read is
+    /// left out and the lookup goes on; an error of the store fails it, and a later lookup
+    /// tries again.
+    async fn filter_when_asked(&self, run: &OpenRun) -> RepoResult<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !run.is_deferred() || run.asks.fetch_add(1, Relaxed) + 1 != FILTER_AFTER_ASKS {
+            return Ok(());
+        }
+        run.deferred.store(false, Relaxed);
+        let at = run.meta.filter_at.as_ref().expect("deferred for it");
+        if !self.filter_fits(at.range.end - at.range.start) {
+            return Ok(());
+        }
+        let stored = match super::tail::get_exact(&*self.store, &run.key, at.range.clone()).await {
+            Ok(stored) => stored,
+            Err(e) if e.is_damage() || e.is_not_found() => {
+                tracing::debug!("{e}");
+                return Ok(());
+            }
+            Err(e) => {
+                run.asks.store(0, Relaxed);
+                run.deferred.store(true, Relaxed);
+                return Err(e);
+            }
+        };
+        match run.meta.open_filter(&stored, self.key()) {
+            Ok(filter) => {
+                *run.filter.write().expect("filter lock") = Some(filter);
+                let runs = self.runs.read().expect("runs lock").clone();
+                self.keep_filter_budget(&runs);
+            }
+            Err(e) => tracing::debug!("{}", sealed_error(format!("{} filter", run.key), e)),
+        }
+        Ok(())
+    }
+
     /// Reads the filters of version 3 runs asked without one that fit the budget now (a GC or
     /// a compaction removed runs since they were added: `Repo::refresh_index` calls it),
-    /// smallest first. A filter that cannot be read is left out: its run is still asked
+    /// smallest first; a deferred filter waits for its run's asks. A filter that cannot be read is left out: its run is still asked
     /// through its fence keys. (A version 1–2 run's filter came with its meta and is not read
     /// again.)
     pub async fn refill_filters(&self) -> RepoResult<usize> {
         let mut wanting: Vec<(u64, Arc<OpenRun>)> = {
             let runs = self.runs.read().expect("runs lock");
             runs.iter()
-                .filter(|r| r.filter_bytes() == 0)
+                .filter(|r| r.filter_bytes() == 0 && !r.is_deferred())
                 .filter_map(|r| {
                     let at = r.meta.filter_at.as_ref()?;
                     Some((at.range.end - at.range.start, r.clone()))
@@ -381,6 +449,7 @@ impl V2Reader {
         let runs: Vec<Arc<OpenRun>> = self.runs.read().expect("runs lock").clone();
         let mut packs = Vec::new();
         for run in &runs {
+            self.filter_when_asked(run).await?;
             if run.filter_passes_key(key) {
                 packs.extend(self.run_candidates(run, key).await?);
             }
@@ -398,6 +467,7 @@ impl V2Reader {
         // commit's run never spreads to ids that other runs locate.
         let mut damage = None;
         for run in runs.iter().rev() {
+            self.filter_when_asked(run).await?;
             if !run.filter_passes(id) {
                 continue;
             }
