@@ -666,9 +666,19 @@ impl Repo {
         locations: &[(Id, Id)],
         key: Option<&cairn_format::crypto::MasterKey>,
     ) -> RepoResult<(Id, u64)> {
-        let raw = cairn_format::index_run::write_run(locations, key);
-        self.put_run_naming(raw, locations.iter().map(|(_, pack)| pack))
-            .await
+        let entries = cairn_format::index_run::RunEntries::from_locations(locations);
+        self.put_run_entries(entries, key).await
+    }
+
+    /// [`Repo::put_index_run`] of entries gathered pack by pack (a commit's: 8 bytes an id).
+    pub async fn put_run_entries(
+        &self,
+        entries: cairn_format::index_run::RunEntries,
+        key: Option<&cairn_format::crypto::MasterKey>,
+    ) -> RepoResult<(Id, u64)> {
+        let packs: Vec<Id> = entries.packs().copied().collect();
+        let raw = entries.write(key);
+        self.put_run_naming(raw, &packs).await
     }
 
     /// Stores run bytes that name `packs` (among others): those packs are indexed from now on

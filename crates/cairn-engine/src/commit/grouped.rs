@@ -26,6 +26,7 @@ use cairn_format::config::RepoConfig;
 use cairn_format::crypto::MasterKey;
 use cairn_format::group::{group_id, Group, GroupBuilder};
 use cairn_format::group_summary::GroupSummary;
+use cairn_format::index_run::{self, RunEntries};
 use cairn_format::leaf_v2::{RunExtent, RunLeaf};
 use cairn_format::slots::SlotSet;
 use cairn_format::version::CommitStats;
@@ -375,7 +376,7 @@ pub(crate) fn run_grouped(
         drop(pack_tx);
         let packed = packer.join().expect("packer thread panicked");
         read?;
-        let (locations, pack_bytes) = packed?;
+        let (run, pack_bytes) = packed?;
         if let Some(e) = worker_errors.into_iter().next().or(tree_error) {
             return Err(e);
         }
@@ -392,7 +393,7 @@ pub(crate) fn run_grouped(
             size,
             stats,
             packs: Vec::new(),
-            locations,
+            run,
             pack_bytes,
             reused: std::mem::take(&mut *dedup.reused_nodes.lock().expect("dedup lock")),
             reused_slots: std::mem::take(&mut *dedup.reused_slots.lock().expect("dedup lock")),
@@ -688,8 +689,8 @@ fn slot_count(loc: &GroupLocation) -> u16 {
 }
 
 /// Packs groups and nodes (in separate packs, so a version's tree is read from few places),
-/// stores full packs, at most `uploads` at a time. Returns (id, pack) for every chunk, group
-/// and node stored, and the bytes written.
+/// stores full packs, at most `uploads` at a time. Returns the index entries of every chunk,
+/// group and node stored (8 bytes an id), and the bytes written.
 fn pack_groups(
     repo: &Arc<Repo>,
     handle: &Handle,
@@ -697,7 +698,7 @@ fn pack_groups(
     rx: Receiver<Packable>,
     uploads: usize,
     progress: &CommitProgress,
-) -> EngineResult<(Vec<(Id, Id)>, u64)> {
+) -> EngineResult<(RunEntries, u64)> {
     let mut uploader = Uploader::new(repo, handle, uploads, progress);
     let group_size = config.v2.map_or(64 << 10, |v| v.group_size) as usize;
     let packer = || {
@@ -728,16 +729,21 @@ fn pack_groups(
             Packable::Node(id, bytes) => nodes.push_node(id, &bytes).into_iter().collect(),
         };
         for pack in full {
-            uploader.start(pack.id, pack.bytes, pack.ids)?;
+            uploader.start(pack.id, pack.bytes, keys_of(pack.ids))?;
         }
     }
     for pack in [data.finish(), nodes.finish()].into_iter().flatten() {
-        uploader.start(pack.id, pack.bytes, pack.ids)?;
+        uploader.start(pack.id, pack.bytes, keys_of(pack.ids))?;
     }
     let (packs, written) = uploader.finish()?;
-    let locations = packs
-        .into_iter()
-        .flat_map(|(pack, ids)| ids.into_iter().map(move |id| (id, pack)))
-        .collect();
-    Ok((locations, written))
+    let mut entries = RunEntries::default();
+    for (pack, keys) in packs {
+        entries.add_keys(pack, keys);
+    }
+    Ok((entries, written))
+}
+
+/// The index keys of a finished pack's ids (what its run entries hold).
+fn keys_of(ids: Vec<Id>) -> Vec<u64> {
+    ids.iter().map(index_run::key_of).collect()
 }

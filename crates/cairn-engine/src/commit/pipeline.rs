@@ -35,9 +35,9 @@ pub(crate) struct PipelineOutput {
     pub size: u64,
     pub stats: CommitStats,
     pub packs: Vec<(Id, Vec<BlobEntry>)>,
-    /// Format 2: (chunk, node or group id, pack) for the commit's index run (`packs` is then
-    /// empty).
-    pub locations: Vec<(Id, Id)>,
+    /// Format 2: the commit's index run: where its chunks, groups and nodes are (`packs` is
+    /// then empty).
+    pub run: cairn_format::index_run::RunEntries,
     pub pack_bytes: u64,
     /// Blobs (format 2: manifest nodes) the tree refers to without storing them.
     pub reused: HashSet<Id>,
@@ -220,7 +220,7 @@ pub(crate) fn run_pipeline(
             size,
             stats,
             packs,
-            locations: Vec::new(),
+            run: Default::default(),
             pack_bytes,
             reused: std::mem::take(&mut *dedup.reused.lock().expect("dedup lock")),
             reused_slots: Default::default(),

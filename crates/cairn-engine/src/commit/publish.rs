@@ -91,9 +91,9 @@ pub(crate) async fn publish(
     // Publication step 2: the index file, once every pack is durable; then the tree's
     // reference summary, which every published version must have (fast deletion trusts it).
     let mut index_bytes = if repo.v2().is_some() {
-        match out.locations.is_empty() {
+        match out.run.is_empty() {
             true => 0,
-            false => repo.put_index_run(&out.locations, repo.key()).await?.1,
+            false => repo.put_run_entries(out.run, repo.key()).await?.1,
         }
     } else {
         repo.put_index(out.packs).await?

@@ -160,8 +160,8 @@ pub(super) async fn store_from(
         .await
         .map_err(|e| EngineError::internal("repair thread", e))??
     };
-    if !out.locations.is_empty() {
-        repo.put_index_run(&out.locations, repo.key()).await?;
+    if !out.run.is_empty() {
+        repo.put_run_entries(out.run, repo.key()).await?;
     }
     let (still, _) = lost_blobs(repo, live).await?;
     report.blobs_restored = wanted.difference(&still).count() as u64;

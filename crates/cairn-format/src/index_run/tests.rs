@@ -218,3 +218,26 @@ fn the_legacy_writer_writes_version_2_as_specified() {
     assert_eq!((whole.version(), whole.entries()), (2, 100));
     assert_eq!(whole.all_entries(&sealed, Some(&key)).unwrap().len(), 100);
 }
+
+#[test]
+fn entries_gathered_pack_by_pack_write_the_run_of_their_pairs() {
+    // Packs added in any order, a pack twice, an id twice: the same bytes as the pairs give.
+    let locs = locations(500);
+    let mut gathered = RunEntries::default();
+    for p in [2u8, 0, 1] {
+        let pack = Id::of(&[p]);
+        let ids: Vec<Id> = locs
+            .iter()
+            .filter(|(_, q)| *q == pack)
+            .map(|(i, _)| *i)
+            .collect();
+        let (a, b) = ids.split_at(ids.len() / 2);
+        gathered.add_pack(pack, a);
+        gathered.add_pack(pack, b.iter().chain(&a[..3]));
+    }
+    assert_eq!(gathered.len(), 509);
+    assert_eq!(gathered.packs().count(), 6);
+    let run = gathered.write_with(None, small(16));
+    assert_eq!(run, write_run_with(&locs, None, small(16)));
+    assert_eq!(parse_run(&run, None).unwrap().entries(), 500);
+}

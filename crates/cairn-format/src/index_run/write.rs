@@ -38,32 +38,88 @@ pub fn write_run(locations: &[(Id, Id)], key: Option<&MasterKey>) -> Vec<u8> {
     write_run_with(locations, key, Geometry::default())
 }
 
-/// The pack table (sorted, no repeats) of (id, pack id) pairs, and their entries in order,
-/// each once.
-fn table_and_entries(locations: &[(Id, Id)]) -> (Vec<Id>, Vec<Entry>) {
-    let mut packs: Vec<Id> = locations.iter().map(|(_, p)| *p).collect();
-    packs.sort_unstable();
-    packs.dedup();
-    let mut entries: Vec<Entry> = locations
-        .iter()
-        .map(|(id, p)| Entry {
-            key: key_of(id),
-            pack: packs.binary_search(p).expect("listed") as u32,
-        })
-        .collect();
-    entries.sort_unstable();
-    entries.dedup();
-    (packs, entries)
-}
-
 /// [`write_run`] with a given geometry (tests, golden vectors).
 pub fn write_run_with(locations: &[(Id, Id)], key: Option<&MasterKey>, g: Geometry) -> Vec<u8> {
-    let (packs, entries) = table_and_entries(locations);
-    let mut w = RunWriter::with_geometry(packs, entries.len() as u64, key, g);
-    for e in entries {
-        w.push(e);
+    RunEntries::from_locations(locations).write_with(key, g)
+}
+
+/// What a run will name, gathered pack by pack at 8 bytes an id (the key the run stores)
+/// instead of the 64 of an (id, pack id) pair: a commit of a 64 GiB image gathers a million
+/// of them, and its peak memory was the pairs' (113 MiB of 184).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunEntries {
+    packs: Vec<(Id, Vec<u64>)>,
+    entries: usize,
+}
+
+impl RunEntries {
+    /// Adds the ids pack `pack` stores.
+    pub fn add_pack<'a>(&mut self, pack: Id, ids: impl IntoIterator<Item = &'a Id>) {
+        self.add_keys(pack, ids.into_iter().map(key_of).collect());
     }
-    w.finish()
+
+    /// Adds the keys ([`key_of`]) of the ids pack `pack` stores.
+    pub fn add_keys(&mut self, pack: Id, keys: Vec<u64>) {
+        self.entries += keys.len();
+        self.packs.push((pack, keys));
+    }
+
+    /// Entries from (id, pack id) pairs, in any order.
+    pub fn from_locations(locations: &[(Id, Id)]) -> RunEntries {
+        let mut by_pack: std::collections::BTreeMap<Id, Vec<u64>> = Default::default();
+        for (id, pack) in locations {
+            by_pack.entry(*pack).or_default().push(key_of(id));
+        }
+        RunEntries {
+            entries: locations.len(),
+            packs: by_pack.into_iter().collect(),
+        }
+    }
+
+    /// Ids added (repeats counted).
+    pub fn len(&self) -> usize {
+        self.entries
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries == 0
+    }
+
+    /// The packs added (in the order they were).
+    pub fn packs(&self) -> impl Iterator<Item = &Id> {
+        self.packs.iter().map(|(p, _)| p)
+    }
+
+    /// The pack table (sorted, no repeats) and the entries in order, each once.
+    fn table_and_entries(self) -> (Vec<Id>, Vec<Entry>) {
+        let mut table: Vec<Id> = self.packs.iter().map(|(p, _)| *p).collect();
+        table.sort_unstable();
+        table.dedup();
+        let mut entries: Vec<Entry> = Vec::with_capacity(self.entries);
+        for (pack, keys) in self.packs {
+            let pack = table.binary_search(&pack).expect("listed") as u32;
+            entries.extend(keys.into_iter().map(|key| Entry { key, pack }));
+        }
+        entries.sort_unstable();
+        entries.dedup();
+        (table, entries)
+    }
+
+    /// The run's bytes.
+    pub fn write(self, key: Option<&MasterKey>) -> Vec<u8> {
+        self.write_with(key, Geometry::default())
+    }
+
+    /// [`Self::write`] with a given geometry. The pack table is sorted, without repeats; the
+    /// entries are sorted by (key, pack ordinal), each once.
+    pub fn write_with(self, key: Option<&MasterKey>, g: Geometry) -> Vec<u8> {
+        let (table, entries) = self.table_and_entries();
+        let mut w = RunWriter::with_geometry(table, entries.len() as u64, key, g);
+        for e in entries {
+            w.push(e);
+        }
+        w.finish()
+    }
 }
 
 /// What the top level will say of one directory block.
@@ -272,7 +328,7 @@ pub fn write_legacy_run(
         None => plain,
         Some(k) => k.seal(Domain::IndexFile, &plain),
     };
-    let (packs, entries) = table_and_entries(locations);
+    let (packs, entries) = RunEntries::from_locations(locations).table_and_entries();
     let mut filter =
         Bloom::with_capacity(entries.len() as u64, FILTER_BITS_PER_ENTRY, FILTER_PROBES);
     let mut out = Vec::new();

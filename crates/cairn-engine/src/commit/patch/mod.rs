@@ -326,7 +326,7 @@ async fn build_format1(
         size: ctx.new_size,
         stats: patched_stats(base_stats, &built.new, &built.old),
         packs: built.packs,
-        locations: Vec::new(),
+        run: Default::default(),
         pack_bytes: built.pack_bytes,
         reused,
         reused_slots: Default::default(),
