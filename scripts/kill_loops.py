@@ -7,7 +7,8 @@ duration first and then killing it with SIGKILL after a random delay between 0 a
 
   1. `cairn commit`                              (--trials: 30 by default; every third
                                                   trial is a SIGINT instead)
-  2. `cairn gc` / `cairn gc --repair`, after versions were removed with `rm --no-gc`   (25)
+  2. `cairn gc` / `gc --repair` / `gc --repack-small` (format 2), after versions were
+     removed with `rm --no-gc`                                                        (25)
   3. `cairn rm IMAGE@V` / `cairn prune IMAGE --keep-last K`                             (25)
   4. `cairn restore --force` to a file, over an earlier restore (every third: SIGTERM)  (20)
   5. `cairn index compact --all` after two more commits (format 2 only)                 (12)
@@ -143,6 +144,7 @@ class Run:
         self.interrupted = 0
         self.finished = 0
         self.gc_wait_failed = set()  # loops whose gc-wait check failed (not repeated)
+        self.repacked_small = 0  # small packs merged by unkilled `gc --repack-small` trials
         self.spent = {"checks": 0.0, "clearing dead sessions": 0.0, "gc-wait checks": 0.0}
 
     def ok(self, cond, what):
@@ -367,8 +369,12 @@ class Run:
             if killed:
                 self.gc_does_not_wait(1, "commit", label, gc_timeout)
 
-    def loop_gc(self, trials, gc_timeout):
+    def loop_gc(self, trials, gc_timeout, format1):
         self.clear_dead_sessions()
+        # Every third trial merges small packs (format 2): with 1 MiB packs, the node packs
+        # and each commit's last data pack are below a quarter of the target, and once they
+        # fill half a pack a gc rewrites them (`small_packs` in its --json report).
+        modes = [[], ["--repair"]] + ([] if format1 else [["--repack-small"]])
 
         def garbage():
             self.commit()
@@ -380,13 +386,18 @@ class Run:
             self.clear_dead_sessions()
             self.commit()  # new garbage: a commit and a removed version
             self.drop_oldest()
-            mode = ["--repair"] if trial % 2 else []
-            killed, rc, _ = self.kill_at_random(["gc", *mode], typical)
+            mode = modes[trial % len(modes)]
+            killed, rc, out = self.kill_at_random(["--json", "gc", *mode], typical)
             if not killed:
-                self.ok(rc == 0, f"{label}: an unkilled gc succeeds (exit {rc})")
+                self.ok(rc == 0, f"{label}: an unkilled gc {' '.join(mode)} succeeds (exit {rc})")
+                if mode == ["--repack-small"] and rc == 0:
+                    self.repacked_small += json.loads(out).get("small_packs", 0)
             self.check_all(label)
             if killed:
                 self.gc_does_not_wait(2, "gc", label, gc_timeout)
+        if not format1:
+            print(f"  small packs merged by the unkilled gc --repack-small trials: "
+                  f"{self.repacked_small}", flush=True)
 
     def loop_rm(self, trials):
         self.clear_dead_sessions()
@@ -551,7 +562,7 @@ def main():
         run = Run(repo, work, random.Random(seed), checks)
         run.make_image()
         loops = [("commit", lambda: run.loop_commit(trials[0], gc_timeout)),
-                 ("gc", lambda: run.loop_gc(trials[1], gc_timeout)),
+                 ("gc", lambda: run.loop_gc(trials[1], gc_timeout, args.format == 1)),
                  ("rm/prune", lambda: run.loop_rm(trials[2])),
                  ("restore", lambda: run.loop_restore(trials[3])),
                  ("index compact", lambda: run.loop_compact(trials[4])),

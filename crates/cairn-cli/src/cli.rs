@@ -623,7 +623,7 @@ pub struct GcArgs {
     #[arg(long, default_value_t = 0.97)]
     pub repack_threshold: f64,
     /// Also merge small packs (below a quarter of the pack target, live or not) into full
-    /// ones, up to four packs' worth a run. Each commit of a few changed blocks writes a pack
+    /// ones, up to four packs' worth a run, once they fill half a pack or number 32. Each commit of a few changed blocks writes a pack
     /// of its own; after hundreds of them an image's data lies in as many packs, which
     /// commits, restores and exports then each read. Format 2.
     #[arg(long)]
