@@ -136,6 +136,8 @@ pub struct V2Reader {
     runs: std::sync::RwLock<Vec<Arc<runs::OpenRun>>>,
     /// [`CacheLimits::filter_bytes`].
     filter_budget: u64,
+    /// [`CacheLimits::section_bytes`].
+    section_budget: u64,
     fetched: FetchCounters,
     /// Group copies found damaged (by any reader of this repository, or an earlier process):
     /// never read or deduplicated against.
@@ -186,6 +188,7 @@ impl V2Reader {
             pieces: cost_cache(limits.section_bytes, 4 << 10),
             runs: std::sync::RwLock::new(Vec::new()),
             filter_budget: limits.filter_bytes,
+            section_budget: limits.section_bytes,
             fetched: FetchCounters::default(),
             quarantine,
         }
