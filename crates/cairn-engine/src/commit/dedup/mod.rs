@@ -31,7 +31,7 @@ use cairn_repo::v2::{PackTrailer, Placement};
 use super::grouped::GroupDedup;
 use super::parent::ParentLeaves;
 use crate::error::{EngineError, EngineResult};
-use parent_chunks::ParentChunks;
+use parent_chunks::{ParentChunks, RecentPacks};
 use similar::{SimilarPacks, SimilarSource};
 
 /// How hard a commit looks for chunks stored before it.
@@ -112,6 +112,8 @@ pub(in crate::commit) struct SegmentDedup<'a> {
     parent: &'a ParentLeaves,
     pub(in crate::commit) mode: DedupMode,
     similar: SimilarPacks<PackTrailer>,
+    /// Where this worker found its latest parent groups.
+    parent_packs: RecentPacks,
     pub(in crate::commit) tally: DedupTally,
 }
 
@@ -126,6 +128,7 @@ impl<'a> SegmentDedup<'a> {
             parent,
             mode,
             similar: SimilarPacks::default(),
+            parent_packs: RecentPacks::default(),
             tally: DedupTally::default(),
         }
     }
@@ -144,7 +147,10 @@ impl<'a> SegmentDedup<'a> {
         }
         let reader = self.shared.reader;
         let near = match self.parent.at_segment(index) {
-            Some(leaf) => self.shared.ask(ParentChunks::load(reader, leaf))?,
+            Some(leaf) => {
+                let recent = &mut self.parent_packs;
+                self.shared.ask(ParentChunks::load(reader, leaf, recent))?
+            }
             None => ParentChunks::default(),
         };
         for (f, id) in found.iter_mut().zip(ids) {
