@@ -30,6 +30,7 @@ use std::sync::Arc;
 
 use cairn_format::group::{Group, GroupBuilder};
 use cairn_format::group_summary::GroupSummary;
+use cairn_format::index_run::RunEntries;
 use cairn_format::leaf_v2::RunLeaf;
 use cairn_format::marker::GcPlan;
 use cairn_format::pack::BlobKind;
@@ -234,26 +235,27 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     report.packs_written = writer.written.len() as u64;
     clock.lap("repack", &mut report);
     for pack in &plan.kept {
-        locations.extend(snapshot.trailers[pack].index_entries(|node| live_use.node_used(node)));
+        let entries = snapshot.trailers[pack].index_entries(|node| live_use.node_used(node));
+        locations.add_pack(*pack, entries.iter().map(|(id, _)| id));
     }
     let mut written_runs = HashSet::new();
     match &scope {
         // The packs this GC read are named as they are now; every other entry as it was.
         Some(read) => {
+            let named: Vec<Id> = locations.packs().copied().collect();
             let merged = snapshot
                 .reader
-                .merge_runs_replacing(&snapshot.runs, read, &locations)
+                .merge_runs_replacing(&snapshot.runs, read, locations)
                 .await
                 .map_err(|e| match e {
                     e if e.is_damage() => incomplete(e.to_string()),
                     e => e.into(),
                 })?;
             report.index_bytes_read += merged.bytes_read;
-            let named = locations.iter().map(|(_, pack)| pack);
-            written_runs.insert(repo.put_run_naming(merged.bytes, named).await?.0);
+            written_runs.insert(repo.put_run_naming(merged.bytes, &named).await?.0);
         }
         None if !locations.is_empty() => {
-            written_runs.insert(repo.put_index_run(&locations, repo.key()).await?.0);
+            written_runs.insert(repo.put_run_entries(locations, repo.key()).await?.0);
         }
         None => {}
     }
@@ -718,7 +720,9 @@ struct Repacker<'a> {
     repo: &'a Repo,
     data: (PackWriter, Vec<Id>),
     nodes: (PackWriter, Vec<Id>),
-    locations: Vec<(Id, Id)>,
+    /// The index entries of the packs stored (8 bytes an id: a GC of the whole repository
+    /// names every live chunk here).
+    locations: RunEntries,
     /// The packs stored so far, and their sizes.
     written: Vec<(Id, u64)>,
 }
@@ -730,7 +734,7 @@ impl<'a> Repacker<'a> {
             repo,
             data: (PackWriter::new(sealed), Vec::new()),
             nodes: (PackWriter::new(sealed), Vec::new()),
-            locations: Vec::new(),
+            locations: RunEntries::default(),
             written: Vec::new(),
         }
     }
@@ -776,13 +780,13 @@ impl<'a> Repacker<'a> {
     async fn store(&mut self, writer: PackWriter, ids: Vec<Id>) -> EngineResult<()> {
         let (id, bytes, _) = writer.finish(self.repo.key());
         let (pack, size) = self.repo.put_pack(&id, bytes).await?;
-        self.locations.extend(ids.into_iter().map(|i| (i, pack)));
+        self.locations.add_pack(pack, &ids);
         self.written.push((pack, size));
         Ok(())
     }
 
     /// Stores the open packs; returns the index entries of every pack written.
-    async fn finish(&mut self) -> EngineResult<Vec<(Id, Id)>> {
+    async fn finish(&mut self) -> EngineResult<RunEntries> {
         let sealed = self.repo.key().is_some();
         for which in [BlobKind::Data, BlobKind::Node] {
             let (writer, ids) = match which {
@@ -903,7 +907,7 @@ async fn rescue(
         "rescued groups and nodes used by concurrent commits"
     );
     report.packs_written += writer.written.len() as u64;
-    let run = repo.put_index_run(&locations, repo.key()).await?.0;
+    let run = repo.put_run_entries(locations, repo.key()).await?.0;
     Ok(Some((run, writer.written)))
 }
 

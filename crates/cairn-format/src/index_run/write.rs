@@ -90,18 +90,30 @@ impl RunEntries {
         self.packs.iter().map(|(p, _)| p)
     }
 
+    /// Each addition's pack and how many ids it brought.
+    pub fn counts(&self) -> impl Iterator<Item = (&Id, usize)> {
+        self.packs.iter().map(|(p, keys)| (p, keys.len()))
+    }
+
+    /// The entries against pack table `table` (sorted, which holds every pack added), in
+    /// order, each once.
+    pub fn entries_in(self, table: &[Id]) -> Vec<Entry> {
+        let mut entries: Vec<Entry> = Vec::with_capacity(self.entries);
+        for (pack, keys) in self.packs {
+            let pack = table.binary_search(&pack).expect("in the table") as u32;
+            entries.extend(keys.into_iter().map(|key| Entry { key, pack }));
+        }
+        entries.sort_unstable();
+        entries.dedup();
+        entries
+    }
+
     /// The pack table (sorted, no repeats) and the entries in order, each once.
     fn table_and_entries(self) -> (Vec<Id>, Vec<Entry>) {
         let mut table: Vec<Id> = self.packs.iter().map(|(p, _)| *p).collect();
         table.sort_unstable();
         table.dedup();
-        let mut entries: Vec<Entry> = Vec::with_capacity(self.entries);
-        for (pack, keys) in self.packs {
-            let pack = table.binary_search(&pack).expect("listed") as u32;
-            entries.extend(keys.into_iter().map(|key| Entry { key, pack }));
-        }
-        entries.sort_unstable();
-        entries.dedup();
+        let entries = self.entries_in(&table);
         (table, entries)
     }
 

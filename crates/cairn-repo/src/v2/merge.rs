@@ -9,7 +9,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 use std::sync::Arc;
 
-use cairn_format::index_run::{self, Directory, Entry, RunWriter};
+use cairn_format::index_run::{self, Directory, Entry, RunEntries, RunWriter};
 use cairn_format::Id;
 
 use super::runs::OpenRun;
@@ -50,18 +50,19 @@ impl V2Reader {
     /// entry of every input, and only those. An input that is missing or damaged fails the
     /// merge, naming it.
     pub async fn merge_runs(&self, ids: &[Id]) -> RepoResult<MergedRun> {
-        self.merge_runs_replacing(ids, &HashSet::new(), &[]).await
+        self.merge_runs_replacing(ids, &HashSet::new(), RunEntries::default())
+            .await
     }
 
     /// Merges runs `ids` like [`Self::merge_runs`], but without any entry that names a pack
-    /// of `replaced`, and with the locations `extra` (id, pack) added: what a GC that read
-    /// only some packs' trailers publishes — the rest of the index as it was, and for the
-    /// packs it read, exactly what they hold now (kept packs, new packs).
+    /// of `replaced`, and with the entries `extra` added: what a GC that read only some
+    /// packs' trailers publishes — the rest of the index as it was, and for the packs it
+    /// read, exactly what they hold now (kept packs, new packs).
     pub async fn merge_runs_replacing(
         &self,
         ids: &[Id],
         replaced: &HashSet<Id>,
-        extra: &[(Id, Id)],
+        extra: RunEntries,
     ) -> RepoResult<MergedRun> {
         let mut inputs = Vec::with_capacity(ids.len());
         for id in ids {
@@ -75,7 +76,7 @@ impl V2Reader {
             .iter()
             .flatten()
             .filter(|p| !replaced.contains(*p))
-            .chain(extra.iter().map(|(_, p)| p))
+            .chain(extra.packs())
             .copied()
             .collect();
         packs.sort_unstable();
@@ -85,16 +86,12 @@ impl V2Reader {
         // both would round the filter up to twice its size.
         let named: HashSet<&Id> = tables.iter().flatten().collect();
         let expected: u64 = inputs.iter().map(|r| r.meta.entries).sum::<u64>()
-            + extra.iter().filter(|(_, p)| !named.contains(p)).count() as u64;
-        let mut given: Vec<Entry> = extra
-            .iter()
-            .map(|(id, p)| Entry {
-                key: index_run::key_of(id),
-                pack: packs.binary_search(p).expect("in the union") as u32,
-            })
-            .collect();
-        given.sort_unstable();
-        given.dedup();
+            + extra
+                .counts()
+                .filter(|(p, _)| !named.contains(p))
+                .map(|(_, n)| n as u64)
+                .sum::<u64>();
+        let given: Vec<Entry> = extra.entries_in(&packs);
         let mut cursors: Vec<Cursor> = inputs
             .into_iter()
             .zip(tables)
