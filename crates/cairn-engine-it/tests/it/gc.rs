@@ -287,6 +287,33 @@ async fn a_session_that_starts_after_the_plan_does_not_reuse_doomed_blobs(
     assert_eq!(restore_bytes(&repo, &c.record).await.unwrap(), old);
 }
 
+/// After a GC that stopped after `allowed` store operations, once its session went stale (the
+/// "killed" GC's would after a while; fast-forwarded here): a new process finds the repository
+/// verified clean and each of `versions` (seq, bytes) restores bit-exact.
+async fn reopened_intact<'a>(
+    store: &Arc<MemoryStore>,
+    allowed: impl std::fmt::Display,
+    versions: impl IntoIterator<Item = (u64, &'a Vec<u8>)>,
+) {
+    expire_sessions(store.as_ref()).await;
+    let check = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let report = verify(check.clone()).await.unwrap();
+    assert!(
+        report.is_clean(),
+        "gc stopped after {allowed} writes: {:?} {:?}",
+        report.problems,
+        report.damaged_versions
+    );
+    for (seq, want) in versions {
+        let v = version(&check, &format!("vm@{seq}")).await;
+        assert!(
+            restore_bytes(&check, &v).await.unwrap() == *want,
+            "vm@{seq} after {allowed}"
+        );
+    }
+    check.close().await.unwrap();
+}
+
 both_modes!(gc_dying_after_any_number_of_store_operations_loses_nothing);
 async fn gc_dying_after_any_number_of_store_operations_loses_nothing(mode: GcMode, format: Format) {
     let store = Arc::new(MemoryStore::new());
@@ -315,26 +342,8 @@ async fn gc_dying_after_any_number_of_store_operations_loses_nothing(mode: GcMod
             let outcome = gc(&r, &opts(mode)).await;
             drop(r);
             trials += 1;
-            // The "killed" GC's session would go stale after a while; fast-forward that.
-            expire_sessions(store.as_ref()).await;
-            // Whatever happened, a new process sees a consistent repository.
-            let check = Arc::new(Repo::open(store.clone()).await.unwrap());
-            let report = verify(check.clone()).await.unwrap();
-            assert!(
-                report.is_clean(),
-                "gc stopped after {allowed} writes: {:?} {:?}",
-                report.problems,
-                report.damaged_versions
-            );
-            for seq in &alive {
-                let v = version(&check, &format!("vm@{seq}")).await;
-                assert_eq!(
-                    restore_bytes(&check, &v).await.unwrap(),
-                    contents[*seq as usize - 1],
-                    "after {allowed}"
-                );
-            }
-            check.close().await.unwrap();
+            let kept = alive.iter().map(|&seq| (seq, &contents[seq as usize - 1]));
+            reopened_intact(&store, allowed, kept).await;
             if outcome.is_ok() {
                 break;
             }
@@ -708,24 +717,8 @@ async fn merging_small_packs_dying_after_any_number_of_store_operations_loses_no
         let r = Arc::new(r);
         let outcome = gc(&r, &merge).await;
         drop(r);
-        expire_sessions(store.as_ref()).await;
-        let check = Arc::new(Repo::open(store.clone()).await.unwrap());
-        let report = verify(check.clone()).await.unwrap();
-        assert!(
-            report.is_clean(),
-            "gc stopped after {allowed} writes: {:?} {:?}",
-            report.problems,
-            report.damaged_versions
-        );
-        for (seq, want) in contents.iter().enumerate() {
-            let v = version(&check, &format!("vm@{}", seq + 1)).await;
-            assert!(
-                restore_bytes(&check, &v).await.unwrap() == *want,
-                "vm@{} after {allowed}",
-                seq + 1
-            );
-        }
-        check.close().await.unwrap();
+        let all = contents.iter().enumerate().map(|(i, c)| (i as u64 + 1, c));
+        reopened_intact(&store, allowed, all).await;
         if outcome.is_ok() {
             break;
         }

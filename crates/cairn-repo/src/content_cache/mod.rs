@@ -270,6 +270,16 @@ fn holds_only_a_cache(dir: &Path) -> io::Result<bool> {
 mod tests {
     use super::*;
 
+    /// Sets the last use of cached object `c` to `secs` after the epoch.
+    fn last_used(cache: &ContentCache, c: &[u8], secs: u64) {
+        let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+        let f = fs::File::options()
+            .write(true)
+            .open(cache.path(&Id::of(c)))
+            .unwrap();
+        f.set_modified(t).unwrap();
+    }
+
     #[test]
     fn stores_verifies_and_evicts_least_recently_used() {
         let dir = tempfile::tempdir().unwrap();
@@ -282,12 +292,7 @@ mod tests {
         for (i, c) in chunks.iter().enumerate().take(9) {
             put(c);
             // Distinct modification times, oldest first; chunk 0 is then used again.
-            let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1000 + i as u64);
-            let f = fs::File::options()
-                .write(true)
-                .open(cache.path(&Id::of(c)))
-                .unwrap();
-            f.set_modified(t).unwrap();
+            last_used(&cache, c, 1000 + i as u64);
         }
         assert_eq!(cache.get(&Id::of(&chunks[0])).unwrap(), chunks[0]);
         for c in &chunks[9..] {
@@ -322,12 +327,7 @@ mod tests {
         let chunks: Vec<Vec<u8>> = (0..21u8).map(|i| vec![i; 1000]).collect();
         for (i, c) in chunks.iter().enumerate().take(20) {
             big.put(&Id::of(c), c).unwrap();
-            let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1000 + i as u64);
-            let f = fs::File::options()
-                .write(true)
-                .open(big.path(&Id::of(c)))
-                .unwrap();
-            f.set_modified(t).unwrap();
+            last_used(&big, c, 1000 + i as u64);
         }
         big.settle();
         assert_eq!(big.evictions(), 0);
