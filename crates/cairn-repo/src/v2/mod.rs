@@ -18,6 +18,7 @@
 //! group or, failing that, each slot's chunk from wherever else it is stored.
 
 mod check;
+mod filters;
 mod groups;
 mod merge;
 mod packer;
@@ -36,10 +37,11 @@ use quick_cache::sync::Cache;
 use quick_cache::Weighter;
 
 pub use check::PackCheck;
+pub use filters::FILTER_AFTER_ASKS;
 pub use groups::OpenedGroup;
 pub use merge::MergedRun;
 pub use packer::{FinishedPack, GroupPacker, Placement};
-pub use runs::{GroupLocation, RunSize, FILTER_AFTER_ASKS};
+pub use runs::{GroupLocation, RunSize};
 pub use trailers::{PackTrailer, SlotRef};
 
 use crate::error::RepoError;
