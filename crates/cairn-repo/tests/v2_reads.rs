@@ -646,4 +646,23 @@ async fn a_large_runs_filter_is_read_once_the_run_is_asked_often() {
         assert!(lean.find_chunk(&Id::of(c)).await.unwrap().is_some());
     }
     assert_eq!(lean.filter_memory(), (0, 1));
+
+    // A damaged filter is left out when its turn comes: the run stays asked through its fence
+    // keys, every answer still right.
+    let path = f.object(&keys::index_run(&run));
+    let stored = std::fs::read(&path).unwrap();
+    let at = index_run::parse_run(&stored, None)
+        .unwrap()
+        .meta
+        .filter_at
+        .expect("a version 3 run's filter is a piece")
+        .range;
+    flip(&path, (at.start + at.end) / 2);
+    let r = f.reader(None);
+    r.add_run(&run).await.unwrap();
+    for i in 0..2 * asks {
+        check(&r, &w, chunks[i % chunks.len()]).await;
+    }
+    assert_eq!(r.filter_memory(), (0, 1));
+    assert_eq!(r.find_chunk(&Id::of(b"absent")).await.unwrap(), None);
 }
