@@ -261,6 +261,62 @@ async fn a_commit_reusing_slots_a_gc_drops_gets_the_whole_group_rescued() {
     check(&repo, &second.record, &b).await;
 }
 
+/// A commit whose session a GC judged dead (no heartbeat within `stale_after`) and so did not
+/// wait for: the GC rewrote `a`'s first 16 groups without the slots only `a` used, which the
+/// commit — its trailers read before the GC — dedups against. The stale-GC guard finds the
+/// 16 groups (by the keys of the new version's reference summary) no longer storing them and
+/// the 5 manifest nodes only `a` had (4 leaves and the root) gone, and nothing is published.
+async fn a_commit_a_gc_did_not_wait_for_publishes_nothing(encrypted: bool) {
+    let store = Arc::new(MemoryStore::new());
+    let repo = init(store.clone(), encrypted).await;
+    let (a, b) = pair();
+    let first = commit_bytes(&repo, "vm", a.clone()).await;
+    let second = commit_bytes(&repo, "vm", b.clone()).await;
+    repo.mark_deleted(&first.id).await.unwrap();
+    repo.close().await.unwrap();
+
+    let committer = open(&store).await;
+    check(&committer, &first.record, &a).await; // its trailers are in the committer's cache
+    let gc_repo = open(&store).await;
+    let hasty = GcOptions {
+        stale_after: Duration::ZERO,
+        ..opts()
+    };
+    let report = gc(&gc_repo, &hasty).await.unwrap();
+    assert_eq!(report.freed_versions, 1, "{report:?}");
+    gc_repo.close().await.unwrap();
+
+    let src = cairn_engine::source::StreamSource::new("test", std::io::Cursor::new(a.clone()));
+    let options = cairn_engine::commit::CommitOptions::default();
+    let err = cairn_engine::commit::commit(committer.clone(), "other", Box::new(src), options)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, cairn_engine::EngineError::RacedGc { missing: 21 }),
+        "{err}"
+    );
+    assert!(committer.head("other").await.unwrap().is_none());
+    committer.close().await.unwrap();
+
+    let repo = open(&store).await;
+    assert_clean(&repo).await;
+    check(&repo, &second.record, &b).await;
+    // Run again, the commit stores what the GC dropped and reuses the rest.
+    let again = commit_bytes(&repo, "other", a.clone()).await;
+    check(&repo, &again.record, &a).await;
+    assert_clean(&repo).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_a_gc_did_not_wait_for_publishes_nothing_plain() {
+    a_commit_a_gc_did_not_wait_for_publishes_nothing(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_a_gc_did_not_wait_for_publishes_nothing_encrypted() {
+    a_commit_a_gc_did_not_wait_for_publishes_nothing(true).await;
+}
+
 /// A rescue copies a group with the slots the live versions or the newcomers use, not whole:
 /// here the commit during the wait reuses one dropped slot of one of `a`'s groups, and the
 /// rescued copy stores that slot and the 8 `b` uses, the other 7 dropped (before 2026-11-27

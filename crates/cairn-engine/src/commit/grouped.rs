@@ -17,7 +17,7 @@
 //! every wait ends (or the commit is cancelled). Publication is format 1's order, with the
 //! index run in place of the index file.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -28,7 +28,6 @@ use cairn_format::group::{group_id, Group, GroupBuilder};
 use cairn_format::group_summary::GroupSummary;
 use cairn_format::index_run::{self, RunEntries};
 use cairn_format::leaf_v2::{RunExtent, RunLeaf};
-use cairn_format::slots::SlotSet;
 use cairn_format::version::CommitStats;
 use cairn_format::Id;
 use cairn_repo::v2::{GroupLocation, GroupPacker, Placement, V2Reader};
@@ -81,9 +80,6 @@ pub(super) struct GroupDedup<'a> {
     claims: Mutex<Claims>,
     placed: Condvar,
     nodes: Mutex<HashSet<Id>>,
-    /// What this commit refers to without storing it — slots of stored groups, and manifest
-    /// nodes — for the stale-GC guard (`publish::check_stale_gc`).
-    reused_slots: Mutex<HashMap<Id, SlotSet>>,
     /// Groups found to have a good copy storing every slot (the fast path's check, once).
     complete_groups: Mutex<HashSet<Id>>,
     reused_nodes: Mutex<HashSet<Id>>,
@@ -135,7 +131,6 @@ impl GroupDedup<'_> {
         }
         if mode == DedupMode::Exact {
             if let Some(p) = self.ask(self.reader.find_chunk(id))? {
-                self.note_reused(p);
                 return Ok(Claim::Indexed(p));
             }
         }
@@ -148,17 +143,6 @@ impl GroupDedup<'_> {
     /// Whether this commit stores chunk `id` (placed or not yet).
     pub(super) fn is_claimed(&self, id: &Id) -> bool {
         self.claims.lock().expect("dedup lock").contains(id)
-    }
-
-    /// Records that the tree refers to `p`, a slot stored before this commit (for the stale-GC
-    /// guard).
-    pub(super) fn note_reused(&self, p: Placement) {
-        self.reused_slots
-            .lock()
-            .expect("dedup lock")
-            .entry(p.group)
-            .or_default()
-            .insert_run(p.slot, 1);
     }
 
     /// Records that `ids` are slots 0.. of group `group`.
@@ -274,7 +258,6 @@ pub(crate) fn run_grouped(
         claims: Mutex::new(Claims::new(options.claims_generation())),
         placed: Condvar::new(),
         nodes: Mutex::new(HashSet::new()),
-        reused_slots: Mutex::new(HashMap::new()),
         complete_groups: Mutex::new(HashSet::new()),
         reused_nodes: Mutex::new(HashSet::new()),
     };
@@ -396,7 +379,6 @@ pub(crate) fn run_grouped(
             run,
             pack_bytes,
             reused: std::mem::take(&mut *dedup.reused_nodes.lock().expect("dedup lock")),
-            reused_slots: std::mem::take(&mut *dedup.reused_slots.lock().expect("dedup lock")),
             reused_segments,
             dedup: tally,
             unread_leaves,
@@ -647,12 +629,6 @@ impl Worker<'_> {
             }
         }
         let runs: Vec<(Id, u16, u16)> = leaf.group_runs().collect();
-        {
-            let mut reused = self.dedup.reused_slots.lock().expect("dedup lock");
-            for &(group, first, count) in &runs {
-                reused.entry(group).or_default().insert_run(first, count);
-            }
-        }
         reused(runs, false)
     }
 

@@ -41,15 +41,13 @@ pub(crate) struct PipelineOutput {
     pub pack_bytes: u64,
     /// Blobs (format 2: manifest nodes) the tree refers to without storing them.
     pub reused: HashSet<Id>,
-    /// Format 2: slots of stored groups the tree refers to without storing them.
-    pub reused_slots: std::collections::HashMap<Id, cairn_format::slots::SlotSet>,
     /// Format 2: segments whose parent's leaf was reused as it is (the parent fast path).
     pub reused_segments: u64,
     /// Format 2: what each dedup tier found in changed segments.
     pub dedup: super::dedup::DedupTally,
     /// Format 2: leaves of the parent reused unread (the fast path), one entry per segment
     /// that reuses one: what they use is not in `group_summary` yet
-    /// (`base_summary::complete_summary` adds it) nor in `reused_slots`.
+    /// (`base_summary::complete_summary` adds it).
     pub unread_leaves: Vec<Id>,
 }
 
@@ -223,7 +221,6 @@ pub(crate) fn run_pipeline(
             run: Default::default(),
             pack_bytes,
             reused: std::mem::take(&mut *dedup.reused.lock().expect("dedup lock")),
-            reused_slots: Default::default(),
         })
     })
 }

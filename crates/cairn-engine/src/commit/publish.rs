@@ -8,7 +8,6 @@ use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::{Repo, RepoError};
 
-use super::base_summary::read_leaf;
 use super::{CommitProgress, CommitResult, PipelineOutput};
 use crate::error::{EngineError, EngineResult};
 
@@ -38,30 +37,21 @@ pub(crate) async fn check_stale_gc(repo: &Repo, out: &PipelineOutput) -> EngineR
             for id in &out.reused {
                 missing += usize::from(view.find_chunk(id).await?.is_none());
             }
-            // Leaves reused unread: their runs are read now (a leaf gone is counted above).
-            let mut reused_slots = out.reused_slots.clone();
-            let unread: std::collections::HashSet<&Id> = out.unread_leaves.iter().collect();
-            for id in unread {
-                let leaf = match read_leaf(repo, id).await {
-                    Ok(leaf) => leaf,
-                    Err(e) if e.is_damage() => continue,
-                    Err(e) => return Err(e),
-                };
-                for (group, first, count) in leaf.group_runs() {
-                    reused_slots
-                        .entry(group)
-                        .or_default()
-                        .insert_run(first, count);
+            // Every slot of a group the tree uses that this commit did not store itself
+            // (the reference summary lists them all, unread leaves' included, by key).
+            if let Some(summary) = &out.group_summary {
+                let own = out.run.sorted_keys();
+                for (key, slots) in &summary.groups {
+                    if own.binary_search(key).is_ok() {
+                        continue;
+                    }
+                    let stored = match view.stores_group_key(*key, &slots.runs()).await {
+                        Ok(stored) => stored,
+                        Err(e) if e.is_damage() => false,
+                        Err(e) => return Err(e.into()),
+                    };
+                    missing += usize::from(!stored);
                 }
-            }
-            for (group, slots) in &reused_slots {
-                let runs = slots.runs();
-                let stored = match view.locate_group_storing(group, &runs).await {
-                    Ok(loc) => loc.stores(&runs),
-                    Err(e) if e.is_damage() => false,
-                    Err(e) => return Err(e.into()),
-                };
-                missing += usize::from(!stored);
             }
             missing
         }

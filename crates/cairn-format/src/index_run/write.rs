@@ -90,6 +90,18 @@ impl RunEntries {
         self.packs.iter().map(|(p, _)| p)
     }
 
+    /// Every key added, sorted, each once (what the run will locate).
+    pub fn sorted_keys(&self) -> Vec<u64> {
+        let mut keys: Vec<u64> = self
+            .packs
+            .iter()
+            .flat_map(|(_, k)| k.iter().copied())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+
     /// Each addition's pack and how many ids it brought.
     pub fn counts(&self) -> impl Iterator<Item = (&Id, usize)> {
         self.packs.iter().map(|(p, keys)| (p, keys.len()))

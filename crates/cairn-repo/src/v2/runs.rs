@@ -488,6 +488,36 @@ impl V2Reader {
         })
     }
 
+    /// Whether a good copy of a group whose id has the 8-byte `key` stores every slot of
+    /// `wanted` (first, count): what a commit's stale-GC guard asks for each group its
+    /// reference summary lists, which names groups by key. Packs or trailers that cannot be
+    /// read are passed over (they store nothing this process could read back).
+    pub async fn stores_group_key(&self, key: u64, wanted: &[(u16, u16)]) -> RepoResult<bool> {
+        for pack in self.packs_for_key(key).await? {
+            if self.is_quarantined_copy(&pack, &pack) {
+                continue;
+            }
+            let trailer = match self.trailer(&pack).await {
+                Ok(trailer) => trailer,
+                Err(e) if e.is_damage() => continue,
+                Err(e) => return Err(e),
+            };
+            for group in 0..trailer.groups.len() as u32 {
+                let Some(id) = trailer.group_id(group).filter(|id| id.prefix_u64() == key) else {
+                    continue;
+                };
+                let loc = GroupLocation {
+                    trailer: trailer.clone(),
+                    group,
+                };
+                if !self.is_quarantined_copy(&pack, &id) && loc.stores(wanted) {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
     /// Whether this copy of a group was found damaged (by this process or an earlier one).
     pub fn is_quarantined(&self, loc: &GroupLocation) -> bool {
         self.is_quarantined_copy(&loc.trailer.pack, &loc.id())

@@ -18,7 +18,8 @@
 //! grows with the data committed (issue 17). Which mode stores what is measured in
 //! BENCHMARKS.md ("Dedup tiers").
 //!
-//! Every chunk found here is reported to the stale-GC guard, as the index path's are.
+//! Every chunk found here is in the new version's reference summary, which the stale-GC guard
+//! checks, as the index path's are.
 
 mod parent_chunks;
 pub mod similar;
@@ -166,9 +167,6 @@ impl<'a> SegmentDedup<'a> {
             &mut found,
             &mut self.tally,
         )?;
-        for p in found.iter().flatten() {
-            self.shared.note_reused(*p);
-        }
         Ok(found)
     }
 }

@@ -10,8 +10,8 @@
 //!
 //! What is trusted is what the index path trusts: a group copy this session's index locates,
 //! not quarantined, that still stores the slots (the parent is live, so GC kept them; a GC
-//! this commit did not see is caught by the stale-GC guard, to which every slot reused here is
-//! reported). A parent leaf or group that cannot be read or located only means no help here.
+//! this commit did not see is caught by the stale-GC guard, which checks every slot the new
+//! version's reference summary lists). A parent leaf or group that cannot be read or located only means no help here.
 //!
 //! A group is first looked for in the packs where the worker found its last parent groups
 //! (`RecentPacks`: trailers of packs this session's index named), then through the index:

@@ -329,7 +329,6 @@ async fn build_format1(
         run: Default::default(),
         pack_bytes: built.pack_bytes,
         reused,
-        reused_slots: Default::default(),
         unread_leaves: Vec::new(),
     })
 }
