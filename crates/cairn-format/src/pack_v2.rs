@@ -62,6 +62,15 @@ impl PackWriter {
         Self::with_salt(sealed, rand::random())
     }
 
+    /// [`PackWriter::new`] with room for `bytes` of groups and trailer reserved at once: a
+    /// pack that grows by doubling holds up to twice its size while it is filled and
+    /// uploaded, and copies itself on the way.
+    pub fn with_capacity(sealed: bool, bytes: usize) -> PackWriter {
+        let mut w = Self::new(sealed);
+        w.buf.reserve_exact(bytes.saturating_sub(w.buf.len()));
+        w
+    }
+
     /// [`PackWriter::new`] with a given salt: only for golden vectors.
     #[doc(hidden)]
     pub fn with_salt(sealed: bool, salt: u32) -> PackWriter {
@@ -136,6 +145,7 @@ impl PackWriter {
             (true, Some(key)) => key.seal(Domain::PackTrailer, &plain),
             (true, None) => panic!("a sealed pack needs its key to finish"),
         };
+        self.buf.reserve_exact(trailer.len() + FOOTER_LEN);
         self.buf.extend_from_slice(&trailer);
         self.buf
             .extend_from_slice(&(self.groups.len() as u32).to_le_bytes());

@@ -51,6 +51,13 @@ pub struct GroupPacker {
     nodes: HashSet<Id>,
 }
 
+/// Bytes to reserve for a pack: the limit, the group that crosses it and the trailer of
+/// chunks of 4 KiB (37 bytes each; a pack of smaller stored chunks reserves the rest when it
+/// closes).
+fn pack_capacity(pack_limit: usize, group_limit: usize) -> usize {
+    pack_limit + group_limit + pack_limit / 4096 * 40 + 4096
+}
+
 impl GroupPacker {
     /// A packer of groups of up to `group_limit` plain bytes in packs of about `pack_limit`
     /// stored bytes, sealed under `key` if there is one.
@@ -61,7 +68,7 @@ impl GroupPacker {
         pack_limit: usize,
     ) -> GroupPacker {
         GroupPacker {
-            pack: PackWriter::new(key.is_some()),
+            pack: PackWriter::with_capacity(key.is_some(), pack_capacity(pack_limit, group_limit)),
             key,
             compression,
             group_limit,
@@ -151,7 +158,11 @@ impl GroupPacker {
         if self.pack.is_empty() {
             return None;
         }
-        let writer = std::mem::replace(&mut self.pack, PackWriter::new(self.key.is_some()));
+        let room = pack_capacity(self.pack_limit, self.group_limit);
+        let writer = std::mem::replace(
+            &mut self.pack,
+            PackWriter::with_capacity(self.key.is_some(), room),
+        );
         let (id, bytes, _) = writer.finish(self.key.as_ref());
         Some(FinishedPack {
             id,
