@@ -31,9 +31,9 @@ pub struct Cli {
     #[arg(long, global = true, env = "CAIRN_META_CACHE", value_name = "DIR|off")]
     pub meta_cache: Option<String>,
 
-    /// Memory for the format 2 index, in MiB (default 64). The run filters get it whole
-    /// (64 MiB: about 40 million entries, 150 GiB of unique data), the pack trailer cache
-    /// half and the index piece cache an eighth. Past the filter budget the largest runs are
+    /// Memory for the format 2 index, in MiB (default 32). The run filters get it whole
+    /// (32 MiB: about 20 million entries, 75 GiB of unique data), the pack trailer cache and
+    /// the index piece cache a quarter each. Past the filter budget the largest runs are
     /// asked through their fence keys, one cached section read a lookup: bounded dedup,
     /// which asks the index a few times a changed segment, barely notices; exact dedup and
     /// verify slow down. Fleet hosts: 16 keeps dedup and holds ~60 MiB.

@@ -80,8 +80,8 @@ struct Args {
     #[arg(long, default_value = "both")]
     mode: String,
     /// Index memory budget in MiB (cairn's `--index-memory`: filters, and through
-    /// `CacheLimits::for_index_memory` the trailer and piece caches).
-    #[arg(long, default_value_t = 64)]
+    /// `CacheLimits::for_index_memory` the trailer and piece caches); cairn's default.
+    #[arg(long, default_value_t = cairn_repo::v2::CacheLimits::BUILT_IN.filter_bytes >> 20)]
     index_memory: u64,
     /// Other index memory budgets in MiB to cost the same commits at (the dedup is the same:
     /// only what the reader holds and reads differs; the trailer fetches are the main

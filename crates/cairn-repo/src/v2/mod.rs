@@ -53,8 +53,8 @@ pub struct CacheLimits {
     /// export's read-ahead a few groups apart).
     pub group_bytes: u64,
     /// Approximate bytes of decoded pack trailers kept (about 240 KiB a full pack of 4 KiB
-    /// chunks). 16 MiB: a 64 GiB image's re-commit (bounded and exact) and restore took the
-    /// same time with 8 as with 32, and peaked 20 MiB lower (BENCHMARKS.md, scaling).
+    /// chunks). A 64 GiB image's re-commit (bounded and exact) and restore took the same time
+    /// with 8 MiB as with 32, and peaked 20 MiB lower (BENCHMARKS.md, scaling).
     pub trailer_bytes: u64,
     /// Bytes of index run pieces kept: sections (16 bytes an entry), directory blocks and
     /// blocks of pack tables.
@@ -76,19 +76,22 @@ impl CacheLimits {
         PROCESS_LIMITS.set(limits).is_ok()
     }
 
-    /// The built-in limits: 64 MiB of groups, 16 of trailers, 8 of sections, 64 of filters
-    /// (about 40 million index entries: 150 GiB of unique 4 KiB chunks with every filter
-    /// held). Equal to [`CacheLimits::for_index_memory`] of 64 MiB.
+    /// The built-in limits: 64 MiB of groups, 8 of trailers, 8 of sections, 32 of filters
+    /// (about 20 million index entries: 75 GiB of unique 4 KiB chunks with every filter
+    /// held). Equal to [`CacheLimits::for_index_memory`] of 32 MiB. Until 2026-11-28 it was
+    /// 64 (64 / 32 / 8): the trace benchmark's peak commit held 122.5 MiB (84K:1) where it
+    /// holds 82.5 now (125K:1), at the same dedup; a 64 GiB image's re-commit, bounded and
+    /// exact, and its restore take the same time at 8–10 MiB less (BENCHMARKS.md).
     pub const BUILT_IN: CacheLimits = CacheLimits {
         group_bytes: 64 << 20,
-        trailer_bytes: 16 << 20,
+        trailer_bytes: 8 << 20,
         section_bytes: 8 << 20,
-        filter_bytes: 64 << 20,
+        filter_bytes: 32 << 20,
     };
 
     /// The limits for an index memory budget of `bytes` (the CLI's `--index-memory`): the
-    /// filters get it whole, the pack trailers a quarter of it and the index pieces an eighth
-    /// (the built-in proportions), at least 2 MiB and 1 MiB; the cache of opened groups is data,
+    /// filters get it whole, the pack trailers and the index pieces a quarter of it each (the
+    /// built-in proportions), at least 2 MiB and 1 MiB; the cache of opened groups is data,
     /// not index, and stays. So an operator who lowers the budget lowers every index cache:
     /// the trace benchmark showed the trailers and pieces at 40 of a 90 MiB peak when only
     /// the filters followed the flag.
@@ -96,7 +99,7 @@ impl CacheLimits {
         CacheLimits {
             filter_bytes: bytes,
             trailer_bytes: (bytes / 4).max(2 << 20),
-            section_bytes: (bytes / 8).max(1 << 20),
+            section_bytes: (bytes / 4).max(1 << 20),
             ..CacheLimits::BUILT_IN
         }
     }
@@ -235,13 +238,13 @@ mod tests {
     #[test]
     fn the_index_budget_scales_every_index_cache_and_its_default_is_the_built_in() {
         assert_eq!(
-            CacheLimits::for_index_memory(64 << 20),
+            CacheLimits::for_index_memory(32 << 20),
             CacheLimits::BUILT_IN
         );
         let small = CacheLimits::for_index_memory(16 << 20);
         assert_eq!(
             (small.filter_bytes, small.trailer_bytes, small.section_bytes),
-            (16 << 20, 4 << 20, 2 << 20)
+            (16 << 20, 4 << 20, 4 << 20)
         );
         assert_eq!(small.group_bytes, CacheLimits::BUILT_IN.group_bytes);
         let none = CacheLimits::for_index_memory(0);
