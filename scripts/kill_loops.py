@@ -7,7 +7,7 @@ duration first and then killing it with SIGKILL after a random delay between 0 a
 
   1. `cairn commit`                              (--trials: 30 by default; every third
                                                   trial is a SIGINT instead)
-  2. `cairn gc` / `gc --repair` / `gc --repack-small` (format 2), after versions were
+  2. `cairn gc` / `gc --repair` / `gc --no-repack-small` (format 2), after versions were
      removed with `rm --no-gc`                                                        (25)
   3. `cairn rm IMAGE@V` / `cairn prune IMAGE --keep-last K`                             (25)
   4. `cairn restore --force` to a file, over an earlier restore (every third: SIGTERM)  (20)
@@ -144,7 +144,7 @@ class Run:
         self.interrupted = 0
         self.finished = 0
         self.gc_wait_failed = set()  # loops whose gc-wait check failed (not repeated)
-        self.repacked_small = 0  # small packs merged by unkilled `gc --repack-small` trials
+        self.repacked_small = 0  # small packs merged by unkilled plain `gc` trials (format 2)
         self.spent = {"checks": 0.0, "clearing dead sessions": 0.0, "gc-wait checks": 0.0}
 
     def ok(self, cond, what):
@@ -371,10 +371,11 @@ class Run:
 
     def loop_gc(self, trials, gc_timeout, format1):
         self.clear_dead_sessions()
-        # Every third trial merges small packs (format 2): with 1 MiB packs, the node packs
-        # and each commit's last data pack are below a quarter of the target, and once they
-        # fill half a pack a gc rewrites them (`small_packs` in its --json report).
-        modes = [[], ["--repair"]] + ([] if format1 else [["--repack-small"]])
+        # A plain gc merges small packs (format 2, the default): with 1 MiB packs, the node
+        # packs and each commit's last data pack are below a quarter of the target, and once
+        # they fill half a pack a gc rewrites them (`small_packs` in its --json report). Every
+        # third trial leaves them (`--no-repack-small`).
+        modes = [[], ["--repair"]] + ([] if format1 else [["--no-repack-small"]])
 
         def garbage():
             self.commit()
@@ -390,13 +391,13 @@ class Run:
             killed, rc, out = self.kill_at_random(["--json", "gc", *mode], typical)
             if not killed:
                 self.ok(rc == 0, f"{label}: an unkilled gc {' '.join(mode)} succeeds (exit {rc})")
-                if mode == ["--repack-small"] and rc == 0:
+                if not format1 and mode == [] and rc == 0:
                     self.repacked_small += json.loads(out).get("small_packs", 0)
             self.check_all(label)
             if killed:
                 self.gc_does_not_wait(2, "gc", label, gc_timeout)
         if not format1:
-            print(f"  small packs merged by the unkilled gc --repack-small trials: "
+            print(f"  small packs merged by the unkilled plain gc trials: "
                   f"{self.repacked_small}", flush=True)
 
     def loop_rm(self, trials):

@@ -622,11 +622,15 @@ pub struct GcArgs {
     /// Repack packs whose live fraction (by bytes) is below this.
     #[arg(long, default_value_t = 0.97)]
     pub repack_threshold: f64,
-    /// Also merge small packs (below a quarter of the pack target, live or not) into full
-    /// ones, up to four packs' worth a run, once they fill half a pack or number 32. Each commit of a few changed blocks writes a pack
-    /// of its own; after hundreds of them an image's data lies in as many packs, which
-    /// commits, restores and exports then each read. Format 2.
-    #[arg(long)]
+    /// Leave small packs as they are. By default (format 2) GC also merges packs below a
+    /// quarter of the pack target, live or not, into full ones, up to four packs' worth a
+    /// run, once they fill half a pack or number 32: each commit of a few changed blocks
+    /// writes a pack of its own, and after hundreds of them an image's data lies in as many
+    /// packs, which commits, restores, exports and GC then each read.
+    #[arg(long, conflicts_with = "repack_small")]
+    pub no_repack_small: bool,
+    /// Merge small packs (the default since 2026-11-28; kept for scripts that ask for it).
+    #[arg(long, hide = true)]
     pub repack_small: bool,
     /// Seconds without a heartbeat after which another process's session counts as dead.
     #[arg(long, default_value_t = 600, env = "CAIRN_SESSION_STALE_SECS")]

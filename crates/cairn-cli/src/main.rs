@@ -36,7 +36,10 @@ use crate::context::Context;
 /// which a commit's 16 MiB pack buffers come from per-thread arenas that keep their pages once
 /// the upload thread frees them. A fixed threshold (which also turns the raising off) gives
 /// every large buffer a mapping of its own, returned whole when freed: a 64 GiB image's
-/// re-commit peaks at 119 MiB instead of 130 (BENCHMARKS.md, scaling).
+/// first commit peaks at 114–129 MiB instead of 172–201, its re-commit at 91–95 instead of
+/// 104–110, for 0.5–1 s more system time in the first commit's 13 s (fresh pages for each
+/// pack). A pool of pack buffers instead kept more memory (157 MiB: buffers idle between
+/// bursts) and was not kept (BENCHMARKS.md, "A commit's memory").
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn fix_malloc_mmap_threshold() {
     // SAFETY: mallopt only sets an allocator parameter; it runs first in `main`, before any

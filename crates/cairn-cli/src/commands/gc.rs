@@ -29,7 +29,7 @@ pub async fn run(ctx: &Context, args: GcArgs) -> Result<ExitCode> {
             GcMode::Fast
         },
         repack_threshold: args.repack_threshold,
-        repack_small: args.repack_small,
+        repack_small: !args.no_repack_small,
         ..protocol_options(
             ctx,
             args.dry_run,
@@ -67,6 +67,7 @@ pub async fn run(ctx: &Context, args: GcArgs) -> Result<ExitCode> {
 pub async fn free_deleted(ctx: &Context, repo: &Arc<Repo>) -> Option<GcReport> {
     let (progress, ticker) = Ticker::for_work(ctx.progress);
     let options = GcOptions {
+        repack_small: true,
         wait_limit: Duration::from_secs(60),
         on_wait: wait_notice(ctx),
         progress,
