@@ -61,8 +61,8 @@ pub async fn run(ctx: &Context, args: GcArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Frees the space of the versions just deleted (fast deletion, waiting at most a minute for
-/// older sessions). The deletion itself already stands, so a GC that cannot run now is a
+/// Frees the space of the versions just deleted (fast deletion, merging small packs as `gc`
+/// does, waiting at most a minute for older sessions). The deletion itself already stands, so a GC that cannot run now is a
 /// warning, not a failure: the next `cairn gc` frees the space.
 pub async fn free_deleted(ctx: &Context, repo: &Arc<Repo>) -> Option<GcReport> {
     let (progress, ticker) = Ticker::for_work(ctx.progress);
