@@ -31,35 +31,55 @@ pub(crate) async fn check_stale_gc(repo: &Repo, out: &PipelineOutput) -> EngineR
         // Format 2: every reused node and slot must still be located in what the store
         // holds now (every run, as format 1 reads every index file: a GC pending now waits
         // for this session and rescues what it reuses), and the slot still stored there.
+        // Another GC's sweep may delete a superseded run while it is read: a run found gone
+        // is read no more, so the check starts again from a new listing.
         Some(_) => {
-            let (view, _) = repo.v2_view_all().await?;
-            let mut missing = 0;
-            for id in &out.reused {
-                missing += usize::from(view.find_chunk(id).await?.is_none());
-            }
-            // Every slot of a group the tree uses that this commit did not store itself
-            // (the reference summary lists them all, unread leaves' included, by key).
-            if let Some(summary) = &out.group_summary {
-                let own = out.run.sorted_keys();
-                for (key, slots) in &summary.groups {
-                    if own.binary_search(key).is_ok() {
-                        continue;
+            let mut attempt = 1;
+            loop {
+                match missing_in_store(repo, out).await {
+                    Err(EngineError::Repo(e)) if e.is_not_found() && attempt < SWEPT_RETRIES => {
+                        tracing::debug!("{e}; a sweep removed a run: checking again");
+                        attempt += 1;
                     }
-                    let stored = match view.stores_group_key(*key, &slots.runs()).await {
-                        Ok(stored) => stored,
-                        Err(e) if e.is_damage() => false,
-                        Err(e) => return Err(e.into()),
-                    };
-                    missing += usize::from(!stored);
+                    r => break r?,
                 }
             }
-            missing
         }
     };
     if missing > 0 {
         return Err(EngineError::RacedGc { missing });
     }
     Ok(())
+}
+
+/// Listings of the runs the stale-GC guard tries when runs vanish under it.
+const SWEPT_RETRIES: u32 = 8;
+
+/// How many of the nodes and group slots `out` reuses are not stored in any run the store
+/// holds now (format 2).
+async fn missing_in_store(repo: &Repo, out: &PipelineOutput) -> EngineResult<usize> {
+    let (view, _) = repo.v2_view_all().await?;
+    let mut missing = 0;
+    for id in &out.reused {
+        missing += usize::from(view.find_chunk(id).await?.is_none());
+    }
+    // Every slot of a group the tree uses that this commit did not store itself (the
+    // reference summary lists them all, unread leaves' included, by key).
+    if let Some(summary) = &out.group_summary {
+        let own = out.run.sorted_keys();
+        for (key, slots) in &summary.groups {
+            if own.binary_search(key).is_ok() {
+                continue;
+            }
+            let stored = match view.stores_group_key(*key, &slots.runs()).await {
+                Ok(stored) => stored,
+                Err(e) if e.is_damage() => false,
+                Err(e) => return Err(e.into()),
+            };
+            missing += usize::from(!stored);
+        }
+    }
+    Ok(missing)
 }
 
 /// Publishes a version whose packs are durable: checks the stale-GC guard, then writes the
