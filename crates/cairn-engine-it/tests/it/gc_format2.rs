@@ -194,7 +194,16 @@ struct DuringGc {
     second: cairn_engine::commit::CommitResult,
 }
 
-async fn gc_waiting_for_a_commit(encrypted: bool) -> DuringGc {
+/// `a` then `b` committed as `vm`, `a` deleted (not collected), the repository closed.
+struct ADeleted {
+    store: Arc<MemoryStore>,
+    a: Vec<u8>,
+    b: Vec<u8>,
+    first: cairn_engine::commit::CommitResult,
+    second: cairn_engine::commit::CommitResult,
+}
+
+async fn a_deleted(encrypted: bool) -> ADeleted {
     let store = Arc::new(MemoryStore::new());
     let repo = init(store.clone(), encrypted).await;
     let (a, b) = pair();
@@ -202,6 +211,23 @@ async fn gc_waiting_for_a_commit(encrypted: bool) -> DuringGc {
     let second = commit_bytes(&repo, "vm", b.clone()).await;
     repo.mark_deleted(&first.id).await.unwrap();
     repo.close().await.unwrap();
+    ADeleted {
+        store,
+        a,
+        b,
+        first,
+        second,
+    }
+}
+
+async fn gc_waiting_for_a_commit(encrypted: bool) -> DuringGc {
+    let ADeleted {
+        store,
+        a,
+        b,
+        second,
+        ..
+    } = a_deleted(encrypted).await;
 
     let committer = open(&store).await;
     let gc_repo = open(&store).await;
@@ -267,13 +293,13 @@ async fn a_commit_reusing_slots_a_gc_drops_gets_the_whole_group_rescued() {
 /// 16 groups (by the keys of the new version's reference summary) no longer storing them and
 /// the 5 manifest nodes only `a` had (4 leaves and the root) gone, and nothing is published.
 async fn a_commit_a_gc_did_not_wait_for_publishes_nothing(encrypted: bool) {
-    let store = Arc::new(MemoryStore::new());
-    let repo = init(store.clone(), encrypted).await;
-    let (a, b) = pair();
-    let first = commit_bytes(&repo, "vm", a.clone()).await;
-    let second = commit_bytes(&repo, "vm", b.clone()).await;
-    repo.mark_deleted(&first.id).await.unwrap();
-    repo.close().await.unwrap();
+    let ADeleted {
+        store,
+        a,
+        b,
+        first,
+        second,
+    } = a_deleted(encrypted).await;
 
     let committer = open(&store).await;
     check(&committer, &first.record, &a).await; // its trailers are in the committer's cache
