@@ -1,5 +1,5 @@
 //! Packs of format v2 (issue 16): chunk groups back to back, and a trailer that describes
-//! every group and every chunk in it. Not yet written by any command.
+//! every group and every chunk in it.
 //!
 //! ```text
 //! offset   size   field
@@ -19,6 +19,8 @@
 //! ```
 //! A manifest node is a group of one chunk of kind "node". The pack id is the BLAKE3 of the
 //! whole pack. A v1 reader refuses a v2 pack as "newer than this cairn supports".
+
+use std::io::{self, Write};
 
 use crate::codec::{Decoder, Encoder};
 use crate::crypto::{open_if_sealed, CryptoError, Domain, MasterKey};
@@ -50,14 +52,18 @@ impl PackGroup {
     }
 }
 
-/// Builds a v2 pack from finished groups (all sealed, or none).
-pub struct PackWriter {
-    buf: Vec<u8>,
+/// Builds a v2 pack from finished groups (all sealed, or none), into memory (`Vec<u8>`, the
+/// default) or into any writer — a file staged for publication, so that a pack being filled
+/// costs no memory. The pack id (the BLAKE3 of every byte) is hashed as the bytes go out.
+pub struct PackWriter<W = Vec<u8>> {
+    out: W,
+    len: usize,
+    hash: blake3::Hasher,
     groups: Vec<PackGroup>,
     sealed: bool,
 }
 
-impl PackWriter {
+impl PackWriter<Vec<u8>> {
     pub fn new(sealed: bool) -> PackWriter {
         Self::with_salt(sealed, rand::random())
     }
@@ -67,29 +73,65 @@ impl PackWriter {
     /// uploaded, and copies itself on the way.
     pub fn with_capacity(sealed: bool, bytes: usize) -> PackWriter {
         let mut w = Self::new(sealed);
-        w.buf.reserve_exact(bytes.saturating_sub(w.buf.len()));
+        w.out.reserve_exact(bytes.saturating_sub(w.out.len()));
         w
     }
 
     /// [`PackWriter::new`] with a given salt: only for golden vectors.
     #[doc(hidden)]
     pub fn with_salt(sealed: bool, salt: u32) -> PackWriter {
-        let mut buf = Vec::with_capacity(1 << 20);
-        buf.extend_from_slice(MAGIC);
-        buf.extend_from_slice(&VERSION.to_le_bytes());
-        buf.extend_from_slice(&salt.to_le_bytes());
-        let flags = if sealed { FLAG_SEALED } else { 0 };
-        buf.extend_from_slice(&flags.to_le_bytes());
-        PackWriter {
-            buf,
+        PackWriter::start(Vec::with_capacity(1 << 20), sealed, salt).expect("memory")
+    }
+
+    /// Appends a finished group (one that stores at least one chunk).
+    pub fn push(&mut self, kind: BlobKind, group: Group) {
+        self.try_push(kind, group)
+            .expect("writes to memory never fail");
+    }
+
+    /// Closes the pack: its id, bytes and groups. A sealed pack needs its key.
+    pub fn finish(self, key: Option<&MasterKey>) -> (Id, Vec<u8>, Vec<PackGroup>) {
+        self.try_finish(key).expect("writes to memory never fail")
+    }
+}
+
+impl<W: Write> PackWriter<W> {
+    /// A pack written to `out`, which must be empty: its header goes out at once.
+    pub fn to_writer(out: W, sealed: bool) -> io::Result<PackWriter<W>> {
+        Self::start(out, sealed, rand::random())
+    }
+
+    fn start(out: W, sealed: bool, salt: u32) -> io::Result<PackWriter<W>> {
+        let mut w = PackWriter {
+            out,
+            len: 0,
+            hash: blake3::Hasher::new(),
             groups: Vec::new(),
             sealed,
-        }
+        };
+        let flags = if sealed { FLAG_SEALED } else { 0 };
+        w.write(MAGIC)?;
+        w.write(&VERSION.to_le_bytes())?;
+        w.write(&salt.to_le_bytes())?;
+        w.write(&flags.to_le_bytes())?;
+        Ok(w)
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.out.write_all(bytes)?;
+        self.hash.update(bytes);
+        self.len += bytes.len();
+        Ok(())
     }
 
     /// Bytes of groups so far (the trailer comes on top).
     pub fn len(&self) -> usize {
-        self.buf.len()
+        self.len
+    }
+
+    /// Where the bytes go.
+    pub fn writer(&self) -> &W {
+        &self.out
     }
 
     pub fn is_empty(&self) -> bool {
@@ -97,7 +139,7 @@ impl PackWriter {
     }
 
     /// Appends a finished group (one that stores at least one chunk).
-    pub fn push(&mut self, kind: BlobKind, group: Group) {
+    pub fn try_push(&mut self, kind: BlobKind, group: Group) -> io::Result<()> {
         assert!(
             group.desc.chunks.iter().any(|c| c.stored),
             "a group that stores no chunk is dropped, not written"
@@ -110,17 +152,19 @@ impl PackWriter {
             group.desc.chunks.len() <= u16::MAX as usize,
             "too many chunks in a group"
         );
-        let offset = u32::try_from(self.buf.len()).expect("pack grew past 4 GiB");
-        self.buf.extend_from_slice(&group.stored);
+        let offset = u32::try_from(self.len).expect("pack grew past 4 GiB");
+        self.write(&group.stored)?;
         self.groups.push(PackGroup {
             offset,
             kind,
             desc: group.desc,
         });
+        Ok(())
     }
 
-    /// Closes the pack: its id, bytes and groups. A sealed pack needs its key.
-    pub fn finish(mut self, key: Option<&MasterKey>) -> (Id, Vec<u8>, Vec<PackGroup>) {
+    /// Closes the pack: its id, its writer (flushed) and its groups. A sealed pack needs its
+    /// key.
+    pub fn try_finish(mut self, key: Option<&MasterKey>) -> io::Result<(Id, W, Vec<PackGroup>)> {
         let chunks: usize = self.groups.iter().map(|g| g.desc.chunks.len()).sum();
         let mut e = Encoder::with_capacity(
             8 + self.groups.len() * GROUP_ENTRY_LEN + chunks * CHUNK_ENTRY_LEN,
@@ -145,17 +189,16 @@ impl PackWriter {
             (true, Some(key)) => key.seal(Domain::PackTrailer, &plain),
             (true, None) => panic!("a sealed pack needs its key to finish"),
         };
-        self.buf.reserve_exact(trailer.len() + FOOTER_LEN);
-        self.buf.extend_from_slice(&trailer);
-        self.buf
-            .extend_from_slice(&(self.groups.len() as u32).to_le_bytes());
-        self.buf
-            .extend_from_slice(&(trailer.len() as u32).to_le_bytes());
-        self.buf
-            .extend_from_slice(blake3::hash(&trailer).as_bytes());
-        self.buf.extend_from_slice(END_MAGIC);
-        let id = Id::of(&self.buf);
-        (id, self.buf, self.groups)
+        let mut footer = Vec::with_capacity(trailer.len() + FOOTER_LEN);
+        footer.extend_from_slice(&trailer);
+        footer.extend_from_slice(&(self.groups.len() as u32).to_le_bytes());
+        footer.extend_from_slice(&(trailer.len() as u32).to_le_bytes());
+        footer.extend_from_slice(blake3::hash(&trailer).as_bytes());
+        footer.extend_from_slice(END_MAGIC);
+        self.write(&footer)?;
+        self.out.flush()?;
+        let id = Id(*self.hash.finalize().as_bytes());
+        Ok((id, self.out, self.groups))
     }
 }
 

@@ -13,7 +13,7 @@ use cairn_format::leaf_v2::{RunExtent, RunLeaf};
 use cairn_format::pack::BlobKind;
 use cairn_format::pack_v2::{self, PackWriter};
 use cairn_format::{keys, Id};
-use cairn_repo::v2::{CacheLimits, GroupPacker, V2Reader};
+use cairn_repo::v2::{CacheLimits, GroupPacker, PackBytes, V2Reader};
 use cairn_repo::{Repo, RepoError};
 use cairn_store::{LocalStore, ObjectStore};
 use rand::{Rng, SeedableRng};
@@ -394,7 +394,13 @@ fn image(rng: &mut rand::rngs::StdRng) -> Vec<u8> {
 
 #[tokio::test]
 async fn chunks_packed_into_groups_read_back_through_their_leaf() {
-    for key in [None, Some(MasterKey::generate())] {
+    // Packs built in memory, and in files the store publishes as they are (the first few
+    // packs: the packer falls back to memory once the stager has no more files).
+    let keys = [None, Some(MasterKey::generate())];
+    for (key, staged) in keys
+        .iter()
+        .flat_map(|k| [(k.clone(), false), (k.clone(), true)])
+    {
         let f = fixture().await;
         let mut rng = rand::rngs::StdRng::seed_from_u64(13);
         let img = image(&mut rng);
@@ -405,6 +411,19 @@ async fn chunks_packed_into_groups_read_back_through_their_leaf() {
             GROUP,
             256 << 10,
         );
+        if staged {
+            let mut files = Vec::new();
+            for _ in 0..3 {
+                files.push(
+                    f.repo
+                        .stage_pack()
+                        .await
+                        .unwrap()
+                        .expect("a local store stages"),
+                );
+            }
+            packer = packer.staged(Box::new(move || Ok(files.pop())));
+        }
         let mut finished = Vec::new();
         let mut blocks = Vec::new(); // per 4 KiB block: None (zeros) or its ticket
         for block in img.chunks(CHUNK) {
@@ -412,11 +431,11 @@ async fn chunks_packed_into_groups_read_back_through_their_leaf() {
                 blocks.push(None);
                 continue;
             }
-            let (ticket, full) = packer.push(id_of(block), block);
+            let (ticket, full) = packer.push(id_of(block), block).unwrap();
             finished.extend(full);
             blocks.push(Some(ticket));
         }
-        finished.extend(packer.close_group());
+        finished.extend(packer.close_group().unwrap());
         let mut leaf = RunLeaf::default();
         for b in &blocks {
             leaf.push(match b {
@@ -434,8 +453,14 @@ async fn chunks_packed_into_groups_read_back_through_their_leaf() {
         }
         let leaf_bytes = leaf.encode();
         let leaf_id = id_of(&leaf_bytes);
-        finished.extend(packer.push_node(leaf_id, &leaf_bytes));
-        finished.extend(packer.finish());
+        finished.extend(packer.push_node(leaf_id, &leaf_bytes).unwrap());
+        finished.extend(packer.finish().unwrap());
+        let staged_packs = finished
+            .iter()
+            .filter(|p| matches!(p.bytes, PackBytes::Staged(_)))
+            .count();
+        assert_eq!(staged_packs, if staged { 3 } else { 0 });
+        assert!(finished.len() > 3, "some packs were built in memory");
 
         let mut locations = Vec::new();
         for p in finished {
@@ -502,12 +527,51 @@ async fn chunks_packed_into_groups_read_back_through_their_leaf() {
 async fn a_pack_stored_but_never_indexed_is_discarded() {
     let f = fixture().await;
     let mut packer = GroupPacker::new(None, Compression::Zstd { level: 3 }, GROUP, 1 << 20);
-    packer.push(Id::of(b"lonely"), b"lonely");
-    let p = packer.finish().unwrap();
+    packer.push(Id::of(b"lonely"), b"lonely").unwrap();
+    let p = packer.finish().unwrap().unwrap();
     let (pack, _) = f.repo.put_pack(&p.id, p.bytes).await.unwrap();
     assert!(f.store.head(&keys::pack(&pack)).await.unwrap().is_some());
     assert_eq!(f.repo.discard_unindexed_packs().await, 1);
     assert!(f.store.head(&keys::pack(&pack)).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_staged_pack_whose_key_is_taken_is_resalted_and_stored_apart() {
+    let f = fixture().await;
+    let mut packer = GroupPacker::new(None, Compression::Zstd { level: 3 }, GROUP, 1 << 20);
+    packer.push(Id::of(b"twice"), b"twice").unwrap();
+    let p = packer.finish().unwrap().unwrap();
+    let PackBytes::Memory(bytes) = p.bytes else {
+        panic!("an unstaged packer builds in memory")
+    };
+    let (first, _) = f.repo.put_pack(&p.id, bytes.clone()).await.unwrap();
+    assert_eq!(first, p.id);
+    // The same bytes again, staged: the key is taken, so the pack gets a new salt and id.
+    let mut staged = f.repo.stage_pack().await.unwrap().unwrap();
+    std::io::Write::write_all(&mut staged, &bytes).unwrap();
+    let (second, n) = f
+        .repo
+        .put_pack(&p.id, PackBytes::Staged(staged))
+        .await
+        .unwrap();
+    assert_ne!(second, first);
+    assert_eq!(n, bytes.len() as u64);
+    let stored = f.store.get(&keys::pack(&second)).await.unwrap();
+    assert_eq!(
+        Id::of(&stored),
+        second,
+        "the id is the hash of the stored pack"
+    );
+    assert_eq!(stored[..12], bytes[..12]);
+    assert_eq!(stored[16..], bytes[16..], "only the salt differs");
+    assert_eq!(f.store.get(&keys::pack(&first)).await.unwrap(), bytes);
+    // No staged file is left behind.
+    let left: Vec<_> = std::fs::read_dir(f.root.join("packs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().starts_with(".tmp-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 #[tokio::test]

@@ -23,6 +23,7 @@ mod refs;
 use self::concurrency::{check_concurrent_cas, check_concurrent_put};
 use self::objects::{
     check_delete, check_get_range, check_head, check_invalid_keys, check_list, check_put_get,
+    check_staged,
 };
 use self::refs::check_refs;
 
@@ -40,6 +41,7 @@ pub async fn run_all(store: &dyn ObjectStore) {
     };
     assert!(!store.describe().is_empty(), "describe() is empty");
     check_put_get(&ctx).await;
+    check_staged(&ctx).await;
     check_get_range(&ctx).await;
     check_head(&ctx).await;
     check_list(&ctx).await;

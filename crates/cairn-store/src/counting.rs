@@ -10,7 +10,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::{
-    CasOutcome, ObjectMeta, ObjectStore, PutOutcome, RefState, RefVersion, StoreHints, StoreResult,
+    CasOutcome, ObjectMeta, ObjectStore, PutOutcome, RefState, RefVersion, StagedFile, StoreHints,
+    StoreResult,
 };
 
 /// An [`ObjectStore`] that delegates everything to `inner` and counts:
@@ -101,6 +102,19 @@ impl ObjectStore for CountingStore {
     async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<PutOutcome> {
         let len = data.len() as u64;
         let outcome = self.inner.put_if_absent(key, data).await?;
+        if outcome == PutOutcome::Created {
+            self.bytes_written.fetch_add(len, Ordering::Relaxed);
+        }
+        Ok(outcome)
+    }
+
+    async fn stage(&self, prefix: &str) -> StoreResult<Option<StagedFile>> {
+        self.inner.stage(prefix).await
+    }
+
+    async fn publish_staged(&self, key: &str, staged: &mut StagedFile) -> StoreResult<PutOutcome> {
+        let len = staged.len()?;
+        let outcome = self.inner.publish_staged(key, staged).await?;
         if outcome == PutOutcome::Created {
             self.bytes_written.fetch_add(len, Ordering::Relaxed);
         }

@@ -12,8 +12,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::{
-    CasOutcome, ObjectMeta, ObjectStore, PutOutcome, RefState, RefVersion, StoreError, StoreHints,
-    StoreResult,
+    CasOutcome, ObjectMeta, ObjectStore, PutOutcome, RefState, RefVersion, StagedFile, StoreError,
+    StoreHints, StoreResult,
 };
 
 /// An [`ObjectStore`] that delegates to `inner` but fails every write (`put_if_absent`,
@@ -93,6 +93,23 @@ impl ObjectStore for FailingStore {
             location: "test store".into(),
             reason: format!("landing task: {e}"),
         })?
+    }
+    async fn stage(&self, prefix: &str) -> StoreResult<Option<StagedFile>> {
+        self.inner.stage(prefix).await
+    }
+    async fn publish_staged(&self, key: &str, staged: &mut StagedFile) -> StoreResult<PutOutcome> {
+        if self.landing_delay.is_none() {
+            self.spend(key)?;
+            return self.inner.publish_staged(key, staged).await;
+        }
+        // Landing late needs the bytes in a task of its own: copied, as a server holds a body.
+        let outcome = self
+            .put_if_absent(key, Bytes::from(staged.read_all()?))
+            .await?;
+        if outcome == PutOutcome::Created {
+            staged.set_published();
+        }
+        Ok(outcome)
     }
     async fn get(&self, key: &str) -> StoreResult<Bytes> {
         self.inner.get(key).await

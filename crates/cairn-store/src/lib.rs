@@ -16,6 +16,7 @@ mod failing;
 mod key;
 mod local;
 mod memory;
+mod staged;
 
 pub mod conformance;
 
@@ -34,6 +35,7 @@ pub use key::{
 };
 pub use local::{LocalStore, RESERVE_NAME};
 pub use memory::MemoryStore;
+pub use staged::StagedFile;
 
 /// What `put_if_absent` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,6 +128,26 @@ pub trait ObjectStore: Send + Sync + Debug {
 
     /// Store `data` under `key` unless an object with that key exists.
     async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<PutOutcome>;
+
+    /// A fresh file in which to write an object that will go under `prefix`, if the store
+    /// can publish a file without copying it ([`publish_staged`](Self::publish_staged));
+    /// `None` (the default): build the object in memory and `put_if_absent` it.
+    async fn stage(&self, prefix: &str) -> StoreResult<Option<StagedFile>> {
+        validate_prefix(prefix)?;
+        Ok(None)
+    }
+
+    /// `put_if_absent` of a staged file's content (written in full; made durable here). On
+    /// `Created` the file is the object and never changes again; on `AlreadyExists` it is
+    /// left as it was. The default copies it (a wrapper's inner store may have staged it).
+    async fn publish_staged(&self, key: &str, staged: &mut StagedFile) -> StoreResult<PutOutcome> {
+        let data = staged.read_all()?;
+        let outcome = self.put_if_absent(key, Bytes::from(data)).await?;
+        if outcome == PutOutcome::Created {
+            staged.set_published();
+        }
+        Ok(outcome)
+    }
 
     /// The whole object.
     async fn get(&self, key: &str) -> StoreResult<Bytes>;

@@ -30,7 +30,8 @@ use crate::key::{
     validate_object_key, validate_prefix, validate_ref_key, REFS_SEGMENT, REF_LOCK_NAME,
 };
 use crate::{
-    CasOutcome, ObjectMeta, ObjectStore, PutOutcome, RefState, RefVersion, StoreError, StoreResult,
+    CasOutcome, ObjectMeta, ObjectStore, PutOutcome, RefState, RefVersion, StagedFile, StoreError,
+    StoreResult,
 };
 
 /// An [`ObjectStore`] on a local directory. Cheap to clone; several stores (in one process or
@@ -163,35 +164,68 @@ fn ref_version(data: &[u8]) -> RefVersion {
 
 /// Publish `data` at `base/key` unless something is there already.
 fn put_blocking(base: &Path, key: &str, data: &[u8]) -> StoreResult<PutOutcome> {
+    let (path, dir) = prepare_publish(base, key)?;
+    if path_is_file(&path) {
+        return exists(&dir);
+    }
+    let tmp = write_temp(&dir, data)?;
+    let linked = link_into_place(&tmp, &path);
+    let removed = fs::remove_file(&tmp);
+    let outcome = linked?;
+    removed.map_err(|e| StoreError::io("remove", &tmp, e))?;
+    fsync_dir(&dir)?;
+    Ok(outcome)
+}
+
+/// Publish the staged file `tmp` (open as `file`) at `base/key` unless something is there
+/// already; the staged name stays (its owner removes it).
+fn publish_blocking(base: &Path, key: &str, tmp: &Path, file: &File) -> StoreResult<PutOutcome> {
+    file.sync_all()
+        .map_err(|e| StoreError::io("fsync", tmp, e))?;
+    let (path, dir) = prepare_publish(base, key)?;
+    if path_is_file(&path) {
+        return exists(&dir);
+    }
+    let outcome = link_into_place(tmp, &path)?;
+    fsync_dir(&dir)?;
+    Ok(outcome)
+}
+
+/// The path of object `key` and its directory, created if missing.
+fn prepare_publish(base: &Path, key: &str) -> StoreResult<(PathBuf, PathBuf)> {
     let path = base.join(key);
     let dir = path.parent().unwrap_or(base).to_path_buf();
     if let Some(rel) = Path::new(key).parent() {
         create_dirs(base, rel)?;
     }
-    // Cheap early exit; the link below is what actually guarantees no overwrite. The fsync
-    // makes sure the object the caller is about to rely on is durable even if its writer
-    // has not finished publishing it yet.
-    if fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
-        fsync_dir(&dir)?;
-        return Ok(PutOutcome::AlreadyExists);
-    }
-    let tmp = write_temp(&dir, data)?;
-    let linked = fs::hard_link(&tmp, &path);
-    let removed = fs::remove_file(&tmp);
-    let outcome = match linked {
-        Ok(()) => PutOutcome::Created,
+    Ok((path, dir))
+}
+
+fn path_is_file(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.is_file())
+}
+
+/// The object is there already. The fsync makes sure the object the caller is about to rely
+/// on is durable even if its writer has not finished publishing it yet. (The check before
+/// is a cheap early exit; the link is what guarantees no overwrite.)
+fn exists(dir: &Path) -> StoreResult<PutOutcome> {
+    fsync_dir(dir)?;
+    Ok(PutOutcome::AlreadyExists)
+}
+
+/// Links the durable file `tmp` to `path`, which must not exist.
+fn link_into_place(tmp: &Path, path: &Path) -> StoreResult<PutOutcome> {
+    match fs::hard_link(tmp, path) {
+        Ok(()) => Ok(PutOutcome::Created),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            if !fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+            if !path_is_file(path) {
                 let e = io::Error::from_raw_os_error(libc::EISDIR);
-                return Err(StoreError::io("link", &path, e));
+                return Err(StoreError::io("link", path, e));
             }
-            PutOutcome::AlreadyExists
+            Ok(PutOutcome::AlreadyExists)
         }
-        Err(e) => return Err(StoreError::io("link", &path, e)),
-    };
-    removed.map_err(|e| StoreError::io("remove", &tmp, e))?;
-    fsync_dir(&dir)?;
-    Ok(outcome)
+        Err(e) => Err(StoreError::io("link", path, e)),
+    }
 }
 
 fn get_range_blocking(path: &Path, key: &str, range: Range<u64>) -> StoreResult<Bytes> {
@@ -287,6 +321,31 @@ impl ObjectStore for LocalStore {
         validate_object_key(key)?;
         let (root, key) = (self.root.clone(), key.to_owned());
         self.write(move || put_blocking(&root, &key, &data)).await
+    }
+
+    async fn stage(&self, prefix: &str) -> StoreResult<Option<StagedFile>> {
+        validate_prefix(prefix)?;
+        let (root, prefix, location) = (self.root.clone(), prefix.to_owned(), self.describe());
+        let staged = self
+            .write(move || {
+                create_dirs(&root, Path::new(&prefix))?;
+                StagedFile::create(&root.join(&prefix), location.clone())
+            })
+            .await?;
+        Ok(Some(staged))
+    }
+
+    async fn publish_staged(&self, key: &str, staged: &mut StagedFile) -> StoreResult<PutOutcome> {
+        validate_object_key(key)?;
+        let file = Arc::new(staged.handle()?);
+        let (root, key, tmp) = (self.root.clone(), key.to_owned(), staged.path().to_owned());
+        let outcome = self
+            .write(move || publish_blocking(&root, &key, &tmp, &file))
+            .await?;
+        if outcome == PutOutcome::Created {
+            staged.set_published();
+        }
+        Ok(outcome)
     }
 
     async fn get(&self, key: &str) -> StoreResult<Bytes> {

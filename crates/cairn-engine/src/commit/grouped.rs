@@ -678,12 +678,14 @@ fn pack_groups(
     let mut uploader = Uploader::new(repo, handle, uploads, progress);
     let group_size = config.v2.map_or(64 << 10, |v| v.group_size) as usize;
     let packer = || {
+        let (repo, handle) = (repo.clone(), handle.clone());
         GroupPacker::new(
             repo.key().cloned(),
             config.compression,
             group_size,
             config.pack_target as usize,
         )
+        .staged(Box::new(move || handle.block_on(repo.stage_pack())))
     };
     let (mut data, mut nodes) = (packer(), packer());
     loop {
@@ -697,18 +699,20 @@ fn pack_groups(
             }
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
         };
-        let full: Vec<_> = match p {
-            Packable::Groups(groups) => groups
-                .into_iter()
-                .filter_map(|group| data.push_group(group).1)
-                .collect(),
-            Packable::Node(id, bytes) => nodes.push_node(id, &bytes).into_iter().collect(),
-        };
+        let mut full = Vec::new();
+        match p {
+            Packable::Groups(groups) => {
+                for group in groups {
+                    full.extend(data.push_group(group)?.1);
+                }
+            }
+            Packable::Node(id, bytes) => full.extend(nodes.push_node(id, &bytes)?),
+        }
         for pack in full {
             uploader.start(pack.id, pack.bytes, keys_of(pack.ids))?;
         }
     }
-    for pack in [data.finish(), nodes.finish()].into_iter().flatten() {
+    for pack in [data.finish()?, nodes.finish()?].into_iter().flatten() {
         uploader.start(pack.id, pack.bytes, keys_of(pack.ids))?;
     }
     let (packs, written) = uploader.finish()?;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use cairn_format::config::RepoConfig;
 use cairn_format::pack::{encode_blob, BlobEncoding, BlobEntry, BlobKind, PackBuilder};
 use cairn_format::Id;
+use cairn_repo::v2::PackBytes;
 use cairn_repo::{Repo, RepoResult};
 use crossbeam_channel::Receiver;
 use tokio::runtime::Handle;
@@ -126,7 +127,13 @@ impl<'h, T: Send + 'static> Uploader<'h, T> {
 
     /// Starts storing pack `id` (waiting while `limit` uploads run); reaps the uploads that
     /// finished, so an error surfaces early.
-    pub(crate) fn start(&mut self, id: Id, bytes: Vec<u8>, with: T) -> EngineResult<()> {
+    pub(crate) fn start(
+        &mut self,
+        id: Id,
+        bytes: impl Into<PackBytes>,
+        with: T,
+    ) -> EngineResult<()> {
+        let bytes = bytes.into();
         let permit = self
             .handle
             .block_on(self.limit.clone().acquire_owned())

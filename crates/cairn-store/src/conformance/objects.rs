@@ -290,3 +290,55 @@ pub(super) async fn check_invalid_keys(ctx: &Ctx<'_>) {
         assert_invalid(ctx, "list_refs", prefix, store.list_refs(prefix).await);
     }
 }
+
+/// A store that stages (the local one) publishes a staged file's bytes exactly, never over
+/// an existing object, and leaves no temporary behind; one that does not says `None`.
+pub(super) async fn check_staged(ctx: &Ctx<'_>) {
+    use std::io::Write;
+    let prefix = ctx.key("staged/");
+    let Some(mut staged) = ctx.ok(ctx.store.stage(&prefix).await, "stage") else {
+        return;
+    };
+    let data = random_bytes(3 << 20);
+    let (head, tail) = data.split_at(1000);
+    staged.write_all(head).unwrap();
+    staged.write_all(tail).unwrap();
+    let key = ctx.key("staged/ab/obj");
+    let outcome = ctx.ok(ctx.store.publish_staged(&key, &mut staged).await, "publish");
+    assert_eq!(
+        outcome,
+        PutOutcome::Created,
+        "{}: publish {key}",
+        ctx.name()
+    );
+    drop(staged);
+    assert!(
+        ctx.get(&key).await == data,
+        "{}: a published staged file differs from what was written",
+        ctx.name()
+    );
+    // A second staged file for the same key is refused and left for its owner.
+    let mut other = ctx.ok(ctx.store.stage(&prefix).await, "stage").unwrap();
+    other.write_all(b"different").unwrap();
+    let outcome = ctx.ok(ctx.store.publish_staged(&key, &mut other).await, "publish");
+    assert_eq!(
+        outcome,
+        PutOutcome::AlreadyExists,
+        "{}: republish",
+        ctx.name()
+    );
+    other.write_at(0, b"D").unwrap();
+    drop(other);
+    assert!(
+        ctx.get(&key).await == data,
+        "{}: republish changed it",
+        ctx.name()
+    );
+    let listed: Vec<String> = ctx
+        .ok(ctx.store.list(&prefix).await, "list")
+        .into_iter()
+        .map(|m| m.key)
+        .collect();
+    assert_eq!(listed, vec![key.clone()], "{}: staged listing", ctx.name());
+    ctx.delete(&key).await;
+}
