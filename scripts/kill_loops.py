@@ -3,12 +3,14 @@
 
 One local repository, one small synthetic image (a 32 MiB sparse file with 4 MiB of random
 data, 512 KiB of it rewritten before every commit). Four loops, each measuring the operation's typical
-duration first and then killing it with SIGKILL after a random delay between 0 and that:
+duration first and then killing it with SIGKILL after a random delay between 0 and that
+(1.5 times that for gc, so that some trials finish and their reports show that the gc the
+others were killed in was merging small packs: a check):
 
   1. `cairn commit`                              (--trials: 30 by default; every third
                                                   trial is a SIGINT instead)
   2. `cairn gc` / `gc --repair` / `gc --no-repack-small` (format 2), after versions were
-     removed with `rm --no-gc`                                                        (25)
+     removed with `rm --no-gc` and three small commits left small packs to merge      (25)
   3. `cairn rm IMAGE@V` / `cairn prune IMAGE --keep-last K`                             (25)
   4. `cairn restore --force` to a file, over an earlier restore (every third: SIGTERM)  (20)
   5. `cairn index compact --all` after two more commits (format 2 only)                 (12)
@@ -60,6 +62,7 @@ from checks import Checks, as_plain, sha  # noqa: E402
 IMAGE_SIZE = 32 << 20
 IMAGE = "kill/disk"
 LIVE = 3  # versions kept between trials
+SMALL_COMMITS = 3  # small commits before each gc trial (format 2): small packs to merge
 CHILDREN = set()  # every process started and not yet reaped
 
 
@@ -169,6 +172,16 @@ class Run:
         """A commit that is not killed; returns its id."""
         self.mutate()
         return self.commit_as_is(sha(self.source))
+
+    def small_commits(self):
+        """Commits of 192 KiB of new data each: a data pack and a node pack below a quarter of
+        the 1 MiB pack target apiece, three commits' worth past half a pack together, so the
+        next gc that merges small packs has some to merge (`gc --json`'s `small_packs`)."""
+        for _ in range(SMALL_COMMITS):
+            with open(self.source, "r+b") as f:
+                f.seek(self.rng.randrange(0, IMAGE_SIZE - (192 << 10), 4096))
+                f.write(self.rng.randbytes(192 << 10))
+            self.commit_as_is(sha(self.source))
 
     def commit_as_is(self, digest):
         v = self.repo.json("commit", IMAGE, self.source)
@@ -371,34 +384,43 @@ class Run:
 
     def loop_gc(self, trials, gc_timeout, format1):
         self.clear_dead_sessions()
-        # gc and gc --repair merge small packs (format 2, the default): with 1 MiB packs, the
-        # node packs and each commit's last data pack are below a quarter of the target, and
-        # once they fill half a pack or number 32 a gc rewrites them (`small_packs` in its
-        # --json report). Every third trial leaves them (`--no-repack-small`).
+        # gc and gc --repair merge small packs (format 2, the default): with 1 MiB packs,
+        # those below 256 KiB are small, and once they fill half a pack or number 32 a gc
+        # rewrites them (`small_packs` in its --json report). Before each trial three small
+        # commits leave enough (format 2), so a killed gc is often killed in such a merge;
+        # every third trial leaves them (`--no-repack-small`).
         modes = [[], ["--repair"]] + ([] if format1 else [["--no-repack-small"]])
+        merging = 0  # unkilled trials that merge small packs
 
         def garbage():
+            if not format1:
+                self.small_commits()
             self.commit()
-            self.drop_oldest()
-        typical = self.typical("gc --repair (after a commit and an rm --no-gc)",
+            self.trim()
+        typical = self.typical("gc --repair (after small commits, a commit and an rm --no-gc)",
                                lambda: self.repo.run("gc", "--repair"), garbage)
         for trial in range(trials):
             label = f"gc trial {trial}"
             self.clear_dead_sessions()
-            self.commit()  # new garbage: a commit and a removed version
-            self.drop_oldest()
+            garbage()  # new garbage: removed versions, and small packs to merge
             mode = modes[trial % len(modes)]
-            killed, rc, out = self.kill_at_random(["--json", "gc", *mode], typical)
+            # A window past the typical duration lets some trials finish, whose reports show
+            # that the gc the others were killed in was merging small packs.
+            killed, rc, out = self.kill_at_random(["--json", "gc", *mode], typical * 1.5)
             if not killed:
                 self.ok(rc == 0, f"{label}: an unkilled gc {' '.join(mode)} succeeds (exit {rc})")
                 if not format1 and "--no-repack-small" not in mode and rc == 0:
+                    merging += 1
                     self.repacked_small += json.loads(out).get("small_packs", 0)
             self.check_all(label)
             if killed:
                 self.gc_does_not_wait(2, "gc", label, gc_timeout)
         if not format1:
-            print(f"  small packs merged by the unkilled gc and gc --repair trials: "
+            print(f"  small packs merged by the {merging} unkilled gc and gc --repair trials: "
                   f"{self.repacked_small}", flush=True)
+            self.ok(merging == 0 or self.repacked_small >= merging * 2 * SMALL_COMMITS,
+                    f"every unkilled merging gc merged the small commits' packs "
+                    f"({self.repacked_small} small packs in {merging} trials)")
 
     def loop_rm(self, trials):
         self.clear_dead_sessions()
