@@ -234,20 +234,26 @@ impl GroupSummary {
             stale_slots: d.u64()?,
             ..Default::default()
         };
+        // Lists are checked ascending and gathered, then built into maps in bulk (one pass,
+        // where an insert each walked the tree from its root).
         let n = d.u32()?;
         let mut last = None;
+        let mut nodes = Vec::with_capacity(n.min(1 << 20) as usize);
         for _ in 0..n {
             let k = d.u64()?;
             ascending(&mut last, k, "node")?;
-            s.nodes.insert(k);
+            nodes.push(k);
         }
+        s.nodes = nodes.into_iter().collect();
         let g = d.u32()?;
         let mut last = None;
+        let mut groups = Vec::with_capacity(g.min(1 << 20) as usize);
         for _ in 0..g {
             let k = d.u64()?;
             ascending(&mut last, k, "group")?;
-            s.groups.insert(k, SlotSet::decode_from(&mut d, WHAT)?);
+            groups.push((k, SlotSet::decode_from(&mut d, WHAT)?));
         }
+        s.groups = groups.into_iter().collect();
         if version == COUNTED {
             if s.stale_slots != 0 {
                 return Err(FormatError::invalid(
@@ -255,7 +261,7 @@ impl GroupSummary {
                     "a counted summary with stale slots",
                 ));
             }
-            let mut repeats = BTreeMap::new();
+            let mut repeats = Vec::new();
             let mut last = None;
             for _ in 0..d.u32()? {
                 let at = (d.u64()?, d.u16()?);
@@ -277,9 +283,9 @@ impl GroupSummary {
                         format!("repeats of slot {} of an unlisted group key or slot", at.1),
                     ));
                 }
-                repeats.insert(at, n);
+                repeats.push((at, n));
             }
-            s.repeats = Some(repeats);
+            s.repeats = Some(repeats.into_iter().collect());
         }
         d.finish()?;
         Ok(s)

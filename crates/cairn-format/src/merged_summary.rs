@@ -312,19 +312,24 @@ impl MergedSummary {
         envelope::seal(MAGIC, &e.finish())
     }
 
+    /// Decodes a merge. Its lists are checked ascending and gathered first, then built into
+    /// maps in bulk (one pass, where an insert each walked the tree from its root: a third
+    /// of a GC's "live summaries" step at 1,000 versions).
     pub fn decode(data: &[u8]) -> FormatResult<MergedSummary> {
         let mut d = Decoder::new(envelope::open(MAGIC, data, WHAT)?, WHAT);
         let mut m = MergedSummary::new(&d.str16()?);
         let trees = d.u32()?;
         let mut last = None;
+        let mut roots = Vec::with_capacity(trees.min(1 << 16) as usize);
         for _ in 0..trees {
             let (root, summary) = (d.id()?, d.id()?);
             if last.is_some_and(|l| l >= root) {
                 return Err(invalid("tree roots not strictly ascending"));
             }
             last = Some(root);
-            m.trees.insert(root, summary);
+            roots.push((root, summary));
         }
+        m.trees = roots.into_iter().collect();
         let in_range = |n: u32, what: &str| {
             if n == 0 || n > trees {
                 Err(invalid(format!("{what} counted by {n} of {trees} trees")))
@@ -333,15 +338,18 @@ impl MergedSummary {
             }
         };
         let mut last = None;
+        let mut nodes = Vec::new();
         for _ in 0..d.u32()? {
             let key = d.u64()?;
             if last.is_some_and(|l| l >= key) {
                 return Err(invalid("node keys not strictly ascending"));
             }
             last = Some(key);
-            m.nodes.insert(key, in_range(d.u32()?, "a node key")?);
+            nodes.push((key, in_range(d.u32()?, "a node key")?));
         }
+        m.nodes = nodes.into_iter().collect();
         let mut last = None;
+        let mut groups = Vec::new();
         for _ in 0..d.u32()? {
             let key = d.u64()?;
             if last.is_some_and(|l| l >= key) {
@@ -365,15 +373,16 @@ impl MergedSummary {
                 }
                 exceptions.push((slot, n));
             }
-            m.groups.insert(
+            groups.push((
                 key,
                 SlotCounts {
                     slots,
                     common,
                     exceptions,
                 },
-            );
+            ));
         }
+        m.groups = groups.into_iter().collect();
         d.finish()?;
         Ok(m)
     }

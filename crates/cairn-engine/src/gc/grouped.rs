@@ -30,6 +30,7 @@ use std::sync::Arc;
 
 use cairn_format::group::{Group, GroupBuilder};
 use cairn_format::group_summary::GroupSummary;
+use cairn_format::id_hash::IdMap;
 use cairn_format::index_run::RunEntries;
 use cairn_format::leaf_v2::RunLeaf;
 use cairn_format::marker::GcPlan;
@@ -551,9 +552,11 @@ impl PackPlan {
         threshold: f64,
         small: &HashSet<Id>,
     ) -> PackPlan {
-        // Every good copy of every live group or node: (pack, group, live fraction,
-        // complete). A quarantined copy is no copy (`rebuild.rs` deals with those).
-        let mut copies: HashMap<Id, Vec<(Id, u32, f64, bool)>> = HashMap::new();
+        // One copy of each live group or node is kept: the first that stores every live
+        // slot, else (damage elsewhere) the first that stores some — never less than there
+        // is. (pack, group, live fraction, complete), by id; a quarantined copy is no copy
+        // (`rebuild.rs` deals with those).
+        let mut kept_copy: IdMap<(Id, u32, f64, bool)> = IdMap::default();
         let mut dead_in: HashMap<Id, Vec<Id>> = HashMap::new();
         for (pack, trailer) in &snapshot.trailers {
             for (g, group) in trailer.groups.iter().enumerate() {
@@ -570,20 +573,24 @@ impl PackPlan {
                 };
                 match live {
                     Some(_) if snapshot.reader.is_quarantined_copy(pack, &gid) => {}
-                    Some((fraction, complete)) => copies
-                        .entry(id)
-                        .or_default()
-                        .push((*pack, g, fraction, complete)),
+                    Some((fraction, complete)) => {
+                        let copy = (*pack, g, fraction, complete);
+                        kept_copy
+                            .entry(id)
+                            .and_modify(|k| {
+                                if !k.3 && complete {
+                                    *k = copy;
+                                }
+                            })
+                            .or_insert(copy);
+                    }
                     None => dead_in.entry(*pack).or_default().push(id),
                 }
             }
         }
-        // One copy of each is kept: the first that stores every live slot, else (damage
-        // elsewhere) the first that stores some — never less than there is.
         let mut canonical_in: HashMap<Id, Vec<u32>> = HashMap::new();
         let mut live_bytes: HashMap<Id, u64> = HashMap::new();
-        for list in copies.values() {
-            let (pack, g, fraction, _) = *list.iter().find(|c| c.3).unwrap_or(&list[0]);
+        for &(pack, g, fraction, _) in kept_copy.values() {
             canonical_in.entry(pack).or_default().push(g);
             let stored = snapshot.trailers[&pack].groups[g as usize].desc.stored_len;
             *live_bytes.entry(pack).or_default() += (f64::from(stored) * fraction).ceil() as u64;
