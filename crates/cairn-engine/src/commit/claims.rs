@@ -142,8 +142,7 @@ impl Claims {
         if self.current.len() < generation {
             return;
         }
-        let newer = std::mem::replace(&mut self.current, generation_map(self.generation));
-        let older = std::mem::replace(&mut self.previous, newer);
+        let older = std::mem::replace(&mut self.previous, std::mem::take(&mut self.current));
         for (id, p) in older {
             if p.is_none() || self.waited.contains_key(&id) {
                 self.previous.insert(id, p);
@@ -151,6 +150,8 @@ impl Claims {
                 self.forgotten += 1;
             }
         }
+        // Made once the older map is gone: two maps at a time, never three.
+        self.current = generation_map(self.generation);
     }
 }
 
