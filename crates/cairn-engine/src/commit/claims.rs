@@ -8,8 +8,10 @@
 //! forgets the older one when the newer fills: a chunk that comes again within the last
 //! `generation` claims (432 MiB of new data by default) is found; one that comes again later
 //! is stored twice, as bounded dedup's other misses are (space, never correctness). A
-//! generation's map is sized for it at once, so it never grows (a growing map holds its old
-//! and new tables at once: 45 MiB of a 64 GiB first commit's 72 MiB heap peak).
+//! generation's claims fit a map of 2^17 buckets, so its map never doubles past that (the
+//! generation of 2^17 claims before 2026-11-29 did: 45 MiB of a 64 GiB first commit's 72 MiB
+//! heap peak). The maps are not made at that size up front: a small commit's claims would
+//! then touch pages all over 9 MiB (a 1 GiB image's first commit: 30 → 37 MiB).
 //!
 //! Two kinds of claims are never forgotten: one not placed yet (its worker is still building
 //! the group), and one another worker waits for (it saw the claim unplaced and asks for the
@@ -23,8 +25,9 @@ use cairn_repo::v2::Placement;
 
 /// Claims a bounded commit keeps in a generation by default: 432 MiB of 4 KiB chunks, which
 /// with the claims a turn carries over (those in flight) stay within a map of 2^17 buckets
-/// at its 7/8 load: 9 MiB (73 bytes a bucket), 18 MiB for the two generations. (2^17 claims,
-/// the default until 2026-11-29, needed maps of 2^18 buckets: 38 MiB, 45 while growing.)
+/// at its 7/8 load: 9 MiB (73 bytes a bucket), 18 MiB for the two generations, 22.5 while
+/// the newer one doubles. (2^17 claims, the default until 2026-11-29, needed maps of 2^18
+/// buckets: 38 MiB, 45 while growing.)
 pub const BOUNDED_GENERATION: usize = (1 << 17) / 8 * 7 - 4096;
 
 /// What a claim found.
@@ -51,10 +54,8 @@ pub struct Claims {
 
 impl Claims {
     pub fn new(generation: Option<usize>) -> Claims {
-        let generation = generation.map(|g| g.max(1));
         Claims {
-            current: generation_map(generation),
-            generation,
+            generation: generation.map(|g| g.max(1)),
             ..Claims::default()
         }
     }
@@ -150,15 +151,7 @@ impl Claims {
                 self.forgotten += 1;
             }
         }
-        // Made once the older map is gone: two maps at a time, never three.
-        self.current = generation_map(self.generation);
     }
-}
-
-/// A generation's map, with room for all of its claims (none for exact mode's one map,
-/// which grows as it must).
-fn generation_map(generation: Option<usize>) -> IdMap<Option<Placement>> {
-    IdMap::with_capacity_and_hasher(generation.unwrap_or(0), Default::default())
 }
 
 #[cfg(test)]
