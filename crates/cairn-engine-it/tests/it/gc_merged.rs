@@ -114,13 +114,23 @@ async fn one_summary_per_image(encrypted: bool) {
     assert_clean(&repo).await;
 
     // The exact pass finds nothing dead that fast deletion left, and deletes the merges.
-    // (It may still repack a pack: bounded dedup sometimes stores a block again that only a
-    // grandparent held — which hooks a segment picks depends on the chunk ids, keyed per
-    // repository when sealed — and the exact pass drops such duplicate copies. They were
-    // never dead, and were there before any GC.)
+    // (It may still repack or delete a pack: bounded dedup sometimes stores a block again
+    // that only a grandparent held — which hooks a segment picks depends on the chunk ids,
+    // keyed per repository when sealed, so about 1 sealed run in 40 — and the exact pass
+    // keeps one copy of each, deleting a pack that holds only such duplicates. They were
+    // never dead, and were there before any GC: no blob it counts is dead, and every live
+    // version still restores.)
     let exact = repair(&repo).await;
-    assert_eq!((exact.dead_blobs, exact.packs_deleted), (0, 0), "{exact:?}");
+    assert_eq!(exact.dead_blobs, 0, "{exact:?}");
     assert!(merge_keys(&store).await.is_empty());
+    if exact.packs_deleted + exact.packs_repacked > 0 {
+        repo.close().await.unwrap();
+        let repo = open(&store).await;
+        for (c, image) in &a[3..] {
+            check(&repo, &c.record, image).await;
+        }
+        assert_clean(&repo).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
