@@ -35,13 +35,13 @@ use cairn_format::index_run::RunEntries;
 use cairn_format::leaf_v2::RunLeaf;
 use cairn_format::marker::GcPlan;
 use cairn_format::pack::BlobKind;
-use cairn_format::pack_v2::{PackGroup, PackWriter};
+use cairn_format::pack_v2::PackGroup;
 use cairn_format::slots::SlotSet;
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::session::now_ns;
 use cairn_repo::tree_walk::{walk_tree, GroupedTreeNodes, NodeReader};
-use cairn_repo::v2::{OpenedGroup, PackTrailer, V2Reader};
+use cairn_repo::v2::{pack_capacity, OpenPack, OpenedGroup, PackTrailer, V2Reader};
 use cairn_repo::{Repo, RepoError};
 
 use super::affected::affected_packs;
@@ -722,11 +722,12 @@ fn copy_group(
 }
 
 /// Writes copied groups into new packs (data and nodes apart: nodes live longer) and
-/// collects what the index run must name for them.
+/// collects what the index run must name for them. A pack is opened by its first group, in
+/// a file the store publishes as it is when it stages (a local repository), else in memory.
 struct Repacker<'a> {
     repo: &'a Repo,
-    data: (PackWriter, Vec<Id>),
-    nodes: (PackWriter, Vec<Id>),
+    data: (Option<OpenPack>, Vec<Id>),
+    nodes: (Option<OpenPack>, Vec<Id>),
     /// The index entries of the packs stored (8 bytes an id: a GC of the whole repository
     /// names every live chunk here).
     locations: RunEntries,
@@ -736,11 +737,10 @@ struct Repacker<'a> {
 
 impl<'a> Repacker<'a> {
     fn new(repo: &'a Repo) -> Repacker<'a> {
-        let sealed = repo.key().is_some();
         Repacker {
             repo,
-            data: (PackWriter::new(sealed), Vec::new()),
-            nodes: (PackWriter::new(sealed), Vec::new()),
+            data: (None, Vec::new()),
+            nodes: (None, Vec::new()),
             locations: RunEntries::default(),
             written: Vec::new(),
         }
@@ -775,17 +775,24 @@ impl<'a> Repacker<'a> {
                 );
             }
         }
-        writer.push(kind, group);
-        if writer.len() >= target {
-            let full = std::mem::replace(writer, PackWriter::new(key.is_some()));
+        if writer.is_none() {
+            let staged = self.repo.stage_pack().await?;
+            let group_size = self.repo.config().v2.map_or(64 << 10, |v| v.group_size);
+            let capacity = pack_capacity(target, group_size as usize);
+            *writer = Some(OpenPack::new(staged, key.is_some(), capacity)?);
+        }
+        let open = writer.as_mut().expect("opened");
+        open.push(kind, group)?;
+        if open.len() >= target {
+            let full = writer.take().expect("opened");
             let ids = std::mem::take(ids);
             self.store(full, ids).await?;
         }
         Ok(())
     }
 
-    async fn store(&mut self, writer: PackWriter, ids: Vec<Id>) -> EngineResult<()> {
-        let (id, bytes, _) = writer.finish(self.repo.key());
+    async fn store(&mut self, writer: OpenPack, ids: Vec<Id>) -> EngineResult<()> {
+        let (id, bytes) = writer.finish(self.repo.key())?;
         let (pack, size) = self.repo.put_pack(&id, bytes).await?;
         self.locations.add_pack(pack, &ids);
         self.written.push((pack, size));
@@ -794,16 +801,14 @@ impl<'a> Repacker<'a> {
 
     /// Stores the open packs; returns the index entries of every pack written.
     async fn finish(&mut self) -> EngineResult<RunEntries> {
-        let sealed = self.repo.key().is_some();
         for which in [BlobKind::Data, BlobKind::Node] {
             let (writer, ids) = match which {
                 BlobKind::Data => &mut self.data,
                 BlobKind::Node => &mut self.nodes,
             };
-            if !writer.is_empty() {
-                let full = std::mem::replace(writer, PackWriter::new(sealed));
+            if let Some(open) = writer.take().filter(|w| !w.is_empty()) {
                 let ids = std::mem::take(ids);
-                self.store(full, ids).await?;
+                self.store(open, ids).await?;
             }
         }
         Ok(std::mem::take(&mut self.locations))

@@ -40,7 +40,9 @@ pub use check::PackCheck;
 pub use filters::FILTER_AFTER_ASKS;
 pub use groups::OpenedGroup;
 pub use merge::MergedRun;
-pub use packer::{FinishedPack, GroupPacker, PackBytes, Placement, Stager};
+pub use packer::{
+    pack_capacity, FinishedPack, GroupPacker, OpenPack, PackBytes, Placement, Stager,
+};
 pub use runs::{GroupLocation, RunSize};
 pub use trailers::{PackTrailer, SlotRef};
 

@@ -62,28 +62,43 @@ pub type Stager = Box<dyn FnMut() -> RepoResult<Option<StagedFile>> + Send>;
 /// Appends of a staged pack go out in pieces of this size (groups are ~64 KiB, nodes less).
 const STAGED_BUFFER: usize = 256 << 10;
 
-/// The pack being filled.
-enum OpenPack {
+/// A pack being filled: in a staged file when the store gave one, else in memory.
+pub enum OpenPack {
     Memory(PackWriter),
     Staged(PackWriter<BufWriter<StagedFile>>),
 }
 
 impl OpenPack {
-    fn len(&self) -> usize {
+    /// A pack written into `staged` if there is one, else into memory (room reserved for
+    /// `capacity` bytes).
+    pub fn new(staged: Option<StagedFile>, sealed: bool, capacity: usize) -> RepoResult<OpenPack> {
+        Ok(match staged {
+            Some(file) => {
+                let error = file.errors();
+                let out = BufWriter::with_capacity(STAGED_BUFFER, file);
+                OpenPack::Staged(PackWriter::to_writer(out, sealed).map_err(|e| error("write", e))?)
+            }
+            None => OpenPack::Memory(PackWriter::with_capacity(sealed, capacity)),
+        })
+    }
+
+    /// Bytes of groups so far.
+    pub fn len(&self) -> usize {
         match self {
             OpenPack::Memory(w) => w.len(),
             OpenPack::Staged(w) => w.len(),
         }
     }
 
-    fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         match self {
             OpenPack::Memory(w) => w.is_empty(),
             OpenPack::Staged(w) => w.is_empty(),
         }
     }
 
-    fn push(&mut self, kind: BlobKind, group: Group) -> RepoResult<()> {
+    /// Appends a finished group.
+    pub fn push(&mut self, kind: BlobKind, group: Group) -> RepoResult<()> {
         match self {
             OpenPack::Memory(w) => w.push(kind, group),
             OpenPack::Staged(w) => w
@@ -93,7 +108,8 @@ impl OpenPack {
         Ok(())
     }
 
-    fn finish(self, key: Option<&MasterKey>) -> RepoResult<(Id, PackBytes)> {
+    /// Closes the pack: its id and bytes, to store with [`crate::Repo::put_pack`].
+    pub fn finish(self, key: Option<&MasterKey>) -> RepoResult<(Id, PackBytes)> {
         Ok(match self {
             OpenPack::Memory(w) => {
                 let (id, bytes, _) = w.finish(key);
@@ -133,7 +149,7 @@ pub struct GroupPacker {
 /// Bytes to reserve for a pack: the limit, the group that crosses it and the trailer of
 /// chunks of 4 KiB (37 bytes each; a pack of smaller stored chunks reserves the rest when it
 /// closes).
-fn pack_capacity(pack_limit: usize, group_limit: usize) -> usize {
+pub fn pack_capacity(pack_limit: usize, group_limit: usize) -> usize {
     pack_limit + group_limit + pack_limit / 4096 * 40 + 4096
 }
 
@@ -176,19 +192,8 @@ impl GroupPacker {
                 Some(stage) => stage()?,
                 None => None,
             };
-            self.pack = Some(match staged {
-                Some(file) => {
-                    let error = file.errors();
-                    let out = BufWriter::with_capacity(STAGED_BUFFER, file);
-                    OpenPack::Staged(
-                        PackWriter::to_writer(out, sealed).map_err(|e| error("write", e))?,
-                    )
-                }
-                None => OpenPack::Memory(PackWriter::with_capacity(
-                    sealed,
-                    pack_capacity(self.pack_limit, self.group_limit),
-                )),
-            });
+            let capacity = pack_capacity(self.pack_limit, self.group_limit);
+            self.pack = Some(OpenPack::new(staged, sealed, capacity)?);
         }
         Ok(self.pack.as_mut().expect("opened"))
     }
