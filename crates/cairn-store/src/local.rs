@@ -6,7 +6,7 @@
 //! `flock`, which excludes other cairn processes too.
 
 mod fsutil;
-mod reserve;
+pub(crate) mod reserve;
 mod seen_dirs;
 
 pub use reserve::RESERVE_NAME;

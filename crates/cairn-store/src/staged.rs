@@ -89,7 +89,7 @@ impl StagedFile {
     pub fn errors(&self) -> impl Fn(&'static str, io::Error) -> StoreError {
         let (path, location) = (self.path.clone(), self.location.clone());
         move |op, e| {
-            if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) {
+            if crate::local::reserve::is_full(&e) {
                 StoreError::Full {
                     location: location.clone(),
                 }

@@ -120,6 +120,6 @@ fn allocate(f: &File, size: u64) -> io::Result<()> {
 }
 
 /// Whether an I/O error means the file system is full.
-pub(super) fn is_full(e: &io::Error) -> bool {
+pub(crate) fn is_full(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
