@@ -31,7 +31,6 @@ use std::sync::Arc;
 use cairn_format::group::{Group, GroupBuilder};
 use cairn_format::group_summary::GroupSummary;
 use cairn_format::id_hash::IdMap;
-use cairn_format::index_run::RunEntries;
 use cairn_format::leaf_v2::RunLeaf;
 use cairn_format::marker::GcPlan;
 use cairn_format::pack::BlobKind;
@@ -41,7 +40,7 @@ use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::session::now_ns;
 use cairn_repo::tree_walk::{walk_tree, GroupedTreeNodes, NodeReader};
-use cairn_repo::v2::{pack_capacity, OpenPack, OpenedGroup, PackTrailer, V2Reader};
+use cairn_repo::v2::{OpenedGroup, PackTrailer, V2Reader};
 use cairn_repo::{Repo, RepoError};
 
 use super::affected::affected_packs;
@@ -50,6 +49,7 @@ use super::leftovers::{remove_orphan_records, remove_stale_markers};
 use super::phase::PhaseClock;
 use super::rebuild::Damaged;
 use super::records::GcRecords;
+use super::repacker::Repacker;
 use super::small_packs::small_packs;
 use super::{
     finish, publish_and_wait, stored_bytes, sweep, unreadable_live_tree, GcMode, GcOptions,
@@ -719,100 +719,6 @@ fn copy_group(
         GroupBuilder::repack(&group.desc, opened.plain(), |slot| live.contains(slot))
             .finish(repo.config().compression, repo.key()),
     )
-}
-
-/// Writes copied groups into new packs (data and nodes apart: nodes live longer) and
-/// collects what the index run must name for them. A pack is opened by its first group, in
-/// a file the store publishes as it is when it stages (a local repository), else in memory.
-struct Repacker<'a> {
-    repo: &'a Repo,
-    data: (Option<OpenPack>, Vec<Id>),
-    nodes: (Option<OpenPack>, Vec<Id>),
-    /// The index entries of the packs stored (8 bytes an id: a GC of the whole repository
-    /// names every live chunk here).
-    locations: RunEntries,
-    /// The packs stored so far, and their sizes.
-    written: Vec<(Id, u64)>,
-}
-
-impl<'a> Repacker<'a> {
-    fn new(repo: &'a Repo) -> Repacker<'a> {
-        Repacker {
-            repo,
-            data: (None, Vec::new()),
-            nodes: (None, Vec::new()),
-            locations: RunEntries::default(),
-            written: Vec::new(),
-        }
-    }
-
-    /// Adds `group` (of `kind`); a data group's index entries are its id and the chunks of
-    /// `live` slots it stores (every stored chunk when `live` is `None`).
-    async fn push(
-        &mut self,
-        kind: BlobKind,
-        group: Group,
-        live: Option<&SlotSet>,
-    ) -> EngineResult<()> {
-        let target = self.repo.config().pack_target as usize;
-        let key = self.repo.key();
-        let (writer, ids) = match kind {
-            BlobKind::Data => &mut self.data,
-            BlobKind::Node => &mut self.nodes,
-        };
-        match kind {
-            BlobKind::Node => ids.push(group.desc.chunks[0].id),
-            BlobKind::Data => {
-                ids.push(cairn_format::group::group_id(&group.desc.chunks, key));
-                ids.extend(
-                    group
-                        .desc
-                        .chunks
-                        .iter()
-                        .enumerate()
-                        .filter(|(slot, c)| c.stored && live.is_none_or(|l| l.contains(*slot)))
-                        .map(|(_, c)| c.id),
-                );
-            }
-        }
-        if writer.is_none() {
-            let staged = self.repo.stage_pack().await?;
-            let group_size = self.repo.config().v2.map_or(64 << 10, |v| v.group_size);
-            let capacity = pack_capacity(target, group_size as usize);
-            *writer = Some(OpenPack::new(staged, key.is_some(), capacity)?);
-        }
-        let open = writer.as_mut().expect("opened");
-        open.push(kind, group)?;
-        if open.len() >= target {
-            let full = writer.take().expect("opened");
-            let ids = std::mem::take(ids);
-            self.store(full, ids).await?;
-        }
-        Ok(())
-    }
-
-    async fn store(&mut self, writer: OpenPack, ids: Vec<Id>) -> EngineResult<()> {
-        let (id, bytes) = writer.finish(self.repo.key())?;
-        let (pack, size) = self.repo.put_pack(&id, bytes).await?;
-        self.locations.add_pack(pack, &ids);
-        self.written.push((pack, size));
-        Ok(())
-    }
-
-    /// Stores the open packs; returns the index entries of every pack written.
-    async fn finish(&mut self) -> EngineResult<RunEntries> {
-        for which in [BlobKind::Data, BlobKind::Node] {
-            let (writer, ids) = match which {
-                BlobKind::Data => &mut self.data,
-                BlobKind::Node => &mut self.nodes,
-            };
-            if let Some(open) = writer.take().filter(|w| !w.is_empty()) {
-                let ids = std::mem::take(ids);
-                self.store(open, ids).await?;
-            }
-        }
-        Ok(std::mem::take(&mut self.locations))
-    }
 }
 
 /// Step 5 on format 2: every node and group slot that versions published during the wait

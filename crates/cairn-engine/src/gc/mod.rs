@@ -45,6 +45,7 @@ mod live_set;
 mod phase;
 mod rebuild;
 mod records;
+mod repacker;
 mod small_packs;
 pub(crate) mod summaries;
 
