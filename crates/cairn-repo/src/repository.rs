@@ -555,6 +555,17 @@ impl Repo {
         self.v2.as_ref()
     }
 
+    /// [`Self::read_blob`] for a manifest node this process reads once (a commit's parent
+    /// leaves): in a format 2 repository its group is not kept in the reader's cache of
+    /// opened groups, which would otherwise grow with the image
+    /// ([`crate::v2::V2Reader::read_chunk_once`]).
+    pub async fn read_node_once(&self, id: &Id) -> RepoResult<Vec<u8>> {
+        match &self.v2 {
+            Some(v2) => Ok(v2.read_chunk_once(id).await?.to_vec()),
+            None => self.read_blob(id).await,
+        }
+    }
+
     /// Reads one blob, verified (manifest nodes through the metadata cache, if any). In a
     /// format 2 repository, a chunk or manifest node found through the index runs.
     pub async fn read_blob(&self, id: &Id) -> RepoResult<Vec<u8>> {

@@ -142,8 +142,8 @@ fn occurrences(ids: &[Id]) -> HashMap<Id, u64> {
     out
 }
 
-/// Reads and decodes the v2 leaf `id`.
+/// Reads and decodes the v2 leaf `id` (read once: not cached).
 pub(crate) async fn read_leaf(repo: &Repo, id: &Id) -> EngineResult<RunLeaf> {
-    let raw = repo.read_blob(id).await?;
+    let raw = repo.read_node_once(id).await?;
     Ok(RunLeaf::decode(&raw).map_err(|e| RepoError::corrupt(format!("manifest node {id}"), e))?)
 }

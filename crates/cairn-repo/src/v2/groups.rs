@@ -155,6 +155,21 @@ impl V2Reader {
             .await
     }
 
+    /// [`Self::open_group`] for a group read once (a commit's parent leaves, each a group of
+    /// its own): from the cache if there, else fetched and checked but not cached. A commit
+    /// reads every changed segment's parent leaf, and kept in the cache of opened groups
+    /// (data, 64 MiB by default) they grew it with the image: 5 MiB of a 64 GiB re-commit.
+    pub async fn open_group_once(
+        &self,
+        trailer: &PackTrailer,
+        group: u32,
+    ) -> RepoResult<Arc<OpenedGroup>> {
+        match self.groups.get(&(trailer.pack, group)) {
+            Some(opened) => Ok(opened),
+            None => self.fetch_group(trailer, group).await,
+        }
+    }
+
     /// [`Self::open_group`], saying whether this call fetched the group from the store
     /// (`false`: from the cache, or fetched by a concurrent caller this one waited for) — what
     /// an export counts as fetched.

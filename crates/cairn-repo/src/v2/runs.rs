@@ -577,13 +577,25 @@ impl V2Reader {
     /// Opens the group at `loc`; a copy that fails its check is quarantined (and the error
     /// returned).
     pub async fn open_checked(&self, loc: &GroupLocation) -> RepoResult<Arc<OpenedGroup>> {
-        self.open_group(&loc.trailer, loc.group)
-            .await
-            .inspect_err(|e| {
-                if e.is_damage() {
-                    self.quarantine_group(loc, &e.to_string());
-                }
-            })
+        self.open_checked_with(loc, true).await
+    }
+
+    /// [`Self::open_checked`]; `cache`: keep the opened group (else
+    /// [`Self::open_group_once`]).
+    async fn open_checked_with(
+        &self,
+        loc: &GroupLocation,
+        cache: bool,
+    ) -> RepoResult<Arc<OpenedGroup>> {
+        let opened = match cache {
+            true => self.open_group(&loc.trailer, loc.group).await,
+            false => self.open_group_once(&loc.trailer, loc.group).await,
+        };
+        opened.inspect_err(|e| {
+            if e.is_damage() {
+                self.quarantine_group(loc, &e.to_string());
+            }
+        })
     }
 
     /// The plain bytes of slots `first .. first + count` of group `id` (a v2 leaf's group
@@ -752,6 +764,16 @@ impl V2Reader {
     /// The plain bytes of chunk or manifest node `id`, checked, from a good copy; a copy
     /// found damaged is quarantined and the next one tried.
     pub async fn read_chunk(&self, id: &Id) -> RepoResult<Bytes> {
+        self.read_chunk_with(id, true).await
+    }
+
+    /// [`Self::read_chunk`] for a node read once (a commit's parent leaves): its group is not
+    /// kept in the cache of opened groups ([`Self::open_group_once`]).
+    pub async fn read_chunk_once(&self, id: &Id) -> RepoResult<Bytes> {
+        self.read_chunk_with(id, false).await
+    }
+
+    async fn read_chunk_with(&self, id: &Id, cache: bool) -> RepoResult<Bytes> {
         let mut damage = None;
         loop {
             let (trailer, at) = match self.locate_chunk(id).await {
@@ -762,7 +784,7 @@ impl V2Reader {
                 trailer,
                 group: at.group,
             };
-            match self.open_checked(&loc).await {
+            match self.open_checked_with(&loc, cache).await {
                 Ok(opened) => return loc.slots(&opened, at.slot, 1),
                 // Quarantined now: the next lookup skips this copy.
                 Err(e) if e.is_damage() => {

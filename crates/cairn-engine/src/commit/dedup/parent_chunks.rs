@@ -78,7 +78,7 @@ impl ParentChunks {
         leaf: &Id,
         recent: &mut RecentPacks,
     ) -> RepoResult<ParentChunks> {
-        let raw = match reader.read_chunk(leaf).await {
+        let raw = match reader.read_chunk_once(leaf).await {
             Ok(raw) => raw,
             Err(e) if e.is_damage() => {
                 tracing::debug!(%leaf, "{e}; no chunk-level parent dedup for its segment");
