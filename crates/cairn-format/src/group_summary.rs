@@ -26,8 +26,6 @@
 //! before 2026-11-26) carries no counts: `stale slots` counts slots the table may list
 //! without the tree using them (a superset, kept by writers of that time within a bound).
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use crate::codec::{Decoder, Encoder};
 use crate::slots::SlotSet;
 use crate::{envelope, FormatError, FormatResult, Id};
@@ -37,22 +35,33 @@ const WHAT: &str = "group summary";
 /// The envelope version of a counted summary.
 const COUNTED: u32 = 2;
 
+/// Changes a [`SummaryBuilder`] gathers before it merges them in, at least: 1 MiB of runs.
+const BATCH: usize = 1 << 16;
+
 /// The key of an id in a summary: its first 8 bytes, little-endian.
 pub fn key_of(id: &Id) -> u64 {
     id.prefix_u64()
 }
 
-/// What one tree (or, merged, several) uses.
+/// References to a listed slot beyond the first: ((group key, slot), repeats ≥ 1).
+pub type Repeat = ((u64, u16), u32);
+
+/// What one tree (or, merged, several) uses, held flat: sorted arrays of keys, and a slot
+/// set per group with its first word inline (32 bytes a group, where maps of trees took
+/// about 90, and a commit holds two summaries as large as its image: the parent's and its
+/// own). Built with a [`SummaryBuilder`], which merges changes in sorted batches.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct GroupSummary {
     /// Slots listed that the tree may not use any more (see the module doc; 0 if counted).
     pub stale_slots: u64,
-    pub nodes: BTreeSet<u64>,
-    pub groups: BTreeMap<u64, SlotSet>,
-    /// References to a listed slot beyond the first, by (group key, slot), when the summary
-    /// is counted (`None`: a version 1 summary, or a union of trees). A count that reaches
-    /// `u32::MAX` sticks there: the slot stays listed (a leak, never a loss).
-    pub repeats: Option<BTreeMap<(u64, u16), u32>>,
+    /// Node keys, ascending, distinct.
+    nodes: Vec<u64>,
+    /// Group keys, ascending, distinct, each with a non-empty slot set.
+    groups: Vec<(u64, SlotSet)>,
+    /// Ascending by (group key, slot), each of a listed slot, when the summary is counted
+    /// (`None`: a version 1 summary, or a union of trees). A count that reaches `u32::MAX`
+    /// sticks there: the slot stays listed (a leak, never a loss).
+    repeats: Option<Vec<Repeat>>,
 }
 
 /// A counted summary was asked to remove a reference it does not hold: it does not describe
@@ -74,11 +83,24 @@ impl std::fmt::Display for NotReferenced {
 }
 
 impl GroupSummary {
-    /// An empty counted summary (a commit's: each leaf occurrence adds its runs).
+    /// An empty counted summary.
     pub fn counted() -> GroupSummary {
         GroupSummary {
-            repeats: Some(BTreeMap::new()),
+            repeats: Some(Vec::new()),
             ..GroupSummary::default()
+        }
+    }
+
+    /// An uncounted summary of these lists (ascending, distinct keys; non-empty sets).
+    pub(crate) fn uncounted(nodes: Vec<u64>, groups: Vec<(u64, SlotSet)>) -> GroupSummary {
+        debug_assert!(nodes.windows(2).all(|w| w[0] < w[1]));
+        debug_assert!(groups.windows(2).all(|w| w[0].0 < w[1].0));
+        debug_assert!(groups.iter().all(|(_, s)| !s.is_empty()));
+        GroupSummary {
+            stale_slots: 0,
+            nodes,
+            groups,
+            repeats: None,
         }
     }
 
@@ -87,119 +109,110 @@ impl GroupSummary {
         self.repeats.is_some() && self.stale_slots == 0
     }
 
-    pub fn add_node(&mut self, id: &Id) {
-        self.nodes.insert(key_of(id));
+    /// Drops the counts: what the tree uses stays listed, not how often (a version 1
+    /// summary's form).
+    pub fn forget_counts(&mut self) {
+        self.repeats = None;
     }
 
-    /// Adds a reference to slots `first .. first + count` of group `group` (one leaf
-    /// occurrence's run).
-    pub fn add_run(&mut self, group: &Id, first: u16, count: u16) {
-        if count == 0 {
-            return;
-        }
-        let key = key_of(group);
-        let set = self.groups.entry(key).or_default();
-        match &mut self.repeats {
-            None => set.insert_run(first, count),
-            Some(repeats) => {
-                let end = usize::from(first) + usize::from(count);
-                for slot in (usize::from(first)..end).map(|s| s as u16) {
-                    if !set.insert(slot) {
-                        let n = repeats.entry((key, slot)).or_default();
-                        *n = n.saturating_add(1);
-                    }
-                }
-            }
-        }
+    /// Forgets the nodes (a base's summary whose leaf references a new tree takes over).
+    pub fn clear_nodes(&mut self) {
+        self.nodes = Vec::new();
     }
 
-    /// Removes a reference to slots `first .. first + count` of group `group` from a
-    /// counted summary (a leaf occurrence the tree dropped). On an error the summary is
-    /// partly changed: the caller drops it.
-    pub fn remove_run(&mut self, group: &Id, first: u16, count: u16) -> Result<(), NotReferenced> {
-        if count == 0 {
-            return Ok(());
-        }
-        let key = key_of(group);
-        let repeats = self
-            .repeats
-            .as_mut()
-            .expect("remove_run on a counted summary");
-        let Some(set) = self.groups.get_mut(&key) else {
-            return Err(NotReferenced {
-                group: key,
-                slot: first,
-            });
-        };
-        let end = usize::from(first) + usize::from(count);
-        for slot in (usize::from(first)..end).map(|s| s as u16) {
-            match repeats.get_mut(&(key, slot)) {
-                Some(n) if *n == u32::MAX => {}
-                Some(n) if *n > 1 => *n -= 1,
-                Some(_) => {
-                    repeats.remove(&(key, slot));
-                }
-                None if set.remove(slot) => {}
-                None => return Err(NotReferenced { group: key, slot }),
-            }
-        }
-        if set.is_empty() {
-            self.groups.remove(&key);
-        }
-        Ok(())
+    /// The node keys, ascending.
+    pub fn nodes(&self) -> &[u64] {
+        &self.nodes
     }
 
-    /// Adds everything `other` lists (the union of two trees' use). The result is counted
-    /// only if both are, with the references of both.
-    pub fn merge(&mut self, other: &GroupSummary) {
-        self.stale_slots += other.stale_slots;
-        self.nodes.extend(other.nodes.iter().copied());
-        let counts = match (&mut self.repeats, &other.repeats) {
-            (Some(mine), Some(theirs)) => Some((mine, theirs)),
-            _ => None,
-        };
-        match counts {
-            Some((mine, theirs)) => {
-                for (key, slots) in &other.groups {
-                    let set = self.groups.entry(*key).or_default();
-                    // A slot both list gains the other's first reference as a repeat.
-                    for slot in set.intersection(slots) {
-                        let n = mine.entry((*key, slot)).or_default();
-                        *n = n.saturating_add(1);
-                    }
-                    set.union_with(slots);
-                }
-                for (at, n) in theirs {
-                    let mine = mine.entry(*at).or_default();
-                    *mine = mine.saturating_add(*n);
-                }
-            }
-            None => {
-                self.repeats = None;
-                for (key, slots) in &other.groups {
-                    self.groups.entry(*key).or_default().union_with(slots);
-                }
-            }
-        }
+    /// The groups listed by key, ascending, with the slots used of each.
+    pub fn groups(&self) -> impl ExactSizeIterator<Item = (u64, &SlotSet)> + '_ {
+        self.groups.iter().map(|(k, s)| (*k, s))
+    }
+
+    /// The repeats, ascending (`None`: not counted).
+    pub fn repeats(&self) -> Option<&[Repeat]> {
+        self.repeats.as_deref()
     }
 
     /// Whether node `id` may be used (false: certainly not).
     pub fn has_node(&self, id: &Id) -> bool {
-        self.nodes.contains(&key_of(id))
+        self.has_node_key(key_of(id))
+    }
+
+    pub fn has_node_key(&self, key: u64) -> bool {
+        self.nodes.binary_search(&key).is_ok()
     }
 
     /// The slots of group `id` that may be used (`None`: certainly none).
     pub fn slots(&self, group: &Id) -> Option<&SlotSet> {
-        self.groups.get(&key_of(group))
+        self.slots_of_key(key_of(group))
+    }
+
+    pub fn slots_of_key(&self, key: u64) -> Option<&SlotSet> {
+        let at = self.groups.binary_search_by_key(&key, |(k, _)| *k).ok()?;
+        Some(&self.groups[at].1)
     }
 
     /// Slots listed, over every group.
     pub fn slot_count(&self) -> u64 {
-        self.groups.values().map(SlotSet::len).sum()
+        self.groups.iter().map(|(_, s)| s.len()).sum()
+    }
+
+    /// Adds everything `other` lists (the union of two trees' use), in one pass over both.
+    /// The result is counted only if both are, with the references of both.
+    pub fn merge(&mut self, other: &GroupSummary) {
+        self.stale_slots += other.stale_slots;
+        self.nodes = union_sorted(std::mem::take(&mut self.nodes), &other.nodes);
+        let counted = self.repeats.is_some() && other.repeats.is_some();
+        let mine_repeats = self.repeats.take().unwrap_or_default();
+        let theirs_repeats = other.repeats.as_deref().unwrap_or_default();
+        let (mut at_mine, mut at_theirs) = (0, 0);
+        let mut groups = Vec::with_capacity(self.groups.len().max(other.groups.len()));
+        let mut repeats = Vec::new();
+        let mut theirs = other.groups.iter().peekable();
+        for (key, mut set) in std::mem::take(&mut self.groups) {
+            while let Some((k, s)) = theirs.next_if(|(k, _)| *k < key) {
+                groups.push((*k, s.clone()));
+                if counted {
+                    repeats.extend_from_slice(of_key(theirs_repeats, &mut at_theirs, *k));
+                }
+            }
+            let mine = of_key(&mine_repeats, &mut at_mine, key);
+            match theirs.next_if(|(k, _)| *k == key) {
+                None if counted => repeats.extend_from_slice(mine),
+                None => {}
+                Some((_, other_set)) => {
+                    if counted {
+                        // A slot both list gains the other's first reference as a repeat.
+                        let mut extra: Vec<(u16, u32)> =
+                            mine.iter().map(|r| (r.0 .1, r.1)).collect();
+                        let their = of_key(theirs_repeats, &mut at_theirs, key);
+                        extra.extend(their.iter().map(|r| (r.0 .1, r.1)));
+                        extra.extend(set.intersection(other_set).map(|s| (s, 1)));
+                        extra.sort_unstable_by_key(|e| e.0);
+                        for run in extra.chunk_by(|a, b| a.0 == b.0) {
+                            let n = run.iter().fold(0u32, |n, e| n.saturating_add(e.1));
+                            repeats.push(((key, run[0].0), n));
+                        }
+                    }
+                    set.union_with(other_set);
+                }
+            }
+            groups.push((key, set));
+        }
+        for (k, s) in theirs {
+            groups.push((*k, s.clone()));
+            if counted {
+                repeats.extend_from_slice(of_key(theirs_repeats, &mut at_theirs, *k));
+            }
+        }
+        self.groups = groups;
+        self.repeats = counted.then_some(repeats);
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let repeats = self.repeats.as_ref().map_or(0, BTreeMap::len);
+        let repeats = self.repeats.as_ref().map_or(0, Vec::len);
         let mut e = Encoder::with_capacity(
             24 + self.nodes.len() * 8 + self.groups.len() * 12 + repeats * 14,
         );
@@ -208,9 +221,8 @@ impl GroupSummary {
         for k in &self.nodes {
             e.u64(*k);
         }
-        let groups: Vec<_> = self.groups.iter().filter(|(_, s)| !s.is_empty()).collect();
-        e.u32(u32::try_from(groups.len()).expect("groups fit u32"));
-        for (k, slots) in groups {
+        e.u32(u32::try_from(self.groups.len()).expect("groups fit u32"));
+        for (k, slots) in &self.groups {
             e.u64(*k);
             slots.encode_into(&mut e);
         }
@@ -234,26 +246,22 @@ impl GroupSummary {
             stale_slots: d.u64()?,
             ..Default::default()
         };
-        // Lists are checked ascending and gathered, then built into maps in bulk (one pass,
-        // where an insert each walked the tree from its root).
         let n = d.u32()?;
         let mut last = None;
-        let mut nodes = Vec::with_capacity(n.min(1 << 20) as usize);
+        s.nodes.reserve(n.min(1 << 20) as usize);
         for _ in 0..n {
             let k = d.u64()?;
             ascending(&mut last, k, "node")?;
-            nodes.push(k);
+            s.nodes.push(k);
         }
-        s.nodes = nodes.into_iter().collect();
         let g = d.u32()?;
         let mut last = None;
-        let mut groups = Vec::with_capacity(g.min(1 << 20) as usize);
+        s.groups.reserve(g.min(1 << 20) as usize);
         for _ in 0..g {
             let k = d.u64()?;
             ascending(&mut last, k, "group")?;
-            groups.push((k, SlotSet::decode_from(&mut d, WHAT)?));
+            s.groups.push((k, SlotSet::decode_from(&mut d, WHAT)?));
         }
-        s.groups = groups.into_iter().collect();
         if version == COUNTED {
             if s.stale_slots != 0 {
                 return Err(FormatError::invalid(
@@ -274,8 +282,7 @@ impl GroupSummary {
                     return Err(FormatError::invalid(WHAT, "0 repeats listed"));
                 }
                 if !s
-                    .groups
-                    .get(&at.0)
+                    .slots_of_key(at.0)
                     .is_some_and(|g| g.contains(usize::from(at.1)))
                 {
                     return Err(FormatError::invalid(
@@ -285,11 +292,250 @@ impl GroupSummary {
                 }
                 repeats.push((at, n));
             }
-            s.repeats = Some(repeats.into_iter().collect());
+            s.repeats = Some(repeats);
         }
         d.finish()?;
         Ok(s)
     }
+}
+
+/// The repeats of group `key` in `repeats` (ascending), from `at` on; `at` moves past them.
+/// Keys are asked in ascending order.
+fn of_key<'a>(repeats: &'a [Repeat], at: &mut usize, key: u64) -> &'a [Repeat] {
+    while repeats.get(*at).is_some_and(|r| r.0 .0 < key) {
+        *at += 1;
+    }
+    let start = *at;
+    while repeats.get(*at).is_some_and(|r| r.0 .0 == key) {
+        *at += 1;
+    }
+    &repeats[start..*at]
+}
+
+/// The union of two ascending lists of distinct keys.
+fn union_sorted(mine: Vec<u64>, theirs: &[u64]) -> Vec<u64> {
+    if theirs.is_empty() {
+        return mine;
+    }
+    let mut out = Vec::with_capacity(mine.len() + theirs.len());
+    let mut theirs = theirs.iter().copied().peekable();
+    for k in mine {
+        while let Some(t) = theirs.next_if(|t| *t < k) {
+            out.push(t);
+        }
+        theirs.next_if_eq(&k);
+        out.push(k);
+    }
+    out.extend(theirs);
+    out
+}
+
+/// One change to a summary's references: a leaf occurrence's run added or removed.
+#[derive(Debug, Clone, Copy)]
+struct RunChange {
+    key: u64,
+    first: u16,
+    count: u16,
+    remove: bool,
+}
+
+/// Builds a [`GroupSummary`]: nodes and runs are gathered as they come (a commit meets its
+/// groups in image order, their keys at random) and merged into the flat summary in sorted
+/// batches, each one pass over it. Changes to one group apply in the order they were made,
+/// so the result is that of applying each at once.
+#[derive(Debug)]
+pub struct SummaryBuilder {
+    summary: GroupSummary,
+    nodes: Vec<u64>,
+    runs: Vec<RunChange>,
+    /// A reference removed that was not there (the first met): the summary does not
+    /// describe the tree it was given for ([`SummaryBuilder::finish`] returns it).
+    failed: Option<NotReferenced>,
+    /// Changes gathered at least before a merge ([`BATCH`]; smaller in tests).
+    min_batch: usize,
+}
+
+impl From<GroupSummary> for SummaryBuilder {
+    /// Changes to `summary`.
+    fn from(summary: GroupSummary) -> SummaryBuilder {
+        SummaryBuilder {
+            summary,
+            nodes: Vec::new(),
+            runs: Vec::new(),
+            failed: None,
+            min_batch: BATCH,
+        }
+    }
+}
+
+impl SummaryBuilder {
+    /// An empty counted summary (a commit's: each leaf occurrence adds its runs).
+    pub fn counted() -> SummaryBuilder {
+        GroupSummary::counted().into()
+    }
+
+    /// An empty summary without counts (a union of trees).
+    pub fn uncounted() -> SummaryBuilder {
+        GroupSummary::default().into()
+    }
+
+    pub fn add_node(&mut self, id: &Id) {
+        self.add_node_key(key_of(id));
+    }
+
+    /// [`Self::add_node`] by the node's key.
+    pub fn add_node_key(&mut self, key: u64) {
+        self.nodes.push(key);
+        self.settle_if_due();
+    }
+
+    /// Adds a reference to slots `first .. first + count` of group `group` (one leaf
+    /// occurrence's run).
+    pub fn add_run(&mut self, group: &Id, first: u16, count: u16) {
+        self.add_run_of_key(key_of(group), first, count);
+    }
+
+    /// [`Self::add_run`] by the group's key.
+    pub fn add_run_of_key(&mut self, key: u64, first: u16, count: u16) {
+        self.change(key, first, count, false);
+    }
+
+    /// Removes a reference to slots `first .. first + count` of group `group` from a
+    /// counted summary (a leaf occurrence the tree dropped). A reference that is not there
+    /// makes [`SummaryBuilder::finish`] fail.
+    pub fn remove_run(&mut self, group: &Id, first: u16, count: u16) {
+        assert!(
+            self.summary.repeats.is_some(),
+            "remove_run on a counted summary"
+        );
+        self.change(key_of(group), first, count, true);
+    }
+
+    /// The summary, or a reference removed that it did not hold.
+    pub fn finish(mut self) -> Result<GroupSummary, NotReferenced> {
+        self.settle();
+        match self.failed {
+            Some(e) => Err(e),
+            None => Ok(self.summary),
+        }
+    }
+
+    fn change(&mut self, key: u64, first: u16, count: u16, remove: bool) {
+        if count == 0 {
+            return;
+        }
+        self.runs.push(RunChange {
+            key,
+            first,
+            count,
+            remove,
+        });
+        self.settle_if_due();
+    }
+
+    /// Merges the changes once they are as many as the summary's entries (or [`BATCH`]):
+    /// each merge is one pass, and the changes waiting never outgrow the summary by much.
+    fn settle_if_due(&mut self) {
+        let held = self.summary.nodes.len() + self.summary.groups.len();
+        if self.nodes.len() + self.runs.len() >= held.max(self.min_batch) {
+            self.settle();
+        }
+    }
+
+    fn settle(&mut self) {
+        if !self.nodes.is_empty() {
+            let mut nodes = std::mem::take(&mut self.nodes);
+            nodes.sort_unstable();
+            nodes.dedup();
+            self.summary.nodes = union_sorted(std::mem::take(&mut self.summary.nodes), &nodes);
+        }
+        if self.runs.is_empty() {
+            return;
+        }
+        let mut runs = std::mem::take(&mut self.runs);
+        // Stable: one group's changes keep their order.
+        runs.sort_by_key(|r| r.key);
+        let s = &mut self.summary;
+        let counted = s.repeats.is_some();
+        let old_repeats = s.repeats.take().unwrap_or_default();
+        let mut at = 0;
+        let mut groups = Vec::with_capacity(s.groups.len() + runs.len().min(BATCH));
+        let mut repeats = Vec::with_capacity(old_repeats.len());
+        let mut old = std::mem::take(&mut s.groups).into_iter().peekable();
+        for changes in runs.chunk_by(|a, b| a.key == b.key) {
+            let key = changes[0].key;
+            while let Some((k, set)) = old.next_if(|(k, _)| *k < key) {
+                repeats.extend_from_slice(of_key(&old_repeats, &mut at, k));
+                groups.push((k, set));
+            }
+            let (mut set, mut counts) = match old.next_if(|(k, _)| *k == key) {
+                Some((_, set)) => {
+                    let counts = of_key(&old_repeats, &mut at, key);
+                    (set, counts.iter().map(|r| (r.0 .1, r.1)).collect())
+                }
+                None => (SlotSet::default(), Vec::new()),
+            };
+            if self.failed.is_none() {
+                if let Err(e) = apply(key, changes, counted, &mut set, &mut counts) {
+                    self.failed = Some(e);
+                }
+            }
+            if !set.is_empty() {
+                repeats.extend(counts.into_iter().map(|(slot, n)| ((key, slot), n)));
+                groups.push((key, set));
+            }
+        }
+        for (k, set) in old {
+            repeats.extend_from_slice(of_key(&old_repeats, &mut at, k));
+            groups.push((k, set));
+        }
+        s.groups = groups;
+        s.repeats = counted.then_some(repeats);
+        runs.clear();
+        self.runs = runs;
+    }
+}
+
+/// Applies one group's `changes` in order to its slot set and its repeats (`counts`: (slot,
+/// repeats), ascending).
+fn apply(
+    key: u64,
+    changes: &[RunChange],
+    counted: bool,
+    set: &mut SlotSet,
+    counts: &mut Vec<(u16, u32)>,
+) -> Result<(), NotReferenced> {
+    for c in changes {
+        let slots =
+            (usize::from(c.first)..usize::from(c.first) + usize::from(c.count)).map(|s| s as u16);
+        match (c.remove, counted) {
+            (false, false) => set.insert_run(c.first, c.count),
+            (false, true) => {
+                for slot in slots {
+                    if !set.insert(slot) {
+                        match counts.binary_search_by_key(&slot, |e| e.0) {
+                            Ok(i) => counts[i].1 = counts[i].1.saturating_add(1),
+                            Err(i) => counts.insert(i, (slot, 1)),
+                        }
+                    }
+                }
+            }
+            (true, _) => {
+                for slot in slots {
+                    match counts.binary_search_by_key(&slot, |e| e.0) {
+                        Ok(i) if counts[i].1 == u32::MAX => {}
+                        Ok(i) if counts[i].1 > 1 => counts[i].1 -= 1,
+                        Ok(i) => {
+                            counts.remove(i);
+                        }
+                        Err(_) if set.remove(slot) => {}
+                        Err(_) => return Err(NotReferenced { group: key, slot }),
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn ascending(last: &mut Option<u64>, k: u64, what: &str) -> FormatResult<()> {
@@ -305,23 +551,30 @@ fn ascending(last: &mut Option<u64>, k: u64, what: &str) -> FormatResult<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
     use super::*;
+
+    fn built(b: SummaryBuilder) -> GroupSummary {
+        b.finish().expect("only adds")
+    }
 
     #[test]
     fn round_trip_merge_and_canonical_order() {
         let (g1, g2) = (Id::of(b"g1"), Id::of(b"g2"));
-        let mut a = GroupSummary::default();
+        let mut a = SummaryBuilder::uncounted();
         a.add_node(&Id::of(b"n1"));
         a.add_run(&g1, 0, 3);
         a.add_run(&g2, 10, 1);
         a.add_run(&g2, 0, 0);
-        let mut b = GroupSummary {
+        let mut a = built(a);
+        let mut b = SummaryBuilder::from(GroupSummary {
             stale_slots: 2,
             ..Default::default()
-        };
+        });
         b.add_node(&Id::of(b"n2"));
         b.add_run(&g1, 5, 1);
-        a.merge(&b);
+        a.merge(&built(b));
         assert_eq!(a.slot_count(), 5);
         assert_eq!(a.stale_slots, 2);
         assert!(a.has_node(&Id::of(b"n2")) && !a.has_node(&Id::of(b"n3")));
@@ -345,41 +598,47 @@ mod tests {
     type Leaf = Vec<(u8, u16, u16)>;
 
     fn counted_of<'a>(leaves: impl IntoIterator<Item = &'a Leaf>) -> GroupSummary {
-        let mut s = GroupSummary::counted();
+        let mut s = SummaryBuilder::counted();
         for leaf in leaves {
             for &(g, first, count) in leaf {
                 s.add_run(&Id::of(&[g]), first, count);
             }
         }
-        s
+        built(s)
     }
 
     #[test]
     fn counted_round_trip_and_references() {
         let g = Id::of(&[1]);
-        let mut s = GroupSummary::counted();
+        let mut s = SummaryBuilder::counted();
         s.add_node(&Id::of(b"n"));
         s.add_run(&g, 0, 4);
         s.add_run(&g, 2, 4);
         s.add_run(&g, 3, 1);
+        let s = built(s);
         assert_eq!(s.slots(&g).unwrap().runs(), vec![(0, 6)]);
-        let repeats = s.repeats.clone().unwrap();
         assert_eq!(
-            repeats.into_iter().collect::<Vec<_>>(),
-            vec![((key_of(&g), 2), 1), ((key_of(&g), 3), 2)]
+            s.repeats().unwrap(),
+            [((key_of(&g), 2), 1), ((key_of(&g), 3), 2)]
         );
         let raw = s.encode();
         assert_eq!(u32::from_le_bytes(raw[8..12].try_into().unwrap()), COUNTED);
         assert_eq!(GroupSummary::decode(&raw).unwrap(), s);
 
         // Removing the references one by one empties the table; one more is refused.
-        s.remove_run(&g, 2, 4).unwrap();
-        s.remove_run(&g, 3, 1).unwrap();
+        let mut b = SummaryBuilder::from(s);
+        b.remove_run(&g, 2, 4);
+        b.remove_run(&g, 3, 1);
+        let s = b.finish().unwrap();
         assert_eq!(s.slots(&g).unwrap().runs(), vec![(0, 4)]);
-        s.remove_run(&g, 0, 4).unwrap();
-        assert!(s.slots(&g).is_none() && s.repeats.as_ref().unwrap().is_empty());
+        let mut b = SummaryBuilder::from(s);
+        b.remove_run(&g, 0, 4);
+        let s = b.finish().unwrap();
+        assert!(s.slots(&g).is_none() && s.repeats().unwrap().is_empty());
+        let mut b = SummaryBuilder::from(s);
+        b.remove_run(&g, 1, 1);
         assert_eq!(
-            s.remove_run(&g, 1, 1),
+            b.finish(),
             Err(NotReferenced {
                 group: key_of(&g),
                 slot: 1
@@ -390,9 +649,10 @@ mod tests {
     #[test]
     fn counted_decoding_refuses_what_a_writer_never_makes() {
         let g = Id::of(&[1]);
-        let mut s = GroupSummary::counted();
+        let mut s = SummaryBuilder::counted();
         s.add_run(&g, 0, 2);
         s.add_run(&g, 1, 1);
+        let s = built(s);
         let payload = envelope::open_version(MAGIC, &s.encode(), WHAT, COUNTED)
             .unwrap()
             .1
@@ -426,7 +686,134 @@ mod tests {
         assert!(!back.is_counted() && back.groups == s.groups);
     }
 
+    /// The summary as maps, changed one reference at a time: what the flat summary and its
+    /// batched builder must equal.
+    #[derive(Debug, Default, Clone, PartialEq)]
+    struct Model {
+        nodes: BTreeSet<u64>,
+        groups: BTreeMap<u64, BTreeSet<u16>>,
+        repeats: BTreeMap<(u64, u16), u32>,
+    }
+
+    impl Model {
+        fn add(&mut self, key: u64, first: u16, count: u16) {
+            for slot in first..first + count {
+                if !self.groups.entry(key).or_default().insert(slot) {
+                    let n = self.repeats.entry((key, slot)).or_default();
+                    *n = n.saturating_add(1);
+                }
+            }
+        }
+
+        fn remove(&mut self, key: u64, first: u16, count: u16) -> Result<(), NotReferenced> {
+            for slot in first..first + count {
+                match self.repeats.get_mut(&(key, slot)) {
+                    Some(n) if *n > 1 => *n -= 1,
+                    Some(_) => {
+                        self.repeats.remove(&(key, slot));
+                    }
+                    None if self.groups.get_mut(&key).is_some_and(|s| s.remove(&slot)) => {
+                        if self.groups[&key].is_empty() {
+                            self.groups.remove(&key);
+                        }
+                    }
+                    None => return Err(NotReferenced { group: key, slot }),
+                }
+            }
+            Ok(())
+        }
+
+        fn matches(&self, s: &GroupSummary) -> bool {
+            let groups: BTreeMap<u64, BTreeSet<u16>> = s
+                .groups()
+                .map(|(k, set)| (k, set.iter().collect()))
+                .collect();
+            let repeats: BTreeMap<(u64, u16), u32> = s.repeats().unwrap().iter().copied().collect();
+            s.nodes().iter().copied().collect::<BTreeSet<_>>() == self.nodes
+                && groups == self.groups
+                && repeats == self.repeats
+        }
+    }
+
+    /// (remove?, group 0..6, first, count) or a node (group ≥ 6).
+    type Change = (bool, u8, u16, u16);
+
+    fn changes() -> impl proptest::strategy::Strategy<Value = Vec<Change>> {
+        proptest::collection::vec((proptest::bool::ANY, 0u8..8, 0u16..100, 0u16..40), 0..60)
+    }
+
     proptest::proptest! {
+        /// Changes gathered in batches of any size give what applying each at once gives:
+        /// the same slots, repeats and nodes, or a refused reference.
+        #[test]
+        fn batched_changes_equal_changes_one_at_a_time(
+            base in changes(), more in changes(), batch in 1usize..8,
+        ) {
+            let mut model = Model::default();
+            let mut b = SummaryBuilder::counted();
+            b.min_batch = batch;
+            for &(_, g, first, count) in &base {
+                if g >= 6 {
+                    model.nodes.insert(key_of(&Id::of(&[g, first as u8])));
+                    b.add_node(&Id::of(&[g, first as u8]));
+                } else {
+                    model.add(key_of(&Id::of(&[g])), first, count);
+                    b.add_run(&Id::of(&[g]), first, count);
+                }
+            }
+            let s = b.finish().unwrap();
+            proptest::prop_assert!(model.matches(&s));
+            proptest::prop_assert_eq!(GroupSummary::decode(&s.encode()).unwrap(), s.clone());
+
+            let mut b = SummaryBuilder::from(s);
+            b.min_batch = batch;
+            let mut expected = Ok(());
+            for &(remove, g, first, count) in &more {
+                let key = key_of(&Id::of(&[g % 6]));
+                match remove {
+                    true => {
+                        if expected.is_ok() {
+                            expected = model.remove(key, first, count);
+                        }
+                        b.remove_run(&Id::of(&[g % 6]), first, count);
+                    }
+                    false => {
+                        if expected.is_ok() {
+                            model.add(key, first, count);
+                        }
+                        b.add_run(&Id::of(&[g % 6]), first, count);
+                    }
+                }
+            }
+            match (b.finish(), expected) {
+                (Ok(s), Ok(())) => proptest::prop_assert!(model.matches(&s)),
+                // Which refused reference is named depends on the batches (one batch's
+                // changes apply by group key).
+                (Err(_), Err(_)) => {}
+                (got, want) => proptest::prop_assert!(false, "{got:?} vs {want:?}"),
+            }
+        }
+
+        /// Merging two counted summaries adds their references: the same as one summary of
+        /// both trees' runs.
+        #[test]
+        fn a_merge_adds_references(a in changes(), b in changes()) {
+            let adds = |changes: &[Change], into: &mut SummaryBuilder| {
+                for &(_, g, first, count) in changes {
+                    into.add_run(&Id::of(&[g]), first, count);
+                }
+            };
+            let (mut sa, mut sb, mut both) =
+                (SummaryBuilder::counted(), SummaryBuilder::counted(), SummaryBuilder::counted());
+            adds(&a, &mut sa);
+            adds(&b, &mut sb);
+            adds(&a, &mut both);
+            adds(&b, &mut both);
+            let mut merged = built(sa);
+            merged.merge(&built(sb));
+            proptest::prop_assert_eq!(merged, built(both));
+        }
+
         /// A base tree's counted summary, minus the leaf occurrences a new tree drops, plus
         /// the ones it adds, is exactly the new tree's counted summary — the algebra a
         /// commit uses to summarize leaves it reuses without reading them.
@@ -438,7 +825,7 @@ mod tests {
             new in proptest::collection::vec(0usize..8, 0..12),
         ) {
             let leaf = |i: &usize| &leaves[i % leaves.len()];
-            let mut s = counted_of(base.iter().map(leaf));
+            let mut s = SummaryBuilder::from(counted_of(base.iter().map(leaf)));
             // Multiset differences of the occurrences, by leaf.
             let mut n_base = [0i32; 8];
             let mut n_new = [0i32; 8];
@@ -447,12 +834,13 @@ mod tests {
             for (i, (b, n)) in n_base.iter().zip(&n_new).enumerate().take(leaves.len()) {
                 for _ in 0..(b - n).max(0) {
                     for &(g, first, count) in &leaves[i] {
-                        s.remove_run(&Id::of(&[g]), first, count).unwrap();
+                        s.remove_run(&Id::of(&[g]), first, count);
                     }
                 }
             }
+            let mut s = s.finish().unwrap();
             // The added occurrences arrive as another counted summary, merged in.
-            let mut added = GroupSummary::counted();
+            let mut added = SummaryBuilder::counted();
             for (i, (b, n)) in n_base.iter().zip(&n_new).enumerate().take(leaves.len()) {
                 for _ in 0..(n - b).max(0) {
                     for &(g, first, count) in &leaves[i] {
@@ -460,7 +848,7 @@ mod tests {
                     }
                 }
             }
-            s.merge(&added);
+            s.merge(&built(added));
             let exact = counted_of(new.iter().map(leaf));
             proptest::prop_assert_eq!(&s, &exact);
             proptest::prop_assert_eq!(GroupSummary::decode(&s.encode()).unwrap(), exact);

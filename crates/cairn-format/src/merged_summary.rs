@@ -179,16 +179,16 @@ impl MergedSummary {
             return false;
         }
         self.trees.insert(*root, summary_id(summary));
-        for key in &summary.nodes {
+        for key in summary.nodes() {
             let n = self.nodes.entry(*key).or_default();
             *n = n.saturating_add(1);
         }
-        for (key, used) in summary.groups.iter().filter(|(_, s)| !s.is_empty()) {
-            match self.groups.get_mut(key) {
+        for (key, used) in summary.groups() {
+            match self.groups.get_mut(&key) {
                 Some(counts) => counts.add(used),
                 None => {
                     self.groups.insert(
-                        *key,
+                        key,
                         SlotCounts {
                             slots: used.clone(),
                             common: 1,
@@ -217,7 +217,7 @@ impl MergedSummary {
             Some(_) => {}
         }
         self.trees.remove(root);
-        for key in &summary.nodes {
+        for key in summary.nodes() {
             match self.nodes.get_mut(key) {
                 Some(1) => {
                     self.nodes.remove(key);
@@ -226,14 +226,14 @@ impl MergedSummary {
                 None => return Err(NotMerged(format!("node key {key:016x} is not counted"))),
             }
         }
-        for (key, used) in summary.groups.iter().filter(|(_, s)| !s.is_empty()) {
-            let Some(counts) = self.groups.get_mut(key) else {
+        for (key, used) in summary.groups() {
+            let Some(counts) = self.groups.get_mut(&key) else {
                 return Err(NotMerged(format!("group key {key:016x} is not counted")));
             };
             match counts.remove(used) {
                 Ok(true) => {}
                 Ok(false) => {
-                    self.groups.remove(key);
+                    self.groups.remove(&key);
                 }
                 Err(slot) => {
                     return Err(NotMerged(format!(
@@ -267,15 +267,13 @@ impl MergedSummary {
 
     /// Adds what the counted trees use to `union` (node keys and slots, without counts).
     pub fn union_into(&self, union: &mut GroupSummary) {
-        union.repeats = None;
-        union.nodes.extend(self.nodes.keys().copied());
-        for (key, counts) in &self.groups {
-            union
-                .groups
-                .entry(*key)
-                .or_default()
-                .union_with(&counts.slots);
-        }
+        union.merge(&GroupSummary::uncounted(
+            self.nodes.keys().copied().collect(),
+            self.groups
+                .iter()
+                .map(|(k, c)| (*k, c.slots.clone()))
+                .collect(),
+        ));
     }
 
     /// Node keys and group slots counted (for reports).
@@ -408,17 +406,18 @@ pub fn tree_changes(merge: &MergedSummary, live: &BTreeSet<Id>) -> (Vec<Id>, Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::group_summary::SummaryBuilder;
 
     /// A tree's summary from (node, [(group, first, count)]) names.
     fn tree(nodes: &[u8], runs: &[(u8, u16, u16)]) -> GroupSummary {
-        let mut s = GroupSummary::counted();
+        let mut s = SummaryBuilder::counted();
         for n in nodes {
             s.add_node(&Id::of(&[b'n', *n]));
         }
         for &(g, first, count) in runs {
             s.add_run(&Id::of(&[b'g', g]), first, count);
         }
-        s
+        s.finish().expect("only adds")
     }
 
     fn union_of<'a>(trees: impl IntoIterator<Item = &'a GroupSummary>) -> GroupSummary {

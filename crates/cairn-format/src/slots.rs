@@ -1,6 +1,8 @@
 //! A set of slot numbers of one chunk group (a bit per slot): what a tree, a summary or a GC
 //! mark says is used of a group.
 
+use smallvec::SmallVec;
+
 use crate::codec::{Decoder, Encoder};
 use crate::{FormatError, FormatResult};
 
@@ -8,8 +10,12 @@ use crate::{FormatError, FormatResult};
 pub const MAX_BYTES: usize = (u16::MAX as usize + 1) / 8;
 
 /// A set of slots. Its encoding is canonical: no trailing zero word, never empty.
+///
+/// The first word is held inline: most groups have at most 64 slots, and a summary holds a
+/// set per group it lists, so a set costs 24 bytes and no allocation of its own (a `Vec`
+/// cost the same 24 plus a 32-byte heap block).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct SlotSet(Vec<u64>);
+pub struct SlotSet(SmallVec<[u64; 1]>);
 
 impl SlotSet {
     /// Adds slots `first .. first + count`.
@@ -188,6 +194,16 @@ mod tests {
             vec![0, 1, 2, 3, 70, 71, u16::MAX]
         );
         assert_eq!(a.intersection(&b).collect::<Vec<_>>(), vec![3, u16::MAX]);
+    }
+
+    #[test]
+    fn a_set_of_one_word_is_held_inline() {
+        assert_eq!(std::mem::size_of::<SlotSet>(), 24);
+        let mut a = SlotSet::default();
+        a.insert_run(0, 64);
+        assert!(!a.0.spilled());
+        a.insert(64);
+        assert!(a.0.spilled() && a.len() == 65);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use cairn_format::config::{Chunker, Compression, RepoConfig};
 use cairn_format::crypto::{Domain, KdfParams, KeySlot, MasterKey};
 use cairn_format::group::{chunk, open_group, GroupBuilder, GroupChunk, GroupDesc};
-use cairn_format::group_summary::GroupSummary;
+use cairn_format::group_summary::{GroupSummary, SummaryBuilder};
 use cairn_format::index::{IndexFile, PackIndex};
 use cairn_format::index_run;
 use cairn_format::leaf_v2::{LeafDigest, RunExtent, RunLeaf};
@@ -164,11 +164,12 @@ fn open_index_run(data: &[u8], key: Option<&MasterKey>) -> bool {
 }
 
 /// A reference summary of a node and two runs that overlap (counted: slots 5..10 repeat).
-fn group_summary_sample(mut s: GroupSummary) -> GroupSummary {
+fn group_summary_sample(s: GroupSummary) -> GroupSummary {
+    let mut s = SummaryBuilder::from(s);
     s.add_node(&Id::of(b"n"));
     s.add_run(&Id::of(b"g"), 1, 70);
     s.add_run(&Id::of(b"g"), 5, 5);
-    s
+    s.finish().unwrap()
 }
 
 /// A v2 leaf of zero runs and group runs.

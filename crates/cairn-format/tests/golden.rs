@@ -20,7 +20,7 @@ use cairn_format::codec::{Decoder, Encoder};
 use cairn_format::config::{Chunker, Compression, RepoConfig};
 use cairn_format::crypto::{Domain, KdfParams, KeySlot, MasterKey};
 use cairn_format::group::{chunk, group_id, open_group, GroupBuilder, GroupChunk};
-use cairn_format::group_summary::GroupSummary;
+use cairn_format::group_summary::{GroupSummary, SummaryBuilder};
 use cairn_format::index::{IndexFile, PackIndex};
 use cairn_format::index_run;
 use cairn_format::leaf_v2::{LeafDigest, RunExtent, RunLeaf};
@@ -1599,27 +1599,26 @@ fn v2_index_run_3() {
 /// The summary of `v2_group_summary`: two nodes, two groups (one with slots in two words),
 /// and a stale count.
 fn uncounted_summary() -> GroupSummary {
-    let mut s = GroupSummary {
-        stale_slots: 3,
-        ..Default::default()
-    };
+    let mut stale = GroupSummary::default();
+    stale.stale_slots = 3;
+    let mut s = SummaryBuilder::from(stale);
     s.add_node(&Id::of(b"n1"));
     s.add_node(&Id::of(b"n2"));
     s.add_run(&Id::of(b"g1"), 0, 3);
     s.add_run(&Id::of(b"g1"), 64, 1);
     s.add_run(&Id::of(b"g2"), 5, 2);
-    s
+    s.finish().unwrap()
 }
 
 /// The summary of `v2_group_summary_counted`.
 fn counted_summary() -> GroupSummary {
-    let mut s = GroupSummary::counted();
+    let mut s = SummaryBuilder::counted();
     s.add_node(&Id::of(b"n1"));
     let (g1, g2) = (Id::of(b"g1"), Id::of(b"g2"));
     for (group, first, count) in [(g1, 0, 3), (g1, 0, 3), (g1, 1, 1), (g1, 64, 1), (g2, 5, 1)] {
         s.add_run(&group, first, count);
     }
-    s
+    s.finish().unwrap()
 }
 
 /// A format 2 reference summary; every flip is refused (envelope checksum).
@@ -1643,7 +1642,7 @@ fn v2_group_summary_counted() {
     let s = counted_summary();
     let bytes = golden("v2_group_summary_counted", &s.encode());
     assert_eq!(GroupSummary::decode(&bytes).unwrap(), s);
-    assert!(s.is_counted() && s.repeats.as_ref().unwrap().len() == 3);
+    assert!(s.is_counted() && s.repeats().unwrap().len() == 3);
     // envelope 16 | stale 8 | 1 node: 4 + 8 | 2 groups: 4 + (8 + 2 + 9) + (8 + 2 + 1)
     // | 3 repeats: 4 + 3 × (8 + 2 + 4) | 32
     assert_eq!(bytes.len(), 16 + 8 + 12 + 4 + 19 + 11 + 4 + 42 + 32);

@@ -10,7 +10,7 @@ use cairn_engine::commit::CommitResult;
 use cairn_engine::restore::{restore, RestoreOptions, RestoreTarget};
 use cairn_engine::verify::{verify, verify_with, VerifyOptions, VerifyReport};
 use cairn_format::config::RepoConfig;
-use cairn_format::group_summary::GroupSummary;
+use cairn_format::group_summary::{GroupSummary, SummaryBuilder};
 use cairn_format::leaf_v2::RunLeaf;
 use cairn_repo::Repo;
 use cairn_store::LocalStore;
@@ -435,14 +435,14 @@ async fn used_by_tree(
     record: &cairn_format::version::VersionRecord,
 ) -> (GroupSummary, Vec<cairn_format::Id>) {
     let leaves = cairn_engine::tree::leaf_map(repo, record).await.unwrap();
-    let mut used = GroupSummary::counted();
+    let mut used = SummaryBuilder::counted();
     for leaf in leaves.values() {
         let raw = repo.read_blob(leaf).await.unwrap();
         for (group, first, count) in RunLeaf::decode(&raw).unwrap().group_runs() {
             used.add_run(&group, first, count);
         }
     }
-    (used, leaves.into_values().collect())
+    (used.finish().unwrap(), leaves.into_values().collect())
 }
 
 /// `record`'s reference summary, and what its tree uses (`used_by_tree`).
@@ -465,12 +465,12 @@ fn assert_exact(
     interior: usize,
 ) {
     assert!(summary.is_counted(), "{summary:?}");
-    assert_eq!(summary.groups, used.groups);
-    assert_eq!(summary.repeats, used.repeats);
+    assert!(summary.groups().eq(used.groups()));
+    assert_eq!(summary.repeats(), used.repeats());
     assert!(leaves.iter().all(|n| summary.has_node(n)));
     let distinct: std::collections::HashSet<_> = leaves.iter().collect();
     assert_eq!(
-        summary.nodes.len(),
+        summary.nodes().len(),
         distinct.len() + interior,
         "the new tree's nodes only"
     );
@@ -536,7 +536,7 @@ async fn counted_summaries_follow_leaves_that_occur_twice() {
     let (s1, used1, leaves1) = summary_and_use(&repo, &v1.record).await;
     assert_eq!(leaves1[0], leaves1[1], "segments 0 and 1 share a leaf");
     assert_eq!(
-        used1.repeats.as_ref().unwrap().len(),
+        used1.repeats().unwrap().len(),
         64,
         "each slot of the shared leaf"
     );
@@ -729,7 +729,7 @@ async fn a_commit_over_an_uncounted_summary_reads_its_reused_leaves_once() {
     let v1 = commit_bytes(&repo, "vm", image.clone()).await;
     let root = v1.record.root.unwrap();
     let (mut uncounted, _) = repo.load_group_summary(&root).await.unwrap().unwrap();
-    uncounted.repeats = None;
+    uncounted.forget_counts();
     repo.delete_summary(&root).await.unwrap();
     repo.put_group_summary(&root, &uncounted).await.unwrap();
     let (back, _) = repo.load_group_summary(&root).await.unwrap().unwrap();

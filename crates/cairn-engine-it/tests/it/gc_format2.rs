@@ -429,7 +429,7 @@ async fn a_rebuilt_summary_is_counted_like_the_commits() {
     let second = commit_bytes(&repo, "vm", b.clone()).await;
     let root = second.record.root.unwrap();
     let (written, _) = repo.load_group_summary(&root).await.unwrap().unwrap();
-    assert!(written.is_counted() && !written.repeats.as_ref().unwrap().is_empty());
+    assert!(written.is_counted() && !written.repeats().unwrap().is_empty());
     repo.mark_deleted(&first.id).await.unwrap();
     let key = cairn_format::keys::summary(&root);
     store.delete(&key).await.unwrap();

@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cairn_format::group_summary::GroupSummary;
+use cairn_format::group_summary::{GroupSummary, SummaryBuilder};
 use cairn_format::leaf_v2::RunLeaf;
 use cairn_format::Id;
 use cairn_repo::{Repo, RepoError};
@@ -80,9 +80,11 @@ pub(crate) async fn complete_summary(
             );
         }
     }
+    let mut reused = SummaryBuilder::from(std::mem::take(summary));
     for (id, n) in &unread {
-        add_leaf(summary, &read_leaf(repo, id).await?, *n);
+        add_leaf(&mut reused, &read_leaf(repo, id).await?, *n);
     }
+    *summary = reused.finish().expect("a summary of adds only");
     Ok(())
 }
 
@@ -97,7 +99,8 @@ async fn derive(
     added: &[(Id, u64)],
 ) -> EngineResult<Option<GroupSummary>> {
     // The base's nodes are not the new tree's (the new summary lists all of its own).
-    base.nodes.clear();
+    base.clear_nodes();
+    let mut base = SummaryBuilder::from(base);
     for (id, n) in dropped {
         let leaf = match read_leaf(repo, id).await {
             Ok(leaf) => leaf,
@@ -111,21 +114,24 @@ async fn derive(
         };
         for _ in 0..*n {
             for (group, first, count) in leaf.group_runs() {
-                if let Err(e) = base.remove_run(&group, first, count) {
-                    tracing::warn!(%id, "base summary: {e}; the reused leaves are read instead");
-                    return Ok(None);
-                }
+                base.remove_run(&group, first, count);
             }
         }
     }
     for (id, n) in added {
         add_leaf(&mut base, &read_leaf(repo, id).await?, *n);
     }
-    Ok(Some(base))
+    match base.finish() {
+        Ok(reused) => Ok(Some(reused)),
+        Err(e) => {
+            tracing::warn!("base summary: {e}; the reused leaves are read instead");
+            Ok(None)
+        }
+    }
 }
 
 /// Adds `n` references to every run of `leaf` (`n` occurrences of it in a tree).
-pub(crate) fn add_leaf(summary: &mut GroupSummary, leaf: &RunLeaf, n: u64) {
+pub(crate) fn add_leaf(summary: &mut SummaryBuilder, leaf: &RunLeaf, n: u64) {
     for _ in 0..n {
         for (group, first, count) in leaf.group_runs() {
             summary.add_run(&group, first, count);

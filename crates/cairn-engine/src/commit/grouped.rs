@@ -25,7 +25,7 @@ use std::time::Duration;
 use cairn_format::config::RepoConfig;
 use cairn_format::crypto::MasterKey;
 use cairn_format::group::{group_id, Group, GroupBuilder};
-use cairn_format::group_summary::GroupSummary;
+use cairn_format::group_summary::SummaryBuilder;
 use cairn_format::index_run::{self, RunEntries};
 use cairn_format::leaf_v2::{RunExtent, RunLeaf};
 use cairn_format::version::CommitStats;
@@ -303,7 +303,7 @@ pub(crate) fn run_grouped(
         let mut stats = CommitStats::default();
         let mut reused_segments = 0;
         // The reference summary: the sent segments' runs here, every node of the tree below.
-        let mut summary = GroupSummary::counted();
+        let mut summary = SummaryBuilder::counted();
         let mut unread_leaves = Vec::new();
         for r in result_rx {
             reused_segments += u64::from(r.reused);
@@ -371,7 +371,7 @@ pub(crate) fn run_grouped(
         Ok(PipelineOutput {
             root,
             summary: None,
-            group_summary: root.map(|_| summary),
+            group_summary: root.map(|_| summary.finish().expect("a summary of adds only")),
             height,
             size,
             stats,

@@ -167,7 +167,7 @@ async fn reusable_unread(repo: &Repo, id: &Id) -> EngineResult<bool> {
 /// then read, so each reused run is checked for a good copy).
 fn lists_quarantined(repo: &Repo, summary: &GroupSummary) -> bool {
     repo.quarantined().iter().any(|(_, blob)| {
-        summary.groups.contains_key(&key_of(blob)) || summary.nodes.contains(&key_of(blob))
+        summary.slots_of_key(key_of(blob)).is_some() || summary.has_node_key(key_of(blob))
     })
 }
 

@@ -67,11 +67,11 @@ async fn missing_in_store(repo: &Repo, out: &PipelineOutput) -> EngineResult<usi
     // reference summary lists them all, unread leaves' included, by key).
     if let Some(summary) = &out.group_summary {
         let own = out.run.sorted_keys();
-        for (key, slots) in &summary.groups {
-            if own.binary_search(key).is_ok() {
+        for (key, slots) in summary.groups() {
+            if own.binary_search(&key).is_ok() {
                 continue;
             }
-            let stored = match view.stores_group_key(*key, &slots.runs()).await {
+            let stored = match view.stores_group_key(key, &slots.runs()).await {
                 Ok(stored) => stored,
                 Err(e) if e.is_damage() => false,
                 Err(e) => return Err(e.into()),

@@ -52,11 +52,11 @@ pub(super) async fn affected_packs(
                 Err(e) => return Err(e.into()),
             },
         };
-        dead_keys.extend(summary.nodes.iter().filter(|k| !live.has_node_key(**k)));
-        for (key, slots) in &summary.groups {
-            let still = live.slots_of_key(*key);
+        dead_keys.extend(summary.nodes().iter().filter(|k| !live.has_node_key(**k)));
+        for (key, slots) in summary.groups() {
+            let still = live.slots_of_key(key);
             if still.is_none_or(|l| slots.iter().any(|s| !l.contains(usize::from(s)))) {
-                dead_keys.push(*key);
+                dead_keys.push(key);
             }
         }
     }

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use cairn_format::group_summary::GroupSummary;
+use cairn_format::group_summary::{GroupSummary, SummaryBuilder};
 use cairn_format::leaf_v2::RunLeaf;
 use cairn_format::merged_summary::{tree_changes, MergedSummary};
 use cairn_format::version::VersionRecord;
@@ -217,9 +217,9 @@ async fn counted_summary(
     record: &VersionRecord,
     bytes_read: &mut u64,
 ) -> EngineResult<GroupSummary> {
-    let mut summary = GroupSummary::counted();
+    let mut summary = SummaryBuilder::counted();
     let Some(root) = record.root else {
-        return Ok(summary);
+        return Ok(GroupSummary::counted());
     };
     let mut nodes = Nodes { reader, bytes_read };
     let mut level_nodes: HashMap<Id, u64> = HashMap::from([(root, 1)]);
@@ -242,5 +242,5 @@ async fn counted_summary(
         summary.add_node(id);
         add_leaf(&mut summary, &leaf, *n);
     }
-    Ok(summary)
+    Ok(summary.finish().expect("a summary of adds only"))
 }

@@ -41,7 +41,7 @@ impl LiveSet {
     pub(super) fn has_node_key(&self, key: u64) -> bool {
         match self {
             LiveSet::Merges(merges) => merges.iter().any(|m| m.has_node_key(key)),
-            LiveSet::Union(u) => u.nodes.contains(&key),
+            LiveSet::Union(u) => u.has_node_key(key),
         }
     }
 
@@ -62,7 +62,7 @@ impl LiveSet {
                     }
                 }
             }
-            LiveSet::Union(u) => u.groups.get(&key).map(Cow::Borrowed),
+            LiveSet::Union(u) => u.slots_of_key(key).map(Cow::Borrowed),
         }
     }
 
@@ -83,7 +83,7 @@ impl LiveSet {
                 let mut groups: Vec<u64> = merges.iter().flat_map(|m| m.group_keys()).collect();
                 distinct(&mut nodes) + distinct(&mut groups)
             }
-            LiveSet::Union(u) => (u.nodes.len() + u.groups.len()) as u64,
+            LiveSet::Union(u) => (u.nodes().len() + u.groups().len()) as u64,
         }
     }
 }
@@ -99,21 +99,20 @@ impl Liveness for LiveSet {
 
 #[cfg(test)]
 mod tests {
+    use cairn_format::group_summary::SummaryBuilder;
+
     use super::*;
 
     /// A tree's summary: nodes by key, and (group key, first slot, count) runs.
     fn tree(nodes: &[u64], runs: &[(u64, u16, u16)]) -> GroupSummary {
-        let mut s = GroupSummary::counted();
+        let mut s = SummaryBuilder::counted();
         for n in nodes {
-            s.nodes.insert(*n);
+            s.add_node_key(*n);
         }
         for (g, first, count) in runs {
-            let set = s.groups.entry(*g).or_default();
-            for slot in *first..first + count {
-                set.insert(slot);
-            }
+            s.add_run_of_key(*g, *first, *count);
         }
-        s
+        s.finish().expect("only adds")
     }
 
     fn merge(image: &str, trees: &[GroupSummary]) -> MergedSummary {
@@ -145,14 +144,17 @@ mod tests {
             let set = LiveSet::new(merges);
             assert_eq!(matches!(set, LiveSet::Union(_)), images > MAX_ASKED);
             for key in 0..300u64 {
-                assert_eq!(set.has_node_key(key), union.nodes.contains(&key), "{key}");
+                assert_eq!(set.has_node_key(key), union.has_node_key(key), "{key}");
                 assert_eq!(
                     set.slots_of_key(key).as_deref(),
-                    union.groups.get(&key),
+                    union.slots_of_key(key),
                     "{images} images, group {key}"
                 );
             }
-            assert_eq!(set.blobs(), (union.nodes.len() + union.groups.len()) as u64);
+            assert_eq!(
+                set.blobs(),
+                (union.nodes().len() + union.groups().len()) as u64
+            );
         }
     }
 }
