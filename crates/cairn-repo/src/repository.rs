@@ -616,6 +616,13 @@ impl Repo {
         Ok(self.store.stage(keys::PACKS).await?)
     }
 
+    /// A scratch file for a commit's own use, never published (its pending index entries),
+    /// if the store has staged files: beside the packs, so a process killed meanwhile
+    /// leaves a `.tmp-` file the stale-temporary sweep removes.
+    pub async fn stage_scratch(&self) -> RepoResult<Option<StagedFile>> {
+        self.stage_pack().await
+    }
+
     async fn put_pack_bytes(&self, mut id: Id, bytes: Vec<u8>) -> RepoResult<(Id, u64)> {
         // Shared, not copied: a pack is megabytes, and a copy per upload cost a commit of new
         // data ~6% of its CPU in page faults and memcpy. Only a taken key (rare) copies it.

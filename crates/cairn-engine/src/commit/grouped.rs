@@ -39,6 +39,7 @@ use super::claims::{Claimed, Claims};
 use super::dedup::{DedupMode, DedupTally, SegmentDedup};
 use super::packing::Uploader;
 use super::parent::ParentLeaves;
+use super::pending_entries::PendingEntries;
 use super::pipeline::read_all;
 use super::{CommitOptions, CommitProgress, PipelineOutput};
 use crate::chunker::{chunk_ranges, is_zero};
@@ -331,6 +332,11 @@ pub(crate) fn run_grouped(
             }
         }
         worker_errors.sort_by_key(|e| matches!(e, EngineError::Internal { .. }));
+        // The claims served the workers only: freed before the packer, done once the tree's
+        // nodes are sent, reads back its index entries (`pending_entries`).
+        drop(std::mem::take(
+            &mut *dedup.claims.lock().expect("dedup lock"),
+        ));
         let size = *read.as_ref().unwrap_or(&0);
         let mut tree_error = None;
         // Not after a failure elsewhere (the packer's upload): the tree's node lookups would
@@ -666,7 +672,8 @@ fn slot_count(loc: &GroupLocation) -> u16 {
 
 /// Packs groups and nodes (in separate packs, so a version's tree is read from few places),
 /// stores full packs, at most `uploads` at a time. Returns the index entries of every chunk,
-/// group and node stored (8 bytes an id), and the bytes written.
+/// group and node stored (8 bytes an id, held in a staged file until the end:
+/// `pending_entries`), and the bytes written.
 fn pack_groups(
     repo: &Arc<Repo>,
     handle: &Handle,
@@ -676,6 +683,7 @@ fn pack_groups(
     progress: &CommitProgress,
 ) -> EngineResult<(RunEntries, u64)> {
     let mut uploader = Uploader::new(repo, handle, uploads, progress);
+    let mut pending = PendingEntries::new(handle.block_on(repo.stage_scratch())?);
     let group_size = config.v2.map_or(64 << 10, |v| v.group_size) as usize;
     let packer = || {
         let (repo, handle) = (repo.clone(), handle.clone());
@@ -709,18 +717,16 @@ fn pack_groups(
             Packable::Node(id, bytes) => full.extend(nodes.push_node(id, &bytes)?),
         }
         for pack in full {
-            uploader.start(pack.id, pack.bytes, keys_of(pack.ids))?;
+            let keys = pending.add(keys_of(pack.ids))?;
+            uploader.start(pack.id, pack.bytes, keys)?;
         }
     }
     for pack in [data.finish()?, nodes.finish()?].into_iter().flatten() {
-        uploader.start(pack.id, pack.bytes, keys_of(pack.ids))?;
+        let keys = pending.add(keys_of(pack.ids))?;
+        uploader.start(pack.id, pack.bytes, keys)?;
     }
     let (packs, written) = uploader.finish()?;
-    let mut entries = RunEntries::default();
-    for (pack, keys) in packs {
-        entries.add_keys(pack, keys);
-    }
-    Ok((entries, written))
+    Ok((pending.into_entries(packs)?, written))
 }
 
 /// The index keys of a finished pack's ids (what its run entries hold).

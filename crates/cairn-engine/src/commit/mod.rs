@@ -41,6 +41,7 @@ pub mod incremental;
 pub(crate) mod packing;
 pub(crate) mod parent;
 pub mod patch;
+pub(crate) mod pending_entries;
 pub(crate) mod pipeline;
 pub mod plan;
 pub(crate) mod publish;
