@@ -4,12 +4,12 @@
 //! the trace holds no index runs and reads no trailers (see `store.rs`); the figures say what
 //! the real reader would, given the same lookups.
 
+use cairn_engine::commit::claims::CLAIM_BYTES;
 use cairn_format::index_run::{
     BlockRef, SectionRef, BLOCK_SECTIONS, DIRECTORY_ENTRY_LEN, ENTRY_LEN, PACKS_PER_BLOCK,
     SECTION_ENTRIES,
 };
-use cairn_format::Id;
-use cairn_repo::v2::{CacheLimits, PackTrailer, Placement};
+use cairn_repo::v2::{CacheLimits, PackTrailer};
 
 use super::commit::CommitFigures;
 use super::store::{GROUP_CHUNKS, PACK_CHUNKS};
@@ -78,7 +78,7 @@ impl CommitCost {
     pub fn of(f: &CommitFigures, entries: u64, packs: u64, index_memory: u64) -> CommitCost {
         let limits = CacheLimits::for_index_memory(index_memory);
         let filter_budget = limits.filter_bytes;
-        let claim = std::mem::size_of::<(Id, Option<Placement>)>();
+        let claim = CLAIM_BYTES;
         let sections = entries.div_ceil(SECTION_ENTRIES as u64);
         let blocks = sections.div_ceil(BLOCK_SECTIONS as u64);
         let pack_blocks = packs.div_ceil(u64::from(PACKS_PER_BLOCK));
