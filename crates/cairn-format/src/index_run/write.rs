@@ -1,6 +1,9 @@
 //! Writing version 3 runs: sections as entries come, directory blocks and pack blocks after
 //! them, then the filter and the top level.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use crate::codec::Encoder;
 use crate::crypto::{Domain, MasterKey};
 use crate::summary::{Bloom, ProbeKey};
@@ -135,14 +138,50 @@ impl RunEntries {
     }
 
     /// [`Self::write`] with a given geometry. The pack table is sorted, without repeats; the
-    /// entries are sorted by (key, pack ordinal), each once.
+    /// entries are sorted by (key, pack ordinal), each once (the writer drops repeats).
     pub fn write_with(self, key: Option<&MasterKey>, g: Geometry) -> Vec<u8> {
-        let (table, entries) = self.table_and_entries();
-        let mut w = RunWriter::with_geometry(table, entries.len() as u64, key, g);
+        let mut table: Vec<Id> = self.packs.iter().map(|(p, _)| *p).collect();
+        table.sort_unstable();
+        table.dedup();
+        let expected = self.entries as u64;
+        let entries = self.merged_in(&table);
+        let mut w = RunWriter::with_geometry(table, expected, key, g);
         for e in entries {
             w.push(e);
         }
         w.finish()
+    }
+
+    /// The entries against pack table `table`, in order (repeats included), merged from
+    /// each addition's keys sorted in place: [`Self::entries_in`] made a second array of
+    /// them at 16 bytes an entry beside the keys' 8 (17 MiB of a 64 GiB first commit's
+    /// 35 MiB heap peak, while it wrote its run).
+    fn merged_in(self, table: &[Id]) -> impl Iterator<Item = Entry> {
+        let mut runs: Vec<(u32, std::vec::IntoIter<u64>)> = self
+            .packs
+            .into_iter()
+            .map(|(pack, mut keys)| {
+                keys.sort_unstable();
+                let pack = table.binary_search(&pack).expect("in the table") as u32;
+                (pack, keys.into_iter())
+            })
+            .collect();
+        let mut heap: BinaryHeap<Reverse<(Entry, usize)>> = runs
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, (pack, keys))| {
+                let key = keys.next()?;
+                Some(Reverse((Entry { key, pack: *pack }, i)))
+            })
+            .collect();
+        std::iter::from_fn(move || {
+            let Reverse((e, i)) = heap.pop()?;
+            let (pack, keys) = &mut runs[i];
+            if let Some(key) = keys.next() {
+                heap.push(Reverse((Entry { key, pack: *pack }, i)));
+            }
+            Some(e)
+        })
     }
 }
 
