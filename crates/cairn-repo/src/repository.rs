@@ -713,14 +713,40 @@ impl Repo {
     }
 
     /// [`Repo::put_index_run`] of entries gathered pack by pack (a commit's: 8 bytes an id).
+    /// On a store with staged files the run is written into one and published as it is, so
+    /// it is never whole in memory (a 64 GiB first commit's run is 12 MiB).
     pub async fn put_run_entries(
         &self,
         entries: cairn_format::index_run::RunEntries,
         key: Option<&cairn_format::crypto::MasterKey>,
     ) -> RepoResult<(Id, u64)> {
         let packs: Vec<Id> = entries.packs().copied().collect();
-        let raw = entries.write(key);
-        self.put_run_naming(raw, &packs).await
+        let Some(mut staged) = self.store.stage(keys::INDEX_RUNS).await? else {
+            let raw = entries.write(key);
+            return self.put_run_naming(raw, &packs).await;
+        };
+        let key = key.cloned();
+        let (mut staged, id) = tokio::task::spawn_blocking(move || {
+            let errors = staged.errors();
+            let out = std::io::BufWriter::with_capacity(256 << 10, &mut staged);
+            let geometry = cairn_format::index_run::Geometry::default();
+            let (_, id) = entries
+                .write_to(out, key.as_ref(), geometry)
+                .map_err(|e| errors("write", e))?;
+            Ok::<_, RepoError>((staged, id))
+        })
+        .await
+        .map_err(|e| RepoError::Invalid(format!("writing an index run: {e}")))??;
+        let written = match self
+            .store
+            .publish_staged(&keys::index_run(&id), &mut staged)
+            .await?
+        {
+            PutOutcome::Created => staged.len()?,
+            PutOutcome::AlreadyExists => 0,
+        };
+        self.run_stored(&id, &packs).await?;
+        Ok((id, written))
     }
 
     /// Stores run bytes that name `packs` (among others): those packs are indexed from now on
@@ -732,6 +758,12 @@ impl Repo {
         packs: impl IntoIterator<Item = &Id>,
     ) -> RepoResult<(Id, u64)> {
         let (id, written) = self.put_run_bytes(raw).await?;
+        self.run_stored(&id, packs).await?;
+        Ok((id, written))
+    }
+
+    /// Run `id`, naming `packs`, is stored: they are indexed, and this process reads it.
+    async fn run_stored(&self, id: &Id, packs: impl IntoIterator<Item = &Id>) -> RepoResult<()> {
         {
             let mut unindexed = self.unindexed.lock().expect("unindexed lock");
             for pack in packs {
@@ -739,9 +771,9 @@ impl Repo {
             }
         }
         if let Some(v2) = &self.v2 {
-            v2.add_run(&id).await?;
+            v2.add_run(id).await?;
         }
-        Ok((id, written))
+        Ok(())
     }
 
     /// Stores an index run's bytes under their id (a merge of runs: compaction). Returns its

@@ -730,3 +730,40 @@ async fn a_large_runs_filter_is_read_once_the_run_is_asked_often() {
     assert_eq!(r.filter_memory(), (0, 1));
     assert_eq!(r.find_chunk(&Id::of(b"absent")).await.unwrap(), None);
 }
+
+/// On a directory store a run of entries gathered pack by pack is written into a staged file
+/// and published as it is: the stored object is byte for byte the run written in memory,
+/// under the hash of its bytes, the reader finds its entries, a second publication of the
+/// same run writes nothing, and no staged file is left.
+#[tokio::test]
+async fn a_commits_run_is_staged_and_published_as_written_in_memory() {
+    let f = fixture().await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let (pack_id, bytes, written) = pack(&mut rng, 3, None);
+    f.put(&keys::pack(&pack_id), bytes).await;
+    let entries = || {
+        let mut e = index_run::RunEntries::default();
+        e.add_pack(pack_id, written.iter().map(|w| &w.id));
+        e
+    };
+    let in_memory = entries().write(None);
+    let (id, n) = f.repo.put_run_entries(entries(), None).await.unwrap();
+    assert_eq!(id, Id::of(&in_memory));
+    assert_eq!(n, in_memory.len() as u64);
+    assert_eq!(f.store.get(&keys::index_run(&id)).await.unwrap(), in_memory);
+    let reader = f.reader(None);
+    reader.add_run(&id).await.unwrap();
+    for w in &written {
+        assert_eq!(reader.locate_group(&w.id).await.unwrap().id(), w.id);
+    }
+    assert_eq!(
+        f.repo.put_run_entries(entries(), None).await.unwrap(),
+        (id, 0)
+    );
+    let left: Vec<_> = std::fs::read_dir(f.root.join("index-runs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().starts_with(".tmp-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

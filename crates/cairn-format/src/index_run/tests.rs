@@ -241,3 +241,46 @@ fn entries_gathered_pack_by_pack_write_the_run_of_their_pairs() {
     assert_eq!(run, write_run_with(&locs, None, small(16)));
     assert_eq!(parse_run(&run, None).unwrap().entries(), 500);
 }
+
+/// A run written to any sink is the run written to memory, its id the hash of its bytes;
+/// a sink that fails makes the writer fail with its error.
+#[test]
+fn a_run_written_to_a_sink_is_the_run_in_memory_and_a_failing_sink_fails_it() {
+    let gathered = || {
+        let mut e = RunEntries::default();
+        let locs = locations(300);
+        for p in [0u8, 1, 2] {
+            let pack = Id::of(&[p]);
+            e.add_pack(
+                pack,
+                locs.iter().filter(|(_, q)| *q == pack).map(|(i, _)| i),
+            );
+        }
+        e
+    };
+    let in_memory = gathered().write_with(None, small(16));
+    let (sink, id) = gathered()
+        .write_to(std::io::Cursor::new(Vec::new()), None, small(16))
+        .unwrap();
+    assert_eq!(sink.into_inner(), in_memory);
+    assert_eq!(id, Id::of(&in_memory));
+
+    struct Full(usize);
+    impl std::io::Write for Full {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.0 < buf.len() {
+                return Err(std::io::Error::other("no space left"));
+            }
+            self.0 -= buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let err = gathered()
+        .write_to(Full(100), None, small(16))
+        .err()
+        .unwrap();
+    assert_eq!(err.to_string(), "no space left");
+}

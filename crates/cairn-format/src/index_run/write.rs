@@ -3,6 +3,7 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::io::{self, Write};
 
 use crate::codec::Encoder;
 use crate::crypto::{Domain, MasterKey};
@@ -140,16 +141,30 @@ impl RunEntries {
     /// [`Self::write`] with a given geometry. The pack table is sorted, without repeats; the
     /// entries are sorted by (key, pack ordinal), each once (the writer drops repeats).
     pub fn write_with(self, key: Option<&MasterKey>, g: Geometry) -> Vec<u8> {
+        let expected = HEADER_LEN + self.entries * ENTRY_LEN + 1024;
+        self.write_to(Vec::with_capacity(expected), key, g)
+            .expect("writing to memory")
+            .0
+    }
+
+    /// [`Self::write_with`] into `out` (a file, so that a commit's run is never whole in
+    /// memory): the sink, and the run's id (the hash of its bytes).
+    pub fn write_to<W: Write>(
+        self,
+        out: W,
+        key: Option<&MasterKey>,
+        g: Geometry,
+    ) -> io::Result<(W, Id)> {
         let mut table: Vec<Id> = self.packs.iter().map(|(p, _)| *p).collect();
         table.sort_unstable();
         table.dedup();
         let expected = self.entries as u64;
         let entries = self.merged_in(&table);
-        let mut w = RunWriter::with_geometry(table, expected, key, g);
+        let mut w = RunWriter::to_writer(out, table, expected, key, g);
         for e in entries {
             w.push(e);
         }
-        w.finish()
+        w.finish_to()
     }
 
     /// The entries against pack table `table`, in order (repeats included), merged from
@@ -196,13 +211,20 @@ struct BlockTop {
 /// Writes a version 3 run from entries given in order — the way a compaction merges runs
 /// from their own sections without the ids' other 24 bytes. Entries must come sorted by
 /// (key, pack ordinal); a repeat of the last entry is dropped.
-pub struct RunWriter<'k> {
+///
+/// The header and the sections go to `W` as they are made (a file a commit publishes as
+/// it is, or memory), hashed on the way: the run's id is the hash of its bytes.
+pub struct RunWriter<'k, W: Write = Vec<u8>> {
     key: Option<&'k MasterKey>,
     packs: Vec<Id>,
     geometry: Geometry,
     filter: Bloom,
-    /// Header and sections.
-    out: Vec<u8>,
+    /// Header and sections, as they are made.
+    out: W,
+    /// The hash of what went to `out`.
+    hasher: blake3::Hasher,
+    /// The first error `out` gave (then nothing more is written).
+    error: Option<io::Error>,
     /// Stored directory blocks, back to back.
     directory: Vec<u8>,
     blocks: Vec<BlockTop>,
@@ -229,16 +251,30 @@ impl<'k> RunWriter<'k> {
         key: Option<&'k MasterKey>,
         geometry: Geometry,
     ) -> RunWriter<'k> {
+        let out = Vec::with_capacity(HEADER_LEN + expected as usize * ENTRY_LEN + 1024);
+        RunWriter::to_writer(out, packs, expected, key, geometry)
+    }
+
+    /// The run's bytes.
+    pub fn finish(self) -> Vec<u8> {
+        self.finish_to().expect("writing to memory").0
+    }
+}
+
+impl<'k, W: Write> RunWriter<'k, W> {
+    /// [`RunWriter::with_geometry`] writing to `out`.
+    pub fn to_writer(
+        out: W,
+        packs: Vec<Id>,
+        expected: u64,
+        key: Option<&'k MasterKey>,
+        geometry: Geometry,
+    ) -> RunWriter<'k, W> {
         debug_assert!(
             packs.windows(2).all(|w| w[0] < w[1]),
             "packs sorted, no repeats"
         );
-        let mut out = Vec::with_capacity(HEADER_LEN + expected as usize * ENTRY_LEN + 1024);
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&VERSION.to_le_bytes());
-        let flags = if key.is_some() { FLAG_SEALED } else { 0 };
-        out.extend_from_slice(&flags.to_le_bytes());
-        RunWriter {
+        let mut w = RunWriter {
             key,
             packs,
             geometry: Geometry {
@@ -248,6 +284,8 @@ impl<'k> RunWriter<'k> {
             },
             filter: Bloom::with_capacity(expected, FILTER_BITS_PER_ENTRY, FILTER_PROBES),
             out,
+            hasher: blake3::Hasher::new(),
+            error: None,
             directory: Vec::new(),
             blocks: Vec::new(),
             block: Encoder::new(),
@@ -255,6 +293,21 @@ impl<'k> RunWriter<'k> {
             pending: Vec::new(),
             last: None,
             entries: 0,
+        };
+        let flags = if key.is_some() { FLAG_SEALED } else { 0 };
+        w.emit(MAGIC);
+        w.emit(&VERSION.to_le_bytes());
+        w.emit(&flags.to_le_bytes());
+        w
+    }
+
+    /// Writes `bytes` to the run (after an error, nothing: [`Self::finish_to`] returns it).
+    fn emit(&mut self, bytes: &[u8]) {
+        if self.error.is_none() {
+            self.hasher.update(bytes);
+            if let Err(e) = self.out.write_all(bytes) {
+                self.error = Some(e);
+            }
         }
     }
 
@@ -319,9 +372,10 @@ impl<'k> RunWriter<'k> {
         });
         top.sections += 1;
         top.entries += u64::from(entries);
-        self.out.extend_from_slice(&stored);
+        let block_full = top.sections as usize >= self.geometry.block_sections;
+        self.emit(&stored);
         self.pending.clear();
-        if top.sections as usize >= self.geometry.block_sections {
+        if block_full {
             self.end_block();
         }
     }
@@ -338,23 +392,25 @@ impl<'k> RunWriter<'k> {
         self.blocks.push(top);
     }
 
-    /// The run's bytes.
-    pub fn finish(mut self) -> Vec<u8> {
+    /// Ends the run: its sink, holding every byte, and its id (the hash of its bytes); or
+    /// the first error the sink gave.
+    pub fn finish_to(mut self) -> io::Result<(W, Id)> {
         self.cut();
         self.end_block();
-        let mut out = std::mem::take(&mut self.out);
-        out.append(&mut self.directory);
+        let directory = std::mem::take(&mut self.directory);
+        self.emit(&directory);
         let per = self.geometry.packs_per_block;
         let mut top = Encoder::new();
         top.u32(self.packs.len() as u32).u32(per);
-        for block in self.packs.chunks(per as usize) {
+        let packs = std::mem::take(&mut self.packs);
+        for block in packs.chunks(per as usize) {
             let mut e = Encoder::with_capacity(block.len() * 32);
             for p in block {
                 e.id(p);
             }
             let stored = self.seal(e.finish());
             top.bytes(blake3::hash(&stored).as_bytes());
-            out.extend_from_slice(&stored);
+            self.emit(&stored);
         }
         top.u32(self.blocks.len() as u32);
         for b in &self.blocks {
@@ -368,14 +424,18 @@ impl<'k> RunWriter<'k> {
         let filter = self.seal(f.finish());
         top.u64(filter.len() as u64)
             .bytes(blake3::hash(&filter).as_bytes());
-        out.extend_from_slice(&filter);
+        self.emit(&filter);
         let top = self.seal(top.finish());
-        out.extend_from_slice(&top);
-        out.extend_from_slice(&(top.len() as u32).to_le_bytes());
-        out.extend_from_slice(&self.entries.to_le_bytes());
-        out.extend_from_slice(blake3::hash(&top).as_bytes());
-        out.extend_from_slice(END_MAGIC);
-        out
+        self.emit(&top);
+        self.emit(&(top.len() as u32).to_le_bytes());
+        self.emit(&self.entries.to_le_bytes());
+        self.emit(blake3::hash(&top).as_bytes());
+        self.emit(END_MAGIC);
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        self.out.flush()?;
+        Ok((self.out, Id(*self.hasher.finalize().as_bytes())))
     }
 }
 
