@@ -276,6 +276,28 @@ impl MergedSummary {
         ));
     }
 
+    /// What the trees of every merge in `merges` use, in one union (node keys and slots,
+    /// without counts): every entry gathered, sorted once and folded by key, where merging
+    /// the merges one by one into a union cost a pass over the whole union each.
+    pub fn union_of<'a>(merges: impl IntoIterator<Item = &'a MergedSummary>) -> GroupSummary {
+        let (mut nodes, mut groups): (Vec<u64>, Vec<(u64, &SlotSet)>) = (Vec::new(), Vec::new());
+        for m in merges {
+            nodes.extend(m.nodes.keys().copied());
+            groups.extend(m.groups.iter().map(|(k, c)| (*k, &c.slots)));
+        }
+        nodes.sort_unstable();
+        nodes.dedup();
+        groups.sort_by_key(|(k, _)| *k);
+        let mut union: Vec<(u64, SlotSet)> = Vec::with_capacity(groups.len());
+        for (key, slots) in groups {
+            match union.last_mut() {
+                Some((k, set)) if *k == key => set.union_with(slots),
+                _ => union.push((key, slots.clone())),
+            }
+        }
+        GroupSummary::uncounted(nodes, union)
+    }
+
     /// Node keys and group slots counted (for reports).
     pub fn entries(&self) -> (usize, u64) {
         (
@@ -432,6 +454,31 @@ mod tests {
         let mut u = GroupSummary::default();
         m.union_into(&mut u);
         u
+    }
+
+    /// The union of several merges, gathered and sorted once, is the union of every tree
+    /// they count.
+    #[test]
+    fn the_union_of_merges_is_the_union_of_their_trees() {
+        let trees = [
+            tree(&[1, 2], &[(1, 0, 16), (2, 0, 4)]),
+            tree(&[2, 3], &[(1, 60, 8), (2, 2, 4), (3, 0, 1)]),
+            tree(&[3], &[(1, 4, 2), (4, 70, 1)]),
+            tree(&[], &[]),
+        ];
+        let merges: Vec<MergedSummary> = trees
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let mut m = MergedSummary::new(&format!("vm{i}"));
+                m.add_tree(&Id::of(&[b'r', i as u8]), t);
+                m
+            })
+            .collect();
+        let mut uncounted = union_of(&trees);
+        uncounted.forget_counts();
+        assert_eq!(MergedSummary::union_of(&merges), uncounted);
+        assert_eq!(MergedSummary::union_of([]), GroupSummary::default());
     }
 
     #[test]

@@ -31,11 +31,7 @@ impl LiveSet {
         if merges.len() <= MAX_ASKED {
             return LiveSet::Merges(merges);
         }
-        let mut union = GroupSummary::default();
-        for m in &merges {
-            m.union_into(&mut union);
-        }
-        LiveSet::Union(union)
+        LiveSet::Union(MergedSummary::union_of(&merges))
     }
 
     pub(super) fn has_node_key(&self, key: u64) -> bool {
