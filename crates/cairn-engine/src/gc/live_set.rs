@@ -4,7 +4,7 @@
 //! its "live summaries" step building that union (a `SlotSet` allocated and merged per
 //! group) to ask it about the few packs the deleted versions' data is in (BENCHMARKS §2,
 //! "Where GC's time goes"). Past [`MAX_ASKED`] images a question would ask too many merges,
-//! so their union is built as before.
+//! so their union is built, in one gathering sorted once (`MergedSummary::union_of`).
 
 use std::borrow::Cow;
 
