@@ -566,7 +566,12 @@ async fn a_staged_pack_whose_key_is_taken_is_resalted_and_stored_apart() {
     assert_eq!(stored[16..], bytes[16..], "only the salt differs");
     assert_eq!(f.store.get(&keys::pack(&first)).await.unwrap(), bytes);
     // No staged file is left behind.
-    let left: Vec<_> = std::fs::read_dir(f.root.join("packs"))
+    assert_no_staged_file(&f.root.join("packs"));
+}
+
+/// No `.tmp-` file (a staged object's temporary name) is left in `dir`.
+fn assert_no_staged_file(dir: &std::path::Path) {
+    let left: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .filter(|n| n.to_string_lossy().starts_with(".tmp-"))
@@ -760,10 +765,5 @@ async fn a_commits_run_is_staged_and_published_as_written_in_memory() {
         f.repo.put_run_entries(entries(), None).await.unwrap(),
         (id, 0)
     );
-    let left: Vec<_> = std::fs::read_dir(f.root.join("index-runs"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .filter(|n| n.to_string_lossy().starts_with(".tmp-"))
-        .collect();
-    assert!(left.is_empty(), "{left:?}");
+    assert_no_staged_file(&f.root.join("index-runs"));
 }

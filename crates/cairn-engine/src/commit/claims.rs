@@ -5,8 +5,9 @@
 //! (id, group number and slot, a control byte, at the map's load; the group's id is in a
 //! table per generation): 160 MiB for a VM's first commit with 14 GiB of new data, the
 //! largest part of a commit's memory (BENCHMARKS §2, "Trace benchmark"; 73 bytes a chunk,
-//! 290 MiB, with the group's id in every claim before 2026-11-29). Bounded mode keeps two *generations* of at most `generation` claims each and
-//! forgets the older one when the newer fills: a chunk that comes again within the last
+//! 290 MiB, with the group's id in every claim before 2026-11-29). Bounded mode keeps two
+//! *generations* of at most `generation` claims each and forgets the older one when the
+//! newer fills: a chunk that comes again within the last
 //! `generation` claims (432 MiB of new data by default) is found; one that comes again later
 //! is stored twice, as bounded dedup's other misses are (space, never correctness). A
 //! generation's claims fit a map of 2^17 buckets, so its map never doubles past that (the

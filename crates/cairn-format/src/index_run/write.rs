@@ -141,10 +141,9 @@ impl RunEntries {
     /// [`Self::write`] with a given geometry. The pack table is sorted, without repeats; the
     /// entries are sorted by (key, pack ordinal), each once (the writer drops repeats).
     pub fn write_with(self, key: Option<&MasterKey>, g: Geometry) -> Vec<u8> {
-        let expected = HEADER_LEN + self.entries * ENTRY_LEN + 1024;
-        self.write_to(Vec::with_capacity(expected), key, g)
-            .expect("writing to memory")
-            .0
+        let (table, expected) = self.table();
+        let w = RunWriter::with_geometry(table.clone(), expected, key, g);
+        self.push_into(w, &table).finish()
     }
 
     /// [`Self::write_with`] into `out` (a file, so that a commit's run is never whole in
@@ -155,16 +154,25 @@ impl RunEntries {
         key: Option<&MasterKey>,
         g: Geometry,
     ) -> io::Result<(W, Id)> {
+        let (table, expected) = self.table();
+        let w = RunWriter::to_writer(out, table.clone(), expected, key, g);
+        self.push_into(w, &table).finish_to()
+    }
+
+    /// The pack table (sorted, no repeats) and the entries expected.
+    fn table(&self) -> (Vec<Id>, u64) {
         let mut table: Vec<Id> = self.packs.iter().map(|(p, _)| *p).collect();
         table.sort_unstable();
         table.dedup();
-        let expected = self.entries as u64;
-        let entries = self.merged_in(&table);
-        let mut w = RunWriter::to_writer(out, table, expected, key, g);
-        for e in entries {
+        (table, self.entries as u64)
+    }
+
+    /// Pushes every entry, in order, into `w`, a writer for pack table `table`.
+    fn push_into<'k, W: Write>(self, mut w: RunWriter<'k, W>, table: &[Id]) -> RunWriter<'k, W> {
+        for e in self.merged_in(table) {
             w.push(e);
         }
-        w.finish_to()
+        w
     }
 
     /// The entries against pack table `table`, in order (repeats included), merged from
@@ -221,8 +229,9 @@ pub struct RunWriter<'k, W: Write = Vec<u8>> {
     filter: Bloom,
     /// Header and sections, as they are made.
     out: W,
-    /// The hash of what went to `out`.
-    hasher: blake3::Hasher,
+    /// The hash of what went to `out`, for a writer to a sink ([`RunWriter::to_writer`]); a
+    /// run in memory is hashed where it is stored, once.
+    hasher: Option<blake3::Hasher>,
     /// The first error `out` gave (then nothing more is written).
     error: Option<io::Error>,
     /// Stored directory blocks, back to back.
@@ -252,12 +261,12 @@ impl<'k> RunWriter<'k> {
         geometry: Geometry,
     ) -> RunWriter<'k> {
         let out = Vec::with_capacity(HEADER_LEN + expected as usize * ENTRY_LEN + 1024);
-        RunWriter::to_writer(out, packs, expected, key, geometry)
+        RunWriter::start(out, None, packs, expected, key, geometry)
     }
 
     /// The run's bytes.
     pub fn finish(self) -> Vec<u8> {
-        self.finish_to().expect("writing to memory").0
+        self.end().expect("writing to memory").0
     }
 }
 
@@ -265,6 +274,18 @@ impl<'k, W: Write> RunWriter<'k, W> {
     /// [`RunWriter::with_geometry`] writing to `out`.
     pub fn to_writer(
         out: W,
+        packs: Vec<Id>,
+        expected: u64,
+        key: Option<&'k MasterKey>,
+        geometry: Geometry,
+    ) -> RunWriter<'k, W> {
+        let hasher = Some(blake3::Hasher::new());
+        RunWriter::start(out, hasher, packs, expected, key, geometry)
+    }
+
+    fn start(
+        out: W,
+        hasher: Option<blake3::Hasher>,
         packs: Vec<Id>,
         expected: u64,
         key: Option<&'k MasterKey>,
@@ -284,7 +305,7 @@ impl<'k, W: Write> RunWriter<'k, W> {
             },
             filter: Bloom::with_capacity(expected, FILTER_BITS_PER_ENTRY, FILTER_PROBES),
             out,
-            hasher: blake3::Hasher::new(),
+            hasher,
             error: None,
             directory: Vec::new(),
             blocks: Vec::new(),
@@ -304,7 +325,9 @@ impl<'k, W: Write> RunWriter<'k, W> {
     /// Writes `bytes` to the run (after an error, nothing: [`Self::finish_to`] returns it).
     fn emit(&mut self, bytes: &[u8]) {
         if self.error.is_none() {
-            self.hasher.update(bytes);
+            if let Some(h) = &mut self.hasher {
+                h.update(bytes);
+            }
             if let Err(e) = self.out.write_all(bytes) {
                 self.error = Some(e);
             }
@@ -392,9 +415,16 @@ impl<'k, W: Write> RunWriter<'k, W> {
         self.blocks.push(top);
     }
 
-    /// Ends the run: its sink, holding every byte, and its id (the hash of its bytes); or
-    /// the first error the sink gave.
-    pub fn finish_to(mut self) -> io::Result<(W, Id)> {
+    /// Ends a run written to a sink ([`RunWriter::to_writer`]): the sink, holding every
+    /// byte, and the run's id (the hash of its bytes); or the first error the sink gave.
+    pub fn finish_to(self) -> io::Result<(W, Id)> {
+        let (out, hasher) = self.end()?;
+        let hasher = hasher.expect("a writer to a sink hashes its run");
+        Ok((out, Id(*hasher.finalize().as_bytes())))
+    }
+
+    /// Ends the run: the sink, holding every byte, and the hash of them if it was kept.
+    fn end(mut self) -> io::Result<(W, Option<blake3::Hasher>)> {
         self.cut();
         self.end_block();
         let directory = std::mem::take(&mut self.directory);
@@ -435,7 +465,7 @@ impl<'k, W: Write> RunWriter<'k, W> {
             return Err(e);
         }
         self.out.flush()?;
-        Ok((self.out, Id(*self.hasher.finalize().as_bytes())))
+        Ok((self.out, self.hasher))
     }
 }
 
