@@ -13,8 +13,9 @@
 
 use bytes::Bytes;
 use cairn_format::keys;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 
+use cairn_format::id_hash::{IdMap, IdSet};
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::{Damaged, Repo, RepoError};
@@ -24,13 +25,13 @@ use crate::error::EngineResult;
 #[derive(Debug, Default, Clone)]
 pub struct LiveVersions {
     /// Live versions: reachable and not deleted.
-    pub live: HashMap<Id, VersionRecord>,
+    pub live: IdMap<VersionRecord>,
     /// Versions marked deleted (whether reachable or not).
-    pub deleted: HashSet<Id>,
+    pub deleted: IdSet,
     /// Version ids named by tags, with the tag's ref key.
     pub tagged: HashMap<Id, Vec<String>>,
     /// Every version record reached from a head or a tag, live or deleted.
-    pub reachable: HashSet<Id>,
+    pub reachable: IdSet,
     /// Damaged metadata met on the way, one finding per object.
     pub damage: Vec<Damaged>,
     /// Images whose history is broken by that damage (their records were all kept live).
@@ -44,8 +45,8 @@ pub struct LiveVersions {
 /// twice, and each record is opened once.
 #[derive(Default)]
 pub struct RecordSource {
-    known: HashMap<Id, Bytes>,
-    opened: HashMap<Id, VersionRecord>,
+    known: IdMap<Bytes>,
+    opened: IdMap<VersionRecord>,
     /// Records read from their own keys.
     pub read: u64,
 }
@@ -53,9 +54,11 @@ pub struct RecordSource {
 impl RecordSource {
     /// A source holding `known` (stored bytes by id) at hand.
     pub fn with(known: impl IntoIterator<Item = (Id, Bytes)>) -> RecordSource {
+        let known: IdMap<Bytes> = known.into_iter().collect();
         RecordSource {
-            known: known.into_iter().collect(),
-            ..RecordSource::default()
+            opened: IdMap::with_capacity_and_hasher(known.len(), Default::default()),
+            known,
+            read: 0,
         }
     }
 
@@ -181,8 +184,8 @@ pub async fn live_versions_from(
         roots.push((id, image));
         tagged.entry(id).or_default().push(key);
     }
-    let mut reachable = HashSet::new();
-    let mut live = HashMap::new();
+    let mut reachable = IdSet::default();
+    let mut live = IdMap::default();
     for (root, image) in roots {
         let mut cur = Some(root);
         let mut chain_image = image;

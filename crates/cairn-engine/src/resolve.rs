@@ -1,6 +1,6 @@
 //! Naming versions: `IMAGE`, `IMAGE@N`, `IMAGE@<hex prefix>`; and walking an image's history.
 
-use std::collections::HashSet;
+use cairn_format::id_hash::IdSet;
 
 use cairn_format::id::is_hex_prefix;
 use cairn_format::name::validate_image_name;
@@ -77,7 +77,7 @@ pub async fn resolve(repo: &Repo, spec: &VersionSpec) -> EngineResult<(Id, Versi
 async fn resolve_including_deleted(
     repo: &Repo,
     spec: &VersionSpec,
-    deleted: &HashSet<Id>,
+    deleted: &IdSet,
 ) -> EngineResult<(Id, VersionRecord)> {
     let Some(reference) = &spec.reference else {
         return newest_live(repo, &spec.image, deleted).await;
@@ -218,7 +218,7 @@ pub async fn history_checked(repo: &Repo, image: &str) -> EngineResult<History> 
 async fn newest_live(
     repo: &Repo,
     image: &str,
-    deleted: &HashSet<Id>,
+    deleted: &IdSet,
 ) -> EngineResult<(Id, VersionRecord)> {
     validate_image_name(image)?;
     let none_left = || EngineError::BadRef(format!("image {image:?} has no versions left"));
@@ -250,7 +250,7 @@ async fn newest_live(
     Err(none_left())
 }
 
-async fn history_with(repo: &Repo, image: &str, deleted: &HashSet<Id>) -> EngineResult<History> {
+async fn history_with(repo: &Repo, image: &str, deleted: &IdSet) -> EngineResult<History> {
     validate_image_name(image)?;
     let head = match repo.head(image).await {
         Ok(Some(h)) => Some(h.version),
@@ -306,7 +306,7 @@ async fn chain_of(
     }
     if broken {
         let below = out.versions.last().map_or(u64::MAX, |(_, r)| r.seq);
-        let have: HashSet<Id> = out.versions.iter().map(|(id, _)| *id).collect();
+        let have: IdSet = out.versions.iter().map(|(id, _)| *id).collect();
         let images = std::collections::BTreeSet::from([image.to_string()]);
         let mut found: Vec<(Id, VersionRecord)> =
             records_of(repo, &mut Default::default(), &images, &mut out.damage)

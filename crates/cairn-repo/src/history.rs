@@ -1,7 +1,7 @@
 //! Tags, deletion markers and whole-image removal.
 
+use cairn_format::id_hash::IdSet;
 use cairn_format::keys;
-use std::collections::HashSet;
 
 use bytes::Bytes;
 use cairn_format::marker::encode_deleted;
@@ -124,8 +124,8 @@ impl Repo {
 
     /// Every version marked deleted. The marker's key names the version, so one listing
     /// answers this without reading each marker.
-    pub async fn deleted_versions(&self) -> RepoResult<HashSet<Id>> {
-        let mut out = HashSet::new();
+    pub async fn deleted_versions(&self) -> RepoResult<IdSet> {
+        let mut out = IdSet::default();
         for meta in self.store().list(keys::DELETED).await? {
             let id = meta.key[keys::DELETED.len()..]
                 .parse::<Id>()

@@ -1,8 +1,8 @@
 //! Reference summaries of manifest trees (`summaries/<root>`) and the freed markers of fast
 //! deletion (`gc/freed/<version>`); see `cairn_format::summary` and `cairn_engine::gc`.
 
+use cairn_format::id_hash::IdSet;
 use cairn_format::keys;
-use std::collections::HashSet;
 
 use bytes::Bytes;
 use cairn_format::crypto::Domain;
@@ -166,7 +166,7 @@ impl Repo {
     }
 
     /// Deleted versions whose space some GC has already given back.
-    pub async fn freed_versions(&self) -> RepoResult<HashSet<Id>> {
+    pub async fn freed_versions(&self) -> RepoResult<IdSet> {
         Ok(parse_listing(self, keys::FREED)
             .await?
             .into_iter()

@@ -556,7 +556,9 @@ impl PackPlan {
         // slot, else (damage elsewhere) the first that stores some — never less than there
         // is. (pack, group, live fraction, complete), by id; a quarantined copy is no copy
         // (`rebuild.rs` deals with those).
-        let mut kept_copy: IdMap<(Id, u32, f64, bool)> = IdMap::default();
+        let groups: usize = snapshot.trailers.values().map(|t| t.groups.len()).sum();
+        let mut kept_copy: IdMap<(Id, u32, f64, bool)> =
+            IdMap::with_capacity_and_hasher(groups, Default::default());
         let mut dead_in: HashMap<Id, Vec<Id>> = HashMap::new();
         for (pack, trailer) in &snapshot.trailers {
             for (g, group) in trailer.groups.iter().enumerate() {

@@ -10,9 +10,8 @@
 //! no bundle (it reads every record from its own key, as it trusts nothing kept between
 //! GCs) but writes one.
 
-use std::collections::HashSet;
-
 use bytes::Bytes;
+use cairn_format::id_hash::IdSet;
 use cairn_format::record_bundle::RecordBundle;
 use cairn_format::Id;
 use cairn_repo::Repo;
@@ -28,7 +27,7 @@ pub(super) struct GcRecords {
     bundles: Vec<String>,
     damaged: Vec<String>,
     /// Ids the bundles held.
-    bundled: HashSet<Id>,
+    bundled: IdSet,
 }
 
 impl GcRecords {
@@ -77,19 +76,24 @@ impl GcRecords {
         if options.dry_run {
             return Ok(());
         }
-        let mut bundle = RecordBundle::default();
-        for id in &live.reachable {
-            if let Some(stored) = self.source.stored(id) {
-                bundle.records.insert(*id, stored.to_vec());
-            }
-        }
+        let kept: Vec<(&Id, &Bytes)> = live
+            .reachable
+            .iter()
+            .filter_map(|id| Some((id, self.source.stored(id)?)))
+            .collect();
         if self.damaged.is_empty()
             && self.bundles.len() == 1
-            && bundle.records.len() == self.bundled.len()
-            && bundle.records.keys().all(|id| self.bundled.contains(id))
+            && kept.len() == self.bundled.len()
+            && kept.iter().all(|(id, _)| self.bundled.contains(*id))
         {
             return Ok(());
         }
+        let bundle = RecordBundle {
+            records: kept
+                .into_iter()
+                .map(|(id, stored)| (*id, stored.to_vec()))
+                .collect(),
+        };
         // A damaged bundle goes first: the new one may have its key (the same records), and
         // would otherwise not be written over it.
         for key in &self.damaged {
