@@ -4,8 +4,8 @@ a sparse image of GIB GiB (1 MiB of data per 16 MiB, built from the dataset as c
 builds it) committed N times by the first build, WRITES 4 KiB writes into its data before each
 commit after the first; then for each build, on a copy: `rm IMAGE@1` with its GC (untimed: a
 repository that is collected regularly has had a GC before, which keeps the merged summaries),
-then `rm --no-gc IMAGE@max(2, N/2)` and a timed `gc --json` (wall seconds, peak RSS, and what
-it read: summaries, version records, index bytes). N >= 3.
+then `rm --no-gc IMAGE@max(2, N/2)`, a `sync`, and a timed `gc --json` (wall seconds, peak RSS,
+and what it read: summaries, version records, index bytes). N >= 3.
 
     bench/gc_after_rm.py WORK N NAME=PATH [NAME=PATH ...]
     GC_AB_GIB=16 GC_AB_WRITES=4096 bench/gc_after_rm.py WORK 2 before=B after=A
@@ -60,6 +60,9 @@ def main():
                        capture_output=True)
         subprocess.run([binary, "--repo", str(copy), "rm", "--no-gc", f"vm@{max(2, n // 2)}"],
                        check=True, capture_output=True)
+        # A repository at rest has nothing dirty in the page cache: without this, the GC's
+        # first fsync also wrote back the copy just made (more of it at 1,000 versions).
+        os.sync()
         s, rss, out = timed([binary, "--repo", str(copy), "--json", "gc"])
         r = json.loads(out)
         print(json.dumps({"build": name, "versions": n, "gib": gib, "gc_s": round(s, 3),
