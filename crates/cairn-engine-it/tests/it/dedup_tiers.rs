@@ -184,7 +184,9 @@ async fn a_clone_committed_as_its_own_image_dedups_in_bounded_mode() {
 #[tokio::test]
 async fn bounded_commits_forget_their_oldest_claims_and_store_a_far_repeat_again() {
     // Eight segments of new blocks (512); block 5 repeats as segment 1's first block (near:
-    // 64 claims later) and block 0 as the very last block (far: 510 claims later).
+    // 64 claims later) and block 0 as the very last block (far: 510 claims later). Exact
+    // mode with generations of 64 claims spills the older ones to scratch files and finds
+    // both repeats there.
     let mut data = noise(8 * SEGMENT, 3);
     let block = |i: usize| i * BLOCK..(i + 1) * BLOCK;
     let near = data[block(5)].to_vec();
@@ -204,7 +206,7 @@ async fn bounded_commits_forget_their_oldest_claims_and_store_a_far_repeat_again
         let src = StreamSource::new("test", std::io::Cursor::new(data.clone()));
         let options = CommitOptions {
             dedup: mode,
-            bounded_claims: claims,
+            claim_generation: claims,
             workers,
             ..Default::default()
         };

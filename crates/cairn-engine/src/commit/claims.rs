@@ -1,11 +1,11 @@
 //! The chunks a commit stores itself, and where each went once its group is built: how a
 //! commit's workers dedup among themselves before anything is published.
 //!
-//! Exact mode keeps every claim for the whole commit. It costs about 41 bytes a new chunk
-//! (id, group number and slot, a control byte, at the map's load; the group's id is in a
-//! table per generation): 160 MiB for a VM's first commit with 14 GiB of new data, the
-//! largest part of a commit's memory (BENCHMARKS §2, "Trace benchmark"; 73 bytes a chunk,
-//! 290 MiB, with the group's id in every claim before 2026-11-29). Bounded mode keeps two
+//! A claim costs about 41 bytes while it is in memory (id, group number and slot, a control
+//! byte, at the map's load; the group's id is in a table per generation). Kept for a whole
+//! commit, as exact mode kept them until 2026-11-29, that was 160 MiB for a VM's first
+//! commit with 14 GiB of new data, the largest part of a commit's memory (BENCHMARKS §2,
+//! "Trace benchmark"), and 161 MiB for a 64 GiB image holding 4 GiB. Bounded mode keeps two
 //! *generations* of at most `generation` claims each and forgets the older one when the
 //! newer fills: a chunk that comes again within the last
 //! `generation` claims (432 MiB of new data by default) is found; one that comes again later
@@ -15,15 +15,23 @@
 //! heap peak). The maps are not made at that size up front: a small commit's claims would
 //! then touch pages all over 9 MiB (a 1 GiB image's first commit: 30 → 37 MiB).
 //!
+//! Exact mode turns generations the same way but forgets nothing: the older generation's
+//! placed claims are spilled to sorted runs in scratch files (`spilled_claims`, 2 to 3
+//! bytes a claim in memory) and still found.
+//!
 //! Two kinds of claims are never forgotten: one not placed yet (its worker is still building
 //! the group), and one another worker waits for (it saw the claim unplaced and asks for the
 //! placement once its own segment is done). So every wait ends.
 //!
 //! Public so that the trace benchmark (`cairn-trace`) runs this type, not a copy of it.
 
+use std::path::PathBuf;
+
 use cairn_format::id_hash::IdMap;
 use cairn_format::Id;
 use cairn_repo::v2::Placement;
+
+use super::spilled_claims::SpilledClaims;
 
 /// Claims a bounded commit keeps in a generation by default: 432 MiB of 4 KiB chunks, which
 /// with the claims a turn carries over (those in flight) stay within a map of 2^17 buckets
@@ -111,13 +119,17 @@ pub struct Claims {
     previous: Generation,
     /// Claims other workers wait for, with how many wait.
     waited: IdMap<u32>,
-    /// Claims a generation holds before the older one is forgotten; `None` keeps all.
+    /// Claims a generation holds before the older one turns over; `None` keeps all.
     generation: Option<usize>,
+    /// Where a turned-over generation's claims go (exact mode); `None`: they are forgotten.
+    spill: Option<SpilledClaims>,
     /// Claims forgotten so far.
     pub forgotten: u64,
 }
 
 impl Claims {
+    /// Claims kept in memory (`None`), or in generations of `generation` claims of which
+    /// the older is forgotten when the newer fills (bounded mode).
     pub fn new(generation: Option<usize>) -> Claims {
         Claims {
             generation: generation.map(|g| g.max(1)),
@@ -125,9 +137,30 @@ impl Claims {
         }
     }
 
+    /// Exact mode: generations of `generation` claims, the older spilled to scratch files
+    /// in `dir` (`None`: the system's temporary directory) when the newer fills.
+    pub fn spilling(generation: usize, dir: Option<PathBuf>) -> Claims {
+        Claims {
+            generation: Some(generation.max(1)),
+            spill: Some(SpilledClaims::new(dir)),
+            ..Claims::default()
+        }
+    }
+
     /// Where the claim on `id` stands, if this commit claimed it and has not forgotten it.
     pub fn get(&self, id: &Id) -> Option<Option<Placement>> {
-        self.current.get(id).or_else(|| self.previous.get(id))
+        self.current
+            .get(id)
+            .or_else(|| self.previous.get(id))
+            .or_else(|| Some(Some(self.spill.as_ref()?.get(id)?)))
+    }
+
+    /// Claims spilled to scratch files (exact mode), and the memory their runs' filters and
+    /// fences take.
+    pub fn spilled(&self) -> (u64, usize) {
+        self.spill
+            .as_ref()
+            .map_or((0, 0), |s| (s.spilled, s.memory()))
     }
 
     /// Claims held by the newer and the older generation (the trace benchmark's memory
@@ -137,7 +170,9 @@ impl Claims {
     }
 
     pub fn contains(&self, id: &Id) -> bool {
-        self.current.claims.contains_key(id) || self.previous.claims.contains_key(id)
+        self.current.claims.contains_key(id)
+            || self.previous.claims.contains_key(id)
+            || self.spill.as_ref().is_some_and(|s| s.get(id).is_some())
     }
 
     /// Where the claim on `id` stands, as [`Claims::get`]; a claim not placed yet is kept
@@ -197,9 +232,9 @@ impl Claims {
         }
     }
 
-    /// Starts a new generation once the current one is full, forgetting the previous one's
-    /// claims except those not placed or waited for (filed again in the generation that
-    /// becomes the previous one, with their groups).
+    /// Starts a new generation once the current one is full, forgetting (or spilling) the
+    /// previous one's claims except those not placed or waited for (filed again in the
+    /// generation that becomes the previous one, with their groups).
     fn turn(&mut self) {
         let Some(generation) = self.generation else {
             return;
@@ -208,12 +243,21 @@ impl Claims {
             return;
         }
         let older = std::mem::replace(&mut self.previous, std::mem::take(&mut self.current));
+        let mut spilled = Vec::new();
         for (id, held) in &older.claims {
-            if *held == Held::UNPLACED || self.waited.contains_key(id) {
-                self.previous.insert(*id, older.placement(*held));
-            } else {
-                self.forgotten += 1;
+            match older.placement(*held) {
+                Some(p) if !self.waited.contains_key(id) => match self.spill {
+                    Some(_) => spilled.push((*id, p)),
+                    None => self.forgotten += 1,
+                },
+                placement => self.previous.insert(*id, placement),
             }
+        }
+        drop(older);
+        if let Some(spill) = self.spill.as_mut() {
+            let lost = spill.lost;
+            spill.spill(spilled);
+            self.forgotten += spill.lost - lost;
         }
     }
 }
@@ -246,6 +290,73 @@ mod tests {
         }
         assert!((0..100).all(|n| c.contains(&id(n))));
         assert_eq!(c.forgotten, 0);
+    }
+
+    /// Exact mode with generations of 4 claims (spilled at every turn, the runs merged tier
+    /// by tier): random claims, placements and waits, checked after each step against a
+    /// model that keeps every claim in a map. Nothing is forgotten and every claim is where
+    /// the model says.
+    #[test]
+    fn exact_mode_spills_and_still_finds_every_claim() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Claims::spilling(4, Some(dir.path().to_path_buf()));
+        let mut model: std::collections::HashMap<Id, Option<Placement>> = Default::default();
+        let (mut unplaced, mut waiting): (Vec<Id>, Vec<Id>) = (Vec::new(), Vec::new());
+        for step in 0..4000u64 {
+            match next(10) {
+                0..=5 => {
+                    let x = id(next(3000));
+                    match (c.claim(&x), model.get(&x)) {
+                        (Claimed::New, None) => {
+                            model.insert(x, None);
+                            unplaced.push(x);
+                        }
+                        (Claimed::Before(p), Some(m)) => {
+                            assert_eq!(p, *m, "step {step}");
+                            if p.is_none() {
+                                waiting.push(x);
+                            }
+                        }
+                        (got, m) => panic!("step {step}: {got:?} where the model has {m:?}"),
+                    }
+                }
+                6..=8 if !unplaced.is_empty() => {
+                    let n = (1 + next(4) as usize).min(unplaced.len());
+                    let ids: Vec<Id> = unplaced.drain(..n).collect();
+                    let group = id(1 << 40 | step);
+                    c.place(&ids, group);
+                    for (slot, x) in ids.iter().enumerate() {
+                        let slot = slot as u16;
+                        model.insert(*x, Some(Placement { group, slot }));
+                    }
+                }
+                _ if !waiting.is_empty() => {
+                    let x = waiting.swap_remove(next(waiting.len() as u64) as usize);
+                    c.done_waiting(&x);
+                }
+                _ => {}
+            }
+            if step % 97 == 0 {
+                for (x, p) in &model {
+                    assert_eq!(c.get(x), Some(*p), "step {step}");
+                }
+            }
+        }
+        assert_eq!(c.forgotten, 0);
+        let (spilled, memory) = c.spilled();
+        assert!(spilled > 1000, "{spilled}");
+        assert!(memory > 0);
+        // Only the generations' claims and what is unplaced or waited for stay in memory.
+        assert!(
+            c.current.claims.len() + c.previous.claims.len() <= 8 + unplaced.len() + waiting.len()
+        );
     }
 
     #[test]

@@ -256,7 +256,7 @@ pub(crate) fn run_grouped(
         reader: &reader,
         handle: &handle,
         cancel: &cancel,
-        claims: Mutex::new(Claims::new(options.claims_generation())),
+        claims: Mutex::new(options.claims(scratch_dir(&repo, &handle)?)),
         placed: Condvar::new(),
         nodes: Mutex::new(HashSet::new()),
         complete_groups: Mutex::new(HashSet::new()),
@@ -668,6 +668,13 @@ impl Worker<'_> {
 /// How many slots the group at `loc` has.
 fn slot_count(loc: &GroupLocation) -> u16 {
     loc.trailer.groups[loc.group as usize].desc.chunks.len() as u16
+}
+
+/// Where a commit's scratch files go: beside the packs when the store stages files (a local
+/// repository: the file system sized for the data), else `None`.
+fn scratch_dir(repo: &Repo, handle: &Handle) -> EngineResult<Option<std::path::PathBuf>> {
+    let staged = handle.block_on(repo.stage_scratch())?;
+    Ok(staged.and_then(|f| f.path().parent().map(std::path::Path::to_path_buf)))
 }
 
 /// Packs groups and nodes (in separate packs, so a version's tree is read from few places),

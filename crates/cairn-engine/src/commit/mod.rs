@@ -45,6 +45,7 @@ pub(crate) mod pending_entries;
 pub(crate) mod pipeline;
 pub mod plan;
 pub(crate) mod publish;
+pub(crate) mod spilled_claims;
 
 pub(crate) use grouped::run_grouped_pipeline;
 pub(crate) use packing::{encode, pack_blobs, EncodedBlob};
@@ -88,21 +89,24 @@ pub struct CommitOptions {
     pub progress: Option<Arc<CommitProgress>>,
     /// How hard format 2 looks for chunks stored before (exact: every one).
     pub dedup: DedupMode,
-    /// Bounded mode: claims of this commit's own new chunks kept per generation (0: the
-    /// default, [`claims::BOUNDED_GENERATION`]); a chunk that comes again after more new
-    /// chunks than this may be stored twice. Exact mode keeps every claim.
-    pub bounded_claims: usize,
+    /// Claims of this commit's own new chunks a generation holds in memory (0: the default,
+    /// [`claims::BOUNDED_GENERATION`]). Bounded mode forgets the older generation when the
+    /// newer fills (a chunk that comes again after more new chunks than this may be stored
+    /// twice); exact mode spills it to scratch files and still finds it.
+    pub claim_generation: usize,
 }
 
 impl CommitOptions {
-    /// Claims a generation keeps (`None`: every claim, exact mode).
-    pub(crate) fn claims_generation(&self) -> Option<usize> {
+    /// This commit's claims; exact mode spills into files in `scratch` (`None`: the
+    /// system's temporary directory).
+    pub(crate) fn claims(&self, scratch: Option<std::path::PathBuf>) -> claims::Claims {
+        let generation = match self.claim_generation {
+            0 => claims::BOUNDED_GENERATION,
+            n => n,
+        };
         match self.dedup {
-            DedupMode::Exact => None,
-            DedupMode::Bounded => Some(match self.bounded_claims {
-                0 => claims::BOUNDED_GENERATION,
-                n => n,
-            }),
+            DedupMode::Exact => claims::Claims::spilling(generation, scratch),
+            DedupMode::Bounded => claims::Claims::new(Some(generation)),
         }
     }
 }
