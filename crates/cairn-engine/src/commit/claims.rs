@@ -33,7 +33,8 @@ use cairn_repo::v2::Placement;
 
 use super::spilled_claims::SpilledClaims;
 
-/// Claims a bounded commit keeps in a generation by default: 432 MiB of 4 KiB chunks, which
+/// Claims a generation holds by default (both modes; the name is from when only bounded
+/// mode had generations): 432 MiB of 4 KiB chunks, which
 /// with the claims a turn carries over (those in flight) stay within a map of 2^17 buckets
 /// at its 7/8 load: 5 MiB ([`CLAIM_BYTES`] + 1 a bucket), 10 MiB for the two generations.
 /// (2^17 claims, the default until 2026-11-29, needed maps of 2^18 buckets of 73 bytes:

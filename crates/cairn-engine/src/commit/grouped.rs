@@ -256,7 +256,7 @@ pub(crate) fn run_grouped(
         reader: &reader,
         handle: &handle,
         cancel: &cancel,
-        claims: Mutex::new(options.claims(scratch_dir(&repo, &handle)?)),
+        claims: Mutex::new(options.claims(|| scratch_dir(&repo, &handle))?),
         placed: Condvar::new(),
         nodes: Mutex::new(HashSet::new()),
         complete_groups: Mutex::new(HashSet::new()),

@@ -97,17 +97,20 @@ pub struct CommitOptions {
 }
 
 impl CommitOptions {
-    /// This commit's claims; exact mode spills into files in `scratch` (`None`: the
-    /// system's temporary directory).
-    pub(crate) fn claims(&self, scratch: Option<std::path::PathBuf>) -> claims::Claims {
+    /// This commit's claims; exact mode spills into files in the directory `scratch` names
+    /// (`None`: the system's temporary directory).
+    pub(crate) fn claims(
+        &self,
+        scratch: impl FnOnce() -> EngineResult<Option<std::path::PathBuf>>,
+    ) -> EngineResult<claims::Claims> {
         let generation = match self.claim_generation {
             0 => claims::BOUNDED_GENERATION,
             n => n,
         };
-        match self.dedup {
-            DedupMode::Exact => claims::Claims::spilling(generation, scratch),
+        Ok(match self.dedup {
+            DedupMode::Exact => claims::Claims::spilling(generation, scratch()?),
             DedupMode::Bounded => claims::Claims::new(Some(generation)),
-        }
+        })
     }
 }
 

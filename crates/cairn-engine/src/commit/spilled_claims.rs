@@ -9,8 +9,8 @@
 //! that many runs a tier (a tier holds `FAN_IN` times the claims of the one below) and each
 //! claim is rewritten once a tier.
 //!
-//! The files are anonymous (`O_TMPFILE` where the file system has it): a killed commit
-//! leaves nothing. They go beside the packs in a local repository (the file system sized
+//! The files are anonymous (`O_TMPFILE`; else named as the store's temporaries and unlinked
+//! at once): a killed commit leaves nothing. They go beside the packs in a local repository (the file system sized
 //! for the data), else in the system's temporary directory.
 //!
 //! A failure here never makes a wrong version: a spill that cannot be written forgets its
@@ -187,7 +187,7 @@ impl SpilledClaims {
         entries: impl Iterator<Item = io::Result<(Id, Placement)>>,
     ) -> io::Result<Run> {
         let file = match &self.dir {
-            Some(dir) => tempfile::tempfile_in(dir)?,
+            Some(dir) => scratch_file(dir)?,
             None => tempfile::tempfile()?,
         };
         let mut out = BufWriter::with_capacity(BLOCK * ENTRY * 16, &file);
@@ -260,6 +260,39 @@ impl Run {
             .ok()
             .map(|i| decode(entries[i]).1))
     }
+}
+
+/// An anonymous file in `dir`: `O_TMPFILE`, or where the file system lacks it a file named as
+/// the store names its temporaries (so no listing takes it for an object, and the sweep of
+/// stale temporaries removes it if this process dies before the next line) and unlinked at
+/// once.
+fn scratch_file(dir: &std::path::Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let anonymous = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir);
+    match anonymous {
+        Ok(file) => Ok(file),
+        Err(_) => named_scratch_file(dir),
+    }
+}
+
+/// [`scratch_file`] where `O_TMPFILE` is missing.
+fn named_scratch_file(dir: &std::path::Path) -> io::Result<File> {
+    let path = dir.join(format!(
+        "{}claims-{:016x}",
+        cairn_store::TEMP_PREFIX,
+        rand::random::<u64>()
+    ));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)?;
+    std::fs::remove_file(&path)?;
+    Ok(file)
 }
 
 fn decode(e: &[u8]) -> (Id, Placement) {
@@ -397,6 +430,22 @@ mod tests {
         // Under 3 bytes of memory a claim (filters and fences).
         assert!(s.memory() < 3 * (spills * per) as usize, "{}", s.memory());
         // Anonymous files: nothing in the directory.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    /// Both kinds of scratch file can be written and read back, and leave no name behind.
+    #[test]
+    fn scratch_files_are_anonymous() {
+        let dir = tempfile::tempdir().unwrap();
+        for file in [
+            scratch_file(dir.path()).unwrap(),
+            named_scratch_file(dir.path()).unwrap(),
+        ] {
+            file.write_all_at(b"claims", 3).unwrap();
+            let mut back = [0u8; 6];
+            file.read_exact_at(&mut back, 3).unwrap();
+            assert_eq!(&back, b"claims");
+        }
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
