@@ -48,6 +48,8 @@ pub struct CommitFigures {
     /// Most claims the newer and the older generation held.
     pub claims_current: u64,
     pub claims_previous: u64,
+    /// Memory of the claims exact mode spilled (their runs' filters and fences), at most.
+    pub claims_spilled_bytes: u64,
 }
 
 /// The similar tier's view of a simulated commit.
@@ -131,8 +133,9 @@ pub struct CommitSettings {
     pub mode: DedupMode,
     /// Trailers the reader's cache holds.
     pub trailer_slots: usize,
-    /// Claims a generation keeps (`None`: all), as `CommitOptions::claims_generation`. A
-    /// forgotten claim costs a duplicate if the chunk comes again in the same commit.
+    /// Claims a generation keeps (`None`: all), as `CommitOptions::claim_generation`. In
+    /// bounded mode a forgotten claim costs a duplicate if the chunk comes again in the same
+    /// commit; exact mode spills the older generation to scratch files, as cairn does.
     pub claims_generation: Option<usize>,
     /// Only keys below `u64::MAX / hook_sample` are in the index the hooks ask (a sampled
     /// hook index, as in sparse indexing); 1 asks the whole index, as cairn does today.
@@ -162,7 +165,10 @@ pub fn commit(
         raw_chunks: vm.disk.len() as u64,
         ..CommitFigures::default()
     };
-    let mut claims = Claims::new(claims_generation);
+    let mut claims = match (mode, claims_generation) {
+        (DedupMode::Exact, Some(g)) => Claims::spilling(g, None),
+        _ => Claims::new(claims_generation),
+    };
     let mut packs = vec![PackBuilder::default()];
     let mut tally = DedupTally::default();
     let mut similar = SimilarPacks::default();
@@ -242,6 +248,7 @@ pub fn commit(
             let (current, previous) = claims.held();
             fig.claims_current = fig.claims_current.max(current as u64);
             fig.claims_previous = fig.claims_previous.max(previous as u64);
+            fig.claims_spilled_bytes = fig.claims_spilled_bytes.max(claims.spilled().1 as u64);
             // Placed at once: one worker, its group built as the chunk is stored.
             claims.place(&[id], Id::ZERO);
             let pack = packs.last_mut().expect("a pack");

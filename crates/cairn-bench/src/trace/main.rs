@@ -91,11 +91,13 @@ struct Args {
     /// VMs one host commits, for the per-host raw:RAM (the paper: 25 a machine).
     #[arg(long, default_value_t = 25)]
     host_vms: u32,
-    /// Claims a bounded commit keeps a generation (0: cairn's default,
-    /// `claims::BOUNDED_GENERATION`).
+    /// Claims a commit keeps in memory a generation (0: cairn's default,
+    /// `claims::BOUNDED_GENERATION`); bounded mode forgets the older generation, exact mode
+    /// spills it.
     #[arg(long, default_value_t = 0)]
     claims_generation: usize,
-    /// Keep every claim, as exact mode does (and bounded mode did before 2026-11-27).
+    /// Keep every claim in memory (as exact mode did before 2026-11-29, and bounded mode
+    /// before 2026-11-27).
     #[arg(long)]
     keep_all_claims: bool,
     /// Sample the index the hooks ask: only keys below 2^64 / K are in it (1: every key, as
@@ -324,10 +326,10 @@ fn settings(args: &Args, mode: DedupMode) -> CommitSettings {
         trailer_slots: (cairn_repo::v2::CacheLimits::for_index_memory(args.index_memory << 20)
             .trailer_bytes
             / TRAILER_HELD) as usize,
-        claims_generation: match (mode, args.keep_all_claims, args.claims_generation) {
-            (DedupMode::Exact, _, _) | (_, true, _) => None,
-            (_, false, 0) => Some(BOUNDED_GENERATION),
-            (_, false, n) => Some(n),
+        claims_generation: match (args.keep_all_claims, args.claims_generation) {
+            (true, _) => None,
+            (false, 0) => Some(BOUNDED_GENERATION),
+            (false, n) => Some(n),
         },
         hook_sample: args.hook_sample.max(1),
         hooks: args.hooks,

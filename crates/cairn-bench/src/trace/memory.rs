@@ -45,10 +45,10 @@ pub fn map_bytes(entries: u64, size: usize) -> u64 {
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct CommitCost {
     /// The claims (`commit::claims::Claims`: id → placement of the chunks it stores), both
-    /// generations.
+    /// generations, and the filters and fences of those exact mode spilled.
     pub claims: u64,
-    /// What the claims would take if every one were kept (exact mode; bounded mode before
-    /// 2026-11-27). Not in the total.
+    /// What the claims would take if every one were kept in memory (exact mode before
+    /// 2026-11-29, bounded mode before 2026-11-27). Not in the total.
     pub claims_all_kept: u64,
     /// Decoded trailers of the packs the tiers asked for, within the trailer cache.
     pub trailers: u64,
@@ -95,7 +95,9 @@ impl CommitCost {
         let hits = f.hook_hits + f.index;
         let section_reads = if filters > 0 { hits } else { lookups };
         CommitCost {
-            claims: map_bytes(f.claims_current, claim) + map_bytes(f.claims_previous, claim),
+            claims: map_bytes(f.claims_current, claim)
+                + map_bytes(f.claims_previous, claim)
+                + f.claims_spilled_bytes,
             claims_all_kept: map_bytes(f.stored, claim),
             trailers: (f.packs_asked * TRAILER_HELD).min(limits.trailer_bytes),
             index_meta: blocks * std::mem::size_of::<BlockRef>() as u64
