@@ -50,6 +50,11 @@ impl ProbeKey {
         )
     }
 
+    /// The two 64-bit hashes (for filters of other shapes than [`Bloom`]).
+    pub fn halves(self) -> (u64, u64) {
+        (self.0, self.1)
+    }
+
     /// The probes of an 8-byte key alone (index runs version 2, whose filter must be
     /// rebuildable from their entries): h1 = the key, h2 = (key × 0x9E3779B97F4A7C15) rotated
     /// left by 32 bits, | 1 — the multiply spreads every key bit into h2's low bits, which

@@ -234,14 +234,16 @@ pub fn commit(
                 continue;
             }
             let id = chunk_id(c);
-            if mode == DedupMode::Exact && !claims.contains(&id) {
+            let turns = claims.turns();
+            let claimed = claims.contains(&id);
+            if mode == DedupMode::Exact && !claimed {
                 fig.index_lookups += 1;
                 if store.locate(c).is_some() {
                     tally.index += 1;
                     continue;
                 }
             }
-            if let Claimed::Before(_) = claims.claim(&id) {
+            if claimed || matches!(claims.claim_after_miss(&id, turns), Claimed::Before(_)) {
                 fig.within_commit += 1;
                 continue;
             }

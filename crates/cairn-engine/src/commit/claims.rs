@@ -124,6 +124,8 @@ pub struct Claims {
     generation: Option<usize>,
     /// Where a turned-over generation's claims go (exact mode); `None`: they are forgotten.
     spill: Option<SpilledClaims>,
+    /// Generations turned so far.
+    turns: u64,
     /// Claims forgotten so far.
     pub forgotten: u64,
 }
@@ -192,6 +194,34 @@ impl Claims {
         if let Some(p) = self.find(id) {
             return Claimed::Before(p);
         }
+        self.claim_new(id)
+    }
+
+    /// Generations turned so far: the spilled claims change only when this does.
+    pub fn turns(&self) -> u64 {
+        self.turns
+    }
+
+    /// [`Claims::claim`] for a caller that found no claim on `id` when [`Claims::turns`]
+    /// was `turns` (and has since asked the index): the spilled runs are asked again only
+    /// if a generation turned meanwhile, since until then they hold nothing newer. Each new
+    /// chunk of an exact commit so asks them once, not twice.
+    pub fn claim_after_miss(&mut self, id: &Id, turns: u64) -> Claimed {
+        if turns != self.turns {
+            return self.claim(id);
+        }
+        match self.current.get(id).or_else(|| self.previous.get(id)) {
+            Some(p) => {
+                if p.is_none() {
+                    self.wait_for(id);
+                }
+                Claimed::Before(p)
+            }
+            None => self.claim_new(id),
+        }
+    }
+
+    fn claim_new(&mut self, id: &Id) -> Claimed {
         self.current.claims.insert(*id, Held::UNPLACED);
         self.turn();
         Claimed::New
@@ -243,6 +273,7 @@ impl Claims {
         if self.current.claims.len() < generation {
             return;
         }
+        self.turns += 1;
         let older = std::mem::replace(&mut self.previous, std::mem::take(&mut self.current));
         let mut spilled = Vec::new();
         for (id, held) in &older.claims {
@@ -314,7 +345,41 @@ mod tests {
             match next(10) {
                 0..=5 => {
                     let x = id(next(3000));
-                    match (c.claim(&x), model.get(&x)) {
+                    // Half the time as a worker claims in exact mode: a miss, then (while it
+                    // asks the index) other workers' new claims, which may turn generations.
+                    let got = if c.get(&x).is_some() || next(2) == 0 {
+                        c.claim(&x)
+                    } else {
+                        let turns = c.turns();
+                        // Sometimes another worker claims and places x meanwhile, and enough
+                        // claims follow for x to be spilled: it must still be found.
+                        let raced = next(3) == 0;
+                        if raced {
+                            assert_eq!(c.claim(&x), Claimed::New);
+                            let group = id(2 << 40 | step);
+                            c.place(&[x], group);
+                            model.insert(x, Some(Placement { group, slot: 0 }));
+                        }
+                        for j in 0..if raced { 12 } else { next(6) } {
+                            let other = id(1 << 32 | step << 4 | j);
+                            assert_eq!(c.claim(&other), Claimed::New);
+                            if raced {
+                                c.place(&[other], other);
+                                model.insert(
+                                    other,
+                                    Some(Placement {
+                                        group: other,
+                                        slot: 0,
+                                    }),
+                                );
+                            } else {
+                                model.insert(other, None);
+                                unplaced.push(other);
+                            }
+                        }
+                        c.claim_after_miss(&x, turns)
+                    };
+                    match (got, model.get(&x)) {
                         (Claimed::New, None) => {
                             model.insert(x, None);
                             unplaced.push(x);

@@ -127,15 +127,20 @@ impl GroupDedup<'_> {
     /// Claims chunk `id`, which the tiers before did not find: stored by this commit
     /// already, else (exact mode) found by an index lookup, else this worker's to store.
     fn claim(&self, id: &Id, mode: DedupMode) -> EngineResult<Claim> {
-        if let Some(p) = self.claims.lock().expect("dedup lock").find(id) {
-            return Ok(before(p));
-        }
+        let turns = {
+            let mut claims = self.claims.lock().expect("dedup lock");
+            if let Some(p) = claims.find(id) {
+                return Ok(before(p));
+            }
+            claims.turns()
+        };
         if mode == DedupMode::Exact {
             if let Some(p) = self.ask(self.reader.find_chunk(id))? {
                 return Ok(Claim::Indexed(p));
             }
         }
-        Ok(match self.claims.lock().expect("dedup lock").claim(id) {
+        let mut claims = self.claims.lock().expect("dedup lock");
+        Ok(match claims.claim_after_miss(id, turns) {
             Claimed::Before(p) => before(p),
             Claimed::New => Claim::Mine,
         })
