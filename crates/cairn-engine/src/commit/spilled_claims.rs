@@ -1,22 +1,22 @@
-//! Exact mode's claims once their generation turned over: placed claims written, sorted by
-//! id, into runs in anonymous scratch files; in memory, one Bloom filter over them all and a
-//! fence per block of each run — 2 to 3 bytes a claim (10 to 20 bits of filter, as it is
-//! rebuilt twice as large when it fills, and a 40-byte fence per 64 claims), where a claim
-//! in a generation's map costs 41. A lookup of a claim that was never spilled (nearly every
-//! one: a new chunk) costs one cache line of the filter ([`BlockedBloom`]). The trace
-//! benchmark's exact mode, which does nothing else per chunk, runs 20% fewer chunks a second
-//! than with every claim in memory; a commit, which hashes and compresses them, no fewer
-//! (BENCHMARKS §2).
-//! Exact mode kept every claim of a commit in memory: 161 MiB for the first commit of a
-//! 64 GiB image holding 4 GiB of data (BENCHMARKS §2), a gigabyte per 100 GiB of new data.
+//! Exact mode's claims once their generation turned over. Exact mode kept every claim of a
+//! commit in memory at 41 bytes: 161 MiB for the first commit of a 64 GiB image holding
+//! 4 GiB of data (BENCHMARKS §2), a gigabyte per 100 GiB of new data. Now a generation's
+//! placed claims are written, sorted by id, into a run in an anonymous scratch file; what
+//! stays in memory is one Bloom filter over every spilled claim and a fence per block of
+//! each run: 2 to 3 bytes a claim (10 to 20 bits of filter, rebuilt twice as large when it
+//! fills, and a 40-byte fence per 64 claims).
 //!
-//! Runs are merged [`FAN_IN`] at a time into one of the next tier, so a lookup asks at most
-//! that many runs a tier (a tier holds `FAN_IN` times the claims of the one below) and each
-//! claim is rewritten once a tier.
+//! A lookup of a claim that was never spilled (nearly every one: a new chunk) costs one
+//! cache line of the filter ([`BlockedBloom`]); one the filter passes reads one block of
+//! each run, newest first. The trace benchmark's exact mode, which does nothing else per
+//! chunk, runs 20% fewer chunks a second than with every claim in memory; a commit, which
+//! hashes and compresses them, no fewer (BENCHMARKS §2). Runs are merged [`FAN_IN`] at a
+//! time into one of the next tier, so a tier holds `FAN_IN` times the claims of the one
+//! below and each claim is rewritten once a tier.
 //!
 //! The files are anonymous (`O_TMPFILE`; else named as the store's temporaries and unlinked
-//! at once): a killed commit leaves nothing. They go beside the packs in a local repository (the file system sized
-//! for the data), else in the system's temporary directory.
+//! at once): a killed commit leaves nothing. They go beside the packs in a local repository
+//! (the file system sized for the data), else in the system's temporary directory.
 //!
 //! A failure here never makes a wrong version: a spill that cannot be written forgets its
 //! claims, and a run that cannot be read, or whose block does not match the hash kept with
@@ -40,7 +40,7 @@ const ENTRY: usize = 32 + 32 + 2;
 /// Claims a block (4,224 bytes): what a lookup reads after its fence.
 const BLOCK: usize = 64;
 /// Runs of one tier merged into one of the next.
-pub(crate) const FAN_IN: usize = 8;
+const FAN_IN: usize = 8;
 /// The filter's bits a claim when full (it is rebuilt with twice as many then): with
 /// [`BlockedBloom`]'s seven probes in one cache line, about 1% false positives (a block of
 /// each run read for nothing) at worst.
@@ -148,8 +148,8 @@ impl SpilledClaims {
 
     /// A filter for the claims spilled (its lines a power of two: room for up to twice as
     /// many), from every run's ids (read back in order: 66 bytes a claim, each read again
-    /// about once over the commit as the filter doubles). A block that cannot be read leaves its claims out: lookups then miss
-    /// them, and the chunks are stored again.
+    /// about once over the commit as the filter doubles). A block that cannot be read leaves
+    /// its claims out: lookups then miss them, and the chunks are stored again.
     fn rebuild_filter(&mut self) {
         let mut filter = BlockedBloom::new(self.spilled);
         for run in &self.runs {
