@@ -94,10 +94,17 @@ check() { # check NAME CMD...: a check step; its failure is recorded and the sui
 # loop: 61 s of CPU in 69 s, 2026-11-27). background_check NAME CMD... starts one, its output
 # going to a file; finish_background_checks waits for each in turn and records it as `check`
 # does, its output printed then.
+# The step's exit status goes to a file of its own: `wait PID` once answered 127 ("not a
+# child of this shell") for a loop that had passed, its status gone from bash's table of
+# finished jobs by the time it was asked (a 2026-11-29 rehearsal).
 background_check() {
   local log
   log=$(mktemp)
-  "${@:2}" >"$log" 2>&1 &
+  (
+    rc=0
+    "${@:2}" || rc=$?
+    echo "$rc" >"$log.rc.tmp" && mv "$log.rc.tmp" "$log.rc"
+  ) >"$log" 2>&1 &
   BACKGROUND+=("$!|$log|$1")
   printf '\n==> started, running alongside the next steps: %s  [%ss]\n' "$1" "$(($(date +%s) - START))" >&2
 }
@@ -105,10 +112,11 @@ finish_background_checks() {
   local entry pid log name rc
   for entry in "${BACKGROUND[@]}"; do
     IFS='|' read -r pid log name <<<"$entry"
-    rc=0
-    wait "$pid" || rc=$?
-    check "$name (ran alongside the steps above)" bash -c 'cat "$1"; exit "$2"' _ "$log" "$rc"
-    rm -f "$log"
+    wait "$pid" 2>/dev/null || true
+    while [ ! -e "$log.rc" ] && kill -0 "$pid" 2>/dev/null; do sleep 1; done
+    rc=$(cat "$log.rc" 2>/dev/null || echo "no exit status (killed?)")
+    check "$name (ran alongside the steps above)" bash -c 'cat "$1"; [ "$2" = 0 ] || { echo "exit status: $2"; exit 1; }' _ "$log" "$rc"
+    rm -f "$log" "$log.rc"
   done
   BACKGROUND=()
 }
