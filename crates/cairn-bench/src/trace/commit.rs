@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use cairn_engine::commit::claims::{Claimed, Claims};
+use cairn_engine::commit::claims::{Claimed, Claims, BOUNDED_SPILL_MEMORY};
 use cairn_engine::commit::dedup::similar::{search_similar, SimilarPacks, SimilarSource};
 use cairn_engine::commit::{DedupMode, DedupTally};
 use cairn_format::Id;
@@ -133,9 +133,10 @@ pub struct CommitSettings {
     pub mode: DedupMode,
     /// Trailers the reader's cache holds.
     pub trailer_slots: usize,
-    /// Claims a generation keeps (`None`: all), as `CommitOptions::claim_generation`. In
-    /// bounded mode a forgotten claim costs a duplicate if the chunk comes again in the same
-    /// commit; exact mode spills the older generation to scratch files, as cairn does.
+    /// Claims a generation keeps (`None`: all), as `CommitOptions::claim_generation`: the
+    /// older generation is spilled to scratch files, as cairn does; in bounded mode within
+    /// `claims::BOUNDED_SPILL_MEMORY`, past which a forgotten claim costs a duplicate if the
+    /// chunk comes again in the same commit.
     pub claims_generation: Option<usize>,
     /// Only keys below `u64::MAX / hook_sample` are in the index the hooks ask (a sampled
     /// hook index, as in sparse indexing); 1 asks the whole index, as cairn does today.
@@ -166,8 +167,9 @@ pub fn commit(
         ..CommitFigures::default()
     };
     let mut claims = match (mode, claims_generation) {
-        (DedupMode::Exact, Some(g)) => Claims::spilling(g, None),
-        _ => Claims::new(claims_generation),
+        (DedupMode::Exact, Some(g)) => Claims::spilling(g, None, None),
+        (DedupMode::Bounded, Some(g)) => Claims::spilling(g, None, Some(BOUNDED_SPILL_MEMORY)),
+        (_, None) => Claims::keeping_all(),
     };
     let mut packs = vec![PackBuilder::default()];
     let mut tally = DedupTally::default();

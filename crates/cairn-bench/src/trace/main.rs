@@ -21,7 +21,7 @@ mod store;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use cairn_engine::commit::claims::BOUNDED_GENERATION;
+use cairn_engine::commit::claims::CLAIM_GENERATION;
 use cairn_engine::commit::dedup::similar::HOOKS;
 use cairn_engine::commit::DedupMode;
 use clap::Parser;
@@ -92,8 +92,8 @@ struct Args {
     #[arg(long, default_value_t = 25)]
     host_vms: u32,
     /// Claims a commit keeps in memory a generation (0: cairn's default,
-    /// `claims::BOUNDED_GENERATION`); bounded mode forgets the older generation, exact mode
-    /// spills it.
+    /// `claims::CLAIM_GENERATION`); the older generation is spilled (bounded mode: within
+    /// `claims::BOUNDED_SPILL_MEMORY`).
     #[arg(long, default_value_t = 0)]
     claims_generation: usize,
     /// Keep every claim in memory (as exact mode did before 2026-11-29, and bounded mode
@@ -328,7 +328,7 @@ fn settings(args: &Args, mode: DedupMode) -> CommitSettings {
             / TRAILER_HELD) as usize,
         claims_generation: match (args.keep_all_claims, args.claims_generation) {
             (true, _) => None,
-            (false, 0) => Some(BOUNDED_GENERATION),
+            (false, 0) => Some(CLAIM_GENERATION),
             (false, n) => Some(n),
         },
         hook_sample: args.hook_sample.max(1),

@@ -184,9 +184,9 @@ async fn a_clone_committed_as_its_own_image_dedups_in_bounded_mode() {
 #[tokio::test]
 async fn bounded_commits_forget_their_oldest_claims_and_store_a_far_repeat_again() {
     // Eight segments of new blocks (512); block 5 repeats as segment 1's first block (near:
-    // 64 claims later) and block 0 as the very last block (far: 510 claims later). Exact
-    // mode with generations of 64 claims spills the older ones to scratch files and finds
-    // both repeats there.
+    // 64 claims later) and block 0 as the very last block (far: 510 claims later). With
+    // generations of 64 claims, the older ones are spilled to scratch files and both repeats
+    // are found there; bounded mode with no memory for spilled claims forgets the far one.
     let mut data = noise(8 * SEGMENT, 3);
     let block = |i: usize| i * BLOCK..(i + 1) * BLOCK;
     let near = data[block(5)].to_vec();
@@ -194,19 +194,21 @@ async fn bounded_commits_forget_their_oldest_claims_and_store_a_far_repeat_again
     let far = data[block(0)].to_vec();
     data[block(511)].copy_from_slice(&far);
     let cases = [
-        // (mode, claims kept a generation, workers, chunks stored)
-        (DedupMode::Exact, 64, 1, 510),
-        (DedupMode::Bounded, 0, 1, 510),
-        (DedupMode::Bounded, 64, 1, 511),
-        (DedupMode::Bounded, 64, 2, 0),
+        // (mode, claims kept a generation, memory for spilled claims, workers, chunks stored)
+        (DedupMode::Exact, 64, None, 1, 510),
+        (DedupMode::Bounded, 0, None, 1, 510),
+        (DedupMode::Bounded, 64, None, 1, 510),
+        (DedupMode::Bounded, 64, Some(0), 1, 511),
+        (DedupMode::Bounded, 64, Some(0), 2, 0),
     ];
-    for (mode, claims, workers, stored) in cases {
+    for (mode, claims, spill_memory, workers, stored) in cases {
         let dir = tempfile::tempdir().unwrap();
         let repo = repo(dir.path(), 8 << 20).await;
         let src = StreamSource::new("test", std::io::Cursor::new(data.clone()));
         let options = CommitOptions {
             dedup: mode,
             claim_generation: claims,
+            claim_spill_memory: spill_memory,
             workers,
             ..Default::default()
         };
@@ -216,7 +218,7 @@ async fn bounded_commits_forget_their_oldest_claims_and_store_a_far_repeat_again
         if workers == 1 {
             assert_eq!(
                 r.record.stats.new_chunks, stored,
-                "{mode:?}, {claims} claims a generation"
+                "{mode:?}, {claims} claims a generation, {spill_memory:?} bytes spilled"
             );
         } else {
             // Two workers claim in an order that varies: the near repeat may be stored

@@ -6,18 +6,18 @@
 //! commit, as exact mode kept them until 2026-11-29, that was 160 MiB for a VM's first
 //! commit with 14 GiB of new data, the largest part of a commit's memory (BENCHMARKS §2,
 //! "Trace benchmark"), and 161 MiB for a 64 GiB image holding 4 GiB. Bounded mode keeps two
-//! *generations* of at most `generation` claims each and forgets the older one when the
-//! newer fills: a chunk that comes again within the last
-//! `generation` claims (432 MiB of new data by default) is found; one that comes again later
-//! is stored twice, as bounded dedup's other misses are (space, never correctness). A
-//! generation's claims fit a map of 2^17 buckets, so its map never doubles past that (the
-//! generation of 2^17 claims before 2026-11-29 did: 45 MiB of a 64 GiB first commit's 72 MiB
-//! heap peak). The maps are not made at that size up front: a small commit's claims would
-//! then touch pages all over 9 MiB (a 1 GiB image's first commit: 30 → 37 MiB).
+//! *generations* of at most `generation` claims each; when the newer fills, the older
+//! one's placed claims are spilled to sorted runs in scratch files (`spilled_claims`, 2 to 3
+//! bytes a claim in memory) and still found. Exact mode spills every generation; bounded
+//! mode within a memory budget ([`BOUNDED_SPILL_MEMORY`]), past which it forgets its oldest
+//! runs: a chunk that comes again after that is stored twice, as bounded dedup's other
+//! misses are (space, never correctness). Until 2026-11-29 bounded mode forgot a generation
+//! as it turned, with generations of 27 times as many claims (432 MiB of new data, 10 MiB of
+//! a 64 GiB first commit's memory).
 //!
-//! Exact mode turns generations the same way but forgets nothing: the older generation's
-//! placed claims are spilled to sorted runs in scratch files (`spilled_claims`, 2 to 3
-//! bytes a claim in memory) and still found.
+//! A generation's claims fit a map of 2^15 buckets, so its map never doubles past that. The
+//! maps are not made at that size up front: a small commit's claims would then touch pages
+//! it does not need.
 //!
 //! Two kinds of claims are never forgotten: one not placed yet (its worker is still building
 //! the group), and one another worker waits for (it saw the claim unplaced and asks for the
@@ -33,13 +33,16 @@ use cairn_repo::v2::Placement;
 
 use super::spilled_claims::SpilledClaims;
 
-/// Claims a generation holds by default (both modes; the name is from when only bounded
-/// mode had generations): 432 MiB of 4 KiB chunks, which
-/// with the claims a turn carries over (those in flight) stay within a map of 2^17 buckets
-/// at its 7/8 load: 5 MiB ([`CLAIM_BYTES`] + 1 a bucket), 10 MiB for the two generations.
-/// (2^17 claims, the default until 2026-11-29, needed maps of 2^18 buckets of 73 bytes:
-/// 38 MiB, 45 while growing.)
-pub const BOUNDED_GENERATION: usize = (1 << 17) / 8 * 7 - 4096;
+/// Claims a generation holds by default: 108 MiB of 4 KiB chunks, which with the claims a
+/// turn carries over (those in flight) stay within a map of 2^15 buckets at its 7/8 load:
+/// 1.3 MiB ([`CLAIM_BYTES`] + 1 a bucket), 2.6 MiB for the two generations. Smaller
+/// generations spill more often for little less memory (2^14 buckets: 1 MiB less at 64
+/// GiB); generations of 2^17 buckets (the default until 2026-11-29) held 10 MiB.
+pub const CLAIM_GENERATION: usize = (1 << 15) / 8 * 7 - 1024;
+
+/// Memory bounded mode's spilled claims may take by default (their filter and fences):
+/// about 1.7 million claims, 6 GiB of a commit's new data.
+pub const BOUNDED_SPILL_MEMORY: usize = 4 << 20;
 
 /// A claim's bytes in its generation's map (its id, group number and slot), without the map's
 /// control byte.
@@ -122,7 +125,7 @@ pub struct Claims {
     waited: IdMap<u32>,
     /// Claims a generation holds before the older one turns over; `None` keeps all.
     generation: Option<usize>,
-    /// Where a turned-over generation's claims go (exact mode); `None`: they are forgotten.
+    /// Where a turned-over generation's claims go (with `generation`).
     spill: Option<SpilledClaims>,
     /// Generations turned so far.
     turns: u64,
@@ -131,21 +134,19 @@ pub struct Claims {
 }
 
 impl Claims {
-    /// Claims kept in memory (`None`), or in generations of `generation` claims of which
-    /// the older is forgotten when the newer fills (bounded mode).
-    pub fn new(generation: Option<usize>) -> Claims {
-        Claims {
-            generation: generation.map(|g| g.max(1)),
-            ..Claims::default()
-        }
+    /// Every claim kept in memory (the trace benchmark's `--keep-all-claims`).
+    pub fn keeping_all() -> Claims {
+        Claims::default()
     }
 
-    /// Exact mode: generations of `generation` claims, the older spilled to scratch files
-    /// in `dir` (`None`: the system's temporary directory) when the newer fills.
-    pub fn spilling(generation: usize, dir: Option<PathBuf>) -> Claims {
+    /// Generations of `generation` claims, the older spilled to scratch files in `dir`
+    /// (`None`: the system's temporary directory) when the newer fills; their filter and
+    /// fences within `budget` bytes (bounded mode: the oldest runs are forgotten to stay
+    /// within it), or without limit (`None`: exact mode).
+    pub fn spilling(generation: usize, dir: Option<PathBuf>, budget: Option<usize>) -> Claims {
         Claims {
             generation: Some(generation.max(1)),
-            spill: Some(SpilledClaims::new(dir)),
+            spill: Some(SpilledClaims::new(dir, budget)),
             ..Claims::default()
         }
     }
@@ -158,8 +159,7 @@ impl Claims {
             .or_else(|| Some(Some(self.spill.as_ref()?.get(id)?)))
     }
 
-    /// Claims spilled to scratch files (exact mode), and the memory their runs' filters and
-    /// fences take.
+    /// Claims spilled to scratch files, and the memory their filter and fences take.
     pub fn spilled(&self) -> (u64, usize) {
         self.spill
             .as_ref()
@@ -278,18 +278,13 @@ impl Claims {
         let mut spilled = Vec::new();
         for (id, held) in &older.claims {
             match older.placement(*held) {
-                Some(p) if !self.waited.contains_key(id) => match self.spill {
-                    Some(_) => spilled.push((*id, p)),
-                    None => self.forgotten += 1,
-                },
+                Some(p) if !self.waited.contains_key(id) => spilled.push((*id, p)),
                 placement => self.previous.insert(*id, placement),
             }
         }
         drop(older);
         if let Some(spill) = self.spill.as_mut() {
-            let lost = spill.lost;
-            spill.spill(spilled);
-            self.forgotten += spill.lost - lost;
+            self.forgotten += spill.spill(spilled);
         }
     }
 }
@@ -316,7 +311,7 @@ mod tests {
 
     #[test]
     fn exact_mode_keeps_every_claim() {
-        let mut c = Claims::new(None);
+        let mut c = Claims::keeping_all();
         for n in 0..100 {
             placed(&mut c, n);
         }
@@ -338,7 +333,7 @@ mod tests {
             seed % n
         };
         let dir = tempfile::tempdir().unwrap();
-        let mut c = Claims::spilling(4, Some(dir.path().to_path_buf()));
+        let mut c = Claims::spilling(4, Some(dir.path().to_path_buf()), None);
         let mut model: std::collections::HashMap<Id, Option<Placement>> = Default::default();
         let (mut unplaced, mut waiting): (Vec<Id>, Vec<Id>) = (Vec::new(), Vec::new());
         for step in 0..4000u64 {
@@ -427,7 +422,8 @@ mod tests {
 
     #[test]
     fn bounded_mode_forgets_the_older_generation_but_not_what_is_unplaced_or_waited_for() {
-        let mut c = Claims::new(Some(4));
+        // No memory for spilled claims: each turn forgets the older generation's.
+        let mut c = Claims::spilling(4, None, Some(0));
         // 0: claimed, not placed; 1: placed, waited for; 2, 3: placed.
         assert_eq!(c.claim(&id(0)), Claimed::New);
         placed(&mut c, 1);

@@ -90,27 +90,34 @@ pub struct CommitOptions {
     /// How hard format 2 looks for chunks stored before (exact: every one).
     pub dedup: DedupMode,
     /// Claims of this commit's own new chunks a generation holds in memory (0: the default,
-    /// [`claims::BOUNDED_GENERATION`]). Bounded mode forgets the older generation when the
-    /// newer fills (a chunk that comes again after more new chunks than this may be stored
-    /// twice); exact mode spills it to scratch files and still finds it.
+    /// [`claims::CLAIM_GENERATION`]). When the newer generation fills, the older one is
+    /// spilled to scratch files and still found.
     pub claim_generation: usize,
+    /// Memory bounded mode's spilled claims may take (`None`: the default,
+    /// [`claims::BOUNDED_SPILL_MEMORY`]); past it the oldest are forgotten (a chunk that
+    /// comes again after them may be stored twice). Exact mode has no limit.
+    pub claim_spill_memory: Option<usize>,
 }
 
 impl CommitOptions {
-    /// This commit's claims; exact mode spills into files in the directory `scratch` names
-    /// (`None`: the system's temporary directory).
+    /// This commit's claims, spilled into files in the directory `scratch` names (`None`:
+    /// the system's temporary directory).
     pub(crate) fn claims(
         &self,
         scratch: impl FnOnce() -> EngineResult<Option<std::path::PathBuf>>,
     ) -> EngineResult<claims::Claims> {
         let generation = match self.claim_generation {
-            0 => claims::BOUNDED_GENERATION,
+            0 => claims::CLAIM_GENERATION,
             n => n,
         };
-        Ok(match self.dedup {
-            DedupMode::Exact => claims::Claims::spilling(generation, scratch()?),
-            DedupMode::Bounded => claims::Claims::new(Some(generation)),
-        })
+        let budget = match self.dedup {
+            DedupMode::Exact => None,
+            DedupMode::Bounded => Some(
+                self.claim_spill_memory
+                    .unwrap_or(claims::BOUNDED_SPILL_MEMORY),
+            ),
+        };
+        Ok(claims::Claims::spilling(generation, scratch()?, budget))
     }
 }
 

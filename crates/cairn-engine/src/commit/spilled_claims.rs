@@ -1,10 +1,15 @@
-//! Exact mode's claims once their generation turned over. Exact mode kept every claim of a
+//! A commit's claims once their generation turned over. Exact mode kept every claim of a
 //! commit in memory at 41 bytes: 161 MiB for the first commit of a 64 GiB image holding
 //! 4 GiB of data (BENCHMARKS §2), a gigabyte per 100 GiB of new data. Now a generation's
 //! placed claims are written, sorted by id, into a run in an anonymous scratch file; what
 //! stays in memory is one Bloom filter over every spilled claim and a fence per block of
 //! each run: 2 to 3 bytes a claim (10 to 20 bits of filter, rebuilt twice as large when it
-//! fills, and a 40-byte fence per 64 claims).
+//! fills, and a 36-byte fence per 64 claims).
+//!
+//! Bounded mode spills too, within a memory budget: when the next spill would take the
+//! filter and fences past it, the oldest runs are dropped (their claims forgotten), so it
+//! finds a chunk stored again within the last few GiB of a commit's new data (about 6 GiB
+//! at the default 4 MiB) where it found one within the last 432–864 MiB held in memory.
 //!
 //! A lookup of a claim that was never spilled (nearly every one: a new chunk) costs one
 //! cache line of the filter ([`BlockedBloom`]); one the filter passes reads one block of
@@ -52,12 +57,20 @@ pub(crate) struct SpilledClaims {
     dir: Option<PathBuf>,
     /// Oldest first; tiers never increase toward the end.
     runs: Vec<Run>,
-    /// Claims spilled, and claims lost to a failure.
+    /// Memory the filter and fences may take (`None`: no limit, exact mode).
+    budget: Option<usize>,
+    /// Claims spilled, claims lost to a failure, and claims dropped (with their runs) or
+    /// never spilled for the budget.
     pub(crate) spilled: u64,
     pub(crate) lost: u64,
+    pub(crate) dropped: u64,
+    /// Claims the runs hold.
+    held: u64,
     /// Every claim the runs hold (a claim lost to a damaged block when it was rebuilt may be
-    /// missing: the chunk is stored again).
+    /// missing: the chunk is stored again), and those of runs dropped since it was built.
     filter: BlockedBloom,
+    /// Claims put in the filter since it was built (held and dropped).
+    filtered: u64,
     warned: Cell<bool>,
 }
 
@@ -76,37 +89,51 @@ struct Run {
     file: File,
     tier: u32,
     len: u64,
-    /// Per block: its first id and the hash of its bytes.
-    fences: Vec<(Id, u64)>,
+    /// Per block: its first id and the checksum of its bytes.
+    fences: Vec<(Id, u32)>,
 }
 
 impl SpilledClaims {
-    pub(crate) fn new(dir: Option<PathBuf>) -> SpilledClaims {
+    /// Spilled claims in files in `dir` (`None`: the system's temporary directory), their
+    /// filter and fences within `budget` bytes if one is given.
+    pub(crate) fn new(dir: Option<PathBuf>, budget: Option<usize>) -> SpilledClaims {
         SpilledClaims {
             dir,
             runs: Vec::new(),
+            budget,
             spilled: 0,
             lost: 0,
+            dropped: 0,
+            held: 0,
             filter: BlockedBloom::new(0),
+            filtered: 0,
             warned: Cell::new(false),
         }
     }
 
     /// Spills `claims` (placed claims, each id once, in any order) as a new run, then merges
-    /// full tiers.
-    pub(crate) fn spill(&mut self, mut claims: Vec<(Id, Placement)>) {
+    /// full tiers; within the budget, the oldest runs dropped first. Returns how many
+    /// claims this forgot: lost to a failure, dropped, or not spilled.
+    pub(crate) fn spill(&mut self, mut claims: Vec<(Id, Placement)>) -> u64 {
         if claims.is_empty() {
-            return;
+            return 0;
         }
-        claims.sort_unstable_by_key(|c| c.0);
         let n = claims.len() as u64;
+        let forgotten = self.lost + self.dropped;
+        if !self.make_room(n) {
+            self.dropped += n;
+            return self.lost + self.dropped - forgotten;
+        }
+        claims.sort_unstable_by(|a, b| (prefix(&a.0), &a.0).cmp(&(prefix(&b.0), &b.0)));
         let keys: Vec<ProbeKey> = claims.iter().map(|(id, _)| ProbeKey::of(id)).collect();
         match self.write_run(0, n, claims.into_iter().map(Ok)) {
             Ok(run) => {
                 self.runs.push(run);
                 self.spilled += n;
-                if self.spilled > self.filter.capacity() {
-                    self.rebuild_filter();
+                self.held += n;
+                self.filtered += n;
+                if self.filtered > self.filter.capacity() {
+                    self.rebuild_filter(0);
                 } else {
                     keys.into_iter().for_each(|k| self.filter.insert(k));
                 }
@@ -117,6 +144,43 @@ impl SpilledClaims {
             }
         }
         self.merge_full_tiers();
+        self.lost + self.dropped - forgotten
+    }
+
+    /// Makes room for `n` more claims within the budget: when they do not fit, drops the
+    /// oldest runs until the rest and the `n` fit half of it, and rebuilds the filter
+    /// without the dropped claims. Each claim is so read back about once more, as the
+    /// filter's doublings read it, where dropping just enough would rebuild the filter every
+    /// few spills from runs holding the whole budget. False if `n` claims do not fit the
+    /// budget even with no run left.
+    fn make_room(&mut self, n: u64) -> bool {
+        let Some(budget) = self.budget else {
+            return true;
+        };
+        if self.memory_after(n, false) <= budget {
+            return true;
+        }
+        while !self.runs.is_empty() && self.memory_after(n, true) > budget / 2 {
+            let run = self.runs.remove(0);
+            self.held -= run.len;
+            self.dropped += run.len;
+        }
+        let fits = self.memory_after(n, true) <= budget;
+        self.rebuild_filter(if fits { n } else { 0 });
+        fits
+    }
+
+    /// [`SpilledClaims::memory`] once `n` more claims are spilled (before merges, which
+    /// never add fences), the filter `rebuilt` for what the runs hold.
+    fn memory_after(&self, n: u64, rebuilt: bool) -> usize {
+        let filter = if rebuilt || self.filtered + n > self.filter.capacity() {
+            BlockedBloom::byte_len_for(self.held + n)
+        } else {
+            self.filter.byte_len()
+        };
+        let fences: usize =
+            self.runs.iter().map(|r| r.fences.len()).sum::<usize>() + (n as usize).div_ceil(BLOCK);
+        filter + fences * std::mem::size_of::<(Id, u32)>()
     }
 
     /// Where the spilled claim on `id` is, if it was spilled (and can be read back).
@@ -143,15 +207,17 @@ impl SpilledClaims {
     /// Bytes of memory the filter and the runs' fences take.
     pub(crate) fn memory(&self) -> usize {
         let fences: usize = self.runs.iter().map(|r| r.fences.len()).sum();
-        self.filter.byte_len() + fences * std::mem::size_of::<(Id, u64)>()
+        self.filter.byte_len() + fences * std::mem::size_of::<(Id, u32)>()
     }
 
-    /// A filter for the claims spilled (its lines a power of two: room for up to twice as
-    /// many), from every run's ids (read back in order: 66 bytes a claim, each read again
-    /// about once over the commit as the filter doubles). A block that cannot be read leaves
-    /// its claims out: lookups then miss them, and the chunks are stored again.
-    fn rebuild_filter(&mut self) {
-        let mut filter = BlockedBloom::new(self.spilled);
+    /// A filter for the claims the runs hold and `more` to come (its lines a power of two:
+    /// room for up to twice as many), from every run's ids (read back in order: 66 bytes a
+    /// claim, each read again about once over the commit as the filter doubles). A block
+    /// that cannot be read leaves its claims out: lookups then miss them, and the chunks are
+    /// stored again. The old filter goes first: the two are never held at once.
+    fn rebuild_filter(&mut self, more: u64) {
+        self.filter = BlockedBloom::new(0);
+        let mut filter = BlockedBloom::new(self.held + more);
         for run in &self.runs {
             for b in 0..run.fences.len() {
                 match run.block(b) {
@@ -163,6 +229,7 @@ impl SpilledClaims {
             }
         }
         self.filter = filter;
+        self.filtered = self.held;
     }
 
     fn warn(&self, e: &io::Error) {
@@ -356,12 +423,20 @@ struct BlockedBloom {
 impl BlockedBloom {
     /// Sized for `items` at [`FILTER_BITS`] each, rounded up to a power of two of lines.
     fn new(items: u64) -> BlockedBloom {
-        let lines = (items.max(1) * FILTER_BITS)
-            .div_ceil(512)
-            .next_power_of_two();
         BlockedBloom {
-            lines: vec![[0; 8]; lines as usize],
+            lines: vec![[0; 8]; Self::lines_for(items)],
         }
+    }
+
+    fn lines_for(items: u64) -> usize {
+        (items.max(1) * FILTER_BITS)
+            .div_ceil(512)
+            .next_power_of_two() as usize
+    }
+
+    /// [`BlockedBloom::byte_len`] of a filter made for `items`.
+    fn byte_len_for(items: u64) -> usize {
+        Self::lines_for(items) * 64
     }
 
     /// The line (from the key's first half) and seven bit positions in it (9 bits each of
@@ -403,9 +478,18 @@ impl BlockedBloom {
     }
 }
 
-fn block_hash(bytes: &[u8]) -> u64 {
-    let h = blake3::hash(bytes);
-    u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"))
+/// A block's checksum: CRC-32, against damage to a private scratch file (no one else
+/// writes it), where BLAKE3 took a tenth of the trace's time (every block is checked at
+/// each merge).
+fn block_hash(bytes: &[u8]) -> u32 {
+    crc32fast::hash(bytes)
+}
+
+/// An id's first 8 bytes as a number: ids ordered by it first, then by all their bytes,
+/// are in ascending order, and most comparisons end at it (ids are hashes) without a
+/// 32-byte `memcmp`.
+fn prefix(id: &Id) -> u64 {
+    u64::from_be_bytes(id.as_bytes()[..8].try_into().expect("8 bytes"))
 }
 
 /// The claims of several runs in ascending id order, each run read block by block (checked).
@@ -413,7 +497,7 @@ struct Merge<'a> {
     runs: &'a [Run],
     /// Per run: its next block's number and the entries of the current one not yet taken.
     cursors: Vec<(usize, std::vec::IntoIter<(Id, Placement)>)>,
-    heap: BinaryHeap<Reverse<(Id, usize)>>,
+    heap: BinaryHeap<Reverse<(u64, Id, usize)>>,
     heads: Vec<Option<Placement>>,
     failed: bool,
 }
@@ -457,7 +541,7 @@ impl<'a> Merge<'a> {
         };
         if let Some((id, p)) = entry {
             self.heads[r] = Some(p);
-            self.heap.push(Reverse((id, r)));
+            self.heap.push(Reverse((prefix(&id), id, r)));
         }
         Ok(())
     }
@@ -475,7 +559,7 @@ impl Iterator for Merge<'_> {
                 "a run to merge could not be read",
             )));
         }
-        let Reverse((id, r)) = self.heap.pop()?;
+        let Reverse((_, id, r)) = self.heap.pop()?;
         let p = self.heads[r]
             .take()
             .expect("a head for each run on the heap");
@@ -511,7 +595,7 @@ mod tests {
     #[test]
     fn spilled_claims_are_found_through_merges() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = SpilledClaims::new(Some(dir.path().to_path_buf()));
+        let mut s = SpilledClaims::new(Some(dir.path().to_path_buf()), None);
         let per = 300u64;
         let spills = (FAN_IN * FAN_IN + 3) as u64;
         for k in 0..spills {
@@ -534,6 +618,40 @@ mod tests {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
+    /// Within a budget: the filter and fences never pass it, the oldest runs are dropped
+    /// (and counted) to make room, the newest claims are still found and a dropped one is
+    /// never placed; a budget nothing fits spills nothing.
+    #[test]
+    fn a_budget_drops_the_oldest_runs() {
+        let budget = 4096;
+        let mut s = SpilledClaims::new(None, Some(budget));
+        let (per, spills) = (100u64, 80u64);
+        let mut forgotten = 0;
+        for k in 0..spills {
+            forgotten += s.spill(
+                (k * per..(k + 1) * per)
+                    .map(|n| (id(n), place(n)))
+                    .collect(),
+            );
+            assert!(s.memory() <= budget, "{} after spill {k}", s.memory());
+        }
+        assert!(s.dropped > 0);
+        assert_eq!(forgotten, s.dropped);
+        assert!(
+            s.runs.iter().any(|r| r.tier > 0),
+            "runs merged within the budget"
+        );
+        assert_eq!(s.held + s.dropped, spills * per);
+        let kept_from = spills * per - s.held;
+        for n in (0..spills * per).step_by(3) {
+            let expect = (n >= kept_from).then(|| place(n));
+            assert_eq!(s.get(&id(n)), expect, "claim {n}");
+        }
+        let mut none = SpilledClaims::new(None, Some(0));
+        assert_eq!(none.spill(vec![(id(1), place(1))]), 1);
+        assert_eq!((none.runs(), none.dropped, none.get(&id(1))), (0, 1, None));
+    }
+
     /// Both kinds of scratch file can be written and read back, and leave no name behind.
     #[test]
     fn scratch_files_are_anonymous() {
@@ -554,7 +672,7 @@ mod tests {
     /// place; the other runs still answer.
     #[test]
     fn a_damaged_block_answers_nothing() {
-        let mut s = SpilledClaims::new(None);
+        let mut s = SpilledClaims::new(None, None);
         spill(&mut s, 0..200);
         spill(&mut s, 200..400);
         let victim = 5u64;
