@@ -71,6 +71,16 @@ pub enum RepoError {
 pub type RepoResult<T> = Result<T, RepoError>;
 
 impl RepoError {
+    /// The error an index run's entry source gave (see [`crate::Repo::put_run_sorted`]):
+    /// the store's own, if it carries one (a staged file that could not be read).
+    pub fn from_entries(e: std::io::Error) -> RepoError {
+        let text = e.to_string();
+        match e.into_inner().map(|inner| inner.downcast::<StoreError>()) {
+            Some(Ok(store)) => RepoError::Store(*store),
+            _ => RepoError::Invalid(format!("an index run's entries: {text}")),
+        }
+    }
+
     pub fn corrupt(key: impl Into<String>, source: FormatError) -> Self {
         RepoError::Corrupt {
             key: key.into(),

@@ -713,26 +713,47 @@ impl Repo {
     }
 
     /// [`Repo::put_index_run`] of entries gathered pack by pack (a commit's: 8 bytes an id).
-    /// On a store with staged files the run is written into one and published as it is, so
-    /// it is never whole in memory (a 64 GiB first commit's run is 12 MiB).
     pub async fn put_run_entries(
         &self,
         entries: cairn_format::index_run::RunEntries,
         key: Option<&cairn_format::crypto::MasterKey>,
     ) -> RepoResult<(Id, u64)> {
-        let packs: Vec<Id> = entries.packs().copied().collect();
+        let (table, expected, entries) = entries.into_sorted();
+        self.put_run_sorted(table, expected, entries, key).await
+    }
+
+    /// Stores the run of pack table `table` (sorted, without repeats) holding `expected`
+    /// entries, which come in order (as [`cairn_format::index_run::merge_pack_keys`] gives
+    /// them: from memory, or read from a file as they are needed). On a store with staged
+    /// files the run is written into one and published as it is, so it is never whole in
+    /// memory (a 64 GiB first commit's run is 12 MiB). A source's error stops the run:
+    /// nothing is published.
+    pub async fn put_run_sorted(
+        &self,
+        table: Vec<Id>,
+        expected: u64,
+        entries: impl Iterator<Item = std::io::Result<cairn_format::index_run::Entry>> + Send + 'static,
+        key: Option<&cairn_format::crypto::MasterKey>,
+    ) -> RepoResult<(Id, u64)> {
+        use cairn_format::index_run::{Geometry, RunWriter};
+        let reading = RepoError::from_entries;
         let Some(mut staged) = self.store.stage(keys::INDEX_RUNS).await? else {
-            let raw = entries.write(key);
-            return self.put_run_naming(raw, &packs).await;
+            let mut w = RunWriter::with_geometry(table.clone(), expected, key, Geometry::default());
+            for e in entries {
+                w.push(e.map_err(reading)?);
+            }
+            return self.put_run_naming(w.finish(), &table).await;
         };
-        let key = key.cloned();
+        let (key, packs) = (key.cloned(), table.clone());
         let (mut staged, id) = tokio::task::spawn_blocking(move || {
             let errors = staged.errors();
             let out = std::io::BufWriter::with_capacity(256 << 10, &mut staged);
-            let geometry = cairn_format::index_run::Geometry::default();
-            let (_, id) = entries
-                .write_to(out, key.as_ref(), geometry)
-                .map_err(|e| errors("write", e))?;
+            let mut w =
+                RunWriter::to_writer(out, packs, expected, key.as_ref(), Geometry::default());
+            for e in entries {
+                w.push(e.map_err(reading)?);
+            }
+            let (_, id) = w.finish_to().map_err(|e| errors("write", e))?;
             Ok::<_, RepoError>((staged, id))
         })
         .await
@@ -745,7 +766,7 @@ impl Repo {
             PutOutcome::Created => staged.len()?,
             PutOutcome::AlreadyExists => 0,
         };
-        self.run_stored(&id, &packs).await?;
+        self.run_stored(&id, &table).await?;
         Ok((id, written))
     }
 

@@ -26,7 +26,7 @@ use cairn_format::config::RepoConfig;
 use cairn_format::crypto::MasterKey;
 use cairn_format::group::{group_id, Group, GroupBuilder};
 use cairn_format::group_summary::SummaryBuilder;
-use cairn_format::index_run::{self, RunEntries};
+use cairn_format::index_run;
 use cairn_format::leaf_v2::{RunExtent, RunLeaf};
 use cairn_format::version::CommitStats;
 use cairn_format::Id;
@@ -39,7 +39,7 @@ use super::claims::{Claimed, Claims};
 use super::dedup::{DedupMode, DedupTally, SegmentDedup};
 use super::packing::Uploader;
 use super::parent::ParentLeaves;
-use super::pending_entries::PendingEntries;
+use super::pending_entries::{PendingEntries, PendingRun};
 use super::pipeline::read_all;
 use super::{CommitOptions, CommitProgress, PipelineOutput};
 use crate::chunker::{chunk_ranges, is_zero};
@@ -693,7 +693,7 @@ fn pack_groups(
     rx: Receiver<Packable>,
     uploads: usize,
     progress: &CommitProgress,
-) -> EngineResult<(RunEntries, u64)> {
+) -> EngineResult<(PendingRun, u64)> {
     let mut uploader = Uploader::new(repo, handle, uploads, progress);
     let mut pending = PendingEntries::new(handle.block_on(repo.stage_scratch())?);
     let group_size = config.v2.map_or(64 << 10, |v| v.group_size) as usize;
@@ -738,7 +738,7 @@ fn pack_groups(
         uploader.start(pack.id, pack.bytes, keys)?;
     }
     let (packs, written) = uploader.finish()?;
-    Ok((pending.into_entries(packs)?, written))
+    Ok((pending.into_run(packs), written))
 }
 
 /// The index keys of a finished pack's ids (what its run entries hold).

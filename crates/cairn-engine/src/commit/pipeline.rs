@@ -37,7 +37,7 @@ pub(crate) struct PipelineOutput {
     pub packs: Vec<(Id, Vec<BlobEntry>)>,
     /// Format 2: the commit's index run: where its chunks, groups and nodes are (`packs` is
     /// then empty).
-    pub run: cairn_format::index_run::RunEntries,
+    pub run: super::pending_entries::PendingRun,
     pub pack_bytes: u64,
     /// Blobs (format 2: manifest nodes) the tree refers to without storing them.
     pub reused: HashSet<Id>,

@@ -66,9 +66,26 @@ async fn missing_in_store(repo: &Repo, out: &PipelineOutput) -> EngineResult<usi
     // Every slot of a group the tree uses that this commit did not store itself (the
     // reference summary lists them all, unread leaves' included, by key).
     if let Some(summary) = &out.group_summary {
-        let own = out.run.sorted_keys();
+        // The summary's groups and the run's keys both ascend: one pass over each.
+        let mut own = out.run.keys().peekable();
         for (key, slots) in summary.groups() {
-            if own.binary_search(&key).is_ok() {
+            let mut stored_here = false;
+            while let Some(next) = own.peek() {
+                match next {
+                    Ok(k) if *k < key => {
+                        own.next();
+                    }
+                    Ok(k) => {
+                        stored_here = *k == key;
+                        break;
+                    }
+                    Err(_) => {
+                        let e = own.next().expect("peeked").expect_err("peeked an error");
+                        return Err(RepoError::from_entries(e).into());
+                    }
+                }
+            }
+            if stored_here {
                 continue;
             }
             let stored = match view.stores_group_key(key, &slots.runs()).await {
@@ -103,7 +120,7 @@ pub(crate) async fn publish(
     let mut index_bytes = if repo.v2().is_some() {
         match out.run.is_empty() {
             true => 0,
-            false => repo.put_run_entries(out.run, repo.key()).await?.1,
+            false => out.run.put(repo).await?.1,
         }
     } else {
         repo.put_index(out.packs).await?

@@ -161,7 +161,7 @@ pub(super) async fn store_from(
         .map_err(|e| EngineError::internal("repair thread", e))??
     };
     if !out.run.is_empty() {
-        repo.put_run_entries(out.run, repo.key()).await?;
+        out.run.put(repo).await?;
     }
     let (still, _) = lost_blobs(repo, live).await?;
     report.blobs_restored = wanted.difference(&still).count() as u64;

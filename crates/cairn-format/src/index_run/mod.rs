@@ -56,7 +56,10 @@ use crate::Id;
 
 pub use read::{ordinals_of, parse_footer, parse_header, parse_meta};
 pub use whole::{parse_run, WholeRun};
-pub use write::{write_legacy_run, write_run, write_run_with, Geometry, RunEntries, RunWriter};
+pub use write::{
+    merge_pack_keys, pack_table, write_legacy_run, write_run, write_run_with, Geometry, RunEntries,
+    RunWriter,
+};
 
 pub const MAGIC: &[u8; 8] = b"CRNIRUN\0";
 pub const END_MAGIC: &[u8; 8] = b"CRNIREND";

@@ -126,9 +126,7 @@ impl RunEntries {
 
     /// The pack table (sorted, no repeats) and the entries in order, each once.
     fn table_and_entries(self) -> (Vec<Id>, Vec<Entry>) {
-        let mut table: Vec<Id> = self.packs.iter().map(|(p, _)| *p).collect();
-        table.sort_unstable();
-        table.dedup();
+        let table = pack_table(self.packs.iter().map(|(p, _)| *p));
         let entries = self.entries_in(&table);
         (table, entries)
     }
@@ -141,9 +139,12 @@ impl RunEntries {
     /// [`Self::write`] with a given geometry. The pack table is sorted, without repeats; the
     /// entries are sorted by (key, pack ordinal), each once (the writer drops repeats).
     pub fn write_with(self, key: Option<&MasterKey>, g: Geometry) -> Vec<u8> {
-        let (table, expected) = self.table();
-        let w = RunWriter::with_geometry(table.clone(), expected, key, g);
-        self.push_into(w, &table).finish()
+        let (table, expected, entries) = self.into_sorted();
+        let mut w = RunWriter::with_geometry(table, expected, key, g);
+        for e in entries {
+            w.push(e.expect("entries in memory"));
+        }
+        w.finish()
     }
 
     /// [`Self::write_with`] into `out` (a file, so that a commit's run is never whole in
@@ -154,58 +155,80 @@ impl RunEntries {
         key: Option<&MasterKey>,
         g: Geometry,
     ) -> io::Result<(W, Id)> {
-        let (table, expected) = self.table();
-        let w = RunWriter::to_writer(out, table.clone(), expected, key, g);
-        self.push_into(w, &table).finish_to()
-    }
-
-    /// The pack table (sorted, no repeats) and the entries expected.
-    fn table(&self) -> (Vec<Id>, u64) {
-        let mut table: Vec<Id> = self.packs.iter().map(|(p, _)| *p).collect();
-        table.sort_unstable();
-        table.dedup();
-        (table, self.entries as u64)
-    }
-
-    /// Pushes every entry, in order, into `w`, a writer for pack table `table`.
-    fn push_into<'k, W: Write>(self, mut w: RunWriter<'k, W>, table: &[Id]) -> RunWriter<'k, W> {
-        for e in self.merged_in(table) {
-            w.push(e);
+        let (table, expected, entries) = self.into_sorted();
+        let mut w = RunWriter::to_writer(out, table, expected, key, g);
+        for e in entries {
+            w.push(e?);
         }
-        w
+        w.finish_to()
     }
 
-    /// The entries against pack table `table`, in order (repeats included), merged from
-    /// each addition's keys sorted in place: [`Self::entries_in`] made a second array of
-    /// them at 16 bytes an entry beside the keys' 8 (17 MiB of a 64 GiB first commit's
-    /// 35 MiB heap peak, while it wrote its run).
-    fn merged_in(self, table: &[Id]) -> impl Iterator<Item = Entry> {
-        let mut runs: Vec<(u32, std::vec::IntoIter<u64>)> = self
+    /// The pack table (sorted, no repeats), the entries expected, and the entries in order
+    /// (repeats included, which the writer drops), merged from each addition's keys sorted
+    /// in place: [`Self::entries_in`] made a second array of them at 16 bytes an entry
+    /// beside the keys' 8 (17 MiB of a 64 GiB first commit's 35 MiB heap peak, while it
+    /// wrote its run).
+    pub fn into_sorted(
+        self,
+    ) -> (
+        Vec<Id>,
+        u64,
+        impl Iterator<Item = io::Result<Entry>> + Send + 'static,
+    ) {
+        let table = pack_table(self.packs.iter().map(|(p, _)| *p));
+        let packs = self
             .packs
             .into_iter()
             .map(|(pack, mut keys)| {
                 keys.sort_unstable();
                 let pack = table.binary_search(&pack).expect("in the table") as u32;
-                (pack, keys.into_iter())
+                (pack, keys.into_iter().map(Ok))
             })
             .collect();
-        let mut heap: BinaryHeap<Reverse<(Entry, usize)>> = runs
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(i, (pack, keys))| {
-                let key = keys.next()?;
-                Some(Reverse((Entry { key, pack: *pack }, i)))
-            })
-            .collect();
-        std::iter::from_fn(move || {
-            let Reverse((e, i)) = heap.pop()?;
-            let (pack, keys) = &mut runs[i];
-            if let Some(key) = keys.next() {
-                heap.push(Reverse((Entry { key, pack: *pack }, i)));
-            }
-            Some(e)
-        })
+        (table, self.entries as u64, merge_pack_keys(packs))
     }
+}
+
+/// The pack table of a run naming `packs`: sorted, without repeats.
+pub fn pack_table(packs: impl IntoIterator<Item = Id>) -> Vec<Id> {
+    let mut table: Vec<Id> = packs.into_iter().collect();
+    table.sort_unstable();
+    table.dedup();
+    table
+}
+
+/// The entries of several packs' keys, in order: `packs` are (ordinal in the run's pack
+/// table, that pack's keys ascending). Keys are taken one at a time from each source, so a
+/// source may read them from a file as they are needed (a commit's staged keys). The first
+/// error a source gives ends the entries.
+pub fn merge_pack_keys<I>(packs: Vec<(u32, I)>) -> impl Iterator<Item = io::Result<Entry>>
+where
+    I: Iterator<Item = io::Result<u64>>,
+{
+    let mut packs = packs;
+    let mut failed = None;
+    let mut heap = BinaryHeap::with_capacity(packs.len());
+    for (i, (pack, keys)) in packs.iter_mut().enumerate() {
+        match keys.next() {
+            Some(Ok(key)) => heap.push(Reverse((Entry { key, pack: *pack }, i))),
+            Some(Err(e)) => failed = failed.or(Some(e)),
+            None => {}
+        }
+    }
+    std::iter::from_fn(move || {
+        if let Some(e) = failed.take() {
+            heap.clear();
+            return Some(Err(e));
+        }
+        let Reverse((e, i)) = heap.pop()?;
+        let (pack, keys) = &mut packs[i];
+        match keys.next() {
+            Some(Ok(key)) => heap.push(Reverse((Entry { key, pack: *pack }, i))),
+            Some(Err(err)) => failed = Some(err),
+            None => {}
+        }
+        Some(Ok(e))
+    })
 }
 
 /// What the top level will say of one directory block.
