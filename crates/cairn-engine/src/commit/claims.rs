@@ -5,14 +5,14 @@
 //! byte, at the map's load; the group's id is in a table per generation). Kept for a whole
 //! commit, as exact mode kept them until 2026-11-29, that was 160 MiB for a VM's first
 //! commit with 14 GiB of new data, the largest part of a commit's memory (BENCHMARKS §2,
-//! "Trace benchmark"), and 161 MiB for a 64 GiB image holding 4 GiB. Bounded mode keeps two
+//! "Trace benchmark"), and 161 MiB for a 64 GiB image holding 4 GiB. Both modes keep two
 //! *generations* of at most `generation` claims each; when the newer fills, the older
 //! one's placed claims are spilled to sorted runs in scratch files (`spilled_claims`, 2 to 3
 //! bytes a claim in memory) and still found. Exact mode spills every generation; bounded
 //! mode within a memory budget ([`BOUNDED_SPILL_MEMORY`]), past which it forgets its oldest
 //! runs: a chunk that comes again after that is stored twice, as bounded dedup's other
 //! misses are (space, never correctness). Until 2026-11-29 bounded mode forgot a generation
-//! as it turned, with generations of 27 times as many claims (432 MiB of new data, 10 MiB of
+//! as it turned, with generations of four times as many claims (432 MiB of new data, 10 MiB of
 //! a 64 GiB first commit's memory).
 //!
 //! A generation's claims fit a map of 2^15 buckets, so its map never doubles past that. The
@@ -40,8 +40,9 @@ use super::spilled_claims::SpilledClaims;
 /// GiB); generations of 2^17 buckets (the default until 2026-11-29) held 10 MiB.
 pub const CLAIM_GENERATION: usize = (1 << 15) / 8 * 7 - 1024;
 
-/// Memory bounded mode's spilled claims may take by default (their filter and fences):
-/// about 1.7 million claims, 6 GiB of a commit's new data.
+/// Memory bounded mode's spilled claims may take by default (their filter and fences): up
+/// to about 1.7 million claims, and at least half as many once its oldest are dropped (3 to
+/// 6 GiB of a commit's new data).
 pub const BOUNDED_SPILL_MEMORY: usize = 4 << 20;
 
 /// A claim's bytes in its generation's map (its id, group number and slot), without the map's

@@ -8,8 +8,8 @@
 //!
 //! Bounded mode spills too, within a memory budget: when the next spill would take the
 //! filter and fences past it, the oldest runs are dropped (their claims forgotten), so it
-//! finds a chunk stored again within the last few GiB of a commit's new data (about 6 GiB
-//! at the default 4 MiB) where it found one within the last 432–864 MiB held in memory.
+//! finds a chunk stored again within the last 3 to 6 GiB of a commit's new data (at the
+//! default 4 MiB) where it found one within the last 432–864 MiB held in memory.
 //!
 //! A lookup of a claim that was never spilled (nearly every one: a new chunk) costs one
 //! cache line of the filter ([`BlockedBloom`]); one the filter passes reads one block of
