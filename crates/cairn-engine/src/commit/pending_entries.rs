@@ -268,4 +268,41 @@ mod tests {
             .unwrap_or_default();
         assert!(left.is_empty(), "{left:?}");
     }
+
+    /// A staged file cut short (damage under a running commit) ends the run's keys with an
+    /// error, after only the keys read before it: never entries made up or silently fewer.
+    #[tokio::test]
+    async fn a_staged_file_cut_short_ends_the_keys_with_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(dir.path()).unwrap();
+        let mut pending = PendingEntries::new(store.stage("packs/").await.unwrap());
+        let first = pending
+            .add((0..2000u64).map(|k| k * 7919).collect())
+            .unwrap();
+        let run = pending.into_run(vec![(Id::of(b"p"), first)]);
+        let staged = std::fs::read_dir(dir.path().join("packs"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&staged)
+            .unwrap()
+            .set_len(8 * 1000)
+            .unwrap();
+        let keys: Vec<io::Result<u64>> = run.keys().collect();
+        let (ok, err): (Vec<_>, Vec<_>) = keys.iter().partition(|k| k.is_ok());
+        assert_eq!((ok.len(), err.len()), (KEYS_READ, 1), "{err:?}");
+        assert!(keys.last().unwrap().is_err());
+        let e = keys.into_iter().last().unwrap().unwrap_err();
+        assert!(
+            matches!(
+                cairn_repo::RepoError::from_entries(e),
+                cairn_repo::RepoError::Store(_)
+            ),
+            "the store's own error"
+        );
+    }
 }
