@@ -78,30 +78,34 @@ impl CacheLimits {
         PROCESS_LIMITS.set(limits).is_ok()
     }
 
-    /// The built-in limits: 64 MiB of groups, 8 of trailers, 8 of sections, 32 of filters
+    /// The built-in limits: 64 MiB of groups, 8 of trailers, 2 of sections, 32 of filters
     /// (about 20 million index entries: 75 GiB of unique 4 KiB chunks with every filter
     /// held). Equal to [`CacheLimits::for_index_memory`] of 32 MiB. Until 2026-11-28 it was
     /// 64 (64 / 32 / 8): the trace benchmark's peak commit held 122.5 MiB (84K:1) where it
-    /// holds 82.5 now (125K:1), at the same dedup; a 64 GiB image's re-commit, bounded and
-    /// exact, and its restore take the same time at 8–10 MiB less (BENCHMARKS.md).
+    /// held 82.5 then (125K:1), at the same dedup; a 64 GiB image's re-commit, bounded and
+    /// exact, and its restore take the same time at 8–10 MiB less (BENCHMARKS.md). Until
+    /// 2026-11-29 sections had 8 MiB: the same re-commit read 4,100 sections instead of
+    /// 2,500 with 2, in the same time, and peaked 6 MiB lower.
     pub const BUILT_IN: CacheLimits = CacheLimits {
         group_bytes: 64 << 20,
         trailer_bytes: 8 << 20,
-        section_bytes: 8 << 20,
+        section_bytes: 2 << 20,
         filter_bytes: 32 << 20,
     };
 
     /// The limits for an index memory budget of `bytes` (the CLI's `--index-memory`): the
-    /// filters get it whole, the pack trailers and the index pieces a quarter of it each (the
-    /// built-in proportions), at least 2 MiB and 1 MiB; the cache of opened groups is data,
-    /// not index, and stays. So an operator who lowers the budget lowers every index cache:
-    /// the trace benchmark showed the trailers and pieces at 40 of a 90 MiB peak when only
-    /// the filters followed the flag.
+    /// filters get it whole, the pack trailers a quarter of it and the index pieces a
+    /// sixteenth (the built-in proportions), at least 2 MiB and 1 MiB; the cache of opened
+    /// groups is data, not index, and stays. So an operator who lowers the budget lowers
+    /// every index cache: the trace benchmark showed the trailers and pieces at 40 of a
+    /// 90 MiB peak when only the filters followed the flag. Trailers are not cut as far:
+    /// a 64 GiB re-commit whose parent names groups all over the repository read 420 of them
+    /// instead of 170 with 4 MiB, and 1,900 with 3 (twice the time).
     pub fn for_index_memory(bytes: u64) -> CacheLimits {
         CacheLimits {
             filter_bytes: bytes,
             trailer_bytes: (bytes / 4).max(2 << 20),
-            section_bytes: (bytes / 4).max(1 << 20),
+            section_bytes: (bytes / 16).max(1 << 20),
             ..CacheLimits::BUILT_IN
         }
     }
@@ -246,7 +250,7 @@ mod tests {
         let small = CacheLimits::for_index_memory(16 << 20);
         assert_eq!(
             (small.filter_bytes, small.trailer_bytes, small.section_bytes),
-            (16 << 20, 4 << 20, 4 << 20)
+            (16 << 20, 4 << 20, 1 << 20)
         );
         assert_eq!(small.group_bytes, CacheLimits::BUILT_IN.group_bytes);
         let none = CacheLimits::for_index_memory(0);
