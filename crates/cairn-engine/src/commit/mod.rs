@@ -159,7 +159,7 @@ pub async fn commit(
         None => ParentLeaves::default(),
     };
     tracing::debug!(leaves = parent.len(), "parent fast path");
-    let (mut out, mut parent) = {
+    let (mut out, parent) = {
         let repo = repo.clone();
         let options = options.clone();
         let progress = progress.clone();
@@ -177,7 +177,7 @@ pub async fn commit(
     };
     // Leaves of the parent reused unread: what they use comes from the parent's summary.
     if let Some(summary) = out.group_summary.as_mut() {
-        let base = parent.take_summary();
+        let base = parent.summary(&repo).await;
         let base_leaves = parent.occurrences();
         base_summary::complete_summary(&repo, base, &out.unread_leaves, &base_leaves, summary)
             .await?;
