@@ -155,12 +155,6 @@ impl V2Reader {
             .await
     }
 
-    /// The trailer of `pack` if the cache holds it; nothing is read. For hints such as a
-    /// worker's recent packs, which must not keep trailers alive past the cache's budget.
-    pub fn cached_trailer(&self, pack: &Id) -> Option<Arc<PackTrailer>> {
-        self.trailers.get(pack)
-    }
-
     async fn read_trailer(&self, pack: &Id) -> RepoResult<Arc<PackTrailer>> {
         self.fetched
             .trailers

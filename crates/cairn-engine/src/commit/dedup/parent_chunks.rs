@@ -20,52 +20,49 @@
 //! lookup and, once the run outgrew the piece cache, a section read.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use cairn_format::leaf_v2::RunLeaf;
 use cairn_format::Id;
-use cairn_repo::v2::{GroupLocation, Placement, V2Reader};
+use cairn_repo::v2::{GroupLocation, PackTrailer, Placement, V2Reader};
 use cairn_repo::RepoResult;
 
 /// Packs a worker remembers where it found parent groups.
 const RECENT_PACKS: usize = 8;
 
-/// The packs where a worker found its latest parent groups, most recent first. Only their
-/// ids: the trailers are asked from the reader's cache, so they stay within its budget.
-/// Until 2026-11-29 each worker held its eight trailers itself (about 330 KiB each), which a
-/// 64 GiB re-commit's heap carried beside the cache's 8 MiB.
+/// The trailers of the packs where a worker found its latest parent groups, most recent
+/// first.
 #[derive(Debug, Default)]
 pub(crate) struct RecentPacks {
-    packs: VecDeque<Id>,
+    trailers: VecDeque<Arc<PackTrailer>>,
 }
 
 impl RecentPacks {
-    /// A good copy of `group` storing `wanted` in one of the recent packs whose trailer is
-    /// still cached.
+    /// A good copy of `group` storing `wanted` in one of the recent packs.
     fn find(
         &mut self,
         reader: &V2Reader,
         group: &Id,
         wanted: &[(u16, u16)],
     ) -> Option<GroupLocation> {
-        let (i, loc) = self.packs.iter().enumerate().find_map(|(i, pack)| {
-            let trailer = reader.cached_trailer(pack)?;
+        let (i, loc) = self.trailers.iter().enumerate().find_map(|(i, trailer)| {
             let loc = GroupLocation {
+                trailer: trailer.clone(),
                 group: trailer.group(group)?,
-                trailer,
             };
             (!reader.is_quarantined(&loc) && loc.stores(wanted)).then_some((i, loc))
         })?;
         if i > 0 {
-            let pack = self.packs.remove(i).expect("found there");
-            self.packs.push_front(pack);
+            let t = self.trailers.remove(i).expect("found there");
+            self.trailers.push_front(t);
         }
         Some(loc)
     }
 
-    fn learn(&mut self, pack: &Id) {
-        self.packs.retain(|p| p != pack);
-        self.packs.push_front(*pack);
-        self.packs.truncate(RECENT_PACKS);
+    fn learn(&mut self, trailer: &Arc<PackTrailer>) {
+        self.trailers.retain(|t| t.pack != trailer.pack);
+        self.trailers.push_front(trailer.clone());
+        self.trailers.truncate(RECENT_PACKS);
     }
 }
 
@@ -99,7 +96,7 @@ impl ParentChunks {
                 Some(loc) => loc,
                 None => match reader.locate_group_storing(&group, &wanted).await {
                     Ok(loc) if !reader.is_quarantined(&loc) && loc.stores(&wanted) => {
-                        recent.learn(&loc.trailer.pack);
+                        recent.learn(&loc.trailer);
                         loc
                     }
                     Ok(_) => continue,
