@@ -8,6 +8,9 @@ use crate::Id;
 /// Changes a [`SummaryBuilder`] gathers before it merges them in, at least: 1 MiB of runs.
 const BATCH: usize = 1 << 16;
 
+/// The changes waiting are at most the summary's entries divided by this.
+const WAITING_SHARE: usize = 8;
+
 /// One change to a summary's references: a leaf occurrence's run added or removed.
 #[derive(Debug, Clone, Copy)]
 struct RunChange {
@@ -111,11 +114,14 @@ impl SummaryBuilder {
         self.settle_if_due();
     }
 
-    /// Merges the changes once they are as many as the summary's entries (or [`BATCH`]):
-    /// each merge is one pass, and the changes waiting never outgrow the summary by much.
+    /// Merges the changes once they are an eighth of the summary's entries (or [`BATCH`]):
+    /// each merge is one pass, so a change costs about eight entries moved (256 bytes), and
+    /// the changes waiting (16 bytes each) stay near a sixteenth of the summary's bytes.
+    /// Until 2026-11-29 they waited until they were as many as its entries: 4.2 MiB of a
+    /// 256 GiB re-commit's 70 MiB heap peak, beside the summary's 7.5.
     fn settle_if_due(&mut self) {
         let held = self.summary.nodes.len() + self.summary.groups.len();
-        if self.nodes.len() + self.runs.len() >= held.max(self.min_batch) {
+        if self.nodes.len() + self.runs.len() >= (held / WAITING_SHARE).max(self.min_batch) {
             self.settle();
         }
     }
