@@ -98,9 +98,10 @@ impl CacheLimits {
     /// sixteenth (the built-in proportions), at least 2 MiB and 1 MiB; the cache of opened
     /// groups is data, not index, and stays. So an operator who lowers the budget lowers
     /// every index cache: the trace benchmark showed the trailers and pieces at 40 of a
-    /// 90 MiB peak when only the filters followed the flag. Trailers are not cut as far:
-    /// a 64 GiB re-commit whose parent names groups all over the repository read 420 of them
-    /// instead of 170 with 4 MiB, and 1,900 with 3 (twice the time).
+    /// 90 MiB peak when only the filters followed the flag. Trailers keep a quarter: a
+    /// re-commit whose parent names groups all over the repository needs its working set of
+    /// them (with the workers' recent packs not held, tried 2026-11-29, a 64 GiB re-commit
+    /// read 420 trailers instead of 170 with 4 MiB, and 1,900 with 3: twice the time).
     pub fn for_index_memory(bytes: u64) -> CacheLimits {
         CacheLimits {
             filter_bytes: bytes,
