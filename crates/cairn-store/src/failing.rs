@@ -1,11 +1,12 @@
 //! A wrapper that lets a number of writes through and then fails every write: a disk that
 //! fills up or a server that dies mid-commit, for fault-injection tests. Optionally the writes
 //! it lets through land late, even when their caller has given up: a server that finishes a
-//! request whose body it had received.
+//! request whose body it had received; and an object can vanish after a number of reads, as
+//! if another process (a GC) deleted it between two reads of one caller.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -18,13 +19,23 @@ use crate::{
 
 /// An [`ObjectStore`] that delegates to `inner` but fails every write (`put_if_absent`,
 /// `delete`, `cas_ref`) once `allowed` writes have succeeded, with
-/// [`StoreError::Unavailable`]. Reads always pass. [`allow`](Self::allow) sets the budget
-/// again (the disk was freed, the server came back).
+/// [`StoreError::Unavailable`]. Reads pass, except of an object made to vanish
+/// ([`vanish_after`](Self::vanish_after)). [`allow`](Self::allow) sets the budget again (the
+/// disk was freed, the server came back).
 #[derive(Debug)]
 pub struct FailingStore {
     inner: Arc<dyn ObjectStore>,
     allowed: AtomicUsize,
     landing_delay: Option<Duration>,
+    vanishing: Mutex<Option<Vanishing>>,
+}
+
+/// An object that reads find `reads_left` more times, then not at all.
+#[derive(Debug)]
+struct Vanishing {
+    key: String,
+    reads_left: usize,
+    reads: usize,
 }
 
 impl FailingStore {
@@ -33,6 +44,48 @@ impl FailingStore {
             inner,
             allowed: AtomicUsize::new(allowed),
             landing_delay: None,
+            vanishing: Mutex::new(None),
+        }
+    }
+
+    /// `get` and `get_range` of `key` find it `reads` times more, then answer
+    /// [`StoreError::NotFound`] (the object stays in the inner store).
+    pub fn vanish_after(&self, key: &str, reads: usize) {
+        *self.vanishing.lock().expect("not poisoned") = Some(Vanishing {
+            key: key.to_owned(),
+            reads_left: reads,
+            reads: 0,
+        });
+    }
+
+    /// Reads asked of the vanishing object so far, found or not.
+    pub fn vanishing_reads(&self) -> usize {
+        self.vanishing
+            .lock()
+            .expect("not poisoned")
+            .as_ref()
+            .map_or(0, |v| v.reads)
+    }
+
+    /// Whether a read of `key` finds nothing because the object vanished.
+    fn vanished(&self, key: &str) -> bool {
+        let mut guard = self.vanishing.lock().expect("not poisoned");
+        let Some(v) = guard.as_mut().filter(|v| v.key == key) else {
+            return false;
+        };
+        v.reads += 1;
+        match v.reads_left.checked_sub(1) {
+            Some(left) => {
+                v.reads_left = left;
+                false
+            }
+            None => true,
+        }
+    }
+
+    fn not_found(key: &str) -> StoreError {
+        StoreError::NotFound {
+            key: key.to_owned(),
         }
     }
 
@@ -112,9 +165,15 @@ impl ObjectStore for FailingStore {
         Ok(outcome)
     }
     async fn get(&self, key: &str) -> StoreResult<Bytes> {
+        if self.vanished(key) {
+            return Err(Self::not_found(key));
+        }
         self.inner.get(key).await
     }
     async fn get_range(&self, key: &str, range: Range<u64>) -> StoreResult<Bytes> {
+        if self.vanished(key) {
+            return Err(Self::not_found(key));
+        }
         self.inner.get_range(key, range).await
     }
     async fn head(&self, key: &str) -> StoreResult<Option<u64>> {
@@ -184,5 +243,23 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(store.allowed(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_vanishing_object_is_found_as_many_times_as_told_then_not() {
+        let store = FailingStore::new(Arc::new(MemoryStore::new()), 2);
+        for key in ["a", "b"] {
+            store
+                .put_if_absent(key, Bytes::from_static(b"12"))
+                .await
+                .unwrap();
+        }
+        store.vanish_after("a", 1);
+        assert_eq!(store.get("a").await.unwrap(), Bytes::from_static(b"12"));
+        let err = store.get_range("a", 0..1).await.unwrap_err();
+        assert!(matches!(err, StoreError::NotFound { .. }), "{err}");
+        assert!(store.get("a").await.is_err());
+        assert_eq!(store.get("b").await.unwrap(), Bytes::from_static(b"12"));
+        assert_eq!(store.vanishing_reads(), 3);
     }
 }

@@ -13,7 +13,7 @@ use cairn_format::config::RepoConfig;
 use cairn_format::group_summary::{GroupSummary, SummaryBuilder};
 use cairn_format::leaf_v2::RunLeaf;
 use cairn_repo::Repo;
-use cairn_store::LocalStore;
+use cairn_store::{FailingStore, LocalStore};
 
 async fn v2_repo(dir: &std::path::Path) -> Arc<Repo> {
     let store = Arc::new(LocalStore::create(dir).unwrap());
@@ -714,6 +714,48 @@ async fn a_recommit_under_a_pending_plan_reuses_only_leaves_it_can_locate() {
     let repo = reopen(dir.path()).await;
     assert!(restore_bytes(&repo, &c.record).await.unwrap() == image);
     assert!(restore_bytes(&repo, &b.record).await.is_ok());
+    assert!(verify(repo).await.unwrap().is_clean());
+}
+
+/// A re-commit checks the parent's summary at its start and reads it again at its end rather
+/// than holding it through the pipeline. If it is gone by then (a GC deleted the version, the
+/// object was damaged), the commit reads the leaves it reused instead and still writes an
+/// exact, counted summary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_summary_gone_by_the_end_of_a_commit_is_replaced_by_the_reused_leaves() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = v2_repo(dir.path()).await;
+    let seg = 256usize << 10;
+    let mut image = noise(8 * seg, 51);
+    let v1 = commit_bytes(&repo, "vm", image.clone()).await;
+    let summary_key = cairn_format::keys::summary(&v1.record.root.unwrap());
+
+    let store = Arc::new(FailingStore::new(
+        Arc::new(LocalStore::open(dir.path()).unwrap()),
+        usize::MAX,
+    ));
+    store.vanish_after(&summary_key, 1);
+    let vanishing = Arc::new(Repo::open(store.clone()).await.unwrap());
+    image[2 * seg..2 * seg + 4096].copy_from_slice(&noise(4096, 52));
+    let v2 = commit_bytes(&vanishing, "vm", image.clone()).await;
+    assert_eq!(
+        v2.reused_segments, 7,
+        "leaves reused unread, on the first read"
+    );
+    assert_eq!(
+        store.vanishing_reads(),
+        2,
+        "read at the start, and again (not found) at the end"
+    );
+
+    let repo = Arc::new(
+        Repo::open(Arc::new(LocalStore::open(dir.path()).unwrap()))
+            .await
+            .unwrap(),
+    );
+    let (summary, used, leaves) = summary_and_use(&repo, &v2.record).await;
+    assert_exact(&summary, &used, &leaves, 1);
+    assert!(restore_bytes(&repo, &v2.record).await.unwrap() == image);
     assert!(verify(repo).await.unwrap().is_clean());
 }
 
