@@ -83,12 +83,6 @@ impl FailingStore {
         }
     }
 
-    fn not_found(key: &str) -> StoreError {
-        StoreError::NotFound {
-            key: key.to_owned(),
-        }
-    }
-
     /// Each `put_if_absent` let through lands `delay` later, in a task of its own: it lands
     /// even if the caller drops the call meanwhile, as a server finishes a request whose body
     /// it had received after the client gave up.
@@ -166,13 +160,13 @@ impl ObjectStore for FailingStore {
     }
     async fn get(&self, key: &str) -> StoreResult<Bytes> {
         if self.vanished(key) {
-            return Err(Self::not_found(key));
+            return Err(StoreError::not_found(key));
         }
         self.inner.get(key).await
     }
     async fn get_range(&self, key: &str, range: Range<u64>) -> StoreResult<Bytes> {
         if self.vanished(key) {
-            return Err(Self::not_found(key));
+            return Err(StoreError::not_found(key));
         }
         self.inner.get_range(key, range).await
     }
