@@ -32,8 +32,9 @@ pub struct Cli {
     pub meta_cache: Option<String>,
 
     /// Memory for the format 2 index, in MiB (default 32). The run filters get it whole
-    /// (32 MiB: about 20 million entries, 75 GiB of unique data), the pack trailer cache and
-    /// the index piece cache a quarter each. Past the filter budget the largest runs are
+    /// (32 MiB: about 20 million entries, 75 GiB of unique data), the pack trailer cache a
+    /// quarter (a sixteenth in `commit`, whose workers hold the trailers they use) and the
+    /// index piece cache a sixteenth. Past the filter budget the largest runs are
     /// asked through their fence keys, one cached section read a lookup: bounded dedup,
     /// which asks the index a few times a changed segment, barely notices; exact dedup and
     /// verify slow down. Fleet hosts: 16 keeps dedup and holds ~60 MiB.

@@ -56,11 +56,14 @@ fn main() -> ExitCode {
     fix_malloc_mmap_threshold();
     let cli = parse_command_line();
     init_logging(cli.verbose);
-    if let Some(mib) = cli.index_memory {
-        cairn_repo::v2::CacheLimits::set_process_default(
-            cairn_repo::v2::CacheLimits::for_index_memory(mib.saturating_mul(1 << 20)),
-        );
-    }
+    let limits = match cli.index_memory {
+        Some(mib) => cairn_repo::v2::CacheLimits::for_index_memory(mib.saturating_mul(1 << 20)),
+        None => cairn_repo::v2::CacheLimits::BUILT_IN,
+    };
+    cairn_repo::v2::CacheLimits::set_process_default(match cli.command {
+        Command::Commit(_) => limits.for_commit(),
+        _ => limits,
+    });
     let json = cli.json;
     // Every commit of the process takes this default, those without a `--dedup` of their own
     // too (an export's COMMIT, `cairn copy`): a bad value is refused before anything runs.

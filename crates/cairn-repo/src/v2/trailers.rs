@@ -2,7 +2,7 @@
 //! slot's chunk id), looked up by group id or chunk id. An index run only says a pack *may*
 //! hold an id (an 8-byte key); the trailer's full ids decide.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use cairn_format::group::group_id;
 use cairn_format::id_hash::IdMap;
@@ -147,11 +147,52 @@ impl Cost for PackTrailer {
     }
 }
 
+/// Trailers someone still holds outside the cache (a commit worker's recent packs), found
+/// again through a weak reference instead of read again. A commit's trailer cache is small
+/// because its workers hold their working set (`CacheLimits::for_commit`); without this,
+/// a trailer a worker held but the cache had let go was read a second time by the worker's
+/// other tier (a hook lookup) and held twice.
+#[derive(Debug, Default)]
+pub(super) struct HeldTrailers {
+    inner: Mutex<HeldMap>,
+}
+
+#[derive(Debug, Default)]
+struct HeldMap {
+    by_pack: IdMap<Weak<PackTrailer>>,
+    /// Entries past which the dropped ones are cleared (a weak reference keeps a few hundred
+    /// bytes of its trailer until then).
+    prune_at: usize,
+}
+
+impl HeldTrailers {
+    fn get(&self, pack: &Id) -> Option<Arc<PackTrailer>> {
+        let inner = self.inner.lock().expect("held trailers lock");
+        inner.by_pack.get(pack)?.upgrade()
+    }
+
+    fn note(&self, trailer: &Arc<PackTrailer>) {
+        let mut inner = self.inner.lock().expect("held trailers lock");
+        inner.by_pack.insert(trailer.pack, Arc::downgrade(trailer));
+        if inner.by_pack.len() > inner.prune_at {
+            inner.by_pack.retain(|_, t| t.strong_count() > 0);
+            inner.prune_at = (inner.by_pack.len() * 2).max(64);
+        }
+    }
+}
+
 impl V2Reader {
     /// The trailer of `pack`, from the cache or read (the tail of the pack and its header).
     pub async fn trailer(&self, pack: &Id) -> RepoResult<Arc<PackTrailer>> {
         self.trailers
-            .get_or_insert_async(pack, self.read_trailer(pack))
+            .get_or_insert_async(pack, async {
+                if let Some(held) = self.held_trailers.get(pack) {
+                    return Ok(held);
+                }
+                let read = self.read_trailer(pack).await?;
+                self.held_trailers.note(&read);
+                Ok(read)
+            })
             .await
     }
 
@@ -189,5 +230,47 @@ impl V2Reader {
         let groups = pack_v2::parse_trailer(&stored, &footer, sealed, start, self.key())
             .map_err(|e| sealed_error(&key, e))?;
         Ok(Arc::new(PackTrailer::new(*pack, groups, self)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trailer(n: u32) -> Arc<PackTrailer> {
+        Arc::new(PackTrailer {
+            pack: Id::of(&n.to_le_bytes()),
+            groups: Vec::new(),
+            group_ids: Vec::new(),
+            by_group: IdMap::default(),
+            by_key: Vec::new(),
+        })
+    }
+
+    /// A trailer is found again while someone holds it, not once it is dropped; the
+    /// references to dropped trailers are cleared as more are noted, so they do not pile up.
+    #[test]
+    fn held_trailers_are_found_while_held_and_forgotten_after() {
+        let held = HeldTrailers::default();
+        let kept = trailer(0);
+        held.note(&kept);
+        let found = held.get(&kept.pack).expect("held by `kept`");
+        assert!(Arc::ptr_eq(&found, &kept));
+        drop(found);
+        let pack = kept.pack;
+        drop(kept);
+        assert!(held.get(&pack).is_none());
+
+        let kept: Vec<_> = (1..=10).map(trailer).collect();
+        kept.iter().for_each(|t| held.note(t));
+        for n in 11..10_000 {
+            held.note(&trailer(n));
+        }
+        let entries = held.inner.lock().unwrap().by_pack.len();
+        assert!(
+            entries <= 128,
+            "{entries} references kept for 10 live trailers"
+        );
+        assert!(kept.iter().all(|t| held.get(&t.pack).is_some()));
     }
 }
