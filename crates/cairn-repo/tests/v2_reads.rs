@@ -767,3 +767,57 @@ async fn a_commits_run_is_staged_and_published_as_written_in_memory() {
     );
     assert_no_staged_file(&f.root.join("index-runs"));
 }
+
+/// A node (or chunk) in a pack whose trailer the caller holds is read from there: no index
+/// section and no trailer read, only its group. A damaged copy there is quarantined and the
+/// node looked up as usual (here it has no other copy: the error says so).
+#[tokio::test]
+async fn a_node_in_a_held_trailer_is_read_without_the_index_and_damage_there_is_quarantined() {
+    let dir = tempfile::tempdir().unwrap();
+    let local: Arc<dyn ObjectStore> = Arc::new(LocalStore::create(dir.path()).unwrap());
+    let store = Arc::new(cairn_store::CountingStore::new(local.clone()));
+    let repo = Repo::init(store.clone(), RepoConfig::default())
+        .await
+        .unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+    let (p, b, w) = pack(&mut rng, 3, None);
+    let groups = pack_v2::parse_pack(&b, None).unwrap();
+    let pack_key = keys::pack(&p);
+    local.put_if_absent(&pack_key, b.into()).await.unwrap();
+    let run = index_run::write_run(&locations(p, &w, None), None);
+    let run_id = Id::of(&run);
+    local
+        .put_if_absent(&keys::index_run(&run_id), run.into())
+        .await
+        .unwrap();
+    let id = Id::of(&w[1].chunks[2]);
+    let held = repo
+        .v2_reader(None, CacheLimits::default())
+        .trailer(&p)
+        .await
+        .unwrap();
+
+    let r = repo.v2_reader(None, CacheLimits::default());
+    r.add_run(&run_id).await.unwrap();
+    store.reset();
+    let (bytes, from) = r.read_node_once_near(&id, [&held]).await.unwrap();
+    assert_eq!(bytes, w[1].chunks[2]);
+    assert!(Arc::ptr_eq(&from, &held));
+    assert_eq!(store.reads(), 1, "the group only");
+    assert_eq!((r.fetches().sections, r.fetches().trailers), (0, 0));
+    // Not held: looked up through the index, and the trailer it was found in returned.
+    let (bytes, from) = r.read_node_once_near(&id, []).await.unwrap();
+    assert_eq!((bytes, from.pack), (w[1].chunks[2].clone().into(), p));
+
+    flip(&dir.path().join(&pack_key), groups[1].range().start + 50);
+    let r = repo.v2_reader(None, CacheLimits::default());
+    r.add_run(&run_id).await.unwrap();
+    let err = r.read_node_once_near(&id, [&held]).await.unwrap_err();
+    assert!(err.is_damage(), "{err}");
+    // Its only copy is quarantined: nothing locates it any more.
+    let copy = r.locate_group(&w[1].id).await;
+    assert!(
+        matches!(copy, Err(RepoError::Quarantined { .. })),
+        "{copy:?}"
+    );
+}

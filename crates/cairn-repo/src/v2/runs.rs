@@ -774,6 +774,43 @@ impl V2Reader {
     }
 
     async fn read_chunk_with(&self, id: &Id, cache: bool) -> RepoResult<Bytes> {
+        Ok(self.read_chunk_located(id, cache).await?.0)
+    }
+
+    /// [`Self::read_chunk_once`] that tries `held` first — trailers of packs the caller holds
+    /// (a commit worker's recent packs: the parent's leaves lie in order in a few node packs)
+    /// — and returns the trailer of the pack the node was read from. A node found in none of
+    /// them, or in a copy found damaged there, is looked up as `read_chunk_once` does.
+    pub async fn read_node_once_near<'a>(
+        &self,
+        id: &Id,
+        held: impl IntoIterator<Item = &'a Arc<PackTrailer>>,
+    ) -> RepoResult<(Bytes, Arc<PackTrailer>)> {
+        let near = held.into_iter().find_map(|t| {
+            let at = t.chunk(id)?;
+            let loc = GroupLocation {
+                trailer: t.clone(),
+                group: at.group,
+            };
+            (!self.is_quarantined(&loc)).then_some((loc, at.slot))
+        });
+        if let Some((loc, slot)) = near {
+            match self.open_checked_with(&loc, false).await {
+                Ok(opened) => return Ok((loc.slots(&opened, slot, 1)?, loc.trailer)),
+                // Quarantined now: the lookup below skips this copy.
+                Err(e) if e.is_damage() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.read_chunk_located(id, false).await
+    }
+
+    /// A chunk or node, and the trailer of the pack it was read from.
+    async fn read_chunk_located(
+        &self,
+        id: &Id,
+        cache: bool,
+    ) -> RepoResult<(Bytes, Arc<PackTrailer>)> {
         let mut damage = None;
         loop {
             let (trailer, at) = match self.locate_chunk(id).await {
@@ -785,7 +822,7 @@ impl V2Reader {
                 group: at.group,
             };
             match self.open_checked_with(&loc, cache).await {
-                Ok(opened) => return loc.slots(&opened, at.slot, 1),
+                Ok(opened) => return Ok((loc.slots(&opened, at.slot, 1)?, loc.trailer)),
                 // Quarantined now: the next lookup skips this copy.
                 Err(e) if e.is_damage() => {
                     damage.get_or_insert(e);

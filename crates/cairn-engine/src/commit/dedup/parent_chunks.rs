@@ -99,8 +99,14 @@ impl ParentChunks {
         leaf: &Id,
         recent: &mut RecentPacks,
     ) -> RepoResult<ParentChunks> {
-        let raw = match reader.read_chunk_once(leaf).await {
-            Ok(raw) => raw,
+        recent.next_leaf();
+        let held = recent.packs.iter().map(|(_, trailer, _)| trailer);
+        let read = reader.read_node_once_near(leaf, held).await;
+        let raw = match read {
+            Ok((raw, node_pack)) => {
+                recent.learn(node_pack.pack, node_pack);
+                raw
+            }
             Err(e) if e.is_damage() => {
                 tracing::debug!(%leaf, "{e}; no chunk-level parent dedup for its segment");
                 return Ok(ParentChunks::default());
@@ -110,7 +116,6 @@ impl ParentChunks {
         let Ok(leaf) = RunLeaf::decode(&raw) else {
             return Ok(ParentChunks::default());
         };
-        recent.next_leaf();
         let mut chunks = HashMap::new();
         for (group, first, count) in leaf.group_runs() {
             let wanted = [(first, count)];
