@@ -110,14 +110,12 @@ impl CacheLimits {
             ..CacheLimits::BUILT_IN
         }
     }
-}
 
-impl CacheLimits {
     /// These limits for a commit process: a sixteenth of the filter budget for trailers
     /// instead of a quarter (2 MiB by default, at least 1). A commit's workers hold the
     /// trailers their latest parent leaves used themselves (`RecentPacks`, a working set), so
     /// the cache only spares re-reads outside it; at a quarter it filled with the trailers of
-    /// packs a re-commit had passed, 6 MiB of a 64 GiB re-commit's peak. Readers without
+    /// packs a re-commit had passed, 8–10 MiB of a 64 GiB re-commit's peak. Readers without
     /// such a set — restore, export, verify — keep the quarter: a restore of a version whose
     /// segments name groups of five packs each took 22 s instead of 13.5 with 2 MiB.
     pub fn for_commit(self) -> CacheLimits {
