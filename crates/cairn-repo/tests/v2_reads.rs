@@ -579,25 +579,63 @@ fn assert_no_staged_file(dir: &std::path::Path) {
     assert!(left.is_empty(), "{left:?}");
 }
 
-#[tokio::test]
-async fn a_leafs_nearby_groups_come_in_one_read_and_damage_names_its_group() {
+/// A repository on a counting store holding one pack of random groups and a run naming it.
+struct OnePack {
+    dir: tempfile::TempDir,
+    store: Arc<cairn_store::CountingStore>,
+    repo: Repo,
+    pack: Id,
+    /// The pack's groups as parsed back (their byte ranges).
+    groups: Vec<pack_v2::PackGroup>,
+    written: Vec<Written>,
+    run_id: Id,
+}
+
+/// [`OnePack`] of `groups` groups from the random seed `seed` (the store's counts start
+/// after it is written).
+async fn one_pack(seed: u64, groups: usize) -> OnePack {
     let dir = tempfile::tempdir().unwrap();
     let local: Arc<dyn ObjectStore> = Arc::new(LocalStore::create(dir.path()).unwrap());
     let store = Arc::new(cairn_store::CountingStore::new(local.clone()));
     let repo = Repo::init(store.clone(), RepoConfig::default())
         .await
         .unwrap();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-    let (p, b, w) = pack(&mut rng, 6, None);
-    let groups = pack_v2::parse_pack(&b, None).unwrap();
-    let pack_key = keys::pack(&p);
-    local.put_if_absent(&pack_key, b.into()).await.unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (p, b, w) = pack(&mut rng, groups, None);
+    let parsed = pack_v2::parse_pack(&b, None).unwrap();
+    local
+        .put_if_absent(&keys::pack(&p), b.into())
+        .await
+        .unwrap();
     let run = index_run::write_run(&locations(p, &w, None), None);
     let run_id = Id::of(&run);
     local
         .put_if_absent(&keys::index_run(&run_id), run.into())
         .await
         .unwrap();
+    OnePack {
+        dir,
+        store,
+        repo,
+        pack: p,
+        groups: parsed,
+        written: w,
+        run_id,
+    }
+}
+
+#[tokio::test]
+async fn a_leafs_nearby_groups_come_in_one_read_and_damage_names_its_group() {
+    let OnePack {
+        dir,
+        store,
+        repo,
+        pack: p,
+        groups,
+        written: w,
+        run_id,
+    } = one_pack(11, 6).await;
+    let pack_key = keys::pack(&p);
 
     let r = repo.v2_reader(None, CacheLimits::default());
     r.add_run(&run_id).await.unwrap();
@@ -773,23 +811,16 @@ async fn a_commits_run_is_staged_and_published_as_written_in_memory() {
 /// node looked up as usual (here it has no other copy: the error says so).
 #[tokio::test]
 async fn a_node_in_a_held_trailer_is_read_without_the_index_and_damage_there_is_quarantined() {
-    let dir = tempfile::tempdir().unwrap();
-    let local: Arc<dyn ObjectStore> = Arc::new(LocalStore::create(dir.path()).unwrap());
-    let store = Arc::new(cairn_store::CountingStore::new(local.clone()));
-    let repo = Repo::init(store.clone(), RepoConfig::default())
-        .await
-        .unwrap();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
-    let (p, b, w) = pack(&mut rng, 3, None);
-    let groups = pack_v2::parse_pack(&b, None).unwrap();
+    let OnePack {
+        dir,
+        store,
+        repo,
+        pack: p,
+        groups,
+        written: w,
+        run_id,
+    } = one_pack(12, 3).await;
     let pack_key = keys::pack(&p);
-    local.put_if_absent(&pack_key, b.into()).await.unwrap();
-    let run = index_run::write_run(&locations(p, &w, None), None);
-    let run_id = Id::of(&run);
-    local
-        .put_if_absent(&keys::index_run(&run_id), run.into())
-        .await
-        .unwrap();
     let id = Id::of(&w[1].chunks[2]);
     let held = repo
         .v2_reader(None, CacheLimits::default())
