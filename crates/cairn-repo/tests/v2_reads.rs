@@ -811,16 +811,8 @@ async fn a_commits_run_is_staged_and_published_as_written_in_memory() {
 /// node looked up as usual (here it has no other copy: the error says so).
 #[tokio::test]
 async fn a_node_in_a_held_trailer_is_read_without_the_index_and_damage_there_is_quarantined() {
-    let OnePack {
-        dir,
-        store,
-        repo,
-        pack: p,
-        groups,
-        written: w,
-        run_id,
-    } = one_pack(12, 3).await;
-    let pack_key = keys::pack(&p);
+    let f = one_pack(12, 3).await;
+    let (repo, p, w, run_id) = (&f.repo, f.pack, &f.written, f.run_id);
     let id = Id::of(&w[1].chunks[2]);
     let held = repo
         .v2_reader(None, CacheLimits::default())
@@ -830,17 +822,20 @@ async fn a_node_in_a_held_trailer_is_read_without_the_index_and_damage_there_is_
 
     let r = repo.v2_reader(None, CacheLimits::default());
     r.add_run(&run_id).await.unwrap();
-    store.reset();
+    f.store.reset();
     let (bytes, from) = r.read_node_once_near(&id, [&held]).await.unwrap();
     assert_eq!(bytes, w[1].chunks[2]);
     assert!(Arc::ptr_eq(&from, &held));
-    assert_eq!(store.reads(), 1, "the group only");
+    assert_eq!(f.store.reads(), 1, "the group only");
     assert_eq!((r.fetches().sections, r.fetches().trailers), (0, 0));
     // Not held: looked up through the index, and the trailer it was found in returned.
     let (bytes, from) = r.read_node_once_near(&id, []).await.unwrap();
     assert_eq!((bytes, from.pack), (w[1].chunks[2].clone().into(), p));
 
-    flip(&dir.path().join(&pack_key), groups[1].range().start + 50);
+    flip(
+        &f.dir.path().join(keys::pack(&p)),
+        f.groups[1].range().start + 50,
+    );
     let r = repo.v2_reader(None, CacheLimits::default());
     r.add_run(&run_id).await.unwrap();
     let err = r.read_node_once_near(&id, [&held]).await.unwrap_err();
