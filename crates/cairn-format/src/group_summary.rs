@@ -26,12 +26,16 @@
 //! before 2026-11-26) carries no counts: `stale slots` counts slots the table may list
 //! without the tree using them (a superset, kept by writers of that time within a bound).
 
+use std::borrow::Cow;
+
 use crate::codec::{Decoder, Encoder};
 use crate::slots::SlotSet;
 use crate::{envelope, FormatError, FormatResult, Id};
 
 mod builder;
+mod table;
 pub use builder::SummaryBuilder;
+use table::GroupTable;
 
 const MAGIC: &[u8; 8] = b"CRNSUM2\0";
 const WHAT: &str = "group summary";
@@ -47,9 +51,10 @@ pub fn key_of(id: &Id) -> u64 {
 pub type Repeat = ((u64, u16), u32);
 
 /// What one tree (or, merged, several) uses, held flat: sorted arrays of keys, and a slot
-/// set per group with its first word inline (32 bytes a group, where maps of trees took
-/// about 90, and a commit holds two summaries as large as its image: the parent's and its
-/// own). Built with a [`SummaryBuilder`], which merges changes in sorted batches.
+/// set per group inline beside its key (16 bytes a group, `table.rs`; 32 until 2026-12-01,
+/// and maps of trees took about 90), for a commit holds summaries as large as its image: its
+/// own, and at the end its parent's. Built with a [`SummaryBuilder`], which merges changes
+/// in sorted batches.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct GroupSummary {
     /// Slots listed that the tree may not use any more (see the module doc; 0 if counted).
@@ -57,7 +62,7 @@ pub struct GroupSummary {
     /// Node keys, ascending, distinct.
     nodes: Vec<u64>,
     /// Group keys, ascending, distinct, each with a non-empty slot set.
-    groups: Vec<(u64, SlotSet)>,
+    groups: GroupTable,
     /// Ascending by (group key, slot), each of a listed slot, when the summary is counted
     /// (`None`: a version 1 summary, or a union of trees). A count that reaches `u32::MAX`
     /// sticks there: the slot stays listed (a leak, never a loss).
@@ -99,7 +104,7 @@ impl GroupSummary {
         GroupSummary {
             stale_slots: 0,
             nodes,
-            groups,
+            groups: GroupTable::from_sorted(groups),
             repeats: None,
         }
     }
@@ -126,8 +131,8 @@ impl GroupSummary {
     }
 
     /// The groups listed by key, ascending, with the slots used of each.
-    pub fn groups(&self) -> impl ExactSizeIterator<Item = (u64, &SlotSet)> + '_ {
-        self.groups.iter().map(|(k, s)| (*k, s))
+    pub fn groups(&self) -> impl ExactSizeIterator<Item = (u64, Cow<'_, SlotSet>)> + '_ {
+        self.groups.iter()
     }
 
     /// The repeats, ascending (`None`: not counted).
@@ -145,18 +150,17 @@ impl GroupSummary {
     }
 
     /// The slots of group `id` that may be used (`None`: certainly none).
-    pub fn slots(&self, group: &Id) -> Option<&SlotSet> {
+    pub fn slots(&self, group: &Id) -> Option<Cow<'_, SlotSet>> {
         self.slots_of_key(key_of(group))
     }
 
-    pub fn slots_of_key(&self, key: u64) -> Option<&SlotSet> {
-        let at = self.groups.binary_search_by_key(&key, |(k, _)| *k).ok()?;
-        Some(&self.groups[at].1)
+    pub fn slots_of_key(&self, key: u64) -> Option<Cow<'_, SlotSet>> {
+        self.groups.get(key)
     }
 
     /// Slots listed, over every group.
     pub fn slot_count(&self) -> u64 {
-        self.groups.iter().map(|(_, s)| s.len()).sum()
+        self.groups.slot_count()
     }
 
     /// Adds everything `other` lists (the union of two trees' use), in one pass over both.
@@ -168,14 +172,16 @@ impl GroupSummary {
         let mine_repeats = self.repeats.take().unwrap_or_default();
         let theirs_repeats = other.repeats.as_deref().unwrap_or_default();
         let (mut at_mine, mut at_theirs) = (0, 0);
-        let mut groups = Vec::with_capacity(self.groups.len().max(other.groups.len()));
+        let mut groups = GroupTable::with_capacity(self.groups.len().max(other.groups.len()));
         let mut repeats = Vec::new();
         let mut theirs = other.groups.iter().peekable();
-        for (key, mut set) in std::mem::take(&mut self.groups) {
+        let mine_groups = std::mem::take(&mut self.groups);
+        for (key, set) in mine_groups.iter() {
+            let mut set = set.into_owned();
             while let Some((k, s)) = theirs.next_if(|(k, _)| *k < key) {
-                groups.push((*k, s.clone()));
+                groups.push(k, s.into_owned());
                 if counted {
-                    repeats.extend_from_slice(of_key(theirs_repeats, &mut at_theirs, *k));
+                    repeats.extend_from_slice(of_key(theirs_repeats, &mut at_theirs, k));
                 }
             }
             let mine = of_key(&mine_repeats, &mut at_mine, key);
@@ -189,22 +195,22 @@ impl GroupSummary {
                             mine.iter().map(|r| (r.0 .1, r.1)).collect();
                         let their = of_key(theirs_repeats, &mut at_theirs, key);
                         extra.extend(their.iter().map(|r| (r.0 .1, r.1)));
-                        extra.extend(set.intersection(other_set).map(|s| (s, 1)));
+                        extra.extend(set.intersection(&other_set).map(|s| (s, 1)));
                         extra.sort_unstable_by_key(|e| e.0);
                         for run in extra.chunk_by(|a, b| a.0 == b.0) {
                             let n = run.iter().fold(0u32, |n, e| n.saturating_add(e.1));
                             repeats.push(((key, run[0].0), n));
                         }
                     }
-                    set.union_with(other_set);
+                    set.union_with(&other_set);
                 }
             }
-            groups.push((key, set));
+            groups.push(key, set);
         }
         for (k, s) in theirs {
-            groups.push((*k, s.clone()));
+            groups.push(k, s.into_owned());
             if counted {
-                repeats.extend_from_slice(of_key(theirs_repeats, &mut at_theirs, *k));
+                repeats.extend_from_slice(of_key(theirs_repeats, &mut at_theirs, k));
             }
         }
         self.groups = groups;
@@ -222,8 +228,8 @@ impl GroupSummary {
             e.u64(*k);
         }
         e.u32(u32::try_from(self.groups.len()).expect("groups fit u32"));
-        for (k, slots) in &self.groups {
-            e.u64(*k);
+        for (k, slots) in self.groups.iter() {
+            e.u64(k);
             slots.encode_into(&mut e);
         }
         let Some(repeats) = &self.repeats else {
@@ -260,7 +266,7 @@ impl GroupSummary {
         for _ in 0..g {
             let k = d.u64()?;
             ascending(&mut last, k, "group")?;
-            s.groups.push((k, SlotSet::decode_from(&mut d, WHAT)?));
+            s.groups.push(k, SlotSet::decode_from(&mut d, WHAT)?);
         }
         if version == COUNTED {
             if s.stale_slots != 0 {

@@ -203,11 +203,11 @@ impl MergedSummary {
         let mut from = 0;
         for (key, used) in summary.groups() {
             match find_from(&self.groups, &mut from, key) {
-                Some(i) => self.groups[i].1.add(used),
+                Some(i) => self.groups[i].1.add(&used),
                 None => fresh.push((
                     key,
                     SlotCounts {
-                        slots: used.clone(),
+                        slots: used.into_owned(),
                         common: 1,
                         exceptions: Vec::new(),
                     },
@@ -252,7 +252,7 @@ impl MergedSummary {
             let Some(i) = find_from(&self.groups, &mut from, key) else {
                 return Err(NotMerged(format!("group key {key:016x} is not counted")));
             };
-            match self.groups[i].1.remove(used) {
+            match self.groups[i].1.remove(&used) {
                 Ok(true) => {}
                 Ok(false) => {
                     self.groups[i].1.common = 0;

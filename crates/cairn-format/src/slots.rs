@@ -1,13 +1,16 @@
 //! A set of slot numbers of one chunk group (a bit per slot): what a tree, a summary or a GC
 //! mark says is used of a group.
 
-use smallvec::SmallVec;
+use smallvec::{smallvec, SmallVec};
 
 use crate::codec::{Decoder, Encoder};
 use crate::{FormatError, FormatResult};
 
 /// Slots are u16, so an encoded set has at most 8,192 bytes.
 pub const MAX_BYTES: usize = (u16::MAX as usize + 1) / 8;
+
+/// The bit of a low word that no slot uses (slot 63's): a summary marks wide sets with it.
+pub(crate) const LOW_WORD_UNUSED: u64 = 1 << 63;
 
 /// A set of slots. Its encoding is canonical: no trailing zero word, never empty.
 ///
@@ -18,6 +21,24 @@ pub const MAX_BYTES: usize = (u16::MAX as usize + 1) / 8;
 pub struct SlotSet(SmallVec<[u64; 1]>);
 
 impl SlotSet {
+    /// The set of the slots of `word`'s bits 0..=62 (a summary's inline form).
+    pub(crate) fn from_low_word(word: u64) -> SlotSet {
+        debug_assert_eq!(word & LOW_WORD_UNUSED, 0);
+        match word {
+            0 => SlotSet::default(),
+            w => SlotSet(smallvec![w]),
+        }
+    }
+
+    /// The set as one word of slots 0..=62, if it has no other slot.
+    pub(crate) fn as_low_word(&self) -> Option<u64> {
+        match self.0.as_slice() {
+            [] => Some(0),
+            [w] if w & LOW_WORD_UNUSED == 0 => Some(*w),
+            _ => None,
+        }
+    }
+
     /// Adds slots `first .. first + count`.
     pub fn insert_run(&mut self, first: u16, count: u16) {
         let end = usize::from(first) + usize::from(count);

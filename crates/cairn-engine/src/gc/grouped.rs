@@ -462,7 +462,7 @@ impl Liveness for GroupSummary {
         self.has_node(id)
     }
     fn used_slots(&self, group: &Id) -> Option<Cow<'_, SlotSet>> {
-        self.slots(group).map(Cow::Borrowed)
+        self.slots(group)
     }
 }
 

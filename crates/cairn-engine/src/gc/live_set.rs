@@ -58,7 +58,7 @@ impl LiveSet {
                     }
                 }
             }
-            LiveSet::Union(u) => u.slots_of_key(key).map(Cow::Borrowed),
+            LiveSet::Union(u) => u.slots_of_key(key),
         }
     }
 
@@ -143,7 +143,7 @@ mod tests {
                 assert_eq!(set.has_node_key(key), union.has_node_key(key), "{key}");
                 assert_eq!(
                     set.slots_of_key(key).as_deref(),
-                    union.slots_of_key(key),
+                    union.slots_of_key(key).as_deref(),
                     "{images} images, group {key}"
                 );
             }

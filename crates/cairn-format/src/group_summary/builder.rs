@@ -5,8 +5,11 @@ use super::{key_of, union_sorted, GroupSummary, NotReferenced, Repeat};
 use crate::slots::SlotSet;
 use crate::Id;
 
-/// Changes a [`SummaryBuilder`] gathers before it merges them in, at least: 1 MiB of runs.
-const BATCH: usize = 1 << 16;
+/// Changes a [`SummaryBuilder`] gathers before it merges them in, at least: 128 KiB of runs.
+/// A merge moves the summary's entries once (16 bytes each), so below 65,536 entries a
+/// change costs at most 128 bytes moved; 2^16 until 2026-12-01, whose 1 MiB of waiting runs
+/// was a third of a 64 GiB re-commit's summary.
+const BATCH: usize = 1 << 13;
 
 /// The changes waiting are at most the summary's entries divided by this.
 const WAITING_SHARE: usize = 8;
@@ -115,8 +118,8 @@ impl SummaryBuilder {
     }
 
     /// Merges the changes once they are an eighth of the summary's entries (or [`BATCH`]):
-    /// each merge is one pass, so a change costs about eight entries moved (256 bytes), and
-    /// the changes waiting (16 bytes each) stay near a sixteenth of the summary's bytes.
+    /// each merge is one pass, so a change costs about eight entries moved (128 bytes), and
+    /// the changes waiting (16 bytes each, as an entry) stay near an eighth of its bytes.
     /// Until 2026-11-29 they waited until they were as many as its entries: 4.2 MiB of a
     /// 256 GiB re-commit's 70 MiB heap peak, beside the summary's 7.5.
     fn settle_if_due(&mut self) {
@@ -150,12 +153,12 @@ impl SummaryBuilder {
         let changed = runs.chunk_by(|a, b| a.key == b.key).count();
         let old_repeats = s.repeats.take().unwrap_or_default();
         let mut new_counts: Vec<(u64, Vec<(u16, u32)>)> = Vec::new();
-        let groups = &mut s.groups;
+        let (groups, mut sets) = s.groups.edit();
         let mut read = groups.len();
         // Exactly: a doubled array would be up to twice the summary (a large one is moved
         // by remapping its pages, not copied).
         groups.reserve_exact(changed);
-        groups.resize_with(read + changed, Default::default);
+        groups.resize(read + changed, (0, 0));
         let mut write = groups.len();
         let mut at = old_repeats.len();
         for changes in runs.chunk_by(|a, b| a.key == b.key).rev() {
@@ -168,7 +171,7 @@ impl SummaryBuilder {
             let (mut set, mut counts) = match read > 0 && groups[read - 1].0 == key {
                 true => {
                     read -= 1;
-                    let set = std::mem::take(&mut groups[read].1);
+                    let set = sets.take(groups[read]);
                     let counts = of_key_back(&old_repeats, &mut at, key);
                     (set, counts.iter().map(|r| (r.0 .1, r.1)).collect())
                 }
@@ -181,13 +184,14 @@ impl SummaryBuilder {
             }
             if !set.is_empty() {
                 write -= 1;
-                groups[write] = (key, set);
+                groups[write] = (key, sets.put(key, set));
                 if !counts.is_empty() {
                     new_counts.push((key, counts));
                 }
             }
         }
         groups.drain(read..write);
+        sets.finish();
         if counted {
             s.repeats = Some(merge_repeats(&old_repeats, &runs, new_counts));
         }
