@@ -80,6 +80,13 @@ pub enum EngineError {
     /// A disk image source could not be opened or read.
     #[error("{0}")]
     Image(#[from] cairn_image::ImageError),
+    /// `IMAGE` without a version names its newest, and that cannot be read: an older one is
+    /// never used in its place unless named.
+    #[error(
+        "the newest version of {image} is unreadable ({reason}); name a version (`{image}@N`, \
+         see `cairn log {image}`) to use an older one, or run `cairn repair`"
+    )]
+    NewestUnreadable { image: String, reason: String },
 }
 
 impl From<cairn_repo::tree_walk::NodeError> for EngineError {
@@ -108,7 +115,7 @@ impl EngineError {
     pub fn is_damage(&self) -> bool {
         match self {
             EngineError::Repo(r) => r.is_damage(),
-            EngineError::Manifest(_) => true,
+            EngineError::Manifest(_) | EngineError::NewestUnreadable { .. } => true,
             _ => false,
         }
     }

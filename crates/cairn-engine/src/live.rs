@@ -36,13 +36,61 @@ pub struct LiveVersions {
     pub damage: Vec<Damaged>,
     /// Images whose history is broken by that damage (their records were all kept live).
     pub broken_images: BTreeSet<String>,
+    /// Undeleted records no ref reaches that were (or may have been) published: counted
+    /// live and reachable above, so that nothing deletes them or their data unasked.
+    pub strays: Vec<Stray>,
+    /// Undeleted records no ref reaches that a commit (or clone) wrote and never published:
+    /// it lost its ref race or was killed before the swap. GC deletes them once older than
+    /// every live session.
+    pub unpublished: IdMap<VersionRecord>,
+    /// Heads that name a version of another image, as (image, the version's image, id).
+    pub misdirected_heads: Vec<(String, String, Id)>,
 }
 
-/// Where a walk reads version records: from their own keys, or first from records already
-/// at hand (a GC's record bundle, and what this source read before). Records are immutable
-/// and named by the hash of their stored bytes, so one at hand is checked exactly as one read,
-/// and one opened once (checked and decoded) need not be opened again: a GC walks history
-/// twice, and each record is opened once.
+/// A version record no ref reaches that was published, or may have been.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stray {
+    pub id: Id,
+    pub image: String,
+    pub seq: u64,
+    /// Provably published: another record names it as its parent (a commit builds on a
+    /// published head only), or its image's head names a version of another image, or its
+    /// parent is not reachable either. Otherwise it is the lone record of an image that has
+    /// no head: a first commit killed before it published, or the head of a one-version image
+    /// lost.
+    pub provable: bool,
+}
+
+/// One line per image for the strays of `strays` (sorted by image and sequence): whether any
+/// of them is provably published, and what to say.
+pub fn describe_strays(strays: &[Stray]) -> Vec<(bool, String)> {
+    let mut out = Vec::new();
+    for group in strays.chunk_by(|a, b| a.image == b.image) {
+        let image = &group[0].image;
+        let seqs: Vec<String> = group.iter().map(|s| format!("@{}", s.seq)).collect();
+        let versions = match seqs.len() {
+            1 => format!("version {image}@{} ({})", group[0].seq, group[0].id.short()),
+            n => format!("{n} versions of {image} ({})", seqs.join(", ")),
+        };
+        let provable = group.iter().any(|s| s.provable);
+        out.push((
+            provable,
+            match provable {
+                true => format!(
+                    "{versions} were published but no ref reaches them: the image's head was \
+                     lost or moved back; `cairn repair` points it at the newest"
+                ),
+                false => format!(
+                    "{versions} is reached by no ref: a first commit killed before it \
+                     published, or the head of a one-version image lost; `cairn repair` \
+                     publishes it"
+                ),
+            },
+        ));
+    }
+    out
+}
+
 #[derive(Default)]
 pub struct RecordSource {
     known: IdMap<Bytes>,
@@ -171,6 +219,9 @@ pub async fn live_versions_from(
             Err(e) => return Err(e.into()),
         }
     }
+    // Images whose head names a record of the image itself (a clone's first record is its
+    // own, with the source as parent), found after the walk.
+    let heads = roots.clone();
     let mut tagged: HashMap<Id, Vec<String>> = HashMap::new();
     let (tags, bad_tags) = repo.all_tag_targets_checked().await?;
     for d in bad_tags {
@@ -213,14 +264,75 @@ pub async fn live_versions_from(
             }
         }
     }
-    Ok(LiveVersions {
+    let headed: BTreeSet<String> = heads.iter().map(|(_, image)| image.clone()).collect();
+    let mut sound_heads: BTreeSet<String> = BTreeSet::new();
+    let mut misdirected_heads = Vec::new();
+    for (id, image) in heads {
+        match records.load(repo, &id).await {
+            Ok(r) if r.image == image => {
+                sound_heads.insert(image);
+            }
+            Ok(r) => misdirected_heads.push((image, r.image, id)),
+            Err(_) => {} // reported by the walk
+        }
+    }
+    let mut out = LiveVersions {
         live,
         deleted,
         tagged,
         reachable,
         damage,
         broken_images: broken,
-    })
+        strays: Vec::new(),
+        unpublished: IdMap::default(),
+        misdirected_heads,
+    };
+    judge_unreached(repo, records, &headed, &sound_heads, &mut out).await?;
+    Ok(out)
+}
+
+/// Lists every version record and judges the undeleted ones no ref reaches: a record is an
+/// unpublished commit's only when nothing says otherwise — no record names it as parent,
+/// its image has a sound head, and its parent is reachable (or it has none); every other is
+/// a [`Stray`], kept live. A lost or moved head thus costs a report, never a version.
+async fn judge_unreached(
+    repo: &Repo,
+    records: &mut RecordSource,
+    headed: &BTreeSet<String>,
+    sound_heads: &BTreeSet<String>,
+    out: &mut LiveVersions,
+) -> EngineResult<()> {
+    let mut unreached: Vec<(Id, VersionRecord)> = Vec::new();
+    for id in repo.version_record_ids().await?.into_iter().flatten() {
+        if out.reachable.contains(&id) || out.deleted.contains(&id) {
+            continue;
+        }
+        if let Some(record) = records.load_or_report(repo, &id, &mut out.damage).await? {
+            unreached.push((id, record));
+        }
+    }
+    let parents: IdSet = unreached.iter().filter_map(|(_, r)| r.parent).collect();
+    let reached_by_refs = out.reachable.clone();
+    let mut strays = Vec::new();
+    for (id, record) in unreached {
+        let parent_reachable = record.parent.is_none_or(|p| reached_by_refs.contains(&p));
+        let is_parent = parents.contains(&id);
+        if !is_parent && parent_reachable && sound_heads.contains(&record.image) {
+            out.unpublished.insert(id, record);
+            continue;
+        }
+        strays.push(Stray {
+            id,
+            image: record.image.clone(),
+            seq: record.seq,
+            provable: is_parent || !parent_reachable || headed.contains(&record.image),
+        });
+        out.reachable.insert(id);
+        out.live.insert(id, record);
+    }
+    strays.sort_by(|a, b| (&a.image, a.seq).cmp(&(&b.image, b.seq)));
+    out.strays = strays;
+    Ok(())
 }
 
 /// Every readable version record of the given images (a listing of all records: only done

@@ -62,12 +62,14 @@ pub struct RemovedImage {
 pub async fn remove_image(repo: &Repo, image: &str) -> EngineResult<RemovedImage> {
     let versions = history(repo, image).await?; // also: the image must exist
     let tags = repo.tags(image).await?;
-    repo.remove_image(image).await?;
-    // Then mark its versions deleted, so that fast deletion frees their data (a crash in
-    // between only leaves them unreachable, which `gc --repair` collects).
+    // Its versions are marked deleted first, then its refs go: a crash in between leaves an
+    // image whose versions are all deleted (`rm IMAGE` again finishes), never published
+    // records that no ref reaches, which GC must keep (`live::Stray`: it cannot tell them
+    // from an image whose head was lost).
     for (id, _) in &versions {
         repo.mark_deleted(id).await?;
     }
+    repo.remove_image(image).await?;
     tracing::info!(image, versions = versions.len(), "removed image");
     Ok(RemovedImage {
         image: image.to_string(),

@@ -213,8 +213,10 @@ pub async fn history_checked(repo: &Repo, image: &str) -> EngineResult<History> 
 /// The newest version of `image` that is not deleted: down the parent chain from the head,
 /// reading only the records down to it, so naming `IMAGE` costs the same at 10 versions and
 /// at 1,000 (it read the whole history before: an export's start took 3.6× longer at 1,000
-/// versions, BENCHMARKS §2 "Export start"). A head or record that cannot be read falls back
-/// to [`history_with`], which lists the image's records past the break.
+/// versions, BENCHMARKS §2 "Export start"). A head or record on the way that cannot be read
+/// is an error ([`EngineError::NewestUnreadable`]): an older version is never used silently
+/// in place of the newest. Past a record `cairn repair` recorded as lost, [`history_with`]
+/// lists the image's records.
 async fn newest_live(
     repo: &Repo,
     image: &str,
@@ -230,14 +232,25 @@ async fn newest_live(
             .next()
             .ok_or_else(none_left)
     };
+    let unreadable = |reason: String| EngineError::NewestUnreadable {
+        image: image.to_string(),
+        reason,
+    };
     let mut id = match repo.head(image).await {
         Ok(Some(h)) => Some(h.version),
         Ok(None) => return Err(unknown_image(repo, image).await),
-        Err(_) => return whole_history().await,
+        Err(e) if e.is_damage() => return Err(unreadable(e.to_string())),
+        Err(e) => return Err(e.into()),
     };
     while let Some(cur) = id {
-        let Some(record) = load_or_report(repo, &cur, &mut Vec::new()).await? else {
-            return whole_history().await;
+        let mut damage = Vec::new();
+        let Some(record) = load_or_report(repo, &cur, &mut damage).await? else {
+            // A record `cairn repair` already found lost is a known break: the newest live
+            // version is then past it. Any other is new damage, and the newest unknown.
+            return match damage.into_iter().next() {
+                None => whole_history().await,
+                Some(d) => Err(unreadable(d.to_string())),
+            };
         };
         if record.image != image {
             break; // the origin of a clone: not this image's

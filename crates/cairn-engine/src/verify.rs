@@ -120,6 +120,13 @@ pub struct VerifyReport {
     /// Packs damaged only in copies quarantined before this run: known, not used, and
     /// rewritten or deleted by the next `gc --repair`. Not a problem by themselves.
     pub packs_with_quarantined: u64,
+    /// Format 2, whole repository: packs in the store that no index run names (a killed
+    /// commit's, or one whose run was lost; see `verify/grouped.rs`). Not a problem by
+    /// themselves: a version that needs one is reported damaged.
+    pub unindexed_packs: Vec<Id>,
+    /// Findings that are not damage but need an operator's eye (a version no ref reaches
+    /// that may never have been published).
+    pub notes: Vec<String>,
 }
 
 impl VerifyReport {
@@ -148,6 +155,9 @@ pub async fn verify(repo: Arc<Repo>) -> EngineResult<VerifyReport> {
 pub async fn verify_with(repo: Arc<Repo>, options: &VerifyOptions) -> EngineResult<VerifyReport> {
     let mut report = VerifyReport::default();
     report.problems.extend(repo.index_errors());
+    report
+        .problems
+        .extend(repo.gc_bookkeeping_problems().await?);
     let scoped = !options.versions.is_empty();
 
     // The versions to walk: the given ones, or every live one (damaged metadata is a finding,
@@ -157,6 +167,19 @@ pub async fn verify_with(repo: Arc<Repo>, options: &VerifyOptions) -> EngineResu
     } else {
         let live = crate::live::live_versions(&repo).await?;
         report.damaged_metadata.extend(live.damage);
+        for (image, other, id) in &live.misdirected_heads {
+            report.problems.push(format!(
+                "the head of image {image:?} names version {} of image {other:?}; `cairn \
+                 repair` points it at {image:?}'s newest version",
+                id.short()
+            ));
+        }
+        for (provable, line) in crate::live::describe_strays(&live.strays) {
+            match provable {
+                true => report.problems.push(line),
+                false => report.notes.push(line),
+            }
+        }
         live.live.into_iter().collect()
     };
     versions.sort_by(|a, b| (&a.1.image, a.1.seq).cmp(&(&b.1.image, b.1.seq)));

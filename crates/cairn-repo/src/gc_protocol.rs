@@ -65,16 +65,31 @@ impl Repo {
                 CasOutcome::Conflict {
                     current: Some(current),
                 } => {
-                    let holder = decode_gc_lock(&current.data).unwrap_or_default();
-                    if let Some(alive) = self.live_session(&holder, stale_after).await? {
-                        return Ok(GcLockAttempt::HeldBy(alive));
+                    // A lock that does not decode names no session that could be waited
+                    // for: damaged bookkeeping, taken over like a dead GC's (never blocking
+                    // every later GC). A GC still running under it finds its lock gone when
+                    // it releases it; its plan-and-wait protocol keeps its own deletions safe.
+                    match decode_gc_lock(&current.data) {
+                        Ok(holder) if holder.starts_with(keys::SESSIONS) => {
+                            if let Some(alive) = self.live_session(&holder, stale_after).await? {
+                                return Ok(GcLockAttempt::HeldBy(alive));
+                            }
+                            tracing::info!("taking over the gc lock of dead session {holder}");
+                        }
+                        other => tracing::warn!(
+                            "refs/{}: the gc lock cannot be read ({}); taking it over",
+                            keys::GC_LOCK,
+                            match other {
+                                Err(e) => e.to_string(),
+                                Ok(holder) => format!("{holder:?} is no session"),
+                            }
+                        ),
                     }
                     // The holder died: take the lock over.
                     if let CasOutcome::Swapped { version: Some(v) } = store
                         .cas_ref(keys::GC_LOCK, Some(&current.version), Some(data.clone()))
                         .await?
                     {
-                        tracing::info!("took over the gc lock of dead session {holder}");
                         return Ok(GcLockAttempt::Taken(GcLock { version: v }));
                     }
                 }
@@ -146,10 +161,19 @@ impl Repo {
     /// and once all are gone the plan hides nothing. Needed on format 2, where GC's index
     /// run can be byte-identical to one a dead GC's plan supersedes (same live data, same
     /// run): that plan would hide the new run from every reader.
+    /// A plan that cannot be read (bytes that do not decode or do not match its key) is set
+    /// aside under `damaged/` rather than deleted: it is evidence, and no reader heeds it.
     pub async fn remove_stale_gc_plans(&self) -> RepoResult<usize> {
         let plans = self.store().list(keys::PLANS).await?;
         for meta in &plans {
-            self.store().delete(&meta.key).await?;
+            match self.store().get(&meta.key).await {
+                Ok(raw) if self.plan_problem(&meta.key, &raw).is_some() => {
+                    self.set_aside_object(&meta.key).await?;
+                }
+                Ok(_) => self.store().delete(&meta.key).await?,
+                Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         Ok(plans.len())
     }

@@ -35,6 +35,8 @@ pub struct Repo {
     index_errors: Vec<String>,
     /// The GC plans pending when this repository was opened (by id).
     plans_seen: HashSet<Id>,
+    /// A GC plan that could not be read was skipped (see `gc_plans_with_ids`).
+    damaged_plan_seen: std::sync::atomic::AtomicBool,
     session: Mutex<Option<SessionHandle>>,
     session_started_ns: i64,
     /// Local copies of index files and manifest nodes (for remote stores): both are immutable
@@ -173,6 +175,7 @@ impl Repo {
             index: RwLock::new(BlobIndex::new()),
             index_errors: Vec::new(),
             plans_seen: HashSet::new(),
+            damaged_plan_seen: Default::default(),
             session_started_ns: session
                 .as_ref()
                 .map_or_else(crate::session::now_ns, |s| s.started_ns),
@@ -321,11 +324,63 @@ impl Repo {
                 Err(StoreError::NotFound { .. }) => continue, // finished meanwhile
                 Err(e) => return Err(e.into()),
             };
-            let id = Id::of(&raw);
-            let plan = GcPlan::decode(&raw).map_err(|e| RepoError::corrupt(meta.key.clone(), e))?;
-            plans.push((id, plan));
+            // Damaged GC bookkeeping never blocks: a plan that cannot be read is skipped
+            // (readers then also read the runs it would supersede — duplicates, harmless —
+            // and a commit that reuses a blob it dooms is caught by the commit's own check
+            // before it publishes); `verify` reports it, the next GC sets it aside.
+            if let Some(problem) = self.plan_problem(&meta.key, &raw) {
+                tracing::warn!("{problem}; ignored");
+                self.damaged_plan_seen
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                continue;
+            }
+            let plan = GcPlan::decode(&raw).expect("checked by plan_problem");
+            plans.push((Id::of(&raw), plan));
         }
         Ok(plans)
+    }
+
+    /// Why the GC plan stored under `key` as `raw` cannot be trusted, if it cannot: its
+    /// bytes do not hash to the id its key names, or do not decode.
+    pub fn plan_problem(&self, key: &str, raw: &[u8]) -> Option<String> {
+        if keys::id_after(keys::PLANS, key) != Some(Id::of(raw)) {
+            return Some(format!(
+                "{key}: damaged gc plan (its bytes do not match its name)"
+            ));
+        }
+        GcPlan::decode(raw)
+            .err()
+            .map(|e| format!("{key}: damaged gc plan ({e})"))
+    }
+
+    /// Problems of GC bookkeeping that the repository works around (plans that cannot be
+    /// read, a lock that does not decode): `verify` reports them, the next GC sets them
+    /// aside or takes the lock over.
+    pub async fn gc_bookkeeping_problems(&self) -> RepoResult<Vec<String>> {
+        let mut out = Vec::new();
+        for meta in self.store.list(keys::PLANS).await? {
+            match self.store.get(&meta.key).await {
+                Ok(raw) => out.extend(self.plan_problem(&meta.key, &raw)),
+                Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if let Some(lock) = self.store.read_ref(keys::GC_LOCK).await? {
+            if let Err(e) = cairn_format::marker::decode_gc_lock(&lock.data) {
+                out.push(format!(
+                    "refs/{}: the gc lock cannot be read ({e}); the next gc takes it over",
+                    keys::GC_LOCK
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether a GC plan that could not be read was skipped: what it dooms is unknown, so a
+    /// commit checks every blob it reuses before it publishes (`commit/publish.rs`).
+    pub fn saw_damaged_plan(&self) -> bool {
+        self.damaged_plan_seen
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether any GC plan was pending when this process opened the repository.

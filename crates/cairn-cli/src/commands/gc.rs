@@ -134,6 +134,8 @@ pub fn report_json(r: &GcReport) -> Value {
         "packs_repacked": r.packs_repacked,
         "packs_written": r.packs_written,
         "orphan_packs_deleted": r.orphan_packs_deleted,
+        "orphan_packs_reindexed": r.orphan_packs_reindexed,
+        "orphan_packs_kept": r.orphan_packs_kept,
         "index_files_replaced": r.index_files_replaced,
         "rescued_blobs": r.rescued_blobs,
         "surplus_copies": r.surplus_copies,
@@ -172,6 +174,23 @@ pub fn report_line(r: &GcReport) -> String {
         extra.push(format!(
             "{} packs of interrupted commits deleted",
             r.orphan_packs_deleted
+        ));
+    }
+    if r.orphan_packs_reindexed > 0 {
+        extra.push(format!(
+            "{} packs no index run named hold data of live versions (a lost index run): {}",
+            r.orphan_packs_reindexed,
+            if r.dry_run {
+                "would be indexed again"
+            } else {
+                "indexed again"
+            }
+        ));
+    }
+    if r.orphan_packs_kept > 0 {
+        extra.push(format!(
+            "{} packs no index run names have an unreadable trailer: kept (see `cairn verify`)",
+            r.orphan_packs_kept
         ));
     }
     if r.temporaries_removed > 0 {

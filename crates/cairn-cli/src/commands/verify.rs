@@ -61,6 +61,8 @@ pub async fn run(ctx: &Context, args: VerifyArgs) -> Result<ExitCode> {
             })).collect::<Vec<_>>(),
             "quarantined": report.quarantined,
             "packs_with_quarantined_copies": report.packs_with_quarantined,
+            "notes": report.notes,
+            "unindexed_packs": report.unindexed_packs.iter().map(|p| p.to_hex()).collect::<Vec<_>>(),
         }));
     } else {
         let subset = if report.packs_checked < report.packs_in_scope {
@@ -95,6 +97,17 @@ pub async fn run(ctx: &Context, args: VerifyArgs) -> Result<ExitCode> {
                 "{} packs hold copies quarantined earlier (not used; `cairn gc --repair` \
                  rewrites them)",
                 report.packs_with_quarantined
+            );
+        }
+        for n in &report.notes {
+            outln!("note: {n}");
+        }
+        if !report.unindexed_packs.is_empty() {
+            outln!(
+                "{} packs are named by no index run (left by killed commits, or their index \
+                 run was lost): `cairn repair` indexes them again, `cairn gc` deletes those no \
+                 version needs",
+                report.unindexed_packs.len()
             );
         }
         if report.is_clean() {

@@ -142,3 +142,18 @@ pub async fn tree_blobs(repo: &Repo, record: &VersionRecord) -> TreeBlobs {
     }
     blobs
 }
+
+/// Reopens a repository [`init_format2`] made (plain or encrypted) as a new process would:
+/// the old handle is closed first (which writes its quarantine markers).
+pub async fn reopen_format2(
+    store: Arc<dyn cairn_store::ObjectStore>,
+    old: &Arc<Repo>,
+) -> Arc<Repo> {
+    old.close().await.unwrap();
+    let pass = cairn_repo::GivenPassphrase(zeroize::Zeroizing::new(PASSPHRASE.to_vec()));
+    Arc::new(
+        Repo::open_cached(store, cairn_repo::SessionKind::Commit, None, Some(&pass))
+            .await
+            .unwrap(),
+    )
+}

@@ -26,6 +26,7 @@ mod healing;
 mod healing_format2;
 mod history;
 mod incremental;
+mod lost_metadata;
 mod meta_cache;
 mod patch;
 mod round_trip;

@@ -17,11 +17,14 @@ use crate::error::{EngineError, EngineResult};
 /// version reuses (refers to without storing it) still exists before publishing anything
 /// that refers to it.
 pub(crate) async fn check_stale_gc(repo: &Repo, out: &PipelineOutput) -> EngineResult<()> {
-    let Some((cutoff_ns, plan)) = repo.last_gc().await? else {
-        return Ok(());
-    };
-    if cutoff_ns < repo.session_started_ns() || repo.saw_plan(&plan) {
-        return Ok(());
+    // A damaged plan read at open hides what its GC dooms: always check then.
+    if !repo.saw_damaged_plan() {
+        let Some((cutoff_ns, plan)) = repo.last_gc().await? else {
+            return Ok(());
+        };
+        if cutoff_ns < repo.session_started_ns() || repo.saw_plan(&plan) {
+            return Ok(());
+        }
     }
     let missing = match repo.v2() {
         None => {

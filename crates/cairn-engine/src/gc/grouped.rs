@@ -168,15 +168,11 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     report.packs_deleted = plan.to_delete.len() as u64;
     report.packs_repacked = plan.to_repack.len() as u64;
     report.index_files_replaced = snapshot.runs.len() as u64;
-    let orphans: Vec<Id> = {
-        let mut v: Vec<Id> = pack_sizes
-            .keys()
-            .filter(|p| !snapshot.named.contains(p))
-            .copied()
-            .collect();
-        v.sort();
-        v
-    };
+    let Orphans {
+        dead: orphans,
+        adopted,
+    } = judge_orphans(&snapshot, &pack_sizes, &*live_use, &mut report).await?;
+    clock.lap("orphan packs", &mut report);
     if options.dry_run {
         let doomed: u64 = plan.to_delete.iter().map(|p| pack_sizes[p]).sum();
         let repacked: u64 = plan
@@ -194,6 +190,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         && plan.to_repack.is_empty()
         && damaged.rebuilt.is_empty()
         && orphans.is_empty()
+        && adopted.is_empty()
         && snapshot.runs.len() <= 1;
     if nothing_to_do {
         free_versions(repo, &mut records.source, &unfreed, &live).await?;
@@ -238,6 +235,11 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     for pack in &plan.kept {
         let entries = snapshot.trailers[pack].index_entries(|node| live_use.node_used(node));
         locations.add_pack(*pack, entries.iter().map(|(id, _)| id));
+    }
+    // Packs no run named that hold what a live version needs: named again, as they are.
+    for trailer in &adopted {
+        let entries = trailer.index_entries(|node| live_use.node_used(node));
+        locations.add_pack(trailer.pack, entries.iter().map(|(id, _)| id));
     }
     let mut written_runs = HashSet::new();
     match &scope {
@@ -335,6 +337,96 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     remove_stale_markers(repo, &packs_now).await?;
     clock.lap("stale markers", &mut report);
     Ok(report)
+}
+
+/// The packs in the store that no index run names, judged by what they hold.
+struct Orphans {
+    /// Packs that hold nothing a live version needs: left by commits and GCs that died
+    /// before publishing their run. Deleted after the wait if still named by no run.
+    dead: Vec<Id>,
+    /// Packs that hold a group slot or node a live version uses and no run locates
+    /// elsewhere: their run was lost (deleted by hand, a partial copy, a lifecycle rule).
+    /// Never deleted; the consolidated run names them again.
+    adopted: Vec<Arc<PackTrailer>>,
+}
+
+/// Reads the trailer of every pack no run names and decides what it is. A pack is deleted
+/// only when GC can prove that nothing in it is needed: its trailer reads, and every group
+/// slot and node in it that a live version uses is located in a pack a run names. A pack
+/// whose trailer cannot be read is kept (`verify` names it, `repair` re-indexes what it can):
+/// its being unnamed is no proof that it is dead.
+async fn judge_orphans(
+    snapshot: &Snapshot,
+    pack_sizes: &HashMap<Id, u64>,
+    live: &(dyn Liveness + Sync),
+    report: &mut GcReport,
+) -> EngineResult<Orphans> {
+    let mut unnamed: Vec<Id> = pack_sizes
+        .keys()
+        .filter(|p| !snapshot.named.contains(p))
+        .copied()
+        .collect();
+    unnamed.sort();
+    let mut out = Orphans {
+        dead: Vec::new(),
+        adopted: Vec::new(),
+    };
+    for pack in unnamed {
+        crate::interrupt::check()?;
+        let trailer = match snapshot.reader.trailer(&pack).await {
+            Ok(trailer) => trailer,
+            Err(e) if e.is_damage() => {
+                tracing::warn!(
+                    "pack {pack} is named by no index run and its trailer cannot be read ({e}); \
+                     kept: run `cairn verify` and `cairn repair`"
+                );
+                report.orphan_packs_kept += 1;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if needed_elsewhere_unlocated(&snapshot.reader, &trailer, live).await? {
+            tracing::info!(
+                "pack {pack} is named by no index run but holds data of live versions (its index \
+                 run was lost): indexed again"
+            );
+            report.orphan_packs_reindexed += 1;
+            out.adopted.push(trailer);
+        } else {
+            out.dead.push(pack);
+        }
+    }
+    Ok(out)
+}
+
+/// True if some group slot or node of `trailer` that a live version uses is located in no
+/// pack the runs of `reader` name.
+async fn needed_elsewhere_unlocated(
+    reader: &V2Reader,
+    trailer: &PackTrailer,
+    live: &(dyn Liveness + Sync),
+) -> EngineResult<bool> {
+    for (g, group) in trailer.groups.iter().enumerate() {
+        let missing = match group.kind {
+            BlobKind::Node => {
+                let node = group.desc.chunks[0].id;
+                live.node_used(&node) && Need::Node(node).missing_in(reader).await?
+            }
+            BlobKind::Data => {
+                let gid = trailer.group_id(g as u32).expect("a group of this trailer");
+                match live.used_slots(&gid) {
+                    Some(used) if !used.is_empty() => {
+                        Need::Slots(gid, used.runs()).missing_in(reader).await?
+                    }
+                    _ => false,
+                }
+            }
+        };
+        if missing {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Records that the space of the deleted versions `unfreed` is given back, and deletes the

@@ -50,10 +50,11 @@ pub(super) async fn remove_stale_files(
     Ok(())
 }
 
-/// Deletes version records no ref or parent chain reaches that are neither marked deleted
-/// nor younger than the oldest live session: records of commits that lost their ref race and
-/// died, or were killed between writing the record and swapping the ref. (A commit that is
-/// still running wrote its record after its session started, so it is younger.)
+/// Deletes the version records of commits that never published them (`live.unpublished`:
+/// they lost their ref race and died, or were killed between writing the record and swapping
+/// the ref) once they are older than the oldest live session (a commit that is still running
+/// wrote its record after its session started, so it is younger). Records no ref reaches
+/// that were published (`live.strays`) are never deleted here.
 pub(super) async fn remove_orphan_records(
     repo: &Repo,
     live: &LiveVersions,
@@ -61,15 +62,9 @@ pub(super) async fn remove_orphan_records(
     report: &mut GcReport,
 ) -> EngineResult<()> {
     let before_ns = oldest_live_start(repo, options).await?;
-    for id in repo.version_record_ids().await?.into_iter().flatten() {
-        if live.reachable.contains(&id) || live.deleted.contains(&id) {
-            continue;
-        }
-        let Ok(record) = repo.load_version(&id).await else {
-            continue; // unreadable: verify reports it, repair sets it aside
-        };
+    for (id, record) in &live.unpublished {
         if record.time_ns < before_ns {
-            repo.delete_orphan_version(&id).await?;
+            repo.delete_orphan_version(id).await?;
             report.orphan_records_removed += 1;
         }
     }

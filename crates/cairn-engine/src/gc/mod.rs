@@ -176,6 +176,12 @@ pub struct GcReport {
     pub packs_repacked: u64,
     pub packs_written: u64,
     pub orphan_packs_deleted: u64,
+    /// Packs no index run named that hold data of live versions (their run was lost):
+    /// indexed again, never deleted.
+    pub orphan_packs_reindexed: u64,
+    /// Packs no index run named whose trailer could not be read: kept (nothing proves
+    /// them dead).
+    pub orphan_packs_kept: u64,
     pub index_files_replaced: u64,
     /// Format 2: pack trailers read (fast deletion reads only the packs the deleted versions'
     /// dead data is in; the exact pass reads every one).
@@ -515,11 +521,20 @@ fn unreadable_live_tree(record: &VersionRecord, e: EngineError) -> EngineError {
     if matches!(e, EngineError::Interrupted { .. }) {
         return e;
     }
+    // A node no run names: most often its run was lost, and the pack is still there.
+    let unindexed = matches!(e, EngineError::Repo(RepoError::BlobMissing { .. }));
     EngineError::Gc(format!(
-        "cannot read the manifest of live version {}@{}: {e}; nothing was deleted (restore \
+        "cannot read the manifest of live version {}@{}: {e}; nothing was deleted ({}restore \
          what can be restored with `cairn restore --allow-damage`, store it again with `cairn \
          repair --from IMAGE_FILE`, or remove the version with `cairn rm`)",
-        record.image, record.seq
+        record.image,
+        record.seq,
+        if unindexed {
+            "run `cairn repair` first: it indexes again the packs whose index run was lost; \
+             then "
+        } else {
+            ""
+        }
     ))
 }
 

@@ -17,9 +17,10 @@ use crate::error::{EngineError, EngineResult};
 use crate::live::LiveVersions;
 use crate::source::Source;
 
-/// Step 3 on format 2: every index run read whole and checked; if one is damaged or
-/// missing, a run rebuilt from the trailers of the packs no intact run names (every group
-/// and what it stores, every node) is published first, then the damaged runs are set aside.
+/// Step 3 on format 2: every index run read whole and checked; if one is damaged, or a pack
+/// is named by no run (its run lost), a run rebuilt from the trailers of the packs no intact
+/// run names (every group and what it stores, every node) is published first, then the
+/// damaged runs are set aside.
 /// Groups found damaged on the way are indexed too — their trailers still say which chunk
 /// each slot holds, which is what reads of their slots fall back on — and quarantined.
 pub(super) async fn repair_runs(
@@ -37,9 +38,6 @@ pub(super) async fn repair_runs(
             Some(problem) => damaged.push((keys::index_run(&run), problem)),
         }
     }
-    if damaged.is_empty() {
-        return Ok(());
-    }
     for line in reader.add_runs(&intact).await? {
         // Checked whole just now: only a race with a GC could get here.
         tracing::warn!("{line}");
@@ -52,6 +50,13 @@ pub(super) async fn repair_runs(
         .filter(|p| !named.contains(p))
         .collect();
     unnamed.sort();
+    // A pack no run names is a killed commit's (garbage) or one whose run was lost (an
+    // accidental delete, a partial copy, a lifecycle rule): indexing it costs a run entry
+    // per block, losing it costs versions, so every readable one is indexed again (the next
+    // `gc` deletes what no version needs).
+    if damaged.is_empty() && unnamed.is_empty() {
+        return Ok(());
+    }
     let mut locations: Vec<(Id, Id)> = Vec::new();
     for pack in unnamed {
         crate::interrupt::check()?;

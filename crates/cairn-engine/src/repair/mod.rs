@@ -247,6 +247,48 @@ async fn repair_metadata(
             }
         }
     }
+    repoint_heads(repo, live, dry_run, report).await
+}
+
+/// Step 2 (continued): an image whose head is missing, names another image's version, or
+/// was moved back behind published versions gets its head pointed at its newest version no
+/// ref reaches (`LiveVersions::strays`). A head is never moved back.
+async fn repoint_heads(
+    repo: &Repo,
+    live: &LiveVersions,
+    dry_run: bool,
+    report: &mut RepairReport,
+) -> EngineResult<()> {
+    let misdirected: HashSet<&str> = live
+        .misdirected_heads
+        .iter()
+        .map(|(image, _, _)| image.as_str())
+        .collect();
+    for group in live.strays.chunk_by(|a, b| a.image == b.image) {
+        let newest = group
+            .iter()
+            .max_by_key(|s| (s.seq, live.live.get(&s.id).map(|r| r.time_ns)))
+            .expect("a group has a stray");
+        let image = &newest.image;
+        let behind = match repo.head(image).await? {
+            None => true,
+            Some(_) if misdirected.contains(image.as_str()) => true,
+            Some(h) => match repo.load_version(&h.version).await {
+                Ok(head) => head.seq < newest.seq,
+                Err(e) if e.is_damage() => false, // rebuilt above
+                Err(e) => return Err(e.into()),
+            },
+        };
+        if !behind {
+            continue;
+        }
+        report
+            .heads_rebuilt
+            .push((image.clone(), Some(format!("{image}@{}", newest.seq))));
+        if !dry_run {
+            repo.overwrite_head(image, &newest.id).await?;
+        }
+    }
     Ok(())
 }
 

@@ -34,6 +34,21 @@ use crate::progress::{self, Unit};
 /// How many packs are read and checked at once.
 const PACKS_IN_FLIGHT: usize = 4;
 
+/// The packs in the store that no index run names, in id order: left by killed commits
+/// (garbage `gc` deletes), or named by a run that was lost (`repair` and `gc` index them
+/// again when live versions need them).
+async fn unindexed_packs(repo: &Repo, named: &[Id]) -> EngineResult<Vec<Id>> {
+    let named: HashSet<&Id> = named.iter().collect();
+    let mut out: Vec<Id> = repo
+        .pack_sizes()
+        .await?
+        .into_keys()
+        .filter(|p| !named.contains(p))
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
 /// Step 1 in format 2: reads the packs in scope whole and checks them; returns the ids that
 /// cannot be read (damaged groups and what they store) with the reason.
 pub(super) async fn check_packs(
@@ -50,7 +65,9 @@ pub(super) async fn check_packs(
     let packs = if scoped {
         packs_used(repo, reader, versions).await
     } else {
-        reader.readable_packs().await?
+        let named = reader.readable_packs().await?;
+        report.unindexed_packs = unindexed_packs(repo, &named).await?;
+        named
     };
     report.packs_in_scope = packs.len() as u64;
     let packs: Vec<Id> = packs
