@@ -40,6 +40,11 @@ pub enum OverlayError {
     #[error("{} is not an overlay file; refusing to delete the overlay's directory with it", path.display())]
     ForeignFile { path: PathBuf },
 
+    /// The directory is not this user's alone: another user could plant or change what the
+    /// overlay holds (writes a commit would store), so it is not used.
+    #[error("overlay {} is not safe to use: {why}", path.display())]
+    Untrusted { path: PathBuf, why: String },
+
     /// Another `Overlay` (in this or another process) has the directory open.
     #[error("overlay {} is already open elsewhere (lock held)", path.display())]
     Locked { path: PathBuf },

@@ -3,6 +3,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use crate::OverlayError;
@@ -18,7 +19,13 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), OverlayError> {
 pub(crate) fn atomic_write(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), OverlayError> {
     let tmp = dir.join(format!("{name}.tmp"));
     let dst = dir.join(name);
-    let mut f = File::create(&tmp).map_err(|e| OverlayError::io("create", &tmp, e))?;
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| OverlayError::io("create", &tmp, e))?;
     f.write_all(bytes)
         .and_then(|()| f.sync_all())
         .map_err(|e| OverlayError::io("write", &tmp, e))?;
@@ -41,7 +48,7 @@ pub(crate) fn read_meta_file(path: &Path) -> Result<Vec<u8>, OverlayError> {
 
 pub(crate) fn open_rw(path: &Path, create_new: bool) -> io::Result<File> {
     let mut o = OpenOptions::new();
-    o.read(true).write(true);
+    o.read(true).write(true).mode(0o600);
     if create_new {
         o.create_new(true);
     }

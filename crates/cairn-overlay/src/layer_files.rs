@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -38,13 +39,16 @@ fn parse_layer_file(name: &str) -> Option<u64> {
 const LOCK_PATIENCE: Duration = Duration::from_millis(500);
 
 /// Takes the directory's exclusive lock, held until the returned file is closed.
+/// The directory must be this user's alone (see [`check_owned`]).
 pub(crate) fn lock_dir(dir: &Path) -> Result<File, OverlayError> {
+    check_owned(dir)?;
     let path = dir.join(LOCK_FILE);
     let f = OpenOptions::new()
         .create(true)
         .truncate(false)
         .read(true)
         .write(true)
+        .mode(0o600)
         .open(&path)
         .map_err(|e| OverlayError::io("open", &path, e))?;
     let deadline = Instant::now() + LOCK_PATIENCE;
@@ -66,6 +70,38 @@ pub(crate) fn lock_dir(dir: &Path) -> Result<File, OverlayError> {
     }
 }
 
+/// Refuses an overlay directory that another user owns or could write into: its files hold
+/// a guest's writes that `commit --from-export` stores, so whoever can write there could
+/// make a commit of root's store their bytes. (Its own files are created 0600 in a 0700
+/// directory: a guest's plaintext, even of an encrypted repository.)
+pub(crate) fn check_owned(dir: &Path) -> Result<(), OverlayError> {
+    let meta = fs::symlink_metadata(dir).map_err(|e| OverlayError::io("stat", dir, e))?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let why = if !meta.is_dir() {
+        Some("not a directory (a symbolic link is not followed)".to_string())
+    } else if meta.uid() != me {
+        Some(format!(
+            "owned by uid {}, not by you (uid {me})",
+            meta.uid()
+        ))
+    } else if meta.mode() & 0o022 != 0 {
+        Some(format!(
+            "writable by other users (mode {:o}); `chmod go-w` it",
+            meta.mode() & 0o7777
+        ))
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(OverlayError::Untrusted {
+            path: dir.to_path_buf(),
+            why,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Creates (or truncates) layer `id`'s data file and writes its empty bitmap durably.
 pub(crate) fn create_layer(dir: &Path, id: u64, nblocks: u64) -> Result<Layer, OverlayError> {
     let dpath = dir.join(data_name(id));
@@ -74,6 +110,7 @@ pub(crate) fn create_layer(dir: &Path, id: u64, nblocks: u64) -> Result<Layer, O
         .write(true)
         .create(true)
         .truncate(true)
+        .mode(0o600)
         .open(&dpath)
         .map_err(|e| OverlayError::io("create", &dpath, e))?;
     let bitmap = Bitmap::new(nblocks);

@@ -102,6 +102,7 @@ mod snapshots;
 
 use std::collections::HashSet;
 use std::fs::{self, File};
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -221,7 +222,11 @@ impl Overlay {
         if nblocks > MAX_BLOCKS {
             return Err(OverlayError::TooLarge { size, block_size });
         }
-        fs::create_dir_all(dir).map_err(|e| OverlayError::io("create directory", dir, e))?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| OverlayError::io("create directory", dir, e))?;
         let lock = lock_dir(dir)?;
         let meta_path = dir.join(META_FILE);
         let exists = meta_path

@@ -511,3 +511,35 @@ fn discard_deletes_an_overlay_nobody_holds() {
         Err(OverlayError::NotAnOverlay { .. })
     ));
 }
+
+#[test]
+fn an_overlay_is_private_and_one_other_users_can_write_is_refused() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("ov");
+    let ov = Overlay::open(&dir, 1 << 20, 4096, "base").unwrap();
+    write(&ov, 0, 7);
+    ov.flush().unwrap();
+    drop(ov);
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&dir), 0o700);
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        assert_eq!(mode(&e.path()), 0o600, "{}", e.path().display());
+    }
+
+    // A directory others may write into could hold their bytes: refused, with why.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let err = Overlay::open(&dir, 1 << 20, 4096, "base").unwrap_err();
+    assert!(matches!(err, OverlayError::Untrusted { .. }), "{err}");
+    assert!(err.to_string().contains("writable by other users"), "{err}");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+
+    // One another user owns (only root can make one here).
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        std::os::unix::fs::chown(&dir, Some(64055), None).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().uid(), 64055);
+        let err = Overlay::open(&dir, 1 << 20, 4096, "base").unwrap_err();
+        assert!(err.to_string().contains("owned by uid 64055"), "{err}");
+    }
+}

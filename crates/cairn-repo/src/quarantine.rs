@@ -80,8 +80,16 @@ impl QuarantineBook {
         self.copies().extend(markers.iter().copied());
     }
 
+    /// Whether the copy of `blob` in `pack` is quarantined, alone or with its whole pack
+    /// (a pack found missing or unreadable is quarantined under its own id).
     pub(crate) fn contains(&self, pack: &Id, blob: &Id) -> bool {
-        self.copies().contains(&(*pack, *blob))
+        let copies = self.copies();
+        copies.contains(&(*pack, *blob)) || copies.contains(&(*pack, *pack))
+    }
+
+    /// Whether some whole pack is quarantined.
+    pub(crate) fn any_whole_pack(&self) -> bool {
+        self.copies().iter().any(|(pack, blob)| pack == blob)
     }
 
     pub(crate) fn copies(&self) -> MutexGuard<'_, HashSet<(Id, Id)>> {

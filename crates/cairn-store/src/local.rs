@@ -14,7 +14,7 @@ pub use reserve::RESERVE_NAME;
 use std::fs::{self, File};
 use std::io;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -23,7 +23,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use self::fsutil::{
-    create_dirs, fsync_dir, is_absent, list_files, remove_temp_files, write_temp, FileLock,
+    create_dirs, fsync_dir, is_absent, list_files, remove_temp_files, write_temp, FileLock, Modes,
 };
 use self::seen_dirs::SeenDirs;
 use crate::key::{
@@ -44,6 +44,8 @@ pub struct LocalStore {
     may_use_reserve: bool,
     /// What listings saw of each directory they read (for the sweep of temporaries).
     seen: Arc<SeenDirs>,
+    /// The permissions of what it creates, from the root's (see [`Modes`]).
+    modes: Modes,
 }
 
 impl LocalStore {
@@ -60,6 +62,7 @@ impl LocalStore {
             root,
             may_use_reserve: false,
             seen: Arc::default(),
+            modes: Modes::of_root(meta.permissions().mode()),
         })
     }
 
@@ -114,7 +117,17 @@ impl LocalStore {
     /// Open `root`, creating it (and its parents) first if missing.
     pub fn create(root: impl Into<PathBuf>) -> StoreResult<Self> {
         let root = root.into();
-        fs::create_dir_all(&root).map_err(|e| StoreError::io("create repository", &root, e))?;
+        if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
+            fs::create_dir_all(parent)
+                .map_err(|e| StoreError::io("create repository", &root, e))?;
+        }
+        // A new repository is private to its owner (see `Modes`); an existing directory
+        // keeps the mode its owner gave it.
+        match fs::DirBuilder::new().mode(Modes::PRIVATE.dir).create(&root) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && root.is_dir() => {}
+            Err(e) => return Err(StoreError::io("create repository", &root, e)),
+        }
         if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
             fsync_dir(parent)?;
         }
@@ -163,12 +176,12 @@ fn ref_version(data: &[u8]) -> RefVersion {
 }
 
 /// Publish `data` at `base/key` unless something is there already.
-fn put_blocking(base: &Path, key: &str, data: &[u8]) -> StoreResult<PutOutcome> {
-    let (path, dir) = prepare_publish(base, key)?;
+fn put_blocking(base: &Path, key: &str, data: &[u8], modes: Modes) -> StoreResult<PutOutcome> {
+    let (path, dir) = prepare_publish(base, key, modes)?;
     if path_is_file(&path) {
         return exists(&dir);
     }
-    let tmp = write_temp(&dir, data)?;
+    let tmp = write_temp(&dir, data, modes)?;
     let linked = link_into_place(&tmp, &path);
     let removed = fs::remove_file(&tmp);
     let outcome = linked?;
@@ -179,10 +192,16 @@ fn put_blocking(base: &Path, key: &str, data: &[u8]) -> StoreResult<PutOutcome> 
 
 /// Publish the staged file `tmp` (open as `file`) at `base/key` unless something is there
 /// already; the staged name stays (its owner removes it).
-fn publish_blocking(base: &Path, key: &str, tmp: &Path, file: &File) -> StoreResult<PutOutcome> {
+fn publish_blocking(
+    base: &Path,
+    key: &str,
+    tmp: &Path,
+    file: &File,
+    modes: Modes,
+) -> StoreResult<PutOutcome> {
     file.sync_all()
         .map_err(|e| StoreError::io("fsync", tmp, e))?;
-    let (path, dir) = prepare_publish(base, key)?;
+    let (path, dir) = prepare_publish(base, key, modes)?;
     if path_is_file(&path) {
         return exists(&dir);
     }
@@ -192,11 +211,11 @@ fn publish_blocking(base: &Path, key: &str, tmp: &Path, file: &File) -> StoreRes
 }
 
 /// The path of object `key` and its directory, created if missing.
-fn prepare_publish(base: &Path, key: &str) -> StoreResult<(PathBuf, PathBuf)> {
+fn prepare_publish(base: &Path, key: &str, modes: Modes) -> StoreResult<(PathBuf, PathBuf)> {
     let path = base.join(key);
     let dir = path.parent().unwrap_or(base).to_path_buf();
     if let Some(rel) = Path::new(key).parent() {
-        create_dirs(base, rel)?;
+        create_dirs(base, rel, modes)?;
     }
     Ok((path, dir))
 }
@@ -275,12 +294,13 @@ fn cas_blocking(
     key: &str,
     expected: Option<RefVersion>,
     new: Option<Bytes>,
+    modes: Modes,
 ) -> StoreResult<CasOutcome> {
     if !refs.is_dir() {
         let root = refs.parent().unwrap_or(refs);
-        create_dirs(root, Path::new(REFS_SEGMENT))?;
+        create_dirs(root, Path::new(REFS_SEGMENT), modes)?;
     }
-    let _lock = FileLock::exclusive(&refs.join(REF_LOCK_NAME))?;
+    let _lock = FileLock::exclusive(&refs.join(REF_LOCK_NAME), modes)?;
     let path = refs.join(key);
     let current = read_optional(&path)?.map(|data| {
         let version = ref_version(&data);
@@ -298,9 +318,9 @@ fn cas_blocking(
     };
     let dir = path.parent().unwrap_or(refs).to_path_buf();
     if let Some(rel) = Path::new(key).parent() {
-        create_dirs(refs, rel)?;
+        create_dirs(refs, rel, modes)?;
     }
-    let tmp = write_temp(&dir, &data)?;
+    let tmp = write_temp(&dir, &data, modes)?;
     if let Err(e) = fs::rename(&tmp, &path) {
         let _ = fs::remove_file(&tmp);
         return Err(StoreError::io("rename", &path, e));
@@ -319,17 +339,19 @@ impl ObjectStore for LocalStore {
 
     async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<PutOutcome> {
         validate_object_key(key)?;
-        let (root, key) = (self.root.clone(), key.to_owned());
-        self.write(move || put_blocking(&root, &key, &data)).await
+        let (root, key, modes) = (self.root.clone(), key.to_owned(), self.modes);
+        self.write(move || put_blocking(&root, &key, &data, modes))
+            .await
     }
 
     async fn stage(&self, prefix: &str) -> StoreResult<Option<StagedFile>> {
         validate_prefix(prefix)?;
         let (root, prefix, location) = (self.root.clone(), prefix.to_owned(), self.describe());
+        let modes = self.modes;
         let staged = self
             .write(move || {
-                create_dirs(&root, Path::new(&prefix))?;
-                StagedFile::create(&root.join(&prefix), location.clone())
+                create_dirs(&root, Path::new(&prefix), modes)?;
+                StagedFile::create(&root.join(&prefix), location.clone(), modes.file)
             })
             .await?;
         Ok(Some(staged))
@@ -339,8 +361,9 @@ impl ObjectStore for LocalStore {
         validate_object_key(key)?;
         let file = Arc::new(staged.handle()?);
         let (root, key, tmp) = (self.root.clone(), key.to_owned(), staged.path().to_owned());
+        let modes = self.modes;
         let outcome = self
-            .write(move || publish_blocking(&root, &key, &tmp, &file))
+            .write(move || publish_blocking(&root, &key, &tmp, &file, modes))
             .await?;
         if outcome == PutOutcome::Created {
             staged.set_published();
@@ -428,7 +451,8 @@ impl ObjectStore for LocalStore {
     ) -> StoreResult<CasOutcome> {
         validate_ref_key(key)?;
         let (refs, key, expected) = (self.refs_dir(), key.to_owned(), expected.cloned());
-        self.write(move || cas_blocking(&refs, &key, expected.clone(), new.clone()))
+        let modes = self.modes;
+        self.write(move || cas_blocking(&refs, &key, expected.clone(), new.clone(), modes))
             .await
     }
 

@@ -7,6 +7,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::key::TEMP_PREFIX;
@@ -28,7 +29,7 @@ pub struct StagedFile {
 
 impl StagedFile {
     /// A fresh temporary file in `dir` (created with O_EXCL: two writers never share one).
-    pub(crate) fn create(dir: &Path, location: String) -> StoreResult<StagedFile> {
+    pub(crate) fn create(dir: &Path, location: String, file_mode: u32) -> StoreResult<StagedFile> {
         let path = dir.join(format!(
             "{TEMP_PREFIX}{}",
             hex::encode(rand::random::<[u8; 8]>())
@@ -37,6 +38,7 @@ impl StagedFile {
             .read(true)
             .write(true)
             .create_new(true)
+            .mode(file_mode)
             .open(&path)
             .map_err(|e| StoreError::io("create temporary file", &path, e))?;
         Ok(StagedFile {

@@ -511,12 +511,33 @@ fn stats_json(stats: &[(String, Arc<ExportStats>)]) -> Value {
 
 async fn write_stats(path: PathBuf, stats: Vec<(String, Arc<ExportStats>)>) {
     loop {
-        let tmp = path.with_extension("tmp");
-        if std::fs::write(&tmp, stats_json(&stats).to_string()).is_ok() {
-            let _ = std::fs::rename(&tmp, &path);
+        if let Err(e) = replace_file(&path, stats_json(&stats).to_string().as_bytes()) {
+            tracing::debug!("cannot write {}: {e}", path.display());
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// Replaces `path` with `data` atomically: a temporary with a name nobody can guess, created
+/// new and never through a symbolic link (a planted link must not make root overwrite the
+/// file it points at), renamed into place.
+fn replace_file(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}.{:016x}.tmp", rand::random::<u64>()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .mode(0o644)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(data));
+    let renamed = written.and_then(|()| std::fs::rename(&tmp, path));
+    if renamed.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    renamed
 }
 
 /// `cairn status NAME`.

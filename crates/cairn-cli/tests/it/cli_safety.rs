@@ -310,3 +310,96 @@ fn sigint_and_sigterm_end_a_commit_cleanly() {
     assert!(out.status.success());
     assert!(out.stdout.is_empty(), "nothing was published");
 }
+
+/// Every file and directory under `dir` (not following links), with its permission bits.
+fn modes_under(dir: &Path) -> Vec<(PathBuf, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            out.push((e.path(), m.permissions().mode() & 0o7777));
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_repository_and_what_it_restores_are_private_by_default_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: umask only swaps the process's file-creation mask; the children the test runs
+    // inherit it (what an operator with `umask 000` would run).
+    let old = unsafe { libc::umask(0) };
+    let dir = tempfile::tempdir().unwrap();
+    let repo = init(dir.path());
+    let src = dir.path().join("disk.raw");
+    std::fs::write(&src, noise(1 << 20, 5)).unwrap();
+    commit_file(&repo, "vm", &src);
+    let out_path = dir.path().join("out.raw");
+    let out = cairn(&repo, &["-q", "restore", "vm", out_path.to_str().unwrap()]);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    assert!(out.status.success(), "{out:?}");
+    let root = std::fs::metadata(&repo).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(root, 0o700);
+    let everything = modes_under(&repo);
+    assert!(everything.len() > 5, "{everything:?}");
+    for (path, mode) in everything {
+        let private = if path.is_dir() { 0o700 } else { 0o600 };
+        assert_eq!(mode, private, "{} is {mode:o}", path.display());
+    }
+    let restored = std::fs::metadata(&out_path).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(restored, 0o600);
+
+    // A root its owner opened to the group gives the group read access to what comes next,
+    // never write access.
+    std::fs::set_permissions(&repo, std::fs::Permissions::from_mode(0o750)).unwrap();
+    std::fs::write(&src, noise(1 << 20, 55)).unwrap();
+    commit_file(&repo, "other", &src);
+    let packs: Vec<(PathBuf, u32)> = modes_under(&repo.join("packs"));
+    assert!(packs.iter().any(|(_, m)| *m == 0o640), "{packs:?}");
+    assert!(packs.iter().all(|(_, m)| m & 0o022 == 0), "{packs:?}");
+}
+
+#[test]
+fn restore_force_keeps_the_targets_owner_mode_and_attributes() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let repo = init(dir.path());
+    let data = noise(1 << 20, 6);
+    let src = dir.path().join("disk.raw");
+    std::fs::write(&src, &data).unwrap();
+    commit_file(&repo, "vm", &src);
+
+    // libvirt's disk: another owner, 0640, a label.
+    let target = dir.path().join("vm.raw");
+    std::fs::write(&target, b"old disk").unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o640)).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let owner = if root {
+        64055
+    } else {
+        std::fs::metadata(&target).unwrap().uid()
+    };
+    std::os::unix::fs::chown(&target, Some(owner), Some(owner)).ok();
+    let labelled = xattr::set(&target, "user.cairn-test", b"label").is_ok();
+    let out = cairn(
+        &repo,
+        &["-q", "restore", "vm", target.to_str().unwrap(), "--force"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(std::fs::read(&target).unwrap(), data);
+    let m = std::fs::metadata(&target).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o7777), (owner, 0o640));
+    if labelled {
+        assert_eq!(
+            xattr::get(&target, "user.cairn-test").unwrap().as_deref(),
+            Some(&b"label"[..])
+        );
+    }
+}

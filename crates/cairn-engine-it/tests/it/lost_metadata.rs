@@ -327,3 +327,61 @@ async fn damaged_gc_bookkeeping_is_reported_and_set_aside_never_blocking() {
         all_restore(&repo, &contents, &records).await;
     }
 }
+
+/// How a pack is damaged.
+#[derive(Debug, Clone, Copy)]
+enum PackDamage {
+    Missing,
+    Truncated,
+    Trailer,
+    Header,
+    NodeGroup,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damage_found_by_verify_never_spreads_to_a_new_commit_of_the_same_data() {
+    use cairn_engine::resolve::{resolve, VersionSpec};
+    for encrypted in [false, true] {
+        for damage in [
+            PackDamage::Missing,
+            PackDamage::Truncated,
+            PackDamage::Trailer,
+            PackDamage::Header,
+            PackDamage::NodeGroup,
+        ] {
+            let what = format!("{damage:?}, encrypted {encrypted}");
+            let (store, repo, contents, _) = four_versions(encrypted).await;
+            let mut packs = store.list(keys::PACKS).await.unwrap();
+            packs.sort_by_key(|m| m.size);
+            // The first commit's data (the largest pack), or a pack of manifest nodes (the
+            // smallest).
+            let target = match damage {
+                PackDamage::NodeGroup => packs.first().unwrap().clone(),
+                _ => packs.last().unwrap().clone(),
+            };
+            match damage {
+                PackDamage::Missing => store.delete(&target.key).await.unwrap(),
+                PackDamage::Truncated => {
+                    store.truncate_object(&target.key, target.size as usize / 2)
+                }
+                PackDamage::Trailer => {
+                    store.corrupt_object(&target.key, target.size as usize - 100)
+                }
+                PackDamage::Header => store.corrupt_object(&target.key, 2),
+                PackDamage::NodeGroup => store.corrupt_object(&target.key, 30),
+            }
+            let repo = reopen_format2(store.clone(), &repo).await;
+            let report = verify(repo.clone()).await.unwrap();
+            assert!(!report.damaged_versions.is_empty(), "{what}: {report:?}");
+            // verify's advice: committing the content again heals.
+            let repo = reopen_format2(store.clone(), &repo).await;
+            let again = commit_bytes(&repo, "vm", contents[3].clone()).await;
+            let got = restore_bytes(&repo, &again.record).await;
+            assert!(got.as_ref() == Ok(&contents[3]), "{what}: {:?}", got.err());
+            let (id, _) = resolve(&repo, &VersionSpec::parse("vm").unwrap())
+                .await
+                .unwrap();
+            assert_eq!(id, again.id);
+        }
+    }
+}

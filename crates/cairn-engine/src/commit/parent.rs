@@ -14,15 +14,15 @@
 //! 2026-11-26) are read as before.
 //!
 //! A reused leaf is trusted only as far as the repository still holds what it names. Unread
-//! leaves are reused only when no group or node the parent's summary lists has a quarantined
-//! copy; otherwise every leaf is read, and each group run must have a good copy storing its
+//! leaves are reused only when no copy of anything is quarantined; otherwise every leaf is
+//! read, and each group run must have a good copy storing its
 //! slots, else the segment takes the ordinary path, which stores again what is damaged —
 //! damage never spreads to a new version through the fast path.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use cairn_format::group_summary::{key_of, GroupSummary};
+use cairn_format::group_summary::GroupSummary;
 use cairn_format::leaf_v2::{LeafDigest, RunLeaf};
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
@@ -190,12 +190,14 @@ async fn reusable_unread(repo: &Repo, id: &Id) -> EngineResult<bool> {
     })
 }
 
-/// Whether `summary` lists a group or node with a quarantined copy (the parent's leaves are
-/// then read, so each reused run is checked for a good copy).
-fn lists_quarantined(repo: &Repo, summary: &GroupSummary) -> bool {
-    repo.quarantined().iter().any(|(_, blob)| {
-        summary.slots_of_key(key_of(blob)).is_some() || summary.has_node_key(key_of(blob))
-    })
+/// Whether `summary` may list a group or node with a quarantined copy (the parent's leaves
+/// are then read, so each reused run is checked for a good copy). Any quarantined copy
+/// counts: a whole pack quarantined (missing, or its trailer unreadable) may have held
+/// anything, and a damaged node group is quarantined under its group id, which no summary
+/// lists. Damage is rare and its markers go with the next `gc --repair`; reading the
+/// leaves meanwhile costs a commit a read of its parent's leaves, never a wrong version.
+fn lists_quarantined(repo: &Repo, _summary: &GroupSummary) -> bool {
+    !repo.quarantined().is_empty()
 }
 
 /// Reads and decodes leaves, several at a time; one that cannot be read or decoded is left

@@ -233,6 +233,13 @@ async fn restore_to_path(
         Sink::Stdout { .. } => unreachable!("a path restore has no stdout sink"),
     }
     if replace {
+        target::carry_identity(&target, &tmp).map_err(|e| {
+            out_err(
+                "cannot give the restored file the owner, mode and extended attributes of",
+                path,
+                e,
+            )
+        })?;
         std::fs::rename(&tmp, &target).map_err(|e| out_err("cannot rename into place", path, e))?;
     } else {
         // No-replace: a file that appeared at the target since the check is not clobbered.

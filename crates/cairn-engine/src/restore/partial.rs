@@ -1,7 +1,8 @@
 //! The temporary file a restore writes before it links the finished image into place, and a
 //! host-local registry of them, so that one left by a killed restore can be found and removed.
 //!
-//! A restore to `DIR/NAME` writes `DIR/.NAME.cairn-partial-PID`, next to its target (the final
+//! A restore to `DIR/NAME` writes `DIR/.NAME.cairn-partial-PID-RANDOM` (created new, 0600, never
+//! through a symbolic link), next to its target (the final
 //! link or rename must not cross file systems). Before creating it, it records the path in
 //! `~/.cache/cairn/partials/PID-START` (`$XDG_CACHE_HOME`), where START is the process's
 //! start time: an entry whose process no longer runs (or whose pid now belongs to another
@@ -11,6 +12,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use cairn_repo::session::{current_process, process_alive};
@@ -40,7 +42,14 @@ impl Partial {
             .file_name()
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
         let pid = std::process::id();
-        let path = dir.join(format!(".{}.cairn-partial-{pid}", name.to_string_lossy()));
+        // A name nobody can guess, created new and never through a symbolic link: in a
+        // directory another user can write, a planted link must not make root overwrite the
+        // file it points at.
+        let path = dir.join(format!(
+            ".{}.cairn-partial-{pid}-{:016x}",
+            name.to_string_lossy(),
+            rand::random::<u64>()
+        ));
         let entry = current_process().and_then(|me| {
             let dir = registry_dir();
             fs::create_dir_all(&dir).ok()?;
@@ -53,8 +62,9 @@ impl Partial {
         let file = OpenOptions::new()
             .write(true)
             .read(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(0o600)
             .open(&path);
         let partial = Partial {
             path,
@@ -102,12 +112,17 @@ pub fn remove_stale() -> Vec<(PathBuf, u64)> {
         }
         if let Ok(raw) = fs::read(entry.path()) {
             let partial = PathBuf::from(String::from_utf8_lossy(&raw).into_owned());
-            // Only ever delete what this scheme names: `.NAME.cairn-partial-PID`.
+            // Only ever delete what this scheme names: `.NAME.cairn-partial-PID-RANDOM`.
             let ours = partial
                 .file_name()
                 .and_then(|n| n.to_str())
                 .is_some_and(|n| {
-                    n.starts_with('.') && n.ends_with(&format!(".cairn-partial-{pid}"))
+                    n.starts_with('.')
+                        && n.rsplit_once('-').is_some_and(|(head, random)| {
+                            head.ends_with(&format!(".cairn-partial-{pid}"))
+                                && random.len() == 16
+                                && random.bytes().all(|b| b.is_ascii_hexdigit())
+                        })
                 });
             if ours {
                 if let Ok(m) = fs::symlink_metadata(&partial) {
@@ -120,4 +135,21 @@ pub fn remove_stale() -> Vec<(PathBuf, u64)> {
         let _ = fs::remove_file(entry.path());
     }
     removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_partial_file_has_a_name_nobody_can_guess_and_is_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("disk.raw");
+        let (a, _) = Partial::create(&target).unwrap();
+        let (b, _) = Partial::create(&target).unwrap();
+        assert_ne!(a.path, b.path);
+        let mode = fs::metadata(&a.path).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o600);
+    }
 }

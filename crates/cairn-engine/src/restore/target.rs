@@ -149,3 +149,29 @@ fn lock_holder(path: &Path) -> EngineResult<Option<String>> {
             .to_string()
     }))
 }
+
+/// Gives the file at `new` (a restore's finished partial file, about to be renamed over
+/// `old`) the owner, group, mode and extended attributes of `old`, so that `restore --force`
+/// keeps what the hypervisor set up (libvirt's `qemu:qemu 0600` disk and its SELinux label
+/// must not become `root 0644`). An owner that cannot be set (not root) is left as it is;
+/// an attribute the file system refuses fails the restore, which leaves `old` untouched.
+pub(crate) fn carry_identity(old: &Path, new: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = std::fs::metadata(old)?;
+    let file = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(new)?;
+    if let Err(e) = std::os::unix::fs::fchown(&file, Some(meta.uid()), Some(meta.gid())) {
+        if e.raw_os_error() != Some(libc::EPERM) {
+            return Err(e);
+        }
+    }
+    file.set_permissions(std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+    for name in xattr::list(old)? {
+        if let Some(value) = xattr::get(old, &name)? {
+            xattr::FileExt::set_xattr(&file, &name, &value)?;
+        }
+    }
+    file.sync_all()
+}

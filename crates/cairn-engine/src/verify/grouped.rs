@@ -110,6 +110,11 @@ pub(super) async fn check_packs(
             progress::add(&options.progress, 1);
             continue;
         }
+        if !check.readable {
+            // Its trailer cannot be read, so what it holds is unknown: quarantined whole (no
+            // commit reuses a leaf that may name it until its content is stored again).
+            reader.quarantine_copy(&pack, &pack, 0, "unreadable");
+        }
         report.blobs_checked += check.chunks;
         report.bytes_read += check.bytes;
         // Damaged only where earlier runs found it: known, and not used.

@@ -57,8 +57,9 @@ impl V2Reader {
     }
 
     /// Whether some copy of `group` (or blob) is quarantined, as far as this process knows.
+    /// A whole pack quarantined (missing or unreadable) may have held a copy of anything.
     pub fn has_quarantined_copy(&self, group: &Id) -> bool {
-        self.quarantine.pack_of(group).is_some()
+        self.quarantine.pack_of(group).is_some() || self.quarantine.any_whole_pack()
     }
 
     /// Whether the copy of `group` in `pack` is quarantined.

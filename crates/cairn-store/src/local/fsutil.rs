@@ -5,6 +5,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -29,12 +30,41 @@ pub(super) fn fsync_dir(dir: &Path) -> StoreResult<()> {
         .map_err(|e| StoreError::io("fsync directory", dir, e))
 }
 
+/// The permissions of what a local repository creates. Private to the owner (0600 files,
+/// 0700 directories, as restic's) unless the repository root grants more: each read bit the
+/// root gives its group or others is given to files (and with its search bit to
+/// directories) — `chmod 750 REPO` makes a repository readable by its group. Never write
+/// bits: under any umask, nothing cairn writes is writable by another user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Modes {
+    pub file: u32,
+    pub dir: u32,
+}
+
+impl Modes {
+    /// What a new repository's root gets: private.
+    pub const PRIVATE: Modes = Modes {
+        file: 0o600,
+        dir: 0o700,
+    };
+
+    /// The modes for a repository whose root has permission bits `root`.
+    pub fn of_root(root: u32) -> Modes {
+        let read = root & 0o044;
+        let search = root & 0o011;
+        Modes {
+            file: 0o600 | read,
+            dir: 0o700 | read | (read >> 2 & search),
+        }
+    }
+}
+
 /// Create `base/rel` and every missing directory in between, fsyncing the parent of each
 /// directory created so the new names are durable. `base` must exist.
 ///
 /// Concurrent creators may race; `AlreadyExists` is fine, and the parent is fsynced anyway so
 /// neither racer returns before the directory is durable.
-pub(super) fn create_dirs(base: &Path, rel: &Path) -> StoreResult<()> {
+pub(super) fn create_dirs(base: &Path, rel: &Path, modes: Modes) -> StoreResult<()> {
     let mut dir = base.to_path_buf();
     for component in rel.components() {
         let parent = dir.clone();
@@ -48,7 +78,7 @@ pub(super) fn create_dirs(base: &Path, rel: &Path) -> StoreResult<()> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(StoreError::io("stat", &dir, e)),
         }
-        match fs::create_dir(&dir) {
+        match fs::DirBuilder::new().mode(modes.dir).create(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {}
             Err(e) => return Err(StoreError::io("create directory", &dir, e)),
@@ -60,7 +90,7 @@ pub(super) fn create_dirs(base: &Path, rel: &Path) -> StoreResult<()> {
 
 /// Write `data` to a fresh `.tmp-<random>` file in `dir` and fsync it. The name is created
 /// with O_EXCL so two writers can never share a temp file. On error the file is removed.
-pub(super) fn write_temp(dir: &Path, data: &[u8]) -> StoreResult<PathBuf> {
+pub(super) fn write_temp(dir: &Path, data: &[u8], modes: Modes) -> StoreResult<PathBuf> {
     let path = dir.join(format!(
         "{TEMP_PREFIX}{}",
         hex::encode(rand::random::<[u8; 8]>())
@@ -68,6 +98,7 @@ pub(super) fn write_temp(dir: &Path, data: &[u8]) -> StoreResult<PathBuf> {
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(modes.file)
         .open(&path)
         .map_err(|e| StoreError::io("create temporary file", &path, e))?;
     let written = file
@@ -169,12 +200,13 @@ pub(super) struct FileLock {
 
 impl FileLock {
     /// Block until the exclusive lock on `path` (created if missing) is held.
-    pub(super) fn exclusive(path: &Path) -> StoreResult<Self> {
+    pub(super) fn exclusive(path: &Path, modes: Modes) -> StoreResult<Self> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(modes.file)
             .open(path)
             .map_err(|e| StoreError::io("open lock file", path, e))?;
         loop {

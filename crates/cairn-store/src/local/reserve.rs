@@ -13,6 +13,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -34,6 +35,7 @@ pub(super) fn create(root: &Path, size: u64) -> io::Result<()> {
     let mut f = OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(0o600)
         .open(path(root))?;
     f.write_all(&header)?;
     allocate(&f, size)?;
