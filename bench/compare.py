@@ -185,15 +185,6 @@ class Cairn(Tool):
         return json.loads(sh(self.cli("--json", "stats")))
 
 
-class CairnF1(Cairn):
-    """cairn's older repository format (16 KiB chunks, each compressed alone): what the
-    default is measured against (issue 16)."""
-    name, label = "cairn-f1", "cairn, format 1 (local dir)"
-
-    def init(self):
-        sh(self.cli("init", "--format", "1"), stdout=subprocess.DEVNULL)
-
-
 class CairnS3(Cairn):
     name, label = "cairn-s3", "cairn (MinIO)"
 
@@ -349,7 +340,7 @@ class Copy(Tool):
         return ["sh", "-c", script, "sh", self.env.dataset / f"{step}.raw", target], target
 
 
-TOOLS = {t.name: t for t in [Cairn, CairnF1, CairnS3, Restic, Borg, Borg64k, Casync, Desync,
+TOOLS = {t.name: t for t in [Cairn, CairnS3, Restic, Borg, Borg64k, Casync, Desync,
                              Kopia, Qcow2Chain]}
 
 

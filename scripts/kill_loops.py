@@ -35,12 +35,11 @@ repository, no `.*.cairn-partial-*` file in the restore target directory, and a 
 `cairn gc --repair` must reclaim nothing.
 
     scripts/kill_loops.py [--bin target/release/cairn] [--dir DIR] [--seed N]
-                          [--trials 30,25,25,20,12] [--encrypted | --format 1]
+                          [--trials 30,25,25,20,12] [--encrypted]
 
 The repository is `cairn init`'s default (format 2). --encrypted runs the same loops and
 checks on an encrypted format 2 repository (`init --encrypt`, the passphrase in
-$CAIRN_PASSWORD); --format 1 on a format 1 repository (16 KiB chunks each compressed alone,
-index files, Bloom-filter summaries), which cairn still reads and writes.
+$CAIRN_PASSWORD). (Format 1 is read-only, so it has no loop of its own.)
 
 Prints per-loop timings and "kill_loops: N passed, M failed"; exits non-zero on any failure.
 """
@@ -382,19 +381,18 @@ class Run:
             if killed:
                 self.gc_does_not_wait(1, "commit", label, gc_timeout)
 
-    def loop_gc(self, trials, gc_timeout, format1):
+    def loop_gc(self, trials, gc_timeout):
         self.clear_dead_sessions()
         # gc and gc --repair merge small packs (format 2, the default): with 1 MiB packs,
         # those below 256 KiB are small, and once they fill half a pack or number 32 a gc
         # rewrites them (`small_packs` in its --json report). Before each trial three small
         # commits leave enough (format 2), so a killed gc is often killed in such a merge;
         # every third trial leaves them (`--no-repack-small`).
-        modes = [[], ["--repair"]] + ([] if format1 else [["--no-repack-small"]])
+        modes = [[], ["--repair"], ["--no-repack-small"]]
         merging = 0  # unkilled trials that merge small packs
 
         def garbage():
-            if not format1:
-                self.small_commits()
+            self.small_commits()
             self.commit()
             self.trim()
         typical = self.typical("gc --repair (after small commits, a commit and an rm --no-gc)",
@@ -409,18 +407,17 @@ class Run:
             killed, rc, out = self.kill_at_random(["--json", "gc", *mode], typical * 1.5)
             if not killed:
                 self.ok(rc == 0, f"{label}: an unkilled gc {' '.join(mode)} succeeds (exit {rc})")
-                if not format1 and "--no-repack-small" not in mode and rc == 0:
+                if "--no-repack-small" not in mode and rc == 0:
                     merging += 1
                     self.repacked_small += json.loads(out).get("small_packs", 0)
             self.check_all(label)
             if killed:
                 self.gc_does_not_wait(2, "gc", label, gc_timeout)
-        if not format1:
-            print(f"  small packs merged by the {merging} unkilled gc and gc --repair trials: "
-                  f"{self.repacked_small}", flush=True)
-            self.ok(merging == 0 or self.repacked_small >= merging * 2 * SMALL_COMMITS,
-                    f"every unkilled merging gc merged the small commits' packs "
-                    f"({self.repacked_small} small packs in {merging} trials)")
+        print(f"  small packs merged by the {merging} unkilled gc and gc --repair trials: "
+              f"{self.repacked_small}", flush=True)
+        self.ok(merging == 0 or self.repacked_small >= merging * 2 * SMALL_COMMITS,
+                f"every unkilled merging gc merged the small commits' packs "
+                f"({self.repacked_small} small packs in {merging} trials)")
 
     def loop_rm(self, trials):
         self.clear_dead_sessions()
@@ -541,25 +538,17 @@ def main():
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--trials", default=None,
                     help="trials of the commit, gc, rm/prune, restore and index compaction "
-                    "loops (default 30,25,25,20,12; with --encrypted 15,12,8,8,6; with "
-                    "--format 1 15,12,8,8,0)")
+                    "loops (default 30,25,25,20,12; with --encrypted 15,12,8,8,6)")
     ap.add_argument("--encrypted", action="store_true",
                     help="an encrypted format 2 repository")
-    ap.add_argument("--format", type=int, choices=(1, 2), default=None,
-                    help="the repository format (default: cairn init's)")
     args = ap.parse_args()
-    if args.encrypted and args.format == 1:
-        sys.exit("kill_loops: --encrypted needs format 2")
-    default = ("15,12,8,8,0" if args.format == 1 else "15,12,8,8,6" if args.encrypted
-               else "30,25,25,20,12")
+    default = "15,12,8,8,6" if args.encrypted else "30,25,25,20,12"
     trials = [int(x) for x in (args.trials or default).split(",")]
     if len(trials) == 4:
         trials.append(0)
     if len(trials) != 5:
         sys.exit("kill_loops: --trials takes four or five numbers "
                  "(commit,gc,rm,restore[,compact])")
-    if args.format == 1 and trials[4]:
-        sys.exit("kill_loops: index compaction is for format 2")
     binary = os.path.abspath(args.bin)
     if not os.access(binary, os.X_OK):
         sys.exit(f"kill_loops: no cairn binary at {binary} (build it: "
@@ -580,12 +569,11 @@ def main():
     try:
         repo = Repo(binary, os.path.join(work, "repo"), os.path.join(work, "state"),
                     args.encrypted)
-        repo.run("init", "--pack-size", "1M", *(["--encrypt"] if args.encrypted else []),
-                 *(["--format", str(args.format)] if args.format else []))
+        repo.run("init", "--pack-size", "1M", *(["--encrypt"] if args.encrypted else []))
         run = Run(repo, work, random.Random(seed), checks)
         run.make_image()
         loops = [("commit", lambda: run.loop_commit(trials[0], gc_timeout)),
-                 ("gc", lambda: run.loop_gc(trials[1], gc_timeout, args.format == 1)),
+                 ("gc", lambda: run.loop_gc(trials[1], gc_timeout)),
                  ("rm/prune", lambda: run.loop_rm(trials[2])),
                  ("restore", lambda: run.loop_restore(trials[3])),
                  ("index compact", lambda: run.loop_compact(trials[4])),

@@ -122,8 +122,8 @@ def full_disk(binary, work, c):
 def full_disk_encrypted(binary, work, c):
     """An encrypted format 2 repository on a full tmpfs: the commit that does not fit fails
     with the same one line, nothing it wrote is published, every earlier version verifies
-    and restores bit-exact. (Format 2 has no gc yet to free space with: `rm` then `gc` is
-    checked on format 1 above.)"""
+    and restores bit-exact. (`rm` then `gc` on a full file system is checked above, on a
+    plain repository.)"""
     print("full disk: an encrypted format 2 commit fails cleanly and loses nothing")
     with tmpfs(work, "tmpfs2", "48m") as mnt:
         repo = os.path.join(mnt, "repo")

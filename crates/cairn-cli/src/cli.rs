@@ -502,11 +502,11 @@ pub enum CompressionArg {
 
 #[derive(Debug, Args)]
 pub struct InitArgs {
-    /// Repository format. 2 (the default) dedups 4 KiB blocks — data moved inside a guest's
-    /// file system is found again — and compresses a commit's neighbouring new chunks
-    /// together in groups; it can be encrypted. 1 dedups 16 KiB chunks, each compressed
-    /// alone: what cairn wrote before 2026-11-26 (it reads and writes both; `cairn copy`
-    /// moves versions from one to the other).
+    /// Repository format: 2, which dedups 4 KiB blocks — data moved inside a guest's file
+    /// system is found again — compresses a commit's neighbouring new chunks together in
+    /// groups, and can be encrypted. Format 1 (16 KiB chunks, each compressed alone; what
+    /// cairn wrote before 2026-11-26) is read-only: `init --format 1` is refused, and
+    /// `cairn copy --from OLD` moves a format 1 repository into a format 2 one.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=2))]
     pub format: Option<u32>,
     /// Encrypt everything stored (format 2; implied): data, manifests, index runs and
@@ -516,8 +516,7 @@ pub struct InitArgs {
     /// is lost: keep one safe, or add a second (`cairn key add`).
     #[arg(long)]
     pub encrypt: bool,
-    /// Chunk size (a power of two, 4K..4M); the average size with fastcdc. Default: 16K in
-    /// format 1, 4K in format 2.
+    /// Chunk size (a power of two, 4K..4M); the average size with fastcdc. Default: 4K.
     #[arg(long, value_parser = parse_size)]
     pub chunk_size: Option<u64>,
     /// Format 2: a commit's neighbouring new chunks are compressed together in groups of up

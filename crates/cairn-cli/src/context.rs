@@ -140,6 +140,13 @@ impl Context {
             Repo::open_cached(store, kind, self.meta_cache()?, Some(&self.password)).await?,
         );
         self.opened.lock().expect("opened lock").push(repo.clone());
+        let writes = matches!(
+            kind,
+            SessionKind::Edit | SessionKind::Commit | SessionKind::Repair | SessionKind::Gc
+        );
+        if writes {
+            refuse_format_1(&repo)?;
+        }
         Ok(repo)
     }
 
@@ -207,4 +214,15 @@ fn store_at(location: &str, create: bool, deletion: bool) -> Result<Arc<dyn Obje
         }
         Err(e) => Err(e).with_context(|| format!("cannot open repository {location}")),
     }
+}
+
+/// Format 1 is read-only: every command that writes refuses it, saying the way forward.
+pub fn refuse_format_1(repo: &Repo) -> Result<()> {
+    if repo.config().format() == 1 {
+        return Err(crate::failure::ReadOnlyFormat {
+            location: repo.describe(),
+        }
+        .into());
+    }
+    Ok(())
 }

@@ -7,7 +7,7 @@
 //! | `not_found`     | 1       | the image, version or tag named does not exist                 |
 //! | `store`         | 1       | the store failed: I/O, S3 request, unreachable endpoint       |
 //! | `disk_full`     | 1       | the repository's file system is full                           |
-//! | `unsupported`   | 1       | the command does not work on this repository's format yet     |
+//! | `unsupported`   | 1       | the command writes, and this repository's format is read-only |
 //! | `usage`         | 2       | the command line is wrong (clap's own message)                 |
 //! | `damage`        | 3       | stored data is damaged or missing                              |
 //! | `no_repository` | 4       | no repository given, or none at the location given            |
@@ -28,6 +28,17 @@ use serde_json::json;
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct NoRepository(pub String);
+
+/// A command that writes, on a repository format cairn only reads (format 1).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{location} is a format 1 repository, which this cairn only reads (log, show, images, \
+     stats, restore, export, diff, verify, copy --from); to keep using it, copy it into a \
+     format 2 repository: `cairn --repo NEW init && cairn --repo NEW copy --from {location}`"
+)]
+pub struct ReadOnlyFormat {
+    pub location: String,
+}
 
 /// What kind of failure an error is: its stable code and exit status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +72,10 @@ impl Kind {
         code: "damage",
         exit: 3,
     };
+    const UNSUPPORTED: Kind = Kind {
+        code: "unsupported",
+        exit: 1,
+    };
     const NO_REPOSITORY: Kind = Kind {
         code: "no_repository",
         exit: 4,
@@ -83,6 +98,9 @@ pub fn kind_of(e: &anyhow::Error) -> Kind {
         .find_map(|cause| {
             if cause.is::<NoRepository>() {
                 return Some(Kind::NO_REPOSITORY);
+            }
+            if cause.is::<ReadOnlyFormat>() {
+                return Some(Kind::UNSUPPORTED);
             }
             if let Some(e) = cause.downcast_ref::<EngineError>() {
                 return match e {

@@ -150,6 +150,10 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
     };
 
     let repo = ctx.open_as(SessionKind::Export).await?;
+    if args.writable {
+        // Its COMMIT writes: a format 1 repository is served read-only.
+        crate::context::refuse_format_1(&repo)?;
+    }
     let cache_dir = args
         .cache_dir
         .clone()

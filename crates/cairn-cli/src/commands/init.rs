@@ -79,39 +79,28 @@ pub async fn run(ctx: &Context, args: InitArgs) -> Result<ExitCode> {
 fn settings(args: &InitArgs) -> Result<RepoConfig> {
     let to_u32 =
         |v: u64, what: &str| u32::try_from(v).with_context(|| format!("{what} {v} is too large"));
-    let format = match (args.format, args.encrypt) {
-        (Some(1), true) => {
-            anyhow::bail!("--encrypt needs format 2 (format 1 stores everything plain)")
-        }
-        (Some(f), _) => f,
-        (None, _) => 2,
+    let format = match args.format {
+        Some(1) => anyhow::bail!(
+            "format 1 is read-only in this cairn: `cairn init` makes format 2, and `cairn copy \
+             --from OLD` moves a format 1 repository into one"
+        ),
+        Some(f) => f,
+        None => 2,
     };
-    let defaults = match format {
-        1 => {
-            if args.group_size.is_some() {
-                anyhow::bail!(
-                    "--group-size needs --format 2 (format 1 compresses each chunk alone)"
-                );
-            }
-            RepoConfig::default()
+    debug_assert_eq!(format, 2, "clap admits formats 1 and 2");
+    let mut defaults = RepoConfig::default_v2();
+    if let Some(g) = args.group_size {
+        defaults.v2 = Some(V2Settings {
+            group_size: to_u32(g, "group size")?,
+            key_check: None,
+        });
+    }
+    if args.encrypt {
+        // Marks the config encrypted; init puts the real key check in.
+        if let Some(v2) = defaults.v2.as_mut() {
+            v2.key_check = Some([0; 32]);
         }
-        _ => {
-            let mut d = RepoConfig::default_v2();
-            if let Some(g) = args.group_size {
-                d.v2 = Some(V2Settings {
-                    group_size: to_u32(g, "group size")?,
-                    key_check: None,
-                });
-            }
-            if args.encrypt {
-                // Marks the config encrypted; init puts the real key check in.
-                if let Some(v2) = d.v2.as_mut() {
-                    v2.key_check = Some([0; 32]);
-                }
-            }
-            d
-        }
-    };
+    }
     Ok(RepoConfig {
         chunker: match args.chunker {
             ChunkerArg::Fixed => Chunker::Fixed,
@@ -155,9 +144,13 @@ mod tests {
             parse(&["cairn", "init", "--format", "2"]),
             RepoConfig::default_v2()
         );
-        assert_eq!(
-            parse(&["cairn", "init", "--format", "1"]),
-            RepoConfig::default()
-        );
+        let Command::Init(args) = Cli::try_parse_from(["cairn", "init", "--format", "1"])
+            .unwrap()
+            .command
+        else {
+            panic!("not init");
+        };
+        let err = settings(&args).unwrap_err().to_string();
+        assert!(err.contains("format 1 is read-only"), "{err}");
     }
 }

@@ -44,13 +44,13 @@ fn passphrases_come_from_the_environment_a_file_or_a_command_and_wrong_ones_chan
         (v["format"].as_u64(), v["encrypted"].as_bool()),
         (Some(2), Some(true))
     );
-    // Format 1 cannot be encrypted.
+    // Format 1 is read-only: no new one, encrypted or not.
     let out = run(
         &dir.path().join("r1"),
         &pw,
         &["init", "--encrypt", "--format", "1"],
     );
-    assert!(stderr_line(&out).contains("--encrypt needs format 2"));
+    assert!(stderr_line(&out).contains("format 1 is read-only"));
 
     let mut data = noise(2 << 20, 3);
     data.extend(vec![0u8; 1 << 20]);

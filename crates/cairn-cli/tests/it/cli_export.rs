@@ -64,7 +64,7 @@ fn real_clients_read_a_version_bit_exact_and_skip_its_holes() {
 /// bytes counted), and a second export of an image sharing data fetches only its own groups.
 #[test]
 fn a_format_2_version_is_served_bit_exact_and_shares_the_cache() {
-    let (dir, repo, a, b) = setup_format("2");
+    let (dir, repo, a, b) = setup();
     let mut served = Served::start(&repo, "vm@1", dir.path(), "a");
     clients_read(&served, dir.path(), &a);
     let (map, rows) = map_rows(&served.uri());
@@ -99,7 +99,7 @@ fn a_second_export_fetches_only_what_the_cache_lacks() {
     same_file(&out, &b, "second export");
     let s = served.stats();
     assert_eq!(s["bytes_fetched"].as_u64().unwrap(), 1 << 20, "{s}");
-    assert_eq!(s["cache_hits"].as_u64().unwrap(), 3 * 64, "{s}");
+    assert_eq!(s["cache_hits"].as_u64().unwrap(), 3 * 256, "{s}"); // 4 KiB chunks
 }
 
 #[test]
@@ -130,19 +130,14 @@ fn reads_fail_with_an_error_when_the_repository_is_gone() {
     assert!(text.contains("read 65536/65536 bytes"), "{text}");
 }
 
+/// The overlay's blocks are 4 KiB (the chunk size); COMMIT writes a patch on group runs.
 #[test]
 fn writes_go_to_the_overlay_and_commit_back_as_a_new_version() {
-    writes_commit_back("1", 6); // 2 + 1 + 1 + 1 + 1 blocks of 16 KiB
+    writes_commit_back(18); // 8 + 4 + 4 + 2 blocks of 4 KiB
 }
 
-/// Format 2: the overlay's blocks are 4 KiB (its chunk size), COMMIT a patch on group runs.
-#[test]
-fn format_2_writes_commit_back_as_a_new_version() {
-    writes_commit_back("2", 18); // 8 + 4 + 4 + 2 blocks of 4 KiB
-}
-
-fn writes_commit_back(format: &str, blocks_held: u64) {
-    let (dir, repo, a, _) = setup_format(format);
+fn writes_commit_back(blocks_held: u64) {
+    let (dir, repo, a, _) = setup();
     let served = start_writable(&repo, "vm", dir.path(), "w");
     let uri = served.uri();
     // A partial-block write across two blocks, a full block, zeros over data, and data in the

@@ -219,7 +219,7 @@ fn exports_lists_running_exports_and_stops_one() {
     assert_eq!(
         text,
         format!(
-            "disk  vm@1 ({vm1}), pid {}, nbd+unix:///disk?socket={}, overlay {} (32.0 KiB held)\n\
+            "disk  vm@1 ({vm1}), pid {}, nbd+unix:///disk?socket={}, overlay {} (20.0 KiB held)\n\
              ro  other@1 ({other1}), pid {}, nbd+unix:///ro?socket={}, read-only\n",
             w.pid(),
             w.socket.display(),
@@ -237,7 +237,7 @@ fn exports_lists_running_exports_and_stops_one() {
     assert_eq!(list[0]["socket"], w.socket.display().to_string());
     assert_eq!(list[0]["writable"], true);
     assert_eq!(list[0]["overlay"]["dir"], overlay.display().to_string());
-    assert_eq!(list[0]["overlay"]["bytes_held"], 32768);
+    assert_eq!(list[0]["overlay"]["bytes_held"], 20480);
     assert_eq!(list[1]["name"], "ro");
     assert_eq!(list[1]["overlay"], Value::Null);
 
@@ -424,7 +424,7 @@ fn overlays_are_listed_and_discarded_without_a_running_export() {
     assert_eq!(
         ok(&["--repo", repo_s, "overlay", "list"]),
         format!(
-            "web_disk  base vm@1 ({vm1}), 32.0 KiB held in 2 blocks, snapshots s1, in use by \
+            "web_disk  base vm@1 ({vm1}), 32.0 KiB held in 8 blocks, snapshots s1, in use by \
              export \"web/disk\" (pid {})\n",
             w.pid()
         )
@@ -453,14 +453,14 @@ fn overlays_are_listed_and_discarded_without_a_running_export() {
             "base": full_id(&repo, "vm@1"),
             "base_version": "vm@1",
             "bytes_held": 32768,
-            "blocks_held": 2,
+            "blocks_held": 8,
             "snapshots": ["s1"],
             "export": null,
         }])
     );
     assert_eq!(
         ok(&["overlay", "list"]),
-        format!("web_disk  base {vm1}, 32.0 KiB held in 2 blocks, snapshots s1, not in use\n")
+        format!("web_disk  base {vm1}, 32.0 KiB held in 8 blocks, snapshots s1, not in use\n")
     );
     // Destructive: only with --yes.
     let out = cairn_in(d, &["overlay", "discard", "web/disk"]);

@@ -179,8 +179,9 @@ fn a_format_2_repository_commits_restores_diffs_and_collects() {
 
 /// Issue 16's check: an ext4 image, a 32 MiB file copied inside it to a new place (the copy
 /// lands 4 KiB off the original's 16 KiB phase, as in a real file system), both versions
-/// committed: format 2 adds ≤ 2% of the file's size. Format 1 (16 KiB chunks) is committed too,
-/// to show the copy really moved off its alignment (there it costs most of the file).
+/// committed: format 2 adds ≤ 2% of the file's size. A repository of 16 KiB chunks is
+/// committed too, to show the copy really moved off its alignment (there it costs most of
+/// the file).
 #[test]
 fn a_file_copied_inside_ext4_costs_format_2_almost_nothing() {
     use common::export::tool;
@@ -214,15 +215,15 @@ fn a_file_copied_inside_ext4_costs_format_2_almost_nothing() {
     debugfs(&two, format!("write {} /pad", pad.display()));
     debugfs(&two, format!("write {} /copy", file.display()));
 
-    let added = |format: &str| {
-        let repo = dir.path().join(format!("repo{format}"));
-        ok(&repo, &["-q", "init", "--format", format]);
+    let added = |chunk: &str| {
+        let repo = dir.path().join(format!("repo{chunk}"));
+        ok(&repo, &["-q", "init", "--chunk-size", chunk]);
         ok(&repo, &["-q", "commit", "fs", one.to_str().unwrap()]);
         let out = ok(&repo, &["--json", "commit", "fs", two.to_str().unwrap()]);
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         v["new_chunk_bytes"].as_u64().unwrap()
     };
-    let (f2, f1) = (added("2"), added("1"));
+    let (f2, f1) = (added("4K"), added("16K"));
     let size = 32u64 << 20;
     assert!(
         f2 * 50 <= size,
@@ -230,7 +231,7 @@ fn a_file_copied_inside_ext4_costs_format_2_almost_nothing() {
     );
     assert!(
         f1 * 2 >= size,
-        "format 1 added only {f1} bytes: the copy did not move off the 16 KiB phase, so this \
+        "16 KiB chunks added only {f1} bytes: the copy did not move off the 16 KiB phase, so this \
          test shows nothing"
     );
 }
@@ -300,17 +301,6 @@ fn index_compact_merges_the_runs_of_many_commits_and_says_so() {
     let out = dir.path().join("out.raw");
     ok(&repo, &["-q", "restore", "vm", out.to_str().unwrap()]);
     assert!(std::fs::read(&out).unwrap() == data);
-
-    // Format 1 keeps whole index files: the command says what merges those.
-    let v1 = dir.path().join("v1");
-    ok(&v1, &["-q", "init", "--format", "1", "--reserve", "0"]);
-    let e = cairn(&v1, &["index", "compact"]);
-    assert!(!e.status.success());
-    let err = String::from_utf8_lossy(&e.stderr);
-    assert!(
-        err.contains("format 2") && err.contains("gc --repair"),
-        "{err}"
-    );
 }
 
 /// `CAIRN_DEDUP` sets the mode of a commit without `--dedup` (bounded when unset), a flag

@@ -112,10 +112,65 @@ fn a_v1_repository_made_by_the_v1_release_reads_bit_exact() {
     let gone = cairn(&repo, &["restore", "vm@3", "-"]);
     assert!(!gone.status.success());
 
-    // GC frees the deleted version's own block and the repository stays whole.
-    ok(&repo, &["-q", "gc"]);
+    // Format 1 is read-only: every command that writes refuses it with the way forward
+    // (exit 1, code `unsupported`) and changes nothing.
+    let src = dir.path().join("vm@1.raw");
+    let src = src.to_str().unwrap();
+    let before = tree_listing(&repo);
+    for args in [
+        vec!["commit", "vm", src],
+        vec!["gc"],
+        vec!["gc", "--repair"],
+        vec!["rm", "vm@1"],
+        vec!["prune", "vm", "--keep-last", "1"],
+        vec!["tag", "vm@2", "new-tag"],
+        vec!["clone", "vm@2", "other"],
+        vec!["repair"],
+        vec!["index", "compact"],
+    ] {
+        let out = cairn(&repo, &args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
+        let line = common::stderr_line(&out);
+        assert!(
+            line.contains("format 1 repository, which this cairn only reads")
+                && line.contains("copy --from"),
+            "{args:?}: {line}"
+        );
+        let mut json = vec!["--json"];
+        json.extend(&args);
+        let out = cairn(&repo, &json);
+        let err: serde_json::Value =
+            serde_json::from_str(String::from_utf8_lossy(&out.stderr).trim()).unwrap();
+        assert_eq!(err["error"]["code"], "unsupported", "{args:?}");
+    }
+    assert_eq!(tree_listing(&repo), before);
     let verify = ok(&repo, &["verify"]);
     assert!(verify.ends_with("no problems found\n"), "{verify}");
+}
+
+/// Every object and ref of a repository (sessions aside), with its bytes' hash.
+fn tree_listing(repo: &Path) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut stack = vec![repo.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            let rel = p.strip_prefix(repo).unwrap().to_string_lossy().into_owned();
+            if rel.starts_with("refs/sessions") || rel.contains("ref.lock") {
+                continue;
+            }
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let hash = blake3::hash(&std::fs::read(&p).unwrap())
+                    .to_hex()
+                    .to_string();
+                out.push((rel, hash));
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 /// The way from format 1 to format 2: `cairn copy` the fixture into a new encrypted format 2
@@ -187,8 +242,8 @@ fn cairn_copy_moves_the_v1_fixture_into_an_encrypted_format_2_repository() {
     run(&back, &[], &["-q", "restore", "vm", out.to_str().unwrap()]);
     assert!(std::fs::read(&out).unwrap() == images[0]);
 
-    // A repository is not copied into itself.
+    // Nothing is copied into a format 1 repository (itself included): it is read-only.
     let same = common::cairn_with(&v1, &[], &["copy", "--from", v1_s]);
     assert!(!same.status.success());
-    assert!(common::stderr_line(&same).contains("destination repository itself"));
+    assert!(common::stderr_line(&same).contains("which this cairn only reads"));
 }

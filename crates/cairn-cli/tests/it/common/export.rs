@@ -211,17 +211,11 @@ pub fn same_file(got: &Path, want: &Path, what: &str) {
     );
 }
 
+/// A repository with two images, `vm` (a.raw) and `other` (b.raw): (dir, repo, a, b).
 pub fn setup() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
-    setup_format("1")
-}
-
-/// [`setup`] in a repository of format `format`.
-pub fn setup_format(format: &str) -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let repo = dir.path().join("repo");
-    assert!(cairn(&repo, &["-q", "init", "--format", format])
-        .status
-        .success());
+    assert!(cairn(&repo, &["-q", "init"]).status.success());
     let a = image(dir.path(), "a.raw", 7, (1 << 20) + 12288);
     let b = image(dir.path(), "b.raw", 8, 1 << 20);
     for (img, path) in [("vm", &a), ("other", &b)] {
