@@ -588,6 +588,12 @@ pub struct CommitArgs {
     /// an empty overlay. IMAGE may be a new image: its history then starts at the export's base.
     #[arg(long, value_name = "EXPORT")]
     pub from_export: Option<String>,
+    /// With --from-export: commit even when the export's base is not IMAGE's newest version
+    /// (an export of an older version, or IMAGE moved on since). The new version then rolls
+    /// IMAGE back to the base plus the export's writes, on top of the newest (nothing is
+    /// lost from the history); without it such a commit is refused.
+    #[arg(long, requires = "from_export")]
+    pub force: bool,
     /// Message stored with the version.
     #[arg(short, long, default_value = "")]
     pub message: String,

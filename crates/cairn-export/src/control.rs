@@ -33,6 +33,9 @@ pub enum Request {
         image: String,
         #[serde(default)]
         message: String,
+        /// Commit even when the export's base is not the image's newest version.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
     },
     /// Overlay snapshots: take, roll back to, delete, list.
     Snapshot {
@@ -71,9 +74,11 @@ pub fn export_handler(
             };
             match req {
                 Request::Status => Ok(status_json(&export)),
-                Request::Commit { image, message } => {
-                    commit(&export, &repo, cache, readahead, &image, message).await
-                }
+                Request::Commit {
+                    image,
+                    message,
+                    force,
+                } => commit(&export, &repo, cache, readahead, &image, message, force).await,
                 op @ (Request::Snapshot { .. }
                 | Request::Rollback { .. }
                 | Request::Delete { .. }) => {
@@ -103,6 +108,7 @@ async fn commit(
     readahead: usize,
     image: &str,
     message: String,
+    force: bool,
 ) -> Result<Value, String> {
     let session = repo
         .reopen(SessionKind::Commit)
@@ -110,7 +116,7 @@ async fn commit(
         .map(Arc::new)
         .map_err(|e| e.to_string())?;
     let r = export
-        .commit(session.clone(), image, message, readahead, cache)
+        .commit(session.clone(), image, message, force, readahead, cache)
         .await;
     if r.is_err() {
         // What the failed commit stored is unreferenced: take it back.
@@ -248,8 +254,17 @@ mod tests {
                 Request::Commit {
                     image: "vm".into(),
                     message: "m".into(),
+                    force: false,
                 },
                 r#"{"op":"commit","image":"vm","message":"m"}"#,
+            ),
+            (
+                Request::Commit {
+                    image: "vm".into(),
+                    message: "m".into(),
+                    force: true,
+                },
+                r#"{"op":"commit","image":"vm","message":"m","force":true}"#,
             ),
             (
                 Request::Rollback { name: "s1".into() },
@@ -266,7 +281,8 @@ mod tests {
             serde_json::from_str::<Request>(r#"{"op":"commit","image":"vm"}"#).unwrap(),
             Request::Commit {
                 image: "vm".into(),
-                message: String::new()
+                message: String::new(),
+                force: false,
             }
         );
         let err = serde_json::from_str::<Request>(r#"{"op":"format"}"#).unwrap_err();

@@ -35,6 +35,9 @@ pub enum ExportError {
     ReadOnly,
     #[error("the export is stopping")]
     Stopping,
+    /// COMMIT into an image whose newest version is not the export's base, without force.
+    #[error("{0}")]
+    BaseNotNewest(String),
     /// A fetch task failed (a panic or a cancellation: a bug, not the repository).
     #[error("internal error: {0}")]
     Task(#[from] tokio::task::JoinError),

@@ -185,11 +185,18 @@ impl VersionExport {
     /// COMMIT: publishes base + overlay as a new version of `image` (a new image starts its
     /// history at the base version), then serves that version with an empty overlay.
     /// `repo` must be a session opened for this commit (so that GC's plan protocol covers it).
+    ///
+    /// Into an image whose newest version is not the base (an export of an older version,
+    /// or the image moved on since), the new version would silently drop every change made
+    /// after the base: refused unless `force`. Forced, the new version's parent is the
+    /// image's newest (its history stays one line, nothing becomes unreachable) and its
+    /// content is the base's with the export's writes: a rollback, said in its message.
     pub async fn commit(
         &self,
         repo: Arc<Repo>,
         image: &str,
-        message: String,
+        mut message: String,
+        force: bool,
         readahead: usize,
         cache: Arc<cairn_repo::ContentCache>,
     ) -> ExportResult<CommitResult> {
@@ -198,8 +205,29 @@ impl VersionExport {
         if self.closed.load(Ordering::SeqCst) {
             return Err(ExportError::Stopping);
         }
-        self.flush_overlay().await?;
         let base = self.base();
+        if let Some(head) = repo.head(image).await? {
+            if head.version != base.id() {
+                let newest = repo.load_version(&head.version).await?;
+                let served = base.record();
+                let what = format!("{}@{}", served.image, served.seq);
+                if !force {
+                    return Err(ExportError::BaseNotNewest(format!(
+                        "the export serves {what}, but the newest version of {image} is @{}: \
+                         committing would make a newest version without the changes since; \
+                         commit into a new image (`cairn commit NEW_IMAGE --from-export ...`), \
+                         or pass --force to roll {image} back to {what} plus the export's writes",
+                        newest.seq
+                    )));
+                }
+                let note = format!("rolls back to {what} (the newest was @{})", newest.seq);
+                message = match message.is_empty() {
+                    true => note,
+                    false => format!("{message} ({note})"),
+                };
+            }
+        }
+        self.flush_overlay().await?;
         let patch = OverlayPatch(overlay.clone());
         let result = commit_patch(
             repo.clone(),

@@ -34,7 +34,14 @@ pub fn is_nbd_url(s: &str) -> bool {
 pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
     validate_image_name(&args.image).map_err(|e| anyhow::anyhow!("invalid {e}"))?;
     if let Some(export) = &args.from_export {
-        return crate::commands::export::commit_from(ctx, &args.image, export, &args.message).await;
+        return crate::commands::export::commit_from(
+            ctx,
+            &args.image,
+            export,
+            &args.message,
+            args.force,
+        )
+        .await;
     }
     let spec = args
         .source

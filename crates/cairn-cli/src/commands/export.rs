@@ -638,6 +638,7 @@ pub async fn commit_from(
     image: &str,
     export: &str,
     message: &str,
+    force: bool,
 ) -> Result<ExitCode> {
     if image.is_empty() {
         bail!("give the image to commit into");
@@ -647,6 +648,7 @@ pub async fn commit_from(
         Request::Commit {
             image: image.to_string(),
             message: message.to_string(),
+            force,
         },
     )
     .await

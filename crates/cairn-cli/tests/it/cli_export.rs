@@ -355,3 +355,77 @@ fn a_client_can_start_the_export_itself() {
         size.to_string()
     );
 }
+
+/// A writable export of an older version: COMMIT into its image would make a newest version
+/// without the changes since. Refused with what to do; --force rolls the image back on top
+/// of its newest, so no version leaves the history; a new image takes a commit as it is.
+#[test]
+fn a_commit_from_an_export_of_an_older_version_is_refused_unless_forced() {
+    let (dir, repo, a, b) = setup();
+    // vm@2 holds b's bytes; the export serves vm@1.
+    let out = cairn(&repo, &["-q", "commit", "vm", b.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let served = start_writable(&repo, "vm@1", dir.path(), "w");
+    qemu_io(&served.uri(), &["write -P 0x5a 0 4096", "flush"]);
+    let mut want = std::fs::read(&a).unwrap();
+    want[..4096].fill(0x5a);
+
+    let commit = |image: &str, extra: &[&str]| {
+        let mut args = vec!["--json", "commit", image, "--from-export", "disk"];
+        args.extend(extra);
+        cairn_ctl(&repo, dir.path(), &args)
+    };
+    let refused = commit("vm", &[]);
+    assert_eq!(refused.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains("the export serves vm@1, but the newest version of vm is @2")
+            && err.contains("--force"),
+        "{err}"
+    );
+    let log = |image: &str| -> Value {
+        serde_json::from_slice(&cairn(&repo, &["--json", "log", image]).stdout).unwrap()
+    };
+    assert_eq!(
+        log("vm").as_array().unwrap().len(),
+        2,
+        "nothing was published"
+    );
+
+    // Forced: vm@3 holds vm@1 plus the write, vm@2 stays in the history.
+    let out = commit("vm", &["--force"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The export now serves vm@3; into a new image, its history starts there.
+    qemu_io(&served.uri(), &["write -P 0x5a 0 4096", "flush"]);
+    let out = commit("vm-branch", &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let history = log("vm");
+    let seqs: Vec<u64> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, [3, 2, 1]);
+    assert!(
+        history[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("rolls back to vm@1 (the newest was @2)"),
+        "{history}"
+    );
+    for image in ["vm", "vm-branch"] {
+        let out_path = dir.path().join(format!("{image}.raw"));
+        let out = cairn(&repo, &["-q", "restore", image, out_path.to_str().unwrap()]);
+        assert!(out.status.success(), "{out:?}");
+        same_file_bytes(&out_path, &want, image);
+    }
+}
