@@ -8,6 +8,12 @@
 //! write since would have changed its mtime and ctime, and ctime cannot be set back by
 //! users), so only the layers above it need reading.
 //!
+//! Two races are closed. A file modified within [`RACY_NS`] of the moment its identity is
+//! taken is not recorded (a write in the same clock tick would not change its mtime). A
+//! restore stamps the file it wrote with the version's time as its mtime before it links it
+//! into place, and records it only if the file still has that mtime afterwards: a process
+//! that wrote to it once it appeared has changed the mtime to its own now.
+//!
 //! The records are a host-local cache (`$XDG_CACHE_HOME/cairn/provenance/REPO_ID.json`, or
 //! `$CAIRN_STATE_DIR`): losing them costs one full scan, never correctness. Concurrent
 //! writers may lose each other's records (last rename wins), with the same consequence.
@@ -34,7 +40,24 @@ pub struct FileIdentity {
     ctime_ns: i64,
 }
 
+/// How recent a modification must be to make an identity "racily clean" (git's term): a
+/// write in the same tick of the file system's clock as the one before leaves the mtime as
+/// it was, so a file modified this recently may change without its identity showing it.
+/// Generous (file systems keep times in ticks of a few ms, some in seconds).
+const RACY_NS: i64 = 2_000_000_000;
+
 impl FileIdentity {
+    /// The file's modification time (ns since the epoch).
+    pub fn mtime_ns(&self) -> i64 {
+        self.mtime_ns
+    }
+
+    /// The identity of a regular file now, if it was last modified long enough ago that any
+    /// later write will show in it (not racily clean; see [`RACY_NS`]).
+    pub fn settled(path: &Path) -> Option<FileIdentity> {
+        FileIdentity::of(path).filter(|i| i.mtime_ns <= cairn_repo::session::now_ns() - RACY_NS)
+    }
+
     /// The identity of a regular file now (`None` for anything else or on error).
     pub fn of(path: &Path) -> Option<FileIdentity> {
         let m = fs::metadata(path).ok()?;

@@ -56,7 +56,7 @@ pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
         drop_cache: !args.keep_cache,
         direct: args.direct,
     };
-    let identity_before = FileIdentity::of(Path::new(&spec));
+    let identity_before = FileIdentity::settled(Path::new(&spec));
     let source = open_source(&spec, &args, policy)?;
     let local = matches!(source, CommitSource::Local(_));
     let repo = ctx.open_as(SessionKind::Commit).await?;

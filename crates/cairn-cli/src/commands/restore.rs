@@ -56,8 +56,11 @@ pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
     let stats = stats?;
     let elapsed = started.elapsed();
     if !to_stdout && stats.damaged.is_empty() {
-        // A regular file now holds this version: an overlay on it commits incrementally.
-        Provenance::for_repo(&repo_id).record(&args.output, FileIdentity::of(&args.output), &id);
+        // A regular file now holds this version: an overlay on it commits incrementally. The
+        // restore stamped it with the version's time; a file whose mtime moved since was
+        // written to after it appeared (the write is not the version's).
+        let now = FileIdentity::of(&args.output).filter(|i| i.mtime_ns() == record.time_ns);
+        Provenance::for_repo(&repo_id).record(&args.output, now, &id);
     }
     let damaged_bytes: u64 = stats.damaged.iter().map(|d| d.len).sum();
     let summary = json!({

@@ -403,3 +403,86 @@ fn restore_force_keeps_the_targets_owner_mode_and_attributes() {
         );
     }
 }
+
+/// The provenance records of `state` (CAIRN_STATE_DIR): path → (mtime_ns, size).
+fn provenance_records(state: &Path) -> Vec<(String, i64, u64)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(state).into_iter().flatten().flatten() {
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(e.path()).unwrap()).unwrap();
+        for (path, r) in v.as_object().unwrap() {
+            out.push((
+                path.clone(),
+                r["identity"]["mtime_ns"].as_i64().unwrap(),
+                r["identity"]["size"].as_u64().unwrap(),
+            ));
+        }
+    }
+    out
+}
+
+/// A process that writes to a restored file as soon as it appears must never have its write
+/// recorded as the version's (the record would let a later qcow2-overlay commit store bytes
+/// the disk does not hold).
+#[test]
+fn a_write_racing_a_restore_is_never_recorded_as_the_version() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let dir = tempfile::tempdir().unwrap();
+    let repo = init(dir.path());
+    let src = dir.path().join("disk.raw");
+    std::fs::write(&src, noise(1 << 20, 9)).unwrap();
+    commit_file(&repo, "vm", &src);
+    let state = dir.path().join("state");
+    let out = dir.path().join("out.raw");
+    let restore = || {
+        let st = crate::common::cairn_with(
+            &repo,
+            &[("CAIRN_STATE_DIR", state.to_str().unwrap())],
+            &["-q", "restore", "vm", out.to_str().unwrap(), "--force"],
+        );
+        assert!(st.status.success(), "{st:?}");
+    };
+    // Unraced, the restore is recorded.
+    restore();
+    let canonical = std::fs::canonicalize(&out).unwrap();
+    let mine = |records: Vec<(String, i64, u64)>| {
+        records
+            .into_iter()
+            .find(|(p, _, _)| Path::new(p) == canonical)
+    };
+    assert!(
+        mine(provenance_records(&state)).is_some(),
+        "an unraced restore is recorded"
+    );
+    let mut raced = 0;
+    for _ in 0..15 {
+        std::fs::remove_dir_all(&state).ok();
+        let _ = std::fs::remove_file(&out);
+        let path = out.clone();
+        let writer = std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&path) {
+                    f.write_all_at(&[0xee; 4096], 0).unwrap();
+                    return true;
+                }
+                std::hint::spin_loop();
+            }
+            false
+        });
+        restore();
+        if !writer.join().unwrap() {
+            continue;
+        }
+        raced += 1;
+        let now = std::fs::metadata(&out).unwrap();
+        if let Some((_, mtime, size)) = mine(provenance_records(&state)) {
+            let current = now.mtime() * 1_000_000_000 + now.mtime_nsec();
+            assert!(
+                (mtime, size) != (current, now.size()),
+                "the racing write was recorded as the version"
+            );
+        }
+    }
+    assert!(raced > 0, "the writer never raced a restore");
+}

@@ -232,6 +232,11 @@ async fn restore_to_path(
         }
         Sink::Stdout { .. } => unreachable!("a path restore has no stdout sink"),
     }
+    // Stamped with the version's time before it appears under its name: a later write by
+    // anyone moves the mtime to their now, which is how the CLI's provenance record tells
+    // a file that still holds exactly this version (`cairn-cli/src/provenance.rs`).
+    target::stamp_time(&tmp, version.time_ns)
+        .map_err(|e| out_err("cannot set the modification time of", path, e))?;
     if replace {
         target::carry_identity(&target, &tmp).map_err(|e| {
             out_err(

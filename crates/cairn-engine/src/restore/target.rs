@@ -175,3 +175,14 @@ pub(crate) fn carry_identity(old: &Path, new: &Path) -> std::io::Result<()> {
     }
     file.sync_all()
 }
+
+/// Sets the modification time of the file at `path` (not followed if a link) to `time_ns`
+/// (ns since the epoch; before it, the epoch).
+pub(crate) fn stamp_time(path: &Path, time_ns: i64) -> std::io::Result<()> {
+    let file = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(time_ns.max(0) as u64);
+    file.set_modified(at)
+}
