@@ -146,8 +146,31 @@ impl Context {
         );
         if writes {
             refuse_format_1(&repo)?;
+            self.refuse_downgrade(&repo).await?;
         }
         Ok(repo)
+    }
+
+    /// Whoever can write the store can replace an encrypted repository's config with a plain
+    /// one and delete its key slots; later commits would then store plaintext. A plain
+    /// config beside key slots is refused when the repository opens (`Repo::open`); with the
+    /// slots deleted too, a command that writes refuses a plain repository while a
+    /// passphrase is given (the user means an encrypted one).
+    pub async fn refuse_downgrade(&self, repo: &Repo) -> Result<()> {
+        if repo.key().is_some() {
+            return Ok(());
+        }
+        let location = repo.describe();
+        if let Some(source) = self.password.given() {
+            return Err(crate::failure::MaybeDowngraded(format!(
+                "{location} is not encrypted, yet a passphrase is given ({source}): refusing to \
+                 write plaintext into it. If it was encrypted, its config was replaced and \
+                 its key slots deleted: do not use it. To write to a plain repository, give no \
+                 passphrase"
+            ))
+            .into());
+        }
+        Ok(())
     }
 
     /// Opens the repository at --repo for reading (works on a read-only repository too).

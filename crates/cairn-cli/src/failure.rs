@@ -40,6 +40,12 @@ pub struct ReadOnlyFormat {
     pub location: String,
 }
 
+/// A command that would write plaintext into a repository that may have been encrypted:
+/// its config says it is not, yet key slots are stored, or a passphrase was given.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct MaybeDowngraded(pub String);
+
 /// What kind of failure an error is: its stable code and exit status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Kind {
@@ -101,6 +107,9 @@ pub fn kind_of(e: &anyhow::Error) -> Kind {
             }
             if cause.is::<ReadOnlyFormat>() {
                 return Some(Kind::UNSUPPORTED);
+            }
+            if cause.is::<MaybeDowngraded>() {
+                return Some(Kind::PASSWORD);
             }
             if let Some(e) = cause.downcast_ref::<EngineError>() {
                 return match e {

@@ -60,6 +60,20 @@ impl Default for PasswordSource {
 }
 
 impl PasswordSource {
+    /// Which source would give a passphrase without asking (a flag, or the variable set),
+    /// named as the user gave it; nothing is read.
+    pub fn given(&self) -> Option<String> {
+        if self.file.is_some() {
+            return Some(self.names.file_flag.to_string());
+        }
+        if self.command.is_some() {
+            return self.names.command_flag.map(str::to_string);
+        }
+        std::env::var_os(self.names.env)
+            .filter(|v| !v.is_empty())
+            .map(|_| format!("${}", self.names.env))
+    }
+
     /// The passphrase of an existing repository.
     pub fn read(&self) -> Result<Secret> {
         self.read_or_ask(|| ask(self.names))

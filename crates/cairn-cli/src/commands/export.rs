@@ -151,8 +151,10 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
 
     let repo = ctx.open_as(SessionKind::Export).await?;
     if args.writable {
-        // Its COMMIT writes: a format 1 repository is served read-only.
+        // Its COMMIT writes: a format 1 repository is served read-only, and no plaintext goes
+        // into a repository that may have been encrypted.
         crate::context::refuse_format_1(&repo)?;
+        ctx.refuse_downgrade(&repo).await?;
     }
     let cache_dir = args
         .cache_dir

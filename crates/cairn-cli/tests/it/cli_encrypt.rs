@@ -207,3 +207,61 @@ fn an_encrypted_version_is_served_bit_exact_and_its_cache_is_private() {
     assert_eq!(mode, 0o700, "the host cache is private to its user");
     served.signal("TERM");
 }
+
+/// Whoever can write the bucket can swap an encrypted repository's config for a plain one
+/// (and delete its key slots): a command that writes then refuses, rather than store
+/// plaintext, while key slots remain or a passphrase is given.
+#[test]
+fn a_downgraded_repository_gets_no_plaintext() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    let pw = [("CAIRN_PASSWORD", "correct horse")];
+    ok(&repo, &pw, &["-q", "init", "--encrypt", "--reserve", "0"]);
+    let img = dir.path().join("disk.raw");
+    std::fs::write(&img, noise(1 << 20, 4)).unwrap();
+    ok(&repo, &pw, &["-q", "commit", "vm", img.to_str().unwrap()]);
+
+    // The attacker's plain config (another repository's), key slots still there.
+    let plain = dir.path().join("plain");
+    ok(&plain, &[], &["-q", "init", "--reserve", "0"]);
+    std::fs::remove_file(repo.join("config")).unwrap();
+    std::fs::copy(plain.join("config"), repo.join("config")).unwrap();
+    let before = snapshot(&repo);
+    let commit = |env: &[(&str, &str)]| run(&repo, env, &["commit", "vm", img.to_str().unwrap()]);
+    // Refused as the repository opens for writing (damage: exit 3).
+    for env in [&[][..], &pw[..]] {
+        let out = commit(env);
+        assert_eq!(out.status.code(), Some(3), "{out:?}");
+        assert!(
+            stderr_line(&out).contains("yet it holds key slots"),
+            "{out:?}"
+        );
+    }
+    // Key slots deleted too: a given passphrase still stops it.
+    std::fs::remove_dir_all(repo.join("keys")).unwrap();
+    refused(
+        commit(&pw),
+        "is not encrypted, yet a passphrase is given ($CAIRN_PASSWORD)",
+    );
+    let pwfile = dir.path().join("pw");
+    std::fs::write(&pwfile, "correct horse\n").unwrap();
+    refused(
+        run(
+            &repo,
+            &[],
+            &[
+                "--password-file",
+                pwfile.to_str().unwrap(),
+                "commit",
+                "vm",
+                img.to_str().unwrap(),
+            ],
+        ),
+        "a passphrase is given (--password-file)",
+    );
+    let mut now = snapshot(&repo);
+    now.retain(|(k, _)| !k.contains("/keys/"));
+    let mut was = before;
+    was.retain(|(k, _)| !k.contains("/keys/"));
+    assert_eq!(now, was, "nothing was written");
+}
