@@ -285,8 +285,8 @@ pub enum Command {
     /// TLS (clients use nbds:// URIs): --tls-cert/--tls-key (and --tls-ca to require client
     /// certificates), or --tls-dir with QEMU's file names. Once TLS is configured every client
     /// must start TLS first. X.509 only: TLS with pre-shared keys is not supported (rustls
-    /// has no external PSK). A writable export on a non-loopback address needs TLS or
-    /// --insecure.
+    /// has no external PSK). A writable export on a TCP address (loopback included) needs TLS
+    /// with client certificates or --insecure.
     ///
     /// Examples: cairn export web01/disk0@before-upgrade --socket /tmp/web.sock
     ///           cairn export golden@3=base web01/disk0=web --listen 127.0.0.1:10809
@@ -395,8 +395,9 @@ pub struct ExportArgs {
     /// makes client certificates signed by it required, as QEMU's verify-peer default does.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["tls_cert", "tls_key", "tls_ca"])]
     pub tls_dir: Option<std::path::PathBuf>,
-    /// Allow a writable export on a non-loopback address without TLS (anyone who reaches
-    /// the address can then read and overwrite the disk).
+    /// Allow a writable export on a TCP address without TLS client certificates (anyone
+    /// who reaches the address — every local user, on loopback — can then read and
+    /// overwrite the disk).
     #[arg(long)]
     pub insecure: bool,
 }

@@ -102,15 +102,22 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
     }
     let tls = tls_config(&args)?;
     if let Some(addr) = &args.listen {
-        if args.writable
-            && tls.is_none()
-            && !args.insecure
-            && is_loopback(addr).await == Some(false)
-        {
+        // A TCP port takes any client that reaches it — on a loopback address, every local
+        // user — so a writable one must know its clients: TLS with client certificates. A
+        // Unix socket is private to its owner (0600 in a 0700 directory).
+        let authenticated = tls
+            .as_ref()
+            .is_some_and(|t| t.requires_client_certificates());
+        if args.writable && !authenticated && !args.insecure {
+            let who = match is_loopback(addr).await {
+                Some(true) => "every local user can connect to a loopback address",
+                _ => "anyone who can reach that address can connect",
+            };
             bail!(
-                "refusing a writable export on {addr} without TLS: anyone who can reach that \
-                 address could read and overwrite the disk; serve TLS (--tls-dir DIR, or \
-                 --tls-cert FILE --tls-key FILE), listen on a loopback address, or pass --insecure"
+                "refusing a writable export on {addr} without TLS client certificates: {who} \
+                 and overwrite the disk; serve on a Unix socket (--socket PATH, private to \
+                 you), require client certificates (--tls-dir DIR with ca-cert.pem, or \
+                 --tls-cert FILE --tls-key FILE --tls-ca FILE), or pass --insecure"
             );
         }
     }

@@ -606,9 +606,11 @@ fn a_writable_export_on_a_public_address_needs_tls_or_insecure() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         common::stderr_line(&out),
-        "cairn: error: refusing a writable export on 0.0.0.0:0 without TLS: anyone who can \
-         reach that address could read and overwrite the disk; serve TLS (--tls-dir DIR, or \
-         --tls-cert FILE --tls-key FILE), listen on a loopback address, or pass --insecure"
+        "cairn: error: refusing a writable export on 0.0.0.0:0 without TLS client \
+         certificates: anyone who can reach that address can connect and overwrite the disk; \
+         serve on a Unix socket (--socket PATH, private to you), require client certificates \
+         (--tls-dir DIR with ca-cert.pem, or --tls-cert FILE --tls-key FILE --tls-ca FILE), or \
+         pass --insecure"
     );
     let overlay = d.join("overlay");
     let o = overlay.to_str().unwrap();
@@ -628,21 +630,20 @@ fn a_writable_export_on_a_public_address_needs_tls_or_insecure() {
     );
     assert_eq!(insecure.ready["writable"], true);
     insecure.signal("TERM");
-    // Loopback needs neither.
-    let lo = Served::spawn(
-        &repo,
-        d,
-        "l",
-        &[
-            "vm",
-            "--writable",
-            "--overlay",
-            o,
-            "--listen",
-            "127.0.0.1:0",
-        ],
+    // Loopback too: every local user could connect.
+    let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--repo")
+        .arg(&repo)
+        .args(["export", "vm", "--writable", "--overlay", o])
+        .args(["--listen", "127.0.0.1:0"])
+        .env("CAIRN_RUN_DIR", d.join("run"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        common::stderr_line(&out).contains("every local user can connect to a loopback address"),
+        "{out:?}"
     );
-    assert_eq!(lo.ready["writable"], true);
 }
 
 #[test]
