@@ -63,6 +63,7 @@ fn report_json(r: &RepairReport) -> serde_json::Value {
         })).collect::<Vec<_>>(),
         "tags_lost": r.tags_lost,
         "index_files_set_aside": r.index_files_set_aside,
+        "packs_checked": r.packs_checked,
         "packs_reindexed": r.packs_reindexed,
         "blobs_reindexed": r.blobs_reindexed,
         "blobs_restored": r.blobs_restored,
