@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cairn_format::version::VersionRecord;
@@ -48,6 +48,9 @@ pub struct CopyReport {
     pub bytes_read: u64,
     /// Bytes written to the destination's store.
     pub stored_bytes: u64,
+    /// Source versions that could not be read whole (damaged): not copied, and the copy
+    /// went on with the rest; (image, source seq, source id, what failed).
+    pub damaged: Vec<(String, u64, Id, String)>,
 }
 
 /// One version copied.
@@ -161,6 +164,8 @@ struct Step {
     copy: Option<(Id, VersionRecord)>,
     /// Segments to read if it must be copied (against the previous step).
     changed: Vec<u64>,
+    /// Why its tree cannot be read, if it cannot.
+    damaged: Option<String>,
 }
 
 impl ImagePlan {
@@ -181,7 +186,13 @@ impl ImagePlan {
         let mut steps: Vec<Step> = Vec::with_capacity(versions.len());
         let (mut present, mut bytes_to_read) = (0, 0);
         for (id, record) in versions {
-            let leaves = leaf_map(source, record).await?;
+            // A version whose tree cannot be read is skipped when its turn comes (`run`);
+            // the others are still copied.
+            let (leaves, damaged) = match leaf_map(source, record).await {
+                Ok(leaves) => (leaves, None),
+                Err(e) if e.is_damage() => (BTreeMap::new(), Some(e.to_string())),
+                Err(e) => return Err(e),
+            };
             let copy = existing.get(&CopyKey::of(record)).cloned();
             let changed: Vec<u64> = match steps.last() {
                 Some(prev) if same_geometry(&prev.record, record) => leaves
@@ -206,6 +217,7 @@ impl ImagePlan {
                 leaves,
                 copy,
                 changed,
+                damaged,
             });
         }
         Ok(ImagePlan {
@@ -229,6 +241,23 @@ impl ImagePlan {
         let mut prev_copy: Option<(Id, VersionRecord)> = None;
         for step in &self.steps {
             crate::interrupt::check()?;
+            let skip = |report: &mut CopyReport, why: String| {
+                tracing::warn!(
+                    "{}@{} cannot be read ({why}); not copied, going on with the rest",
+                    self.image,
+                    step.record.seq
+                );
+                report
+                    .damaged
+                    .push((self.image.clone(), step.record.seq, step.id, why));
+            };
+            if let (None, Some(why)) = (&step.copy, &step.damaged) {
+                skip(report, why.clone());
+                // The next version is read whole: its changed segments were planned
+                // against this one.
+                prev = None;
+                continue;
+            }
             let made = match &step.copy {
                 Some(c) => c.clone(),
                 None => {
@@ -248,8 +277,9 @@ impl ImagePlan {
                         changed,
                         read: read.clone(),
                         progress: progress.clone(),
+                        damaged: AtomicBool::new(false),
                     };
-                    let result = commit_patch(
+                    let result = match commit_patch(
                         dest.clone(),
                         &self.image,
                         base,
@@ -263,7 +293,16 @@ impl ImagePlan {
                             ..PatchOptions::default()
                         },
                     )
-                    .await?;
+                    .await
+                    {
+                        Ok(result) => result,
+                        Err(e) if e.is_damage() || blocks.damaged.load(Ordering::Relaxed) => {
+                            skip(report, e.to_string());
+                            prev = None;
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    };
                     tracing::info!(
                         image = self.image,
                         from = step.record.seq,
@@ -334,6 +373,8 @@ struct VersionBlocks<'a> {
     changed: Vec<u64>,
     read: Arc<AtomicU64>,
     progress: Option<Arc<WorkProgress>>,
+    /// A read met damaged source data (the error reaching the commit is only an I/O one).
+    damaged: AtomicBool,
 }
 
 impl PatchSource for VersionBlocks<'_> {
@@ -353,7 +394,12 @@ impl PatchSource for VersionBlocks<'_> {
             Some(leaf) => {
                 self.handle
                     .block_on(read_segment(&self.repo, leaf, len))
-                    .map_err(|e| io::Error::other(format!("source {}: {e}", self.describe())))?
+                    .map_err(|e| {
+                        if e.is_damage() {
+                            self.damaged.store(true, Ordering::Relaxed);
+                        }
+                        io::Error::other(format!("source {}: {e}", self.describe()))
+                    })?
                     .0
             }
         };

@@ -39,6 +39,12 @@ pub async fn run(ctx: &Context, args: CopyArgs) -> Result<ExitCode> {
     let report = copy(source, dest, &specs, progress).await;
     drop(ticker);
     let report = report?;
+    // Damaged source versions were skipped and the rest copied: exit 3 names them.
+    let status = if report.damaged.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    };
     if ctx.json {
         print_json(&json!({
             "copied": report.copied.iter().map(|c| json!({
@@ -53,8 +59,14 @@ pub async fn run(ctx: &Context, args: CopyArgs) -> Result<ExitCode> {
             "tags_conflicting": report.tags_conflicting,
             "bytes_read": report.bytes_read,
             "stored_bytes": report.stored_bytes,
+            "damaged": report.damaged.iter().map(|(image, seq, id, why)| json!({
+                "image": image,
+                "seq": seq,
+                "id": id.to_hex(),
+                "reason": why,
+            })).collect::<Vec<_>>(),
         }));
-        return Ok(ExitCode::SUCCESS);
+        return Ok(status);
     }
     for c in &report.copied {
         outln!(
@@ -79,5 +91,17 @@ pub async fn run(ctx: &Context, args: CopyArgs) -> Result<ExitCode> {
         bytes(report.bytes_read),
         bytes(report.stored_bytes)
     );
-    Ok(ExitCode::SUCCESS)
+    for (image, seq, id, why) in &report.damaged {
+        outln!(
+            "not copied: {image}@{seq} ({}) cannot be read: {why}",
+            id.short()
+        );
+    }
+    if !report.damaged.is_empty() {
+        outln!(
+            "{} damaged version(s) not copied (see `cairn verify` in the source); the rest was",
+            report.damaged.len()
+        );
+    }
+    Ok(status)
 }

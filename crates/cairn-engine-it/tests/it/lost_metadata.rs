@@ -436,3 +436,37 @@ async fn repair_reads_before_it_judges_damage_nobody_found_and_markers_that_lie(
         all_restore(&repo, &contents, &records).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_goes_on_past_a_damaged_version_and_names_it() {
+    use cairn_engine::copy::copy;
+    for encrypted in [false, true] {
+        let (store, repo, contents, records) = four_versions(encrypted).await;
+        let before: Vec<String> = keys_under(&store, keys::PACKS).await;
+        commit_bytes(&repo, "other", noise(2 << 20, 77)).await;
+        let mut new: Vec<_> = store
+            .list(keys::PACKS)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|m| !before.contains(&m.key))
+            .collect();
+        new.sort_by_key(|m| m.size);
+        store.corrupt_object(&new.last().unwrap().key, 5000);
+        let source = reopen_format2(store.clone(), &repo).await;
+        let dest_store = Arc::new(MemoryStore::new());
+        let dest = init_format2(dest_store.clone(), config(), encrypted).await;
+        let report = copy(source, dest.clone(), &[], None).await.unwrap();
+        assert_eq!(report.copied.len(), 4, "{report:?}");
+        assert_eq!(report.damaged.len(), 1, "{report:?}");
+        assert_eq!(
+            (report.damaged[0].0.as_str(), report.damaged[0].1),
+            ("other", 1)
+        );
+        for (c, data) in report.copied.iter().zip(&contents) {
+            let record = dest.load_version(&c.id).await.unwrap();
+            assert_eq!(restore_bytes(&dest, &record).await.unwrap(), *data);
+        }
+        assert_eq!(records.len(), 4);
+    }
+}

@@ -48,6 +48,18 @@ pub fn open_image(
     format: SourceFormat,
     policy: ReadPolicy,
 ) -> EngineResult<Arc<dyn DiskImage>> {
+    // A FIFO is not a disk image: opening one with no writer would wait for ever, and what
+    // it carries is a stream (`cairn commit IMAGE -` reads one). Checked without opening.
+    if std::fs::metadata(path).is_ok_and(|m| {
+        use std::os::unix::fs::FileTypeExt;
+        m.file_type().is_fifo()
+    }) {
+        return Err(EngineError::BadInput(format!(
+            "{} is a FIFO, not a disk image: pipe it in instead (`cairn commit IMAGE - < {}`)",
+            path.display(),
+            path.display()
+        )));
+    }
     let format = match format {
         SourceFormat::Raw => ImageFormat::Raw,
         SourceFormat::Qcow2 => ImageFormat::Qcow2,
@@ -120,6 +132,17 @@ mod tests {
         }
         // Depending on the file system's allocation granularity the data sits in segment 10.
         assert_eq!(segs, vec![10]);
+    }
+
+    #[test]
+    fn a_fifo_is_refused_at_once_never_waited_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pipe");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = open_path(&fifo).err().unwrap().to_string();
+        assert!(err.contains("is a FIFO, not a disk image"), "{err}");
     }
 
     #[test]
