@@ -32,4 +32,7 @@ pub enum NbdError {
     /// no common protocol version, ...).
     #[error("TLS handshake failed: {0}")]
     TlsHandshake(std::io::Error),
+    /// The client did not finish the handshake in time (see `server::HANDSHAKE_TIMEOUT`).
+    #[error("the client did not finish the handshake within {0:?}")]
+    HandshakeTimeout(std::time::Duration),
 }

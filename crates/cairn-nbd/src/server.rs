@@ -54,6 +54,10 @@ struct Negotiated {
     meta_export: Option<String>,
 }
 
+/// How long a client may take from connecting to the end of option haggling (QEMU and
+/// libnbd take milliseconds; a TLS handshake over a slow link a few seconds).
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Transmission-phase settings fixed at the end of the handshake.
 struct Session {
     export: Arc<dyn Export>,
@@ -136,7 +140,14 @@ impl Server {
         &self,
         stream: S,
     ) -> Result<(), NbdError> {
-        let Some((session, conn)) = self.handshake(MaybeTls::Plain(stream)).await? else {
+        // A client that connects and never finishes negotiating holds a connection and a
+        // task for nothing: bounded, so that idle connections cannot pile up. (The
+        // transmission phase has no such bound: a guest may leave its disk idle for hours.)
+        let handshake = self.handshake(MaybeTls::Plain(stream));
+        let Some((session, conn)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
+            .await
+            .map_err(|_| NbdError::HandshakeTimeout(HANDSHAKE_TIMEOUT))??
+        else {
             return Ok(());
         };
         let (r, w) = tokio::io::split(conn);

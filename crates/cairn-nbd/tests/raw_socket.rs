@@ -657,3 +657,16 @@ fn export_errors_map_to_nbd_errors() {
         assert_eq!(c.simple_cmd(0, NBD_CMD_FLUSH, 5, 0, 0).error, 0);
     }
 }
+
+/// A client that connects and never negotiates is dropped once the handshake's time is up,
+/// so idle connections cannot pile up (time is paused: the test takes no minute).
+#[tokio::test(start_paused = true)]
+async fn a_client_that_never_negotiates_is_dropped() {
+    let server = Server::new().with_export("x", Arc::new(MemoryExport::new(4096)));
+    let (_client, conn) = tokio::io::duplex(4096);
+    let err = server.serve(conn).await.unwrap_err();
+    assert!(
+        matches!(err, cairn_nbd::NbdError::HandshakeTimeout(_)),
+        "{err}"
+    );
+}
