@@ -22,8 +22,10 @@ the exact pass may find at most 1% of the repository left to reclaim. (Fast dele
 keep whole doomed packs for the few blobs concurrent commits rescued from them: 24% and more.)
 
     scripts/stress_gc.py [--seconds 60] [--leak-seconds 40] [--bin target/release/cairn] [--repo URL]
+                         [--encrypted]
 
-With --repo s3://... (e.g. under scripts/minio.sh run) the same runs on a bucket.
+With --repo s3://... (e.g. under scripts/minio.sh run) the same runs on a bucket; with
+--encrypted on encrypted repositories (`init --encrypt`, the passphrase in $CAIRN_PASSWORD).
 
 Prints "stress_gc: N passed, 0 failed" and exits non-zero on any failure.
 """
@@ -156,9 +158,12 @@ def pruner(binary, repo, deadline, results):
             results.gc_runs += 1
 
 
+ENCRYPT = []  # ["--encrypt"] with --encrypted
+
+
 def leak_check(binary, repo, work, seconds, checks):
     """Commits during prunes: what fast deletion leaves for the exact pass."""
-    run(binary, repo, "init", "--pack-size", "4M")
+    run(binary, repo, "init", "--pack-size", "4M", *ENCRYPT)
     results = Results()
     deadline = time.time() + seconds
     threads = [threading.Thread(target=cycling_committer, args=(binary, repo, work, n, deadline, results))
@@ -199,13 +204,18 @@ def main():
     ap.add_argument("--bin", default=os.environ.get("CAIRN_BIN", "target/release/cairn"))
     ap.add_argument("--repo", help="repository URL (e.g. s3://BUCKET/PREFIX?...); "
                     "default: a fresh directory")
+    ap.add_argument("--encrypted", action="store_true",
+                    help="encrypted repositories (the passphrase in $CAIRN_PASSWORD)")
     args = ap.parse_args()
+    if args.encrypted:
+        ENCRYPT.append("--encrypt")
+        os.environ["CAIRN_PASSWORD"] = "stress passphrase"
     binary = os.path.abspath(args.bin)
     work = tempfile.mkdtemp(prefix="cairn-stress-", dir=os.environ.get("CAIRN_STRESS_DIR"))
     repo = args.repo or os.path.join(work, "repo")
     checks = Checks()
     try:
-        run(binary, repo, "init", "--pack-size", "1M")
+        run(binary, repo, "init", "--pack-size", "1M", *ENCRYPT)
         results = Results()
         deadline = time.time() + args.seconds
         threads = [threading.Thread(target=committer, args=(binary, repo, work, n, deadline, results)) for n in range(4)]

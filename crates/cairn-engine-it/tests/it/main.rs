@@ -13,6 +13,7 @@ mod common;
 mod compact;
 mod copy;
 mod damage;
+mod damage_matrix;
 mod dedup_tiers;
 mod diff;
 mod encrypted;

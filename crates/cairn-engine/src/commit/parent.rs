@@ -194,10 +194,11 @@ async fn reusable_unread(repo: &Repo, id: &Id) -> EngineResult<bool> {
 /// are then read, so each reused run is checked for a good copy). Any quarantined copy
 /// counts: a whole pack quarantined (missing, or its trailer unreadable) may have held
 /// anything, and a damaged node group is quarantined under its group id, which no summary
-/// lists. Damage is rare and its markers go with the next `gc --repair`; reading the
+/// lists; so does an index run found damaged (it may have been the only one to locate what
+/// a leaf names). Damage is rare and its markers go with the next `gc --repair`; reading the
 /// leaves meanwhile costs a commit a read of its parent's leaves, never a wrong version.
 fn lists_quarantined(repo: &Repo, _summary: &GroupSummary) -> bool {
-    !repo.quarantined().is_empty()
+    !repo.quarantined().is_empty() || repo.v2().is_some_and(|r| r.index_damaged())
 }
 
 /// Reads and decodes leaves, several at a time; one that cannot be read or decoded is left

@@ -64,7 +64,11 @@ async fn missing_in_store(repo: &Repo, out: &PipelineOutput) -> EngineResult<usi
     let (view, _) = repo.v2_view_all().await?;
     let mut missing = 0;
     for id in &out.reused {
-        missing += usize::from(view.find_chunk(id).await?.is_none());
+        let gone = view.find_chunk(id).await?.is_none();
+        if gone {
+            tracing::debug!(%id, "a reused node is located in no run");
+        }
+        missing += usize::from(gone);
     }
     // Every slot of a group the tree uses that this commit did not store itself (the
     // reference summary lists them all, unread leaves' included, by key).
@@ -96,6 +100,9 @@ async fn missing_in_store(repo: &Repo, out: &PipelineOutput) -> EngineResult<usi
                 Err(e) if e.is_damage() => false,
                 Err(e) => return Err(e.into()),
             };
+            if !stored {
+                tracing::debug!(key, "a reused group's slots are stored in no run");
+            }
             missing += usize::from(!stored);
         }
     }

@@ -409,7 +409,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     finish(repo, &published, options).await?;
     let (bytes_after, packs_after) = stored_bytes(repo, Some(&pack_sizes)).await?;
     report.bytes_after = bytes_after;
-    remove_stale_markers(repo, &packs_after).await?;
+    remove_stale_markers(repo, &packs_after, true).await?;
     Ok(report)
 }
 

@@ -112,6 +112,8 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     // Fast deletion reads the trailers of the packs the deleted versions' dead data is in
     // (`None`: every pack, as the exact pass does).
     let mut scope: Option<HashSet<Id>> = None;
+    // The exact pass: every group a live version uses, to tell whether any is lost.
+    let mut live_groups: Option<HashSet<Id>> = None;
     let live_use: Box<dyn Liveness + Send + Sync> = match options.mode {
         GcMode::Repair => {
             // The exact pass does not keep merged summaries up: it deletes them (before it
@@ -135,6 +137,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             }
             report.live_blobs = (marks.nodes.len() + marks.slots.len()) as u64;
             clock.lap("marking", &mut report);
+            live_groups = Some(marks.slots.keys().copied().collect());
             Box::new(marks)
         }
         GcMode::Fast => {
@@ -334,7 +337,16 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     clock.lap("index bytes after", &mut report);
     // Markers of copies whose pack is gone (repacked, deleted, or missing: the consolidated
     // run names only packs that exist).
-    remove_stale_markers(repo, &packs_now).await?;
+    let nothing_lost = live_groups.as_ref().is_some_and(|live| {
+        let present: HashSet<Id> = snapshot
+            .trailers
+            .values()
+            .chain(&adopted)
+            .flat_map(|t| (0..t.groups.len() as u32).filter_map(|g| t.group_id(g)))
+            .collect();
+        live.iter().all(|g| present.contains(g))
+    });
+    remove_stale_markers(repo, &packs_now, nothing_lost).await?;
     clock.lap("stale markers", &mut report);
     Ok(report)
 }

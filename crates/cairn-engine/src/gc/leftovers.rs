@@ -75,11 +75,20 @@ pub(super) async fn remove_orphan_records(
 /// by this or an earlier GC): a marker only matters while its copy is there. `packs` are packs
 /// known to exist; any other marker's pack is asked for (it may be one another session wrote
 /// during this GC, whose copy a reader quarantined meanwhile).
+///
+/// A marker of a whole pack found missing (`pack` = `blob`) is evidence that what it held is
+/// lost, not that a GC deleted it: it stays (so that commits keep checking what they reuse)
+/// unless `nothing_lost` — the exact pass found every group a live version uses in a pack
+/// that exists.
 pub(super) async fn remove_stale_markers(
     repo: &Repo,
     packs: &std::collections::HashMap<Id, u64>,
+    nothing_lost: bool,
 ) -> EngineResult<()> {
     for (pack, blob) in repo.quarantine_markers().await? {
+        if blob == pack && !nothing_lost {
+            continue;
+        }
         if !packs.contains_key(&pack) && !repo.pack_exists(&pack).await? {
             repo.delete_quarantine_marker(&pack, &blob).await?;
         }

@@ -110,10 +110,16 @@ pub(super) async fn check_packs(
             progress::add(&options.progress, 1);
             continue;
         }
-        if !check.readable {
-            // Its trailer cannot be read, so what it holds is unknown: quarantined whole (no
-            // commit reuses a leaf that may name it until its content is stored again).
-            reader.quarantine_copy(&pack, &pack, 0, "unreadable");
+        if !check.readable || check.foreign {
+            // Its trailer cannot be read, or its bytes are another pack's: what it holds is
+            // unknown, so it is quarantined whole (no commit reuses a leaf that may name it
+            // until its content is stored again).
+            let why = if check.foreign {
+                "foreign bytes"
+            } else {
+                "unreadable"
+            };
+            reader.quarantine_copy(&pack, &pack, 0, why);
         }
         report.blobs_checked += check.chunks;
         report.bytes_read += check.bytes;
@@ -136,7 +142,7 @@ pub(super) async fn check_packs(
         }
         // Copies quarantined earlier that read intact now (a transient fault, or a pack
         // put back) are trusted again.
-        if check.readable {
+        if check.readable && !check.foreign {
             for group in reader.quarantined_in(&pack) {
                 if !check.damaged_groups.iter().any(|(g, _, _)| *g == group) {
                     reader.release_quarantine(&pack, &group).await?;

@@ -31,6 +31,9 @@ pub struct PackCheck {
     pub missing: bool,
     /// The trailer was read, so every group was checked (`damaged_groups` is complete).
     pub readable: bool,
+    /// The bytes do not hash to the pack's id, yet every group in them reads intact: they
+    /// are another pack's (a swap, a misplaced copy), so what this pack held is unknown.
+    pub foreign: bool,
 }
 
 impl V2Reader {
@@ -57,9 +60,25 @@ impl V2Reader {
     }
 
     /// Whether some copy of `group` (or blob) is quarantined, as far as this process knows.
-    /// A whole pack quarantined (missing or unreadable) may have held a copy of anything.
+    /// A whole pack quarantined (missing or unreadable) may have held a copy of anything,
+    /// and a damaged index run may have been the only one to locate it: either makes every
+    /// group suspect.
     pub fn has_quarantined_copy(&self, group: &Id) -> bool {
-        self.quarantine.pack_of(group).is_some() || self.quarantine.any_whole_pack()
+        self.quarantine.pack_of(group).is_some()
+            || self.quarantine.any_whole_pack()
+            || self.index_damaged()
+    }
+
+    /// Whether an index run or a piece of one was found damaged by this reader.
+    pub fn index_damaged(&self) -> bool {
+        self.index_damaged
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Records that an index run or a piece of one is damaged.
+    pub(crate) fn note_index_damage(&self) {
+        self.index_damaged
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether the copy of `group` in `pack` is quarantined.
@@ -120,6 +139,7 @@ fn check_bytes(
         }
     };
     check.readable = true;
+    let id_matches = check.problems.is_empty();
     for (i, g) in groups.iter().enumerate() {
         check.groups += 1;
         let stored_ids = g.desc.chunks.iter().filter(|c| c.stored).map(|c| c.id);
@@ -141,6 +161,7 @@ fn check_bytes(
             check.bad.extend(stored_ids.map(|id| (id, reason.clone())));
         }
     }
+    check.foreign = !id_matches && check.damaged_groups.is_empty();
     check
 }
 

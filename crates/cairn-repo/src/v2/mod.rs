@@ -172,6 +172,9 @@ pub struct V2Reader {
     /// Group copies found damaged (by any reader of this repository, or an earlier process):
     /// never read or deduplicated against.
     quarantine: Arc<crate::quarantine::QuarantineBook>,
+    /// An index run, or a piece of one, was found damaged: what only it located may be
+    /// unlocatable, so nothing is taken as stored on trust (see `has_quarantined_copy`).
+    index_damaged: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for V2Reader {
@@ -222,6 +225,7 @@ impl V2Reader {
             section_budget: limits.section_bytes,
             fetched: FetchCounters::default(),
             quarantine,
+            index_damaged: Default::default(),
         }
     }
 

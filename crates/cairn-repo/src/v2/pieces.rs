@@ -249,7 +249,25 @@ impl V2Reader {
 
     /// The packs `run` names for `key` (candidates), reading its directory block, section and
     /// pack blocks as needed; empty when its fence keys rule it out.
+    ///
+    /// A directory block or section that cannot be read costs speed, not data: every pack
+    /// of the run's pack table (checked on its own) is then a candidate, and the caller's
+    /// check of the full id in each trailer finds the right one. Only a damaged pack table
+    /// too fails the lookup.
     pub(super) async fn run_candidates(&self, run: &OpenRun, key: u64) -> RepoResult<Vec<Id>> {
+        match self.run_candidates_indexed(run, key).await {
+            Err(e) if e.is_damage() => match self.run_packs(run).await {
+                Ok(all) => {
+                    tracing::debug!("{e}; every pack of the run is a candidate");
+                    Ok(all)
+                }
+                Err(_) => Err(e),
+            },
+            found => found,
+        }
+    }
+
+    async fn run_candidates_indexed(&self, run: &OpenRun, key: u64) -> RepoResult<Vec<Id>> {
         let Some(b) = run.meta.block_of_key(key) else {
             return Ok(Vec::new());
         };

@@ -250,7 +250,10 @@ impl V2Reader {
         for id in ids {
             match self.add_run(id).await {
                 Ok(()) => {}
-                Err(e) if e.is_damage() => damaged.push(e.to_string()),
+                Err(e) if e.is_damage() => {
+                    self.note_index_damage();
+                    damaged.push(e.to_string());
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -344,6 +347,7 @@ impl V2Reader {
             let found = match self.run_candidates(run, index_run::key_of(id)).await {
                 Ok(found) => found,
                 Err(e) if e.is_damage() => {
+                    self.note_index_damage();
                     damage.get_or_insert(e);
                     continue;
                 }
@@ -488,29 +492,30 @@ impl V2Reader {
         })
     }
 
-    /// Whether a good copy of a group whose id has the 8-byte `key` stores every slot of
-    /// `wanted` (first, count): what a commit's stale-GC guard asks for each group its
-    /// reference summary lists, which names groups by key. Packs or trailers that cannot be
-    /// read are passed over (they store nothing this process could read back).
+    /// Whether a copy of a group whose id has the 8-byte `key` stores every slot of `wanted`
+    /// (first, count): what a commit's stale-GC guard asks for each group its reference
+    /// summary lists, which names groups by key. The question is whether a GC deleted it, so
+    /// a quarantined copy counts (damage is not deletion: a read heals it by chunk id, and
+    /// verify reports it); packs that are gone or whose trailer cannot be read store nothing.
     pub async fn stores_group_key(&self, key: u64, wanted: &[(u16, u16)]) -> RepoResult<bool> {
         for pack in self.packs_for_key(key).await? {
-            if self.is_quarantined_copy(&pack, &pack) {
-                continue;
-            }
             let trailer = match self.trailer(&pack).await {
                 Ok(trailer) => trailer,
                 Err(e) if e.is_damage() => continue,
                 Err(e) => return Err(e),
             };
             for group in 0..trailer.groups.len() as u32 {
-                let Some(id) = trailer.group_id(group).filter(|id| id.prefix_u64() == key) else {
+                if trailer
+                    .group_id(group)
+                    .is_none_or(|id| id.prefix_u64() != key)
+                {
                     continue;
-                };
+                }
                 let loc = GroupLocation {
                     trailer: trailer.clone(),
                     group,
                 };
-                if !self.is_quarantined_copy(&pack, &id) && loc.stores(wanted) {
+                if loc.stores(wanted) {
                     return Ok(true);
                 }
             }
