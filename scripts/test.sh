@@ -11,8 +11,8 @@
 #                             device), the kill -9 loops (two at once), the pull-mode
 #                             backup of a running disk, a bounded fuzz run of the qcow2 parser
 #                             and of the NBD server's decoding, scripts/e2e.sh,
-#                             the GC stress and leak test; the benchmark scripts parse and the
-#                             committed peer report regenerates
+#                             the GC stress and leak test (plain and encrypted); the benchmark
+#                             scripts parse and the committed peer report regenerates
 #   scripts/test.sh --quick   cargo test --workspace only (no root, no dataset, no e2e)
 #
 # The full run needs root the first time (apt-get, debootstrap, loop mounts for the dataset).
@@ -259,6 +259,9 @@ finish_background_checks
 
 check "scripts/stress_gc.py (4 committers + prune/gc for 60 s, 20 kill -9 of gc, then the fast-deletion leak check)" \
   env CAIRN_STRESS_DIR="$ROOT/.data" python3 "$ROOT/scripts/stress_gc.py" --seconds 60
+
+check "scripts/stress_gc.py --encrypted (the same on encrypted repositories, shorter: 20 s, leak check 40 s)" \
+  env CAIRN_STRESS_DIR="$ROOT/.data" python3 "$ROOT/scripts/stress_gc.py" --encrypted --seconds 20 --leak-seconds 40
 
 if [ "${#FAILED_STEPS[@]}" -gt 0 ]; then
   CURRENT_STEP="${#FAILED_STEPS[@]} failed steps, listed above"
