@@ -32,12 +32,25 @@ const BUDGET_UNIT: u32 = 64 * 1024;
 const MAX_EXTENTS: usize = 1 << 20;
 
 /// A set of named exports served over NBD.
-#[derive(Default)]
 pub struct Server {
     exports: HashMap<String, Arc<dyn Export>>,
     descriptions: HashMap<String, String>,
     default_export: Option<Arc<dyn Export>>,
     tls: Option<TlsConfig>,
+    /// [`HANDSHAKE_TIMEOUT`] unless set.
+    handshake_timeout: std::time::Duration,
+}
+
+impl Default for Server {
+    fn default() -> Self {
+        Server {
+            exports: HashMap::new(),
+            descriptions: HashMap::new(),
+            default_export: None,
+            tls: None,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+        }
+    }
 }
 
 /// What the option phase decided.
@@ -144,9 +157,10 @@ impl Server {
         // task for nothing: bounded, so that idle connections cannot pile up. (The
         // transmission phase has no such bound: a guest may leave its disk idle for hours.)
         let handshake = self.handshake(MaybeTls::Plain(stream));
-        let Some((session, conn)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
+        let limit = self.handshake_timeout;
+        let Some((session, conn)) = tokio::time::timeout(limit, handshake)
             .await
-            .map_err(|_| NbdError::HandshakeTimeout(HANDSHAKE_TIMEOUT))??
+            .map_err(|_| NbdError::HandshakeTimeout(limit))??
         else {
             return Ok(());
         };
@@ -154,6 +168,11 @@ impl Server {
         let r = BufReader::with_capacity(64 * 1024, r);
         let w = BufWriter::with_capacity(64 * 1024, w);
         transmission(session, r, w).await
+    }
+
+    /// How long a client may take to finish the handshake (default [`HANDSHAKE_TIMEOUT`]).
+    pub fn set_handshake_timeout(&mut self, limit: std::time::Duration) {
+        self.handshake_timeout = limit;
     }
 
     /// Serve only over TLS from now on (the spec's FORCEDTLS mode; see [`crate::tls`]).

@@ -173,7 +173,7 @@ async fn a_lookup_reads_one_directory_block_one_section_run_and_one_pack_block_o
 }
 
 #[tokio::test]
-async fn damage_in_a_piece_fails_only_the_lookups_that_need_it_and_is_reported() {
+async fn damage_in_a_piece_costs_only_what_needs_it_and_is_reported() {
     for (what, pick) in [
         ("directory block", 0usize),
         ("pack block", 1),
@@ -198,18 +198,24 @@ async fn damage_in_a_piece_fails_only_the_lookups_that_need_it_and_is_reported()
         };
         p.damage(target.start..target.start + 1).await;
         let r = p.reader(None).await;
-        // The damaged piece's lookups find nothing (a commit stores those chunks again); the
-        // others are found.
-        assert_eq!(r.find_chunk(&ids[0]).await.unwrap(), None, "{what}");
         let mut found = 0;
         for id in &ids {
             found += usize::from(r.find_chunk(id).await.unwrap().is_some());
         }
-        assert!(
-            found > ids.len() / 2 && found < ids.len(),
-            "{what}: {found} of {}",
-            ids.len()
-        );
+        if pick == 1 {
+            // A damaged pack block: the lookups that need it find nothing (a commit stores
+            // those chunks again); the others are found.
+            assert_eq!(r.find_chunk(&ids[0]).await.unwrap(), None, "{what}");
+            assert!(
+                found > ids.len() / 2 && found < ids.len(),
+                "{what}: {found} of {}",
+                ids.len()
+            );
+        } else {
+            // A damaged directory block or section costs speed, not data: every pack of
+            // the run's table is a candidate, and the trailers decide.
+            assert_eq!(found, ids.len(), "{what}");
+        }
         let line = r.check_run(&p.run).await.unwrap().expect("reported");
         assert!(line.contains(&keys::index_run(&p.run)), "{line}");
         assert!(line.contains(what), "{what}: {line}");

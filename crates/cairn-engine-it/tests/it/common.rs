@@ -157,3 +157,24 @@ pub async fn reopen_format2(
             .unwrap(),
     )
 }
+
+/// Commits `n` versions of `image`: 3 MiB of noise (`seed`), eight 4 KiB blocks changed
+/// before each commit. Returns each version's id, record and bytes, oldest first.
+pub async fn changing_versions(
+    repo: &Arc<Repo>,
+    image: &str,
+    seed: u64,
+    n: u64,
+) -> Vec<(Id, VersionRecord, Vec<u8>)> {
+    let mut data = noise(3 << 20, seed);
+    let mut out = Vec::new();
+    for v in 0..n {
+        for k in 0..8 {
+            let at = ((v * 8 + k) * 97 % 700) as usize * 4096;
+            data[at..at + 4096].copy_from_slice(&noise(4096, seed * 1000 + v * 8 + k));
+        }
+        let c = commit_bytes(repo, image, data.clone()).await;
+        out.push((c.id, c.record, data.clone()));
+    }
+    out
+}

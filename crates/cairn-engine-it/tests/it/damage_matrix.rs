@@ -49,16 +49,8 @@ struct Fixture {
 async fn fixture(encrypted: bool) -> Fixture {
     let store = Arc::new(MemoryStore::new());
     let repo = init_format2(store.clone(), config(), encrypted).await;
-    let mut data = noise(3 << 20, 54);
-    let mut versions = Vec::new();
-    for v in 0..4u64 {
-        for k in 0..8 {
-            let at = ((v * 8 + k) * 89 % 700) as usize * 4096;
-            data[at..at + 4096].copy_from_slice(&noise(4096, 2000 + v * 8 + k));
-        }
-        let c = commit_bytes(&repo, "vm", data.clone()).await;
-        versions.push((c.id, c.record, data.clone()));
-    }
+    let mut versions = changing_versions(&repo, "vm", 54, 4).await;
+    let data = versions.last().expect("four versions").2.clone();
     let before_other = store.list("").await.unwrap();
     let other = noise(1 << 20, 55);
     let c = commit_bytes(&repo, "other", other.clone()).await;

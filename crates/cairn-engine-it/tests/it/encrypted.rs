@@ -214,6 +214,18 @@ async fn a_flipped_byte_in_any_sealed_object_is_found_and_named() {
         let report = verify(r).await.unwrap();
         let what = path.strip_prefix(&dir).unwrap().display().to_string();
         assert!(!report.is_clean(), "{what}: verify found nothing");
+        if what.starts_with("index-runs") {
+            // A damaged section costs speed, not data: every version still restores, and
+            // the problem names the run.
+            assert!(
+                report.damaged_versions.is_empty()
+                    && report.problems.iter().any(|p| p.contains(&what)),
+                "{what}: {:?}",
+                report.problems
+            );
+            flip(&path, at);
+            continue;
+        }
         let named: Vec<String> = report
             .damaged_versions
             .iter()

@@ -45,17 +45,10 @@ async fn four_versions(
 ) {
     let store = Arc::new(MemoryStore::new());
     let repo = init_format2(store.clone(), config(), encrypted).await;
-    let mut data = noise(3 << 20, 53);
-    let mut contents = Vec::new();
-    let mut records = Vec::new();
-    for v in 0..4u64 {
-        for k in 0..8 {
-            let at = ((v * 8 + k) * 97 % 700) as usize * 4096;
-            data[at..at + 4096].copy_from_slice(&noise(4096, 1000 + v * 8 + k));
-        }
-        let c = commit_bytes(&repo, "vm", data.clone()).await;
-        contents.push(data.clone());
-        records.push((c.id, c.record));
+    let (mut contents, mut records) = (Vec::new(), Vec::new());
+    for (id, record, data) in changing_versions(&repo, "vm", 53, 4).await {
+        contents.push(data);
+        records.push((id, record));
     }
     (store, repo, contents, records)
 }
