@@ -171,6 +171,9 @@ def one(binary, work, images, name, damage):
     row["restore_after_repair"] = restorable(repo, work, versions)
     p = repo.run("commit", "vm", images[-1][0])
     row["recommit_exit"] = p.returncode
+    # Does the new version hold the data (a commit that reused damaged leaves would not)?
+    q = repo.run("restore", "vm", out, "--force")
+    row["recommit_restores"] = p.returncode == 0 and q.returncode == 0 and sha(out) == images[-1][1]
     row["stored_before"], row["stored_after"] = before, repo.stored()
     return row
 
@@ -179,32 +182,35 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin", default="target/ci/cairn")
     ap.add_argument("--old-bin")
+    ap.add_argument("--label", default="after", help="what to call --bin in the table")
+    ap.add_argument("--old-label", default="before", help="what to call --old-bin")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="cairn-lost-")
     try:
         images = series(work, random.Random(53))
         rows = []
-        for binary in [args.old_bin, args.bin]:
+        for binary, label in [(args.old_bin, args.old_label), (args.bin, args.label)]:
             if not binary:
                 continue
             for name, damage in DAMAGES:
                 rows.append(one(os.path.abspath(binary), work, images, name, damage))
+                rows[-1]["label"] = label
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
-    print("| damage | binary | restore after damage | verify exit | `restore IMAGE` | after gc + gc --repair | after repair | re-commit |")
+    print("| damage | cairn | restore after damage | verify exit | `restore IMAGE` | after gc + gc --repair | after repair | re-commit restores |")
     print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        newest = ("WRONG version, exit 0" if r["restore_image_wrong_version"]
+    for r in sorted(rows, key=lambda r: [n for n, _ in DAMAGES].index(r["damage"])):
+        newest = ("wrong version, exit 0" if r["restore_image_wrong_version"]
                   else f"exit {r['restore_image_exit']}")
-        print(f"| {r['damage']} | {os.path.basename(os.path.dirname(r['binary']))}/"
-              f"{os.path.basename(r['binary'])} | {r['restore_after_damage']}/{VERSIONS} | "
+        print(f"| {r['damage']} | {r['label']} | {r['restore_after_damage']}/{VERSIONS} | "
               f"{r['verify_exit']} | {newest} | {r['restore_after_gc']}/{VERSIONS} | "
-              f"{r['restore_after_repair']}/{VERSIONS} | exit {r['recommit_exit']} |")
+              f"{r['restore_after_repair']}/{VERSIONS} | "
+              f"{'yes' if r['recommit_restores'] else 'NO'} |")
 
 
 if __name__ == "__main__":

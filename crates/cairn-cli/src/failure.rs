@@ -11,7 +11,7 @@
 //! | `usage`         | 2       | the command line is wrong (clap's own message)                 |
 //! | `damage`        | 3       | stored data is damaged or missing                              |
 //! | `no_repository` | 4       | no repository given, or none at the location given            |
-//! | `password`      | 5       | an encrypted repository's passphrase is missing or wrong       |
+//! | `password`      | 5       | a passphrase is missing or wrong, or given to a plain repository that a command would write (a downgrade?) |
 //! | `interrupted`   | 130/143 | SIGINT/SIGTERM stopped the command cleanly                     |
 //!
 //! The text is the error's whole cause chain on one line (see [`one_line`]); the code is
