@@ -91,6 +91,11 @@ pub fn describe_strays(strays: &[Stray]) -> Vec<(bool, String)> {
     out
 }
 
+/// Where a walk reads version records: from their own keys, or first from records already
+/// at hand (a GC's record bundle, and what this source read before). Records are immutable
+/// and named by the hash of their stored bytes, so one at hand is checked exactly as one read,
+/// and one opened once (checked and decoded) need not be opened again: a GC walks history
+/// twice, and each record is opened once.
 #[derive(Default)]
 pub struct RecordSource {
     known: IdMap<Bytes>,
