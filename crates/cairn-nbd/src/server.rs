@@ -145,6 +145,9 @@ impl Server {
 
     /// Run one connection to completion.
     ///
+    /// Needs a tokio runtime with its time driver enabled (the handshake is bounded by
+    /// [`HANDSHAKE_TIMEOUT`]).
+    ///
     /// Returns `Ok(())` when the client disconnects cleanly (`NBD_OPT_ABORT`,
     /// `NBD_CMD_DISC`, or EOF between messages); errors mean the connection
     /// was dropped for a protocol violation or socket failure. Either way
