@@ -24,7 +24,8 @@ keep whole doomed packs for the few blobs concurrent commits rescued from them: 
     scripts/stress_gc.py [--seconds 60] [--leak-seconds 40] [--bin target/release/cairn] [--repo URL]
                          [--encrypted]
 
-With --repo s3://... (e.g. under scripts/minio.sh run) the same runs on a bucket; with
+With --seconds 0 only the leak check runs. With --repo s3://... (e.g. under scripts/minio.sh
+run) the same runs on a bucket; with
 --encrypted on encrypted repositories (`init --encrypt`, the passphrase in $CAIRN_PASSWORD).
 
 Prints "stress_gc: N passed, 0 failed" and exits non-zero on any failure.
@@ -198,7 +199,8 @@ def restore_matches(binary, repo, spec, digest, work):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--seconds", type=float, default=60,
+                    help="length of the stress run (0: skip it and its kill -9 trials)")
     ap.add_argument("--leak-seconds", type=float, default=40,
                     help="length of the leak check (0: skip it)")
     ap.add_argument("--bin", default=os.environ.get("CAIRN_BIN", "target/release/cairn"))
@@ -215,79 +217,80 @@ def main():
     repo = args.repo or os.path.join(work, "repo")
     checks = Checks()
     try:
-        run(binary, repo, "init", "--pack-size", "1M", *ENCRYPT)
-        results = Results()
-        deadline = time.time() + args.seconds
-        threads = [threading.Thread(target=committer, args=(binary, repo, work, n, deadline, results)) for n in range(4)]
-        threads.append(threading.Thread(target=collector, args=(binary, repo, deadline, results)))
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        total = sum(len(v) for v in results.committed.values())
-        print(f"stress: {total} commits, {results.gc_runs} prune+gc rounds in {args.seconds:.0f} s", flush=True)
-        for e in results.errors:
-            print(f"  error: {e}", flush=True)
-        checks.ok(not results.errors, "no command failed during the stress run")
-        checks.ok(results.gc_runs >= 2, f"gc ran repeatedly ({results.gc_runs})")
-        checks.ok(all(len(v) >= 3 for v in results.committed.values()) and len(results.committed) == 4,
-                  "every committer committed at least 3 versions")
-        p = run(binary, repo, "verify", check=False)
-        checks.ok(p.returncode == 0, f"verify is clean after the stress run: {p.stdout.strip()[-400:]}")
-
-        # Every committed version is either deleted by prune or restores bit-exact.
-        restored = 0
-        for image, versions in sorted(results.committed.items()):
-            for i, (vid, digest) in enumerate(versions):
-                spec = f"{image}@{vid}"
-                show = run(binary, repo, "show", spec, check=False)
-                newest_three = i >= len(versions) - 3
-                if show.returncode != 0:
-                    checks.ok("was deleted" in show.stderr and not newest_three,
-                              f"{spec} is gone only because prune deleted it: {show.stderr.strip()}")
-                    continue
-                same, why = restore_matches(binary, repo, spec, digest, work)
-                checks.ok(same, f"{spec} restores bit-exact ({why})")
-                restored += 1
-        checks.ok(restored >= 12, f"at least the newest 3 versions of each image restored ({restored})")
-        if args.repo:  # remote: what the repository's index and metadata hold
-            size = json.loads(run(binary, repo, "--json", "stats").stdout)["stored_bytes"]
-        else:
-            size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(repo) for f in fs)
-        checks.ok(size < results.stored, f"gc gave space back: repository {size} < written {results.stored}")
-
-        # kill -9 of gc at random moments.
-        rng = random.Random(7)
-        latest = {image: versions[-1] for image, versions in results.committed.items()}
-        for trial in range(20):
-            run(binary, repo, "prune", "--all", "--keep-last", "1", "--no-gc")
-            mode = ["--repair"] if trial % 2 else []
-            gc = subprocess.Popen([binary, "--repo", repo, "-q", "gc", "--stale-after", "1", *mode],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(rng.uniform(0.0, 0.25))
-            gc.send_signal(signal.SIGKILL)
-            gc.wait()
+        if args.seconds > 0:  # 0: the leak check alone
+            run(binary, repo, "init", "--pack-size", "1M", *ENCRYPT)
+            results = Results()
+            deadline = time.time() + args.seconds
+            threads = [threading.Thread(target=committer, args=(binary, repo, work, n, deadline, results)) for n in range(4)]
+            threads.append(threading.Thread(target=collector, args=(binary, repo, deadline, results)))
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            total = sum(len(v) for v in results.committed.values())
+            print(f"stress: {total} commits, {results.gc_runs} prune+gc rounds in {args.seconds:.0f} s", flush=True)
+            for e in results.errors:
+                print(f"  error: {e}", flush=True)
+            checks.ok(not results.errors, "no command failed during the stress run")
+            checks.ok(results.gc_runs >= 2, f"gc ran repeatedly ({results.gc_runs})")
+            checks.ok(all(len(v) >= 3 for v in results.committed.values()) and len(results.committed) == 4,
+                      "every committer committed at least 3 versions")
             p = run(binary, repo, "verify", check=False)
-            checks.ok(p.returncode == 0, f"trial {trial}: verify clean after kill -9 of gc: {p.stdout.strip()[-300:]}")
-            if trial % 5 == 4:
-                for image, (vid, digest) in sorted(latest.items()):
-                    same, why = restore_matches(binary, repo, f"{image}@{vid}", digest, work)
-                    checks.ok(same, f"trial {trial}: {image} newest restores ({why})")
-            # A commit between trials, so later gcs have new garbage to chew on.
-            if trial % 4 == 0:
-                path = os.path.join(work, "w0.raw")
-                mutate(path, rng)
-                digest = sha(path)
-                out = json.loads(run(binary, repo, "--json", "commit", "stress/w0", path).stdout)
-                latest["stress/w0"] = (out["id"], digest)
-        time.sleep(1.2)  # let the killed gcs' sessions go stale (--stale-after 1)
-        p = run(binary, repo, "--json", "gc", "--repair", "--stale-after", "1", check=False)
-        checks.ok(p.returncode == 0, f"a final gc completes: {p.stderr.strip()}")
-        p = run(binary, repo, "verify", check=False)
-        checks.ok(p.returncode == 0, "verify clean at the end")
-        for image, (vid, digest) in sorted(latest.items()):
-            same, why = restore_matches(binary, repo, f"{image}@{vid}", digest, work)
-            checks.ok(same, f"{image} newest restores at the end ({why})")
+            checks.ok(p.returncode == 0, f"verify is clean after the stress run: {p.stdout.strip()[-400:]}")
+
+            # Every committed version is either deleted by prune or restores bit-exact.
+            restored = 0
+            for image, versions in sorted(results.committed.items()):
+                for i, (vid, digest) in enumerate(versions):
+                    spec = f"{image}@{vid}"
+                    show = run(binary, repo, "show", spec, check=False)
+                    newest_three = i >= len(versions) - 3
+                    if show.returncode != 0:
+                        checks.ok("was deleted" in show.stderr and not newest_three,
+                                  f"{spec} is gone only because prune deleted it: {show.stderr.strip()}")
+                        continue
+                    same, why = restore_matches(binary, repo, spec, digest, work)
+                    checks.ok(same, f"{spec} restores bit-exact ({why})")
+                    restored += 1
+            checks.ok(restored >= 12, f"at least the newest 3 versions of each image restored ({restored})")
+            if args.repo:  # remote: what the repository's index and metadata hold
+                size = json.loads(run(binary, repo, "--json", "stats").stdout)["stored_bytes"]
+            else:
+                size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(repo) for f in fs)
+            checks.ok(size < results.stored, f"gc gave space back: repository {size} < written {results.stored}")
+
+            # kill -9 of gc at random moments.
+            rng = random.Random(7)
+            latest = {image: versions[-1] for image, versions in results.committed.items()}
+            for trial in range(20):
+                run(binary, repo, "prune", "--all", "--keep-last", "1", "--no-gc")
+                mode = ["--repair"] if trial % 2 else []
+                gc = subprocess.Popen([binary, "--repo", repo, "-q", "gc", "--stale-after", "1", *mode],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(rng.uniform(0.0, 0.25))
+                gc.send_signal(signal.SIGKILL)
+                gc.wait()
+                p = run(binary, repo, "verify", check=False)
+                checks.ok(p.returncode == 0, f"trial {trial}: verify clean after kill -9 of gc: {p.stdout.strip()[-300:]}")
+                if trial % 5 == 4:
+                    for image, (vid, digest) in sorted(latest.items()):
+                        same, why = restore_matches(binary, repo, f"{image}@{vid}", digest, work)
+                        checks.ok(same, f"trial {trial}: {image} newest restores ({why})")
+                # A commit between trials, so later gcs have new garbage to chew on.
+                if trial % 4 == 0:
+                    path = os.path.join(work, "w0.raw")
+                    mutate(path, rng)
+                    digest = sha(path)
+                    out = json.loads(run(binary, repo, "--json", "commit", "stress/w0", path).stdout)
+                    latest["stress/w0"] = (out["id"], digest)
+            time.sleep(1.2)  # let the killed gcs' sessions go stale (--stale-after 1)
+            p = run(binary, repo, "--json", "gc", "--repair", "--stale-after", "1", check=False)
+            checks.ok(p.returncode == 0, f"a final gc completes: {p.stderr.strip()}")
+            p = run(binary, repo, "verify", check=False)
+            checks.ok(p.returncode == 0, "verify clean at the end")
+            for image, (vid, digest) in sorted(latest.items()):
+                same, why = restore_matches(binary, repo, f"{image}@{vid}", digest, work)
+                checks.ok(same, f"{image} newest restores at the end ({why})")
 
         if args.leak_seconds > 0:
             leak_work = os.path.join(work, "leak")
