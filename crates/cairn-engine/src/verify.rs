@@ -28,6 +28,8 @@ use crate::progress::{self, Unit, WorkProgress};
 
 mod grouped;
 
+pub(crate) use grouped::unindexed_packs;
+
 /// Which packs a verify reads in full (restic's `--read-data-subset`): metadata is always
 /// checked whole; data only in the chosen packs.
 #[derive(Debug, Clone, Copy, PartialEq)]

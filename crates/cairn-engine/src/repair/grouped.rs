@@ -42,14 +42,7 @@ pub(super) async fn repair_runs(
         // Checked whole just now: only a race with a GC could get here.
         tracing::warn!("{line}");
     }
-    let named: HashSet<Id> = reader.packs().await?.into_iter().collect();
-    let mut unnamed: Vec<Id> = repo
-        .pack_sizes()
-        .await?
-        .into_keys()
-        .filter(|p| !named.contains(p))
-        .collect();
-    unnamed.sort();
+    let unnamed = crate::verify::unindexed_packs(repo, &reader.packs().await?).await?;
     // A pack no run names is a killed commit's (garbage) or one whose run was lost (an
     // accidental delete, a partial copy, a lifecycle rule): indexing it costs a run entry
     // per block, losing it costs versions, so every readable one is indexed again (the next

@@ -37,7 +37,7 @@ const PACKS_IN_FLIGHT: usize = 4;
 /// The packs in the store that no index run names, in id order: left by killed commits
 /// (garbage `gc` deletes), or named by a run that was lost (`repair` and `gc` index them
 /// again when live versions need them).
-async fn unindexed_packs(repo: &Repo, named: &[Id]) -> EngineResult<Vec<Id>> {
+pub(crate) async fn unindexed_packs(repo: &Repo, named: &[Id]) -> EngineResult<Vec<Id>> {
     let named: HashSet<&Id> = named.iter().collect();
     let mut out: Vec<Id> = repo
         .pack_sizes()
