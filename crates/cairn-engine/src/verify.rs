@@ -126,6 +126,10 @@ pub struct VerifyReport {
     /// commit's, or one whose run was lost; see `verify/grouped.rs`). Not a problem by
     /// themselves: a version that needs one is reported damaged.
     pub unindexed_packs: Vec<Id>,
+    /// Packs whose trailer or footer is lost but whose group frames give groups back, or
+    /// whose frames are damaged while everything else reads: `cairn repair` stores their
+    /// groups again in a new pack and sets them aside.
+    pub rescuable_packs: Vec<Id>,
     /// Findings that are not damage but need an operator's eye (a version no ref reaches
     /// that may never have been published).
     pub notes: Vec<String>,

@@ -61,6 +61,8 @@ pub enum Domain {
     KeySlot = 8,
     /// The trailer of a v2 pack (its group and chunk table).
     PackTrailer = 9,
+    /// The frame in front of a group in a version 3 pack (see `group_frame`).
+    GroupFrame = 10,
 }
 
 impl Domain {

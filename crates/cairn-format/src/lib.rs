@@ -12,6 +12,7 @@ pub mod crypto;
 pub mod envelope;
 mod error;
 pub mod group;
+pub mod group_frame;
 pub mod group_summary;
 pub mod id;
 pub mod id_hash;

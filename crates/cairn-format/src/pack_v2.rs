@@ -1,13 +1,13 @@
-//! Packs of format v2 (issue 16): chunk groups back to back, and a trailer that describes
-//! every group and every chunk in it.
+//! Packs of format v2 (issue 16): chunk groups back to back, each behind a frame (pack
+//! version 3), and a trailer that describes every group and every chunk in it.
 //!
 //! ```text
 //! offset   size   field
 //! 0        8      magic "CRNPACK\0"
-//! 8        4      format version (u32) = 2
+//! 8        4      pack version (u32) = 3 (2: written before 2026-12-02, no frames; read still)
 //! 12       4      salt (random u32, as in v1: two writes never share a pack id)
 //! 16       4      flags (u32): bit 0 = sealed (groups and trailer encrypted); others 0
-//! 20       ...    stored groups, back to back (see `group`)
+//! 20       ...    per group: its frame (version 3, see `group_frame`), then the stored group
 //! T        L      trailer, sealed as domain "pack trailer" when the pack is:
 //!                   group count G (u32) | chunk count C (u32)
 //!                   G × (offset (u32) | stored length (u32) | plain length (u32)
@@ -17,18 +17,25 @@
 //!                       group by group, slot by slot
 //! T+L      48     footer: G (u32) | L (u32) | BLAKE3 of the L trailer bytes (32) | "CRNPKEND"
 //! ```
-//! A manifest node is a group of one chunk of kind "node". The pack id is the BLAKE3 of the
-//! whole pack. A v1 reader refuses a v2 pack as "newer than this cairn supports".
+//! A group's offset is that of its stored bytes (past its frame). Readers use the trailer;
+//! the frames are read only when it is lost (`group_frame::salvage`). A manifest node is a
+//! group of one chunk of kind "node". The pack id is the BLAKE3 of the whole pack. A v1
+//! reader refuses a v2 pack as "newer than this cairn supports".
 
 use std::io::{self, Write};
 
 use crate::codec::{Decoder, Encoder};
 use crate::crypto::{open_if_sealed, CryptoError, Domain, MasterKey};
 use crate::group::{Group, GroupChunk, GroupDesc, MAX_GROUP_PLAIN};
+use crate::group_frame;
 use crate::pack::{BlobEncoding, BlobKind, END_MAGIC, FOOTER_LEN, MAGIC};
 use crate::{FormatError, Id};
 
-pub const VERSION: u32 = 2;
+/// The pack version this build writes (with group frames).
+pub const VERSION: u32 = 3;
+/// The oldest pack version a format 2 reader accepts (no frames: its trailer is its only
+/// table of contents).
+pub const OLDEST_VERSION: u32 = 2;
 pub const HEADER_LEN: usize = 20;
 const FLAG_SEALED: u32 = 1;
 const GROUP_ENTRY_LEN: usize = 16;
@@ -60,27 +67,29 @@ pub struct PackWriter<W = Vec<u8>> {
     len: usize,
     hash: blake3::Hasher,
     groups: Vec<PackGroup>,
-    sealed: bool,
+    /// The repository's key when the pack is sealed (frames and trailer are sealed as they
+    /// are written).
+    key: Option<MasterKey>,
 }
 
 impl PackWriter<Vec<u8>> {
-    pub fn new(sealed: bool) -> PackWriter {
-        Self::with_salt(sealed, rand::random())
+    pub fn new(key: Option<&MasterKey>) -> PackWriter {
+        Self::with_salt(key, rand::random())
     }
 
     /// [`PackWriter::new`] with room for `bytes` of groups and trailer reserved at once: a
     /// pack that grows by doubling holds up to twice its size while it is filled and
     /// uploaded, and copies itself on the way.
-    pub fn with_capacity(sealed: bool, bytes: usize) -> PackWriter {
-        let mut w = Self::new(sealed);
+    pub fn with_capacity(key: Option<&MasterKey>, bytes: usize) -> PackWriter {
+        let mut w = Self::new(key);
         w.out.reserve_exact(bytes.saturating_sub(w.out.len()));
         w
     }
 
     /// [`PackWriter::new`] with a given salt: only for golden vectors.
     #[doc(hidden)]
-    pub fn with_salt(sealed: bool, salt: u32) -> PackWriter {
-        PackWriter::start(Vec::with_capacity(1 << 20), sealed, salt).expect("memory")
+    pub fn with_salt(key: Option<&MasterKey>, salt: u32) -> PackWriter {
+        PackWriter::start(Vec::with_capacity(1 << 20), key, salt).expect("memory")
     }
 
     /// Appends a finished group (one that stores at least one chunk).
@@ -89,27 +98,27 @@ impl PackWriter<Vec<u8>> {
             .expect("writes to memory never fail");
     }
 
-    /// Closes the pack: its id, bytes and groups. A sealed pack needs its key.
-    pub fn finish(self, key: Option<&MasterKey>) -> (Id, Vec<u8>, Vec<PackGroup>) {
-        self.try_finish(key).expect("writes to memory never fail")
+    /// Closes the pack: its id, bytes and groups.
+    pub fn finish(self) -> (Id, Vec<u8>, Vec<PackGroup>) {
+        self.try_finish().expect("writes to memory never fail")
     }
 }
 
 impl<W: Write> PackWriter<W> {
     /// A pack written to `out`, which must be empty: its header goes out at once.
-    pub fn to_writer(out: W, sealed: bool) -> io::Result<PackWriter<W>> {
-        Self::start(out, sealed, rand::random())
+    pub fn to_writer(out: W, key: Option<&MasterKey>) -> io::Result<PackWriter<W>> {
+        Self::start(out, key, rand::random())
     }
 
-    fn start(out: W, sealed: bool, salt: u32) -> io::Result<PackWriter<W>> {
+    fn start(out: W, key: Option<&MasterKey>, salt: u32) -> io::Result<PackWriter<W>> {
         let mut w = PackWriter {
             out,
             len: 0,
             hash: blake3::Hasher::new(),
             groups: Vec::new(),
-            sealed,
+            key: key.cloned(),
         };
-        let flags = if sealed { FLAG_SEALED } else { 0 };
+        let flags = if key.is_some() { FLAG_SEALED } else { 0 };
         w.write(MAGIC)?;
         w.write(&VERSION.to_le_bytes())?;
         w.write(&salt.to_le_bytes())?;
@@ -145,13 +154,16 @@ impl<W: Write> PackWriter<W> {
             "a group that stores no chunk is dropped, not written"
         );
         assert_eq!(
-            group.desc.sealed, self.sealed,
+            group.desc.sealed,
+            self.key.is_some(),
             "a pack's groups are all sealed or none"
         );
         assert!(
             group.desc.chunks.len() <= u16::MAX as usize,
             "too many chunks in a group"
         );
+        let frame = group_frame::encode(kind, &group.desc, self.key.as_ref());
+        self.write(&frame)?;
         let offset = u32::try_from(self.len).expect("pack grew past 4 GiB");
         self.write(&group.stored)?;
         self.groups.push(PackGroup {
@@ -162,9 +174,8 @@ impl<W: Write> PackWriter<W> {
         Ok(())
     }
 
-    /// Closes the pack: its id, its writer (flushed) and its groups. A sealed pack needs its
-    /// key.
-    pub fn try_finish(mut self, key: Option<&MasterKey>) -> io::Result<(Id, W, Vec<PackGroup>)> {
+    /// Closes the pack: its id, its writer (flushed) and its groups.
+    pub fn try_finish(mut self) -> io::Result<(Id, W, Vec<PackGroup>)> {
         let chunks: usize = self.groups.iter().map(|g| g.desc.chunks.len()).sum();
         let mut e = Encoder::with_capacity(
             8 + self.groups.len() * GROUP_ENTRY_LEN + chunks * CHUNK_ENTRY_LEN,
@@ -184,10 +195,9 @@ impl<W: Write> PackWriter<W> {
                 .u8(if c.stored { SLOT_STORED } else { 0 });
         }
         let plain = e.finish();
-        let trailer = match (self.sealed, key) {
-            (false, _) => plain,
-            (true, Some(key)) => key.seal(Domain::PackTrailer, &plain),
-            (true, None) => panic!("a sealed pack needs its key to finish"),
+        let trailer = match &self.key {
+            None => plain,
+            Some(key) => key.seal(Domain::PackTrailer, &plain),
         };
         let mut footer = Vec::with_capacity(trailer.len() + FOOTER_LEN);
         footer.extend_from_slice(&trailer);
@@ -230,6 +240,11 @@ impl PackFooter {
 
 /// Parses a v2 pack's first [`HEADER_LEN`] bytes: whether the pack is sealed.
 pub fn parse_header(head: &[u8]) -> Result<bool, FormatError> {
+    parse_header_version(head).map(|(_, sealed)| sealed)
+}
+
+/// Parses a v2 pack's first [`HEADER_LEN`] bytes: its pack version and whether it is sealed.
+pub fn parse_header_version(head: &[u8]) -> Result<(u32, bool), FormatError> {
     if head.len() < HEADER_LEN {
         return Err(FormatError::Truncated {
             what: "pack",
@@ -241,8 +256,9 @@ pub fn parse_header(head: &[u8]) -> Result<bool, FormatError> {
         return Err(FormatError::BadMagic { what: "pack" });
     }
     let word = |at: usize| u32::from_le_bytes(head[at..at + 4].try_into().expect("4 bytes"));
-    match word(8) {
-        VERSION => {}
+    let version = word(8);
+    match version {
+        OLDEST_VERSION..=VERSION => {}
         v if v > VERSION => {
             return Err(FormatError::TooNew {
                 what: "pack",
@@ -264,7 +280,7 @@ pub fn parse_header(head: &[u8]) -> Result<bool, FormatError> {
             format!("unknown flags {flags:#x}"),
         ));
     }
-    Ok(flags & FLAG_SEALED != 0)
+    Ok((version, flags & FLAG_SEALED != 0))
 }
 
 /// Parses a v2 pack's last [`FOOTER_LEN`] bytes.
@@ -420,6 +436,64 @@ pub fn parse_trailer(
     Ok(groups)
 }
 
+/// Recovers the groups of a pack whose trailer or footer is damaged or cut off, from their
+/// frames (version 3; a version 2 pack has none, its trailer was its only table of
+/// contents). `id_of` is the repository's chunk id: every stored chunk's id is recomputed.
+pub fn salvage_pack(
+    pack: &[u8],
+    key: Option<&MasterKey>,
+    id_of: impl Fn(&[u8]) -> Id,
+) -> Result<group_frame::Salvage, FormatError> {
+    let (version, sealed) = parse_header_version(pack)?;
+    if version < 3 {
+        return Err(FormatError::invalid(
+            "pack",
+            format!("pack version {version} has no group frames to recover groups from"),
+        ));
+    }
+    if sealed != key.is_some() {
+        return Err(FormatError::invalid(
+            "pack",
+            "sealed and unsealed do not match the repository",
+        ));
+    }
+    Ok(group_frame::salvage(pack, HEADER_LEN, key, id_of))
+}
+
+/// Checks that every group of a version 3 pack has the frame its trailer (`groups`) implies:
+/// a damaged frame loses nothing while the trailer is intact, but it is the group's only way
+/// back if the trailer is lost later, so `verify` reports it. Version 2 packs pass.
+pub fn check_frames(
+    pack: &[u8],
+    groups: &[PackGroup],
+    key: Option<&MasterKey>,
+) -> Result<(), String> {
+    if !matches!(parse_header_version(pack), Ok((3.., _))) {
+        return Ok(());
+    }
+    let mut at = HEADER_LEN;
+    for (i, g) in groups.iter().enumerate() {
+        let bad = || format!("group {i} (at byte {}): its frame is damaged", g.offset);
+        let frame = group_frame::read(pack, at, key).ok_or_else(bad)?;
+        let same_slots =
+            frame.desc.chunks.len() == g.desc.chunks.len()
+                && frame.desc.chunks.iter().zip(&g.desc.chunks).all(|(f, t)| {
+                    f.len == t.len && f.stored == t.stored && (f.stored || f.id == t.id)
+                });
+        let agrees = frame.group_at as u64 == u64::from(g.offset)
+            && frame.kind == g.kind
+            && frame.desc.encoding == g.desc.encoding
+            && frame.desc.stored_len == g.desc.stored_len
+            && frame.desc.plain_len == g.desc.plain_len
+            && same_slots;
+        if !agrees {
+            return Err(bad());
+        }
+        at = g.range().end as usize;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,13 +510,13 @@ mod tests {
     }
 
     fn build(key: Option<&MasterKey>) -> (Id, Vec<u8>, Vec<PackGroup>) {
-        let mut w = PackWriter::new(key.is_some());
+        let mut w = PackWriter::new(key);
         w.push(
             BlobKind::Data,
             group(&[b"alpha", &[1; 5000], b"gamma"], key),
         );
         w.push(BlobKind::Node, group(&[b"a manifest node"], key));
-        w.finish(key)
+        w.finish()
     }
 
     #[test]
@@ -460,7 +534,8 @@ mod tests {
             assert_eq!(chunk(&g.desc, &plain, 2, id_of).unwrap(), b"gamma");
             // A v1 reader refuses a v2 pack by its version.
             let v1 = crate::pack::parse_pack(&bytes).unwrap_err();
-            assert!(matches!(v1, FormatError::TooNew { found: 2, .. }), "{v1}");
+            assert!(matches!(v1, FormatError::TooNew { found: 3, .. }), "{v1}");
+            check_frames(&bytes, &parsed, key.as_ref()).unwrap();
         }
     }
 
@@ -473,8 +548,10 @@ mod tests {
                 for bit in [0, 3, 7] {
                     let mut bad = bytes.clone();
                     bad[at] ^= 1 << bit;
-                    // The salt is free: it only makes the pack id unique.
-                    if (12..16).contains(&at) {
+                    // The salt is free: it only makes the pack id unique. A version of 3
+                    // flipped to 2 reads as what it is without its frames (the pack id, the
+                    // hash of every byte, still tells the damage).
+                    if (12..16).contains(&at) || (at == 8 && bad[8] == 2) {
                         continue;
                     }
                     assert!(
@@ -497,9 +574,9 @@ mod tests {
         let full = group(&[b"alpha", &[1; 5000], b"gamma"], None);
         let kept = GroupBuilder::repack(&full.desc, &full_plain(&full), |slot| slot == 2)
             .finish(Compression::Zstd { level: 3 }, None);
-        let mut w = PackWriter::new(false);
+        let mut w = PackWriter::new(None);
         w.push(BlobKind::Data, kept);
-        let (_, bytes, groups) = w.finish(None);
+        let (_, bytes, groups) = w.finish();
         let parsed = parse_pack(&bytes, None).unwrap();
         assert_eq!(parsed, groups);
         let stored: Vec<bool> = parsed[0].desc.chunks.iter().map(|c| c.stored).collect();
@@ -553,5 +630,61 @@ mod tests {
             parse_pack(&bytes, Some(&MasterKey::generate())),
             Err(CryptoError::Tampered { .. })
         ));
+    }
+
+    #[test]
+    fn a_pack_whose_trailer_or_footer_is_lost_gives_its_groups_back_from_their_frames() {
+        for key in [None, Some(MasterKey::generate())] {
+            let key = key.as_ref();
+            let id_of = |d: &[u8]| key.map_or_else(|| Id::of(d), |k| k.id_of(d));
+            let (_, bytes, groups) = build(key);
+            let data_end = groups.last().unwrap().range().end as usize;
+            let mut damaged: Vec<Vec<u8>> = (data_end..bytes.len())
+                .step_by(7)
+                .map(|at| {
+                    let mut bad = bytes.clone();
+                    bad[at] ^= 0x40;
+                    bad
+                })
+                .collect();
+            damaged.push(bytes[..data_end].to_vec()); // trailer and footer cut off
+            damaged.push(bytes[..bytes.len() - 5].to_vec());
+            for bad in damaged {
+                assert!(parse_pack(&bad, key).is_err());
+                let s = salvage_pack(&bad, key, id_of).unwrap();
+                let got: Vec<(BlobKind, &GroupDesc, u64)> = s
+                    .groups
+                    .iter()
+                    .map(|g| (g.kind, &g.group.desc, g.offset))
+                    .collect();
+                let want: Vec<(BlobKind, &GroupDesc, u64)> = groups
+                    .iter()
+                    .map(|g| (g.kind, &g.desc, u64::from(g.offset)))
+                    .collect();
+                assert_eq!(got, want);
+                for (g, p) in s.groups.iter().zip(&groups) {
+                    assert_eq!(
+                        g.group.stored,
+                        bytes[p.range().start as usize..p.range().end as usize]
+                    );
+                }
+            }
+            // A damaged frame is reported while the trailer still reads.
+            let mut bad = bytes.clone();
+            bad[HEADER_LEN + 3] ^= 1;
+            let parsed = parse_pack(&bad, key).unwrap();
+            let err = check_frames(&bad, &parsed, key).unwrap_err();
+            assert!(err.contains("group 0") && err.contains("frame"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_version_2_pack_is_read_but_cannot_be_salvaged() {
+        let (_, mut bytes, groups) = build(None);
+        bytes[8] = 2; // the header is outside every checksum: a reader takes it as version 2
+        assert_eq!(parse_pack(&bytes, None).unwrap(), groups);
+        check_frames(&bytes, &groups, None).unwrap();
+        let err = salvage_pack(&bytes, None, Id::of).unwrap_err().to_string();
+        assert!(err.contains("version 2 has no group frames"), "{err}");
     }
 }

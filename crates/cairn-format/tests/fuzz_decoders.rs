@@ -130,7 +130,7 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
 /// A v2 pack of a data group and a node group, plain or sealed.
 fn pack_v2_sample(key: Option<&MasterKey>) -> Vec<u8> {
     let id_of = |d: &[u8]| key.map_or_else(|| Id::of(d), |k| k.id_of(d));
-    let mut w = PackWriter::new(key.is_some());
+    let mut w = PackWriter::new(key);
     for (kind, parts) in [
         (BlobKind::Data, vec![vec![1u8; 3000], b"text".repeat(100)]),
         (BlobKind::Node, vec![b"node".to_vec()]),
@@ -141,7 +141,7 @@ fn pack_v2_sample(key: Option<&MasterKey>) -> Vec<u8> {
         }
         w.push(kind, g.finish(Compression::Zstd { level: 1 }, key));
     }
-    w.finish(key).1
+    w.finish().1
 }
 
 /// An index run (version 3) of 40 ids in 4 packs: sections of 8 entries, 2 sections a
@@ -303,6 +303,7 @@ proptest! {
         let _ = Leaf::decode(&data);
         let _ = Interior::decode(&data);
         let _ = pack::parse_footer(&data);
+        let _ = pack_v2::salvage_pack(&data, None, Id::of);
     }
 
     #[test]
@@ -321,6 +322,11 @@ proptest! {
         let n = bytes.len();
         bytes.truncate(cut % (n + 1));
         let _ = decode(kind, &bytes);
+        if kind.starts_with("pack_v2") {
+            let key = kind.ends_with("sealed").then(sealing_key);
+            let id_of = |d: &[u8]| key.as_ref().map_or_else(|| Id::of(d), |k| k.id_of(d));
+            let _ = pack_v2::salvage_pack(&bytes, key.as_ref(), id_of);
+        }
     }
 
     #[test]

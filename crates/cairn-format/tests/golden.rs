@@ -96,6 +96,7 @@ const VECTORS: &[&str] = &[
     "v2_key_slot",
     "v2_group_sealed_raw",
     "v2_pack_plain",
+    "v2_pack_3_plain",
     "v2_leaf_runs",
     "v2_leaf_digest",
     "v2_interior_digests",
@@ -1400,36 +1401,81 @@ fn v2_group_sealed_raw() {
     );
 }
 
-/// A plain v2 pack: a data group of two incompressible chunks and a node group, both raw, with
-/// salt 0x01020304.
+/// The groups of the plain pack vectors: a data group of two incompressible 1 KiB chunks and
+/// a node group (both raw), and for pack version 3 a data group of chunks of 100, 200 and 50
+/// bytes (a frame that lists its slots).
+fn golden_pack_groups(version: u32) -> Vec<(BlobKind, cairn_format::group::Group)> {
+    let data: Vec<u8> = (0u8..64).flat_map(|i| Id::of(&[i]).0).collect();
+    let group_of = |parts: &[&[u8]]| {
+        let mut g = GroupBuilder::new(64 << 10);
+        for p in parts {
+            g.push(Id::of(p), p);
+        }
+        g.finish(Compression::Zstd { level: 3 }, None)
+    };
+    let (a, b) = data.split_at(1024);
+    let mut groups = vec![
+        (BlobKind::Data, group_of(&[a, b])),
+        (BlobKind::Node, group_of(&[b"a manifest node"])),
+    ];
+    if version >= 3 {
+        let listed = group_of(&[&data[..100], &data[100..300], &data[300..350]]);
+        groups.push((BlobKind::Data, listed));
+    }
+    groups
+}
+
+/// A plain pack of version 2 (written until 2026-12-02, read still: no group frames), salt
+/// 0x01020304. Built from FORMAT.md alone by tests/independent_v2.py.
 #[test]
 fn v2_pack_plain() {
-    let data: Vec<u8> = (0u8..64).flat_map(|i| Id::of(&[i]).0).collect();
-    let (a, b) = data.split_at(1024);
-    let mut group = GroupBuilder::new(64 << 10);
-    group.push(Id::of(a), a);
-    group.push(Id::of(b), b);
-    let mut node = GroupBuilder::new(64 << 10);
-    node.push(Id::of(b"a manifest node"), b"a manifest node");
-    let mut w = PackWriter::with_salt(false, 0x0102_0304);
-    w.push(
-        BlobKind::Data,
-        group.finish(Compression::Zstd { level: 3 }, None),
-    );
-    w.push(
-        BlobKind::Node,
-        node.finish(Compression::Zstd { level: 3 }, None),
-    );
-    let (id, encoded, groups) = w.finish(None);
-    let bytes = golden("v2_pack_plain", &encoded);
-    pin("v2 pack id", id, &Id::of(&bytes).to_string());
+    let bytes = read_vector("v2_pack_plain");
     let parsed = pack_v2::parse_pack(&bytes, None).unwrap();
-    assert_eq!(parsed, groups);
+    let want = golden_pack_groups(2);
+    let got: Vec<_> = parsed.iter().map(|g| (g.kind, &g.desc)).collect();
+    let want: Vec<_> = want.iter().map(|(k, g)| (*k, &g.desc)).collect();
+    assert_eq!(got, want);
     assert_eq!(parsed[0].desc.encoding, BlobEncoding::Raw);
-    assert_eq!(parsed[1].kind, BlobKind::Node);
+    assert_eq!(parsed[0].offset, 20, "no frame before the group");
+    assert!(pack_v2::salvage_pack(&bytes, None, Id::of).is_err());
     assert!(matches!(
         pack::parse_pack(&bytes),
         Err(FormatError::TooNew { found: 2, .. })
+    ));
+}
+
+/// A plain pack of version 3: every group behind its frame (a uniform one for the first two
+/// groups, a listed one for the third), salt 0x01020304. Built from FORMAT.md alone by
+/// tests/independent_v2.py and reproduced by this code; its groups come back from the frames
+/// alone once the trailer is cut off.
+#[test]
+fn v2_pack_3_plain() {
+    let groups = golden_pack_groups(3);
+    let mut w = PackWriter::with_salt(None, 0x0102_0304);
+    for (kind, group) in groups.clone() {
+        w.push(kind, group);
+    }
+    let (id, encoded, written) = w.finish();
+    let bytes = golden("v2_pack_3_plain", &encoded);
+    pin("v2 pack id", id, &Id::of(&bytes).to_string());
+    let parsed = pack_v2::parse_pack(&bytes, None).unwrap();
+    assert_eq!(parsed, written);
+    pack_v2::check_frames(&bytes, &parsed, None).unwrap();
+    let data_end = parsed.last().unwrap().range().end as usize;
+    let salvaged = pack_v2::salvage_pack(&bytes[..data_end], None, Id::of).unwrap();
+    let got: Vec<_> = salvaged
+        .groups
+        .iter()
+        .map(|g| (g.kind, &g.group.desc, &g.group.stored))
+        .collect();
+    let want: Vec<_> = groups
+        .iter()
+        .map(|(k, g)| (*k, &g.desc, &g.stored))
+        .collect();
+    assert_eq!(got, want);
+    assert!(matches!(
+        pack::parse_pack(&bytes),
+        Err(FormatError::TooNew { found: 3, .. })
     ));
 }
 

@@ -5,7 +5,7 @@ itself. Needs Python's blake3 (pip install blake3).
 
     python3 crates/cairn-format/tests/independent_v2.py   # checks; --write rewrites
 
-Covers v2_pack_plain, v2_leaf_runs, v2_leaf_digest, v2_interior_digests, v2_index_run (version 1),
+Covers v2_pack_plain, v2_pack_3_plain, v2_leaf_runs, v2_leaf_digest, v2_interior_digests, v2_index_run (version 1),
 v2_index_run_2, v2_index_run_3, v2_group_summary (version 1), v2_group_summary_counted (version 2),
 v2_merged_summary, v2_record_bundle and the
 pinned ids of v2_group_ids. (The sealed vectors
@@ -24,14 +24,36 @@ def bid(b):
     return blake3.blake3(b).digest()
 
 
-def pack_plain():
-    """A plain v2 pack: a data group of two incompressible 1 KiB chunks and a node group, both
-    raw, salt 0x01020304; every slot stored."""
+def frame(kind, encoding, stored, chunks):
+    """A group's frame in a plain version 3 pack (every slot stored): uniform when all slots
+    but the last have one length, else listed; each part followed by 8 bytes of its BLAKE3."""
+    plain, lens = sum(map(len, chunks)), [len(c) for c in chunks]
+    uniform = all(n == lens[0] for n in lens[:-1])
+    listing = b"" if uniform else b"".join(struct.pack("<IB", n, 1) for n in lens)
+    length, last = (lens[0], lens[-1]) if uniform else (0, 0)
+    fixed = struct.pack("<BBIIHBIII", kind, encoding, stored, plain, len(chunks),
+                        1 if uniform else 0, length, last, len(listing))
+    out = fixed + bid(fixed)[:8]
+    if listing:
+        out += listing + bid(listing)[:8]
+    return out
+
+
+def pack_plain(version):
+    """A plain v2 pack, salt 0x01020304: a data group of two incompressible 1 KiB chunks and
+    a node group, both raw; version 3 adds a data group of chunks of 100, 200 and 50 bytes and
+    puts every group behind its frame. Every slot stored."""
     data = b"".join(bid(bytes([i])) for i in range(64))
-    out = b"CRNPACK\0" + struct.pack("<III", 2, 0x01020304, 0)
+    out = b"CRNPACK\0" + struct.pack("<III", version, 0x01020304, 0)
     groups = []
-    for kind, chunks in ((0, [data[:1024], data[1024:]]), (1, [b"a manifest node"])):
-        offset, plain = len(out), b"".join(chunks)
+    parts = [(0, [data[:1024], data[1024:]]), (1, [b"a manifest node"])]
+    if version >= 3:
+        parts.append((0, [data[:100], data[100:300], data[300:350]]))
+    for kind, chunks in parts:
+        plain = b"".join(chunks)
+        if version >= 3:
+            out += frame(kind, 0, len(plain), chunks)
+        offset = len(out)
         out += plain
         groups.append((offset, len(plain), len(plain), kind, 0, chunks))
     trailer = struct.pack("<II", len(groups), sum(len(g[5]) for g in groups))
@@ -234,7 +256,8 @@ def as_hex(b):
 
 def main():
     ok = True
-    vectors = (("v2_pack_plain", pack_plain()), ("v2_leaf_runs", leaf_runs()),
+    vectors = (("v2_pack_plain", pack_plain(2)), ("v2_pack_3_plain", pack_plain(3)),
+               ("v2_leaf_runs", leaf_runs()),
                ("v2_leaf_digest", leaf_digest()), ("v2_index_run", index_run(1)),
                ("v2_index_run_2", index_run(2)),
                ("v2_index_run_3", index_run(3)), ("v2_interior_digests", interior_digests()),

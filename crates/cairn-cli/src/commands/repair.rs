@@ -66,6 +66,8 @@ fn report_json(r: &RepairReport) -> serde_json::Value {
         "packs_checked": r.packs_checked,
         "packs_reindexed": r.packs_reindexed,
         "blobs_reindexed": r.blobs_reindexed,
+        "packs_rescued": r.packs_rescued,
+        "groups_rescued": r.groups_rescued,
         "blobs_restored": r.blobs_restored,
         "bytes_restored": r.bytes_restored,
         "summaries_rebuilt": r.summaries_rebuilt,
@@ -101,6 +103,14 @@ fn print_text(r: &RepairReport, from: Option<&PathBuf>) {
             "{would}index {} blobs from the trailers of {} packs",
             r.blobs_reindexed,
             r.packs_reindexed
+        );
+    }
+    if r.packs_rescued > 0 {
+        outln!(
+            "{would}store {} groups of {} damaged packs again (read from their group frames \
+             or trailers) and set the damaged packs aside under damaged/",
+            r.groups_rescued,
+            r.packs_rescued
         );
     }
     if let Some(path) = from {

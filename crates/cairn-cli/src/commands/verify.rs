@@ -63,6 +63,7 @@ pub async fn run(ctx: &Context, args: VerifyArgs) -> Result<ExitCode> {
             "packs_with_quarantined_copies": report.packs_with_quarantined,
             "notes": report.notes,
             "unindexed_packs": report.unindexed_packs.iter().map(|p| p.to_hex()).collect::<Vec<_>>(),
+            "rescuable_packs": report.rescuable_packs.iter().map(|p| p.to_hex()).collect::<Vec<_>>(),
         }));
     } else {
         let subset = if report.packs_checked < report.packs_in_scope {

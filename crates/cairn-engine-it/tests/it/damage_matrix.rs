@@ -169,7 +169,9 @@ fn cells(encrypted: bool) -> Vec<(&'static str, &'static str, i64, Op)> {
         ("data pack: truncated", keys::PACKS, -1, Op::Truncate),
         ("data pack: deleted", keys::PACKS, -1, Op::Delete),
         ("data pack: swapped", keys::PACKS, -1, Op::Swap),
-        ("node pack: a node", keys::PACKS, 0, Op::Flip(30)),
+        // Past the first group's frame (33 bytes after the 20-byte header, 65 sealed).
+        ("node pack: a node", keys::PACKS, 0, Op::Flip(100)),
+        ("data pack: a group frame", keys::PACKS, -1, Op::Flip(24)),
         ("node pack: deleted", keys::PACKS, 0, Op::Delete),
         ("index run: a section", keys::INDEX_RUNS, -1, Op::Flip(20)),
         ("index run: top level", keys::INDEX_RUNS, -1, Op::Flip(-60)),

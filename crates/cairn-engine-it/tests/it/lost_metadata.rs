@@ -361,7 +361,8 @@ async fn damage_found_by_verify_never_spreads_to_a_new_commit_of_the_same_data()
                     store.corrupt_object(&target.key, target.size as usize - 100)
                 }
                 PackDamage::Header => store.corrupt_object(&target.key, 2),
-                PackDamage::NodeGroup => store.corrupt_object(&target.key, 30),
+                // Past the first group's frame (33 bytes after the header, 65 sealed).
+                PackDamage::NodeGroup => store.corrupt_object(&target.key, 100),
             }
             let repo = reopen_format2(store.clone(), &repo).await;
             let report = verify(repo.clone()).await.unwrap();
@@ -461,5 +462,75 @@ async fn copy_goes_on_past_a_damaged_version_and_names_it() {
             assert_eq!(restore_bytes(&dest, &record).await.unwrap(), *data);
         }
         assert_eq!(records.len(), 4);
+    }
+}
+
+/// Where a pack's table of contents is damaged (finding 5: it used to lose the whole pack).
+#[derive(Debug, Clone, Copy)]
+enum TocDamage {
+    /// A byte of the trailer flipped.
+    Trailer,
+    /// A byte of the footer flipped.
+    Footer,
+    /// The footer and the end of the trailer cut off.
+    Tail,
+    /// A byte of the first group's frame flipped (the trailer intact).
+    Frame,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_trailer_or_footer_loses_no_group_and_repair_stores_them_again() {
+    for encrypted in [false, true] {
+        for damage in [
+            TocDamage::Trailer,
+            TocDamage::Footer,
+            TocDamage::Tail,
+            TocDamage::Frame,
+        ] {
+            let what = format!("{damage:?}, encrypted {encrypted}");
+            let (store, repo, contents, records) = four_versions(encrypted).await;
+            let mut packs = store.list(keys::PACKS).await.unwrap();
+            packs.sort_by_key(|m| m.size);
+            // The first commit's data: every version uses some of it.
+            let target = packs.last().unwrap().clone();
+            let size = target.size as usize;
+            match damage {
+                TocDamage::Trailer => store.corrupt_object(&target.key, size - 100),
+                TocDamage::Footer => store.corrupt_object(&target.key, size - 10),
+                TocDamage::Tail => store.truncate_object(&target.key, size - 60),
+                TocDamage::Frame => store.corrupt_object(&target.key, 24),
+            }
+            let pack: Id = target.key.rsplit('/').next().unwrap().parse().unwrap();
+            let repo = reopen_format2(store.clone(), &repo).await;
+            let report = verify(repo.clone()).await.unwrap();
+            assert!(!report.is_clean(), "{what}: {report:?}");
+            assert_eq!(report.rescuable_packs, [pack], "{what}: {report:?}");
+            match damage {
+                TocDamage::Frame => assert!(report.damaged_versions.is_empty(), "{what}"),
+                _ => assert!(!report.damaged_versions.is_empty(), "{what}"),
+            }
+
+            let repo = reopen_format2(store.clone(), &repo).await;
+            let r = repair(&repo, RepairOptions::default()).await.unwrap();
+            assert_eq!(r.packs_rescued, 1, "{what}: {r:?}");
+            assert!(r.groups_rescued > 10, "{what}: {r:?}");
+            assert!(r.is_clean(), "{what}: nothing is lost: {r:?}");
+            assert_eq!(
+                keys_under(&store, &keys::set_aside_object(&target.key)).await,
+                [keys::set_aside_object(&target.key)],
+                "{what}: the damaged pack is kept aside"
+            );
+
+            let repo = reopen_format2(store.clone(), &repo).await;
+            all_restore(&repo, &contents, &records).await;
+            let report = verify(repo.clone()).await.unwrap();
+            assert!(report.is_clean(), "{what}: {report:?}");
+            gc(&repo, &options(GcMode::Repair)).await.unwrap();
+            let repo = reopen_format2(store.clone(), &repo).await;
+            all_restore(&repo, &contents, &records).await;
+            let report = verify(repo.clone()).await.unwrap();
+            assert!(report.is_clean(), "{what}: after gc: {report:?}");
+            assert!(report.packs_with_quarantined == 0, "{what}: {report:?}");
+        }
     }
 }

@@ -61,7 +61,7 @@ pub(crate) async fn complete_summary(
             of.iter()
                 .filter_map(|(id, &n)| {
                     let m = over.get(id).copied().unwrap_or(0);
-                    (n > m).then_some((*id, n - m))
+                    (n > m).then(|| (*id, n - m))
                 })
                 .collect()
         };

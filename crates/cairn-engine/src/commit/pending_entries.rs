@@ -234,7 +234,7 @@ mod tests {
         let store = LocalStore::open(dir.path()).unwrap();
         let keys = |n: u64, m: u64| {
             (0..n)
-                .map(|k| (k * m) % 5003 * 0x9e37_79b9_7f4a_7c15)
+                .map(|k| ((k * m) % 5003).wrapping_mul(0x9e37_79b9_7f4a_7c15))
                 .collect::<Vec<u64>>()
         };
         let (p1, p2) = (Id::of(b"p1"), Id::of(b"p2"));

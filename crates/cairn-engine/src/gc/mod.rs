@@ -45,7 +45,7 @@ mod live_set;
 mod phase;
 mod rebuild;
 mod records;
-mod repacker;
+pub(crate) mod repacker;
 mod small_packs;
 pub(crate) mod summaries;
 

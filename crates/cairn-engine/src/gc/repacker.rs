@@ -14,19 +14,19 @@ use crate::error::EngineResult;
 /// Writes copied groups into new packs (data and nodes apart: nodes live longer) and
 /// collects what the index run must name for them. A pack is opened by its first group, in
 /// a file the store publishes as it is when it stages (a local repository), else in memory.
-pub(super) struct Repacker<'a> {
+pub(crate) struct Repacker<'a> {
     repo: &'a Repo,
     data: (Option<OpenPack>, Vec<Id>),
     nodes: (Option<OpenPack>, Vec<Id>),
     /// The index entries of the packs stored (8 bytes an id: a GC of the whole repository
     /// names every live chunk here).
-    pub(super) locations: RunEntries,
+    pub(crate) locations: RunEntries,
     /// The packs stored so far, and their sizes.
-    pub(super) written: Vec<(Id, u64)>,
+    pub(crate) written: Vec<(Id, u64)>,
 }
 
 impl<'a> Repacker<'a> {
-    pub(super) fn new(repo: &'a Repo) -> Repacker<'a> {
+    pub(crate) fn new(repo: &'a Repo) -> Repacker<'a> {
         Repacker {
             repo,
             data: (None, Vec::new()),
@@ -38,7 +38,7 @@ impl<'a> Repacker<'a> {
 
     /// Adds `group` (of `kind`); a data group's index entries are its id and the chunks of
     /// `live` slots it stores (every stored chunk when `live` is `None`).
-    pub(super) async fn push(
+    pub(crate) async fn push(
         &mut self,
         kind: BlobKind,
         group: Group,
@@ -69,7 +69,7 @@ impl<'a> Repacker<'a> {
             let staged = self.repo.stage_pack().await?;
             let group_size = self.repo.config().v2.map_or(64 << 10, |v| v.group_size);
             let capacity = pack_capacity(target, group_size as usize);
-            *writer = Some(OpenPack::new(staged, key.is_some(), capacity)?);
+            *writer = Some(OpenPack::new(staged, key, capacity)?);
         }
         let open = writer.as_mut().expect("opened");
         open.push(kind, group)?;
@@ -82,7 +82,7 @@ impl<'a> Repacker<'a> {
     }
 
     async fn store(&mut self, writer: OpenPack, ids: Vec<Id>) -> EngineResult<()> {
-        let (id, bytes) = writer.finish(self.repo.key())?;
+        let (id, bytes) = writer.finish()?;
         let (pack, size) = self.repo.put_pack(&id, bytes).await?;
         self.locations.add_pack(pack, &ids);
         self.written.push((pack, size));
@@ -90,7 +90,7 @@ impl<'a> Repacker<'a> {
     }
 
     /// Stores the open packs; returns the index entries of every pack written.
-    pub(super) async fn finish(&mut self) -> EngineResult<RunEntries> {
+    pub(crate) async fn finish(&mut self) -> EngineResult<RunEntries> {
         for which in [BlobKind::Data, BlobKind::Node] {
             let (writer, ids) = match which {
                 BlobKind::Data => &mut self.data,

@@ -23,11 +23,12 @@ use crate::source::Source;
 /// damaged runs are set aside.
 /// Groups found damaged on the way are indexed too — their trailers still say which chunk
 /// each slot holds, which is what reads of their slots fall back on — and quarantined.
+/// Returns the packs no run names whose trailers cannot be read (for [`rescue_packs`]).
 pub(super) async fn repair_runs(
     repo: &Repo,
     dry_run: bool,
     report: &mut RepairReport,
-) -> EngineResult<()> {
+) -> EngineResult<Vec<Id>> {
     let reader = repo.v2_reader(repo.key().cloned(), Default::default());
     let mut intact = Vec::new();
     let mut damaged = Vec::new();
@@ -48,15 +49,20 @@ pub(super) async fn repair_runs(
     // per block, losing it costs versions, so every readable one is indexed again (the next
     // `gc` deletes what no version needs).
     if damaged.is_empty() && unnamed.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let mut locations: Vec<(Id, Id)> = Vec::new();
+    let mut unreadable = Vec::new();
     for pack in unnamed {
         crate::interrupt::check()?;
         let check = reader.check_pack(&pack).await?;
         let trailer = match reader.trailer(&pack).await {
             Ok(trailer) => trailer,
-            Err(e) if e.is_damage() => continue, // no readable trailer: nothing to index
+            Err(e) if e.is_damage() => {
+                // No readable trailer: nothing to index, but its frames may give groups back.
+                unreadable.push(pack);
+                continue;
+            }
             Err(e) => return Err(e.into()),
         };
         let entries = trailer.index_entries(|_| true);
@@ -80,7 +86,7 @@ pub(super) async fn repair_runs(
                 }),
         );
     if dry_run {
-        return Ok(());
+        return Ok(unreadable);
     }
     // The rebuilt run is durable before the damaged ones go, so that no moment passes
     // without a run naming these packs. Rebuilt from the same packs, a plain run may encode
@@ -117,6 +123,65 @@ pub(super) async fn repair_runs(
     }
     repo.flush_quarantine().await?;
     repo.refresh_index().await?;
+    Ok(unreadable)
+}
+
+/// Step 3b on format 2: each damaged pack `verify` (or step 3) found rescuable — its trailer
+/// or footer lost while its group frames give groups back, or a frame damaged while all else
+/// reads — has the groups it can give stored again, as they are, in new packs (every id
+/// recomputed or checked on the way, so a group keeps its own id or is not stored), named by
+/// an index run; then it is quarantined whole and set aside (`damaged/packs/…`): nothing
+/// reads it again, and no byte of it is deleted. What it held that no frame gave back stays
+/// lost, named by the steps after this one.
+pub(super) async fn rescue_packs(
+    repo: &Repo,
+    packs: &[Id],
+    dry_run: bool,
+    report: &mut RepairReport,
+) -> EngineResult<()> {
+    let reader = repo
+        .v2()
+        .ok_or_else(|| EngineError::internal("repair", "format 2 repair of format 1"))?;
+    for pack in packs {
+        crate::interrupt::check()?;
+        let data = match repo.read_whole_pack(pack).await {
+            Ok(data) => data,
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let key = repo.key().cloned();
+        let groups = tokio::task::spawn_blocking(move || {
+            cairn_repo::v2::rescuable_groups(&data, key.as_ref())
+        })
+        .await
+        .map_err(|e| EngineError::internal("repair thread", e))?;
+        if groups.is_empty() {
+            continue;
+        }
+        report.packs_rescued += 1;
+        report.groups_rescued += groups.len() as u64;
+        if dry_run {
+            continue;
+        }
+        let mut writer = crate::gc::repacker::Repacker::new(repo);
+        for (kind, group) in groups {
+            writer.push(kind, group, None).await?;
+        }
+        let entries = writer.finish().await?;
+        repo.put_run_entries(entries, repo.key()).await?;
+        reader.quarantine_copy(
+            pack,
+            pack,
+            0,
+            "set aside by repair: its groups are stored again",
+        );
+        repo.flush_quarantine().await?;
+        repo.set_aside_object(&keys::pack(pack)).await?;
+        tracing::info!(%pack, "damaged pack set aside: its groups are stored again");
+    }
+    if report.packs_rescued > 0 && !dry_run {
+        repo.refresh_index().await?;
+    }
     Ok(())
 }
 

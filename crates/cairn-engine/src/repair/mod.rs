@@ -87,6 +87,11 @@ pub struct RepairReport {
     /// Packs whose trailers were read to rebuild the index, and the blobs indexed from them.
     pub packs_reindexed: u64,
     pub blobs_reindexed: u64,
+    /// Damaged packs whose groups were stored again in new packs (their trailer or footer
+    /// lost: groups read from their frames; or a frame damaged) and then set aside, and the
+    /// groups so stored.
+    pub packs_rescued: u64,
+    pub groups_rescued: u64,
     /// Blobs stored again from `--from`, and their plain bytes.
     pub blobs_restored: u64,
     pub bytes_restored: u64,
@@ -112,7 +117,7 @@ pub async fn repair(repo: &Arc<Repo>, options: RepairOptions) -> EngineResult<Re
     let live = live_versions(repo).await?;
     repair_metadata(repo, &live, options.dry_run, &mut report).await?;
     if repo.v2().is_some() {
-        grouped::repair_runs(repo, options.dry_run, &mut report).await?;
+        let unreadable_unnamed = grouped::repair_runs(repo, options.dry_run, &mut report).await?;
         // Every pack read whole first, as verify reads them: damage no read has met yet is
         // found and quarantined, and quarantine markers whose copies read intact (or that
         // name nothing) are lifted, so what follows is judged on what the packs hold now —
@@ -120,6 +125,9 @@ pub async fn repair(repo: &Arc<Repo>, options: RepairOptions) -> EngineResult<Re
         repo.refresh_index().await?;
         let checked = crate::verify::verify(repo.clone()).await?;
         report.packs_checked = checked.packs_checked;
+        let mut rescuable = checked.rescuable_packs;
+        rescuable.extend(unreadable_unnamed);
+        grouped::rescue_packs(repo, &rescuable, options.dry_run, &mut report).await?;
         let live = live_versions(repo).await?;
         if let Some(open) = &options.from {
             grouped::store_from(repo, &live, open()?, options.dry_run, &mut report).await?;

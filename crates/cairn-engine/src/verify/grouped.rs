@@ -96,6 +96,9 @@ pub(super) async fn check_packs(
         let (pack, check) = done.map_err(|e| EngineError::internal("verify task", e))?;
         let check = check?;
         report.packs_checked += 1;
+        if check.rescuable {
+            report.rescuable_packs.push(pack);
+        }
         if check.missing {
             // What it held is unknown (its trailer went with it): the pack is quarantined
             // whole, and reported once; the versions that need it are named below.

@@ -2,7 +2,9 @@
 //! trailer parsed, and every group opened and every stored chunk hashed against its id.
 //! Nothing is cached: a verify reads each pack once, and its verdicts are its own.
 
-use cairn_format::group::group_id;
+use cairn_format::crypto::MasterKey;
+use cairn_format::group::{group_id, Group};
+use cairn_format::pack::BlobKind;
 use cairn_format::pack_v2;
 use cairn_format::{keys, Id};
 
@@ -34,6 +36,42 @@ pub struct PackCheck {
     /// The bytes do not hash to the pack's id, yet every group in them reads intact: they
     /// are another pack's (a swap, a misplaced copy), so what this pack held is unknown.
     pub foreign: bool,
+    /// `cairn repair` can store this pack's groups again in a new pack: its trailer or footer
+    /// is lost but group frames give groups back, or a frame is damaged while the trailer
+    /// and every group read (see [`rescuable_groups`]).
+    pub rescuable: bool,
+}
+
+/// The groups of a damaged pack that can be stored again, with their kinds: from the trailer
+/// when it reads and every group in it opens (the pack's frames are what is damaged), else
+/// from the group frames (version 3; the trailer or footer is what is lost). Every group
+/// returned decodes, and a salvaged one's ids are hashed from its bytes.
+pub fn rescuable_groups(data: &[u8], key: Option<&MasterKey>) -> Vec<(BlobKind, Group)> {
+    let id_of = |d: &[u8]| key.map_or_else(|| Id::of(d), |k| k.id_of(d));
+    if let Ok(groups) = pack_v2::parse_pack(data, key) {
+        let mut out = Vec::with_capacity(groups.len());
+        for g in groups {
+            let range = g.range();
+            let Some(stored) = data.get(range.start as usize..range.end as usize) else {
+                return Vec::new();
+            };
+            if OpenedGroup::open(&g.desc, stored, key).is_err() {
+                return Vec::new(); // its trailer entry is what a rebuild from copies needs
+            }
+            out.push((
+                g.kind,
+                Group {
+                    stored: stored.to_vec(),
+                    desc: g.desc,
+                },
+            ));
+        }
+        return out;
+    }
+    match pack_v2::salvage_pack(data, key, id_of) {
+        Ok(s) => s.groups.into_iter().map(|g| (g.kind, g.group)).collect(),
+        Err(_) => Vec::new(),
+    }
 }
 
 impl V2Reader {
@@ -104,12 +142,7 @@ impl V2Reader {
     }
 }
 
-fn check_bytes(
-    pack: &Id,
-    key: &str,
-    data: &[u8],
-    master: Option<&cairn_format::crypto::MasterKey>,
-) -> PackCheck {
+fn check_bytes(pack: &Id, key: &str, data: &[u8], master: Option<&MasterKey>) -> PackCheck {
     let mut check = PackCheck {
         bytes: data.len() as u64,
         ..Default::default()
@@ -134,11 +167,29 @@ fn check_bytes(
         }) {
         Ok(groups) => groups,
         Err(e) => {
-            check.problems.push(format!("{key}: {}", why(key, e)));
+            let mut line = format!("{key}: {}", why(key, e));
+            let id_of = |d: &[u8]| master.map_or_else(|| Id::of(d), |k| k.id_of(d));
+            if let Ok(s) = pack_v2::salvage_pack(data, master, id_of) {
+                if !s.groups.is_empty() {
+                    check.rescuable = true;
+                    line.push_str(&format!(
+                        "; {} of its groups read from their frames: `cairn repair` stores them again",
+                        s.groups.len()
+                    ));
+                }
+            }
+            check.problems.push(line);
             return check;
         }
     };
     check.readable = true;
+    let frames = pack_v2::check_frames(data, &groups, master);
+    if let Err(why) = &frames {
+        check.problems.push(format!(
+            "{key}: {why} (the trailer reads, so nothing is lost yet; `cairn repair` writes the pack again)"
+        ));
+        check.rescuable = true;
+    }
     let id_matches = check.problems.is_empty();
     for (i, g) in groups.iter().enumerate() {
         check.groups += 1;
@@ -161,7 +212,11 @@ fn check_bytes(
             check.bad.extend(stored_ids.map(|id| (id, reason.clone())));
         }
     }
-    check.foreign = !id_matches && check.damaged_groups.is_empty();
+    // (A damaged frame also changes the pack's hash; it is not another pack's bytes.)
+    check.foreign = !id_matches && check.damaged_groups.is_empty() && frames.is_ok();
+    // Groups read, frames damaged: rewritten whole. With a damaged group the trailer stays,
+    // since it is what a rebuild of that group from other copies reads.
+    check.rescuable &= check.damaged_groups.is_empty() && !check.foreign;
     check
 }
 

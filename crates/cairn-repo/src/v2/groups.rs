@@ -25,8 +25,9 @@ const MAX_SPAN_GROUPS: usize = 64;
 /// Groups of one pack at most this far apart are read in one request, the bytes between them
 /// read and dropped (as format 1's restore coalesces chunks): the groups of a version's
 /// segment were written by several commits, so they are near each other more often than
-/// next to each other.
-const MAX_SPAN_GAP: u64 = 64 << 10;
+/// next to each other. One skipped group of 64 KiB fits, with the frames around it (pack
+/// version 3: 33–65 bytes a group, more when a frame lists its slots).
+const MAX_SPAN_GAP: u64 = (64 << 10) + 4096;
 
 /// At most this many stored bytes in one read, gaps included.
 const MAX_SPAN_BYTES: u64 = 4 << 20;

@@ -36,7 +36,7 @@ use cairn_store::ObjectStore;
 use quick_cache::sync::Cache;
 use quick_cache::Weighter;
 
-pub use check::PackCheck;
+pub use check::{rescuable_groups, PackCheck};
 pub use filters::FILTER_AFTER_ASKS;
 pub use groups::OpenedGroup;
 pub use merge::MergedRun;

@@ -71,14 +71,18 @@ pub enum OpenPack {
 impl OpenPack {
     /// A pack written into `staged` if there is one, else into memory (room reserved for
     /// `capacity` bytes).
-    pub fn new(staged: Option<StagedFile>, sealed: bool, capacity: usize) -> RepoResult<OpenPack> {
+    pub fn new(
+        staged: Option<StagedFile>,
+        key: Option<&MasterKey>,
+        capacity: usize,
+    ) -> RepoResult<OpenPack> {
         Ok(match staged {
             Some(file) => {
                 let error = file.errors();
                 let out = BufWriter::with_capacity(STAGED_BUFFER, file);
-                OpenPack::Staged(PackWriter::to_writer(out, sealed).map_err(|e| error("write", e))?)
+                OpenPack::Staged(PackWriter::to_writer(out, key).map_err(|e| error("write", e))?)
             }
-            None => OpenPack::Memory(PackWriter::with_capacity(sealed, capacity)),
+            None => OpenPack::Memory(PackWriter::with_capacity(key, capacity)),
         })
     }
 
@@ -109,15 +113,15 @@ impl OpenPack {
     }
 
     /// Closes the pack: its id and bytes, to store with [`crate::Repo::put_pack`].
-    pub fn finish(self, key: Option<&MasterKey>) -> RepoResult<(Id, PackBytes)> {
+    pub fn finish(self) -> RepoResult<(Id, PackBytes)> {
         Ok(match self {
             OpenPack::Memory(w) => {
-                let (id, bytes, _) = w.finish(key);
+                let (id, bytes, _) = w.finish();
                 (id, PackBytes::Memory(bytes))
             }
             OpenPack::Staged(w) => {
                 let error = w.writer().get_ref().errors();
-                let (id, out, _) = w.try_finish(key).map_err(|e| error("write", e))?;
+                let (id, out, _) = w.try_finish().map_err(|e| error("write", e))?;
                 let file = out
                     .into_inner()
                     .map_err(|e| error("write", e.into_error()))?;
@@ -187,13 +191,12 @@ impl GroupPacker {
     /// The open pack, opened if there is none.
     fn open_pack(&mut self) -> RepoResult<&mut OpenPack> {
         if self.pack.is_none() {
-            let sealed = self.key.is_some();
             let staged = match &mut self.stager {
                 Some(stage) => stage()?,
                 None => None,
             };
             let capacity = pack_capacity(self.pack_limit, self.group_limit);
-            self.pack = Some(OpenPack::new(staged, sealed, capacity)?);
+            self.pack = Some(OpenPack::new(staged, self.key.as_ref(), capacity)?);
         }
         Ok(self.pack.as_mut().expect("opened"))
     }
@@ -279,7 +282,7 @@ impl GroupPacker {
         let Some(pack) = self.pack.take().filter(|p| !p.is_empty()) else {
             return Ok(None);
         };
-        let (id, bytes) = pack.finish(self.key.as_ref())?;
+        let (id, bytes) = pack.finish()?;
         Ok(Some(FinishedPack {
             id,
             bytes,

@@ -33,7 +33,7 @@ pub fn pack(
     groups: usize,
     key: Option<&MasterKey>,
 ) -> (Id, Vec<u8>, Vec<Written>) {
-    let mut w = PackWriter::new(key.is_some());
+    let mut w = PackWriter::new(key);
     let mut written = Vec::new();
     for g in 0..groups {
         let mut b = GroupBuilder::new(GROUP);
@@ -56,7 +56,7 @@ pub fn pack(
         });
         w.push(BlobKind::Data, group);
     }
-    let (id, bytes, _) = w.finish(key);
+    let (id, bytes, _) = w.finish();
     (id, bytes, written)
 }
 
