@@ -4,23 +4,27 @@
 # format 2 repository directly. Reports time, bytes read from the source, stored bytes, the
 # second run (which must copy nothing), and checks the first and last copies bit-exact.
 #
-#   bench/copy.sh [DATASET_DIR]     (default: .data/full, built if missing)
+#   CAIRN_V1_BIN=OLD bench/copy.sh [DATASET_DIR]     (default: .data/full, built if missing)
+#
+# This cairn no longer writes format 1 (read-only since 2026-12-02): OLD, a cairn built from
+# an earlier commit (e.g. c778d08), writes the format 1 source; this one copies it.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$ROOT/scripts/lib.sh"
 DS=${1:-$(dataset_dir full)}
 cargo build -q --release -p cairn-cli --manifest-path "$ROOT/Cargo.toml"
 C="$(_cargo_target_dir)/release/cairn"
+V1=${CAIRN_V1_BIN:?set CAIRN_V1_BIN to a cairn built before 2026-12-02: it writes the format 1 source}
 W=$(mktemp -d "${TMPDIR:-/tmp}/cairn-copy.XXXXXX"); trap 'rm -rf "$W"' EXIT
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true; }
 secs() { local s; s=$(date +%s.%N); "$@" >/dev/null; echo "$(date +%s.%N) - $s" | bc; }
 
-$C -q --repo "$W/v1" init --reserve 0
+$V1 -q --repo "$W/v1" init --format 1 --reserve 0
 $C -q --repo "$W/v2" init --format 2 --reserve 0
 $C -q --repo "$W/cp" init --format 2 --reserve 0
 direct=0
 for i in 0 1 2 3 4 5; do
-  drop; $C -q --repo "$W/v1" commit su "$DS/su-$i.raw" -m "su-$i" >/dev/null
+  drop; $V1 -q --repo "$W/v1" commit su "$DS/su-$i.raw" -m "su-$i" >/dev/null
   drop; t=$(secs $C -q --repo "$W/v2" commit su "$DS/su-$i.raw" -m "su-$i")
   direct=$(echo "$direct + $t" | bc)
 done

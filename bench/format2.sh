@@ -7,6 +7,10 @@
 #
 #   bench/format2.sh [DATASET_DIR]     (default: .data/full, built if missing)
 #
+# This cairn writes format 2 only (format 1 is read-only since 2026-12-02): the format 1 rows
+# need CAIRN_V1_BIN, a cairn built from an earlier commit (e.g. c778d08); without it only
+# format 2 runs.
+#
 # Writes bench/results/format2-DATE.jsonl (one line per step) and prints a table.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,17 +18,21 @@ source "$ROOT/scripts/lib.sh"
 DS=${1:-$(dataset_dir full)}
 cargo build -q --release -p cairn-cli --manifest-path "$ROOT/Cargo.toml"
 CAIRN="$(_cargo_target_dir)/release/cairn"
+FORMATS="2"
+[ -n "${CAIRN_V1_BIN:-}" ] && FORMATS="1 2"
+bin_for() { if [ "$1" = 1 ]; then echo "$CAIRN_V1_BIN"; else echo "$CAIRN"; fi; }
 OUT="$ROOT/bench/results/format2-$(date -u +%F).jsonl"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/cairn-format2.XXXXXX"); trap 'rm -rf "$WORK"' EXIT
 : >"$OUT"
 
 run() { # FORMAT SCENARIO IMAGE...
   local format=$1 scenario=$2; shift 2
-  local repo="$WORK/f$format-$scenario"
-  "$CAIRN" -q --repo "$repo" init --format "$format" --reserve 0
+  local repo="$WORK/f$format-$scenario" bin
+  bin=$(bin_for "$format")
+  "$bin" -q --repo "$repo" init --format "$format" --reserve 0
   for img in "$@"; do
     sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
-    "$CAIRN" --json --repo "$repo" commit vm "$img" | python3 -c '
+    "$bin" --json --repo "$repo" commit vm "$img" | python3 -c '
 import json, sys
 d = json.loads(sys.stdin.read())
 print(json.dumps({"format": int(sys.argv[1]), "scenario": sys.argv[2], "step": sys.argv[3],
@@ -35,7 +43,7 @@ print(json.dumps({"format": int(sys.argv[1]), "scenario": sys.argv[2], "step": s
     sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
     local t0 t1
     t0=$(date +%s.%N)
-    "$CAIRN" -q --repo "$repo" restore vm "$WORK/out.raw"
+    "$bin" -q --repo "$repo" restore vm "$WORK/out.raw"
     t1=$(date +%s.%N)
     python3 -c 'import json,sys,os
 print(json.dumps({"format": int(sys.argv[1]), "scenario": "series", "step": "restore su-5", "op": "restore",
@@ -51,7 +59,7 @@ print(json.dumps({"format": int(sys.argv[1]), "scenario": "series", "step": "met
   rm -rf "$repo"
 }
 
-for f in 1 2; do
+for f in $FORMATS; do
   run "$f" series "$DS"/su-{0,1,2,3,4,5}.raw
   run "$f" rebuilt "$DS"/su-1.raw "$DS"/su-1-rebuilt.raw
 done
@@ -68,7 +76,7 @@ for r in rows:
     new = r.get("new", 0) / mib
     rate = r["read"] / mib / r["seconds"] if r["seconds"] else 0
     print(f"{r['format']:>6} {r['scenario']:>8} {r['step']:>13} {r['op']:>7} {stored:>10.1f} {new:>8.1f} {r['seconds']:>6.2f} {rate:>7.0f}")
-for f in (1, 2):
+for f in sorted({r["format"] for r in rows}):
     s = sum(r.get("stored", 0) for r in rows if r["format"] == f and r["scenario"] == "series")
     print(f"format {f}: su-0..su-5 stored {s / mib:.1f} MiB")
     for m in (r for r in rows if r["format"] == f and r["op"] == "metadata"):

@@ -8,12 +8,19 @@
 # the GCs.
 #
 #   bench/gc.sh [DATASET_DIR]     (default: .data/full, built if missing)
+#
+# This cairn writes format 2 only (format 1 is read-only since 2026-12-02): the format 1 run
+# needs CAIRN_V1_BIN, a cairn built from an earlier commit (e.g. c778d08); without it only
+# format 2 runs.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$ROOT/scripts/lib.sh"
 DS=${1:-$(dataset_dir full)}
 cargo build -q --release -p cairn-cli --manifest-path "$ROOT/Cargo.toml"
-C="$(_cargo_target_dir)/release/cairn"
+CAIRN="$(_cargo_target_dir)/release/cairn"
+C=$CAIRN
+FORMATS="2"
+[ -n "${CAIRN_V1_BIN:-}" ] && FORMATS="1 2"
 W=$(mktemp -d "${TMPDIR:-/tmp}/cairn-gc.XXXXXX"); trap 'rm -rf "$W"' EXIT
 
 # One GC, timed: "<seconds> <peak RSS KiB>" on fd 3, its --json report in $W/gc.json.
@@ -21,8 +28,9 @@ timed_gc() {
   /usr/bin/time -f "%e %M" -o "$W/time" "$C" -q --json --repo "$1" gc "${@:2}" >"$W/gc.json"
   cat "$W/time"
 }
-for fmt in 1 2; do
+for fmt in $FORMATS; do
   R="$W/v$fmt"; F="$W/fresh$fmt"
+  if [ "$fmt" = 1 ]; then C=$CAIRN_V1_BIN; else C=$CAIRN; fi
   $C -q --repo "$R" init --format "$fmt" --reserve 0
   $C -q --repo "$F" init --format "$fmt" --reserve 0
   for i in 0 1 2 3 4 5; do

@@ -123,6 +123,37 @@ def damage_group(repo, _):
     flip(largest(repo, "packs"), 5000)
 
 
+def damage_footer(repo, _):
+    flip(largest(repo, "packs"), -10)
+
+
+def damage_tail(repo, _):
+    path = largest(repo, "packs")
+    os.truncate(path, os.path.getsize(path) - 60)
+
+
+def damage_pack_deleted(repo, _):
+    os.remove(largest(repo, "packs"))
+
+
+def smallest(repo, prefix):
+    files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(repo.path, prefix))
+             for f in fs if not f.startswith(".")]
+    return min(files, key=os.path.getsize)
+
+
+def damage_node(repo, _):
+    flip(smallest(repo, "packs"), 100)  # past a version 3 pack's first frame (20 + 33)
+
+
+def damage_index_section(repo, _):
+    flip(largest(repo, "index-runs"), 30)
+
+
+def damage_summary_deleted(repo, _):
+    os.remove(largest(repo, "summaries"))
+
+
 def damage_gc_plan(repo, _):
     os.makedirs(os.path.join(repo.path, "gc", "plans"), exist_ok=True)
     with open(os.path.join(repo.path, "gc", "plans", "0" * 64), "wb") as f:
@@ -135,7 +166,13 @@ DAMAGES = [
     ("head ref moved back to @2", damage_head_moved_back),
     ("newest version record deleted", damage_newest_record),
     ("a byte of the first pack's trailer", damage_trailer),
+    ("a byte of the first pack's footer", damage_footer),
+    ("the first pack cut 60 bytes short", damage_tail),
+    ("the first pack deleted", damage_pack_deleted),
     ("a byte of a group of the first pack", damage_group),
+    ("a byte of a manifest node (the smallest pack)", damage_node),
+    ("a byte of an index run's section", damage_index_section),
+    ("a reference summary deleted", damage_summary_deleted),
     ("a garbage gc plan", damage_gc_plan),
 ]
 

@@ -165,7 +165,9 @@ pub fn read(pack: &[u8], at: usize, key: Option<&MasterKey>) -> Option<Frame> {
         plain_len,
         chunks,
     };
-    let fits = end + stored_len as usize <= pack.len();
+    let fits = (end as u64)
+        .checked_add(u64::from(stored_len))
+        .is_some_and(|e| e <= pack.len() as u64);
     let adds_up = desc.stored_chunk_bytes() == u64::from(plain_len);
     (fits && adds_up && desc.chunks.iter().any(|c| c.stored)).then_some(Frame {
         kind,
@@ -209,7 +211,8 @@ pub struct Salvage {
     pub groups: Vec<SalvagedGroup>,
     /// Groups whose frame read but whose bytes do not decode.
     pub damaged: Vec<(u64, String)>,
-    /// Bytes of the data area no frame accounts for (damaged frames, and the trailer).
+    /// Bytes searched for a frame (damaged frames, the trailer, and the inside of groups
+    /// whose frame was found only by searching and is not followed by another).
     pub unaccounted: u64,
 }
 
@@ -217,7 +220,11 @@ pub struct Salvage {
 /// footer (which may be damaged or cut off): each frame is read, its group decoded and every
 /// stored chunk hashed with `id_of` (the repository's chunk id), so a group comes back under
 /// its own id or not at all. After a frame that does not check, the next is searched byte by
-/// byte. `pack` starts with the pack header (checked by the caller, version 3).
+/// byte. A frame met by searching might be bytes inside a raw group that only look like one
+/// (a disk that holds a cairn repository): its group is taken (its ids are its own, so at
+/// worst it is a group no version uses), but its span is skipped only when another frame,
+/// or the end, follows it; otherwise the search goes on inside it. `start` is where the
+/// first frame is (past the pack header).
 pub fn salvage(
     pack: &[u8],
     start: usize,
@@ -226,19 +233,19 @@ pub fn salvage(
 ) -> Salvage {
     let mut out = Salvage::default();
     let mut at = start;
-    let mut lost_from = None;
+    // Whether `at` is where the previous frame said the next one is.
+    let mut chained = true;
     while at < pack.len() {
         let Some(frame) = read(pack, at, key) else {
-            lost_from.get_or_insert(at);
+            out.unaccounted += 1;
+            chained = false;
             at += 1;
             continue;
         };
-        if let Some(from) = lost_from.take() {
-            out.unaccounted += (at - from) as u64;
-        }
-        let stored = &pack[frame.group_at..frame.group_at + frame.desc.stored_len as usize];
+        let end = frame.group_at + frame.desc.stored_len as usize;
+        let trusted = chained || end == pack.len() || read(pack, end, key).is_some();
+        let stored = &pack[frame.group_at..end];
         let offset = frame.group_at as u64;
-        at = frame.group_at + stored.len();
         match open_group(&frame.desc, stored, key) {
             Ok(plain) => {
                 let mut desc = frame.desc;
@@ -258,9 +265,13 @@ pub fn salvage(
             }
             Err(e) => out.damaged.push((offset, e.to_string())),
         }
-    }
-    if let Some(from) = lost_from {
-        out.unaccounted += (pack.len() - from) as u64;
+        if trusted {
+            at = end;
+            chained = true;
+        } else {
+            out.unaccounted += 1;
+            at += 1;
+        }
     }
     out
 }
@@ -362,5 +373,57 @@ mod tests {
                 assert_eq!(s.groups.len(), whole, "cut at {cut}");
             }
         }
+    }
+
+    /// A raw group may hold bytes that look like a frame (a disk holding a cairn repository).
+    /// Met by searching, such a frame's span is not trusted: the real frame it covers is still
+    /// found.
+    #[test]
+    fn a_frame_inside_a_raw_group_does_not_hide_the_real_ones() {
+        let b = group(&[&[9; 4096], &[8; 4096]], None);
+        let frame_b = encode(BlobKind::Data, &b.desc, None);
+        let mut noise: Vec<u8> = (0..3000u32)
+            .flat_map(|i| Id::of(&i.to_le_bytes()).0)
+            .collect();
+        noise.truncate(60_000);
+        // Group a: raw noise with a fake frame at 1000 claiming a raw group that runs past
+        // b's frame and ends inside b's bytes.
+        let a_len = noise.len();
+        let fake_at_in_a = 1000;
+        let a_frame_len = encode(BlobKind::Data, &group(&[&noise], None).desc, None).len();
+        let fake_frame_len = 33;
+        let fake_group_at = a_frame_len + fake_at_in_a + fake_frame_len;
+        let b_stored_at = a_frame_len + a_len + frame_b.len();
+        let fake_len = (b_stored_at + 10 - fake_group_at) as u32;
+        let fake = GroupDesc {
+            encoding: BlobEncoding::Raw,
+            sealed: false,
+            stored_len: fake_len,
+            plain_len: fake_len,
+            chunks: vec![GroupChunk::new(Id([0; 32]), fake_len)],
+        };
+        let fake_frame = encode(BlobKind::Data, &fake, None);
+        assert_eq!(fake_frame.len(), fake_frame_len);
+        noise[fake_at_in_a..fake_at_in_a + fake_frame_len].copy_from_slice(&fake_frame);
+        let a = group(&[&noise], None);
+        assert_eq!(
+            a.desc.encoding,
+            BlobEncoding::Raw,
+            "noise does not compress"
+        );
+        let mut bytes = encode(BlobKind::Data, &a.desc, None);
+        assert_eq!(bytes.len(), a_frame_len);
+        bytes.extend_from_slice(&a.stored);
+        bytes.extend_from_slice(&frame_b);
+        bytes.extend_from_slice(&b.stored);
+        bytes[3] ^= 1; // a's frame damaged: the search starts
+        let s = salvage(&bytes, 0, None, Id::of);
+        let ids: Vec<Id> = s
+            .groups
+            .iter()
+            .map(|g| group_id(&g.group.desc.chunks, None))
+            .collect();
+        assert!(ids.contains(&group_id(&b.desc.chunks, None)), "b found");
+        assert_eq!(s.groups.len(), 2, "the fake group and b");
     }
 }

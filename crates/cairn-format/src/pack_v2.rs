@@ -439,22 +439,27 @@ pub fn parse_trailer(
 /// Recovers the groups of a pack whose trailer or footer is damaged or cut off, from their
 /// frames (version 3; a version 2 pack has none, its trailer was its only table of
 /// contents). `id_of` is the repository's chunk id: every stored chunk's id is recomputed.
+/// The header's version and flags are outside every checksum, so they are not trusted here:
+/// frames are sought when one reads at the first group's place or the header says version 3,
+/// and sealed or not follows `key` (the repository's).
 pub fn salvage_pack(
     pack: &[u8],
     key: Option<&MasterKey>,
     id_of: impl Fn(&[u8]) -> Id,
 ) -> Result<group_frame::Salvage, FormatError> {
-    let (version, sealed) = parse_header_version(pack)?;
-    if version < 3 {
-        return Err(FormatError::invalid(
-            "pack",
-            format!("pack version {version} has no group frames to recover groups from"),
-        ));
+    if pack.len() < HEADER_LEN {
+        return Err(FormatError::Truncated {
+            what: "pack",
+            needed: HEADER_LEN as u64,
+            available: pack.len() as u64,
+        });
     }
-    if sealed != key.is_some() {
+    let says_3 = matches!(parse_header_version(pack), Ok((3, _)));
+    if !says_3 && group_frame::read(pack, HEADER_LEN, key).is_none() {
+        let found = u32::from_le_bytes(pack[8..12].try_into().expect("4 bytes"));
         return Err(FormatError::invalid(
             "pack",
-            "sealed and unsealed do not match the repository",
+            format!("pack version {found} and no group frame where the first group starts: no frames to recover groups from"),
         ));
     }
     Ok(group_frame::salvage(pack, HEADER_LEN, key, id_of))
@@ -679,12 +684,26 @@ mod tests {
     }
 
     #[test]
-    fn a_version_2_pack_is_read_but_cannot_be_salvaged() {
-        let (_, mut bytes, groups) = build(None);
-        bytes[8] = 2; // the header is outside every checksum: a reader takes it as version 2
-        assert_eq!(parse_pack(&bytes, None).unwrap(), groups);
-        check_frames(&bytes, &groups, None).unwrap();
-        let err = salvage_pack(&bytes, None, Id::of).unwrap_err().to_string();
-        assert!(err.contains("version 2 has no group frames"), "{err}");
+    fn a_damaged_header_does_not_stop_a_salvage() {
+        for key in [None, Some(MasterKey::generate())] {
+            let key = key.as_ref();
+            let id_of = |d: &[u8]| key.map_or_else(|| Id::of(d), |k| k.id_of(d));
+            let (_, bytes, groups) = build(key);
+            let data_end = groups.last().unwrap().range().end as usize;
+            // Version 3 read as 2, flags and magic flipped: the frames still give the groups.
+            for (at, to) in [(8, 2u8), (8, 7), (16, 2), (0, b'X')] {
+                let mut bad = bytes[..data_end].to_vec();
+                bad[at] = to;
+                let s = salvage_pack(&bad, key, id_of).unwrap();
+                assert_eq!(s.groups.len(), groups.len(), "byte {at} = {to}");
+            }
+        }
+        // A pack of version 2 has no frames: nothing is sought.
+        let (_, bytes, _) = build(None);
+        let mut v2 = bytes[..HEADER_LEN].to_vec();
+        v2[8] = 2;
+        v2.extend_from_slice(&[0x5a; 4000]);
+        let err = salvage_pack(&v2, None, Id::of).unwrap_err().to_string();
+        assert!(err.contains("no frames to recover groups from"), "{err}");
     }
 }

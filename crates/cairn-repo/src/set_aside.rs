@@ -8,7 +8,7 @@
 use bytes::Bytes;
 use cairn_format::keys;
 use cairn_format::Id;
-use cairn_store::{CasOutcome, StoreError};
+use cairn_store::{CasOutcome, PutOutcome, StoreError};
 
 use crate::error::RepoResult;
 use crate::repository::Repo;
@@ -17,15 +17,29 @@ use crate::repository::Repo;
 /// `damaged/refs/<ref key>`.
 impl Repo {
     /// Moves object `key` to `damaged/<key>` (copy, then delete). Returns false if it was gone.
+    /// Bytes set aside earlier under that name with other content (the same object damaged
+    /// twice) are kept: these go to `damaged/<key>.1`, `.2`, … instead.
     pub async fn set_aside_object(&self, key: &str) -> RepoResult<bool> {
         let raw = match self.store().get(key).await {
             Ok(raw) => raw,
             Err(StoreError::NotFound { .. }) => return Ok(false),
             Err(e) => return Err(e.into()),
         };
-        self.store()
-            .put_if_absent(&keys::set_aside_object(key), raw)
-            .await?;
+        let base = keys::set_aside_object(key);
+        for n in 0u32.. {
+            let target = match n {
+                0 => base.clone(),
+                n => format!("{base}.{n}"),
+            };
+            match self.store().put_if_absent(&target, raw.clone()).await? {
+                PutOutcome::Created => break,
+                PutOutcome::AlreadyExists => {
+                    if self.store().get(&target).await? == raw {
+                        break; // a set-aside killed before its delete, done again
+                    }
+                }
+            }
+        }
         self.store().delete(key).await?;
         Ok(true)
     }

@@ -108,7 +108,8 @@ fn print_text(r: &RepairReport, from: Option<&PathBuf>) {
     if r.packs_rescued > 0 {
         outln!(
             "{would}store {} groups of {} damaged packs again (read from their group frames \
-             or trailers) and set the damaged packs aside under damaged/",
+             or trailers) and set the damaged packs aside under damaged/; until the next \
+             `cairn gc --repair` drops them from the index, commits check what they reuse",
             r.groups_rescued,
             r.packs_rescued
         );

@@ -476,6 +476,8 @@ enum TocDamage {
     Tail,
     /// A byte of the first group's frame flipped (the trailer intact).
     Frame,
+    /// A byte of the trailer of a pack of manifest nodes flipped.
+    NodeTrailer,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -486,19 +488,25 @@ async fn a_damaged_trailer_or_footer_loses_no_group_and_repair_stores_them_again
             TocDamage::Footer,
             TocDamage::Tail,
             TocDamage::Frame,
+            TocDamage::NodeTrailer,
         ] {
             let what = format!("{damage:?}, encrypted {encrypted}");
             let (store, repo, contents, records) = four_versions(encrypted).await;
             let mut packs = store.list(keys::PACKS).await.unwrap();
             packs.sort_by_key(|m| m.size);
-            // The first commit's data: every version uses some of it.
-            let target = packs.last().unwrap().clone();
+            // The first commit's data (every version uses some of it), or the smallest pack:
+            // manifest nodes.
+            let target = match damage {
+                TocDamage::NodeTrailer => packs.first().unwrap().clone(),
+                _ => packs.last().unwrap().clone(),
+            };
             let size = target.size as usize;
             match damage {
                 TocDamage::Trailer => store.corrupt_object(&target.key, size - 100),
                 TocDamage::Footer => store.corrupt_object(&target.key, size - 10),
                 TocDamage::Tail => store.truncate_object(&target.key, size - 60),
                 TocDamage::Frame => store.corrupt_object(&target.key, 24),
+                TocDamage::NodeTrailer => store.corrupt_object(&target.key, size - 60),
             }
             let pack: Id = target.key.rsplit('/').next().unwrap().parse().unwrap();
             let repo = reopen_format2(store.clone(), &repo).await;
@@ -513,7 +521,7 @@ async fn a_damaged_trailer_or_footer_loses_no_group_and_repair_stores_them_again
             let repo = reopen_format2(store.clone(), &repo).await;
             let r = repair(&repo, RepairOptions::default()).await.unwrap();
             assert_eq!(r.packs_rescued, 1, "{what}: {r:?}");
-            assert!(r.groups_rescued > 10, "{what}: {r:?}");
+            assert!(r.groups_rescued > 1, "{what}: {r:?}");
             assert!(r.is_clean(), "{what}: nothing is lost: {r:?}");
             assert_eq!(
                 keys_under(&store, &keys::set_aside_object(&target.key)).await,

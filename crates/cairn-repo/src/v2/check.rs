@@ -183,14 +183,8 @@ fn check_bytes(pack: &Id, key: &str, data: &[u8], master: Option<&MasterKey>) ->
         }
     };
     check.readable = true;
-    let frames = pack_v2::check_frames(data, &groups, master);
-    if let Err(why) = &frames {
-        check.problems.push(format!(
-            "{key}: {why} (the trailer reads, so nothing is lost yet; `cairn repair` writes the pack again)"
-        ));
-        check.rescuable = true;
-    }
     let id_matches = check.problems.is_empty();
+    let frames = pack_v2::check_frames(data, &groups, master);
     for (i, g) in groups.iter().enumerate() {
         check.groups += 1;
         let stored_ids = g.desc.chunks.iter().filter(|c| c.stored).map(|c| c.id);
@@ -214,9 +208,20 @@ fn check_bytes(pack: &Id, key: &str, data: &[u8], master: Option<&MasterKey>) ->
     }
     // (A damaged frame also changes the pack's hash; it is not another pack's bytes.)
     check.foreign = !id_matches && check.damaged_groups.is_empty() && frames.is_ok();
-    // Groups read, frames damaged: rewritten whole. With a damaged group the trailer stays,
-    // since it is what a rebuild of that group from other copies reads.
-    check.rescuable &= check.damaged_groups.is_empty() && !check.foreign;
+    // Every group reads but the bytes around them do not (a frame, or the header, which no
+    // checksum covers, or the bytes are another pack's): the groups are written again and
+    // the pack set aside. With a damaged group the pack stays, since its trailer is what a
+    // rebuild of that group from other copies reads.
+    check.rescuable = check.damaged_groups.is_empty() && (frames.is_err() || !id_matches);
+    if let Err(why) = &frames {
+        let what_next = match check.rescuable {
+            true => "`cairn repair` writes the pack again",
+            false => "`cairn gc --repair` rewrites the pack with its damaged group",
+        };
+        check.problems.push(format!(
+            "{key}: {why} (the trailer reads, so no group is lost by it; {what_next})"
+        ));
+    }
     check
 }
 
