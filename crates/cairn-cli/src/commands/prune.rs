@@ -72,7 +72,16 @@ pub async fn run(ctx: &Context, args: PruneArgs) -> Result<ExitCode> {
             }
         }
     }
-    let freed = if args.dry_run || args.no_gc || removed == 0 {
+    // Space is given back when this run removed something, or when an earlier deletion's
+    // GC did not run (another GC held the lock: two prunes at once): the next prune frees
+    // it, not only the next `gc`.
+    let pending = removed == 0
+        && !args.dry_run
+        && !args.no_gc
+        && cairn_engine::gc::has_unfreed_deletions(&repo)
+            .await
+            .unwrap_or(false);
+    let freed = if args.dry_run || args.no_gc || (removed == 0 && !pending) {
         None
     } else {
         free_deleted(ctx, &repo).await

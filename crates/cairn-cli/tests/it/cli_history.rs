@@ -362,3 +362,22 @@ fn prune_with_keep_last() {
         .all(|r| r["keep"] == true));
     assert_eq!(again["gc"], Value::Null, "nothing removed, no gc");
 }
+
+/// Issue 53, finding 10: a deletion whose GC did not run (another GC held the lock when two
+/// prunes ran at once; here `rm --no-gc`) is freed by the next prune even when that prune
+/// removes nothing, not left for `gc --repair`.
+#[test]
+fn prune_frees_what_an_earlier_deletion_left() {
+    let (_dir, repo) = setup(3);
+    ok(&repo, &["-q", "rm", "--no-gc", "vm@1"]);
+    let p = json(&repo, &["prune", "vm", "--keep-last", "5"]);
+    assert!(p["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["keep"] == true));
+    assert_eq!(p["gc"]["freed_versions"], 1, "{p}");
+    // Nothing is pending now: the next prune that removes nothing runs no GC.
+    let p = json(&repo, &["prune", "vm", "--keep-last", "5"]);
+    assert_eq!(p["gc"], Value::Null, "{p}");
+}

@@ -232,6 +232,17 @@ impl GcReport {
 
 /// Runs one garbage collection on an open repository (opened for this purpose: its session
 /// is the GC's own and is not waited for).
+/// Whether some version is marked deleted and no GC has given its space back yet: what
+/// fast deletion would act on. Two listings; no record is read.
+pub async fn has_unfreed_deletions(repo: &Repo) -> EngineResult<bool> {
+    let freed = repo.freed_versions().await?;
+    Ok(repo
+        .deleted_versions()
+        .await?
+        .iter()
+        .any(|id| !freed.contains(id)))
+}
+
 pub async fn gc(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport> {
     let started = Instant::now();
     let mut clock = phase::PhaseClock::start();
