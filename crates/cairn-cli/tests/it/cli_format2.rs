@@ -6,6 +6,16 @@ use crate::common::{cairn, noise, snapshot};
 
 use std::path::Path;
 
+/// The largest pack of local repository `repo`: its path and bytes.
+fn largest_pack(repo: &Path) -> (String, Vec<u8>) {
+    let packs = repo.join("packs");
+    snapshot(repo)
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(packs.to_str().unwrap()))
+        .max_by_key(|(_, b)| b.len())
+        .unwrap()
+}
+
 fn ok(repo: &Path, args: &[&str]) -> String {
     let out = cairn(repo, args);
     assert!(out.status.success(), "cairn {args:?}: {out:?}");
@@ -156,12 +166,7 @@ fn a_format_2_repository_commits_restores_diffs_and_collects() {
     );
 
     // A flipped byte in the data pack: verify exits 3 and names the live versions using it.
-    let mut packs: Vec<_> = snapshot(&repo)
-        .into_iter()
-        .filter(|(k, _)| k.starts_with(repo.join("packs").to_str().unwrap()))
-        .collect();
-    packs.sort_by_key(|(_, b)| b.len());
-    let (key, mut bytes) = packs.pop().unwrap();
+    let (key, mut bytes) = largest_pack(&repo);
     bytes[100] ^= 1;
     std::fs::write(&key, bytes).unwrap();
     let out = cairn(&repo, &["--json", "verify"]);
@@ -487,12 +492,7 @@ fn a_damaged_pack_trailer_is_rescued_by_repair() {
                 .success());
             images.push(data);
         }
-        let mut packs: Vec<_> = snapshot(&repo)
-            .into_iter()
-            .filter(|(k, _)| k.starts_with(repo.join("packs").to_str().unwrap()))
-            .collect();
-        packs.sort_by_key(|(_, b)| b.len());
-        let (key, mut bytes) = packs.pop().unwrap();
+        let (key, mut bytes) = largest_pack(&repo);
         let at = bytes.len() - 100; // in the trailer
         bytes[at] ^= 0x20;
         std::fs::write(&key, &bytes).unwrap();
