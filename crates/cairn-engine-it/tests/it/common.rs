@@ -10,7 +10,6 @@ use cairn_engine::commit::{commit, CommitOptions, CommitResult};
 use cairn_engine::restore::{restore, RestoreOptions, RestoreTarget};
 use cairn_engine::source::{open_path, StreamSource};
 use cairn_format::config::RepoConfig;
-use cairn_format::node::Leaf;
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::tree_walk::{walk_tree, NodeAt, TreeVisitor};
@@ -45,13 +44,15 @@ pub async fn init_format2(
     Arc::new(repo.unwrap())
 }
 
+/// A format 2 repository's config with `chunk`-byte chunks in `segment`-byte leaves and
+/// small (1 MiB) packs, so a test's few MiB span several packs.
 pub fn config(chunk: u32, segment: u32) -> RepoConfig {
     RepoConfig {
         repo_id: [1; 16],
         chunk_size: chunk,
         segment_size: segment,
         pack_target: 1 << 20,
-        ..RepoConfig::default()
+        ..RepoConfig::default_v2()
     }
 }
 
@@ -111,29 +112,22 @@ pub async fn restore_bytes(repo: &Arc<Repo>, record: &VersionRecord) -> Result<V
     Ok(std::fs::read(out).unwrap())
 }
 
-/// The blob ids of a version's tree, in walk order (a chunk used twice is listed twice).
+/// The node ids of a version's tree, in walk order; leaves are listed, not read (a leaf of
+/// group runs is the caller's to decode).
 pub struct TreeBlobs {
     pub nodes: Vec<Id>,
-    pub chunks: Vec<Id>,
 }
 
 impl TreeVisitor<RepoError> for TreeBlobs {
     fn enter(&mut self, at: &NodeAt) -> bool {
         self.nodes.push(at.id);
-        true
-    }
-    fn leaf(&mut self, _: &NodeAt, leaf: Leaf) -> Result<(), RepoError> {
-        self.chunks.extend(leaf.chunk_ids());
-        Ok(())
+        at.level > 0
     }
 }
 
-/// Every node and chunk of `record`'s tree, read through the repository's tree walker.
+/// Every node of `record`'s tree, read through the repository's tree walker.
 pub async fn tree_blobs(repo: &Repo, record: &VersionRecord) -> TreeBlobs {
-    let mut blobs = TreeBlobs {
-        nodes: Vec::new(),
-        chunks: Vec::new(),
-    };
+    let mut blobs = TreeBlobs { nodes: Vec::new() };
     if let Some(root) = record.root {
         let mut reader = repo;
         walk_tree(&mut reader, root, record.height, record.fanout, &mut blobs)
@@ -177,4 +171,42 @@ pub async fn changing_versions(
         out.push((c.id, c.record, data.clone()));
     }
     out
+}
+
+/// What `record`'s leaves use, read from the tree: (groups' slots with a reference per leaf
+/// occurrence per run, leaf ids).
+pub async fn used_by_tree(
+    repo: &Arc<Repo>,
+    record: &cairn_format::version::VersionRecord,
+) -> (
+    cairn_format::group_summary::GroupSummary,
+    Vec<cairn_format::Id>,
+) {
+    let leaves = cairn_engine::tree::leaf_map(repo, record).await.unwrap();
+    let mut used = cairn_format::group_summary::SummaryBuilder::counted();
+    for leaf in leaves.values() {
+        let raw = repo.read_blob(leaf).await.unwrap();
+        for (group, first, count) in cairn_format::leaf_v2::RunLeaf::decode(&raw)
+            .unwrap()
+            .group_runs()
+        {
+            used.add_run(&group, first, count);
+        }
+    }
+    (used.finish().unwrap(), leaves.into_values().collect())
+}
+
+/// `record`'s reference summary, and what its tree uses (`used_by_tree`).
+pub async fn summary_and_use(
+    repo: &Arc<Repo>,
+    record: &cairn_format::version::VersionRecord,
+) -> (
+    cairn_format::group_summary::GroupSummary,
+    cairn_format::group_summary::GroupSummary,
+    Vec<cairn_format::Id>,
+) {
+    let root = record.root.unwrap();
+    let (summary, _) = repo.load_group_summary(&root).await.unwrap().unwrap();
+    let (used, leaves) = used_by_tree(repo, record).await;
+    (summary, used, leaves)
 }

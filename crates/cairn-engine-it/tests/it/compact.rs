@@ -323,19 +323,3 @@ async fn a_damaged_run_stops_compaction_and_changes_nothing() {
     };
     assert!(data(&after) == data(&before), "no object changed");
 }
-
-#[tokio::test]
-async fn format_1_repositories_are_told_what_merges_their_index() {
-    let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn ObjectStore> = Arc::new(LocalStore::create(dir.path()).unwrap());
-    let repo = Arc::new(
-        Repo::init(store, common::config(16384, 256 << 10))
-            .await
-            .unwrap(),
-    );
-    let e = compact(&repo, &options(false))
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("format 2") && e.contains("gc --repair"), "{e}");
-}

@@ -4,13 +4,13 @@
 
 use std::sync::Arc;
 
-use crate::common::{commit_bytes, noise, restore_bytes};
+use crate::common::{commit_bytes, noise, restore_bytes, summary_and_use, used_by_tree};
 use cairn_engine::commit::patch::{commit_patch, PatchOptions, PatchSource};
 use cairn_engine::commit::CommitResult;
 use cairn_engine::restore::{restore, RestoreOptions, RestoreTarget};
 use cairn_engine::verify::{verify, verify_with, VerifyOptions, VerifyReport};
 use cairn_format::config::RepoConfig;
-use cairn_format::group_summary::{GroupSummary, SummaryBuilder};
+use cairn_format::group_summary::GroupSummary;
 use cairn_format::leaf_v2::RunLeaf;
 use cairn_repo::Repo;
 use cairn_store::{FailingStore, LocalStore};
@@ -438,34 +438,6 @@ async fn a_patch_stores_only_its_blocks_and_equals_a_full_commit() {
     assert_eq!(full.record.root, v3.record.root);
     assert_eq!(full.record.stats.chunks, v3.record.stats.chunks);
     assert!(verify(reopen(dir.path()).await).await.unwrap().is_clean());
-}
-
-/// What `record`'s leaves use, read from the tree: (groups' slots with a reference per leaf
-/// occurrence per run, leaf ids).
-async fn used_by_tree(
-    repo: &Arc<Repo>,
-    record: &cairn_format::version::VersionRecord,
-) -> (GroupSummary, Vec<cairn_format::Id>) {
-    let leaves = cairn_engine::tree::leaf_map(repo, record).await.unwrap();
-    let mut used = SummaryBuilder::counted();
-    for leaf in leaves.values() {
-        let raw = repo.read_blob(leaf).await.unwrap();
-        for (group, first, count) in RunLeaf::decode(&raw).unwrap().group_runs() {
-            used.add_run(&group, first, count);
-        }
-    }
-    (used.finish().unwrap(), leaves.into_values().collect())
-}
-
-/// `record`'s reference summary, and what its tree uses (`used_by_tree`).
-async fn summary_and_use(
-    repo: &Arc<Repo>,
-    record: &cairn_format::version::VersionRecord,
-) -> (GroupSummary, GroupSummary, Vec<cairn_format::Id>) {
-    let root = record.root.unwrap();
-    let (summary, _) = repo.load_group_summary(&root).await.unwrap().unwrap();
-    let (used, leaves) = used_by_tree(repo, record).await;
-    (summary, used, leaves)
 }
 
 /// `summary` is exactly what the tree uses: its slots with their references (counted), and

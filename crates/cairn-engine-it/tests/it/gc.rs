@@ -1,10 +1,6 @@
 //! Garbage collection: space comes back, live data never goes, concurrent commits are safe,
 //! and a GC that dies at any point leaves a consistent repository.
 
-use cairn_format::keys;
-use cairn_format::pack::{BlobEntry, BlobKind};
-use cairn_format::Id;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +10,6 @@ use cairn_engine::progress::WorkProgress;
 use cairn_engine::resolve::{history, resolve, VersionSpec};
 use cairn_engine::verify::verify;
 use cairn_format::config::RepoConfig;
-use cairn_format::summary::Summary;
 use cairn_format::version::VersionRecord;
 use cairn_repo::Repo;
 use cairn_store::{MemoryStore, ObjectStore};
@@ -27,45 +22,23 @@ fn opts(mode: GcMode) -> GcOptions {
     }
 }
 
-/// A repository format under test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Format {
-    V1,
-    /// Format 2 (4 KiB chunks in groups; GC marks exactly in either mode).
-    V2,
+/// The repositories these tests collect: 4 KiB chunks in groups, 1 MiB leaves and packs.
+fn gc_config() -> RepoConfig {
+    config(4096, 1 << 20)
 }
 
-impl Format {
-    fn config(self) -> RepoConfig {
-        match self {
-            Format::V1 => config(16384, 1 << 20),
-            Format::V2 => RepoConfig {
-                repo_id: [1; 16],
-                segment_size: 1 << 20,
-                pack_target: 1 << 20,
-                ..RepoConfig::default_v2()
-            },
-        }
-    }
-}
-
-/// Runs a scenario with fast deletion and with the exact pass on format 1, and once on
-/// format 2.
+/// Runs a scenario with fast deletion and with the exact pass.
 macro_rules! both_modes {
     ($name:ident) => {
         mod $name {
             use super::*;
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn fast() {
-                super::$name(GcMode::Fast, Format::V1).await
+                super::$name(GcMode::Fast).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn repair() {
-                super::$name(GcMode::Repair, Format::V1).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn format2() {
-                super::$name(GcMode::Fast, Format::V2).await
+                super::$name(GcMode::Repair).await
             }
         }
     };
@@ -102,8 +75,8 @@ async fn version(repo: &Repo, spec: &str) -> VersionRecord {
 }
 
 /// Five versions of one image, each rewriting a different quarter with fresh noise.
-async fn series(store: Arc<MemoryStore>, format: Format) -> (Arc<Repo>, Vec<Vec<u8>>) {
-    let repo = Arc::new(Repo::init(store, format.config()).await.unwrap());
+async fn series(store: Arc<MemoryStore>) -> (Arc<Repo>, Vec<Vec<u8>>) {
+    let repo = Arc::new(Repo::init(store, gc_config()).await.unwrap());
     let mut data = noise(8 << 20, 1);
     let mut contents = Vec::new();
     for i in 0..5u64 {
@@ -116,12 +89,9 @@ async fn series(store: Arc<MemoryStore>, format: Format) -> (Arc<Repo>, Vec<Vec<
 }
 
 both_modes!(gc_after_deleting_all_but_the_newest_matches_a_fresh_repository);
-async fn gc_after_deleting_all_but_the_newest_matches_a_fresh_repository(
-    mode: GcMode,
-    format: Format,
-) {
+async fn gc_after_deleting_all_but_the_newest_matches_a_fresh_repository(mode: GcMode) {
     let store = Arc::new(MemoryStore::new());
-    let (repo, contents) = series(store.clone(), format).await;
+    let (repo, contents) = series(store.clone()).await;
     for seq in 1..=4 {
         let (id, _) = resolve(&repo, &VersionSpec::parse(&format!("vm@{seq}")).unwrap())
             .await
@@ -144,17 +114,13 @@ async fn gc_after_deleting_all_but_the_newest_matches_a_fresh_repository(
         .iter()
         .map(|r| (r.step.name, r.done, r.total))
         .collect();
-    // Fast deletion reads the live version's summary (format 1 then walks the deleted
-    // versions' trees; format 2 reads no tree); the exact pass walks the live tree.
-    let mut want = match (mode, format) {
-        (GcMode::Fast, Format::V1) => vec![
-            ("loading live summaries", 1, 1),
-            ("judging deleted versions", 4, 4),
-        ],
-        (GcMode::Fast, Format::V2) => vec![("loading live summaries", 1, 1)],
-        (GcMode::Repair, _) => vec![("marking live versions", 1, 1)],
+    // Fast deletion reads the live version's summary and no tree; the exact pass walks the
+    // live tree.
+    let mut want = match mode {
+        GcMode::Fast => vec![("loading live summaries", 1, 1)],
+        GcMode::Repair => vec![("marking live versions", 1, 1)],
     };
-    if (mode, format) == (GcMode::Fast, Format::V2) {
+    if mode == GcMode::Fast {
         assert_eq!(report.metadata_bytes_read, 0, "{report:?}");
         assert!(report.summary_bytes > 0, "{report:?}");
     }
@@ -173,11 +139,7 @@ async fn gc_after_deleting_all_but_the_newest_matches_a_fresh_repository(
 
     // A fresh repository holding only the newest version.
     let fresh_store = Arc::new(MemoryStore::new());
-    let fresh = Arc::new(
-        Repo::init(fresh_store.clone(), format.config())
-            .await
-            .unwrap(),
-    );
+    let fresh = Arc::new(Repo::init(fresh_store.clone(), gc_config()).await.unwrap());
     commit_bytes(&fresh, "vm", contents[4].clone()).await;
     let fresh_bytes = stored_bytes(fresh_store.as_ref()).await;
     let ratio = after as f64 / fresh_bytes as f64;
@@ -197,9 +159,9 @@ async fn gc_after_deleting_all_but_the_newest_matches_a_fresh_repository(
 }
 
 both_modes!(gc_keeps_everything_live_versions_use);
-async fn gc_keeps_everything_live_versions_use(mode: GcMode, format: Format) {
+async fn gc_keeps_everything_live_versions_use(mode: GcMode) {
     let store = Arc::new(MemoryStore::new());
-    let (repo, contents) = series(store.clone(), format).await;
+    let (repo, contents) = series(store.clone()).await;
     // Delete the middle versions only.
     for seq in [2, 3] {
         let (id, _) = resolve(&repo, &VersionSpec::parse(&format!("vm@{seq}")).unwrap())
@@ -222,9 +184,9 @@ async fn gc_keeps_everything_live_versions_use(mode: GcMode, format: Format) {
 }
 
 both_modes!(a_commit_running_during_gc_that_reuses_dead_data_is_rescued);
-async fn a_commit_running_during_gc_that_reuses_dead_data_is_rescued(mode: GcMode, format: Format) {
+async fn a_commit_running_during_gc_that_reuses_dead_data_is_rescued(mode: GcMode) {
     let store = Arc::new(MemoryStore::new());
-    let repo = Arc::new(Repo::init(store.clone(), format.config()).await.unwrap());
+    let repo = Arc::new(Repo::init(store.clone(), gc_config()).await.unwrap());
     let old = noise(4 << 20, 77);
     let first = commit_bytes(&repo, "vm", old.clone()).await;
     commit_bytes(&repo, "vm", noise(4 << 20, 78)).await;
@@ -254,12 +216,9 @@ async fn a_commit_running_during_gc_that_reuses_dead_data_is_rescued(mode: GcMod
 }
 
 both_modes!(a_session_that_starts_after_the_plan_does_not_reuse_doomed_blobs);
-async fn a_session_that_starts_after_the_plan_does_not_reuse_doomed_blobs(
-    mode: GcMode,
-    format: Format,
-) {
+async fn a_session_that_starts_after_the_plan_does_not_reuse_doomed_blobs(mode: GcMode) {
     let store = Arc::new(MemoryStore::new());
-    let repo = Arc::new(Repo::init(store.clone(), format.config()).await.unwrap());
+    let repo = Arc::new(Repo::init(store.clone(), gc_config()).await.unwrap());
     let old = noise(2 << 20, 5);
     let first = commit_bytes(&repo, "vm", old.clone()).await;
     commit_bytes(&repo, "vm", noise(2 << 20, 6)).await;
@@ -315,9 +274,9 @@ async fn reopened_intact<'a>(
 }
 
 both_modes!(gc_dying_after_any_number_of_store_operations_loses_nothing);
-async fn gc_dying_after_any_number_of_store_operations_loses_nothing(mode: GcMode, format: Format) {
+async fn gc_dying_after_any_number_of_store_operations_loses_nothing(mode: GcMode) {
     let store = Arc::new(MemoryStore::new());
-    let (repo, contents) = series(store.clone(), format).await;
+    let (repo, contents) = series(store.clone()).await;
     repo.close().await.unwrap();
     let mut trials = 0;
     let mut alive: Vec<u64> = vec![1, 2, 3, 4, 5];
@@ -359,127 +318,11 @@ async fn gc_dying_after_any_number_of_store_operations_loses_nothing(mode: GcMod
     assert_eq!(restore_bytes(&r, &v).await.unwrap(), contents[4]);
 }
 
-async fn load_summary(store: &dyn ObjectStore, record: &VersionRecord) -> Summary {
-    let raw = store
-        .get(&keys::summary(&record.root.unwrap()))
-        .await
-        .unwrap();
-    Summary::decode(&raw).unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_commit_publishes_a_summary_holding_every_blob_of_its_tree() {
-    let store = Arc::new(MemoryStore::new());
-    let (repo, _) = series(store.clone(), Format::V1).await;
-    for (_, record) in history(&repo, "vm").await.unwrap() {
-        let s = load_summary(store.as_ref(), &record).await;
-        let TreeBlobs { nodes, chunks } = tree_blobs(&repo, &record).await;
-        assert!(chunks.iter().all(|id| s.chunks.contains(id)));
-        assert!(nodes.iter().all(|id| s.nodes.contains(id)));
-        let distinct: std::collections::HashSet<_> = chunks.iter().collect();
-        assert_eq!(s.chunk_items, distinct.len() as u64);
-        assert_eq!(s.node_items, nodes.len() as u64);
-        // 512 chunks × 24 bits → 2^14 bits.
-        assert_eq!(s.chunks.bit_count(), 1 << 14);
-    }
-}
-
-/// With 4 bits per chunk the summaries claim many dead chunks: fast deletion leaks them, the
-/// exact pass finds exactly that leak and removes it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fast_deletion_leaks_only_what_summaries_claim_and_repair_removes_it() {
-    let store = Arc::new(MemoryStore::new());
-    let mut cfg = config(16384, 1 << 20);
-    cfg.summary_bits = 4;
-    let repo = Arc::new(Repo::init(store.clone(), cfg.clone()).await.unwrap());
-    let mut data = noise(8 << 20, 1);
-    let mut contents = Vec::new();
-    for i in 0..5u64 {
-        let q = (i as usize % 4) * (2 << 20);
-        data[q..q + (2 << 20)].copy_from_slice(&noise(2 << 20, 10 + i));
-        commit_bytes(&repo, "vm", data.clone()).await;
-        contents.push(data.clone());
-    }
-    for seq in 1..=4 {
-        let (id, _) = resolve(&repo, &VersionSpec::parse(&format!("vm@{seq}")).unwrap())
-            .await
-            .unwrap();
-        repo.mark_deleted(&id).await.unwrap();
-    }
-    let mut fast_opts = opts(GcMode::Fast);
-    fast_opts.repack_threshold = 1.0; // repack every pack with a dead blob: leaks are the filter's
-    let fast = gc(&repo, &fast_opts).await.unwrap();
-    assert_eq!(fast.freed_versions, 4);
-    assert!(fast.dead_blobs > 0 && fast.kept_by_summary > 0, "{fast:?}");
-    assert!(fast.summary_fp_rate > 0.01, "{fast:?}");
-    // Nothing is visited twice.
-    let again = gc(&repo, &fast_opts).await.unwrap();
-    assert_eq!((again.freed_versions, again.dead_blobs), (0, 0));
-
-    let mut exact = opts(GcMode::Repair);
-    exact.dry_run = true;
-    let leak = gc(&repo, &exact).await.unwrap();
-    // The live version uses 512 chunks + its nodes; every other indexed blob is leaked.
-    assert!(leak.dead_blobs > 0, "{leak:?}");
-    assert!(
-        leak.dead_blobs <= fast.kept_by_summary,
-        "leak {} exceeds the blobs the summaries claimed {}",
-        leak.dead_blobs,
-        fast.kept_by_summary
-    );
-    let repaired = gc(&repo, &opts(GcMode::Repair)).await.unwrap();
-    assert_eq!(repaired.dead_blobs, leak.dead_blobs);
-    let after = stored_bytes(store.as_ref()).await;
-
-    let fresh_store = Arc::new(MemoryStore::new());
-    let fresh = Arc::new(Repo::init(fresh_store.clone(), cfg).await.unwrap());
-    commit_bytes(&fresh, "vm", contents[4].clone()).await;
-    let ratio = after as f64 / stored_bytes(fresh_store.as_ref()).await as f64;
-    assert!((0.98..=1.02).contains(&ratio), "{ratio}");
-    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
-    assert!(verify(repo.clone()).await.unwrap().is_clean());
-    let newest = version(&repo, "vm").await;
-    assert_eq!(restore_bytes(&repo, &newest).await.unwrap(), contents[4]);
-}
-
-/// Fast deletion never trusts a summary it cannot read: a missing or damaged one is rebuilt
-/// from the manifest before anything is deleted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fast_deletion_rebuilds_missing_and_damaged_summaries() {
-    let store = Arc::new(MemoryStore::new());
-    let (repo, contents) = series(store.clone(), Format::V1).await;
-    let v4 = version(&repo, "vm@4").await;
-    let v5 = version(&repo, "vm@5").await;
-    store
-        .delete(&keys::summary(&v5.root.unwrap()))
-        .await
-        .unwrap();
-    store.corrupt_object(&keys::summary(&v4.root.unwrap()), 40);
-    for seq in 1..=3 {
-        let (id, _) = resolve(&repo, &VersionSpec::parse(&format!("vm@{seq}")).unwrap())
-            .await
-            .unwrap();
-        repo.mark_deleted(&id).await.unwrap();
-    }
-    let report = gc(&repo, &opts(GcMode::Fast)).await.unwrap();
-    assert!(report.dead_blobs > 0, "{report:?}");
-    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
-    assert!(verify(repo.clone()).await.unwrap().is_clean());
-    for (record, data) in [(&v4, &contents[3]), (&v5, &contents[4])] {
-        assert_eq!(&restore_bytes(&repo, record).await.unwrap(), data);
-        let s = load_summary(store.as_ref(), record).await; // rebuilt and stored again
-        let chunks = tree_blobs(&repo, record).await.chunks;
-        assert!(chunks.iter().all(|id| s.chunks.contains(id)));
-    }
-    // The deleted versions' summaries are gone with them.
-    assert_eq!(store.list("summaries/").await.unwrap().len(), 2);
-}
-
 /// A clone shares its source's tree and summary; deleting the source frees nothing it uses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_a_cloned_image_keeps_what_the_clone_uses() {
     let store = Arc::new(MemoryStore::new());
-    let (repo, contents) = series(store.clone(), Format::V1).await;
+    let (repo, contents) = series(store.clone()).await;
     cairn_engine::clone::clone_version(&repo, &VersionSpec::parse("vm@3").unwrap(), "copy", None)
         .await
         .unwrap();
@@ -500,7 +343,7 @@ async fn removing_a_cloned_image_keeps_what_the_clone_uses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fast_deletion_with_precise_summaries_leaves_nothing_for_repair() {
     let store = Arc::new(MemoryStore::new());
-    let mut cfg = config(16384, 1 << 20);
+    let mut cfg = gc_config();
     cfg.summary_bits = 64;
     let repo = Arc::new(Repo::init(store.clone(), cfg).await.unwrap());
     let chunks = 1024usize;
@@ -531,149 +374,6 @@ async fn fast_deletion_with_precise_summaries_leaves_nothing_for_repair() {
     }
 }
 
-/// Every index entry of the store, in listing order: (pack, entry).
-async fn index_entries(store: &dyn ObjectStore) -> Vec<(Id, BlobEntry)> {
-    let mut out = Vec::new();
-    for m in store.list(keys::INDEX).await.unwrap() {
-        let raw = store.get(&m.key).await.unwrap();
-        let file = cairn_format::index::IndexFile::decode(&raw).unwrap();
-        for p in &file.packs {
-            out.extend(p.entries.iter().map(|e| (p.pack, *e)));
-        }
-    }
-    out
-}
-
-/// Stores a second copy of every pack some index file names, and an index file naming the
-/// copies: every blob is then stored twice (as a rescue racing a
-/// commit that saw the plan leaves some).
-async fn duplicate_every_pack(repo: &Repo, store: &dyn ObjectStore) {
-    let mut copies = Vec::new();
-    for m in store.list(keys::INDEX).await.unwrap() {
-        let raw = store.get(&m.key).await.unwrap();
-        let file = cairn_format::index::IndexFile::decode(&raw).unwrap();
-        for p in file.packs {
-            let bytes = store.get(&keys::pack(&p.pack)).await.unwrap();
-            // Its key is taken: the copy is re-salted under a key of its own.
-            let (pack, _) = repo.put_pack(&p.pack, bytes.to_vec()).await.unwrap();
-            assert_ne!(pack, p.pack);
-            copies.push(cairn_format::index::PackIndex {
-                pack,
-                entries: p.entries,
-            });
-        }
-    }
-    repo.put_index_file(&cairn_format::index::IndexFile { packs: copies })
-        .await
-        .unwrap();
-}
-
-/// Versions `old` then `kept` of one image, `old` deleted, and a second copy of every pack.
-async fn two_copies_of_everything(store: &Arc<MemoryStore>) -> (VersionRecord, Vec<u8>) {
-    let repo = Arc::new(
-        Repo::init(store.clone(), config(16384, 1 << 20))
-            .await
-            .unwrap(),
-    );
-    commit_bytes(&repo, "vm", noise(2 << 20, 41)).await;
-    let kept = noise(2 << 20, 42);
-    let newest = commit_bytes(&repo, "vm", kept.clone()).await.record;
-    duplicate_every_pack(&repo, store.as_ref()).await;
-    let h = history(&repo, "vm").await.unwrap();
-    repo.mark_deleted(&h.last().unwrap().0).await.unwrap();
-    (newest, kept)
-}
-
-fn copies_of(entries: &[(Id, BlobEntry)]) -> HashMap<Id, usize> {
-    let mut n = HashMap::new();
-    for (_, e) in entries {
-        *n.entry(e.id).or_default() += 1;
-    }
-    n
-}
-
-/// Surplus copies — live blobs stored in more than one pack — go with fast deletion as dead
-/// blobs do: afterwards each blob is stored once, the exact pass finds nothing to reclaim, and
-/// the kept version restores bit-exact.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fast_deletion_drops_surplus_copies_of_live_blobs() {
-    let store = Arc::new(MemoryStore::new());
-    let (newest, kept) = two_copies_of_everything(&store).await;
-    let before = copies_of(&index_entries(store.as_ref()).await);
-    assert!(before.values().all(|n| *n == 2), "every blob stored twice");
-
-    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
-    let fast = gc(&repo, &opts(GcMode::Fast)).await.unwrap();
-    let after = copies_of(&index_entries(store.as_ref()).await);
-    assert!(
-        after.values().all(|n| *n == 1),
-        "each blob stored once: {fast:?}"
-    );
-    assert_eq!(fast.surplus_copies as usize, after.len(), "{fast:?}");
-    // A process opened after the GC sees the repository as it is now.
-    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
-    assert_eq!(restore_bytes(&repo, &newest).await.unwrap(), kept);
-    let mut exact = opts(GcMode::Repair);
-    exact.dry_run = true;
-    let leak = gc(&repo, &exact).await.unwrap();
-    assert_eq!(
-        leak.reclaimed(),
-        0,
-        "nothing left for the exact pass: {leak:?}"
-    );
-    let report = verify(repo.clone()).await.unwrap();
-    assert!(report.is_clean(), "{report:?}");
-}
-
-/// A surplus copy is the redundancy a damaged copy needs: when the copy GC would keep does
-/// not read back intact, both stay (and the version still restores, from the good one).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_surplus_copy_stays_while_the_kept_copy_is_damaged() {
-    // The blobs the kept version uses: those a GC of the same (deterministic) repository keeps.
-    let twin = Arc::new(MemoryStore::new());
-    two_copies_of_everything(&twin).await;
-    let twin_repo = Arc::new(Repo::open(twin.clone()).await.unwrap());
-    gc(&twin_repo, &opts(GcMode::Fast)).await.unwrap();
-    let live = copies_of(&index_entries(twin.as_ref()).await);
-
-    let store = Arc::new(MemoryStore::new());
-    two_copies_of_everything(&store).await;
-    // GC keeps the first copy listed: damage the first listed copy of a live data blob.
-    let entries = index_entries(store.as_ref()).await;
-    let (pack, victim) = *entries
-        .iter()
-        .find(|(_, e)| live.contains_key(&e.id) && e.kind == BlobKind::Data)
-        .unwrap();
-    let key = keys::pack(&pack);
-    let mut bytes = store.get(&key).await.unwrap().to_vec();
-    bytes[victim.offset as usize + victim.stored_len as usize / 2] ^= 0x10;
-    store.delete(&key).await.unwrap();
-    store.put_if_absent(&key, bytes.into()).await.unwrap();
-
-    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
-    let fast = gc(&repo, &opts(GcMode::Fast)).await.unwrap();
-    let after = copies_of(&index_entries(store.as_ref()).await);
-    assert_eq!(
-        after.get(&victim.id),
-        Some(&2),
-        "both copies of the damaged blob stay"
-    );
-    assert!(
-        after.iter().all(|(id, n)| *n == 1 || *id == victim.id),
-        "every other blob is stored once: {fast:?}"
-    );
-    assert_eq!(fast.surplus_copies as usize, after.len() - 1, "{fast:?}");
-    // The other copy, the intact one, is among them.
-    let copies: Vec<Id> = index_entries(store.as_ref())
-        .await
-        .into_iter()
-        .filter(|(p, e)| e.id == victim.id && *p != pack)
-        .map(|(p, _)| p)
-        .collect();
-    assert_eq!(copies.len(), 1);
-    assert!(store.head(&keys::pack(&copies[0])).await.unwrap().is_some());
-}
-
 /// `gc --repack-small` killed after any number of store operations loses nothing: every
 /// version restores bit-exact and the repository verifies after each death; once one
 /// completes (and the exact pass has removed what the killed ones wrote), the small packs of
@@ -681,11 +381,7 @@ async fn a_surplus_copy_stays_while_the_kept_copy_is_damaged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn merging_small_packs_dying_after_any_number_of_store_operations_loses_nothing() {
     let store = Arc::new(MemoryStore::new());
-    let repo = Arc::new(
-        Repo::init(store.clone(), Format::V2.config())
-            .await
-            .unwrap(),
-    );
+    let repo = Arc::new(Repo::init(store.clone(), gc_config()).await.unwrap());
     let mut data = noise(1 << 20, 70);
     let mut contents = vec![data.clone()];
     commit_bytes(&repo, "vm", data.clone()).await;

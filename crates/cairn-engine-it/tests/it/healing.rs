@@ -1,106 +1,279 @@
-//! Damage heals instead of spreading, and damaged metadata never blocks work on the rest:
-//! quarantine of damaged blob copies, `restore --allow-damage`, scoped and sampled verify,
-//! and `repair` (heads, records, index, blobs from a source).
+//! Damage heals instead of spreading, and damaged metadata never blocks work on the rest: a
+//! damaged group copy is quarantined, the next commit of its data stores its chunks again,
+//! every version using the group reads them from there, GC rebuilds the group under its own
+//! id; `restore --allow-damage` zero-fills only what is lost; scoped and sampled verify;
+//! `repair` rebuilds damaged index runs from the packs, heads and records, and stores lost
+//! data again from a disk image; `diff` compares chunks.
 
 use cairn_format::keys;
 use std::sync::Arc;
 
 use crate::common::*;
+use cairn_engine::diff::diff;
 use cairn_engine::gc::{gc, GcMode, GcOptions};
 use cairn_engine::live::live_versions;
 use cairn_engine::progress::WorkProgress;
 use cairn_engine::repair::{repair, RepairOptions};
 use cairn_engine::resolve::{history, history_checked, resolve, VersionSpec};
-use cairn_engine::restore::{restore, RestoreOptions, RestoreTarget};
+use cairn_engine::restore::{restore, RestoreOptions, RestoreStats, RestoreTarget};
 use cairn_engine::source::open_path;
 use cairn_engine::verify::{verify, verify_with, PackSubset, VerifyOptions};
+use cairn_format::config::RepoConfig;
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::Repo;
 use cairn_store::{MemoryStore, ObjectStore};
 
+fn healing_config() -> RepoConfig {
+    RepoConfig {
+        repo_id: [3; 16],
+        segment_size: 1 << 20,
+        pack_target: 1 << 20,
+        ..RepoConfig::default_v2()
+    }
+}
+
 async fn new_repo() -> (Arc<MemoryStore>, Arc<Repo>) {
     let store = Arc::new(MemoryStore::new());
-    let repo = Arc::new(
-        Repo::init(store.clone(), config(16384, 1 << 20))
-            .await
-            .unwrap(),
-    );
+    let repo = Arc::new(Repo::init(store.clone(), healing_config()).await.unwrap());
     (store, repo)
 }
 
-/// Reopens the repository as a new process would (and closes the old one, which writes
-/// its quarantine markers).
+/// Reopens the repository as a new process would (closing the old one writes its
+/// quarantine markers).
 async fn reopen(store: &Arc<MemoryStore>, old: &Arc<Repo>) -> Arc<Repo> {
     old.close().await.unwrap();
     Arc::new(Repo::open(store.clone()).await.unwrap())
 }
 
-async fn version(repo: &Repo, spec: &str) -> (Id, VersionRecord) {
+async fn resolved(repo: &Repo, spec: &str) -> (Id, VersionRecord) {
     resolve(repo, &VersionSpec::parse(spec).unwrap())
         .await
         .unwrap()
 }
 
-/// Flips a byte inside the stored bytes of `chunk`.
-fn flip_in_blob(store: &MemoryStore, repo: &Repo, chunk: &Id) {
-    let loc = repo.locate(chunk).unwrap();
-    store.corrupt_object(&keys::pack(&loc.pack), loc.entry.offset as usize + 50);
+async fn version(repo: &Repo, spec: &str) -> VersionRecord {
+    resolve(repo, &VersionSpec::parse(spec).unwrap())
+        .await
+        .unwrap()
+        .1
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_damaged_chunk_heals_when_its_content_is_committed_again() {
-    let (store, repo) = new_repo().await;
-    let data = noise(3 << 20, 7);
-    commit_bytes(&repo, "vm", data.clone()).await;
-    let victim = Id::of(&data[(1 << 20)..(1 << 20) + 16384]);
-    flip_in_blob(&store, &repo, &victim);
+/// The group holding the 4 KiB chunk `chunk`: (pack, group id, offset of the group in the
+/// pack, slots it stores).
+async fn group_of(repo: &Repo, chunk: &[u8]) -> (Id, Id, u32, usize) {
+    let reader = repo.v2().unwrap();
+    let (trailer, at) = reader.locate_chunk(&Id::of(chunk)).await.unwrap();
+    let g = &trailer.groups[at.group as usize];
+    (
+        trailer.pack,
+        trailer.group_id(at.group).unwrap(),
+        g.offset,
+        g.desc.chunks.len(),
+    )
+}
 
-    // Nobody has read the damage yet: committing the same disk dedups against the damaged
-    // copy, so version 2 is damaged too (a commit does not re-read what it dedups).
-    let repo = reopen(&store, &repo).await;
-    let v2 = commit_bytes(&repo, "vm", data.clone()).await;
-    assert_eq!(v2.record.stats.new_chunks, 0);
+/// Flips a byte inside the stored bytes of the group that holds `chunk`; returns (pack,
+/// group id, slots).
+async fn damage_group_of(store: &MemoryStore, repo: &Repo, chunk: &[u8]) -> (Id, Id, usize) {
+    let (pack, group, offset, slots) = group_of(repo, chunk).await;
+    store.corrupt_object(&keys::pack(&pack), offset as usize + 40);
+    (pack, group, slots)
+}
 
-    // verify finds it, names both versions, and quarantines the copy.
-    let repo = reopen(&store, &repo).await;
-    let report = verify(repo.clone()).await.unwrap();
-    let damaged: Vec<u64> = report.damaged_versions.iter().map(|d| d.seq).collect();
-    assert_eq!(damaged, vec![1, 2]);
-    assert_eq!(report.quarantined, 1);
-    let markers = store.list("quarantine/").await.unwrap();
-    assert_eq!(markers.len(), 1, "{markers:?}");
-    assert!(markers[0].key.ends_with(&victim.to_hex()));
-
-    // The next commit of the same disk stores exactly that chunk again...
-    let repo = reopen(&store, &repo).await;
-    let v3 = commit_bytes(&repo, "vm", data.clone()).await;
-    assert_eq!(v3.record.stats.new_chunks, 1);
-    assert_eq!(v3.record.stats.new_chunk_bytes, 16384);
-
-    // ...which heals every version: verify is clean, all three restore bit-exact.
-    let repo = reopen(&store, &repo).await;
-    let report = verify(repo.clone()).await.unwrap();
-    assert!(report.is_clean(), "{:?}", report.problems);
-    for seq in 1..=3 {
-        let (_, r) = version(&repo, &format!("vm@{seq}")).await;
-        assert_eq!(restore_bytes(&repo, &r).await.unwrap(), data, "vm@{seq}");
-    }
-
-    // gc --repair drops the damaged copy (its pack is repacked or deleted) and its marker.
-    let r = gc(
-        &repo,
-        &GcOptions {
-            mode: GcMode::Repair,
+async fn restore_allowing_damage(
+    repo: &Arc<Repo>,
+    record: &VersionRecord,
+) -> (RestoreStats, Vec<u8>) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.raw");
+    let stats = restore(
+        repo.clone(),
+        record,
+        RestoreTarget::Path(out.clone()),
+        RestoreOptions {
+            allow_damage: true,
             ..Default::default()
         },
     )
     .await
     .unwrap();
+    (stats, std::fs::read(&out).unwrap())
+}
+
+fn repair_gc() -> GcOptions {
+    GcOptions {
+        mode: GcMode::Repair,
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_group_heals_when_its_content_is_committed_again() {
+    let (store, repo) = new_repo().await;
+    let data = noise(3 << 20, 7);
+    commit_bytes(&repo, "vm", data.clone()).await;
+    // The second group of segment 1 (blocks 272..287).
+    let at = (1 << 20) + 16 * 4096;
+    let (pack, group, slots) = damage_group_of(&store, &repo, &data[at..at + 4096]).await;
+    assert_eq!(slots, 16, "64 KiB groups of incompressible 4 KiB chunks");
+
+    // Nobody has read the damage yet: the same disk again dedups against it.
+    let repo = reopen(&store, &repo).await;
+    let v2 = commit_bytes(&repo, "vm", data.clone()).await;
+    assert_eq!(v2.record.stats.new_chunks, 0);
+
+    // verify finds it, names both versions, and quarantines the group.
+    let repo = reopen(&store, &repo).await;
+    let report = verify(repo.clone()).await.unwrap();
+    let damaged: Vec<u64> = report.damaged_versions.iter().map(|d| d.seq).collect();
+    assert_eq!(damaged, vec![1, 2], "{report:?}");
+    assert_eq!(report.quarantined, 1);
+    let markers = store.list("quarantine/").await.unwrap();
+    assert_eq!(markers.len(), 1, "{markers:?}");
+    assert_eq!(markers[0].key, keys::quarantine(&pack, &group));
+
+    // The next commit, of the disk with block 256 changed, stores that block and the
+    // group's 16 chunks again — in new groups (the changed block comes first in the
+    // segment), not as a copy of the damaged one...
+    let mut data3 = data.clone();
+    data3[1 << 20..(1 << 20) + 4096].fill(9);
+    let repo = reopen(&store, &repo).await;
+    let v3 = commit_bytes(&repo, "vm", data3.clone()).await;
+    assert_eq!(v3.record.stats.new_chunks, 17);
+    assert_eq!(v3.record.stats.new_chunk_bytes, 17 * 4096);
+    // The segment's other chunks come from the parent's leaf; never the quarantined group's.
+    assert_eq!(v3.dedup.parent, 256 - 17);
+
+    // ...which heals every version: they read those chunks by id; verify is clean (the
+    // damaged pack is known, not a problem).
+    let repo = reopen(&store, &repo).await;
+    let report = verify(repo.clone()).await.unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.packs_with_quarantined, 1, "{report:?}");
+    for (seq, want) in [(1, &data), (2, &data), (3, &data3)] {
+        let r = version(&repo, &format!("vm@{seq}")).await;
+        assert!(restore_bytes(&repo, &r).await.unwrap() == *want, "vm@{seq}");
+    }
+
+    // gc --repair rebuilds the group under its id and drops the damaged copy and its marker.
+    let r = gc(&repo, &repair_gc()).await.unwrap();
+    assert_eq!(r.groups_rebuilt, 1, "{r:?}");
     assert!(r.packs_repacked + r.packs_deleted >= 1, "{r:?}");
     let repo = reopen(&store, &repo).await;
-    assert!(verify(repo.clone()).await.unwrap().is_clean());
+    let report = verify(repo.clone()).await.unwrap();
+    assert!(
+        report.is_clean() && report.packs_with_quarantined == 0,
+        "{report:?}"
+    );
     assert!(store.list("quarantine/").await.unwrap().is_empty());
+    let reader = repo.v2().unwrap();
+    let copies = reader.group_copies(&group).await.unwrap();
+    assert!(
+        copies.iter().all(|c| c.stores(&[(0, 16)])),
+        "the rebuilt group stores every slot"
+    );
+
+    // The healing lasts: with the version that stored the chunks again gone, the old ones
+    // still read their group.
+    cairn_engine::remove::remove_versions(&repo, &[VersionSpec::parse("vm@3").unwrap()])
+        .await
+        .unwrap();
+    gc(&repo, &repair_gc()).await.unwrap();
+    let repo = reopen(&store, &repo).await;
+    assert!(verify(repo.clone()).await.unwrap().is_clean());
+    for seq in 1..=2 {
+        let r = version(&repo, &format!("vm@{seq}")).await;
+        assert_eq!(restore_bytes(&repo, &r).await.unwrap(), data, "vm@{seq}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn similar_packs_never_lend_a_quarantined_group_to_another_image() {
+    // A golden image, one of its groups damaged and quarantined; the same bytes committed as
+    // an image of its own find everything else through the golden image's pack (the
+    // similar-pack tier), and store that group's 16 chunks again.
+    let (store, repo) = new_repo().await;
+    let data = noise(3 << 20, 8);
+    commit_bytes(&repo, "golden", data.clone()).await;
+    let at = (2 << 20) + 32 * 4096;
+    let (_, _, slots) = damage_group_of(&store, &repo, &data[at..at + 4096]).await;
+    let repo = reopen(&store, &repo).await;
+    assert_eq!(verify(repo.clone()).await.unwrap().quarantined, 1);
+    let repo = reopen(&store, &repo).await;
+    let clone = commit_bytes(&repo, "clone", data.clone()).await;
+    assert_eq!(
+        clone.record.stats.new_chunks, slots as u64,
+        "{:?}",
+        clone.dedup
+    );
+    assert_eq!(clone.dedup.similar, 3 * 256 - slots as u64);
+    assert_eq!(clone.dedup.index, 0);
+    assert!(restore_bytes(&repo, &clone.record).await.unwrap() == data);
+    // The golden version reads the group's chunks from the clone's copy now.
+    let golden = version(&repo, "golden").await;
+    assert!(restore_bytes(&repo, &golden).await.unwrap() == data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_parent_fast_path_never_reuses_a_leaf_whose_group_is_damaged() {
+    let (store, repo) = new_repo().await;
+    let data = noise(3 << 20, 12);
+    commit_bytes(&repo, "vm", data.clone()).await;
+    let at = (1 << 20) + 40 * 4096;
+    let (_, group, _) = damage_group_of(&store, &repo, &data[at..at + 4096]).await;
+    // Before anyone read the damage, the same disk reuses every leaf (as format 1 dedups
+    // against a damaged copy nobody has read).
+    let repo = reopen(&store, &repo).await;
+    let v2 = commit_bytes(&repo, "vm", data.clone()).await;
+    assert_eq!(v2.reused_segments, 3);
+    // Once verify has quarantined the group, the leaf naming it is not reused: its segment
+    // is chunked, and the group's chunks are stored again.
+    let repo = reopen(&store, &repo).await;
+    assert_eq!(verify(repo.clone()).await.unwrap().quarantined, 1);
+    let repo = reopen(&store, &repo).await;
+    let v3 = commit_bytes(&repo, "vm", data.clone()).await;
+    assert_eq!(v3.reused_segments, 2);
+    assert_eq!(v3.record.stats.new_chunks, 16);
+    // Stored in the same order, the chunks make a group with the same id: a good copy.
+    let reader = repo.v2().unwrap();
+    let copies = reader.group_copies(&group).await.unwrap();
+    assert_eq!(copies.len(), 2);
+    assert!(copies
+        .iter()
+        .any(|c| !reader.is_quarantined(c) && c.stores(&[(0, 16)])));
+    let repo = reopen(&store, &repo).await;
+    let report = verify(repo.clone()).await.unwrap();
+    let damaged: Vec<u64> = report.damaged_versions.iter().map(|d| d.seq).collect();
+    assert!(damaged.is_empty(), "healed by the new copies: {report:?}");
+    assert!(restore_bytes(&repo, &v3.record).await.unwrap() == data);
+}
+
+/// A parent whose manifest nodes are damaged gives a commit neither its leaves (whole-leaf
+/// reuse) nor their chunks (the changed segment's parent chunks): every chunk is found through
+/// the index instead, and the new version is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_over_a_parent_with_damaged_leaves_finds_its_chunks_through_the_index() {
+    let (store, repo) = new_repo().await;
+    let data = noise(3 << 20, 21);
+    let v1 = commit_bytes(&repo, "vm", data.clone()).await;
+    let leaf = cairn_engine::tree::leaf_map(&repo, &v1.record)
+        .await
+        .unwrap()[&1];
+    let (trailer, at) = repo.v2().unwrap().locate_chunk(&leaf).await.unwrap();
+    let offset = trailer.groups[at.group as usize].offset as usize;
+    store.corrupt_object(&keys::pack(&trailer.pack), offset + 40);
+
+    let repo = reopen(&store, &repo).await;
+    let mut changed = data.clone();
+    changed[(1 << 20) + 8192..(1 << 20) + 12288].fill(5);
+    let v2 = commit_bytes(&repo, "vm", changed.clone()).await;
+    assert_eq!(v2.dedup.parent, 0, "the damaged leaf lends nothing");
+    assert_eq!(
+        v2.record.stats.new_chunks, 1,
+        "the rest found through the index"
+    );
+    assert!(restore_bytes(&repo, &v2.record).await.unwrap() == changed);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,55 +281,55 @@ async fn a_restore_that_meets_damage_quarantines_it_and_allow_damage_restores_th
     let (store, repo) = new_repo().await;
     let data = noise(3 << 20, 8);
     commit_bytes(&repo, "vm", data.clone()).await;
-    let at = (2 << 20) + 5 * 16384;
-    let victim = Id::of(&data[at..at + 16384]);
-    flip_in_blob(&store, &repo, &victim);
+    let at = (2 << 20) + 5 * 4096;
+    let (pack, group, _) = damage_group_of(&store, &repo, &data[at..at + 4096]).await;
     let repo = reopen(&store, &repo).await;
-    let (_, v1) = version(&repo, "vm@1").await;
+    let v1 = version(&repo, "vm@1").await;
 
-    // A plain restore fails naming the blob, and quarantines the copy.
+    // A plain restore fails naming the pack and the group, and quarantines the copy.
     let err = restore_bytes(&repo, &v1).await.unwrap_err();
-    assert!(err.starts_with(&format!("blob {victim} in pack ")), "{err}");
+    assert!(
+        err.contains(&keys::pack(&pack)) && err.contains("group"),
+        "{err}"
+    );
 
-    // --allow-damage: everything else is restored, the damaged chunk is zeros and listed.
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out.raw");
-    let stats = restore(
-        repo.clone(),
-        &v1,
-        RestoreTarget::Path(out.clone()),
-        RestoreOptions {
-            allow_damage: true,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    // --allow-damage: everything else is restored; the group's 64 KiB are zeros and listed
+    // (the copy is quarantined now: the reason names it).
+    let (stats, got) = restore_allowing_damage(&repo, &v1).await;
     assert_eq!(stats.damaged.len(), 1, "{:?}", stats.damaged);
+    let start = (2 << 20) as u64; // the group holds the segment's first 16 blocks
     assert_eq!(
         (stats.damaged[0].offset, stats.damaged[0].len),
-        (at as u64, 16384)
+        (start, 64 << 10)
     );
     assert!(
-        stats.damaged[0].reason.contains(&victim.to_hex()),
+        stats.damaged[0]
+            .reason
+            .contains(&format!("{group} in pack {pack}"))
+            && stats.damaged[0].reason.contains("quarantined"),
         "{}",
         stats.damaged[0].reason
     );
     let mut expected = data.clone();
-    expected[at..at + 16384].fill(0);
-    assert_eq!(std::fs::read(&out).unwrap(), expected);
+    expected[start as usize..start as usize + (64 << 10)].fill(0);
+    assert!(got == expected);
 
-    // The quarantine reached the store when the repository was closed.
+    // The marker reached the store when the repository was closed; dedup no longer trusts
+    // the copy.
     let repo = reopen(&store, &repo).await;
-    assert_eq!(store.list("quarantine/").await.unwrap().len(), 1);
-    assert!(
-        !repo.has_blob(&victim),
-        "dedup no longer trusts the damaged copy"
-    );
+    let markers = store.list("quarantine/").await.unwrap();
+    assert_eq!(markers.len(), 1);
+    assert_eq!(markers[0].key, keys::quarantine(&pack, &group));
+    let reader = repo.v2().unwrap();
+    assert!(reader
+        .find_chunk(&Id::of(&data[at..at + 4096]))
+        .await
+        .unwrap()
+        .is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn allow_damage_zero_fills_a_lost_manifest_leaf_and_a_missing_pack() {
+async fn allow_damage_zero_fills_a_lost_leaf_and_a_missing_pack() {
     let (store, repo) = new_repo().await;
     let data = noise(4 << 20, 9);
     let c = commit_bytes(&repo, "vm", data.clone()).await;
@@ -164,28 +337,135 @@ async fn allow_damage_zero_fills_a_lost_manifest_leaf_and_a_missing_pack() {
     let leaves = cairn_engine::tree::leaf_map(&repo, &c.record)
         .await
         .unwrap();
-    let leaf = leaves[&2];
-    let loc = repo.locate(&leaf).unwrap();
-    store.corrupt_object(&keys::pack(&loc.pack), loc.entry.offset as usize + 3);
+    let reader = repo.v2().unwrap();
+    let (trailer, at) = reader.locate_chunk(&leaves[&2]).await.unwrap();
+    let offset = trailer.groups[at.group as usize].offset;
+    store.corrupt_object(&keys::pack(&trailer.pack), offset as usize + 3);
+    // And lose the pack holding segment 0's first group.
+    let (pack, _, _, _) = group_of(&repo, &data[..4096]).await;
+    store.delete(&keys::pack(&pack)).await.unwrap();
+
     let repo = reopen(&store, &repo).await;
+    let (stats, got) = restore_allowing_damage(&repo, &c.record).await;
+    let mut expected = data.clone();
+    for r in &stats.damaged {
+        expected[r.offset as usize..(r.offset + r.len) as usize].fill(0);
+    }
+    assert!(got == expected);
+    let ranges: Vec<(u64, u64)> = stats.damaged.iter().map(|d| (d.offset, d.len)).collect();
+    assert!(ranges.contains(&(2 << 20, 1 << 20)), "{ranges:?}");
+    assert!(ranges.iter().any(|r| r.0 == 0), "{ranges:?}");
+    let lost: u64 = stats.damaged.iter().map(|d| d.len).sum();
+    assert!(lost < data.len() as u64, "{ranges:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_rebuilds_a_damaged_index_run_from_the_packs() {
+    let (store, repo) = new_repo().await;
+    let data = noise(3 << 20, 60);
+    let c = commit_bytes(&repo, "vm", data.clone()).await;
+    let runs = store.list(keys::INDEX_RUNS).await.unwrap();
+    assert_eq!(runs.len(), 1);
+    // A byte of the run's meta (its pack table, fence keys and filter).
+    store.corrupt_object(&runs[0].key, runs[0].size as usize - 60);
+    let repo = reopen(&store, &repo).await;
+    assert!(!verify(repo.clone()).await.unwrap().is_clean());
+    // GC never acts on a partial view: it refuses, saying what to do.
+    let err = gc(&repo, &repair_gc()).await.unwrap_err().to_string();
+    assert!(
+        err.contains(&runs[0].key) && err.contains("run `cairn repair`"),
+        "{err}"
+    );
+
+    let report = repair(&repo, RepairOptions::default()).await.unwrap();
+    assert_eq!(report.index_files_set_aside.len(), 1, "{report:?}");
+    assert!(report.blobs_reindexed > 0);
+    assert!(report.is_clean(), "{:?}", report.lost_versions);
+    assert!(
+        store
+            .list(&format!("damaged/{}", runs[0].key))
+            .await
+            .unwrap()
+            .len()
+            == 1
+    );
+    let repo = reopen(&store, &repo).await;
+    assert!(verify(repo.clone()).await.unwrap().is_clean());
+    assert_eq!(restore_bytes(&repo, &c.record).await.unwrap(), data);
+    gc(&repo, &repair_gc()).await.unwrap();
+    let repo = reopen(&store, &repo).await;
+    assert!(verify(repo.clone()).await.unwrap().is_clean());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_from_a_source_stores_lost_chunks_and_nodes_again() {
+    let (store, repo) = new_repo().await;
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out.raw");
-    let stats = restore(
-        repo.clone(),
-        &c.record,
-        RestoreTarget::Path(out.clone()),
-        RestoreOptions {
-            allow_damage: true,
+    let data = noise(3 << 20, 70);
+    let path = write_file(dir.path(), "disk.raw", &data);
+    let c = commit_path(&repo, "vm", &path).await;
+    // Lose a whole data pack (packs are 1 MiB here) and damage a leaf.
+    let (lost_pack, _, _, _) = group_of(&repo, &data[..4096]).await;
+    store.delete(&keys::pack(&lost_pack)).await.unwrap();
+    let leaves = cairn_engine::tree::leaf_map(&repo, &c.record)
+        .await
+        .unwrap();
+    let reader = repo.v2().unwrap();
+    let (trailer, at) = reader.locate_chunk(&leaves[&2]).await.unwrap();
+    let offset = trailer.groups[at.group as usize].offset;
+    store.corrupt_object(&keys::pack(&trailer.pack), offset as usize + 2);
+    let repo = reopen(&store, &repo).await;
+    assert!(!verify(repo.clone()).await.unwrap().is_clean());
+    let repo = reopen(&store, &repo).await;
+
+    let without = repair(&repo, RepairOptions::default()).await.unwrap();
+    assert!(!without.is_clean());
+    assert_eq!(without.lost_versions.len(), 1);
+
+    let from = path.clone();
+    let report = repair(
+        &repo,
+        RepairOptions {
+            from: Some(Box::new(move || open_path(&from))),
             ..Default::default()
         },
     )
     .await
     .unwrap();
-    let ranges: Vec<(u64, u64)> = stats.damaged.iter().map(|d| (d.offset, d.len)).collect();
-    assert_eq!(ranges, vec![(2 << 20, 1 << 20)]);
-    let mut expected = data.clone();
-    expected[(2 << 20)..(3 << 20)].fill(0);
-    assert_eq!(std::fs::read(&out).unwrap(), expected);
+    assert!(report.is_clean(), "{report:?}");
+    assert!(report.blobs_restored > 0, "{report:?}");
+    let repo = reopen(&store, &repo).await;
+    let report = verify(repo.clone()).await.unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(restore_bytes(&repo, &c.record).await.unwrap(), data);
+
+    // GC then rebuilds what it can under the old ids and keeps the version whole.
+    gc(&repo, &repair_gc()).await.unwrap();
+    let repo = reopen(&store, &repo).await;
+    assert!(verify(repo.clone()).await.unwrap().is_clean());
+    assert_eq!(restore_bytes(&repo, &c.record).await.unwrap(), data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diff_compares_chunks_not_groups() {
+    let (_store, repo) = new_repo().await;
+    let a = noise(2 << 20, 11);
+    let va = commit_bytes(&repo, "vm", a.clone()).await;
+    // Version b: one block rewritten, and a block of other content copied over another (a
+    // move: its chunk is found in a's group, so b's leaf names another group's slot there).
+    let mut b = a.clone();
+    b[5 * 4096..6 * 4096].fill(7);
+    let moved = a[100 * 4096..101 * 4096].to_vec();
+    b[300 * 4096..301 * 4096].copy_from_slice(&moved);
+    let vb = commit_bytes(&repo, "vm", b.clone()).await;
+    let report = diff(&repo, &va.record, &vb.record).await.unwrap();
+    let ranges: Vec<(u64, u64)> = report.ranges.iter().map(|r| (r.offset, r.len)).collect();
+    assert_eq!(ranges, vec![(5 * 4096, 4096), (300 * 4096, 4096)]);
+    assert_eq!((report.chunks_added, report.chunks_removed), (2, 2));
+    // A version with the same bytes committed again differs in nothing.
+    let vc = commit_bytes(&repo, "vm", b).await;
+    let report = diff(&repo, &vb.record, &vc.record).await.unwrap();
+    assert!(report.ranges.is_empty(), "{report:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,7 +475,7 @@ async fn scoped_and_sampled_verify() {
     let b = noise(2 << 20, 11);
     commit_bytes(&repo, "a", a.clone()).await;
     commit_bytes(&repo, "b", b.clone()).await;
-    flip_in_blob(&store, &repo, &Id::of(&b[..16384]));
+    damage_group_of(&store, &repo, &b[..4096]).await;
     let repo = reopen(&store, &repo).await;
 
     // Scoped to image a: clean, and only a's packs are read.
@@ -264,7 +544,7 @@ async fn a_corrupt_version_record_is_one_finding_and_repair_sets_it_aside() {
     }
     let other = noise(2 << 20, 99);
     commit_bytes(&repo, "other", other.clone()).await;
-    let (v2, _) = version(&repo, "vm@2").await;
+    let (v2, _) = resolved(&repo, "vm@2").await;
     store.corrupt_object(&keys::version(&v2), 20);
     let repo = reopen(&store, &repo).await;
 
@@ -290,7 +570,7 @@ async fn a_corrupt_version_record_is_one_finding_and_repair_sets_it_aside() {
     assert_eq!(seqs, vec![4, 3, 1]);
     assert_eq!(h.damage.len(), 1);
     for seq in [1u64, 3, 4] {
-        let (_, r) = version(&repo, &format!("vm@{seq}")).await;
+        let (_, r) = resolved(&repo, &format!("vm@{seq}")).await;
         assert_eq!(
             restore_bytes(&repo, &r).await.unwrap(),
             contents[seq as usize - 1]
@@ -311,7 +591,7 @@ async fn a_corrupt_version_record_is_one_finding_and_repair_sets_it_aside() {
         .unwrap();
     }
     let repo = reopen(&store, &repo).await;
-    let (_, r1) = version(&repo, "vm@1").await;
+    let (_, r1) = resolved(&repo, "vm@1").await;
     assert_eq!(restore_bytes(&repo, &r1).await.unwrap(), contents[0]);
 
     // repair sets the record aside; verify is clean afterwards, the break is known.
@@ -365,7 +645,7 @@ async fn a_corrupt_head_is_rebuilt_from_the_newest_intact_version() {
     let report = verify(repo.clone()).await.unwrap();
     assert_eq!(report.damaged_metadata.len(), 1);
     // vm@2 can still be named (found by listing).
-    let (_, r2) = version(&repo, "vm@2").await;
+    let (_, r2) = resolved(&repo, "vm@2").await;
     assert_eq!(restore_bytes(&repo, &r2).await.unwrap(), contents[1]);
 
     let report = repair(&repo, RepairOptions::default()).await.unwrap();
@@ -375,91 +655,6 @@ async fn a_corrupt_head_is_rebuilt_from_the_newest_intact_version() {
     );
     let repo = reopen(&store, &repo).await;
     assert!(verify(repo.clone()).await.unwrap().is_clean());
-    let (_, head) = version(&repo, "vm").await;
+    let (_, head) = resolved(&repo, "vm").await;
     assert_eq!(head.seq, 3);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn repair_rebuilds_a_damaged_index_file_from_the_packs() {
-    let (store, repo) = new_repo().await;
-    let data = noise(3 << 20, 60);
-    let c = commit_bytes(&repo, "vm", data.clone()).await;
-    let files = store.list(keys::INDEX).await.unwrap();
-    assert_eq!(files.len(), 1);
-    store.corrupt_object(&files[0].key, 30);
-    let repo = reopen(&store, &repo).await;
-    assert!(!verify(repo.clone()).await.unwrap().is_clean());
-    // GC never acts on a partial view: it refuses, saying what to do.
-    let err = gc(&repo, &GcOptions::default())
-        .await
-        .unwrap_err()
-        .to_string();
-    assert_eq!(
-        err,
-        format!(
-            "gc: index file {} is damaged (index file: checksum mismatch (corrupt)); gc acts \
-             only on a \
-             complete index: run `cairn repair`, which rebuilds it from the packs; nothing was \
-             deleted",
-            files[0].key
-        )
-    );
-
-    let report = repair(&repo, RepairOptions::default()).await.unwrap();
-    assert_eq!(report.index_files_set_aside.len(), 1);
-    assert!(report.blobs_reindexed > 0);
-    assert!(report.is_clean(), "{:?}", report.lost_versions);
-    let repo = reopen(&store, &repo).await;
-    assert!(verify(repo.clone()).await.unwrap().is_clean());
-    assert_eq!(restore_bytes(&repo, &c.record).await.unwrap(), data);
-    gc(
-        &repo,
-        &GcOptions {
-            mode: GcMode::Repair,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn repair_from_a_source_stores_lost_chunks_and_nodes_again() {
-    let (store, repo) = new_repo().await;
-    let dir = tempfile::tempdir().unwrap();
-    let data = noise(3 << 20, 70);
-    let path = write_file(dir.path(), "disk.raw", &data);
-    let c = commit_path(&repo, "vm", &path).await;
-    // Lose a whole data pack (packs are 1 MiB here) and damage a leaf.
-    let chunk = Id::of(&data[..16384]);
-    let lost_pack = repo.locate(&chunk).unwrap().pack;
-    store.delete(&keys::pack(&lost_pack)).await.unwrap();
-    let leaves = cairn_engine::tree::leaf_map(&repo, &c.record)
-        .await
-        .unwrap();
-    let leaf = repo.locate(&leaves[&2]).unwrap();
-    store.corrupt_object(&keys::pack(&leaf.pack), leaf.entry.offset as usize + 2);
-    let repo = reopen(&store, &repo).await;
-    assert!(!verify(repo.clone()).await.unwrap().is_clean());
-    let repo = reopen(&store, &repo).await;
-
-    let without = repair(&repo, RepairOptions::default()).await.unwrap();
-    assert!(!without.is_clean());
-    assert_eq!(without.lost_versions.len(), 1);
-
-    let from_path = path.clone();
-    let report = repair(
-        &repo,
-        RepairOptions {
-            dry_run: false,
-            from: Some(Box::new(move || open_path(&from_path))),
-        },
-    )
-    .await
-    .unwrap();
-    assert!(report.blobs_restored > 0);
-    assert!(report.is_clean(), "{:?}", report.lost_versions);
-    let repo = reopen(&store, &repo).await;
-    assert!(verify(repo.clone()).await.unwrap().is_clean());
-    assert_eq!(restore_bytes(&repo, &c.record).await.unwrap(), data);
 }

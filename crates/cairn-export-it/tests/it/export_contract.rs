@@ -1,6 +1,6 @@
 //! The lazy version export keeps the NBD `Export` contract (`cairn_nbd::contract::check`),
 //! read-only and with a writable overlay, over a version with data, zeros and a partial last
-//! block, in both repository formats (format 2: runs of compressed groups).
+//! block (leaves of runs of compressed groups).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -21,16 +21,12 @@ fn image() -> Vec<u8> {
     v
 }
 
-/// A repository of `format` holding `image()` as vm@1, in a tree of `fanout` children a node.
-async fn repo_with_image(
-    format: u32,
-    fanout: u16,
-) -> (Arc<Repo>, cairn_engine::commit::CommitResult) {
-    let mut config = match format {
-        1 => RepoConfig::default(),
-        _ => RepoConfig::default_v2(),
+/// A repository holding `image()` as vm@1, in a tree of `fanout` children a node.
+async fn repo_with_image(fanout: u16) -> (Arc<Repo>, cairn_engine::commit::CommitResult) {
+    let config = RepoConfig {
+        fanout,
+        ..RepoConfig::default_v2()
     };
-    config.fanout = fanout;
     let repo = Arc::new(
         Repo::init(Arc::new(MemoryStore::new()), config)
             .await
@@ -43,17 +39,12 @@ async fn repo_with_image(
     (repo, version)
 }
 
-async fn export(format: u32, writable: bool, dir: &std::path::Path) -> Arc<VersionExport> {
-    export_with(format, writable, 256, dir).await
+async fn export(writable: bool, dir: &std::path::Path) -> Arc<VersionExport> {
+    export_with(writable, 256, dir).await
 }
 
-async fn export_with(
-    format: u32,
-    writable: bool,
-    fanout: u16,
-    dir: &std::path::Path,
-) -> Arc<VersionExport> {
-    let (repo, version) = repo_with_image(format, fanout).await;
+async fn export_with(writable: bool, fanout: u16, dir: &std::path::Path) -> Arc<VersionExport> {
+    let (repo, version) = repo_with_image(fanout).await;
     let stats = Arc::new(ExportStats::default());
     let cache = Arc::new(ContentCache::open(&dir.join("cache"), 1 << 30).unwrap());
     let base = Base::open(repo, cache, stats.clone(), version.id, version.record, 8)
@@ -76,23 +67,17 @@ async fn export_with(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_version_export_keeps_the_contract() {
     let dir = tempfile::tempdir().unwrap();
-    cairn_nbd::contract::check(export(1, false, dir.path()).await, image()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_only_format_2_export_keeps_the_contract() {
-    let dir = tempfile::tempdir().unwrap();
-    cairn_nbd::contract::check(export(2, false, dir.path()).await, image()).await;
+    cairn_nbd::contract::check(export(false, dir.path()).await, image()).await;
 }
 
 /// A tree of height 2 (fanout 2 over four segments, one of them zeros): the interior nodes
 /// under the root are read when a segment under them is first touched, not at the start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_export_of_a_deep_tree_reads_its_interior_nodes_on_demand() {
-    for format in [1, 2] {
+    {
         let dir = tempfile::tempdir().unwrap();
-        let (repo, version) = repo_with_image(format, 2).await;
-        assert_eq!(version.record.height, 2, "format {format}");
+        let (repo, version) = repo_with_image(2).await;
+        assert_eq!(version.record.height, 2);
         let root = version.record.root.unwrap();
         let root_bytes = repo.read_blob(&root).await.unwrap().len() as u64;
         let stats = Arc::new(ExportStats::default());
@@ -101,32 +86,28 @@ async fn an_export_of_a_deep_tree_reads_its_interior_nodes_on_demand() {
             .await
             .unwrap();
         let fetched = || stats.metadata_bytes_fetched.load(Ordering::Relaxed);
-        assert_eq!(
-            fetched(),
-            root_bytes,
-            "format {format}: the start reads the root only"
-        );
+        assert_eq!(fetched(), root_bytes, "the start reads the root only");
         let export = Arc::new(VersionExport::with_overlay(base, None, stats.clone()));
         cairn_nbd::contract::check(export, image()).await;
-        assert!(fetched() > root_bytes, "format {format}");
+        assert!(fetched() > root_bytes);
     }
     let dir = tempfile::tempdir().unwrap();
-    cairn_nbd::contract::check(export_with(2, true, 2, dir.path()).await, image()).await;
+    cairn_nbd::contract::check(export_with(true, 2, dir.path()).await, image()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_writable_format_2_export_keeps_the_contract() {
+async fn a_writable_version_export_keeps_the_contract() {
     let dir = tempfile::tempdir().unwrap();
-    cairn_nbd::contract::check(export(2, true, dir.path()).await, image()).await;
+    cairn_nbd::contract::check(export(true, dir.path()).await, image()).await;
 }
 
 /// Format 2: a read decodes each group it touches once and counts its plain bytes as
 /// fetched; a second export on the same host cache (another VM started from the same image)
 /// fetches nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_format_2_export_fetches_each_group_once_and_shares_the_host_cache() {
+async fn an_export_fetches_each_group_once_and_shares_the_host_cache() {
     let dir = tempfile::tempdir().unwrap();
-    let (repo, version) = repo_with_image(2, 256).await;
+    let (repo, version) = repo_with_image(256).await;
     let cache = Arc::new(ContentCache::open(&dir.path().join("cache"), 1 << 30).unwrap());
     let open = |stats: Arc<ExportStats>| {
         Base::open(
@@ -162,10 +143,4 @@ async fn a_format_2_export_fetches_each_group_once_and_shares_the_host_cache() {
     assert!(all[..] == img[..1 << 20]);
     assert_eq!(get(&again, |s| &s.bytes_fetched), 0);
     assert_eq!(get(&again, |s| &s.cache_hits), 256);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_writable_version_export_keeps_the_contract() {
-    let dir = tempfile::tempdir().unwrap();
-    cairn_nbd::contract::check(export(1, true, dir.path()).await, image()).await;
 }

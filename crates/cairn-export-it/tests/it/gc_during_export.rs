@@ -20,15 +20,10 @@ async fn commit_bytes(repo: &Arc<Repo>, data: Vec<u8>) -> cairn_engine::commit::
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gc_repacks_under_a_running_export_which_keeps_reading_bit_exact() {
-    gc_under_a_running_export(RepoConfig::default()).await
-}
-
-/// Format 2: the GC rewrites v1's groups without their dead slots in new packs; the export's
+/// The GC rewrites v1's groups without their dead slots in new packs; the export's
 /// index runs name the old packs until it re-reads them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gc_rewrites_groups_under_a_running_format_2_export() {
+async fn gc_rewrites_groups_under_a_running_export() {
     gc_under_a_running_export(RepoConfig::default_v2()).await
 }
 
