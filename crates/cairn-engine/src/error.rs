@@ -87,6 +87,15 @@ pub enum EngineError {
          see `cairn log {image}`) to use an older one, or run `cairn repair`"
     )]
     NewestUnreadable { image: String, reason: String },
+    /// An operation that writes, on a repository format this cairn only reads (format 1).
+    #[error(
+        "{operation}: {location} is a format 1 repository, which this cairn only reads; copy \
+         it into a format 2 repository (`cairn copy --from`) to write to it"
+    )]
+    ReadOnlyFormat {
+        operation: &'static str,
+        location: String,
+    },
 }
 
 impl From<cairn_repo::tree_walk::NodeError> for EngineError {
@@ -102,6 +111,21 @@ impl From<cairn_store::StoreError> for EngineError {
 }
 
 impl EngineError {
+    /// Refuses `operation` on a repository cairn only reads: every engine entry point that
+    /// writes packs, index runs or summaries calls it first, so no caller can write format 1.
+    pub(crate) fn ensure_writable(
+        repo: &cairn_repo::Repo,
+        operation: &'static str,
+    ) -> EngineResult<()> {
+        match repo.v2() {
+            Some(_) => Ok(()),
+            None => Err(EngineError::ReadOnlyFormat {
+                operation,
+                location: repo.describe(),
+            }),
+        }
+    }
+
     /// A worker (`what`) that failed, from its join or channel error.
     pub(crate) fn internal(what: &'static str, detail: impl std::fmt::Display) -> Self {
         EngineError::Internal {

@@ -3,31 +3,29 @@
 //! The pipeline keeps every core busy on one image with bounded memory:
 //!
 //! ```text
-//!  reader ──segments──▶ workers (×N) ──new blobs──▶ packer ──packs──▶ uploads (bounded)
-//!  (sparse-aware)       chunk, zero-detect,          two pack builders    put_if_absent
-//!                       BLAKE3, dedup, zstd          (data / nodes)
+//!  reader ──segments──▶ workers (×N) ──groups──▶ packer ──packs──▶ uploads (bounded)
+//!  (sparse-aware)       chunk, zero-detect,       data groups and    put_if_absent
+//!                       BLAKE3, dedup tiers,      nodes apart
+//!                       zstd per group
 //!                            │
-//!                            └──leaf ids──▶ collector ──▶ tree ──▶ index ──▶ version ──▶ ref
+//!                            └──leaves──▶ collector ──▶ tree ──▶ index run ──▶ summary ──▶ version ──▶ ref
 //! ```
 //! Channels are bounded, so a slow stage stalls the ones before it (back-pressure) and memory
 //! stays at a few segments per worker plus the packs in flight. Publication is ordered —
-//! packs, then the index file and the tree's reference summary, then the version record,
-//! then the ref by compare-and-swap — so
-//! a crash or error at any point leaves only unreferenced objects behind, never a version
-//! that points at missing data.
+//! packs, then the index run and the tree's reference summary, then the version record, then
+//! the ref by compare-and-swap — so a crash or error at any point leaves only unreferenced
+//! objects behind, never a version that points at missing data.
 //!
 //! The pieces, one per file:
-//! - `pipeline`: the reader, the workers and the collector (chunking, zero detection,
-//!   BLAKE3, dedup against the repository and within the commit);
-//! - `packing`: blobs encoded and packed (data and nodes apart), packs uploaded with a bound
-//!   on how many are in flight;
+//! - `reader`: the source's segments, in order, into the pipeline;
+//! - `pipeline`: the workers (chunking, zero detection, BLAKE3, dedup through `dedup/`'s
+//!   tiers and this commit's `claims`, chunks compressed in groups) and the collector;
+//! - `packing`: packs uploaded with a bound on how many are in flight;
 //! - `publish`: the ordered publication and the stale-GC guard before it;
-//! - `grouped`: the same pipeline for a format 2 repository (4 KiB dedup, chunks compressed
-//!   in groups, an index run in place of the index file);
-//! - `parent`: format 2's parent fast path (the newest version's leaves by segment digest,
-//!   from its level-1 nodes);
-//! - `base_summary`: a format 2 tree's reference summary when leaves of a base were reused
-//!   unread (the parent's, or a patch's untouched ones).
+//! - `parent`: the parent fast path (the newest version's leaves by segment digest, from its
+//!   level-1 nodes);
+//! - `base_summary`: a tree's reference summary when leaves of a base were reused unread
+//!   (the parent's, or a patch's untouched ones).
 //!
 //! Commits made some other way reuse them: [`patch`] (a base version plus changed blocks, the
 //! writable export's COMMIT), [`incremental`] (a qcow2 overlay's clusters or an NBD dirty
@@ -36,7 +34,6 @@
 pub(crate) mod base_summary;
 pub mod claims;
 pub mod dedup;
-pub(crate) mod grouped;
 pub mod incremental;
 pub(crate) mod packing;
 pub(crate) mod parent;
@@ -45,11 +42,11 @@ pub(crate) mod pending_entries;
 pub(crate) mod pipeline;
 pub mod plan;
 pub(crate) mod publish;
+pub(crate) mod reader;
 pub(crate) mod spilled_claims;
 
-pub(crate) use grouped::run_grouped_pipeline;
-pub(crate) use packing::{encode, pack_blobs, EncodedBlob};
-pub(crate) use pipeline::{run_pipeline, Dedup, PipelineOutput};
+pub(crate) use pipeline::run_pipeline;
+pub(crate) use pipeline::PipelineOutput;
 pub(crate) use publish::publish;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -142,20 +139,16 @@ pub async fn commit(
     options: CommitOptions,
 ) -> EngineResult<CommitResult> {
     validate_image_name(image)?;
+    EngineError::ensure_writable(&repo, "commit")?;
     let time_ns = cairn_repo::session::now_ns();
     let progress = options.progress.clone().unwrap_or_default();
     if let Some(n) = source.data_hint() {
         progress.total.store(n, Ordering::Relaxed);
     }
     let handle = Handle::current();
-    // Format 2: the newest version's leaves, for the parent fast path.
-    let parent = match repo.v2() {
-        Some(_) => match repo.head(image).await? {
-            Some(head) => {
-                ParentLeaves::load(&repo, &repo.load_version(&head.version).await?).await?
-            }
-            None => ParentLeaves::default(),
-        },
+    // The newest version's leaves, for the parent fast path.
+    let parent = match repo.head(image).await? {
+        Some(head) => ParentLeaves::load(&repo, &repo.load_version(&head.version).await?).await?,
         None => ParentLeaves::default(),
     };
     tracing::debug!(leaves = parent.len(), "parent fast path");
@@ -164,13 +157,8 @@ pub async fn commit(
         let options = options.clone();
         let progress = progress.clone();
         tokio::task::spawn_blocking(move || {
-            let out = match repo.v2() {
-                Some(_) => grouped::run_grouped_pipeline(
-                    repo, handle, source, &options, &progress, &parent,
-                ),
-                None => run_pipeline(repo, handle, source, &options, &progress, None),
-            };
-            out.map(|out| (out, parent))
+            pipeline::run_pipeline(repo, handle, source, &options, &progress, &parent)
+                .map(|out| (out, parent))
         })
         .await
         .map_err(|e| EngineError::internal("pipeline thread", e))??

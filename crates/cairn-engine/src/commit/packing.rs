@@ -5,83 +5,15 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use cairn_format::config::RepoConfig;
-use cairn_format::pack::{encode_blob, BlobEncoding, BlobEntry, BlobKind, PackBuilder};
 use cairn_format::Id;
 use cairn_repo::v2::PackBytes;
 use cairn_repo::{Repo, RepoResult};
-use crossbeam_channel::Receiver;
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use super::CommitProgress;
 use crate::error::{EngineError, EngineResult};
-
-/// A blob ready to be packed.
-pub(crate) struct EncodedBlob {
-    id: Id,
-    kind: BlobKind,
-    encoding: BlobEncoding,
-    stored: Vec<u8>,
-    raw_len: u32,
-}
-
-pub(crate) fn encode(id: Id, kind: BlobKind, plain: &[u8], config: &RepoConfig) -> EncodedBlob {
-    let (stored, encoding) = encode_blob(plain, config.compression);
-    EncodedBlob {
-        id,
-        kind,
-        encoding,
-        stored,
-        raw_len: plain.len() as u32,
-    }
-}
-
-/// A pack written by this commit and the blobs in it.
-pub(crate) type PackedPack = (Id, Vec<BlobEntry>);
-
-/// Packs blobs (data and manifest nodes in separate packs, so a version's tree is read from
-/// few places) and uploads full packs, at most `uploads` at a time.
-pub(crate) fn pack_blobs(
-    repo: Arc<Repo>,
-    handle: Handle,
-    config: &RepoConfig,
-    blob_rx: Receiver<EncodedBlob>,
-    uploads: usize,
-    progress: &CommitProgress,
-) -> EngineResult<(Vec<PackedPack>, u64)> {
-    let mut uploader = Uploader::new(&repo, &handle, uploads, progress);
-    let mut data = PackBuilder::new();
-    let mut nodes = PackBuilder::new();
-    let target = config.pack_target as usize;
-    let flush = |builder: &mut PackBuilder, uploader: &mut Uploader<'_, Vec<BlobEntry>>| {
-        let (id, bytes, entries) = std::mem::take(builder).finish();
-        uploader.start(id, bytes, entries)
-    };
-    for blob in blob_rx {
-        let builder = match blob.kind {
-            BlobKind::Data => &mut data,
-            BlobKind::Node => &mut nodes,
-        };
-        builder.push(
-            blob.id,
-            blob.kind,
-            blob.encoding,
-            &blob.stored,
-            blob.raw_len,
-        );
-        if builder.len() >= target {
-            flush(builder, &mut uploader)?;
-        }
-    }
-    for builder in [&mut data, &mut nodes] {
-        if !builder.is_empty() {
-            flush(builder, &mut uploader)?;
-        }
-    }
-    uploader.finish()
-}
 
 /// A stored pack: its final id, what the caller attached to it, the bytes written.
 type Uploaded<T> = (Id, T, u64);

@@ -26,27 +26,18 @@ pub(crate) async fn check_stale_gc(repo: &Repo, out: &PipelineOutput) -> EngineR
             return Ok(());
         }
     }
-    let missing = match repo.v2() {
-        None => {
-            let present = repo.indexed_blobs_now().await?;
-            out.reused.iter().filter(|id| !present.contains(id)).count()
-        }
-        // Format 2: every reused node and slot must still be located in what the store
-        // holds now (every run, as format 1 reads every index file: a GC pending now waits
-        // for this session and rescues what it reuses), and the slot still stored there.
-        // Another GC's sweep may delete a superseded run while it is read: a run found gone
-        // is read no more, so the check starts again from a new listing.
-        Some(_) => {
-            let mut attempt = 1;
-            loop {
-                match missing_in_store(repo, out).await {
-                    Err(EngineError::Repo(e)) if e.is_not_found() && attempt < SWEPT_RETRIES => {
-                        tracing::debug!("{e}; a sweep removed a run: checking again");
-                        attempt += 1;
-                    }
-                    r => break r?,
-                }
+    // Every reused node and slot must still be located in what the store holds now (every
+    // run: a GC pending now waits for this session and rescues what it reuses), and the slot
+    // still stored there. Another GC's sweep may delete a superseded run while it is read: a
+    // run found gone is read no more, so the check starts again from a new listing.
+    let mut attempt = 1;
+    let missing = loop {
+        match missing_in_store(repo, out).await {
+            Err(EngineError::Repo(e)) if e.is_not_found() && attempt < SWEPT_RETRIES => {
+                tracing::debug!("{e}; a sweep removed a run: checking again");
+                attempt += 1;
             }
+            r => break r?,
         }
     };
     if missing > 0 {
@@ -59,7 +50,7 @@ pub(crate) async fn check_stale_gc(repo: &Repo, out: &PipelineOutput) -> EngineR
 const SWEPT_RETRIES: u32 = 8;
 
 /// How many of the nodes and group slots `out` reuses are not stored in any run the store
-/// holds now (format 2).
+/// holds now.
 async fn missing_in_store(repo: &Repo, out: &PipelineOutput) -> EngineResult<usize> {
     let (view, _) = repo.v2_view_all().await?;
     let mut missing = 0;
@@ -125,19 +116,12 @@ pub(crate) async fn publish(
 ) -> EngineResult<CommitResult> {
     check_stale_gc(repo, &out).await?;
 
-    // Publication step 2: the index file, once every pack is durable; then the tree's
+    // Publication step 2: the index run, once every pack is durable; then the tree's
     // reference summary, which every published version must have (fast deletion trusts it).
-    let mut index_bytes = if repo.v2().is_some() {
-        match out.run.is_empty() {
-            true => 0,
-            false => out.run.put(repo).await?.1,
-        }
-    } else {
-        repo.put_index(out.packs).await?
+    let mut index_bytes = match out.run.is_empty() {
+        true => 0,
+        false => out.run.put(repo).await?.1,
     };
-    if let (Some(root), Some(summary)) = (&out.root, &out.summary) {
-        index_bytes += repo.put_summary(root, summary).await?;
-    }
     if let (Some(root), Some(summary)) = (&out.root, &out.group_summary) {
         index_bytes += repo.put_group_summary(root, summary).await?;
     }

@@ -108,16 +108,10 @@ pub fn next_merge(runs: &[RunSize], all: bool) -> Option<Vec<Id>> {
     })
 }
 
-/// Compacts the index runs of a format 2 repository opened for it (its session is not waited
+/// Compacts the index runs of a repository opened for it (its session is not waited
 /// for).
 pub async fn compact(repo: &Arc<Repo>, options: &CompactOptions) -> EngineResult<CompactReport> {
-    if repo.v2().is_none() {
-        return Err(EngineError::Gc(
-            "index compaction is for format 2 repositories (format 1 keeps whole index files; \
-             `cairn gc --repair` merges them)"
-                .into(),
-        ));
-    }
+    EngineError::ensure_writable(repo, "index compact")?;
     let started = Instant::now();
     let dry_run = options.gc.dry_run;
     let lock = if dry_run {

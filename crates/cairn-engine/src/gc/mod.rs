@@ -36,8 +36,6 @@
 
 mod affected;
 pub mod compact;
-mod exact;
-mod fast;
 mod group_summaries;
 mod grouped;
 mod leftovers;
@@ -47,22 +45,16 @@ mod rebuild;
 mod records;
 pub(crate) mod repacker;
 mod small_packs;
-pub(crate) mod summaries;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cairn_format::index::{IndexFile, PackIndex};
 use cairn_format::marker::GcPlan;
-use cairn_format::pack::{self, BlobEntry, BlobKind, PackBuilder};
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::session::{describe, liveness, now_ns, Liveness};
-use cairn_repo::tree_walk::NodeReader;
-use cairn_repo::{
-    BlobIndex, BlobLocation, GcLock, GcLockAttempt, PublishedPlan, Repo, RepoError, SessionKind,
-};
+use cairn_repo::{GcLock, GcLockAttempt, PublishedPlan, Repo, RepoError, SessionKind};
 use cairn_store::StoreError;
 
 use crate::error::{EngineError, EngineResult};
@@ -244,6 +236,7 @@ pub async fn has_unfreed_deletions(repo: &Repo) -> EngineResult<bool> {
 }
 
 pub async fn gc(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport> {
+    EngineError::ensure_writable(repo, "gc")?;
     let started = Instant::now();
     let mut clock = phase::PhaseClock::start();
     let lock = if options.dry_run {
@@ -254,13 +247,7 @@ pub async fn gc(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport>
     let mut lock_phase = GcReport::default();
     clock.lap("lock", &mut lock_phase);
     let result = async {
-        let run = |options: GcOptions| async move {
-            match options.mode {
-                _ if repo.v2().is_some() => grouped::run(repo, &options).await,
-                GcMode::Fast => fast::run(repo, &options).await,
-                GcMode::Repair => exact::run(repo, &options).await,
-            }
-        };
+        let run = |options: GcOptions| async move { grouped::run(repo, &options).await };
         let mut report = match run(options.clone()).await {
             // A blob found damaged while repacking was quarantined and nothing was deleted:
             // run once more, now leaving that copy where it is.
@@ -350,82 +337,6 @@ fn lock_taken(attempt: GcLockAttempt) -> EngineResult<GcLock> {
     }
 }
 
-/// Everything GC learned from the index files it read (the snapshot S0).
-struct Snapshot {
-    files: Vec<(Id, IndexFile)>,
-    index: BlobIndex,
-}
-
-impl Snapshot {
-    /// Every pack some index file of the snapshot names.
-    fn packs(&self) -> HashSet<Id> {
-        self.files
-            .iter()
-            .flat_map(|(_, f)| f.packs.iter().map(|p| p.pack))
-            .collect()
-    }
-
-    async fn load(repo: &Repo) -> EngineResult<Snapshot> {
-        let files = repo.load_all_index_files().await.map_err(|e| match e {
-            RepoError::Corrupt { key, source } => EngineError::Gc(format!(
-                "index file {key} is damaged ({source}); gc acts only on a complete index: run \
-                 `cairn repair`, which rebuilds it from the packs; nothing was deleted"
-            )),
-            e => e.into(),
-        })?;
-        // Quarantined copies are no copies: a blob is found at a good one, if any.
-        let mut index = BlobIndex::without(repo.quarantined());
-        for (_, f) in &files {
-            index.add_file(f);
-        }
-        Ok(Snapshot { files, index })
-    }
-}
-
-/// Copies live blobs into new packs, keeping data and nodes apart.
-struct Repacker {
-    target: usize,
-    data: PackBuilder,
-    nodes: PackBuilder,
-}
-
-impl Repacker {
-    fn new(target: usize) -> Self {
-        Repacker {
-            target,
-            data: PackBuilder::new(),
-            nodes: PackBuilder::new(),
-        }
-    }
-
-    fn push(&mut self, e: &BlobEntry, stored: &[u8]) -> Option<PackBuilder> {
-        let b = match e.kind {
-            BlobKind::Data => &mut self.data,
-            BlobKind::Node => &mut self.nodes,
-        };
-        b.push(e.id, e.kind, e.encoding, stored, e.raw_len);
-        (b.len() >= self.target).then(|| std::mem::take(b))
-    }
-
-    fn finish(self) -> Vec<PackBuilder> {
-        [self.data, self.nodes]
-            .into_iter()
-            .filter(|b| !b.is_empty())
-            .collect()
-    }
-}
-
-async fn write_pack(repo: &Repo, builder: PackBuilder) -> EngineResult<PackIndex> {
-    let (id, bytes, entries) = builder.finish();
-    let (pack, _) = repo.put_pack(&id, bytes).await?;
-    Ok(PackIndex { pack, entries })
-}
-
-async fn put_index(repo: &Repo, packs: Vec<PackIndex>) -> EngineResult<Id> {
-    let (id, _) = repo.put_index_file(&IndexFile { packs }).await?;
-    Ok(id)
-}
-
 /// Sessions that started up to this long after a plan was published are waited for too, in
 /// case the clocks of the hosts sharing a repository disagree.
 pub const CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(1);
@@ -496,37 +407,6 @@ async fn wait_for_sessions(repo: &Repo, cutoff_ns: i64, options: &GcOptions) -> 
     }
 }
 
-fn sorted(entries: &[BlobEntry]) -> Vec<BlobEntry> {
-    let mut v = entries.to_vec();
-    v.sort_by_key(|e| e.offset);
-    v
-}
-
-/// Reads verified manifest nodes through `index` (a GC's own snapshot, which may be newer
-/// than the one the repository loaded when it opened), counting the bytes read.
-pub(super) struct SnapshotReader<'a> {
-    pub repo: &'a Repo,
-    pub index: &'a BlobIndex,
-    pub bytes_read: &'a mut u64,
-}
-
-impl NodeReader for SnapshotReader<'_> {
-    type Error = EngineError;
-    async fn read_node(&mut self, id: &Id) -> EngineResult<Vec<u8>> {
-        crate::interrupt::check()?;
-        let loc = self
-            .index
-            .get(id)
-            .ok_or(RepoError::BlobMissing { id: *id })?;
-        let stored = self
-            .repo
-            .read_pack_range(&loc.pack, loc.entry.range())
-            .await?;
-        *self.bytes_read += stored.len() as u64;
-        Ok(self.repo.check_blob(&loc, &stored)?)
-    }
-}
-
 /// Why GC cannot read the tree of a live version: it acts only on a complete view.
 fn unreadable_live_tree(record: &VersionRecord, e: EngineError) -> EngineError {
     if matches!(e, EngineError::Interrupted { .. }) {
@@ -582,152 +462,6 @@ async fn publish_and_wait(
     })
 }
 
-/// Step 5: dead blobs that versions published meanwhile use (`used`) are *rescued*: copied
-/// (verified) into new packs listed by a rescue index file, so the sweep can still delete
-/// every doomed pack whole. (Keeping a doomed pack for the few blobs a newcomer uses instead
-/// left the rest of it — dead, and no longer in any index — for `gc --repair` to find: under
-/// commits running during prunes that was most of the space fast deletion should have freed.)
-///
-/// A blob that already has a copy outside the doomed packs needs no rescue: a commit that saw
-/// the plan stored its own copy. Such commits keep publishing while the rescue reads, so what
-/// is covered is asked again, from the index files published since, right before each batch
-/// of copies is written ([`Coverage`]): asked once, before the reads, a commit whose index
-/// landed during them left its copy and the rescue's both stored — duplicates that only
-/// `gc --repair` removed (3.6–10% of the repository in `gc_leak` under disk load).
-#[allow(clippy::too_many_arguments)]
-async fn rescue(
-    repo: &Repo,
-    located_in: &BlobIndex,
-    dead: &[Id],
-    used: impl Fn(&Id) -> bool,
-    now: Option<&Snapshot>,
-    doomed: &HashSet<Id>,
-    written_index: &mut HashSet<Id>,
-    report: &mut GcReport,
-) -> EngineResult<()> {
-    let wanted: HashSet<Id> = dead.iter().filter(|id| used(id)).copied().collect();
-    if wanted.is_empty() {
-        return Ok(());
-    }
-    // Copies listed only in index files a plan supersedes (a dead GC's, or ours) are no
-    // cover: readers skip those files. Ours name no doomed pack in their replacements.
-    let hidden: HashSet<Id> = repo
-        .gc_plans()
-        .await?
-        .into_iter()
-        .flat_map(|plan| plan.superseded_index)
-        .collect();
-    let mut coverage = Coverage::new(&wanted, doomed, hidden);
-    if let Some(now) = now {
-        coverage.add(&now.files);
-    }
-    let mut packs: BTreeMap<Id, Vec<BlobEntry>> = BTreeMap::new();
-    for id in wanted.iter().filter(|id| !coverage.covers(id)) {
-        if let Some(loc) = located_in.get(id) {
-            packs.entry(loc.pack).or_default().push(loc.entry);
-        }
-    }
-    if packs.is_empty() {
-        return Ok(());
-    }
-    let target = repo.config().pack_target as usize;
-    let mut written = Vec::new();
-    let mut repacker = Repacker::new(target);
-    let mut batch: Vec<(BlobEntry, bytes::Bytes)> = Vec::new();
-    let mut batch_bytes = 0;
-    let mut to_read = packs
-        .into_iter()
-        .flat_map(|(pack, entries)| sorted(&entries).into_iter().map(move |e| (pack, e)))
-        .peekable();
-    while let Some((pack, e)) = to_read.next() {
-        let stored = repo.read_pack_range(&pack, e.range()).await?;
-        // Verify before copying: never launder a corrupt blob into a new pack.
-        repo.check_blob(&BlobLocation { pack, entry: e }, &stored)?;
-        batch_bytes += stored.len();
-        batch.push((e, stored));
-        if batch_bytes < target && to_read.peek().is_some() {
-            continue;
-        }
-        coverage.refresh(repo).await;
-        for (e, stored) in batch.drain(..) {
-            if coverage.covers(&e.id) {
-                continue;
-            }
-            report.rescued_blobs += 1;
-            report.bytes_repacked += stored.len() as u64;
-            if let Some(done) = repacker.push(&e, &stored) {
-                written.push(write_pack(repo, done).await?);
-            }
-        }
-        batch_bytes = 0;
-    }
-    for done in repacker.finish() {
-        written.push(write_pack(repo, done).await?);
-    }
-    if written.is_empty() {
-        return Ok(());
-    }
-    tracing::info!(
-        blobs = report.rescued_blobs,
-        "rescued blobs used by concurrent commits"
-    );
-    report.packs_written += written.len() as u64;
-    written_index.insert(put_index(repo, written).await?);
-    Ok(())
-}
-
-/// Which rescue candidates (`wanted`) some index file names in a pack outside the `doomed`
-/// ones, over the index files read so far (except the `hidden` ones, which pending plans
-/// supersede): [`Coverage::refresh`] reads only those published since.
-struct Coverage<'a> {
-    wanted: &'a HashSet<Id>,
-    doomed: &'a HashSet<Id>,
-    hidden: HashSet<Id>,
-    files_read: HashSet<Id>,
-    covered: HashSet<Id>,
-}
-
-impl<'a> Coverage<'a> {
-    fn new(wanted: &'a HashSet<Id>, doomed: &'a HashSet<Id>, hidden: HashSet<Id>) -> Self {
-        Coverage {
-            wanted,
-            doomed,
-            hidden,
-            files_read: HashSet::new(),
-            covered: HashSet::new(),
-        }
-    }
-
-    fn add(&mut self, files: &[(Id, IndexFile)]) {
-        for (id, file) in files {
-            self.files_read.insert(*id);
-            if self.hidden.contains(id) {
-                continue;
-            }
-            let copies = file
-                .packs
-                .iter()
-                .filter(|p| !self.doomed.contains(&p.pack))
-                .flat_map(|p| p.entries.iter().map(|e| e.id));
-            self.covered
-                .extend(copies.filter(|id| self.wanted.contains(id)));
-        }
-    }
-
-    /// Reads the index files published since. One that cannot be read only costs a
-    /// duplicate: the copy is written as if nothing covered it.
-    async fn refresh(&mut self, repo: &Repo) {
-        match repo.load_index_files_except(&self.files_read).await {
-            Ok(files) => self.add(&files),
-            Err(e) => tracing::debug!("rescue: index files published meanwhile not read: {e}"),
-        }
-    }
-
-    fn covers(&self, id: &Id) -> bool {
-        self.covered.contains(id)
-    }
-}
-
 /// Step 6 (deletions): the superseded index files first — their replacements are written —
 /// then the doomed packs.
 async fn sweep(
@@ -742,40 +476,6 @@ async fn sweep(
         .copied()
         .collect();
     Ok(repo.sweep(&superseded, doomed_packs).await?)
-}
-
-/// Packs in the store that no index file names (`indexed`): left by commits and GCs that
-/// died before publishing their index. Only those listed *before* the plan was published
-/// may be deleted, and only if still unindexed after the wait (see `delete_orphans`).
-fn orphan_packs(pack_sizes: &HashMap<Id, u64>, indexed: &HashSet<Id>) -> Vec<Id> {
-    let mut v: Vec<Id> = pack_sizes
-        .keys()
-        .filter(|p| !indexed.contains(p))
-        .copied()
-        .collect();
-    v.sort();
-    v
-}
-
-/// Deletes the orphan packs (found before the plan) that no index file names now, after the
-/// wait: every session that could still have published an index naming them has ended.
-async fn delete_orphans(repo: &Repo, orphans: &[Id], report: &mut GcReport) -> EngineResult<()> {
-    if orphans.is_empty() {
-        return Ok(());
-    }
-    let indexed_now: HashSet<Id> = repo
-        .load_all_index_files()
-        .await?
-        .iter()
-        .flat_map(|(_, f)| f.packs.iter().map(|p| p.pack))
-        .collect();
-    for pack in orphans {
-        if !indexed_now.contains(pack) {
-            repo.delete_orphan_pack(pack).await?;
-            report.orphan_packs_deleted += 1;
-        }
-    }
-    Ok(())
 }
 
 /// Step 6 (bookkeeping): record `gc/last`, remove our plan and any a dead GC left (we hold
@@ -798,12 +498,4 @@ async fn stored_bytes(
     };
     let index_bytes = repo.index_file_bytes().await?;
     Ok((pack_sizes.values().sum::<u64>() + index_bytes, pack_sizes))
-}
-
-/// Bytes of a pack that can hold blobs: its size minus header, trailer and footer (entries
-/// dropped from the index by an earlier GC count as garbage, which they are).
-fn pack_payload(size: u64, indexed_entries: u64) -> u64 {
-    let overhead =
-        (pack::HEADER_LEN + pack::FOOTER_LEN) as u64 + pack::ENTRY_LEN as u64 * indexed_entries;
-    size.saturating_sub(overhead).max(1)
 }

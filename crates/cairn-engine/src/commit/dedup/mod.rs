@@ -29,8 +29,8 @@ use std::sync::Arc;
 use cairn_format::Id;
 use cairn_repo::v2::{PackTrailer, Placement};
 
-use super::grouped::GroupDedup;
 use super::parent::ParentLeaves;
+use super::pipeline::GroupDedup;
 use crate::error::{EngineError, EngineResult};
 use parent_chunks::{ParentChunks, RecentPacks};
 use similar::{SimilarPacks, SimilarSource};

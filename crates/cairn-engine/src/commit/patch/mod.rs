@@ -5,23 +5,19 @@
 //! Only what changed is read and stored:
 //! - the base's segment → leaf map comes from its interior nodes alone (no leaf, no chunk);
 //! - a segment without changed blocks keeps its leaf id, unread;
-//! - a touched segment reads its base leaf (metadata). With the fixed chunker and blocks of
-//!   the chunk size, a changed block replaces the base chunk at the same index exactly, so no
-//!   base chunk data is read; otherwise (FastCDC, other block sizes, a base chunk that does
-//!   not line up, a grown last segment) the segment is materialized — base chunks not fully
-//!   overwritten are read — and re-chunked like `commit` would;
-//! - the tree is rebuilt with [`build_tree`](crate::tree::build_tree) over the full map, so every unchanged interior
-//!   node gets its old id (content addressing) and only the paths to changed leaves are new.
+//! - a touched segment is materialized from its base leaf's group runs, the changed blocks
+//!   laid over it, and run through the commit pipeline (`rebuild`), which dedups it per chunk
+//!   so the base's unchanged chunks are found, not stored;
+//! - the tree is rebuilt with [`build_tree`](crate::tree::build_tree) over the full map, so
+//!   every unchanged interior node gets its old id (content addressing) and only the paths to
+//!   changed leaves are new.
 //!
 //! The leaves produced are exactly the ones `commit` would produce for the same content, so
 //! a patched version shares its nodes with a full commit of the same image bytes.
-//! Publication is shared with `commit`: packs → index → reference summary → version → head.
-//!
-//! Here the plan and the publication; `rebuild` makes the touched segments' new leaves on
-//! worker threads, `summary` the new tree's reference summary; `grouped` does the same on
-//! format 2 (touched segments materialized and run through format 2's commit pipeline).
+//! Publication is shared with `commit`: packs → index run → reference summary → version →
+//! head.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::io;
 use std::sync::Arc;
 
@@ -33,15 +29,12 @@ use cairn_repo::Repo;
 use tokio::runtime::{Handle, RuntimeFlavor};
 
 use crate::commit::base_summary::{complete_summary, load_base_summary};
-use crate::commit::{publish, CommitProgress, CommitResult, PipelineOutput};
+use crate::commit::{publish, CommitProgress, CommitResult};
 use crate::error::{EngineError, EngineResult};
 use crate::tree::{leaf_refs, TreeLeaf};
 
-mod grouped;
 mod rebuild;
-mod summary;
-use rebuild::{run, Context, SegmentTask};
-use summary::summarize;
+use rebuild::{Context, SegmentTask};
 
 /// Changed blocks to commit on top of a base. Block `i` covers bytes
 /// `[i*block_size, (i+1)*block_size) ∩ [0, new_size)`.
@@ -179,9 +172,8 @@ async fn segment_tasks(
     // waits for this session and rescues what it reuses.)
     for (&seg, leaf) in leaves.iter() {
         let reusable = match repo.v2() {
-            None => repo.has_blob(&leaf.id),
-            Some(_) if !repo.saw_any_plan() => true,
-            Some(v2) => v2.find_chunk(&leaf.id).await?.is_some(),
+            Some(v2) if repo.saw_any_plan() => v2.find_chunk(&leaf.id).await?.is_some(),
+            _ => true,
         };
         if !reusable {
             touched.entry(seg).or_default();
@@ -222,6 +214,7 @@ pub async fn commit_patch(
     mut options: PatchOptions,
 ) -> EngineResult<CommitResult> {
     validate_image_name(image)?;
+    EngineError::ensure_writable(&repo, "commit")?;
     let time_ns = options.time_ns.unwrap_or_else(cairn_repo::session::now_ns);
     let handle = Handle::current();
     if handle.runtime_flavor() != RuntimeFlavor::MultiThread {
@@ -253,27 +246,20 @@ pub async fn commit_patch(
         patch,
         block_size,
         new_size,
-        base_size,
         dedup: options.dedup,
     };
-    let out = match repo.v2() {
-        Some(_) => {
-            let old = grouped::old_stats(&repo, &tasks).await?;
-            // Leaves kept as they are: referred to without being stored, nor read.
-            let untouched: Vec<Id> = untouched_leaves(&leaves, &tasks).collect();
-            let base_leaves: Vec<Id> = leaves.values().map(|l| l.id).collect();
-            let mut out = tokio::task::block_in_place(|| grouped::run(&ctx, &tasks, leaves))?;
-            if let Some(summary) = out.group_summary.as_mut() {
-                let base = load_base_summary(&repo, base_root).await;
-                complete_summary(&repo, base, &untouched, &base_leaves, summary).await?;
-            }
-            out.reused.extend(untouched.iter().copied());
-            out.unread_leaves.extend(untouched);
-            out.stats = patched_stats(&base_stats, &out.stats, &old);
-            out
-        }
-        None => build_format1(&ctx, &tasks, leaves, &base_stats, base_root).await?,
-    };
+    let old = rebuild::old_stats(&repo, &tasks).await?;
+    // Leaves kept as they are: referred to without being stored, nor read.
+    let untouched: Vec<Id> = untouched_leaves(&leaves, &tasks).collect();
+    let base_leaves: Vec<Id> = leaves.values().map(|l| l.id).collect();
+    let mut out = tokio::task::block_in_place(|| rebuild::run(&ctx, &tasks, leaves))?;
+    if let Some(summary) = out.group_summary.as_mut() {
+        let base = load_base_summary(&repo, base_root).await;
+        complete_summary(&repo, base, &untouched, &base_leaves, summary).await?;
+    }
+    out.reused.extend(untouched.iter().copied());
+    out.unread_leaves.extend(untouched);
+    out.stats = patched_stats(&base_stats, &out.stats, &old);
     tracing::debug!(
         image,
         segments = tasks.len(),
@@ -291,46 +277,6 @@ pub async fn commit_patch(
         &CommitProgress::default(),
     )
     .await
-}
-
-/// Format 1: rebuilds the touched segments' leaves (`rebuild`), the tree and its reference
-/// summary.
-async fn build_format1(
-    ctx: &Context<'_>,
-    tasks: &[SegmentTask],
-    mut leaves: BTreeMap<u64, TreeLeaf>,
-    base_stats: &CommitStats,
-    base_root: Option<Id>,
-) -> EngineResult<PipelineOutput> {
-    // Leaves kept as they are: referred to without being stored.
-    let mut reused: HashSet<Id> = untouched_leaves(&leaves, tasks).collect();
-    let untouched = reused.len();
-
-    let built = tokio::task::block_in_place(|| run(ctx, tasks, &mut leaves))?;
-    reused.extend(built.reused);
-
-    let root = built.root;
-    let summary = match root {
-        None => None,
-        Some(_) => {
-            Some(summarize(ctx.repo, base_root, &leaves, tasks, &built.keys, untouched).await?)
-        }
-    };
-    Ok(PipelineOutput {
-        reused_segments: 0,
-        dedup: Default::default(),
-        root,
-        summary,
-        group_summary: None,
-        height: built.height,
-        size: ctx.new_size,
-        stats: patched_stats(base_stats, &built.new, &built.old),
-        packs: built.packs,
-        run: Default::default(),
-        pack_bytes: built.pack_bytes,
-        reused,
-        unread_leaves: Vec::new(),
-    })
 }
 
 /// A patched version's figures: the base's data and chunk counts with the rebuilt segments'
