@@ -12,8 +12,8 @@
 //!    unknown: the tag is lost, the version is not).
 //! 3. **Index runs** (`index_runs`): damaged runs are replaced by a run rebuilt from the
 //!    trailers of the packs no intact run names, then set aside, so GC, which refuses a
-//!    partial view, can run again. Every pack is then read whole, as `verify` reads it.
-//! 3b. **Damaged packs** whose groups can still be read (`rescue`) have them stored again in
+//!    partial view, can run again. Every pack is then read whole, as `verify` reads it, and
+//!    **damaged packs** whose groups can still be read (`rescue`) have them stored again in
 //!    new packs, and are set aside.
 //! 4. **Data from a source** (`--from IMAGE_FILE`, `from_source`): every block of the source
 //!    the repository holds no good copy of is stored (a commit's pipeline without its
