@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """Fast deletion against the VM-centric paper's leak model (§3.2, equations 1 and 2, Table 6).
 
+A study of format 1's Bloom-filter summaries: it needs a cairn that still writes format 1
+(`--bin` of a build from before issue 53, e.g. commit c778d08). Format 2's summaries list the
+slots each tree uses exactly, so its fast deletion has no false positives to measure (and its
+`gc --json` has no `summary_fp_rate`).
+
 One image of SIZE bytes (u chunks) keeps h = 10 versions; every step commits a new version that
 rewrites Δu/u = 2.5% of the chunks at random, then `cairn prune --keep-last 10` deletes the
 oldest, which runs fast deletion (`gc`, with --repack-threshold 1 so that every dead blob

@@ -7,7 +7,7 @@ use cairn_format::Id;
 use cairn_repo::Repo;
 
 use super::group_summaries::LiveUse;
-use super::grouped::{incomplete, Snapshot};
+use super::liveness::{incomplete, Snapshot};
 use crate::error::EngineResult;
 use crate::live::{LiveVersions, RecordSource};
 

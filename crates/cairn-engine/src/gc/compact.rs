@@ -1,4 +1,4 @@
-//! Compaction of format 2's index runs (issue 17, `cairn index compact`): every commit adds a
+//! Compaction of the index runs (`cairn index compact`): every commit adds a
 //! run, and every lookup asks each run's filter, so runs are merged in tiers — a repository
 //! of N commits keeps O(log N) of them — from their own bytes (`V2Reader::merge_runs`: no
 //! pack trailer is read, nothing but sections and metas).

@@ -1,4 +1,4 @@
-//! Format 2's reference summaries on the GC side: what the live versions use, read from one
+//! Reference summaries on the GC side: what the live versions use, read from one
 //! merged summary per image (`cairn_format::merged_summary`) kept up with the summaries of
 //! trees deleted or committed since (`cairn_format::group_summary`), instead of walking
 //! every tree. A missing or damaged summary is rebuilt from its tree, counted as a commit
@@ -15,8 +15,8 @@ use cairn_repo::tree_walk::{decode_interior, NodeReader};
 use cairn_repo::v2::V2Reader;
 use cairn_repo::{Repo, RepoError};
 
-use super::grouped::Nodes;
 use super::live_set::LiveSet;
+use super::liveness::Nodes;
 use super::{unreadable_live_tree, GcOptions, GcReport};
 use crate::commit::base_summary::add_leaf;
 use crate::error::{EngineError, EngineResult};

@@ -13,7 +13,7 @@ use cairn_format::merged_summary::MergedSummary;
 use cairn_format::slots::SlotSet;
 use cairn_format::Id;
 
-use super::grouped::Liveness;
+use super::liveness::Liveness;
 
 /// Images whose merges are asked one by one; more are merged into one union first.
 const MAX_ASKED: usize = 8;

@@ -1,49 +1,49 @@
 //! Garbage collection: give back the space of deleted versions without ever deleting a blob
 //! that a live version — or a commit running concurrently — refers to.
 //!
-//! Two ways to decide what is dead, one protocol to delete it:
+//! Two ways to decide what is dead, one protocol to delete it (`collect` runs it):
 //!
-//! - **Fast deletion** (`fast`, `cairn gc`, also run by `rm` and `prune`): the VM-centric
-//!   paper's approximate deletion. The candidates are the blobs of versions deleted since the
-//!   last GC; a candidate that the reference summaries (Bloom filters) of *every* live version
-//!   reject is certainly unreferenced and is freed. Cost: the deleted versions' own manifest
-//!   (minus subtrees a live summary claims) plus one summary per live tree; the index files of
-//!   untouched packs are not rewritten. A false positive keeps a dead blob: a bounded leak.
-//!   On format 2 (`grouped`) the summaries list each group's used slots exactly
-//!   (`group_summaries`), so no deleted tree is walked: every group is judged against them.
-//! - **Exact repair** (`exact`, `cairn gc --repair`): mark from every live version, sweep
-//!   everything unmarked (leaks, crashed commits' packs), consolidate the index, and refresh
-//!   missing summaries.
+//! - **Fast deletion** (`cairn gc`, also run by `rm` and `prune`): the VM-centric paper's
+//!   reference-summary deletion. Every live tree's reference summary lists exactly the group
+//!   slots and manifest nodes it uses (`group_summaries`: one merged summary per image), so
+//!   no tree is walked: the packs the deleted versions' dead data lies in (`affected`) are
+//!   judged against the summaries, and the index runs of untouched packs are not rewritten.
+//! - **Exact repair** (`cairn gc --repair`): mark from every live tree (`liveness`), sweep
+//!   everything unmarked (leaks, crashed commits' packs), consolidate the index runs, and
+//!   rebuild damaged groups from good copies (`rebuild`).
 //!
 //! The deletion protocol both share (argued in docs/ARCHITECTURE.md, "GC safety"):
 //!
 //! 1. **Lock** `gc/lock` (one GC at a time; a lock whose session is dead is taken over).
 //! 2. **Decide** from the live versions as read from the refs (refs first, then the index), and
-//!    write new packs (repacked live blobs) and index files first.
-//! 3. **Plan**: publish the dead blobs and the index files they supersede under `gc/plans/`.
+//!    write new packs (repacked live groups, `pack_plan`) and the index run naming them first.
+//! 3. **Plan**: publish the dead packs and the index runs they supersede under `gc/plans/`.
 //! 4. **Wait** for every live session that started before the plan was published (plus a clock
 //!    skew margin). Sessions that start later see the plan: they register before reading plans,
-//!    never deduplicate against its dead blobs and do not load the superseded index files.
+//!    never deduplicate against its dead data and do not load the superseded index runs.
 //! 5. **Re-check** the versions published since step 2: a commit that was running may have
-//!    published a version that reuses a dead blob. Such blobs are *rescued*: their packs are
-//!    kept and a rescue index file lists them.
-//! 6. **Sweep**: delete the superseded index files, then the dead and repacked packs (minus
-//!    rescued ones); record `gc/last`; delete the plan; release the lock.
+//!    published a version that reuses a dead group slot or node. Those are *rescued*
+//!    (`rescue`): copied into rescue packs that a rescue run names.
+//! 6. **Sweep**: delete the superseded index runs, then the dead and repacked packs; record
+//!    `gc/last`; delete the plan; release the lock.
 //!
 //! A crash at any step leaves a consistent repository: before the sweep only additions were
-//! made (duplicates), and every sweep step deletes only what the index files written in step 2
-//! and the rescue index no longer need.
+//! made (duplicates), and every sweep step deletes only what the index runs written in step 2
+//! and the rescue run no longer need.
 
 mod affected;
+mod collect;
 pub mod compact;
 mod group_summaries;
-mod grouped;
 mod leftovers;
 mod live_set;
+mod liveness;
+mod pack_plan;
 mod phase;
 mod rebuild;
 mod records;
 pub(crate) mod repacker;
+mod rescue;
 mod small_packs;
 
 use std::collections::{HashMap, HashSet};
@@ -89,7 +89,7 @@ pub struct GcOptions {
     pub dry_run: bool,
     /// Packs whose live fraction (by bytes) is below this are repacked.
     pub repack_threshold: f64,
-    /// Format 2: merge packs below a quarter of the pack target into full ones (a few pack
+    /// Merge packs below a quarter of the pack target into full ones (a few pack
     /// targets' worth a GC, once they fill half a pack), live or not.
     pub repack_small: bool,
     /// A session whose heartbeat is older than this belongs to a dead process.
@@ -145,23 +145,15 @@ pub struct GcReport {
     pub live_versions: u64,
     /// Deleted versions this GC gave the space of back (fast: the newly deleted ones).
     pub freed_versions: u64,
-    /// Fast deletion: candidate blobs a live summary claimed (live, or leaked as a false
-    /// positive until the next repair).
-    pub kept_by_summary: u64,
-    /// Fast deletion: dead blobs left in packs that were not worth repacking.
-    pub dead_left_in_packs: u64,
     /// Bytes of reference summaries read (fast) or written (repair).
     pub summary_bytes: u64,
-    /// Format 2, fast deletion: summary objects read (one merged summary per image, plus
+    /// Fast deletion: summary objects read (one merged summary per image, plus
     /// the summaries of trees deleted or committed since the last GC).
     pub summaries_read: u64,
-    /// Format 2: version records read from their own keys (the rest came from the record
+    /// Version records read from their own keys (the rest came from the record
     /// bundle the last GC wrote), and the bundle's bytes.
     pub records_read: u64,
     pub record_bundle_bytes: u64,
-    /// Fast deletion: estimated chance that a dead chunk is judged live (equation (1) of the
-    /// paper, over the merged live summaries).
-    pub summary_fp_rate: f64,
     pub live_blobs: u64,
     pub dead_blobs: u64,
     pub packs_deleted: u64,
@@ -174,25 +166,22 @@ pub struct GcReport {
     /// Packs no index run named whose trailer could not be read: kept (nothing proves
     /// them dead).
     pub orphan_packs_kept: u64,
-    pub index_files_replaced: u64,
-    /// Format 2: pack trailers read (fast deletion reads only the packs the deleted versions'
+    /// Index runs this GC replaced by its consolidated one.
+    pub index_runs_replaced: u64,
+    /// Pack trailers read (fast deletion reads only the packs the deleted versions'
     /// dead data is in; the exact pass reads every one).
     pub trailers_read: u64,
-    /// Format 2, fast deletion: bytes of index runs read to rewrite them without the
+    /// Fast deletion: bytes of index runs read to rewrite them without the
     /// trailers of packs it did not read.
     pub index_bytes_read: u64,
     pub rescued_blobs: u64,
-    /// Fast deletion, format 1: surplus copies found — live blobs stored in more than one
-    /// pack, beyond the one kept. Like dead blobs, they go with their pack when it is
-    /// repacked or deleted, and stay while it is not worth it.
-    pub surplus_copies: u64,
-    /// Format 2, `repack_small`: small packs chosen to be merged into full ones (counted in
+    /// `repack_small`: small packs chosen to be merged into full ones (counted in
     /// `packs_repacked` too, or `packs_deleted` when nothing in them was live).
     pub small_packs: u64,
-    /// Format 2: live groups whose only copies were damaged, rebuilt from good copies of
+    /// Live groups whose only copies were damaged, rebuilt from good copies of
     /// their chunks stored elsewhere.
     pub groups_rebuilt: u64,
-    /// Bytes of packs and index files before and after. On format 2 the packs after are
+    /// Bytes of packs and index runs before and after. The packs after are
     /// those listed before, minus those this GC deleted, plus those it wrote (one walk of the
     /// store's pack directories, not two): packs other sessions wrote meanwhile count in
     /// neither figure, so their difference is what this GC gave back.
@@ -247,7 +236,7 @@ pub async fn gc(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport>
     let mut lock_phase = GcReport::default();
     clock.lap("lock", &mut lock_phase);
     let result = async {
-        let run = |options: GcOptions| async move { grouped::run(repo, &options).await };
+        let run = |options: GcOptions| async move { collect::run(repo, &options).await };
         let mut report = match run(options.clone()).await {
             // A blob found damaged while repacking was quarantined and nothing was deleted:
             // run once more, now leaving that copy where it is.

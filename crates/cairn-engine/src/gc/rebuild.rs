@@ -1,4 +1,4 @@
-//! Damaged groups in GC on format 2: a quarantined copy of a group is no copy. A live group
+//! Damaged groups in GC: a quarantined copy of a group is no copy. A live group
 //! whose every copy is quarantined is rebuilt — same slot list, so the same id that leaves
 //! name — from good copies of its live slots' chunks stored elsewhere (a commit that met
 //! the same data stored them again), and written with the repacked groups; the damaged
@@ -17,7 +17,7 @@ use cairn_format::pack::BlobKind;
 use cairn_format::Id;
 use cairn_repo::Repo;
 
-use super::grouped::{Liveness, Snapshot};
+use super::liveness::{Liveness, Snapshot};
 use crate::error::EngineResult;
 
 /// What GC does about quarantined copies of live groups and nodes.

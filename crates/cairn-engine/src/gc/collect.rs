@@ -1,0 +1,478 @@
+//! One GC run: mark every group slot and manifest node a live
+//! version uses, then delete packs that hold nothing live, rewrite packs below the repack
+//! threshold with their live groups only — a group whose dead slots are worth it rewritten
+//! without them (`GroupBuilder::repack`: same id, every slot still listed) — and consolidate
+//! the index runs into one, under the deletion protocol of `gc/mod.rs` (lock, plan, wait,
+//! re-check and rescue, sweep). What is live is decided in `liveness`, what becomes of each
+//! pack in `pack_plan`, what commits reused meanwhile is copied back in `rescue`.
+//!
+//! What is live comes from walking every live tree (`gc --repair`: exact) or from the live
+//! trees' reference summaries (`gc`: fast deletion, a superset; `group_summaries.rs`); the
+//! plan, the copies and the protocol are the same for both ([`Liveness`]). Fast deletion acts
+//! only when a version was deleted since the last GC or a pack is not indexed.
+//!
+//! What the consolidated run names, so that nothing a reader can find is ever deleted:
+//! - in a kept pack: every data group and chunk it stores (dead ones too: they stay stored,
+//!   and a commit may dedup against them) and its live manifest nodes only (a dead leaf
+//!   names groups this GC may delete, so it must not be reused);
+//! - in a new pack: what was copied into it.
+//!
+//! Concurrent commits that reuse what this GC deletes — a dead group, a slot a rewritten
+//! group dropped, a dead node — are found after the wait by marking the versions published
+//! since, and those groups are copied from their old packs into rescue packs, named by a rescue
+//! run, with the slots the live versions or the newcomers use (the rest dropped as a repack
+//! drops them); readers prefer a copy of a group that stores the slots they want
+//! (`V2Reader::locate_group_storing`).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use cairn_format::marker::GcPlan;
+use cairn_format::pack::BlobKind;
+use cairn_format::version::VersionRecord;
+use cairn_format::Id;
+use cairn_repo::session::now_ns;
+use cairn_repo::v2::{PackTrailer, V2Reader};
+use cairn_repo::Repo;
+
+use super::affected::affected_packs;
+use super::group_summaries::live_summary;
+use super::leftovers::{remove_orphan_records, remove_stale_markers};
+use super::liveness::{incomplete, Liveness, Marks, Snapshot};
+use super::pack_plan::{copy_group, PackPlan};
+use super::phase::PhaseClock;
+use super::rebuild::Damaged;
+use super::records::GcRecords;
+use super::repacker::Repacker;
+use super::rescue::{rescue, Need};
+use super::small_packs::small_packs;
+use super::{finish, publish_and_wait, stored_bytes, sweep, GcMode, GcOptions, GcReport};
+use crate::error::{EngineError, EngineResult};
+use crate::live::{live_versions_from, LiveVersions, RecordSource};
+use crate::progress::{self, Unit};
+
+pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport> {
+    let mut report = GcReport::default();
+    let mut clock = PhaseClock::start();
+    if !options.dry_run {
+        let stale = repo.remove_stale_gc_plans().await?;
+        if stale > 0 {
+            tracing::info!(plans = stale, "removed the plans of gcs that died");
+        }
+    }
+    clock.lap("stale plans", &mut report);
+    // Refs first, then the index: a version's groups are indexed before its ref names it.
+    // The packs are listed after the runs, so every pack a run names that exists is listed
+    // (packs are durable before a run names them); a listed pack no run names is an orphan.
+    let mut records = GcRecords::load(repo, options, &mut report).await?;
+    clock.lap("record bundle read", &mut report);
+    let live = live_versions_from(repo, &mut records.source).await?;
+    clock.lap("history", &mut report);
+    let mut snapshot = Snapshot::load(repo).await?;
+    clock.lap("index runs", &mut report);
+    let (bytes_before, pack_sizes) = stored_bytes(repo, None).await?;
+    clock.lap("pack listing", &mut report);
+    report.bytes_before = bytes_before;
+    report.bytes_after = bytes_before;
+    report.live_versions = live.live.len() as u64;
+    let freed = repo.freed_versions().await?;
+    clock.lap("freed list", &mut report);
+    let unfreed: Vec<Id> = live.deleted.difference(&freed).copied().collect();
+    // Fast deletion acts on what was deleted since the last GC (and on orphan packs); the
+    // exact pass also finds leaks and consolidates the runs.
+    let orphans_listed = pack_sizes.keys().any(|p| !snapshot.named.contains(p));
+    let small = if options.repack_small {
+        small_packs(
+            &pack_sizes,
+            &snapshot.named,
+            u64::from(repo.config().pack_target),
+        )
+    } else {
+        HashSet::new()
+    };
+    report.small_packs = small.len() as u64;
+    if options.mode == GcMode::Fast && unfreed.is_empty() && !orphans_listed && small.is_empty() {
+        records.keep(repo, &live, options, &mut report).await?;
+        clock.lap("record bundle", &mut report);
+        return Ok(report);
+    }
+    // Fast deletion reads the trailers of the packs the deleted versions' dead data is in
+    // (`None`: every pack, as the exact pass does).
+    let mut scope: Option<HashSet<Id>> = None;
+    // The exact pass: every group a live version uses, to tell whether any is lost.
+    let mut live_groups: Option<HashSet<Id>> = None;
+    let live_use: Box<dyn Liveness + Send + Sync> = match options.mode {
+        GcMode::Repair => {
+            // The exact pass does not keep merged summaries up: it deletes them (before it
+            // deletes the summaries of dead trees they may count), and the next fast
+            // deletion builds them again.
+            if !options.dry_run {
+                repo.delete_merged_summaries().await?;
+            }
+            let mut marks = Marks::default();
+            progress::start(
+                &options.progress,
+                "marking live versions",
+                Unit::Items,
+                live.live.len() as u64,
+            );
+            for record in live.live.values() {
+                progress::add(&options.progress, 1);
+                marks
+                    .mark_version(&snapshot.reader, record, &mut report.metadata_bytes_read)
+                    .await?;
+            }
+            report.live_blobs = (marks.nodes.len() + marks.slots.len()) as u64;
+            clock.lap("marking", &mut report);
+            live_groups = Some(marks.slots.keys().copied().collect());
+            Box::new(marks)
+        }
+        GcMode::Fast => {
+            let used = live_summary(repo, &snapshot.reader, &live, options, &mut report).await?;
+            report.live_blobs = used.live.blobs();
+            clock.lap("live summaries", &mut report);
+            scope = affected_packs(repo, &mut records.source, &snapshot, &used, &unfreed, &live)
+                .await?;
+            if let Some(scope) = scope.as_mut() {
+                scope.extend(small.iter().copied());
+            }
+            clock.lap("affected packs", &mut report);
+            Box::new(used.live)
+        }
+    };
+    snapshot.read_trailers(&pack_sizes, scope.as_ref()).await?;
+    report.trailers_read = snapshot.trailers.len() as u64;
+    clock.lap("trailers", &mut report);
+    let damaged = Damaged::find(repo, &snapshot, &*live_use).await?;
+    clock.lap("damage", &mut report);
+    let plan = PackPlan::new(
+        &snapshot,
+        &*live_use,
+        &damaged,
+        options.repack_threshold,
+        &small,
+    );
+    clock.lap("plan", &mut report);
+    report.groups_rebuilt = damaged.rebuilt.len() as u64;
+    report.dead_blobs = plan.dead.len() as u64;
+    report.packs_deleted = plan.to_delete.len() as u64;
+    report.packs_repacked = plan.to_repack.len() as u64;
+    report.index_runs_replaced = snapshot.runs.len() as u64;
+    let Orphans {
+        dead: orphans,
+        adopted,
+    } = judge_orphans(&snapshot, &pack_sizes, &*live_use, &mut report).await?;
+    clock.lap("orphan packs", &mut report);
+    if options.dry_run {
+        let doomed: u64 = plan.to_delete.iter().map(|p| pack_sizes[p]).sum();
+        let repacked: u64 = plan
+            .to_repack
+            .iter()
+            .map(|p| pack_sizes[p].saturating_sub(plan.live_bytes[p]))
+            .sum();
+        let orphaned: u64 = orphans.iter().map(|p| pack_sizes[p]).sum();
+        report.bytes_after = bytes_before - doomed - repacked - orphaned;
+        records.keep(repo, &live, options, &mut report).await?;
+        clock.lap("record bundle", &mut report);
+        return Ok(report);
+    }
+    let nothing_to_do = plan.to_delete.is_empty()
+        && plan.to_repack.is_empty()
+        && damaged.rebuilt.is_empty()
+        && orphans.is_empty()
+        && adopted.is_empty()
+        && snapshot.runs.len() <= 1;
+    if nothing_to_do {
+        free_versions(repo, &mut records.source, &unfreed, &live).await?;
+        clock.lap("free versions", &mut report);
+        records.keep(repo, &live, options, &mut report).await?;
+        clock.lap("record bundle", &mut report);
+        remove_orphan_records(repo, &live, options, &mut report).await?;
+        clock.lap("orphan records", &mut report);
+        report.freed_versions = unfreed.len() as u64;
+        return Ok(report);
+    }
+
+    // Copy what survives of the packs to rewrite, then the consolidated run: kept packs as
+    // they are (minus dead nodes), plus the new packs.
+    let mut writer = Repacker::new(repo);
+    let to_copy: u64 = plan.to_repack.iter().map(|p| plan.live_bytes[p]).sum();
+    progress::start(&options.progress, "repacking", Unit::Bytes, to_copy);
+    for pack in &plan.to_repack {
+        let data = repo.read_whole_pack(pack).await?;
+        let trailer = &snapshot.trailers[pack];
+        for &g in &plan.canonical_in[pack] {
+            let group = &trailer.groups[g as usize];
+            let live = live_use.live_slots(trailer, g);
+            let copied = copy_group(repo, trailer, g, &data, live.as_ref())?;
+            report.bytes_repacked += u64::from(group.desc.stored_len);
+            progress::add(&options.progress, u64::from(group.desc.stored_len));
+            writer.push(group.kind, copied, live.as_ref()).await?;
+        }
+    }
+    for (_, group) in damaged.rebuilt {
+        report.bytes_repacked += u64::from(group.desc.stored_len);
+        writer.push(BlobKind::Data, group, None).await?;
+    }
+    let mut locations = writer.finish().await?;
+    // The packs in the store as this GC knows them at its end: those listed at its start,
+    // minus those it deletes, plus those it writes (`bytes_after` is counted from them rather
+    // than from a second walk of the store's pack directories).
+    let mut packs_now = pack_sizes.clone();
+    packs_now.extend(writer.written.iter().copied());
+    report.packs_written = writer.written.len() as u64;
+    clock.lap("repack", &mut report);
+    for pack in &plan.kept {
+        let entries = snapshot.trailers[pack].index_entries(|node| live_use.node_used(node));
+        locations.add_pack(*pack, entries.iter().map(|(id, _)| id));
+    }
+    // Packs no run named that hold what a live version needs: named again, as they are.
+    for trailer in &adopted {
+        let entries = trailer.index_entries(|node| live_use.node_used(node));
+        locations.add_pack(trailer.pack, entries.iter().map(|(id, _)| id));
+    }
+    let mut written_runs = HashSet::new();
+    match &scope {
+        // The packs this GC read are named as they are now; every other entry as it was.
+        Some(read) => {
+            let named: Vec<Id> = locations.packs().copied().collect();
+            let merged = snapshot
+                .reader
+                .merge_runs_replacing(&snapshot.runs, read, locations)
+                .await
+                .map_err(|e| match e {
+                    e if e.is_damage() => incomplete(e.to_string()),
+                    e => e.into(),
+                })?;
+            report.index_bytes_read += merged.bytes_read;
+            written_runs.insert(repo.put_run_naming(merged.bytes, &named).await?.0);
+        }
+        None if !locations.is_empty() => {
+            written_runs.insert(repo.put_run_entries(locations, repo.key()).await?.0);
+        }
+        None => {}
+    }
+    clock.lap("index run", &mut report);
+    let superseded: Vec<Id> = snapshot
+        .runs
+        .iter()
+        .filter(|id| !written_runs.contains(*id))
+        .copied()
+        .collect();
+
+    let gc_plan = GcPlan {
+        created_ns: now_ns(),
+        dead_blobs: plan.dead.iter().copied().collect(),
+        superseded_index: superseded.clone(),
+    };
+    let published = publish_and_wait(repo, &gc_plan, options, &mut report).await?;
+    clock.lap("plan and wait", &mut report);
+
+    // Versions published meanwhile may reuse what the plan deletes: rescue it.
+    let doomed: Vec<Id> = plan
+        .to_delete
+        .iter()
+        .chain(&plan.to_repack)
+        .copied()
+        .collect();
+    let live_now = live_versions_from(repo, &mut records.source).await?;
+    let newcomers: Vec<&VersionRecord> = live_now
+        .live
+        .iter()
+        .filter(|(id, _)| !live.live.contains_key(*id))
+        .map(|(_, r)| r)
+        .collect();
+    if !newcomers.is_empty() {
+        // Their trees are read through every run (the superseded ones are still there);
+        // what they use is then looked up as a process opening the repository now would.
+        let everything = Snapshot::load(repo).await?;
+        let mut used = Marks::default();
+        for record in newcomers {
+            used.mark_version(&everything.reader, record, &mut report.metadata_bytes_read)
+                .await?;
+        }
+        let (now, _) = repo.v2_view().await?;
+        if let Some((run, written)) =
+            rescue(repo, &snapshot, &now, &used, &*live_use, &mut report).await?
+        {
+            written_runs.insert(run);
+            packs_now.extend(written);
+        }
+    }
+
+    clock.lap("recheck", &mut report);
+    progress::start(&options.progress, "deleting", Unit::Items, 0);
+    sweep(repo, &superseded, &written_runs, &doomed).await?;
+    clock.lap("sweep", &mut report);
+    for pack in delete_orphans(repo, &orphans, &mut report)
+        .await?
+        .iter()
+        .chain(&doomed)
+    {
+        packs_now.remove(pack);
+    }
+    remove_orphan_records(repo, &live_now, options, &mut report).await?;
+    clock.lap("orphan records", &mut report);
+    free_versions(repo, &mut records.source, &unfreed, &live_now).await?;
+    clock.lap("free versions", &mut report);
+    records.keep(repo, &live_now, options, &mut report).await?;
+    clock.lap("record bundle", &mut report);
+    report.freed_versions = unfreed.len() as u64;
+    finish(repo, &published, options).await?;
+    clock.lap("finish", &mut report);
+    report.bytes_after = packs_now.values().sum::<u64>() + repo.index_file_bytes().await?;
+    clock.lap("index bytes after", &mut report);
+    // Markers of copies whose pack is gone (repacked, deleted, or missing: the consolidated
+    // run names only packs that exist).
+    let nothing_lost = live_groups.as_ref().is_some_and(|live| {
+        let present: HashSet<Id> = snapshot
+            .trailers
+            .values()
+            .chain(&adopted)
+            .flat_map(|t| (0..t.groups.len() as u32).filter_map(|g| t.group_id(g)))
+            .collect();
+        live.iter().all(|g| present.contains(g))
+    });
+    remove_stale_markers(repo, &packs_now, nothing_lost).await?;
+    clock.lap("stale markers", &mut report);
+    Ok(report)
+}
+
+/// The packs in the store that no index run names, judged by what they hold.
+struct Orphans {
+    /// Packs that hold nothing a live version needs: left by commits and GCs that died
+    /// before publishing their run. Deleted after the wait if still named by no run.
+    dead: Vec<Id>,
+    /// Packs that hold a group slot or node a live version uses and no run locates
+    /// elsewhere: their run was lost (deleted by hand, a partial copy, a lifecycle rule).
+    /// Never deleted; the consolidated run names them again.
+    adopted: Vec<Arc<PackTrailer>>,
+}
+
+/// Reads the trailer of every pack no run names and decides what it is. A pack is deleted
+/// only when GC can prove that nothing in it is needed: its trailer reads, and every group
+/// slot and node in it that a live version uses is located in a pack a run names. A pack
+/// whose trailer cannot be read is kept (`verify` names it, `repair` re-indexes what it can):
+/// its being unnamed is no proof that it is dead.
+async fn judge_orphans(
+    snapshot: &Snapshot,
+    pack_sizes: &HashMap<Id, u64>,
+    live: &(dyn Liveness + Sync),
+    report: &mut GcReport,
+) -> EngineResult<Orphans> {
+    let mut unnamed: Vec<Id> = pack_sizes
+        .keys()
+        .filter(|p| !snapshot.named.contains(p))
+        .copied()
+        .collect();
+    unnamed.sort();
+    let mut out = Orphans {
+        dead: Vec::new(),
+        adopted: Vec::new(),
+    };
+    for pack in unnamed {
+        crate::interrupt::check()?;
+        let trailer = match snapshot.reader.trailer(&pack).await {
+            Ok(trailer) => trailer,
+            Err(e) if e.is_damage() => {
+                tracing::warn!(
+                    "pack {pack} is named by no index run and its trailer cannot be read ({e}); \
+                     kept: run `cairn verify` and `cairn repair`"
+                );
+                report.orphan_packs_kept += 1;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if needed_elsewhere_unlocated(&snapshot.reader, &trailer, live).await? {
+            tracing::info!(
+                "pack {pack} is named by no index run but holds data of live versions (its index \
+                 run was lost): indexed again"
+            );
+            report.orphan_packs_reindexed += 1;
+            out.adopted.push(trailer);
+        } else {
+            out.dead.push(pack);
+        }
+    }
+    Ok(out)
+}
+
+/// True if some group slot or node of `trailer` that a live version uses is located in no
+/// pack the runs of `reader` name.
+async fn needed_elsewhere_unlocated(
+    reader: &V2Reader,
+    trailer: &PackTrailer,
+    live: &(dyn Liveness + Sync),
+) -> EngineResult<bool> {
+    for (g, group) in trailer.groups.iter().enumerate() {
+        let missing = match group.kind {
+            BlobKind::Node => {
+                let node = group.desc.chunks[0].id;
+                live.node_used(&node) && Need::Node(node).missing_in(reader).await?
+            }
+            BlobKind::Data => {
+                let gid = trailer.group_id(g as u32).expect("a group of this trailer");
+                match live.used_slots(&gid) {
+                    Some(used) if !used.is_empty() => {
+                        Need::Slots(gid, used.runs()).missing_in(reader).await?
+                    }
+                    _ => false,
+                }
+            }
+        };
+        if missing {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Records that the space of the deleted versions `unfreed` is given back, and deletes the
+/// reference summaries of their trees that no live version has.
+async fn free_versions(
+    repo: &Repo,
+    records: &mut RecordSource,
+    unfreed: &[Id],
+    live: &LiveVersions,
+) -> EngineResult<()> {
+    let live_roots: HashSet<Id> = live.live.values().filter_map(|r| r.root).collect();
+    for v in unfreed {
+        if let Ok(record) = records.load(repo, v).await {
+            if let Some(root) = record.root.filter(|r| !live_roots.contains(r)) {
+                repo.delete_summary(&root).await?;
+            }
+        }
+        repo.mark_freed(v).await?;
+    }
+    Ok(())
+}
+
+/// Deletes the orphan packs (listed before the plan, named by no run then) that no run in the
+/// store names now, after the wait: every session that could still have published a run
+/// naming them has ended. Returns those it deleted.
+async fn delete_orphans(
+    repo: &Repo,
+    orphans: &[Id],
+    report: &mut GcReport,
+) -> EngineResult<Vec<Id>> {
+    let mut deleted = Vec::new();
+    if orphans.is_empty() {
+        return Ok(deleted);
+    }
+    // Every run in the store now, as GC's snapshot reads them.
+    let named = match Snapshot::load(repo).await {
+        Ok(now) => now.named,
+        Err(EngineError::Gc(damaged)) => {
+            tracing::warn!("{damaged}; orphan packs are left for the next gc");
+            return Ok(deleted);
+        }
+        Err(e) => return Err(e),
+    };
+    for pack in orphans.iter().filter(|p| !named.contains(*p)) {
+        repo.delete_orphan_pack(pack).await?;
+        report.orphan_packs_deleted += 1;
+        deleted.push(*pack);
+    }
+    Ok(deleted)
+}
