@@ -152,13 +152,13 @@ pub enum Command {
     /// Remove versions (IMAGE@REF) or whole images (IMAGE).
     ///
     /// A removed version can no longer be restored or named, and disappears from `log`; the
-    /// other versions of the image are unaffected. IMAGE without @ removes the whole image:
-    /// its history and its tags. A tagged version is refused (delete the tag first). Nothing
-    /// is changed unless every argument can be removed. The space only they used is then
-    /// freed at once (fast deletion, as `cairn gc`); data still used by clones or other
-    /// versions is kept. --no-gc only records the deletion.
+    /// other versions of the image are unaffected. IMAGE without @ removes the whole image,
+    /// every version of it, and asks for --yes. A tagged version is refused, alone or in a
+    /// whole image (delete the tag first). Nothing is changed unless every argument can be
+    /// removed. The space only they used is then freed at once (fast deletion, as `cairn gc`);
+    /// data still used by clones or other versions is kept. --no-gc only records the deletion.
     ///
-    /// Examples: cairn rm vm@2 vm@3 · cairn rm old-vm
+    /// Examples: cairn rm vm@2 vm@3 · cairn rm old-vm --yes
     Rm(RmArgs),
     /// Remove the versions a retention policy does not keep.
     ///
@@ -801,6 +801,9 @@ pub struct RmArgs {
     /// IMAGE@REF (one version: N, TAG or HEX) or IMAGE (the whole image).
     #[arg(required = true, value_name = "IMAGE[@REF]")]
     pub targets: Vec<String>,
+    /// Confirm removing whole images (an IMAGE without @): all their versions go.
+    #[arg(long)]
+    pub yes: bool,
     /// Only record the deletion; leave the space to a later `cairn gc`.
     #[arg(long)]
     pub no_gc: bool,

@@ -40,6 +40,12 @@ pub struct ReadOnlyFormat {
     pub location: String,
 }
 
+/// A destructive step refused until the user confirms it (`--yes`) or removes what protects
+/// it; the message says which.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
 /// A command that would write plaintext into a repository that may have been encrypted:
 /// its config says it is not, yet key slots are stored, or a passphrase was given.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +88,10 @@ impl Kind {
         code: "unsupported",
         exit: 1,
     };
+    const REFUSED: Kind = Kind {
+        code: "refused",
+        exit: 1,
+    };
     const NO_REPOSITORY: Kind = Kind {
         code: "no_repository",
         exit: 4,
@@ -108,6 +118,9 @@ pub fn kind_of(e: &anyhow::Error) -> Kind {
             if cause.is::<ReadOnlyFormat>() {
                 return Some(Kind::UNSUPPORTED);
             }
+            if cause.is::<Refused>() {
+                return Some(Kind::REFUSED);
+            }
             if cause.is::<MaybeDowngraded>() {
                 return Some(Kind::PASSWORD);
             }
@@ -115,6 +128,8 @@ pub fn kind_of(e: &anyhow::Error) -> Kind {
                 return match e {
                     _ if e.is_damage() => Some(Kind::DAMAGE),
                     EngineError::BadRef(_) => Some(Kind::NOT_FOUND),
+                    EngineError::Tagged { .. } => Some(Kind::REFUSED),
+                    EngineError::ReadOnlyFormat { .. } => Some(Kind::UNSUPPORTED),
                     _ => None, // a typed source further down may say more
                 };
             }

@@ -87,6 +87,15 @@ pub enum EngineError {
          see `cairn log {image}`) to use an older one, or run `cairn repair`"
     )]
     NewestUnreadable { image: String, reason: String },
+    /// A version to remove is tagged: tags protect versions until they are deleted.
+    #[error(
+        "{version} is tagged as {tag}; delete the tag first (`cairn tag --delete {image} {tag}`)"
+    )]
+    Tagged {
+        image: String,
+        version: String,
+        tag: String,
+    },
     /// An operation that writes, on a repository format this cairn only reads (format 1).
     #[error(
         "{operation}: {location} is a format 1 repository, which this cairn only reads; copy \

@@ -30,22 +30,27 @@ pub async fn remove_versions(
             targets.push((id, record));
         }
     }
-    let (tags, _damaged) = repo.all_tag_targets_checked().await?;
-    for (id, record) in &targets {
-        if let Some((key, _)) = tags.iter().find(|(_, t)| t == id) {
-            return Err(EngineError::BadRef(format!(
-                "{}@{} is tagged as {}; delete the tag first",
-                record.image,
-                record.seq,
-                tag_name(key)
-            )));
-        }
-    }
+    refuse_tagged(repo, &targets).await?;
     for (id, record) in &targets {
         repo.mark_deleted(id).await?;
         tracing::info!(image = %record.image, seq = record.seq, %id, "removed version");
     }
     Ok(targets)
+}
+
+/// Refuses (changing nothing) if a tag names one of `targets`.
+async fn refuse_tagged(repo: &Repo, targets: &[(Id, VersionRecord)]) -> EngineResult<()> {
+    let (tags, _damaged) = repo.all_tag_targets_checked().await?;
+    for (id, record) in targets {
+        if let Some((key, _)) = tags.iter().find(|(_, t)| t == id) {
+            return Err(EngineError::Tagged {
+                image: record.image.clone(),
+                version: format!("{}@{}", record.image, record.seq),
+                tag: tag_name(key),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// What removing a whole image took away.
@@ -54,14 +59,20 @@ pub struct RemovedImage {
     pub image: String,
     /// The image's live versions at the time, newest first.
     pub versions: Vec<(Id, VersionRecord)>,
-    /// Its tags, as (name, version).
-    pub tags: Vec<(String, Id)>,
 }
 
-/// Removes `image`: its head and all its tags (see [`Repo::remove_image`]).
-pub async fn remove_image(repo: &Repo, image: &str) -> EngineResult<RemovedImage> {
+/// The versions removing `image` would take away, newest first; an error if it cannot be
+/// removed: it does not exist, or a tag names one of its versions (tags protect versions from
+/// `rm IMAGE` as from `rm IMAGE@N`). Changes nothing.
+pub async fn image_removal(repo: &Repo, image: &str) -> EngineResult<Vec<(Id, VersionRecord)>> {
     let versions = history(repo, image).await?; // also: the image must exist
-    let tags = repo.tags(image).await?;
+    refuse_tagged(repo, &versions).await?;
+    Ok(versions)
+}
+
+/// Removes `image`: its head and every version ([`image_removal`] says what, or why not).
+pub async fn remove_image(repo: &Repo, image: &str) -> EngineResult<RemovedImage> {
+    let versions = image_removal(repo, image).await?;
     // Its versions are marked deleted first, then its refs go: a crash in between leaves an
     // image whose versions are all deleted (`rm IMAGE` again finishes), never published
     // records that no ref reaches, which GC must keep (`live::Stray`: it cannot tell them
@@ -74,6 +85,5 @@ pub async fn remove_image(repo: &Repo, image: &str) -> EngineResult<RemovedImage
     Ok(RemovedImage {
         image: image.to_string(),
         versions,
-        tags,
     })
 }

@@ -329,11 +329,12 @@ pub async fn discard_overlay(ctx: &Context, name: &str, yes: bool) -> Result<Exi
     }
     let held = bytes(info.bytes_held);
     if !yes {
-        bail!(
+        return Err(crate::failure::Refused(format!(
             "discarding overlay {label} deletes {} and its {held} of writes that were never \
              committed; run again with --yes to do it",
             dir.display()
-        );
+        ))
+        .into());
     }
     match Overlay::discard(&dir) {
         Ok(()) => {}

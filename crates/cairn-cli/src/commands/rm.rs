@@ -4,13 +4,14 @@ use cairn_repo::SessionKind;
 use std::process::ExitCode;
 
 use anyhow::{bail, Result};
-use cairn_engine::remove::{remove_image, remove_versions, RemovedImage};
+use cairn_engine::remove::{image_removal, remove_image, remove_versions, RemovedImage};
 use cairn_engine::resolve::VersionSpec;
 use serde_json::{json, Value};
 
 use crate::cli::RmArgs;
 use crate::commands::gc::{free_deleted, report_json, report_line};
 use crate::context::Context;
+use crate::failure::Refused;
 use crate::output::{print_json, time, version_json};
 
 pub const GC_HINT: &str = "run `cairn gc` to reclaim space";
@@ -33,6 +34,16 @@ pub async fn run(ctx: &Context, args: RmArgs) -> Result<ExitCode> {
         if repo.head(image).await?.is_none() {
             bail!("image {image:?} does not exist");
         }
+        let versions = image_removal(&repo, image).await?;
+        if !args.yes {
+            let n = versions.len();
+            return Err(Refused(format!(
+                "`cairn rm {image}` removes the whole image and its {n} {}; run again with \
+                 --yes to do it, or name versions ({image}@N)",
+                if n == 1 { "version" } else { "versions" }
+            ))
+            .into());
+        }
     }
     let removed = remove_versions(&repo, &versions).await?;
     let mut removed_images: Vec<RemovedImage> = Vec::with_capacity(images.len());
@@ -51,7 +62,6 @@ pub async fn run(ctx: &Context, args: RmArgs) -> Result<ExitCode> {
             "images": Value::Array(removed_images.iter().map(|i| json!({
                 "image": i.image,
                 "versions": Value::Array(i.versions.iter().map(|(id, r)| version_json(id, r, &[])).collect()),
-                "tags": Value::Array(i.tags.iter().map(|(name, id)| json!({"name": name, "id": id.to_hex()})).collect()),
             })).collect()),
             "gc": freed.as_ref().map(report_json),
         }));
@@ -69,7 +79,7 @@ pub async fn run(ctx: &Context, args: RmArgs) -> Result<ExitCode> {
     }
     for i in &removed_images {
         outln!(
-            "removed image {} ({} {}, {} {})",
+            "removed image {} ({} {})",
             i.image,
             i.versions.len(),
             if i.versions.len() == 1 {
@@ -77,8 +87,6 @@ pub async fn run(ctx: &Context, args: RmArgs) -> Result<ExitCode> {
             } else {
                 "versions"
             },
-            i.tags.len(),
-            if i.tags.len() == 1 { "tag" } else { "tags" },
         );
         for (id, r) in &i.versions {
             outln!(
@@ -89,9 +97,6 @@ pub async fn run(ctx: &Context, args: RmArgs) -> Result<ExitCode> {
                 time(r.time_ns),
                 r.message
             );
-        }
-        for (name, id) in &i.tags {
-            outln!("  tag {name} {}", id.short());
         }
     }
     match &freed {

@@ -185,7 +185,8 @@ fn rm_versions_and_images() {
 
     assert_eq!(
         error_line(&repo, &["rm", "vm@1"]),
-        "cairn: error: vm@1 is tagged as golden; delete the tag first"
+        "cairn: error: vm@1 is tagged as golden; delete the tag first (`cairn tag --delete vm \
+         golden`)"
     );
     assert_eq!(
         error_line(&repo, &["rm", "vm@2", "vm@7"]),
@@ -239,12 +240,33 @@ fn rm_versions_and_images() {
         "{text}"
     );
 
-    // A whole image: head and tags go, the clone stays.
-    let text = ok(&repo, &["rm", "vm", "--no-gc"]);
-    assert!(
-        text.starts_with("removed image vm (1 version, 1 tag)\n"),
-        "{text}"
+    // A whole image asks for --yes, and its tagged versions stay protected.
+    let refused = cairn(&repo, &["--json", "rm", "web"]);
+    assert_eq!(refused.status.code(), Some(1));
+    let err: serde_json::Value = serde_json::from_slice(&refused.stderr).unwrap();
+    assert_eq!(err["error"]["code"], "refused");
+    assert_eq!(
+        err["error"]["message"],
+        "`cairn rm web` removes the whole image and its 1 version; run again with --yes to do \
+         it, or name versions (web@N)"
     );
+    let tagged = cairn(&repo, &["--json", "rm", "web", "vm", "--yes"]);
+    let err: serde_json::Value = serde_json::from_slice(&tagged.stderr).unwrap();
+    assert_eq!(err["error"]["code"], "refused", "{err}");
+    assert_eq!(
+        err["error"]["message"],
+        "vm@1 is tagged as golden; delete the tag first (`cairn tag --delete vm golden`)"
+    );
+    assert_eq!(
+        json(&repo, &["images"]).as_array().unwrap().len(),
+        2,
+        "nothing changed"
+    );
+
+    // Then the head goes, the clone stays.
+    ok(&repo, &["tag", "--delete", "vm", "golden"]);
+    let text = ok(&repo, &["rm", "vm", "--no-gc", "--yes"]);
+    assert!(text.starts_with("removed image vm (1 version)\n"), "{text}");
     assert!(
         text.ends_with("run `cairn gc` to reclaim space\n"),
         "{text}"
@@ -271,7 +293,7 @@ fn rm_versions_and_images() {
     );
     assert_eq!(std::fs::read(&out_path).unwrap(), vec![3u8; 100_000]);
 
-    let v = json(&repo, &["rm", "web"]);
+    let v = json(&repo, &["rm", "web", "--yes"]);
     assert_eq!(v["gc"]["freed_versions"], 1);
     assert!(v["gc"]["dead_blobs"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(v["versions"], serde_json::json!([]));

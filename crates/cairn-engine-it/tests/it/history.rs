@@ -12,6 +12,7 @@ use cairn_engine::resolve::{history, origin, resolve, VersionSpec};
 use cairn_engine::retention::{
     days_from_civil, plan_retention, plan_retention_named, prune, KeepPolicy, RetentionDecision,
 };
+use cairn_engine::EngineError;
 use cairn_format::refs;
 use cairn_format::version::{CommitStats, VersionRecord};
 use cairn_format::Id;
@@ -371,14 +372,14 @@ async fn rm_checks_everything_before_changing_anything() {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "vm@2 is tagged as v2.0; delete the tag first"
+        "vm@2 is tagged as v2.0; delete the tag first (`cairn tag --delete vm v2.0`)"
     );
     let err = remove_versions(&repo, &[spec("vm@v2.0")])
         .await
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "vm@2 is tagged as v2.0; delete the tag first"
+        "vm@2 is tagged as v2.0; delete the tag first (`cairn tag --delete vm v2.0`)"
     );
     assert!(repo.deleted_versions().await.unwrap().is_empty());
     assert_eq!(seqs(&repo, "vm").await, vec![3, 2, 1]);
@@ -404,20 +405,30 @@ async fn rm_checks_everything_before_changing_anything() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn removing_an_image_drops_its_head_and_tags() {
+async fn removing_an_image_drops_its_head_and_is_refused_while_tagged() {
     let repo = memory_repo().await;
     three_versions(&repo).await;
     commit_bytes(&repo, "keep", noise(1000, 4)).await;
     let (id1, _) = resolve(&repo, &spec("vm@1")).await.unwrap();
     repo.create_tag("vm", "v1", &id1).await.unwrap();
 
+    // A tag protects its version from the whole image's removal too: nothing changes.
+    let err = remove_image(&repo, "vm").await.unwrap_err();
+    assert!(matches!(err, EngineError::Tagged { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "vm@1 is tagged as v1; delete the tag first (`cairn tag --delete vm v1`)"
+    );
+    assert_eq!(seqs(&repo, "vm").await, vec![3, 2, 1]);
+    assert!(repo.deleted_versions().await.unwrap().is_empty());
+
+    repo.delete_tag("vm", "v1").await.unwrap();
     let gone = remove_image(&repo, "vm").await.unwrap();
     assert_eq!(gone.image, "vm");
     assert_eq!(
         gone.versions.iter().map(|(_, r)| r.seq).collect::<Vec<_>>(),
         vec![3, 2, 1]
     );
-    assert_eq!(gone.tags, vec![("v1".to_string(), id1)]);
     assert_eq!(repo.images().await.unwrap(), vec!["keep"]);
     assert!(repo.tags("vm").await.unwrap().is_empty());
     assert_eq!(
