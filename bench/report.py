@@ -477,7 +477,9 @@ def render_topic(heading: str, topic: dict, headings: list[str]) -> list[str]:
         if s.get("command"):
             check_command(s["command"])
         text = f"**[{s['title']}]({s['results'][0]})** ({s['date']}; "
-        text += f"`{s['command']}`" if s.get("command") else f"{NOT_IN_REPO}: {s['not_in_repository']}"
+        text += "; ".join(([f"`{s['command']}`"] if s.get("command") else []) +
+                          ([f"{s['not_in_repository']}: {NOT_IN_REPO}"]
+                           if s.get("not_in_repository") else []))
         text += "). " + s["paragraph"]
         if s["results"][1:]:
             text += " Also: " + ", ".join(f"[`{f.removeprefix('bench/results/')}`]({f})"
