@@ -3,10 +3,11 @@
 
     bench/compare.py [--runs N] [--parts series,fleet,scaling] [--quick] [--tools a,b,...]
 
-One command reproduces every table and plot of BENCHMARKS.md §2: it installs the peers
-(scripts/peers.sh), builds cairn and cairn-limits, builds or reuses the dataset
-(scripts/build-dataset.sh), starts a throw-away MinIO (scripts/minio.sh) for cairn's S3 row,
-measures, and writes
+One command reproduces the tables and plots of BENCHMARKS.md's "Stored bytes, commit and restore
+against peers" (and, with --parts scaling, those of "Scaling with image size and history" it
+names): it installs the peers (scripts/peers.sh), builds cairn and cairn-limits, builds or
+reuses the dataset (scripts/build-dataset.sh), starts a throw-away MinIO (scripts/minio.sh)
+for cairn's S3 row, measures, and writes
 
     bench/results/compare-DATE.json     every measurement (the report can be redone from it)
     bench/results/compare-DATE.md       the tables, ratios and targets

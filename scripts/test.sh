@@ -152,6 +152,17 @@ bench_scripts_parse_and_reports_regenerate() {
     [ -e "$f" ] || continue
     report_regenerates bench/groups_report.py "$f" || return 1
   done
+  # BENCHMARKS.md is generated: bench/report.py, written into a scratch copy, reproduces it.
+  local scratch ok=0
+  scratch=$(mktemp -d)
+  if /usr/bin/python3 bench/report.py --out "$scratch/BENCHMARKS.md" &&
+    diff -u BENCHMARKS.md "$scratch/BENCHMARKS.md"; then
+    ok=1
+  else
+    echo "BENCHMARKS.md is not what bench/report.py makes of bench/results/ (run it)" >&2
+  fi
+  rm -rf "$scratch"
+  [ "$ok" -eq 1 ]
 }
 
 if [ "$QUICK" -eq 1 ]; then

@@ -1,0 +1,528 @@
+#!/usr/bin/env python3
+"""BENCHMARKS.md from the results under bench/results/: the current figures, one page.
+
+    python3 bench/report.py [--out PATH]      (default: BENCHMARKS.md at the repository root)
+
+Each topic of the page is a file under bench/results/current/ (TOPICS below gives their order).
+A topic holds tables; a table names the command that produced it, its date and its result
+files, and gets its rows either from raw results (a renderer below reads them: compare-*.json,
+ab-scaling-*.json, gc-*/…jsonl, dedup-tiers-*.json, trace-*/…json, format2-*.jsonl,
+lost-objects-*.json, pack-frames-*.json, or a table of a script's Markdown report) or, where no
+raw results were kept, from rows transcribed into the topic file. The output depends on those
+files only (no clock, no environment), so a second run writes the same bytes; scripts/test.sh
+checks that the committed BENCHMARKS.md is what this makes. Standard library only.
+
+Checks while rendering (an error stops it): every result file and plot a topic names exists,
+every `bench/…` or `scripts/…` path in a command exists, every link of the first table names a
+topic heading.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import textwrap
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+CURRENT = BENCH / "results" / "current"
+sys.path.insert(0, str(BENCH))
+import compare_report  # noqa: E402
+
+MIB = 1 << 20
+WIDTH = 120
+
+# (heading, file under bench/results/current/), in the page's order.
+TOPICS = [
+    ("What holds today", "targets.json"),
+    ("Stored bytes, commit and restore against peers", "peers.json"),
+    ("Scaling with image size and history", "scaling.json"),
+    ("Dedup tiers", "dedup.json"),
+    ("Version history and GC", "gc.json"),
+    ("Lazy deployment over NBD", "nbd.json"),
+    ("Repositories on S3", "s3.json"),
+    ("Real VM disk sources", "sources.json"),
+    ("Format 2 against format 1", "format2.json"),
+    ("Encryption", "encryption.json"),
+    ("Lost or damaged objects", "lost-objects.json"),
+    ("Studies behind the design", "studies.json"),
+]
+
+NOT_IN_REPO = "command not in the repository; to be re-measured"
+
+
+class ReportError(Exception):
+    pass
+
+
+def rel(path: str) -> Path:
+    p = ROOT / path
+    if not p.exists():
+        raise ReportError(f"{path}: no such file in the repository")
+    return p
+
+
+def load_json(path: str):
+    return json.loads(rel(path).read_text())
+
+
+def load_jsonl(path: str) -> list[dict]:
+    return [json.loads(line) for line in rel(path).read_text().splitlines() if line.strip()]
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    s = re.sub(r"[^\w\- ]", "", heading.lower())
+    return "#" + s.replace(" ", "-")
+
+
+def check_command(command: str) -> None:
+    for path in re.findall(r"(?<![\w/.])((?:bench|scripts)/[\w./-]+\.(?:py|sh))", command):
+        rel(path)
+
+
+def wrap(text: str) -> list[str]:
+    if text.startswith("- "):
+        return textwrap.wrap(text, WIDTH, initial_indent="", subsequent_indent="  ",
+                             break_long_words=False, break_on_hyphens=False)
+    return textwrap.wrap(text, WIDTH, break_long_words=False, break_on_hyphens=False)
+
+
+def md_table(header: list[str], rows: list[list], left: bool = False) -> list[str]:
+    """A Markdown table; numbers right-aligned after the first column unless `left`."""
+    out = ["| " + " | ".join(header) + " |",
+           "|" + "|".join("---" if i == 0 or left else "---:" for i in range(len(header))) + "|"]
+    for r in rows:
+        if len(r) != len(header):
+            raise ReportError(f"row {r} has {len(r)} cells for {len(header)} columns {header}")
+        out.append("| " + " | ".join(str(c) for c in r) + " |")
+    return out
+
+
+def parse_md_tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
+    """Every Markdown table in text: (header, rows)."""
+    tables, cur = [], None
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if cur is None:
+                cur = (cells, [])
+            elif not all(re.fullmatch(r":?-+:?", c) for c in cells):
+                cur[1].append(cells)
+        elif cur is not None:
+            tables.append(cur)
+            cur = None
+    return tables
+
+
+def select(header, rows, columns):
+    """The named columns of a table, in the given order."""
+    if not columns:
+        return header, rows
+    idx = []
+    for c in columns:
+        if c not in header:
+            raise ReportError(f"no column {c!r} in {header}")
+        idx.append(header.index(c))
+    return [header[i] for i in idx], [[r[i] for i in idx] for r in rows]
+
+
+def secs(x: float) -> str:
+    """Seconds as the page writes them: three decimals below 0.1 s, else two."""
+    return f"{x:.3f}" if x < 0.1 else f"{x:.2f}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Renderers of raw results: each takes the table's "from" object and returns (header, rows).
+
+
+def r_compare(spec):
+    """bench/compare.py's measurements through bench/compare_report.py's own tables."""
+    D = compare_report.Data(load_json(spec["file"]))
+    part = spec["part"]
+    if part == "added":
+        text = compare_report.per_step_table(D, "added", MIB, 1)
+    elif part == "wall":
+        text = compare_report.per_step_table(D, "wall", 1, 2, compare_report.TARGET_COMMIT)
+    elif part == "restore":
+        text = next(s for s in compare_report.restore_section(D) if s.startswith("|"))
+        if spec.get("figures"):  # some of the figures of each version
+            header, rows = parse_md_tables(text)[0]
+            out, version, shown = [], "", None
+            for r in rows:
+                version = r[0] or version
+                if r[1] in spec["figures"]:
+                    out.append(["" if version == shown else version] + r[1:])
+                    shown = version
+            return header, out
+    elif part == "fleet":
+        text = next(s for s in compare_report.fleet_section(D) if s.startswith("|"))
+    elif part in ("scaling-size", "scaling-versions"):
+        tables = [s for s in compare_report.scaling_section(D) if s.startswith("|")]
+        text = tables[0 if part == "scaling-size" else 1]
+    elif part == "commit":
+        # Wall time per step, then the series' CPU (user + sys) and its largest peak RSS: the
+        # last rows of the report's CPU and RSS tables.
+        header, rows = parse_md_tables(
+            compare_report.per_step_table(D, "wall", 1, 2, compare_report.TARGET_COMMIT))[0]
+        for key, scale, digits, agg, name in (("cpu", 1, 2, sum, "CPU s, series"),
+                                              ("rss_kib", 1024, 0, max, "peak RSS MiB, largest")):
+            last = parse_md_tables(compare_report.per_step_table(D, key, scale, digits,
+                                                                 agg=agg))[0][1][-1]
+            rows.append([name] + [c.replace("**", "") for c in last[1:]])
+        return header, rows
+    else:
+        raise ReportError(f"unknown compare part {part}")
+    header, rows = parse_md_tables(text)[0]
+    return select(header, rows, spec.get("columns"))
+
+
+def r_md_table(spec):
+    """A table of a script's Markdown report, optionally some columns and a prefix cell."""
+    header, rows = parse_md_tables(rel(spec["file"]).read_text())[spec.get("index", 0)]
+    header, rows = select(header, rows, spec.get("columns"))
+    prefix = spec.get("prefix", [])
+    return [c for c, _ in prefix] + header, [[v for _, v in prefix] + r for r in rows]
+
+
+def r_ab_size(spec):
+    """bench/ab_scaling.py's image-size axis, one build."""
+    d = load_json(spec["file"])
+    header = ["image", "data", "first commit s", "its peak RSS MiB", "re-commit s",
+              "its peak RSS MiB", "chunks found in the parent's leaves", "export start ms",
+              "its peak RSS MiB"]
+    rows = []
+    for r in d["size"]:
+        if r["build"] != spec["build"]:
+            continue
+        rows.append([f"{r['gib']} GiB", f"{r['data'] // MIB:,} MiB", secs(r["first_s"]),
+                     r["first_rss"], secs(r["second_s"]), r["second_rss"],
+                     f"{r['parent_chunks']:,}", f"{r['export_s'] * 1000:.1f}", r["export_rss"]])
+    return header, rows
+
+
+def r_ab_history(spec):
+    """bench/ab_scaling.py's history axis, one build."""
+    d = load_json(spec["file"])
+    header = ["versions", "commit s (median of the last five)", "its peak RSS MiB",
+              "export start ms", "its peak RSS MiB", "index runs"]
+    rows = [[f"{r['versions']:,}", secs(r["commit_s"]), r["commit_rss"],
+             f"{r['export_s'] * 1000:.1f}", r["export_rss"], r["index_runs"]]
+            for r in d["history"] if r["build"] == spec["build"]]
+    return header, rows
+
+
+def r_gc_rounds(spec):
+    """bench/gc_after_rm.py's rounds of one build: medians over the rounds."""
+    rows_in = [r for r in load_jsonl(spec["file"]) if r["build"] == spec["build"]]
+    header = ["versions", "rounds", "process wall ms, median (min)", "`gc`'s own duration ms, median",
+              "peak RSS MiB"]
+    rows, med = [], {}
+    for v in sorted({r["versions"] for r in rows_in}):
+        rs = [r for r in rows_in if r["versions"] == v]
+        wall = statistics.median(r["gc_s"] for r in rs) * 1000
+        dur = statistics.median(r["gc_duration_s"] for r in rs) * 1000
+        med[v] = (wall, dur)
+        lo, hi = min(r["gc_rss"] for r in rs), max(r["gc_rss"] for r in rs)
+        rows.append([f"{v:,}", len(rs), f"{wall:.1f} ({min(r['gc_s'] for r in rs) * 1000:.0f})",
+                     f"{dur:.1f}", f"{lo}–{hi}" if lo != hi else lo])
+    first, last = min(med), max(med)
+    rows.append([f"{last:,} ÷ {first:,}", "", f"**{med[last][0] / med[first][0]:.2f}×**",
+                 f"**{med[last][1] / med[first][1]:.2f}×**", ""])
+    return header, rows
+
+
+def r_dedup_scenarios(spec):
+    """bench/dedup_tiers.py: each scenario's bytes in exact and bounded mode."""
+    rows_in = load_json(spec["file"])["rows"]
+    header = ["scenario", "exact MiB", "bounded MiB", "bounded ÷ exact", "worst step",
+              "chunks only exact's index lookup found", "commit s, exact / bounded",
+              "peak RSS MiB, exact / bounded"]
+    rows = []
+    for sc in dict.fromkeys(r["scenario"] for r in rows_in):
+        ex = {r["step"]: r for r in rows_in if r["scenario"] == sc and r["mode"] == "exact"}
+        bo = {r["step"]: r for r in rows_in if r["scenario"] == sc and r["mode"] == "bounded"}
+        te, tb = sum(r["added"] for r in ex.values()), sum(r["added"] for r in bo.values())
+        worst = max(ex, key=lambda s: bo[s]["added"] / ex[s]["added"])
+        rows.append([f"{sc} ({len(ex)} commits)", f"{te / MIB:.1f}", f"{tb / MIB:.1f}",
+                     f"**{tb / te:.3f}**",
+                     f"{bo[worst]['added'] / ex[worst]['added']:.3f} ({worst})",
+                     f"{sum(r['index_chunks'] for r in ex.values()):,}",
+                     f"{sum(r['seconds'] for r in ex.values()):.2f} / "
+                     f"{sum(r['seconds'] for r in bo.values()):.2f}",
+                     f"{max(r['rss_mib'] for r in ex.values())} / "
+                     f"{max(r['rss_mib'] for r in bo.values())}"])
+    return header, rows
+
+
+def r_dedup_steps(spec):
+    """bench/dedup_tiers.py: per step, bytes of both modes and what bounded mode's tiers found."""
+    rows_in = load_json(spec["file"])["rows"]
+    header = ["scenario", "step", "exact MiB", "bounded MiB",
+              "bounded: chunks in the parent's leaf / in similar packs", "trailers read"]
+    rows = []
+    for sc in dict.fromkeys(r["scenario"] for r in rows_in):
+        ex = {r["step"]: r for r in rows_in if r["scenario"] == sc and r["mode"] == "exact"}
+        bo = {r["step"]: r for r in rows_in if r["scenario"] == sc and r["mode"] == "bounded"}
+        for s in ex:
+            if s in spec.get("skip_steps", []):
+                continue
+            b = bo[s]
+            rows.append([sc, s, f"{ex[s]['added'] / MIB:.1f}", f"{b['added'] / MIB:.1f}",
+                         f"{b['parent_chunks']:,} / {b['similar_chunks']:,}", b["trailers"]])
+    return header, rows
+
+
+def r_trace(spec):
+    """cairn-trace runs: one row per filter budget it costed."""
+    header = ["measured", "VMs", "mode", "stored ÷ exact", "index budget MiB",
+              "peak commit MiB (claims / filters / trailers / pieces)", "raw:RAM (host)",
+              "index MB read per GiB"]
+    rows = []
+    for f in spec["files"]:
+        d = load_json(f)
+        for run in d["runs"]:
+            entries = [(d["index_memory_mib"], run["peak_memory"], run["peak_memory_bytes"],
+                        run["raw_to_ram_host"], run["per_gib_through_tiers"]["index_bytes_read"])]
+            entries += [(o["index_memory_mib"], o["peak_memory"], o["peak_memory_bytes"],
+                         o["raw_to_ram_host"], o["index_bytes_read_per_gib"])
+                        for o in run.get("other_index_memory", [])]
+            for budget, pm, peak, ratio, read in entries:
+                if "budgets" in spec and budget not in spec["budgets"]:
+                    continue
+                rows.append([spec["date"], f"{d['fleet']['vms']:,}", run["mode"],
+                             f"{run['stored_over_exact']:.5f}",
+                             f"{budget}" + (f" ({spec.get('default_label', 'default')})"
+                                            if budget == spec.get("default") else ""),
+                             f"{peak / MIB:.1f} ({pm['claims'] / MIB:.1f} / "
+                             f"{pm['filters'] / MIB:.0f} / {pm['trailers'] / MIB:.0f} / "
+                             f"{pm['sections'] / MIB:.0f})",
+                             f"{ratio / 1000:.0f}K:1", f"{read / 1e6:.0f}"])
+    return header, rows
+
+
+def r_format2_series(spec):
+    """bench/format2.sh: stored bytes and commit time per step of both formats."""
+    rows_in = load_jsonl(spec["file"])
+    get = {(r["format"], r["scenario"], r["step"]): r for r in rows_in}
+    header = ["step", "f1 stored MiB", "f2 stored MiB", "f1 commit s", "f2 commit s"]
+    steps = [r["step"] for r in rows_in if r["format"] == 2 and r["scenario"] == "series"
+             and r["op"] == "commit"]
+    rows, tot = [], {1: [0, 0.0], 2: [0, 0.0]}
+    for s in steps:
+        a, b = get[(1, "series", s)], get[(2, "series", s)]
+        for f, r in ((1, a), (2, b)):
+            tot[f][0] += r["stored"]
+            tot[f][1] += r["seconds"]
+        rows.append([s, f"{a['stored'] / MIB:.1f}", f"{b['stored'] / MIB:.1f}",
+                     f"{a['seconds']:.2f}", f"{b['seconds']:.2f}"])
+    rows.append(["**series**", f"**{tot[1][0] / MIB:.1f}**",
+                 f"**{tot[2][0] / MIB:.1f} ({tot[2][0] / tot[1][0]:.3f}×)**",
+                 f"{tot[1][1]:.2f}", f"{tot[2][1]:.2f}"])
+    a, b = get[(1, "rebuilt", "su-1-rebuilt")], get[(2, "rebuilt", "su-1-rebuilt")]
+    rows.append(["su-1-rebuilt after su-1 (adds)", f"{a['stored'] / MIB:.1f}",
+                 f"**{b['stored'] / MIB:.1f}**", f"{a['seconds']:.2f}", f"{b['seconds']:.2f}"])
+    return header, rows
+
+
+def r_format2_metadata(spec):
+    """bench/metadata.py's breakdown as bench/format2.sh records it."""
+    m = {r["format"]: r for r in load_jsonl(spec["file"]) if r["op"] == "metadata"}
+
+    def share(f, n):
+        return f"{n / m[f]['total'] * 100:.3f}%"
+
+    header = ["share of stored bytes", f"format 1 ({m[1]['total'] / MIB:.1f} MiB)",
+              f"format 2 ({m[2]['total'] / MIB:.1f} MiB)"]
+    rows = [["manifest trees (leaves and interior nodes)"] +
+            [share(f, m[f]["packs"]["node"]) for f in (1, 2)],
+            ["index (format 1's files of 48-byte entries; format 2's runs)"] +
+            [share(f, m[f]["index"] + m[f]["index-runs"]) for f in (1, 2)],
+            ["reference summaries"] + [share(f, m[f]["summaries"]) for f in (1, 2)],
+            ["version records"] + [share(f, m[f]["versions"]) for f in (1, 2)],
+            ["**issue 16's metadata (≤ 1.5%)**"] +
+            [f"**{m[f]['metadata_share'] * 100:.2f}%**" for f in (1, 2)],
+            ["pack trailers (every chunk's id and length)"] +
+            [f"{m[f]['trailer_share'] * 100:.3f}%" for f in (1, 2)]]
+    return header, rows
+
+
+def r_lost_objects(spec):
+    """bench/lost_objects.py's rows of one build."""
+    n = None
+    header = ["damage", "restore after damage", "verify exit", "`restore IMAGE`",
+              "after gc + gc --repair", "after repair", "re-commit restores"]
+    rows = []
+    for r in load_json(spec["file"]):
+        if r["label"] != spec["label"]:
+            continue
+        n = r["versions"]
+        newest = ("wrong version, exit 0" if r["restore_image_wrong_version"]
+                  else f"exit {r['restore_image_exit']}")
+        rows.append([r["damage"], f"{r['restore_after_damage']}/{n}", r["verify_exit"], newest,
+                     f"{r['restore_after_gc']}/{n}", f"{r['restore_after_repair']}/{n}",
+                     "yes" if r["recommit_restores"] else "NO"])
+    return header, rows
+
+
+def r_pack_frames(spec):
+    d = load_json(spec["file"])
+    header = ["images", "repository bytes", "groups", "frame bytes", "share", "sealed frame bytes",
+              "sealed share"]
+    rows = [[", ".join(i.removesuffix(".raw") for i in d["images"]),
+             f"{d['repository_bytes']:,}", f"{d['groups']:,}", f"{d['frame_bytes']:,}",
+             f"**{d['frame_percent_of_repository']:.2f}%**", f"{d['sealed_frame_bytes']:,}",
+             f"**{d['sealed_frame_percent_of_repository']:.2f}%**"]]
+    return header, rows
+
+
+RENDERERS = {
+    "compare": r_compare,
+    "md-table": r_md_table,
+    "ab-size": r_ab_size,
+    "ab-history": r_ab_history,
+    "gc-rounds": r_gc_rounds,
+    "dedup-scenarios": r_dedup_scenarios,
+    "dedup-steps": r_dedup_steps,
+    "trace": r_trace,
+    "format2-series": r_format2_series,
+    "format2-metadata": r_format2_metadata,
+    "lost-objects": r_lost_objects,
+    "pack-frames": r_pack_frames,
+}
+
+
+def rows_of(spec) -> tuple[list[str], list[list]]:
+    kind = spec["from"]
+    if kind not in RENDERERS:
+        raise ReportError(f"no renderer {kind!r}")
+    return RENDERERS[kind](spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# The page
+
+
+def render_table(t: dict) -> list[str]:
+    """A table: its title, date, command and results, the rows, then its notes."""
+    for f in t.get("results", []):
+        rel(f)
+    head = f"**{t['title']}** — {t['date']}"
+    if t.get("results"):
+        head += ", " + ", ".join(f"[{'results' if i == 0 else Path(f).name}]({f})"
+                                 for i, f in enumerate(t["results"]))
+    head += "."
+    if t.get("command"):
+        check_command(t["command"])
+        head += f" Command: `{t['command']}`"
+        head += f" ({t['command_note']})." if t.get("command_note") else "."
+    if t.get("not_in_repository"):
+        head += f" **{NOT_IN_REPO[0].upper() + NOT_IN_REPO[1:]}** ({t['not_in_repository']})."
+    # The title, command and the notes that explain the table come before it; bullets after.
+    prose = [n for n in t.get("notes", []) if not n.startswith("- ")]
+    bullets = [n for n in t.get("notes", []) if n.startswith("- ")]
+    out = wrap(" ".join([head] + prose[:1])) + [""]
+    for n in prose[1:]:
+        out += wrap(n) + [""]
+    header, rows = None, []
+    if "columns" in t:
+        header = t["columns"]
+    for r in t["rows"]:
+        if isinstance(r, dict):
+            h, rs = rows_of(r)
+            if header is None:
+                header = h
+            elif len(h) != len(header):
+                raise ReportError(f"{t['title']}: rows of {r['from']} have columns {h}")
+            rows += rs
+        else:
+            rows.append(r)
+    out += md_table(header, rows, t.get("align") == "left") + [""]
+    for n in bullets:
+        out += wrap(n)
+    if bullets:
+        out.append("")
+    return out
+
+
+def render_topic(heading: str, topic: dict, headings: list[str]) -> list[str]:
+    out = [f"## {heading}", ""]
+    for p in topic.get("intro", []):
+        out += wrap(p)
+        if not p.startswith("- "):
+            out.append("")
+    if out[-1] != "":
+        out.append("")
+    if "targets" in topic:  # the first table: a row per target, linked to its topic
+        header = topic["columns"]
+        rows = []
+        for r in topic["targets"]:
+            if r["topic"] not in headings:
+                raise ReportError(f"target {r['target']!r} links to no topic {r['topic']!r}")
+            rows.append([r["target"], r["figure"], r["against"], r["met"], r["date"],
+                         f"[{r['topic']}]({anchor(r['topic'])})"])
+        out += md_table(header, rows, left=True) + [""]
+        for n in topic.get("notes", []):
+            out += wrap(n) + [""]
+    for t in topic.get("tables", []):
+        out += render_table(t)
+    for s in topic.get("studies", []):
+        # One paragraph: the title links to the study's results, the first of them.
+        for f in s["results"]:
+            rel(f)
+        if s.get("command"):
+            check_command(s["command"])
+        text = f"**[{s['title']}]({s['results'][0]})** ({s['date']}; "
+        text += "; ".join(([f"`{s['command']}`"] if s.get("command") else []) +
+                          ([f"{s['not_in_repository']}: {NOT_IN_REPO}"]
+                           if s.get("not_in_repository") else []))
+        text += "). " + s["paragraph"]
+        if s["results"][1:]:
+            text += " Also: " + ", ".join(f"[`{f.removeprefix('bench/results/')}`]({f})"
+                                          for f in s["results"][1:]) + "."
+        out += wrap(text) + [""]
+    if topic.get("plots"):
+        for p in topic["plots"]:
+            rel(p["file"])
+            out.append(f"![{p['alt']}]({p['file']})")
+        out.append("")
+    return out
+
+
+def render() -> str:
+    headings = [h for h, _ in TOPICS]
+    head = json.loads((CURRENT / "header.json").read_text())
+    out = [f"# {head['title']}", ""]
+    for p in head["paragraphs"]:
+        out += wrap(p)
+        if not p.startswith("- "):
+            out.append("")
+    if out[-1] != "":
+        out.append("")
+    for heading, name in TOPICS:
+        topic = json.loads((CURRENT / name).read_text())
+        if topic.get("heading") != heading:
+            raise ReportError(f"{name}: heading {topic.get('heading')!r}, expected {heading!r}")
+        out += render_topic(heading, topic, headings)
+    while out and out[-1] == "":
+        out.pop()
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
+    a = ap.parse_args()
+    try:
+        text = render()
+    except ReportError as e:
+        sys.exit(f"bench/report.py: {e}")
+    a.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
