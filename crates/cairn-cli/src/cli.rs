@@ -366,7 +366,7 @@ pub struct ExportArgs {
     /// Chunks fetched ahead after a read that missed the cache (default 8). On format 2 it
     /// counts compressed groups and defaults to 0: a miss already fetches a whole group, and
     /// more read-ahead fetched more than the guest read in a measured cold boot
-    /// (BENCHMARKS.md, boot over cairn export).
+    /// (BENCHMARKS.md, *Lazy deployment over NBD*).
     #[arg(long)]
     pub readahead: Option<usize>,
     /// Write the export's counters as JSON to this file every second (and at exit).
@@ -608,7 +608,7 @@ pub struct CommitArgs {
     pub no_compact: bool,
     /// How hard a format 2 commit looks for data stored before. `bounded` asks the index a
     /// few times a changed segment instead of once a chunk, and may store a little again
-    /// (BENCHMARKS.md "Dedup tiers" measures how much). Full and incremental commits take
+    /// (BENCHMARKS.md, *Dedup tiers*, measures how much). Full and incremental commits take
     /// it. Without it, the mode `CAIRN_DEDUP` names (exact or bounded), else bounded: that
     /// default also holds for commits with no flag of their own (`--from-export`, an
     /// export's COMMIT, `cairn copy`).

@@ -39,7 +39,7 @@ use crate::context::Context;
 /// first commit peaks at 114–129 MiB instead of 172–201, its re-commit at 91–95 instead of
 /// 104–110, for 0.5–1 s more system time in the first commit's 13 s (fresh pages for each
 /// pack). A pool of pack buffers instead kept more memory (157 MiB: buffers idle between
-/// bursts) and was not kept (BENCHMARKS.md, "A commit's memory").
+/// bursts) and was not kept (BENCHMARKS.md, *Studies behind the design*).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn fix_malloc_mmap_threshold() {
     // SAFETY: mallopt only sets an allocator parameter; it runs first in `main`, before any

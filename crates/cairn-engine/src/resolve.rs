@@ -213,7 +213,7 @@ pub async fn history_checked(repo: &Repo, image: &str) -> EngineResult<History> 
 /// The newest version of `image` that is not deleted: down the parent chain from the head,
 /// reading only the records down to it, so naming `IMAGE` costs the same at 10 versions and
 /// at 1,000 (it read the whole history before: an export's start took 3.6× longer at 1,000
-/// versions, BENCHMARKS §2 "Export start"). A head or record on the way that cannot be read
+/// versions, BENCHMARKS.md, *Scaling with image size and history*). A head or record on the way that cannot be read
 /// is an error ([`EngineError::NewestUnreadable`]): an older version is never used silently
 /// in place of the newest. Past a record `cairn repair` recorded as lost, [`history_with`]
 /// lists the image's records.

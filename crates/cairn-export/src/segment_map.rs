@@ -2,7 +2,7 @@
 //! each read the first time a segment under it is touched. Opening an export reads only the
 //! root, so it costs the same for a 1 GiB and a 64 GiB image; reading every interior node
 //! at open (one per 256 segments) made a 64 GiB export start take twice a 1 GiB one's time
-//! (BENCHMARKS §2, "Export start"). A damaged interior node now fails the reads under it
+//! (BENCHMARKS.md, *Scaling with image size and history*). A damaged interior node now fails the reads under it
 //! with an I/O error, as a damaged leaf always did, instead of the start.
 
 use std::collections::HashMap;

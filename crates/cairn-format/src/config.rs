@@ -39,7 +39,7 @@ impl V2Settings {
 }
 
 impl Default for V2Settings {
-    /// Chosen by measurement (BENCHMARKS.md §7): 64 KiB groups store within 1–3% of 256 KiB
+    /// Chosen by measurement (BENCHMARKS.md, *Studies behind the design*): 64 KiB groups store within 1–3% of 256 KiB
     /// ones and a cold lazy boot fetches 1.14× what 16 KiB chunks fetch, where 256 KiB
     /// groups fetch 1.51×.
     fn default() -> Self {

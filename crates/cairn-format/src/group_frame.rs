@@ -22,7 +22,7 @@
 //!          sealed pack: sealed as domain 10 (group frame), fixed part and list apart
 //! ```
 //! A frame costs 33 bytes (plain) or 65 (sealed) for a group of equal chunks — 0.13% and
-//! 0.26% of the su-* images' stored bytes (BENCHMARKS §8) — where a second copy of the
+//! 0.26% of the su-* images' stored bytes (BENCHMARKS.md, *Lost or damaged objects*) — where a second copy of the
 //! trailer would cost 37 bytes a chunk (~1%). With
 //! no fixed position and no magic, the fixed part of a sealed pack's frame is found again
 //! after damage by trying to open it at each byte (a pass over the pack, only in `salvage`).

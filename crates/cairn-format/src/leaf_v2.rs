@@ -2,7 +2,7 @@
 //! digest of the segment's bytes.
 //!
 //! With 4 KiB chunks a v1 leaf (a 37-byte extent per chunk) would cost 3.3% of the stored
-//! bytes of the su-* series (BENCHMARKS §7). A v2 extent names a run of consecutive slots of
+//! bytes of the su-* series (BENCHMARKS.md, *Studies behind the design*). A v2 extent names a run of consecutive slots of
 //! one chunk group instead (VMAR's extent-merged maps): a commit's new data lies in its groups
 //! in logical order, and data found again in an old group mostly lies there in runs too, so a
 //! 1 MiB segment needs a handful of extents rather than 256 (0.44% over the series).

@@ -25,7 +25,7 @@ pub const CHUNK_BYTES: u64 = 4096;
 /// Chunks in a segment (1 MiB, the leaf unit and the unit of the digest fast path).
 pub const SEGMENT_CHUNKS: usize = 256;
 
-/// The fleet's parameters: what BENCHMARKS.md writes down beside the figures.
+/// The fleet's parameters: what each trace result records (its `fleet` field) beside the figures.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct FleetParams {
     pub vms: u32,

@@ -294,7 +294,7 @@ fn report(p: &FleetParams, args: &Args, t: &RunTotals, mode: DedupMode) -> serde
     })
 }
 
-/// The fleet `args` describe; the change model's shares are fixed (BENCHMARKS.md lists them).
+/// The fleet `args` describe; the change model's shares are fixed (each result's `fleet` field lists them).
 fn fleet_params(args: &Args) -> FleetParams {
     FleetParams {
         vms: args.vms,

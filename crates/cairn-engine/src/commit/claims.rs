@@ -4,7 +4,7 @@
 //! A claim costs about 41 bytes while it is in memory (id, group number and slot, a control
 //! byte, at the map's load; the group's id is in a table per generation). Kept for a whole
 //! commit, as exact mode kept them until 2026-11-29, that was 160 MiB for a VM's first
-//! commit with 14 GiB of new data, the largest part of a commit's memory (BENCHMARKS §2,
+//! commit with 14 GiB of new data, the largest part of a commit's memory (BENCHMARKS.md, *Studies behind the design*,
 //! "Trace benchmark"), and 161 MiB for a 64 GiB image holding 4 GiB. Both modes keep two
 //! *generations* of at most `generation` claims each; when the newer fills, the older
 //! one's placed claims are spilled to sorted runs in scratch files (`spilled_claims`, 2 to 3

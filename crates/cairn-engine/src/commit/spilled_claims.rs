@@ -1,6 +1,6 @@
 //! A commit's claims once their generation turned over. Exact mode kept every claim of a
 //! commit in memory at 41 bytes: 161 MiB for the first commit of a 64 GiB image holding
-//! 4 GiB of data (BENCHMARKS §2), a gigabyte per 100 GiB of new data. Now a generation's
+//! 4 GiB of data (BENCHMARKS.md, *Studies behind the design*), a gigabyte per 100 GiB of new data. Now a generation's
 //! placed claims are written, sorted by id, into a run in an anonymous scratch file; what
 //! stays in memory is one Bloom filter over every spilled claim and a fence per block of
 //! each run: 2 to 3 bytes a claim (10 to 20 bits of filter, rebuilt twice as large when it
@@ -15,7 +15,7 @@
 //! cache line of the filter ([`BlockedBloom`]); one the filter passes reads one block of
 //! each run, newest first. The trace benchmark's exact mode, which does nothing else per
 //! chunk, runs 20% fewer chunks a second than with every claim in memory; a commit, which
-//! hashes and compresses them, no fewer (BENCHMARKS §2). Runs are merged [`FAN_IN`] at a
+//! hashes and compresses them, no fewer (BENCHMARKS.md, *Studies behind the design*). Runs are merged [`FAN_IN`] at a
 //! time into one of the next tier, so a tier holds `FAN_IN` times the claims of the one
 //! below and each claim is rewritten once a tier.
 //!

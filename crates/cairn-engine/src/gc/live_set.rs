@@ -2,7 +2,7 @@
 //! group — answered from the merged summaries of their images (`group_summaries`) without
 //! first copying them into one union. A GC after `rm` at 1,000 versions spent a third of
 //! its "live summaries" step building that union (a `SlotSet` allocated and merged per
-//! group) to ask it about the few packs the deleted versions' data is in (BENCHMARKS §2,
+//! group) to ask it about the few packs the deleted versions' data is in (BENCHMARKS.md, *Version history and GC*,
 //! "Where GC's time goes"). Past [`MAX_ASKED`] images a question would ask too many merges,
 //! so their union is built, in one gathering sorted once (`MergedSummary::union_of`).
 

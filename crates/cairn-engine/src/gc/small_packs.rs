@@ -17,7 +17,7 @@ const ENOUGH_SMALL_PACKS: usize = 32;
 /// A commit of a few changed blocks writes a pack of its own; after many such commits a
 /// tree's leaves name groups in as many packs, and a commit, a restore or an export reads a
 /// trailer for each (756 for a commit after 1,000 such versions, against 18 after 10;
-/// BENCHMARKS §2). `restic prune --repack-small` answers the same growth.
+/// BENCHMARKS.md, *Studies behind the design*). `restic prune --repack-small` answers the same growth.
 pub(super) fn small_packs(
     sizes: &HashMap<Id, u64>,
     named: &HashSet<Id>,

@@ -15,7 +15,7 @@
 //! each cached; the filter is a piece of its own, held only while the reader's budget allows.
 //! Versions 1 and 2 (read still) hold the whole section table and pack table in their meta,
 //! which at fleet scale — hundreds of millions of entries — is more than any cache
-//! (BENCHMARKS, "Trace benchmark": 579 MiB of a 654 MiB peak at 1,000 VMs).
+//! (BENCHMARKS.md, *Studies behind the design*: 579 MiB of a 654 MiB peak at 1,000 VMs).
 //!
 //! ```text
 //! offset  size  field                                    (version 3)

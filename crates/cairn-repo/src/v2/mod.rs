@@ -56,7 +56,7 @@ pub struct CacheLimits {
     pub group_bytes: u64,
     /// Approximate bytes of decoded pack trailers kept (about 240 KiB a full pack of 4 KiB
     /// chunks). A 64 GiB image's re-commit (bounded and exact) and restore took the same time
-    /// with 8 MiB as with 32, and peaked 20 MiB lower (BENCHMARKS.md, scaling).
+    /// with 8 MiB as with 32, and peaked 20 MiB lower (BENCHMARKS.md, *Studies behind the design*).
     pub trailer_bytes: u64,
     /// Bytes of index run pieces kept: sections (16 bytes an entry), directory blocks and
     /// blocks of pack tables.

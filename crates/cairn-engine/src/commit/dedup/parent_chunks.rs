@@ -39,7 +39,7 @@ const MAX_RECENT: usize = 32;
 /// eight held six trailers of packs the re-commit had passed (half a MiB each for full packs
 /// of compressible 4 KiB chunks), and the trailer cache held more. A parent with a history of
 /// scattered changes names a base pack and a pack per version each segment, all needed again
-/// by the next one, which a fixed two lost at each segment (BENCHMARKS §2: 5,000 trailer
+/// by the next one, which a fixed two lost at each segment (BENCHMARKS.md, *Studies behind the design*: 5,000 trailer
 /// reads instead of 130 with a 2 MiB cache).
 #[derive(Debug)]
 pub(crate) struct RecentPacks<T = Arc<PackTrailer>> {

@@ -35,7 +35,7 @@ pub const HOOKS: usize = 4;
 /// Hooks a segment looks up at most. A hook that finds a pack does not count against
 /// [`HOOKS`], so a segment whose chunks lie in many packs (small files from many places)
 /// keeps finding them, up to this many lookups (the trace benchmark's fragmented fleet
-/// stored 1.119× exact at 10 VMs with four hooks in all, 1.0009× with this; BENCHMARKS §2).
+/// stored 1.119× exact at 10 VMs with four hooks in all, 1.0009× with this; BENCHMARKS.md, *Studies behind the design*).
 pub const MAX_HOOKS: usize = 32;
 
 /// Packs a worker keeps probing after they found chunks.
