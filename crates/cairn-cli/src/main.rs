@@ -52,8 +52,22 @@ fn fix_malloc_mmap_threshold() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn fix_malloc_mmap_threshold() {}
 
+/// A `CAIRN_*` variable set to the empty string counts as unset, as in a shell's `${VAR:-…}`
+/// (`CAIRN_PASSWORD_FILE= cairn …` would otherwise be a flag given without its value). Runs
+/// first, while the process has one thread: changing the environment races nothing.
+fn unset_empty_cairn_variables() {
+    let empty: Vec<std::ffi::OsString> = std::env::vars_os()
+        .filter(|(k, v)| k.to_string_lossy().starts_with("CAIRN_") && v.is_empty())
+        .map(|(k, _)| k)
+        .collect();
+    for k in empty {
+        std::env::remove_var(k);
+    }
+}
+
 fn main() -> ExitCode {
     fix_malloc_mmap_threshold();
+    unset_empty_cairn_variables();
     let cli = parse_command_line();
     init_logging(cli.verbose);
     let limits = match cli.index_memory {

@@ -23,12 +23,24 @@ pub async fn run(ctx: &Context, args: InitArgs) -> Result<ExitCode> {
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_start_matches("config: ")))?;
+    if let Some(path) = ctx.local_path() {
+        refuse_non_empty(&path)?;
+    }
+    // Asked before anything is created. Exit status 5, as every missing or wrong passphrase.
+    let passphrase = match config.v2.is_some_and(|v| v.encrypted()) {
+        true => Some(
+            ctx.password
+                .read_new()
+                .map_err(|e| cairn_repo::RepoError::NoPassphrase(format!("{e:#}")))?,
+        ),
+        false => None,
+    };
     let store = ctx.store(true)?;
-    let repo = if config.v2.is_some_and(|v| v.encrypted()) {
-        let passphrase = ctx.password.read_new()?;
-        Repo::init_encrypted(store, config.clone(), passphrase, KdfParams::DEFAULT).await?
-    } else {
-        Repo::init(store, config.clone()).await?
+    let repo = match passphrase {
+        Some(passphrase) => {
+            Repo::init_encrypted(store, config.clone(), passphrase, KdfParams::DEFAULT).await?
+        }
+        None => Repo::init(store, config.clone()).await?,
     };
     let config = repo.config().clone();
     repo.close().await?;
@@ -73,6 +85,32 @@ pub async fn run(ctx: &Context, args: InitArgs) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses a directory that holds anything: a repository never mixes with other files (GC
+/// and `verify` would walk them; deleting the repository would delete them). A repository
+/// already there is refused too, by `Repo::init`, with its own message.
+fn refuse_non_empty(path: &std::path::Path) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return Ok(()); // not there yet (or unreadable: creating it says why)
+    };
+    let names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    if names.is_empty() || names.iter().any(|n| n == "config") {
+        return Ok(());
+    }
+    let mut shown: Vec<&str> = names.iter().map(String::as_str).take(3).collect();
+    shown.sort_unstable();
+    anyhow::bail!(
+        "{} is not empty ({} {}: {}{}): `cairn init` needs a new or empty directory",
+        path.display(),
+        names.len(),
+        if names.len() == 1 { "entry" } else { "entries" },
+        shown.join(", "),
+        if names.len() > 3 { ", …" } else { "" }
+    )
 }
 
 /// The repository settings the flags ask for (no id or creation time yet).

@@ -1,7 +1,7 @@
 //! The CLI's error contract: one line on stderr naming what and where, a non-zero exit, and
 //! nothing published.
 
-use crate::common::{cairn, stderr_line};
+use crate::common::{cairn, cairn_with, stderr_line};
 
 #[test]
 fn missing_repository() {
@@ -138,4 +138,77 @@ fn unknown_versions() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["seq"], 1);
     assert_eq!(v["logical_bytes"], 100_000);
+}
+
+#[test]
+fn init_refuses_a_directory_that_holds_other_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("r");
+    std::fs::create_dir(&repo).unwrap();
+    std::fs::write(repo.join("notes.txt"), b"mine").unwrap();
+    let out = cairn(&repo, &["init"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr_line(&out),
+        format!(
+            "cairn: error: {} is not empty (1 entry: notes.txt): `cairn init` needs a new or \
+             empty directory",
+            repo.display()
+        )
+    );
+    let left: Vec<_> = std::fs::read_dir(&repo)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["notes.txt"], "nothing was created");
+    // An empty directory is fine.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    assert!(cairn(&empty, &["init"]).status.success());
+}
+
+#[test]
+fn init_encrypt_without_a_passphrase_exits_5_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("r");
+    let out = cairn_with(&repo, &[], &["--json", "init", "--encrypt"]);
+    assert_eq!(out.status.code(), Some(5));
+    let err: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(err["error"]["code"], "password", "{err}");
+    assert!(
+        !repo.exists(),
+        "nothing created before the passphrase is known"
+    );
+}
+
+#[test]
+fn an_empty_cairn_variable_counts_as_unset() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("r");
+    assert!(cairn(&repo, &["init"]).status.success());
+    let empty = [
+        ("CAIRN_PASSWORD_FILE", ""),
+        ("CAIRN_PASSWORD_COMMAND", ""),
+        ("CAIRN_META_CACHE", ""),
+    ];
+    let out = cairn_with(&repo, &empty, &["images"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // An empty CAIRN_REPO is no repository, not the current directory.
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"));
+    let out = cmd
+        .args(["images"])
+        .env("CAIRN_REPO", "")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
