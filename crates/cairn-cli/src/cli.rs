@@ -697,9 +697,10 @@ pub struct RestoreArgs {
     /// Output file, block device, or `-` for stdout.
     pub output: PathBuf,
     /// Output format: raw (sparse file, device or stdout) or qcow2 (a compact qcow2 v3 file
-    /// whose clusters without data stay unallocated).
-    #[arg(long, value_enum, default_value = "raw")]
-    pub format: OutputFormatArg,
+    /// whose clusters without data stay unallocated). Default: qcow2 when OUTPUT's name ends
+    /// in .qcow2, raw otherwise.
+    #[arg(long, value_enum)]
+    pub format: Option<OutputFormatArg>,
     /// Replace an existing OUTPUT file, or overwrite a block device.
     #[arg(short, long)]
     pub force: bool,

@@ -16,13 +16,26 @@ use crate::output::{bytes, print_json, rate};
 use crate::progress::Ticker;
 use crate::provenance::{FileIdentity, Provenance};
 
+/// The format asked for, or the one OUTPUT's name says (`.qcow2`, any case), or raw.
+fn output_format(asked: Option<OutputFormatArg>, output: &std::path::Path) -> OutputFormatArg {
+    asked.unwrap_or_else(|| {
+        let named_qcow2 = output
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("qcow2"));
+        match named_qcow2 {
+            true => OutputFormatArg::Qcow2,
+            false => OutputFormatArg::Raw,
+        }
+    })
+}
+
 pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
     let spec = VersionSpec::parse(&args.spec)?;
     let repo = ctx.open_as(SessionKind::Restore).await?;
     let (id, record) = resolve(&repo, &spec).await?;
     let repo_id = repo.config().repo_id;
     let to_stdout = args.output.as_os_str() == "-";
-    let qcow2 = args.format == OutputFormatArg::Qcow2;
+    let qcow2 = output_format(args.format, &args.output) == OutputFormatArg::Qcow2;
     if !to_stdout {
         refuse_export_files(&args.output).await?;
     }

@@ -128,6 +128,27 @@ fn a_format_2_repository_commits_restores_diffs_and_collects() {
         std::fs::read(&out).unwrap() == want,
         "patched restores bit-exact"
     );
+    // An OUTPUT named .qcow2 is written as qcow2 without --format, and QEMU reads it back.
+    let q = dir.path().join("patched.QCOW2");
+    let v = ok(
+        &repo,
+        &["--json", "restore", "patched", q.to_str().unwrap()],
+    );
+    let v: serde_json::Value = serde_json::from_str(v.trim()).unwrap();
+    assert_eq!(v["format"], "qcow2", "{v}");
+    assert_eq!(&std::fs::read(&q).unwrap()[..4], b"QFI\xfb");
+    let back = dir.path().join("patched-back.raw");
+    let st = std::process::Command::new("qemu-img")
+        .args(["convert", "-f", "qcow2", "-O", "raw"])
+        .arg(&q)
+        .arg(&back)
+        .status()
+        .expect("qemu-img");
+    assert!(st.success());
+    assert!(
+        std::fs::read(&back).unwrap() == want,
+        "qcow2 restores bit-exact"
+    );
     // diff names exactly the three rewritten 4 KiB blocks.
     let diff = ok(&repo, &["--json", "diff", "vm@1", "patched"]);
     let diff: serde_json::Value = serde_json::from_str(diff.trim()).unwrap();
