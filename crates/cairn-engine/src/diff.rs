@@ -59,6 +59,10 @@ pub struct DiffReport {
     pub chunks_removed: u64,
     /// Manifest nodes (interior nodes and leaves) read to compute the diff.
     pub nodes_read: u64,
+    /// The logical sizes of A and B. The ranges compare the smaller as if it were extended
+    /// with zeros (as a grown disk reads), so where they differ in size, these say so.
+    pub size_a: u64,
+    pub size_b: u64,
 }
 
 impl DiffReport {
@@ -174,7 +178,11 @@ pub async fn diff(
     }
     let segment_size = a.segment_size as u64;
     let fanout = a.fanout as u64;
-    let mut report = DiffReport::default();
+    let mut report = DiffReport {
+        size_a: a.logical_size,
+        size_b: b.logical_size,
+        ..DiffReport::default()
+    };
     if a.root == b.root && a.height == b.height {
         return Ok(report);
     }

@@ -28,6 +28,15 @@ pub async fn run(ctx: &Context, args: DiffArgs) -> Result<ExitCode> {
             outln!("{:#x} +{}", r.offset, bytes(r.len));
         }
     }
+    if report.size_a != report.size_b {
+        outln!(
+            "size {} → {} ({} → {} bytes; the smaller compared as if zero-extended)",
+            bytes(report.size_a),
+            bytes(report.size_b),
+            report.size_a,
+            report.size_b
+        );
+    }
     outln!("{}", summary(&report));
     Ok(ExitCode::SUCCESS)
 }
@@ -64,6 +73,8 @@ fn report_json(a: &Id, b: &Id, r: &DiffReport, stat: bool) -> Value {
         "chunks_added": r.chunks_added,
         "chunks_removed": r.chunks_removed,
         "nodes_read": r.nodes_read,
+        "a_size_bytes": r.size_a,
+        "b_size_bytes": r.size_b,
     });
     if !stat {
         v["ranges"] = r
@@ -91,6 +102,7 @@ mod tests {
             chunks_added: 2,
             chunks_removed: 1,
             nodes_read: 4,
+            ..DiffReport::default()
         };
         assert_eq!(
             summary(&r),

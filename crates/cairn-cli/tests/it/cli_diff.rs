@@ -59,6 +59,8 @@ fn diff_of_two_versions() {
             "chunks_added": 1,
             "chunks_removed": 3,
             "nodes_read": 6,
+            "a_size_bytes": 200_000,
+            "b_size_bytes": 200_000,
         })
     );
 
@@ -73,6 +75,8 @@ fn diff_of_two_versions() {
             "chunks_added": 1,
             "chunks_removed": 3,
             "nodes_read": 6,
+            "a_size_bytes": 200_000,
+            "b_size_bytes": 200_000,
         })
     );
 
@@ -98,5 +102,26 @@ fn diff_of_two_versions() {
     assert_eq!(
         String::from_utf8_lossy(&out.stderr).trim_end(),
         "cairn: error: vm@3: image \"vm\" has no version 3 (its newest is vm@2)"
+    );
+
+    // Versions of different sizes: the size change is said, and the grown part compares as
+    // zeros followed by the new data.
+    let mut v3 = v2.clone();
+    v3.resize(300_000, 0);
+    v3[280_000..284_096].copy_from_slice(&noise(4096, 3));
+    commit(&repo, dir.path(), &v3);
+    let out = ok(cairn(&repo, &["diff", "--stat", "vm@2", "vm@3"]));
+    assert!(
+        out.starts_with(
+            "size 195.3 KiB → 293.0 KiB (200000 → 300000 bytes; the smaller compared as if \
+             zero-extended)\n"
+        ),
+        "{out}"
+    );
+    let got: Value =
+        serde_json::from_str(&ok(cairn(&repo, &["--json", "diff", "vm@3", "vm@2"]))).unwrap();
+    assert_eq!(
+        (got["a_size_bytes"].as_u64(), got["b_size_bytes"].as_u64()),
+        (Some(300_000), Some(200_000))
     );
 }

@@ -52,6 +52,7 @@ async fn diff_both_ways(repo: &Arc<Repo>, a: &VersionRecord, b: &VersionRecord) 
         (ba.chunks_removed, ba.chunks_added)
     );
     assert_eq!(ab.nodes_read, ba.nodes_read);
+    assert_eq!((ab.size_a, ab.size_b), (ba.size_b, ba.size_a));
     ab
 }
 
@@ -64,9 +65,14 @@ async fn identical_versions_read_nothing() {
     assert_ne!(a.id, b.id, "two versions");
     assert_eq!(a.record.root, b.record.root);
     let r = diff(&repo, &a.record, &b.record).await.unwrap();
+    let size = 3 * MIB + 17;
     assert_eq!(
         r,
-        DiffReport::default(),
+        DiffReport {
+            size_a: size,
+            size_b: size,
+            ..DiffReport::default()
+        },
         "equal roots: nothing changed, no node read"
     );
 
@@ -75,7 +81,14 @@ async fn identical_versions_read_nothing() {
     let z2 = commit_bytes(&repo, "zeros", vec![0; 20_000_000]).await;
     assert_ne!(z1.record.height, z2.record.height);
     let r = diff(&repo, &z1.record, &z2.record).await.unwrap();
-    assert_eq!(r, DiffReport::default());
+    assert_eq!(
+        r,
+        DiffReport {
+            size_a: 100_000,
+            size_b: 20_000_000,
+            ..DiffReport::default()
+        }
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -144,6 +157,8 @@ async fn growing_and_shrinking_across_tree_heights() {
     let tail = 10 * MIB;
     let ab = diff_both_ways(&repo, &a.record, &b.record).await;
     assert_eq!(ranges(&ab), vec![(tail, 4096), (40 * MIB, MIB)]);
+    // The size change is part of the report.
+    assert_eq!((ab.size_a, ab.size_b), (10 * MIB + 1000, 60 * MIB));
     assert_eq!((ab.chunks_added, ab.chunks_removed), (1 + 256, 1));
     let shrink = diff(&repo, &b.record, &a.record).await.unwrap();
     assert_eq!((shrink.chunks_added, shrink.chunks_removed), (1, 257));
