@@ -140,8 +140,16 @@ fn ensure_private_dir_of(dir: &Path, uid: u32) -> Result<(), LifecycleError> {
     Ok(())
 }
 
-/// The file-name form of an export name (`/` cannot be in a file name).
+/// The file-name form of an export name: `/` (which cannot be in a file name) as `%2F`, and
+/// `%` as `%25`, so that two names never share a socket, a state file or an overlay
+/// (`vm/disk0` and `vm_disk0` stay apart).
 pub fn file_key(name: &str) -> String {
+    name.replace('%', "%25").replace('/', "%2F")
+}
+
+/// The file-name form older cairns gave export `name` (`/` as `_`, which two names could
+/// share): where an overlay they made for it may still be.
+pub fn legacy_file_key(name: &str) -> String {
     name.replace('/', "_")
 }
 
@@ -460,6 +468,23 @@ pub async fn live_exports(run: &Path) -> Result<Vec<LiveExport>, LifecycleError>
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn file_keys_are_one_to_one() {
+        let names = [
+            "vm/disk0",
+            "vm_disk0",
+            "vm%2Fdisk0",
+            "vm%252Fdisk0",
+            "a/b/c",
+            "a_b/c",
+        ];
+        let keys: std::collections::HashSet<String> = names.iter().map(|n| file_key(n)).collect();
+        assert_eq!(keys.len(), names.len(), "{keys:?}");
+        assert_eq!(file_key("vm/disk0"), "vm%2Fdisk0");
+        assert!(keys.iter().all(|k| !k.contains('/')));
+    }
+
     use super::*;
 
     #[test]

@@ -201,7 +201,20 @@ pub fn overlay_root() -> PathBuf {
 
 /// The default overlay directory of export `name`.
 pub fn default_overlay_dir(name: &str) -> PathBuf {
-    overlay_root().join(lifecycle::file_key(name))
+    overlay_dir_in(&overlay_root(), name)
+}
+
+/// `name`'s overlay directory under `root`: its own (`lifecycle::file_key`), or, when only
+/// the one an older cairn named it by exists, that one. The older name could be another
+/// image's too (`vm/disk0` and `vm_disk0` shared it), which opening it finds out: an overlay
+/// holding writes on another version is refused (its base differs).
+fn overlay_dir_in(root: &Path, name: &str) -> PathBuf {
+    let dir = root.join(lifecycle::file_key(name));
+    let legacy = root.join(lifecycle::legacy_file_key(name));
+    match !dir.exists() && legacy != dir && legacy.exists() {
+        true => legacy,
+        false => dir,
+    }
 }
 
 /// The running export that holds the overlay in `dir`, if one does.
@@ -308,8 +321,13 @@ pub async fn discard_overlay(ctx: &Context, name: &str, yes: bool) -> Result<Exi
     let (label, dir) = if by_path {
         (name.to_string(), PathBuf::from(name))
     } else {
-        let key = lifecycle::file_key(name);
-        (key.clone(), root.join(key))
+        let dir = overlay_dir_in(&root, name);
+        let key = dir
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        (key, dir)
     };
     let info: OverlayInfo = match Overlay::inspect(&dir) {
         Ok(i) => i,
@@ -350,4 +368,31 @@ pub async fn discard_overlay(ctx: &Context, name: &str, yes: bool) -> Result<Exi
         outln!("discarded overlay {label} ({held} of writes)");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlay_dirs_of_names_that_older_cairns_confused_stay_apart() {
+        let root = tempfile::tempdir().unwrap();
+        let a = overlay_dir_in(root.path(), "vm/disk0");
+        let b = overlay_dir_in(root.path(), "vm_disk0");
+        assert_ne!(a, b);
+        assert_eq!(a, root.path().join("vm%2Fdisk0"));
+        // An overlay an older cairn made for vm/disk0 (as vm_disk0) is still found by it.
+        std::fs::create_dir(root.path().join("vm_disk0")).unwrap();
+        assert_eq!(
+            overlay_dir_in(root.path(), "vm/disk0"),
+            root.path().join("vm_disk0")
+        );
+        assert_eq!(
+            overlay_dir_in(root.path(), "vm_disk0"),
+            root.path().join("vm_disk0")
+        );
+        // Once its own exists, that one is used.
+        std::fs::create_dir(&a).unwrap();
+        assert_eq!(overlay_dir_in(root.path(), "vm/disk0"), a);
+    }
 }
