@@ -60,6 +60,11 @@ impl Context {
         }
     }
 
+    /// A warning on stderr, even with --quiet: something the user must act on.
+    pub fn warn(&self, text: &str) {
+        eprintln!("warning: {text}");
+    }
+
     fn location(&self) -> Result<&str> {
         match self.repo.as_deref() {
             Some(r) if !r.is_empty() => Ok(r),

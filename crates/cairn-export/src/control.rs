@@ -12,6 +12,7 @@ use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use cairn_repo::{ContentCache, Repo, SessionKind};
@@ -92,7 +93,8 @@ pub fn export_handler(
                     .await
                     .map_err(|e| e.to_string())?
                     .map_err(|e| e.to_string())?;
-                    Ok(json!({ "snapshots": overlay()?.snapshots() }))
+                    let clients = export.stats().clients.load(Ordering::Relaxed);
+                    Ok(json!({ "snapshots": overlay()?.snapshots(), "clients": clients }))
                 }
                 Request::Snapshots => Ok(json!({ "snapshots": overlay()?.snapshots() })),
             }

@@ -292,6 +292,14 @@ impl Export for VersionExport {
         true
     }
 
+    fn client_attached(&self, attached: bool) {
+        let clients = &self.stats().clients;
+        match attached {
+            true => clients.fetch_add(1, Ordering::Relaxed),
+            false => clients.fetch_sub(1, Ordering::Relaxed),
+        };
+    }
+
     async fn read(&self, offset: u64, len: u32) -> io::Result<Bytes> {
         let _io = self.enter().await?;
         let base = self.base();

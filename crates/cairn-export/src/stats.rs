@@ -26,12 +26,15 @@ pub struct ExportStats {
     pub writes: AtomicU64,
     pub bytes_written: AtomicU64,
     pub flushes: AtomicU64,
+    /// NBD clients in the transmission phase now.
+    pub clients: AtomicU64,
 }
 
 impl ExportStats {
     pub fn to_json(&self) -> Value {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         json!({
+            "clients": g(&self.clients),
             "reads": g(&self.reads),
             "bytes_read": g(&self.bytes_read),
             "zero_bytes_read": g(&self.zero_bytes_read),

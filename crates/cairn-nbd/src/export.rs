@@ -52,6 +52,12 @@ pub trait Export: Send + Sync + 'static {
     fn multi_conn(&self) -> bool {
         false
     }
+    /// A client entered (`true`) or left (`false`) the transmission phase on this export,
+    /// so that the export can tell whether anyone is using it (rolling a writable export
+    /// back under a running guest is unsafe).
+    fn client_attached(&self, attached: bool) {
+        let _ = attached;
+    }
     /// Preferred block size (advertised with NBD_INFO_BLOCK_SIZE: minimum 1,
     /// preferred this, maximum 32 MiB). Must be a power of two >= 512.
     fn preferred_block_size(&self) -> u32 {

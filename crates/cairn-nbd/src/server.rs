@@ -527,12 +527,29 @@ fn transmission_flags(export: &dyn Export, structured: bool) -> u16 {
 
 // ================================================================ transmission
 
+/// Tells the export a client is attached for as long as it lives (the transmission phase).
+struct Attached(Arc<dyn Export>);
+
+impl Attached {
+    fn new(export: Arc<dyn Export>) -> Self {
+        export.client_attached(true);
+        Attached(export)
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.0.client_attached(false);
+    }
+}
+
 async fn transmission<R, W>(session: Session, r: R, w: W) -> Result<(), NbdError>
 where
     R: AsyncRead + Unpin + Send,
     W: AsyncWrite + Unpin + Send,
 {
     let (tx, rx) = mpsc::unbounded_channel::<Reply>();
+    let _attached = Attached::new(session.export.clone());
     let session = Arc::new(session);
     let reader = read_loop(session, r, tx);
     let writer = write_loop(rx, w);

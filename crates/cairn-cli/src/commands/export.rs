@@ -622,20 +622,42 @@ pub async fn overlay(ctx: &Context, args: OverlayArgs) -> Result<ExitCode> {
             return exports::discard_overlay(ctx, name, *yes).await
         }
     };
+    let done = match &req {
+        Request::Snapshot { name } => Some(format!("took snapshot {name}")),
+        Request::Rollback { name } => Some(format!(
+            "rolled back to snapshot {name}: the writes since are gone"
+        )),
+        Request::Delete { name } => Some(format!("deleted snapshot {name}")),
+        _ => None,
+    };
+    let rollback = matches!(req, Request::Rollback { .. });
     let v = control::request(export, req)
         .await
         .map_err(anyhow::Error::msg)?;
+    let clients = v["clients"].as_u64().unwrap_or(0);
+    if rollback && clients > 0 {
+        // The guest's caches still hold what it wrote after the snapshot: its file systems
+        // now disagree with the disk under them.
+        ctx.warn(&format!(
+            "{export} has {clients} NBD {} connected: a running guest does not know its disk \
+             was rolled back; restart it (or detach and attach the disk) before it writes more",
+            if clients == 1 { "client" } else { "clients" }
+        ));
+    }
     if ctx.json {
-        print_json(&json!({ "snapshots": v["snapshots"] }));
+        print_json(&json!({ "snapshots": v["snapshots"], "clients": clients }));
     } else {
         let names: Vec<&str> = v["snapshots"]
             .as_array()
             .map(|a| a.iter().filter_map(|s| s.as_str()).collect())
             .unwrap_or_default();
-        if names.is_empty() {
-            outln!("{export}: no snapshots");
-        } else {
-            outln!("{export}: snapshots {}", names.join(", "));
+        let list = match names.is_empty() {
+            true => "no snapshots".to_string(),
+            false => format!("snapshots {}", names.join(", ")),
+        };
+        match done {
+            Some(done) => outln!("{export}: {done}; {list}"),
+            None => outln!("{export}: {list}"),
         }
     }
     Ok(ExitCode::SUCCESS)

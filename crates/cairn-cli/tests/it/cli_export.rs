@@ -248,16 +248,24 @@ fn overlay_snapshots_roll_back_and_flushed_writes_survive_kill_9() {
     let mut served = start_writable(&repo, "vm", dir.path(), "w");
     let uri = served.uri();
     qemu_io(&uri, &["write -P 0x11 0 16384", "flush"]);
-    let ok = |args: &[&str]| {
+    let run = |args: &[&str]| {
         let out = cairn_ctl(&repo, dir.path(), args);
         assert!(
             out.status.success(),
             "{args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        String::from_utf8_lossy(&out.stdout).to_string()
+        (
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
     };
-    ok(&["overlay", "snapshot", "disk", "s1"]);
+    let ok = |args: &[&str]| run(args).0;
+    // Each action says what it did.
+    assert_eq!(
+        ok(&["overlay", "snapshot", "disk", "s1"]),
+        "disk: took snapshot s1; snapshots s1\n"
+    );
     qemu_io(
         &uri,
         &[
@@ -267,8 +275,51 @@ fn overlay_snapshots_roll_back_and_flushed_writes_survive_kill_9() {
         ],
     );
     assert_eq!(ok(&["overlay", "list", "disk"]), "disk: snapshots s1\n");
-    ok(&["overlay", "rollback", "disk", "s1"]);
+    let (out, err) = run(&["overlay", "rollback", "disk", "s1"]);
+    assert_eq!(
+        out,
+        "disk: rolled back to snapshot s1: the writes since are gone; snapshots s1\n"
+    );
+    assert_eq!(err, "", "no client was connected");
     qemu_io(&uri, &["read -P 0x11 0 16384"]);
+
+    // A rollback under a connected client warns: the guest does not know.
+    let mut client = std::process::Command::new("qemu-io")
+        .args(["-f", "raw", &uri])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("qemu-io");
+    let clients = || {
+        let status: Value = serde_json::from_slice(
+            &cairn_ctl(&repo, dir.path(), &["--json", "status", "disk"]).stdout,
+        )
+        .unwrap();
+        status["stats"]["clients"].as_u64().unwrap()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while clients() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "qemu-io never attached"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let (_, err) = run(&["overlay", "rollback", "disk", "s1"]);
+    assert_eq!(
+        err,
+        "warning: disk has 1 NBD client connected: a running guest does not know its disk was \
+         rolled back; restart it (or detach and attach the disk) before it writes more\n"
+    );
+    drop(client.stdin.take()); // qemu-io quits at the end of its input
+    client.wait().unwrap();
+    while clients() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the client never left"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     ok(&["overlay", "snapshot", "disk", "s2"]);
     qemu_io(&uri, &["write -P 0x44 32768 16384", "flush"]);
     ok(&["overlay", "delete", "disk", "s1"]);
