@@ -30,6 +30,7 @@ pub mod commit;
 pub mod copy;
 pub mod diff;
 mod error;
+pub mod file_lock;
 pub mod gc;
 pub mod interrupt;
 pub mod live;

@@ -12,6 +12,7 @@ use anyhow::{bail, Result};
 use cairn_engine::commit::incremental::{commit_changes, IncrementalStats};
 use cairn_engine::commit::plan::{plan_commit, CommitPlan, CommitSource};
 use cairn_engine::commit::{commit, CommitOptions, CommitProgress, CommitResult, DedupMode};
+use cairn_engine::file_lock::lock_holder;
 use cairn_engine::resolve::{resolve, VersionSpec};
 use cairn_engine::source::{
     open_image, InterruptibleStdin, RateLimited, ReadPolicy, Source, SourceFormat, StreamSource,
@@ -58,6 +59,13 @@ pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
     };
     let identity_before = FileIdentity::settled(Path::new(&spec));
     let source = open_source(&spec, &args, policy)?;
+    if let (CommitSource::Local(_), Some(holder)) = (&source, lock_holder(Path::new(&spec))) {
+        ctx.warn(&format!(
+            "{spec} is in use: {holder}. A running guest may write while cairn reads, so the \
+             version may not be one point in time: stop the VM, or commit a point-in-time \
+             copy (README, \"Backing up running VMs\")"
+        ));
+    }
     let local = matches!(source, CommitSource::Local(_));
     let repo = ctx.open_as(SessionKind::Commit).await?;
     let parent = match &args.parent {

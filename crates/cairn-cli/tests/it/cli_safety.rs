@@ -101,7 +101,26 @@ fn restore_never_clobbers() {
     let line = stderr_line(&out);
     assert!(line.contains("it is in use:"), "{line}");
     assert_eq!(std::fs::read(&locked).unwrap(), b"in use");
+    // Committing it works but warns: a running guest may write while it is read.
+    let out = cairn(&repo, &["-q", "commit", "busy", locked.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        stderr_line(&out),
+        format!(
+            "warning: {} is in use: another process holds a lock on it (QEMU locks the images \
+             of a running VM). A running guest may write while cairn reads, so the version may \
+             not be one point in time: stop the VM, or commit a point-in-time copy (README, \
+             \"Backing up running VMs\")",
+            locked.display()
+        )
+    );
     drop(holder);
+    let out = cairn(&repo, &["-q", "commit", "busy", locked.to_str().unwrap()]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "",
+        "no lock, no warning"
+    );
 
     // A FIFO, a directory, a character device: refused, and left as they were.
     let fifo = dir.path().join("fifo");

@@ -14,7 +14,6 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::error::{EngineError, EngineResult};
@@ -66,8 +65,11 @@ pub fn check_output(path: &Path, force: bool, qcow2: bool) -> EngineResult<Outpu
                  renamed over it only when complete)",
             ));
         }
-        if let Some(holder) = lock_holder(&real)? {
-            return Err(refuse(path, format!("it is in use: {holder}")));
+        if let Some(holder) = crate::file_lock::lock_holder(&real) {
+            return Err(refuse(
+                path,
+                format!("it is in use: {holder}; stop it first"),
+            ));
         }
         return Ok(OutputKind::Replace(real));
     }
@@ -116,38 +118,6 @@ pub fn check_output(path: &Path, force: bool, qcow2: bool) -> EngineResult<Outpu
         path,
         format!("{what}; restore writes files and block devices (`-` writes to standard output)"),
     ))
-}
-
-/// Who holds a POSIX or OFD lock on the file, if anyone (QEMU locks the images it has open).
-fn lock_holder(path: &Path) -> EngineResult<Option<String>> {
-    let file = match File::open(path) {
-        Ok(f) => f,
-        Err(_) => return Ok(None), // unreadable: the rename decides
-    };
-    // SAFETY: `flock` is a plain C struct for which all-zero is a valid value.
-    let mut probe: libc::flock = unsafe { std::mem::zeroed() };
-    probe.l_type = libc::F_WRLCK as libc::c_short;
-    probe.l_whence = libc::SEEK_SET as libc::c_short;
-    probe.l_start = 0;
-    probe.l_len = 0; // to the end, however far
-                     // SAFETY: `file` owns a valid descriptor for the whole call and `probe` is a valid flock
-                     // the kernel may overwrite; F_OFD_GETLK takes no other pointer.
-    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut probe) };
-    if rc != 0 {
-        return Ok(None); // the file system cannot tell: nothing to report
-    }
-    if probe.l_type == libc::F_UNLCK as libc::c_short {
-        return Ok(None);
-    }
-    Ok(Some(if probe.l_pid > 0 {
-        format!(
-            "process {} holds a lock on it (a running VM?); stop it first",
-            probe.l_pid
-        )
-    } else {
-        "another process holds a lock on it (QEMU locks the images of a running VM); stop it first"
-            .to_string()
-    }))
 }
 
 /// Gives the file at `new` (a restore's finished partial file, about to be renamed over
