@@ -27,7 +27,9 @@ transaction ran (read from the live export with the writer paused, just before);
 version committed so far restores byte for byte to its round's content; an incremental
 commit's --json says it is incremental on the bitmap and read about the bytes of the 64 KiB
 blocks written since the previous round (not the disk); writes landed during the commit.
-At the end: verify is clean and only the newest bitmap is left on the disk.
+At the end: verify is clean and only the newest bitmap is left on the disk. The QMP commands
+of backup 1 (the NBD server started over QMP, then the round) are exactly the README's recipe
+("Backing up running VMs"), read from README.md.
 
 (Also possible on QEMU 7.2: a copy-before-write filter + snapshot-access node. It has to be
 inserted above the node the guest writes to — qom-set of a device's drive, or blockdev-reopen
@@ -42,6 +44,7 @@ any failure.
 """
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -199,6 +202,51 @@ def bitmaps(qsd):
     return []
 
 
+README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")
+README_SECTION = "### Backing up running VMs"
+README_SCRATCH = "/var/tmp/fleece.qcow2"
+README_SOCKET = "/run/qemu-nbd.sock"
+
+
+def readme_qmp():
+    """The QMP commands of the README's pull-mode recipe, as (command, arguments) in order:
+    every JSON object in the section's code blocks (`#` comments and `cairn` lines skipped)."""
+    text = open(README).read()
+    section = text[text.index(README_SECTION):]
+    section = section[:section.index("\n### ", 1)]
+    commands, pending = [], ""
+    for line in section.splitlines():
+        if not pending and not line.startswith("{"):
+            continue
+        pending += line + "\n"
+        try:
+            obj = json.loads(pending)
+        except json.JSONDecodeError:
+            continue
+        commands.append((obj["execute"], obj.get("arguments", {})))
+        pending = ""
+    if pending:
+        raise RuntimeError(f"README: a QMP command does not parse: {pending!r}")
+    return commands
+
+
+def check_readme_recipe(sent, paths):
+    """What this run sent over QMP for backup 1 (queries left out, its own paths in the
+    README's names) is exactly the README's recipe."""
+    def named(value):
+        if isinstance(value, dict):
+            return {k: named(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [named(v) for v in value]
+        return paths.get(value, value)
+    ours = [(c, named(a)) for c, a in sent
+            if not c.startswith("query-") and c != "qmp_capabilities"
+            and not (c == "block-export-add" and a.get("id") == "live")]
+    theirs = readme_qmp()
+    ok(ours == theirs, "the README's pull-mode QMP commands are exactly the ones this backup "
+                       f"sent:\n  sent   {ours}\n  README {theirs}")
+
+
 def on_signal(signum, _frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -229,7 +277,9 @@ def main():
         disk = os.path.join(work, "disk0.qcow2")
         initial_disk(disk, rng)
         qsd = StorageDaemon(work, [f"driver=file,node-name=file0,filename={disk}",
-                                   "driver=qcow2,node-name=disk0,file=file0"])
+                                   "driver=qcow2,node-name=disk0,file=file0"],
+                            nbd_over_qmp=True)
+        setup_sent = list(qsd.qmp.sent)
         qsd.export("live", "disk0", "live", writable=True)
         writer = Writer(qsd.url("live"), rng)
         pull = PullBackup(qsd, work)
@@ -247,6 +297,7 @@ def main():
             os.unlink(snap)
             dirty = writer.since(frozen_at) if frozen_at is not None else []
             frozen_at = time.monotonic()
+            round_start = len(qsd.qmp.sent)
             if r == 0:
                 url = pull.begin([("block-dirty-bitmap-add", {
                     "node": "disk0", "name": "b0", "persistent": True,
@@ -298,6 +349,9 @@ def main():
             pull.end()
             if r > 0:
                 qsd.qmp.cmd("block-dirty-bitmap-remove", node="disk0", name=f"b{r - 1}")
+            if r == 1:
+                sent = setup_sent + qsd.qmp.sent[round_start:]
+                check_readme_recipe(sent, {pull.scratch: README_SCRATCH, qsd.sock: README_SOCKET})
             # Every version so far restores to its round's content.
             out = os.path.join(work, "restored.raw")
             for n, digest in sorted(expected.items()):

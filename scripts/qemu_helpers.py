@@ -58,9 +58,11 @@ class Qmp:
         self.f = self.s.makefile("rw")
         json.loads(self.f.readline())  # greeting
         self.events = []
+        self.sent = []  # every (command, arguments) sent, in order
         self.cmd("qmp_capabilities")
 
     def cmd(self, command, **args):
+        self.sent.append((command, args))
         self.f.write(json.dumps({"execute": command, "arguments": args}) + "\n")
         self.f.flush()
         while True:
@@ -125,14 +127,17 @@ class StorageDaemon:
     `work/<prefix>nbd.sock` and a QMP monitor on `work/<prefix>qmp.sock` (connected: `qmp`).
     Exports are added over QMP (`export`)."""
 
-    def __init__(self, work, blockdevs, prefix="qsd-"):
+    def __init__(self, work, blockdevs, prefix="qsd-", nbd_over_qmp=False):
+        """`nbd_over_qmp`: start the NBD server with QMP's nbd-server-start, as on a QEMU
+        started without one, rather than on the command line."""
         self.sock = os.path.join(work, f"{prefix}nbd.sock")
         self.qmp_sock = os.path.join(work, f"{prefix}qmp.sock")
         args = ["qemu-storage-daemon"]
         for b in blockdevs:
             args += ["--blockdev", b]
-        args += ["--nbd-server", f"addr.type=unix,addr.path={self.sock}",
-                 "--chardev", f"socket,id=qmp0,path={self.qmp_sock},server=on,wait=off",
+        if not nbd_over_qmp:
+            args += ["--nbd-server", f"addr.type=unix,addr.path={self.sock}"]
+        args += ["--chardev", f"socket,id=qmp0,path={self.qmp_sock},server=on,wait=off",
                  "--monitor", "chardev=qmp0"]
         self.qmp = None
         self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True,
@@ -140,6 +145,9 @@ class StorageDaemon:
         try:
             wait_for(self.qmp_sock, self.proc, "qemu-storage-daemon")
             self.qmp = Qmp(self.qmp_sock)
+            if nbd_over_qmp:
+                self.qmp.cmd("nbd-server-start",
+                             addr={"type": "unix", "data": {"path": self.sock}})
         except Exception:
             self.stop()
             raise
