@@ -124,9 +124,11 @@ pub enum Command {
     /// encrypted (the way to move a repository to a new format or a new master key). Images,
     /// the order of their versions, times, messages and tags are kept; only what changed
     /// between a version and the one before it is read from the source, and the destination
-    /// stores only what it lacks. A version is copied once: its copy is the version of the
-    /// same image with the same time, size and message, so a second run copies nothing and
-    /// an interrupted one resumes. A tag the destination already has for another version is
+    /// stores only what it lacks. Version numbers are the destination's: each image's
+    /// versions are numbered in order there, so vm@3 copied alone becomes vm@1 (the output
+    /// pairs each source number with its new one). A version is copied once: its copy is
+    /// the version of the same image with the same time, size and message, so a second run
+    /// copies nothing and an interrupted one resumes. A tag the destination already has for another version is
     /// left as it is, and reported.
     ///
     /// The source's passphrase (if it is encrypted): --from-password-file,

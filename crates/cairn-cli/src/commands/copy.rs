@@ -45,6 +45,13 @@ pub async fn run(ctx: &Context, args: CopyArgs) -> Result<ExitCode> {
     } else {
         ExitCode::from(3)
     };
+    // The destination numbers an image's versions itself: a version copied without the ones
+    // before it (or after some were deleted there) takes another number.
+    let renumbered = report
+        .copied
+        .iter()
+        .filter(|c| c.seq != c.source_seq)
+        .count();
     if ctx.json {
         print_json(&json!({
             "copied": report.copied.iter().map(|c| json!({
@@ -54,6 +61,7 @@ pub async fn run(ctx: &Context, args: CopyArgs) -> Result<ExitCode> {
                 "seq": c.seq,
                 "id": c.id.to_hex(),
             })).collect::<Vec<_>>(),
+            "renumbered": renumbered,
             "present": report.present,
             "tags_created": report.tags_created,
             "tags_conflicting": report.tags_conflicting,
@@ -76,6 +84,12 @@ pub async fn run(ctx: &Context, args: CopyArgs) -> Result<ExitCode> {
             c.image,
             c.seq,
             c.id.short()
+        );
+    }
+    if renumbered > 0 {
+        outln!(
+            "{renumbered} version(s) numbered differently here (the destination numbers each \
+             image's versions in order; times, messages and tags are kept)"
         );
     }
     for tag in &report.tags_conflicting {

@@ -241,6 +241,23 @@ fn cairn_copy_moves_the_v1_fixture_into_an_encrypted_format_2_repository() {
     let out = dir.path().join("back.raw");
     run(&back, &[], &["-q", "restore", "vm", out.to_str().unwrap()]);
     assert!(std::fs::read(&out).unwrap() == images[0]);
+    // A version copied without the one before it is numbered by the destination, and the
+    // output says so.
+    let alone = dir.path().join("alone");
+    run(&alone, &[], &["-q", "init"]);
+    let text = run(
+        &alone,
+        &[("CAIRN_FROM_PASSWORD", "new home")],
+        &["copy", "--from", v2_s, "vm@2"],
+    );
+    assert!(text.starts_with("copied vm@2 to vm@1 "), "{text}");
+    assert!(
+        text.contains(
+            "\n1 version(s) numbered differently here (the destination numbers each image's \
+             versions in order; times, messages and tags are kept)\n"
+        ),
+        "{text}"
+    );
 
     // Nothing is copied into a format 1 repository (itself included): it is read-only.
     let same = common::cairn_with(&v1, &[], &["copy", "--from", v1_s]);
