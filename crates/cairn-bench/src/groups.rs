@@ -1,4 +1,4 @@
-//! `cairn-groups`: the format-v2 study (issue 16) — what dedup at file-system block size
+//! `cairn-groups`: the format 2 study — what dedup at file-system block size
 //! inside compressed chunk groups would store, before the format is changed.
 //!
 //! ```text

@@ -508,7 +508,7 @@ pub struct InitArgs {
     /// Repository format: 2, which dedups 4 KiB blocks — data moved inside a guest's file
     /// system is found again — compresses a commit's neighbouring new chunks together in
     /// groups, and can be encrypted. Format 1 (16 KiB chunks, each compressed alone; what
-    /// cairn wrote before 2026-11-26) is read-only: `init --format 1` is refused, and
+    /// older cairns wrote) is read-only: `init --format 1` is refused, and
     /// `cairn copy --from OLD` moves a format 1 repository into a format 2 one.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=2))]
     pub format: Option<u32>,
@@ -638,7 +638,7 @@ pub struct GcArgs {
     /// packs, which commits, restores, exports and GC then each read.
     #[arg(long, conflicts_with = "repack_small")]
     pub no_repack_small: bool,
-    /// Merge small packs (the default since 2026-11-28; kept for scripts that ask for it).
+    /// Merge small packs (the default; kept for scripts that ask for it).
     #[arg(long, hide = true)]
     pub repack_small: bool,
     /// Seconds without a heartbeat after which another process's session counts as dead.

@@ -147,6 +147,11 @@ pub fn file_key(name: &str) -> String {
     name.replace('%', "%25").replace('/', "%2F")
 }
 
+/// The export name a file key stands for (the inverse of [`file_key`]).
+pub fn name_of_file_key(key: &str) -> String {
+    key.replace("%2F", "/").replace("%25", "%")
+}
+
 /// The file-name form older cairns gave export `name` (`/` as `_`, which two names could
 /// share): where an overlay they made for it may still be.
 pub fn legacy_file_key(name: &str) -> String {
@@ -483,6 +488,9 @@ mod tests {
         assert_eq!(keys.len(), names.len(), "{keys:?}");
         assert_eq!(file_key("vm/disk0"), "vm%2Fdisk0");
         assert!(keys.iter().all(|k| !k.contains('/')));
+        for n in names {
+            assert_eq!(name_of_file_key(&file_key(n)), n);
+        }
     }
 
     use super::*;

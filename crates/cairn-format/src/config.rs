@@ -18,8 +18,8 @@ pub const NEWEST_FORMAT: u32 = 2;
 /// Config flag bit 0: the repository is encrypted (format 2 only).
 const FLAG_ENCRYPTED: u32 = 1;
 
-/// The settings only a format 2 repository has (issue 16: 4 KiB dedup inside compressed
-/// chunk groups).
+/// The settings only a format 2 repository has (4 KiB dedup inside compressed chunk
+/// groups).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct V2Settings {
     /// A commit's neighbouring new chunks are compressed together, in groups of up to this

@@ -1,4 +1,4 @@
-//! Encryption at rest (format v2, issue 16): the repository's master key, keyed ids, sealed
+//! Encryption at rest (format 2): the repository's master key, keyed ids, sealed
 //! objects and key slots. Nothing here is used by format v1; a v1 repository is plain.
 //!
 //! - **Master key**: 64 random bytes made at `init` — a data key (32) for the AEAD and an id

@@ -1,4 +1,4 @@
-//! Chunk groups (format v2, issue 16): the unit of compression and encryption. Dedup decides
+//! Chunk groups (format 2): the unit of compression and encryption. Dedup decides
 //! per chunk (4 KiB, the file system's block); a commit's neighbouring new chunks are stored
 //! together as one group — one zstd frame (or raw), sealed in an encrypted repository — so
 //! that compression sees more than one block (the VM-centric paper's compressed chunk groups).

@@ -22,8 +22,8 @@
 //! Version 2 is *counted*: a slot's references in the tree are 1 + its repeats (a reference
 //! per leaf occurrence per run naming it), and `stale slots` is 0. So a commit that reuses a
 //! base's leaves unread can take the base's counts, subtract the leaves it dropped and add
-//! the ones it built, and stay exact without reading the leaves it kept. Version 1 (written
-//! before 2026-11-26) carries no counts: `stale slots` counts slots the table may list
+//! the ones it built, and stay exact without reading the leaves it kept. Version 1 (older builds
+//! wrote it) carries no counts: `stale slots` counts slots the table may list
 //! without the tree using them (a superset, kept by writers of that time within a bound).
 
 use std::borrow::Cow;
@@ -51,8 +51,7 @@ pub fn key_of(id: &Id) -> u64 {
 pub type Repeat = ((u64, u16), u32);
 
 /// What one tree (or, merged, several) uses, held flat: sorted arrays of keys, and a slot
-/// set per group inline beside its key (16 bytes a group, `table.rs`; 32 until 2026-12-01,
-/// and maps of trees took about 90), for a commit holds summaries as large as its image: its
+/// set per group inline beside its key (16 bytes a group, `table.rs`; maps of trees took about 90), for a commit holds summaries as large as its image: its
 /// own, and at the end its parent's. Built with a [`SummaryBuilder`], which merges changes
 /// in sorted batches.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -1,4 +1,4 @@
-//! Manifest leaves of format v2 (issue 16): a segment as zero runs and *group runs*, and the
+//! Manifest leaves of format 2: a segment as zero runs and *group runs*, and the
 //! digest of the segment's bytes.
 //!
 //! With 4 KiB chunks a v1 leaf (a 37-byte extent per chunk) would cost 3.3% of the stored
@@ -24,7 +24,7 @@
 //! zeros included: a commit that hashes a segment of its source whole — one pass at full SIMD
 //! width, where 4 KiB chunks use a quarter of it — and finds the digest among its parent's
 //! leaves reuses that leaf without chunking, hashing or looking up a block (the parent fast
-//! path). Commits since 2026-11-26 write it; leaves written before have none (flag clear).
+//! path). Commits write it; leaves older builds wrote have none (flag clear).
 
 use crate::codec::{Decoder, Encoder};
 use crate::node::LEAF_MAGIC;

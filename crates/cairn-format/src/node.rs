@@ -17,7 +17,7 @@
 //!   extent:          kind (u8: 0 zero run, 1 chunk) | length (u32) | chunk id (32, chunks only)
 //! Interior encoding: "CI" 0x01 level (u8) | n (u16) | n × (slot (u16) | child id (32)),
 //!                    slots strictly increasing.
-//! Format 2, level 1, when a child's leaf digest is known (since 2026-11-26):
+//! Format 2, level 1, when a child's leaf digest is known (older commits wrote the form above):
 //!                    "CI" 0x02 0x01 | n (u16) | n × (slot (u16) | child id (32) | flags (u8)
 //!                    | [segment digest (32) | chunks (u32) | data bytes (u32)] if flags bit 0)
 //!                    — the child leaf's `LeafDigest`, so a commit learns its parent's segment

@@ -1,10 +1,10 @@
-//! Packs of format v2 (issue 16): chunk groups back to back, each behind a frame (pack
+//! Packs of format 2: chunk groups back to back, each behind a frame (pack
 //! version 3), and a trailer that describes every group and every chunk in it.
 //!
 //! ```text
 //! offset   size   field
 //! 0        8      magic "CRNPACK\0"
-//! 8        4      pack version (u32) = 3 (2: written before 2026-12-02, no frames; read still)
+//! 8        4      pack version (u32) = 3 (2: older builds, no frames; read still)
 //! 12       4      salt (random u32, as in v1: two writes never share a pack id)
 //! 16       4      flags (u32): bit 0 = sealed (groups and trailer encrypted); others 0
 //! 20       ...    per group: its frame (version 3, see `group_frame`), then the stored group

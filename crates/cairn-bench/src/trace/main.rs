@@ -1,4 +1,4 @@
-//! `cairn-trace`: the trace-driven scale benchmark of issue 17, the VM-centric paper's own
+//! `cairn-trace`: the trace-driven scale benchmark, the VM-centric paper's own
 //! method (`002_…` §5). It generates the chunk-id streams of a fleet of VMs — a shared OS
 //! base, application layers shared by groups, each VM's own data, 2–5% change a snapshot —
 //! and drives them through cairn's dedup tiers (the engine's `search_similar`, the same code a
@@ -96,8 +96,7 @@ struct Args {
     /// `claims::BOUNDED_SPILL_MEMORY`).
     #[arg(long, default_value_t = 0)]
     claims_generation: usize,
-    /// Keep every claim in memory (as exact mode did before 2026-11-29, and bounded mode
-    /// before 2026-11-27).
+    /// Keep every claim in memory (what neither mode does: for comparison).
     #[arg(long)]
     keep_all_claims: bool,
     /// Sample the index the hooks ask: only keys below 2^64 / K are in it (1: every key, as
@@ -279,7 +278,7 @@ fn report(p: &FleetParams, args: &Args, t: &RunTotals, mode: DedupMode) -> serde
         "peak_memory_bytes": t.peak_total,
         "raw_to_ram_host": host_raw / peak,
         "raw_to_ram_fleet": raw / peak,
-        // The same peak commit had its runs held version 1–2 meta whole (before 2026-11-27).
+        // The same peak commit had its runs held version 1–2 meta whole.
         "raw_to_ram_host_whole_meta":
             host_raw / (peak - t.peak.index_meta as f64 + t.peak.index_meta_whole as f64),
         "other_index_memory": t.others.iter().map(|o| json!({

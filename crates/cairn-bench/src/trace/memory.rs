@@ -47,8 +47,7 @@ pub struct CommitCost {
     /// The claims (`commit::claims::Claims`: id → placement of the chunks it stores), both
     /// generations, and the filters and fences of those exact mode spilled.
     pub claims: u64,
-    /// What the claims would take if every one were kept in memory (exact mode before
-    /// 2026-11-29, bounded mode before 2026-11-27). Not in the total.
+    /// What the claims would take if every one were kept in memory. Not in the total.
     pub claims_all_kept: u64,
     /// Decoded trailers of the packs the tiers asked for, within the trailer cache.
     pub trailers: u64,
@@ -56,7 +55,7 @@ pub struct CommitCost {
     /// and checksums of its pieces).
     pub index_meta: u64,
     /// What version 1–2 runs held instead (every section reference and the whole pack
-    /// table), the reader's whole meta before 2026-11-27. Not in the total.
+    /// table): a reader's whole meta then. Not in the total.
     pub index_meta_whole: u64,
     /// Run filters held, within the filter budget.
     pub filters: u64,

@@ -307,9 +307,10 @@ pub async fn list_overlays(ctx: &Context) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The export name an overlay directory under the root is for (its file key decoded).
 fn file_name(dir: &Path) -> String {
     dir.file_name()
-        .map(|n| n.to_string_lossy().to_string())
+        .map(|n| lifecycle::name_of_file_key(&n.to_string_lossy()))
         .unwrap_or_default()
 }
 
@@ -321,13 +322,7 @@ pub async fn discard_overlay(ctx: &Context, name: &str, yes: bool) -> Result<Exi
     let (label, dir) = if by_path {
         (name.to_string(), PathBuf::from(name))
     } else {
-        let dir = overlay_dir_in(&root, name);
-        let key = dir
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
-        (key, dir)
+        (name.to_string(), overlay_dir_in(&root, name))
     };
     let info: OverlayInfo = match Overlay::inspect(&dir) {
         Ok(i) => i,

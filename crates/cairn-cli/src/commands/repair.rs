@@ -62,7 +62,7 @@ fn report_json(r: &RepairReport) -> serde_json::Value {
             "head": head,
         })).collect::<Vec<_>>(),
         "tags_lost": r.tags_lost,
-        "index_files_set_aside": r.index_files_set_aside,
+        "index_runs_set_aside": r.index_runs_set_aside,
         "packs_checked": r.packs_checked,
         "packs_reindexed": r.packs_reindexed,
         "blobs_reindexed": r.blobs_reindexed,
@@ -70,7 +70,6 @@ fn report_json(r: &RepairReport) -> serde_json::Value {
         "groups_rescued": r.groups_rescued,
         "blobs_restored": r.blobs_restored,
         "bytes_restored": r.bytes_restored,
-        "summaries_rebuilt": r.summaries_rebuilt,
         "blobs_lost": r.blobs_lost,
         "lost_versions": r.lost_versions.iter().map(|v| json!({
             "image": v.image,
@@ -95,7 +94,7 @@ fn print_text(r: &RepairReport, from: Option<&PathBuf>) {
     for t in &r.tags_lost {
         outln!("{would}set aside the unreadable tag {t}");
     }
-    for i in &r.index_files_set_aside {
+    for i in &r.index_runs_set_aside {
         outln!("{would}set aside index file {i}");
     }
     if r.packs_reindexed > 0 {
@@ -121,9 +120,6 @@ fn print_text(r: &RepairReport, from: Option<&PathBuf>) {
             bytes(r.bytes_restored),
             path.display()
         );
-    }
-    if r.summaries_rebuilt > 0 {
-        outln!("rebuilt {} reference summaries", r.summaries_rebuilt);
     }
     if r.is_clean() {
         outln!("nothing is lost: every live version can be restored intact");

@@ -420,11 +420,11 @@ fn overlays_are_listed_and_discarded_without_a_running_export() {
         "web/disk: snapshots s1\n"
     );
     let vm1 = short_id(&repo, "vm@1");
-    let dirpath = root.join("web_disk");
+    let dirpath = root.join("web%2Fdisk");
     assert_eq!(
         ok(&["--repo", repo_s, "overlay", "list"]),
         format!(
-            "web_disk  base vm@1 ({vm1}), 32.0 KiB held in 8 blocks, snapshots s1, in use by \
+            "web/disk  base vm@1 ({vm1}), 32.0 KiB held in 8 blocks, snapshots s1, in use by \
              export \"web/disk\" (pid {})\n",
             w.pid()
         )
@@ -448,7 +448,7 @@ fn overlays_are_listed_and_discarded_without_a_running_export() {
     assert_eq!(
         json,
         serde_json::json!([{
-            "name": "web_disk",
+            "name": "web/disk",
             "dir": dirpath.display().to_string(),
             "base": full_id(&repo, "vm@1"),
             "base_version": "vm@1",
@@ -460,7 +460,7 @@ fn overlays_are_listed_and_discarded_without_a_running_export() {
     );
     assert_eq!(
         ok(&["overlay", "list"]),
-        format!("web_disk  base {vm1}, 32.0 KiB held in 8 blocks, snapshots s1, not in use\n")
+        format!("web/disk  base {vm1}, 32.0 KiB held in 8 blocks, snapshots s1, not in use\n")
     );
     // Destructive: only with --yes.
     let out = cairn_in(d, &["overlay", "discard", "web/disk"]);
@@ -468,7 +468,7 @@ fn overlays_are_listed_and_discarded_without_a_running_export() {
     assert_eq!(
         common::stderr_line(&out),
         format!(
-            "cairn: error: discarding overlay web_disk deletes {} and its 32.0 KiB of writes \
+            "cairn: error: discarding overlay web/disk deletes {} and its 32.0 KiB of writes \
              that were never committed; run again with --yes to do it",
             dirpath.display()
         )
@@ -476,14 +476,14 @@ fn overlays_are_listed_and_discarded_without_a_running_export() {
     assert!(dirpath.join("meta.json").exists());
     assert_eq!(
         ok(&["overlay", "discard", "web/disk", "--yes"]),
-        "discarded overlay web_disk (32.0 KiB of writes)\n"
+        "discarded overlay web/disk (32.0 KiB of writes)\n"
     );
     assert!(!dirpath.exists());
     let out = cairn_in(d, &["overlay", "discard", "web/disk", "--yes"]);
     assert_eq!(
         common::stderr_line(&out),
         format!(
-            "cairn: error: no overlay named web_disk in {}",
+            "cairn: error: no overlay named web/disk in {}",
             root.display()
         )
     );

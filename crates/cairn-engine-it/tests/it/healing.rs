@@ -378,7 +378,7 @@ async fn repair_rebuilds_a_damaged_index_run_from_the_packs() {
     );
 
     let report = repair(&repo, RepairOptions::default()).await.unwrap();
-    assert_eq!(report.index_files_set_aside.len(), 1, "{report:?}");
+    assert_eq!(report.index_runs_set_aside.len(), 1, "{report:?}");
     assert!(report.blobs_reindexed > 0);
     assert!(report.is_clean(), "{:?}", report.lost_versions);
     assert!(

@@ -3,17 +3,14 @@
 //!
 //! A claim costs about 41 bytes while it is in memory (id, group number and slot, a control
 //! byte, at the map's load; the group's id is in a table per generation). Kept for a whole
-//! commit, as exact mode kept them until 2026-11-29, that was 160 MiB for a VM's first
-//! commit with 14 GiB of new data, the largest part of a commit's memory (BENCHMARKS.md, *Studies behind the design*,
-//! "Trace benchmark"), and 161 MiB for a 64 GiB image holding 4 GiB. Both modes keep two
+//! commit they would be 160 MiB for a VM's first commit with 14 GiB of new data, the largest
+//! part of a commit's memory (BENCHMARKS.md, *Studies behind the design*). Both modes keep two
 //! *generations* of at most `generation` claims each; when the newer fills, the older
 //! one's placed claims are spilled to sorted runs in scratch files (`spilled_claims`, 2 to 3
 //! bytes a claim in memory) and still found. Exact mode spills every generation; bounded
 //! mode within a memory budget ([`BOUNDED_SPILL_MEMORY`]), past which it forgets its oldest
 //! runs: a chunk that comes again after that is stored twice, as bounded dedup's other
-//! misses are (space, never correctness). Until 2026-11-29 bounded mode forgot a generation
-//! as it turned, with generations of four times as many claims (432 MiB of new data, 10 MiB of
-//! a 64 GiB first commit's memory).
+//! misses are (space, never correctness).
 //!
 //! A generation's claims fit a map of 2^15 buckets, so its map never doubles past that. The
 //! maps are not made at that size up front: a small commit's claims would then touch pages
@@ -37,7 +34,7 @@ use super::spilled_claims::SpilledClaims;
 /// turn carries over (those in flight) stay within a map of 2^15 buckets at its 7/8 load:
 /// 1.3 MiB ([`CLAIM_BYTES`] + 1 a bucket), 2.6 MiB for the two generations. Smaller
 /// generations spill more often for little less memory (2^14 buckets: 1 MiB less at 64
-/// GiB); generations of 2^17 buckets (the default until 2026-11-29) held 10 MiB.
+/// GiB); generations of 2^17 buckets held 10 MiB.
 pub const CLAIM_GENERATION: usize = (1 << 15) / 8 * 7 - 1024;
 
 /// Memory bounded mode's spilled claims may take by default (their filter and fences): up

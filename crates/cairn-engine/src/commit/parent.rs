@@ -10,8 +10,8 @@
 //! reference summary — a few objects — not every leaf (which opened a pack per commit that
 //! ever changed one: 1,047 pack files for a re-commit after 300 versions). A reused leaf
 //! stays unread; what it uses reaches the new tree's summary through the parent's counted
-//! summary (`base_summary`). Leaves whose level-1 node carries no digest (written before
-//! 2026-11-26) are read as before.
+//! summary (`base_summary`). Leaves whose level-1 node carries no digest (older commits
+//! wrote none) are read.
 //!
 //! A reused leaf is trusted only as far as the repository still holds what it names. Unread
 //! leaves are reused only when no copy of anything is quarantined; otherwise every leaf is
@@ -58,8 +58,7 @@ pub(crate) struct ParentLeaves {
     by_segment: Vec<(u64, Id)>,
     /// The parent's root, when leaves are reused unread: its reference summary stands for
     /// what they use. Checked when the commit starts, read again when the pipeline is done
-    /// rather than held through it (2 MiB of a 64 GiB image's re-commit peak, 8 at 256 GiB;
-    /// until 2026-11-29 it was held).
+    /// rather than held through it (2 MiB of a 64 GiB image's re-commit peak, 8 at 256 GiB).
     summary_root: Option<Id>,
 }
 

@@ -3,9 +3,8 @@
 //! a 64 GiB image (4 GiB of data) stores a million chunks: 8 MiB of keys that grew with the
 //! data while the claims, the segments in flight and the summary were at their peak. On a
 //! store that stages files (a local repository) each pack's keys wait, sorted, in a staged
-//! file instead, and publication merges them from there a few thousand at a time: until
-//! 2026-11-29 they were read back whole once the workers were done, 34 MiB of a 256 GiB
-//! first commit's 75 MiB heap peak. On a store that does not stage files (S3) they stay in
+//! file instead, and publication merges them from there a few thousand at a time (read back whole, they
+//! were 34 MiB of a 256 GiB first commit's 75 MiB heap peak). On a store that does not stage files (S3) they stay in
 //! memory. The file is never published: it goes when the last reader of it does, and a
 //! commit killed meanwhile leaves a `.tmp-` file the stale-temporary sweep removes.
 

@@ -132,7 +132,7 @@ pub async fn compact(repo: &Arc<Repo>, options: &CompactOptions) -> EngineResult
     Ok(report)
 }
 
-/// Merges full tiers right after a commit, when that costs the commit no wait (issue 17: the
+/// Merges full tiers right after a commit, when that costs the commit no wait (the
 /// runs of many commits otherwise pile up until someone runs `cairn index compact`, and every
 /// lookup asks each of them — a commit after 1,000 versions took twice as long with 1,000 runs
 /// as with one). Only if a tier is full in this session's view, no other session GC waits for

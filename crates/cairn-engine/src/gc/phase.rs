@@ -1,5 +1,5 @@
 //! Wall time per GC step, so that where a GC spends its time is measured rather than guessed
-//! (issue 17: GC must not grow with history). Each step's time goes to the report
+//! (GC must not grow with history). Each step's time goes to the report
 //! (`gc --json`: `phases_s`) and to a `debug` event (`CAIRN_LOG=cairn_engine=debug`).
 //!
 //! A clock rather than `tracing` spans: a step is a stretch of one async function, often

@@ -67,7 +67,7 @@ pub(super) async fn repair_runs(
         report.packs_reindexed += 1;
     }
     report
-        .index_files_set_aside
+        .index_runs_set_aside
         .extend(
             damaged
                 .iter()

@@ -70,8 +70,8 @@ pub struct RepairReport {
     pub heads_rebuilt: Vec<(String, Option<String>)>,
     /// Tag refs that could not be read and were set aside.
     pub tags_lost: Vec<String>,
-    /// Index files that could not be read and were set aside.
-    pub index_files_set_aside: Vec<String>,
+    /// Index runs that could not be read and were set aside.
+    pub index_runs_set_aside: Vec<String>,
     /// Format 2: packs read whole and checked before anything was judged lost.
     pub packs_checked: u64,
     /// Packs whose trailers were read to rebuild the index, and the blobs indexed from them.
@@ -85,7 +85,6 @@ pub struct RepairReport {
     /// Blobs stored again from `--from`, and their plain bytes.
     pub blobs_restored: u64,
     pub bytes_restored: u64,
-    pub summaries_rebuilt: u64,
     /// Blobs live versions need that no readable copy holds, after the repair.
     pub blobs_lost: u64,
     /// The live versions those blobs belong to.

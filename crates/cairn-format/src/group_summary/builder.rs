@@ -7,8 +7,8 @@ use crate::Id;
 
 /// Changes a [`SummaryBuilder`] gathers before it merges them in, at least: 128 KiB of runs.
 /// A merge moves the summary's entries once (16 bytes each), so below 65,536 entries a
-/// change costs at most 128 bytes moved; 2^16 until 2026-12-01, whose 1 MiB of waiting runs
-/// was a third of a 64 GiB re-commit's summary.
+/// change costs at most 128 bytes moved (at 2^16 the waiting runs were 1 MiB, a third of a
+/// 64 GiB re-commit's summary).
 const BATCH: usize = 1 << 13;
 
 /// The changes waiting are at most the summary's entries divided by this.
@@ -120,8 +120,8 @@ impl SummaryBuilder {
     /// Merges the changes once they are an eighth of the summary's entries (or [`BATCH`]):
     /// each merge is one pass, so a change costs about eight entries moved (128 bytes), and
     /// the changes waiting (16 bytes each, as an entry) stay near an eighth of its bytes.
-    /// Until 2026-11-29 they waited until they were as many as its entries: 4.2 MiB of a
-    /// 256 GiB re-commit's 70 MiB heap peak, beside the summary's 7.5.
+    /// Waiting until they were as many as its entries cost 4.2 MiB of a 256 GiB re-commit's
+    /// 70 MiB heap peak, beside the summary's 7.5.
     fn settle_if_due(&mut self) {
         let held = self.summary.nodes.len() + self.summary.groups.len();
         if self.nodes.len() + self.runs.len() >= (held / WAITING_SHARE).max(self.min_batch) {

@@ -8,7 +8,7 @@
 //! check them there, so an 8-byte collision (about one in 2^64 per lookup, or crafted) costs
 //! one more trailer lookup and never a wrong answer.
 //!
-//! Version 3 (written since 2026-11-27) keeps what a reader must hold to a *top level* of
+//! Version 3 (what cairn writes) keeps what a reader must hold to a *top level* of
 //! about 60 bytes per 87,000 entries: the fence keys of the directory blocks and the
 //! checksums of every piece. A lookup reads one directory block (~11 KiB: the fence keys and
 //! checksums of 256 sections), one section (~4 KiB) and one block of the pack table (~4 KiB),

@@ -1,7 +1,7 @@
 //! Reading runs: the header, the footer, the meta (a version 3 top level, or a version 1–2
 //! meta that holds every section reference and the pack table), and each piece on demand.
 //!
-//! Version 1 and 2 meta (read still; written until 2026-11-27):
+//! Version 1 and 2 meta (read still; older builds wrote them):
 //! ```text
 //! pack count P (u32) | P × pack id (32)
 //! section count S (u32) | S × (first key (u64) | entries (u32) | offset (u32)

@@ -492,7 +492,7 @@ impl<'k, W: Write> RunWriter<'k, W> {
     }
 }
 
-/// Writes a version 2 run (what builds before 2026-11-27 wrote: the section table and pack
+/// Writes a version 2 run (what older builds wrote: the section table and pack
 /// table whole in the meta), for tests of readers that must still read them.
 #[doc(hidden)]
 pub fn write_legacy_run(

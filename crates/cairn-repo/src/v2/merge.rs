@@ -1,4 +1,4 @@
-//! Merging index runs from their own bytes (issue 17): a k-way merge of their sorted sections
+//! Merging index runs from their own bytes: a k-way merge of their sorted sections
 //! into one version 3 run, whose filter hashes the 8-byte keys and so is rebuilt from the
 //! entries alone — no pack trailer is read, and memory holds one batch of sections per input
 //! and the inputs' pack tables (plus the output being built). Every section is checked as it is read; a damaged input

@@ -1,4 +1,4 @@
-//! Reading format v2 objects (issue 16): index runs, pack trailers and chunk groups, each read
+//! Reading format 2 objects: index runs, pack trailers and chunk groups, each read
 //! in pieces with ranged reads and kept in a bounded cache, so a restore or an export decodes
 //! a group once however many of its slots it reads, and a lookup costs one index section and
 //! one pack trailer (both cached) rather than a whole index in memory.
@@ -80,12 +80,10 @@ impl CacheLimits {
 
     /// The built-in limits: 64 MiB of groups, 8 of trailers, 2 of sections, 32 of filters
     /// (about 20 million index entries: 75 GiB of unique 4 KiB chunks with every filter
-    /// held). Equal to [`CacheLimits::for_index_memory`] of 32 MiB. Until 2026-11-28 it was
-    /// 64 (64 / 32 / 8): the trace benchmark's peak commit held 122.5 MiB (84K:1) where it
-    /// held 82.5 then (125K:1), at the same dedup; a 64 GiB image's re-commit, bounded and
-    /// exact, and its restore take the same time at 8–10 MiB less (BENCHMARKS.md). Until
-    /// 2026-11-29 sections had 8 MiB: the same re-commit read 4,100 sections instead of
-    /// 2,500 with 2, in the same time, and peaked 6 MiB lower.
+    /// held). Equal to [`CacheLimits::for_index_memory`] of 32 MiB. A budget of 64 (64 / 32
+    /// / 8) made the trace benchmark's peak commit hold 40 MiB more at the same dedup, with
+    /// no time gained; 8 MiB of sections read fewer sections in the same time and peaked
+    /// higher (BENCHMARKS.md, *Studies behind the design*).
     pub const BUILT_IN: CacheLimits = CacheLimits {
         group_bytes: 64 << 20,
         trailer_bytes: 8 << 20,
@@ -100,8 +98,8 @@ impl CacheLimits {
     /// every index cache: the trace benchmark showed the trailers and pieces at 40 of a
     /// 90 MiB peak when only the filters followed the flag. Trailers keep a quarter: a
     /// re-commit whose parent names groups all over the repository needs its working set of
-    /// them (with the workers' recent packs not held, tried 2026-11-29, a 64 GiB re-commit
-    /// read 420 trailers instead of 170 with 4 MiB, and 1,900 with 3: twice the time).
+    /// them (with 4 MiB a 64 GiB re-commit read 420 trailers instead of 170, and 1,900 with
+    /// 3: twice the time).
     pub fn for_index_memory(bytes: u64) -> CacheLimits {
         CacheLimits {
             filter_bytes: bytes,

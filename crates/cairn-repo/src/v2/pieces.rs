@@ -1,4 +1,4 @@
-//! The pieces of index runs a lookup reads (issue 17): a directory block, a section and a
+//! The pieces of index runs a lookup reads: a directory block, a section and a
 //! block of the pack table, each fetched by a ranged read, checked, and kept in one bounded
 //! cache ([`super::CacheLimits::section_bytes`]). A reader holds only each run's top level
 //! (about 60 bytes per 87,000 entries), so what it keeps does not grow with the repository.

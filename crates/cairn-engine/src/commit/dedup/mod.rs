@@ -15,7 +15,7 @@
 //! costs space, never correctness), and a changed segment costs a few index lookups (four
 //! for new data, at most `similar::MAX_HOOKS` while hooks keep finding packs) instead of
 //! one per chunk: what the index reader must answer no longer
-//! grows with the data committed (issue 17). Which mode stores what is measured in
+//! grows with the data committed. Which mode stores what is measured in
 //! BENCHMARKS.md (*Dedup tiers*).
 //!
 //! Every chunk found here is in the new version's reference summary, which the stale-GC guard
