@@ -75,6 +75,23 @@ ensure_apt_packages() {
     || die "apt-get install $* failed"
 }
 
+# python_with PKG...: a Python interpreter that can import PKG (pip names), from a venv under
+# ~/.cache/cairn/pyvenv made and filled the first time (python3-venv from apt); prints its path.
+python_with() {
+  local venv="${XDG_CACHE_HOME:-$HOME/.cache}/cairn/pyvenv"
+  if [ ! -x "$venv/bin/python" ]; then
+    ensure_apt_packages python3-venv >&2
+    python3 -m venv "$venv" >&2 || die "python3 -m venv $venv failed"
+  fi
+  local pkg
+  for pkg in "$@"; do
+    "$venv/bin/python" -c "import $pkg" 2>/dev/null && continue
+    log "pip install $pkg (into $venv)"
+    "$venv/bin/pip" install -q "$pkg" >&2 || die "pip install $pkg failed"
+  done
+  echo "$venv/bin/python"
+}
+
 # Where cargo puts build output (honours CARGO_TARGET_DIR).
 _cargo_target_dir() {
   local t=${CARGO_TARGET_DIR:-target}

@@ -12,7 +12,8 @@
 #                             backup of a running disk, a bounded fuzz run of the qcow2 parser
 #                             and of the NBD server's decoding, scripts/e2e.sh,
 #                             the GC stress and leak test (the leak test encrypted too); the benchmark
-#                             scripts parse and the committed peer report regenerates
+#                             scripts parse, the committed reports and BENCHMARKS.md regenerate, and
+#                             the format's golden vectors match an independent encoder (pip blake3)
 #   scripts/test.sh --quick   cargo test --workspace only (no root, no dataset, no e2e)
 #
 # The full run needs root the first time (apt-get, debootstrap, loop mounts for the dataset).
@@ -204,6 +205,16 @@ check "cargo clippy -p cairn-nbd --no-default-features --all-targets --profile c
 
 check "benchmark scripts: syntax; each committed peer report regenerates from its measurements" \
   bench_scripts_parse_and_reports_regenerate
+
+# The golden vectors of format 2 are what FORMAT.md says, as computed by an encoder written
+# from the document alone in Python (BLAKE3 from pip's blake3), not by cairn's own code.
+golden_vectors_match_format_md() {
+  local py
+  py=$(python_with blake3) || return 1
+  "$py" crates/cairn-format/tests/independent_v2.py
+}
+check "format 2 golden vectors: rebuilt from FORMAT.md by an independent encoder (crates/cairn-format/tests/independent_v2.py)" \
+  golden_vectors_match_format_md
 
 # The build first, as set-up: every later step needs it. It also builds the `cairn` binary
 # the CLI tests run (target/ci/cairn), which is the one the scripts below test too.
