@@ -29,7 +29,7 @@ for a in "$@"; do
   case "$a" in
     --quick) QUICK=1 ;;
     -h | --help)
-      sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,/^set -e/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *) echo "test.sh: unknown argument: $a (try --help)" >&2; exit 2 ;;
