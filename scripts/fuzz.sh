@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # Fuzzes the qcow2 parser, the NBD server's network-facing decoding (option haggling,
-# transmission requests) and every decoder of repository bytes, each for a bounded time:
+# transmission requests), the NBD client's decoding of server replies and every decoder of
+# repository bytes, each for a bounded time:
 # malformed images, hostile client bytes and damaged objects
 # must give an error (an NBD error reply, a closed connection), never a panic, a hang or a
 # huge allocation.
 #
 #   scripts/fuzz.sh [SECONDS]      (default 60, per target)
 #
-# With a nightly toolchain (rustup), coverage-guided: cargo-fuzz (libFuzzer) builds the three
+# With a nightly toolchain (rustup), coverage-guided: cargo-fuzz (libFuzzer) builds the four
 # targets of the crate fuzz/ at once (one compile of their dependencies), then runs
 # fuzz/fuzz_targets/qcow2_parse.rs, seeded with small images made by qemu-img (v2, v3,
 # compressed, zero clusters, a backing file name), fuzz/fuzz_targets/nbd_server.rs, seeded
-# with valid client sessions, and fuzz/fuzz_targets/format_decoders.rs (every decoder of
-# repository bytes), seeded with the golden vectors;
+# with valid client sessions, fuzz/fuzz_targets/nbd_client.rs (from a dictionary of the
+# protocol's magics) and fuzz/fuzz_targets/format_decoders.rs (every decoder of repository
+# bytes), seeded with the golden vectors;
 # cargo-fuzz is installed with `cargo install` the first time. Without nightly, the stable
 # mutation fuzzers (crates/cairn-image/tests/fuzz_qcow2.rs: bit flips, overwrites,
 # truncations of real images; crates/cairn-nbd/tests/fuzz_server.rs: the same over client
-# sessions, with checks of the replies) run instead, with case counts sized to about that
+# sessions, with checks of the replies; crates/cairn-nbd/tests/fuzz_client.rs: over a
+# recorded server transcript) run instead, with case counts sized to about that
 # time.
 set -euo pipefail
 # shellcheck source=lib.sh
@@ -35,7 +38,7 @@ if rustup run nightly rustc --version >/dev/null 2>&1 || rustup toolchain instal
     log "cargo install cargo-fuzz --locked (once)"
     cargo install cargo-fuzz --locked >&2
   fi
-  log "cargo +nightly fuzz build (the three targets, one compile)"
+  log "cargo +nightly fuzz build (the four targets, one compile)"
   (cd "$ROOT" && cargo +nightly fuzz build --target-dir "$FUZZ_TARGET" >&2)
   corpus=$(mktemp -d)
   trap 'rm -rf "$corpus"' EXIT
@@ -109,7 +112,14 @@ for path in sys.argv[3:]:
             f.write(bytes([which]) + data)
 PY
 
-  # The three fuzzers run at once (each libFuzzer process is single-threaded; three on two
+  # The NBD client: what a server sends (greeting, option replies, transmission replies).
+  client_corpus="$corpus/nbd-client"
+  mkdir -p "$client_corpus"
+  printf '%s\n' '"NBDMAGIC"' '"IHAVEOPT"' '"\x00\x03\xe8\x89\x04\x55\x65\xa9"' \
+    '"\x67\x44\x66\x98"' '"\x66\x8e\x33\xef"' '"base:allocation"' '"\x00\x00\x00\x01"' \
+    '"\xff\xff\xff\xff"' >"$corpus/nbd-client.dict"
+
+  # The four fuzzers run at once (each libFuzzer process is single-threaded; three on two
   # cores take a third of the wall time of one after another), each into its own log; a
   # finding fails the script with the end of that log (the crash and its reproducer's path).
   fuzz_run() { # fuzz_run TARGET CORPUS LIBFUZZER_ARG...
@@ -119,7 +129,7 @@ PY
       -max_total_time="$SECONDS_LIMIT" -rss_limit_mb=2048 -timeout=10 "$@") \
       >"$corpus/$target.log" 2>&1
   }
-  log "cargo +nightly fuzz run qcow2_parse, nbd_server and format_decoders ($decoders decoders), ${SECONDS_LIMIT} s each, at once (libFuzzer)"
+  log "cargo +nightly fuzz run qcow2_parse, nbd_server, format_decoders ($decoders decoders) and nbd_client, ${SECONDS_LIMIT} s each, at once (libFuzzer)"
   fuzz_run qcow2_parse "$corpus/run" -max_len=1048576 &
   local_pids=("$!")
   # No allocation of the server's may come near 512 MiB (options are capped at 64 KiB, WRITE
@@ -129,9 +139,14 @@ PY
   local_pids+=("$!")
   fuzz_run format_decoders "$format_corpus" -malloc_limit_mb=512 -max_len=262144 &
   local_pids+=("$!")
+  # The client caps every reply length it accepts (a read's payload at the request's 4 MiB,
+  # block status at 8 MiB): a hostile 32-bit length would ask for up to 4 GiB.
+  fuzz_run nbd_client "$client_corpus" -dict="$corpus/nbd-client.dict" -malloc_limit_mb=512 \
+    -max_len=65536 &
+  local_pids+=("$!")
   found=0
-  for i in 0 1 2; do
-    target=$(echo qcow2_parse nbd_server format_decoders | cut -d' ' -f$((i + 1)))
+  for i in 0 1 2 3; do
+    target=$(echo qcow2_parse nbd_server format_decoders nbd_client | cut -d' ' -f$((i + 1)))
     if wait "${local_pids[$i]}"; then
       grep -E '^Done [0-9]+ runs' "$corpus/$target.log" >&2 || true
       echo "fuzz: cargo-fuzz ran $target for ${SECONDS_LIMIT} s without a finding"
@@ -153,4 +168,8 @@ else
   log "running the stable NBD server mutation fuzzer, $nbd_cases cases per property"
   CAIRN_FUZZ_CASES=$nbd_cases cargo test --profile "${CAIRN_PROFILE:-release}" -p cairn-nbd --test fuzz_server >&2
   echo "fuzz: the NBD server mutation fuzzer ran $nbd_cases cases per property without a finding"
+  # Thousands of cases a second: the same count as the qcow2 fuzzer, per property.
+  log "running the stable NBD client mutation fuzzer, $cases cases per property"
+  CAIRN_FUZZ_CASES=$cases cargo test --profile "${CAIRN_PROFILE:-release}" -p cairn-nbd --test fuzz_client >&2
+  echo "fuzz: the NBD client mutation fuzzer ran $cases cases per property without a finding"
 fi

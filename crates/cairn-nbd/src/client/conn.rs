@@ -17,6 +17,8 @@ use crate::protocol::*;
 pub(super) enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// A scripted server for fuzzing: reads come from the bytes, writes go nowhere.
+    Script(io::Cursor<Vec<u8>>),
 }
 
 impl Stream {
@@ -31,12 +33,14 @@ impl Stream {
                 s.set_read_timeout(Some(timeout))?;
                 s.set_write_timeout(Some(timeout))
             }
+            Stream::Script(_) => Ok(()),
         }
     }
     fn shutdown(&self) {
         let _ = match self {
             Stream::Tcp(s) => s.shutdown(Shutdown::Both),
             Stream::Unix(s) => s.shutdown(Shutdown::Both),
+            Stream::Script(_) => Ok(()),
         };
     }
 }
@@ -46,6 +50,7 @@ impl Read for Stream {
         match self {
             Stream::Tcp(s) => s.read(buf),
             Stream::Unix(s) => s.read(buf),
+            Stream::Script(s) => s.read(buf),
         }
     }
 }
@@ -55,6 +60,7 @@ impl Write for Stream {
         match self {
             Stream::Tcp(s) => s.write(buf),
             Stream::Unix(s) => s.write(buf),
+            Stream::Script(_) => Ok(buf.len()),
         }
     }
     fn flush(&mut self) -> io::Result<()> {

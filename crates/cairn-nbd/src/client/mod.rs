@@ -106,12 +106,27 @@ impl NbdImage {
         stream
             .set_timeouts(timeout)
             .map_err(|e| remote(format!("cannot set socket timeouts: {e}")))?;
+        Self::over(url, &parsed.export, stream, dirty_bitmap, timeout)
+    }
+
+    /// The handshake and its checks over a connected `stream` (`url` names it in errors).
+    fn over(
+        url: &str,
+        export: &str,
+        stream: Stream,
+        dirty_bitmap: Option<&str>,
+        timeout: Duration,
+    ) -> ImageResult<NbdImage> {
+        let remote = |what: String| ImageError::Remote {
+            source_name: url.to_string(),
+            what,
+        };
         let mut conn = Conn::new(stream);
 
         let bitmap_context = dirty_bitmap.map(|b| format!("{QEMU_DIRTY_BITMAP_PREFIX}{b}"));
         let mut queries = vec![BASE_ALLOCATION];
         queries.extend(bitmap_context.as_deref());
-        let neg = match conn.handshake(&parsed.export, &queries) {
+        let neg = match conn.handshake(export, &queries) {
             Ok(n) => n,
             Err(fail) => {
                 conn.shutdown();
@@ -336,6 +351,24 @@ impl Drop for NbdImage {
         };
         conn.disconnect();
     }
+}
+
+/// Plays `server_bytes` as everything a server sends on one connection and drives the client
+/// through it: the handshake for export `disk` with the `base:allocation` context, then, if
+/// Plays `server_bytes` as everything a server sends on one connection and drives the client
+/// through it: the handshake for export `disk` with the `base:allocation` context, then, if
+/// that succeeds, the allocation map (block status replies) and a read of the first 64 KiB,
+/// whose bytes it returns. For fuzzing the client's decoding of hostile replies: whatever
+/// the bytes, this returns (an error or not), never panics and never allocates what a length
+/// field names. (Writes go nowhere; EOF ends every wait.)
+#[doc(hidden)]
+pub fn drive_client_with_server_bytes(server_bytes: &[u8]) -> ImageResult<Vec<u8>> {
+    let stream = Stream::Script(std::io::Cursor::new(server_bytes.to_vec()));
+    let image = NbdImage::over("fuzz", "disk", stream, None, DEFAULT_TIMEOUT)?;
+    image.map()?;
+    let mut buf = vec![0u8; image.size().min(64 << 10) as usize];
+    image.read_at(&mut buf, 0)?;
+    Ok(buf)
 }
 
 impl DiskImage for NbdImage {
