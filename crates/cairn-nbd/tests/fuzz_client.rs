@@ -196,7 +196,7 @@ fn mutation() -> impl Strategy<Value = Mutation> {
 fn apply(t: &[u8], m: &Mutation) -> Vec<u8> {
     let mut v = t.to_vec();
     let pos = |at: usize| {
-        if at % 4 != 0 {
+        if !at.is_multiple_of(4) {
             at % v.len().clamp(1, 4096)
         } else {
             at % v.len().max(1)
