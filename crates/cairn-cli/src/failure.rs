@@ -88,6 +88,10 @@ impl Kind {
         code: "unsupported",
         exit: 1,
     };
+    const EXISTS: Kind = Kind {
+        code: "exists",
+        exit: 1,
+    };
     const REFUSED: Kind = Kind {
         code: "refused",
         exit: 1,
@@ -127,7 +131,9 @@ pub fn kind_of(e: &anyhow::Error) -> Kind {
             if let Some(e) = cause.downcast_ref::<EngineError>() {
                 return match e {
                     _ if e.is_damage() => Some(Kind::DAMAGE),
-                    EngineError::BadRef(_) => Some(Kind::NOT_FOUND),
+                    EngineError::NotFound(_) => Some(Kind::NOT_FOUND),
+                    EngineError::Exists(_) => Some(Kind::EXISTS),
+                    EngineError::BadInput(_) | EngineError::Name(_) => Some(Kind::USAGE),
                     EngineError::Tagged { .. } => Some(Kind::REFUSED),
                     EngineError::ReadOnlyFormat { .. } => Some(Kind::UNSUPPORTED),
                     _ => None, // a typed source further down may say more
@@ -137,7 +143,10 @@ pub fn kind_of(e: &anyhow::Error) -> Kind {
                 return match e {
                     _ if e.is_damage() => Some(Kind::DAMAGE),
                     RepoError::NotARepository { .. } => Some(Kind::NO_REPOSITORY),
-                    RepoError::NoSuchImage(_) => Some(Kind::NOT_FOUND),
+                    RepoError::NoSuchImage(_) | RepoError::NotFound(_) => Some(Kind::NOT_FOUND),
+                    RepoError::BadInput(_) => Some(Kind::USAGE),
+                    RepoError::Exists(_) => Some(Kind::EXISTS),
+                    RepoError::Refused(_) => Some(Kind::REFUSED),
                     RepoError::Locked { .. }
                     | RepoError::NoPassphrase(_)
                     | RepoError::WrongPassphrase { .. } => Some(Kind::PASSWORD),
@@ -219,7 +228,7 @@ mod tests {
         assert_eq!(kind_of(&e), Kind::NO_REPOSITORY);
         let e = anyhow::Error::new(EngineError::Manifest("leaf x".into()));
         assert_eq!(kind_of(&e), Kind::DAMAGE);
-        let e = anyhow::Error::new(EngineError::BadRef("vm@9".into()));
+        let e = anyhow::Error::new(EngineError::NotFound("vm@9".into()));
         assert_eq!(kind_of(&e), Kind::NOT_FOUND);
         let e = anyhow::Error::new(EngineError::Repo(RepoError::Store(StoreError::Full {
             location: "/r".into(),

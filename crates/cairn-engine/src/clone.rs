@@ -62,5 +62,5 @@ pub async fn clone_version(
 }
 
 fn already_exists(image: &str) -> EngineError {
-    EngineError::BadRef(format!("image {image:?} already exists"))
+    EngineError::Exists(format!("image {image:?} already exists"))
 }

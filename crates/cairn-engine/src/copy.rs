@@ -101,7 +101,7 @@ async fn select(
             None => {
                 let mut versions = history(source, &spec.image).await?;
                 if versions.is_empty() {
-                    return Err(EngineError::BadRef(format!(
+                    return Err(EngineError::NotFound(format!(
                         "image {:?} has no versions in the source",
                         spec.image
                     )));

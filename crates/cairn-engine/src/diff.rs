@@ -170,7 +170,7 @@ pub async fn diff(
     b: &VersionRecord,
 ) -> EngineResult<DiffReport> {
     if a.segment_size != b.segment_size || a.fanout != b.fanout {
-        return Err(EngineError::BadRef(format!(
+        return Err(EngineError::BadInput(format!(
             "cannot diff {}@{} and {}@{}: their manifest trees have different geometry \
              (segment size {} vs {}, fanout {} vs {})",
             a.image, a.seq, b.image, b.seq, a.segment_size, b.segment_size, a.fanout, b.fanout

@@ -2,8 +2,11 @@
 //!
 //! Policy:
 //! - Every variant says what it means, not where it arose: damage of stored data
-//!   ([`EngineError::Manifest`], or a [`RepoError`] whose `is_damage()` holds), bad input,
-//!   a source or output file that failed, a refusal of GC, an interruption, a bug
+//!   ([`EngineError::Manifest`], or a [`RepoError`] whose `is_damage()` holds), input the
+//!   caller gave that is not acceptable ([`EngineError::BadInput`], [`EngineError::Name`]),
+//!   a named thing that does not exist or already does, a protected version
+//!   ([`EngineError::Tagged`]), a format only read ([`EngineError::ReadOnlyFormat`]), a source
+//!   or output file that failed, a refusal of GC, an interruption, a bug
 //!   ([`EngineError::Internal`]). Callers branch on the variant, never on the text.
 //! - Each message is one line naming what failed and where (an id, a path, a segment);
 //!   errors of lower layers are kept as the source, so the CLI prints the whole chain on that
@@ -36,10 +39,15 @@ pub enum EngineError {
         #[source]
         source: io::Error,
     },
+    /// A name the caller gave is not valid (an image or tag name): a usage error.
     #[error("invalid {0}")]
     Name(#[from] FormatError),
+    /// What the caller named does not exist: an image, a version, a tag.
     #[error("{0}")]
-    BadRef(String),
+    NotFound(String),
+    /// What the caller would create exists already (an image to clone into).
+    #[error("{0}")]
+    Exists(String),
     /// A changed block of a patch could not be read (see `patch::PatchSource`).
     #[error("reading changed block {index} of the patch: {source}")]
     PatchRead {
@@ -58,7 +66,8 @@ pub enum EngineError {
          published: commit a stopped VM's disk, or a snapshot of it"
     )]
     SourceResized { what: String, was: u64, now: u64 },
-    /// The input of a command is not acceptable (a patch past the end of its image, ...).
+    /// The input of a command is not acceptable (a malformed reference, an ambiguous id
+    /// prefix, a patch that would shrink its image, an empty retention policy): a usage error.
     #[error("{0}")]
     BadInput(String),
     /// A GC that judged this commit dead removed blobs it reuses; nothing was published.

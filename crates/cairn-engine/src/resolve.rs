@@ -31,7 +31,7 @@ impl VersionSpec {
         };
         validate_image_name(image)?;
         if reference.as_deref() == Some("") {
-            return Err(EngineError::BadRef(format!(
+            return Err(EngineError::BadInput(format!(
                 "{spec:?}: empty reference after '@'"
             )));
         }
@@ -64,7 +64,7 @@ pub async fn resolve(repo: &Repo, spec: &VersionSpec) -> EngineResult<(Id, Versi
     let deleted = repo.deleted_versions().await?;
     let (id, record) = resolve_including_deleted(repo, spec, &deleted).await?;
     if deleted.contains(&id) {
-        return Err(EngineError::BadRef(format!(
+        return Err(EngineError::NotFound(format!(
             "{spec}: version {}@{} ({}) was deleted",
             record.image,
             record.seq,
@@ -93,7 +93,7 @@ async fn resolve_including_deleted(
     if reference.len() <= 12 && reference.bytes().all(|b| b.is_ascii_digit()) {
         let seq: u64 = reference
             .parse()
-            .map_err(|_| EngineError::BadRef(format!("{spec}: sequence number too large")))?;
+            .map_err(|_| EngineError::BadInput(format!("{spec}: sequence number too large")))?;
         let chain = chain_of(repo, &spec.image, head, seq).await?;
         let newest = chain.versions.first().map(|(_, r)| r.seq);
         if let Some((id, record)) = chain.versions.into_iter().find(|(_, r)| r.seq == seq) {
@@ -106,7 +106,7 @@ async fn resolve_including_deleted(
                 1 => return Ok(matches.pop().expect("one")),
                 n => return Err(ambiguous_prefix(spec, n)),
             }
-            return Err(EngineError::BadRef(format!(
+            return Err(EngineError::NotFound(format!(
                 "{spec}: image {:?} has no version {seq} and no version of it has an id starting with {reference}",
                 spec.image
             )));
@@ -115,7 +115,7 @@ async fn resolve_including_deleted(
             Some(n) if n < seq => format!(" (its newest is {}@{n})", spec.image),
             _ => String::new(),
         };
-        return Err(EngineError::BadRef(format!(
+        return Err(EngineError::NotFound(format!(
             "{spec}: image {:?} has no version {seq}{newest}",
             spec.image
         )));
@@ -127,14 +127,14 @@ async fn resolve_including_deleted(
         }
     }
     if !is_hex_prefix(reference) {
-        return Err(EngineError::BadRef(format!(
+        return Err(EngineError::NotFound(format!(
             "{spec}: no tag {reference:?}; a reference is a version number, a tag, or a hex prefix of a version id"
         )));
     }
     let mut matches = versions_with_id_prefix(repo, &spec.image, reference).await?;
     match matches.len() {
         1 => Ok(matches.pop().expect("one")),
-        0 => Err(EngineError::BadRef(format!(
+        0 => Err(EngineError::NotFound(format!(
             "{spec}: no tag {reference:?} and no version of {:?} has an id starting with {reference}",
             spec.image
         ))),
@@ -152,10 +152,10 @@ async fn unknown_image(repo: &Repo, image: &str) -> EngineError {
         .filter(|(score, _)| *score > 0.8)
         .max_by(|a, b| a.0.total_cmp(&b.0));
     match closest {
-        Some((_, name)) => EngineError::BadRef(format!(
+        Some((_, name)) => EngineError::NotFound(format!(
             "image {image:?} does not exist; did you mean {name:?}?"
         )),
-        None => EngineError::BadRef(format!("image {image:?} does not exist")),
+        None => EngineError::NotFound(format!("image {image:?} does not exist")),
     }
 }
 
@@ -178,7 +178,7 @@ async fn versions_with_id_prefix(
 }
 
 fn ambiguous_prefix(spec: &VersionSpec, n: usize) -> EngineError {
-    EngineError::BadRef(format!("{spec}: {n} versions match; use a longer prefix"))
+    EngineError::BadInput(format!("{spec}: {n} versions match; use a longer prefix"))
 }
 
 /// The live versions of an image, newest first, following parents while they belong to the
@@ -223,7 +223,7 @@ async fn newest_live(
     deleted: &IdSet,
 ) -> EngineResult<(Id, VersionRecord)> {
     validate_image_name(image)?;
-    let none_left = || EngineError::BadRef(format!("image {image:?} has no versions left"));
+    let none_left = || EngineError::NotFound(format!("image {image:?} has no versions left"));
     let whole_history = || async {
         history_with(repo, image, deleted)
             .await?

@@ -117,7 +117,7 @@ pub async fn prune(
     dry_run: bool,
 ) -> EngineResult<Vec<RetentionDecision>> {
     if policy.is_empty() {
-        return Err(EngineError::BadRef(format!(
+        return Err(EngineError::BadInput(format!(
             "refusing to remove every version of {image:?}: the retention policy keeps nothing"
         )));
     }

@@ -375,7 +375,7 @@ impl Base {
         let reader = self
             .repo
             .v2()
-            .ok_or_else(|| RepoError::Invalid("a group run in a format 1 repository".into()))?;
+            .ok_or_else(|| RepoError::internal("export", "a group run in a format 1 repository"))?;
         let wanted = [(first, count)];
         let loc = match reader.locate_group_storing(group, &wanted).await {
             Ok(loc) if loc.stores(&wanted) => loc,

@@ -91,7 +91,7 @@ impl Repo {
             let Some(done) = tasks.join_next().await else {
                 break;
             };
-            let blobs = done.map_err(|e| RepoError::Invalid(format!("blob reader: {e}")))??;
+            let blobs = done.map_err(|e| RepoError::internal("blob reader", e))??;
             for (i, plain) in blobs {
                 out[i] = Some(plain);
             }

@@ -1,5 +1,13 @@
-//! Errors of the repository layer. Policy: every error names *what* failed and *where* (an
-//! object key, a blob id, a version), in one line, so the CLI can print it as is.
+//! Errors of the repository layer.
+//!
+//! Policy:
+//! - Every error names *what* failed and *where* (an object key, a blob id, a version), in one
+//!   line, so the CLI can print it as is.
+//! - A variant says what the error means, so callers match on it and never on the text:
+//!   damage of stored data ([`RepoError::is_damage`]), a store that could not be asked, input
+//!   the caller gave that is not acceptable ([`RepoError::BadInput`]: a usage error), a named
+//!   thing that does not exist or already does, a protected thing, a race, a bug.
+//! - Lower layers' errors are kept as the source.
 
 use cairn_format::{FormatError, Id};
 use cairn_store::StoreError;
@@ -41,8 +49,31 @@ pub enum RepoError {
     Node(#[from] crate::tree_walk::NodeError),
     #[error("version {id} does not exist")]
     VersionMissing { id: Id },
+    /// Input the caller gave is not acceptable (a tag name, a config, a key slot prefix that
+    /// names several slots, a key operation on a plain repository): a usage error.
     #[error("{0}")]
-    Invalid(String),
+    BadInput(String),
+    /// A thing the caller named does not exist (a tag, a key slot).
+    #[error("{0}")]
+    NotFound(String),
+    /// A thing the caller would create exists already (a tag: tags never move silently).
+    #[error("{0}")]
+    Exists(String),
+    /// The operation would lose something it protects (the last key slot); the message says
+    /// what to do first.
+    #[error("{0}")]
+    Refused(String),
+    /// The index (an index run or file), or a tag, is damaged, and the operation needs a
+    /// complete view of it: damage, which `cairn repair` rebuilds.
+    #[error("{0}")]
+    IndexDamaged(String),
+    /// A ref changed under the operation (another process acted at once); trying again works.
+    #[error("{0}")]
+    Conflict(String),
+    /// A task of the operation did not run to its end, or a result read back wrong: a bug or
+    /// a panic, never a property of the repository.
+    #[error("{what}: {detail}")]
+    Internal { what: &'static str, detail: String },
     #[error("image {0:?} has no versions")]
     NoSuchImage(String),
     #[error("ref of image {image:?} changed concurrently {attempts} times; giving up")]
@@ -77,7 +108,15 @@ impl RepoError {
         let text = e.to_string();
         match e.into_inner().map(|inner| inner.downcast::<StoreError>()) {
             Some(Ok(store)) => RepoError::Store(*store),
-            _ => RepoError::Invalid(format!("an index run's entries: {text}")),
+            _ => RepoError::internal("an index run's entries", text),
+        }
+    }
+
+    /// A task (`what`) that failed, from its join or channel error.
+    pub fn internal(what: &'static str, detail: impl std::fmt::Display) -> Self {
+        RepoError::Internal {
+            what,
+            detail: detail.to_string(),
         }
     }
 
@@ -106,6 +145,7 @@ impl RepoError {
                 | RepoError::Quarantined { .. }
                 | RepoError::Node(_)
                 | RepoError::Downgraded { .. }
+                | RepoError::IndexDamaged(_)
         )
     }
 

@@ -17,7 +17,7 @@ use crate::versions::Damaged;
 impl Repo {
     /// The version a tag names, if the tag exists.
     pub async fn tag(&self, image: &str, tag: &str) -> RepoResult<Option<Id>> {
-        validate_tag_name(tag).map_err(|e| RepoError::Invalid(e.to_string()))?;
+        validate_tag_name(tag).map_err(|e| RepoError::BadInput(e.to_string()))?;
         let key = keys::tag(image, tag);
         match self.store().read_ref(&key).await? {
             None => Ok(None),
@@ -31,7 +31,7 @@ impl Repo {
 
     /// Creates a tag; fails if it exists already (tags never move silently).
     pub async fn create_tag(&self, image: &str, tag: &str, version: &Id) -> RepoResult<()> {
-        validate_tag_name(tag).map_err(|e| RepoError::Invalid(e.to_string()))?;
+        validate_tag_name(tag).map_err(|e| RepoError::BadInput(e.to_string()))?;
         let outcome = self
             .store()
             .cas_ref(
@@ -42,7 +42,7 @@ impl Repo {
             .await?;
         match outcome {
             CasOutcome::Swapped { .. } => Ok(()),
-            CasOutcome::Conflict { .. } => Err(RepoError::Invalid(format!(
+            CasOutcome::Conflict { .. } => Err(RepoError::Exists(format!(
                 "tag {tag:?} of image {image:?} already exists (delete it first)"
             ))),
         }
@@ -50,10 +50,10 @@ impl Repo {
 
     /// Deletes a tag; fails if it does not exist.
     pub async fn delete_tag(&self, image: &str, tag: &str) -> RepoResult<()> {
-        validate_tag_name(tag).map_err(|e| RepoError::Invalid(e.to_string()))?;
+        validate_tag_name(tag).map_err(|e| RepoError::BadInput(e.to_string()))?;
         let key = keys::tag(image, tag);
         let Some(state) = self.store().read_ref(&key).await? else {
-            return Err(RepoError::Invalid(format!(
+            return Err(RepoError::NotFound(format!(
                 "image {image:?} has no tag {tag:?}"
             )));
         };
@@ -83,7 +83,7 @@ impl Repo {
     pub async fn all_tag_targets(&self) -> RepoResult<Vec<(String, Id)>> {
         let (tags, damaged) = self.all_tag_targets_checked().await?;
         match damaged.into_iter().next() {
-            Some(d) => Err(RepoError::Invalid(d.to_string())),
+            Some(d) => Err(RepoError::IndexDamaged(d.to_string())),
             None => Ok(tags),
         }
     }
@@ -151,7 +151,7 @@ impl Repo {
             .await?
         {
             CasOutcome::Swapped { .. } => Ok(()),
-            CasOutcome::Conflict { .. } => Err(RepoError::Invalid(format!(
+            CasOutcome::Conflict { .. } => Err(RepoError::Conflict(format!(
                 "image {image:?} changed while it was being removed; try again"
             ))),
         }

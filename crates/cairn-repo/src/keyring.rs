@@ -92,7 +92,7 @@ pub(crate) async fn unlock(
     let check = config
         .v2
         .and_then(|v| v.key_check)
-        .ok_or_else(|| RepoError::Invalid("unlock of a plain repository".into()))?;
+        .ok_or_else(|| RepoError::BadInput("unlock of a plain repository".into()))?;
     let (slots, damaged) = read_slots_checked(store).await?;
     if slots.is_empty() {
         let why = match damaged.as_slice() {
@@ -120,7 +120,7 @@ pub(crate) async fn unlock(
         Ok::<_, RepoError>(None)
     })
     .await
-    .map_err(|e| RepoError::Invalid(format!("key derivation did not run: {e}")))??;
+    .map_err(|e| RepoError::internal("key derivation", e))??;
     found.ok_or_else(|| RepoError::WrongPassphrase {
         location: store.describe(),
         slots: count,
@@ -137,8 +137,8 @@ pub(crate) async fn store_slot(
     let key = key.clone();
     let slot = tokio::task::spawn_blocking(move || KeySlot::create(&key, &passphrase, kdf))
         .await
-        .map_err(|e| RepoError::Invalid(format!("key derivation did not run: {e}")))?
-        .map_err(|e| RepoError::Invalid(e.to_string()))?;
+        .map_err(|e| RepoError::internal("key derivation", e))?
+        .map_err(|e| RepoError::internal("key slot", e))?;
     let raw = slot.encode();
     let id = Id::of(&raw);
     match store
@@ -219,10 +219,10 @@ impl Repo {
         self.require_encrypted("key remove")?;
         let slots = read_slots(self.store().as_ref()).await?;
         if !slots.iter().any(|(s, _)| s == id) {
-            return Err(RepoError::Invalid(format!("no key slot {id}")));
+            return Err(RepoError::NotFound(format!("no key slot {id}")));
         }
         if slots.len() == 1 {
-            return Err(RepoError::Invalid(format!(
+            return Err(RepoError::Refused(format!(
                 "key slot {id} is the last one: removing it would lose the repository \
                  (add another first: `cairn key add`)"
             )));
@@ -234,7 +234,7 @@ impl Repo {
     /// Key slots exist only in encrypted repositories.
     fn require_encrypted(&self, what: &str) -> RepoResult<()> {
         if self.key().is_none() {
-            return Err(RepoError::Invalid(format!(
+            return Err(RepoError::BadInput(format!(
                 "{what}: {} is not encrypted (key slots exist only in repositories made with \
                  `cairn init --encrypt`)",
                 self.describe()
@@ -253,8 +253,8 @@ pub fn match_slot(slots: &[SlotInfo], prefix: &str) -> RepoResult<Id> {
         .collect();
     match matches.as_slice() {
         [one] => Ok(one.id),
-        [] => Err(RepoError::Invalid(format!("no key slot {prefix}"))),
-        _ => Err(RepoError::Invalid(format!(
+        [] => Err(RepoError::NotFound(format!("no key slot {prefix}"))),
+        _ => Err(RepoError::BadInput(format!(
             "key slot prefix {prefix} is ambiguous ({} slots)",
             matches.len()
         ))),

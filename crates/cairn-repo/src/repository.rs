@@ -61,7 +61,7 @@ impl Repo {
     pub async fn init(store: Arc<dyn ObjectStore>, config: RepoConfig) -> RepoResult<Repo> {
         config
             .validate()
-            .map_err(|e| RepoError::Invalid(e.to_string()))?;
+            .map_err(|e| RepoError::BadInput(e.to_string()))?;
         put_config(store.as_ref(), &config).await?;
         Self::with_session(store, config, SessionKind::Init, None, None).await
     }
@@ -79,11 +79,11 @@ impl Repo {
         let v2 = config
             .v2
             .as_mut()
-            .ok_or_else(|| RepoError::Invalid("encryption needs format 2".into()))?;
+            .ok_or_else(|| RepoError::BadInput("encryption needs format 2".into()))?;
         v2.key_check = Some(key.key_check());
         config
             .validate()
-            .map_err(|e| RepoError::Invalid(e.to_string()))?;
+            .map_err(|e| RepoError::BadInput(e.to_string()))?;
         // The config first: it is what makes the location a repository, and `put_if_absent`
         // is what refuses an existing one. A slot that fails to store takes the config back
         // out (this process created it), so no repository is left that nothing opens.
@@ -454,7 +454,7 @@ impl Repo {
         let runs = self.index_run_ids(&superseded).await?;
         let reader = self.v2_reader(self.key().cloned(), crate::v2::CacheLimits::default());
         if let Some(damaged) = reader.add_runs(&runs).await?.into_iter().next() {
-            return Err(RepoError::Invalid(damaged));
+            return Err(RepoError::IndexDamaged(damaged));
         }
         Ok((reader, runs))
     }
@@ -466,7 +466,7 @@ impl Repo {
         let runs = self.index_run_ids(&HashSet::new()).await?;
         let reader = self.v2_reader(self.key().cloned(), crate::v2::CacheLimits::default());
         if let Some(damaged) = reader.add_runs(&runs).await?.into_iter().next() {
-            return Err(RepoError::Invalid(damaged));
+            return Err(RepoError::IndexDamaged(damaged));
         }
         Ok((reader, runs))
     }
@@ -508,16 +508,14 @@ impl Repo {
             }
             match tasks.join_next().await {
                 None => break,
-                Some(res) => {
-                    match res.map_err(|e| RepoError::Invalid(format!("index loader: {e}")))?? {
-                        None => {}
-                        Some(Ok(file)) => index.add_file(&file),
-                        Some(Err(damaged)) => {
-                            tracing::warn!("{damaged}");
-                            errors.push(damaged.to_string());
-                        }
+                Some(res) => match res.map_err(|e| RepoError::internal("index loader", e))?? {
+                    None => {}
+                    Some(Ok(file)) => index.add_file(&file),
+                    Some(Err(damaged)) => {
+                        tracing::warn!("{damaged}");
+                        errors.push(damaged.to_string());
                     }
-                }
+                },
             }
         }
         Ok((index, errors))
@@ -812,7 +810,7 @@ impl Repo {
             Ok::<_, RepoError>((staged, id))
         })
         .await
-        .map_err(|e| RepoError::Invalid(format!("writing an index run: {e}")))??;
+        .map_err(|e| RepoError::internal("writing an index run", e))??;
         let written = match self
             .store
             .publish_staged(&keys::index_run(&id), &mut staged)

@@ -85,6 +85,7 @@ async fn tags_never_move_silently() {
         again.to_string(),
         "tag \"golden\" of image \"vm\" already exists (delete it first)"
     );
+    assert!(matches!(again, RepoError::Exists(_)), "{again:?}");
     assert_eq!(b.tag("vm", "golden").await.unwrap(), Some(v1));
     a.create_tag("vm", "beta", &v2).await.unwrap();
     assert_eq!(
@@ -94,10 +95,11 @@ async fn tags_never_move_silently() {
     b.delete_tag("vm", "golden").await.unwrap();
     assert_eq!(a.tag("vm", "golden").await.unwrap(), None);
     let missing = a.delete_tag("vm", "golden").await.unwrap_err();
+    assert!(matches!(missing, RepoError::NotFound(_)), "{missing:?}");
     assert_eq!(missing.to_string(), "image \"vm\" has no tag \"golden\"");
     assert!(matches!(
         a.create_tag("vm", "12", &v1).await,
-        Err(RepoError::Invalid(_))
+        Err(RepoError::BadInput(_))
     ));
 }
 

@@ -25,8 +25,13 @@ fn json(repo: &Path, args: &[&str]) -> Value {
 
 /// Runs a command that must fail with status 1 and one line on stderr; returns that line.
 fn error_line(repo: &Path, args: &[&str]) -> String {
+    error_line_status(repo, args, 1)
+}
+
+/// Runs a command that must fail with `status` and one line on stderr; returns that line.
+fn error_line_status(repo: &Path, args: &[&str], status: i32) -> String {
     let out = cairn(repo, args);
-    assert_eq!(out.status.code(), Some(1), "cairn {args:?}");
+    assert_eq!(out.status.code(), Some(status), "cairn {args:?}");
     let s = String::from_utf8_lossy(&out.stderr).to_string();
     assert_eq!(s.lines().count(), 1, "exactly one line on stderr: {s:?}");
     s.trim_end().to_string()
@@ -114,7 +119,7 @@ fn clone_text_json_and_errors() {
         "cairn: error: vm@5: image \"vm\" has no version 5 (its newest is vm@2)"
     );
     assert_eq!(
-        error_line(&repo, &["clone", "vm", "../x"]),
+        error_line_status(&repo, &["clone", "vm", "../x"], 2),
         "cairn: error: invalid image name: \"../x\": '.' and '..' are not allowed as path components"
     );
 }
@@ -155,7 +160,7 @@ fn tags_create_list_use_and_delete() {
         "cairn: error: tag \"v1.0\" of image \"vm\" already exists (delete it first)"
     );
     assert_eq!(
-        error_line(&repo, &["tag", "vm@1", "123"]),
+        error_line_status(&repo, &["tag", "vm@1", "123"], 2),
         "cairn: error: invalid tag name: \"123\": a tag of only digits would be read as a version number"
     );
     assert_eq!(

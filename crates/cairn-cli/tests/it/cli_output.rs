@@ -114,6 +114,28 @@ fn json_errors_carry_a_stable_code_and_the_exit_status() {
     assert_eq!((code, e["code"].as_str()), (Some(2), Some("usage")));
     assert!(e["message"].as_str().unwrap().contains("required"), "{e}");
 
+    // Invalid input the engine or the repository finds is a usage error too.
+    let (e, code) = json_error(&cairn(&repo, &["--json", "tag", "web01/disk0", "12"]));
+    assert_eq!((code, e["code"].as_str()), (Some(2), Some("usage")), "{e}");
+    let (e, code) = json_error(&cairn(&repo, &["--json", "show", "web01/disk0@"]));
+    assert_eq!((code, e["code"].as_str()), (Some(2), Some("usage")), "{e}");
+    // What exists already, and what a tag protects.
+    let (e, code) = json_error(&cairn(
+        &repo,
+        &["--json", "clone", "web01/disk0@1", "web01/disk0"],
+    ));
+    assert_eq!((code, e["code"].as_str()), (Some(1), Some("exists")), "{e}");
+    assert_eq!(e["message"], "image \"web01/disk0\" already exists");
+    assert!(cairn(&repo, &["tag", "web01/disk0@1", "keep"])
+        .status
+        .success());
+    let (e, code) = json_error(&cairn(&repo, &["--json", "rm", "web01/disk0@1"]));
+    assert_eq!(
+        (code, e["code"].as_str()),
+        (Some(1), Some("refused")),
+        "{e}"
+    );
+
     // Without --json the same failure is one plain line, with the same exit status.
     let out = cairn(&nowhere, &["images"]);
     assert_eq!(out.status.code(), Some(4));

@@ -98,7 +98,7 @@ pub async fn commit_changes(
 ) -> EngineResult<(CommitResult, IncrementalStats)> {
     let size = source.size();
     if size < parent.1.logical_size {
-        return Err(EngineError::BadRef(format!(
+        return Err(EngineError::BadInput(format!(
             "{} has {size} bytes but its parent {}@{} has {}: an incremental commit cannot \
              shrink an image",
             source.describe(),

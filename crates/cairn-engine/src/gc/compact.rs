@@ -206,7 +206,7 @@ async fn run(repo: &Repo, options: &CompactOptions) -> EngineResult<CompactRepor
         repo.remove_stale_gc_plans().await?;
     }
     let (reader, _) = repo.v2_view_all().await.map_err(|e| match e {
-        RepoError::Invalid(damaged) => EngineError::Gc(format!(
+        RepoError::IndexDamaged(damaged) => EngineError::Gc(format!(
             "{damaged}; compaction merges only an intact index: run `cairn repair`, which \
              rebuilds it from the packs; nothing was changed"
         )),

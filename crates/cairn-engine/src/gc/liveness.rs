@@ -33,7 +33,7 @@ impl Snapshot {
     /// Reads every run's meta; a damaged run fails it.
     pub(super) async fn load(repo: &Repo) -> EngineResult<Snapshot> {
         let (reader, _) = repo.v2_view_all().await.map_err(|e| match e {
-            RepoError::Invalid(damaged) => incomplete(damaged),
+            RepoError::IndexDamaged(damaged) => incomplete(damaged),
             e => e.into(),
         })?;
         let runs = reader.run_ids();

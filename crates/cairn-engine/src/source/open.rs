@@ -83,7 +83,7 @@ pub fn open_image(
         )?),
         ImageFormat::Qcow2 => {
             if policy.direct {
-                return Err(EngineError::BadRef(format!(
+                return Err(EngineError::BadInput(format!(
                     "{}: O_DIRECT reads (--direct) work on raw files and block devices, not on \
                      qcow2 images",
                     path.display()

@@ -138,7 +138,7 @@ impl V2Reader {
         let pack = *pack;
         tokio::task::spawn_blocking(move || check_bytes(&pack, &key, &data, master.as_ref()))
             .await
-            .map_err(|e| RepoError::Invalid(format!("checking {}: {e}", keys::pack(&pack))))
+            .map_err(|e| RepoError::internal("pack check", format!("{}: {e}", keys::pack(&pack))))
     }
 }
 

@@ -137,11 +137,14 @@ impl V2Reader {
         match index_run::parse_run(&bytes, self.key()) {
             Ok(run) if run.entries() == entries => {}
             other => {
-                return Err(RepoError::Invalid(format!(
-                    "the merge of {} index runs does not read back ({other:?}); nothing was \
-                     published",
-                    ids.len()
-                )))
+                return Err(RepoError::internal(
+                    "index run merge",
+                    format!(
+                        "the merge of {} index runs does not read back ({other:?}); nothing \
+                         was published",
+                        ids.len()
+                    ),
+                ))
             }
         }
         Ok(MergedRun {

@@ -252,7 +252,7 @@ pub(crate) fn sealed_error(key: impl Into<String>, e: CryptoError) -> RepoError 
             what,
             "authentication failed (tampered, corrupt, or sealed with another key)",
         ),
-        CryptoError::WrongPassphrase => return RepoError::Invalid(e.to_string()),
+        CryptoError::WrongPassphrase => return RepoError::internal("unsealing", e),
     };
     RepoError::corrupt(key, source)
 }

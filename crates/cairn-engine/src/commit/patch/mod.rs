@@ -94,7 +94,7 @@ impl PatchBase {
         if record.root.is_some()
             && (record.segment_size != config.segment_size || record.fanout != config.fanout)
         {
-            return Err(EngineError::BadRef(format!(
+            return Err(EngineError::BadInput(format!(
                 "cannot patch {}@{}: its tree geometry (segment size {}, fanout {}) is not the \
                  repository's (segment size {}, fanout {})",
                 record.image,
@@ -106,7 +106,7 @@ impl PatchBase {
             )));
         }
         if new_size < record.logical_size {
-            return Err(EngineError::BadRef(format!(
+            return Err(EngineError::BadInput(format!(
                 "cannot patch {}@{} to {new_size} bytes: it has {} bytes and shrinking is not \
                  supported",
                 record.image, record.seq, record.logical_size
