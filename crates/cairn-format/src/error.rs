@@ -1,3 +1,14 @@
+//! Errors of decoding and validating the format's structures.
+//!
+//! Policy:
+//! - A decoder never panics and never trusts a length: every error is a [`FormatError`], and
+//!   the bytes it was given are all it read (no I/O here).
+//! - A message names the structure (`what`), never where it came from: the caller knows the
+//!   object key or pack offset and adds it (`RepoError::Corrupt`), so the user gets one line.
+//! - The variants say what went wrong: cut short, not a cairn structure, a checksum that does
+//!   not match, a version newer than this build reads (refused, never taken for damage:
+//!   "upgrade cairn"), or a value the format does not allow.
+
 use thiserror::Error;
 
 /// A structure could not be decoded. Messages name the structure (`what`) so that the
