@@ -70,10 +70,10 @@ FORMAT=${CAIRN_FORMAT:-1}
 read -r local_wall local_up < <(boot "file=$DS/su-1.raw" "$WORK/local.log")
 serve su-1 su1
 read -r cold_wall cold_up < <(boot "$DRIVE" "$WORK/su1.log")
-su1_read=$(stat_of su1 bytes_read); su1_fetched=$(stat_of su1 bytes_fetched)
+su1_read=$(stat_of su1 read_bytes); su1_fetched=$(stat_of su1 fetched_bytes)
 serve pa-a paa
 read -r pa_wall pa_up < <(boot "$DRIVE" "$WORK/paa.log")
-pa_read=$(stat_of paa bytes_read); pa_fetched=$(stat_of paa bytes_fetched)
+pa_read=$(stat_of paa read_bytes); pa_fetched=$(stat_of paa fetched_bytes)
 pa_hits=$(stat_of paa cache_hits); pa_miss=$(stat_of paa cache_misses)
 
 # A writable boot: the guest's writes land in the overlay, then become su-1@2 (format 1:
@@ -81,7 +81,7 @@ pa_hits=$(stat_of paa cache_hits); pa_miss=$(stat_of paa cache_misses)
 if [ "$FORMAT" = 1 ]; then
   serve su-1 w1 --writable --overlay "$WORK/overlay"
   SNAPSHOT='' boot "$DRIVE" "$WORK/w1.log" >/dev/null
-  w_written=$(stat_of w1 bytes_written)
+  w_written=$(stat_of w1 written_bytes)
   nbdcopy "nbd+unix:///w1?socket=$WORK/w1.sock" "$WORK/after-boot.raw"
   commit_json=$(CAIRN_RUN_DIR="$WORK/run" "$CAIRN" --repo "$WORK/repo" --json commit su-1 --from-export w1 -m "after a boot")
   "$CAIRN" --repo "$WORK/repo" -q restore su-1@2 "$WORK/restored.raw" >/dev/null

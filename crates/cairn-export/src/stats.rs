@@ -36,17 +36,17 @@ impl ExportStats {
         json!({
             "clients": g(&self.clients),
             "reads": g(&self.reads),
-            "bytes_read": g(&self.bytes_read),
-            "zero_bytes_read": g(&self.zero_bytes_read),
+            "read_bytes": g(&self.bytes_read),
+            "zero_read_bytes": g(&self.zero_bytes_read),
             "chunks_fetched": g(&self.chunks_fetched),
-            "bytes_fetched": g(&self.bytes_fetched),
-            "metadata_bytes_fetched": g(&self.metadata_bytes_fetched),
+            "fetched_bytes": g(&self.bytes_fetched),
+            "metadata_fetched_bytes": g(&self.metadata_bytes_fetched),
             "cache_hits": g(&self.cache_hits),
             "cache_misses": g(&self.cache_misses),
             "readahead_chunks": g(&self.readahead_chunks),
             "fetch_errors": g(&self.fetch_errors),
             "writes": g(&self.writes),
-            "bytes_written": g(&self.bytes_written),
+            "written_bytes": g(&self.bytes_written),
             "flushes": g(&self.flushes),
         })
     }

@@ -579,10 +579,10 @@ pub async fn status(ctx: &Context, args: StatusArgs) -> Result<ExitCode> {
     );
     outln!(
         "read {} in {} requests ({} of zeros); fetched {} in {} chunks from the repository; cache {} hits, {} misses, {} read ahead",
-        bytes(n("bytes_read")),
+        bytes(n("read_bytes")),
         n("reads"),
-        bytes(n("zero_bytes_read")),
-        bytes(n("bytes_fetched")),
+        bytes(n("zero_read_bytes")),
+        bytes(n("fetched_bytes")),
         n("chunks_fetched"),
         n("cache_hits"),
         n("cache_misses"),
@@ -596,7 +596,7 @@ pub async fn status(ctx: &Context, args: StatusArgs) -> Result<ExitCode> {
             o["blocks_held"],
             o["layers"],
             n("writes"),
-            bytes(n("bytes_written")),
+            bytes(n("written_bytes")),
             n("flushes"),
         );
     }

@@ -21,7 +21,7 @@ pub async fn run(ctx: &Context, args: KeyArgs) -> Result<ExitCode> {
                 print_json(&json!(slots
                     .iter()
                     .map(|s| json!({
-                        "id": s.id.to_hex(),
+                        "slot": s.id.to_hex(),
                         "current": s.current,
                         "kdf": "argon2id",
                         "memory_kib": s.kdf.memory_kib,

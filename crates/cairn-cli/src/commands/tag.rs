@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use crate::cli::{TagArgs, TagsArgs};
 use crate::context::Context;
-use crate::output::{print_json, time};
+use crate::output::{print_json, time, version_json};
 
 pub async fn run(ctx: &Context, args: TagArgs) -> Result<ExitCode> {
     validate_tag_name(&args.name).map_err(EngineError::from)?;
@@ -81,7 +81,10 @@ pub async fn list(ctx: &Context, args: TagsArgs) -> Result<ExitCode> {
     if ctx.json {
         print_json(&Value::Array(
             rows.iter()
-                .map(|(name, id, r)| json!({"name": name, "id": id.to_hex(), "seq": r.seq}))
+                .map(|(name, id, r)| {
+                    // What the text shows: the tag, and its version as everywhere else.
+                    json!({"name": name, "version": version_json(id, r, &[])})
+                })
                 .collect(),
         ));
     } else {

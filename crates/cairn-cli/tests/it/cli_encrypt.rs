@@ -157,7 +157,7 @@ fn key_slots_are_added_listed_changed_and_the_last_is_never_removed() {
     assert_eq!(list(&g).len(), 2);
 
     // Remove alpha's slot (by prefix, opened with gamma), then the last one is refused.
-    let alpha_id = first[0]["id"].as_str().unwrap();
+    let alpha_id = first[0]["slot"].as_str().unwrap();
     ok(&repo, &g, &["key", "remove", &alpha_id[..10]]);
     refused(run(&repo, &a, &["key", "list"]), "wrong passphrase");
     let last = list(&g);
@@ -165,7 +165,7 @@ fn key_slots_are_added_listed_changed_and_the_last_is_never_removed() {
     let out = run(
         &repo,
         &g,
-        &["key", "remove", last[0]["id"].as_str().unwrap()],
+        &["key", "remove", last[0]["slot"].as_str().unwrap()],
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr_line(&out).contains("is the last one"), "{out:?}");

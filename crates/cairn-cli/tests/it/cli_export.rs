@@ -47,7 +47,7 @@ fn real_clients_read_a_version_bit_exact_and_skip_its_holes() {
     // The data was fetched once (the second client read from the cache), zeros never.
     let s = served.stats();
     let data_bytes = 3 * 1048576 + 1048576 + 12288;
-    assert_eq!(s["bytes_fetched"].as_u64().unwrap(), data_bytes, "{s}");
+    assert_eq!(s["fetched_bytes"].as_u64().unwrap(), data_bytes, "{s}");
     assert!(s["cache_hits"].as_u64().unwrap() > 0, "{s}");
     assert_eq!(s["fetch_errors"], 0);
 
@@ -72,7 +72,7 @@ fn a_format_2_version_is_served_bit_exact_and_shares_the_cache() {
     assert_eq!(rows[1][..3], ["3145728", "2097152", "3"], "{map}");
     let s = served.stats();
     let data_bytes = 3 * 1048576 + 1048576 + 12288;
-    assert_eq!(s["bytes_fetched"].as_u64().unwrap(), data_bytes, "{s}");
+    assert_eq!(s["fetched_bytes"].as_u64().unwrap(), data_bytes, "{s}");
     assert_eq!(s["fetch_errors"], 0, "{s}");
     drop(served);
 
@@ -81,7 +81,7 @@ fn a_format_2_version_is_served_bit_exact_and_shares_the_cache() {
     qemu_img_convert(served.uri(), &out);
     same_file(&out, &b, "second export");
     let s = served.stats();
-    assert_eq!(s["bytes_fetched"].as_u64().unwrap(), 1 << 20, "{s}");
+    assert_eq!(s["fetched_bytes"].as_u64().unwrap(), 1 << 20, "{s}");
     assert_eq!(s["cache_hits"].as_u64().unwrap(), 3 * 256, "{s}");
 }
 
@@ -98,7 +98,7 @@ fn a_second_export_fetches_only_what_the_cache_lacks() {
     qemu_img_convert(served.uri(), &out);
     same_file(&out, &b, "second export");
     let s = served.stats();
-    assert_eq!(s["bytes_fetched"].as_u64().unwrap(), 1 << 20, "{s}");
+    assert_eq!(s["fetched_bytes"].as_u64().unwrap(), 1 << 20, "{s}");
     assert_eq!(s["cache_hits"].as_u64().unwrap(), 3 * 256, "{s}"); // 4 KiB chunks
 }
 
@@ -376,7 +376,7 @@ fn one_process_serves_several_exports_sharing_one_cache() {
     let status = cairn_ctl(&repo, dir.path(), &["--json", "status", "second"]);
     let status: Value = serde_json::from_slice(&status.stdout).unwrap();
     // The second image shares its first 3 MiB with the first: served from the cache.
-    assert_eq!(status["stats"]["bytes_fetched"], 1 << 20, "{status}");
+    assert_eq!(status["stats"]["fetched_bytes"], 1 << 20, "{status}");
     drop(served);
 }
 

@@ -136,12 +136,31 @@ fn tags_create_list_use_and_delete() {
     assert_eq!(v["name"], "newest");
 
     let tags = json(&repo, &["tags", "vm"]);
+    let got: Vec<(&str, &str, u64, &str)> = tags
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let v = &t["version"];
+            (
+                t["name"].as_str().unwrap(),
+                v["id"].as_str().unwrap(),
+                v["seq"].as_u64().unwrap(),
+                v["image"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let id3 = id_of(&repo, "vm@3");
     assert_eq!(
-        tags,
-        serde_json::json!([
-            {"name": "newest", "id": id_of(&repo, "vm@3"), "seq": 3},
-            {"name": "v1.0", "id": id2, "seq": 2},
-        ])
+        got,
+        [
+            ("newest", id3.as_str(), 3, "vm"),
+            ("v1.0", id2.as_str(), 2, "vm")
+        ]
+    );
+    assert_eq!(
+        tags[1]["version"]["message"],
+        json(&repo, &["show", "vm@2"])["message"]
     );
     assert_eq!(id_of(&repo, "vm@v1.0"), id2);
 
