@@ -40,10 +40,7 @@ fn expect_corrupt(dir: &Path, file: &str) {
 }
 
 fn flip_byte(path: &Path, at: usize) {
-    let mut b = fs::read(path).unwrap();
-    let at = at.min(b.len() - 1);
-    b[at] ^= 0x40;
-    fs::write(path, b).unwrap();
+    cairn_testkit::flip_file_byte(path, at, 0x40);
 }
 
 fn truncate_by(path: &Path, n: u64) {

@@ -4,8 +4,19 @@
 //! (`FailingStore`, `CountingStore`), beside the stores they wrap.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "engine")]
+pub mod engine;
 #[cfg(feature = "tls")]
 pub mod tls;
+
+/// Flips bits `mask` of the byte at `at` (the last byte if the file is shorter) of the file
+/// at `path`, in place: bit rot, or a damaged object of a local repository.
+pub fn flip_file_byte(path: &std::path::Path, at: usize, mask: u8) {
+    let mut bytes = std::fs::read(path).expect("read the file to damage");
+    let at = at.min(bytes.len().saturating_sub(1));
+    bytes[at] ^= mask;
+    std::fs::write(path, bytes).expect("write the damaged file");
+}
 
 /// Deterministic pseudo-random bytes (xorshift64 from `seed`): incompressible data that
 /// never deduplicates against another seed's, the same on every run.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use cairn_engine::commit::{commit, CommitOptions, CommitResult};
 use cairn_engine::restore::{restore, RestoreOptions, RestoreTarget};
-use cairn_engine::source::{open_path, StreamSource};
+use cairn_engine::source::open_path;
 use cairn_format::config::RepoConfig;
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
@@ -16,6 +16,8 @@ use cairn_repo::tree_walk::{walk_tree, NodeAt, TreeVisitor};
 use cairn_repo::{Repo, RepoError};
 #[allow(unused_imports)] // not every test file needs them
 pub use cairn_store::FailingStore;
+#[allow(unused_imports)]
+pub use cairn_testkit::engine::commit_bytes;
 #[allow(unused_imports)]
 pub use cairn_testkit::noise;
 
@@ -88,13 +90,6 @@ pub async fn commit_path(repo: &Arc<Repo>, image: &str, path: &Path) -> CommitRe
     )
     .await
     .unwrap()
-}
-
-pub async fn commit_bytes(repo: &Arc<Repo>, image: &str, data: Vec<u8>) -> CommitResult {
-    let src = StreamSource::new("test", std::io::Cursor::new(data));
-    commit(repo.clone(), image, Box::new(src), CommitOptions::default())
-        .await
-        .unwrap()
 }
 
 /// Restores to a temporary file and returns its bytes.

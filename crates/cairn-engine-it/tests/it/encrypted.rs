@@ -95,9 +95,7 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 }
 
 fn flip(path: &Path, at: usize) {
-    let mut b = std::fs::read(path).unwrap();
-    b[at] ^= 0x20;
-    std::fs::write(path, b).unwrap();
+    cairn_testkit::flip_file_byte(path, at, 0x20);
 }
 
 #[tokio::test]

@@ -4,8 +4,6 @@
 
 use std::sync::Arc;
 
-use cairn_engine::commit::{commit, CommitOptions};
-use cairn_engine::source::StreamSource;
 use cairn_export::{Base, ContentCache, ExportStats, VersionExport};
 use cairn_format::config::RepoConfig;
 use cairn_format::{keys, Id};
@@ -15,10 +13,7 @@ use cairn_store::{MemoryStore, ObjectStore};
 use cairn_testkit::noise;
 
 async fn commit_bytes(repo: &Arc<Repo>, data: Vec<u8>) -> cairn_engine::commit::CommitResult {
-    let src = StreamSource::new("test", std::io::Cursor::new(data));
-    commit(repo.clone(), "vm", Box::new(src), CommitOptions::default())
-        .await
-        .unwrap()
+    cairn_testkit::engine::commit_bytes(repo, "vm", data).await
 }
 
 async fn open(store: &Arc<MemoryStore>) -> Arc<Repo> {

@@ -3,9 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_engine::commit::{commit, CommitOptions};
 use cairn_engine::gc::{gc, GcMode, GcOptions};
-use cairn_engine::source::StreamSource;
 use cairn_export::{Base, ContentCache, ExportStats, VersionExport};
 use cairn_format::config::RepoConfig;
 use cairn_nbd::Export;
@@ -14,10 +12,7 @@ use cairn_store::MemoryStore;
 use cairn_testkit::noise;
 
 async fn commit_bytes(repo: &Arc<Repo>, data: Vec<u8>) -> cairn_engine::commit::CommitResult {
-    let src = StreamSource::new("test", std::io::Cursor::new(data));
-    commit(repo.clone(), "vm", Box::new(src), CommitOptions::default())
-        .await
-        .unwrap()
+    cairn_testkit::engine::commit_bytes(repo, "vm", data).await
 }
 
 /// The GC rewrites v1's groups without their dead slots in new packs; the export's

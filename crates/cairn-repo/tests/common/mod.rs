@@ -125,7 +125,5 @@ impl Fixture {
 }
 
 pub fn flip(path: &Path, at: u64) {
-    let mut bytes = std::fs::read(path).unwrap();
-    bytes[at as usize] ^= 0x40;
-    std::fs::write(path, bytes).unwrap();
+    cairn_testkit::flip_file_byte(path, at as usize, 0x40);
 }
