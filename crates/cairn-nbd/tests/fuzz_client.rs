@@ -32,30 +32,6 @@ const CASE_TIMEOUT: Duration = Duration::from_secs(5);
 /// bounded buffers), far below the 4 GiB a hostile 32-bit length names.
 const HEADROOM: u64 = 1 << 30;
 
-fn limit_address_space() {
-    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let vm_kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmSize:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmSize in /proc/self/status");
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
-    let limit = vm_kib * 1024 + (HEADROOM + cores * (64 << 20)).min(7 << 29);
-    let old = getrlimit(Resource::As);
-    if old.current.is_some_and(|c| c <= limit) {
-        return;
-    }
-    setrlimit(
-        Resource::As,
-        Rlimit {
-            current: Some(limit),
-            maximum: old.maximum,
-        },
-    )
-    .expect("setrlimit(RLIMIT_AS)");
-}
-
 /// 256 KiB: patterned data in the first half, a hole (zeros) in the second.
 fn contents() -> Vec<u8> {
     let mut v = patterned(DISK);
@@ -120,7 +96,7 @@ fn transcript() -> &'static [u8] {
 /// Returns what the client read, if it got that far.
 fn play(bytes: Vec<u8>) -> Result<Option<Vec<u8>>, TestCaseError> {
     static LIMITED: OnceLock<()> = OnceLock::new();
-    LIMITED.get_or_init(limit_address_space);
+    LIMITED.get_or_init(|| common::limit_address_space(HEADROOM));
     let started = Instant::now();
     let worker = std::thread::spawn(move || drive_client_with_server_bytes(&bytes));
     while !worker.is_finished() {

@@ -57,35 +57,6 @@ const ALLOWED_ERRORS: [u32; 3] = [NBD_EPERM, NBD_EINVAL, NBD_ENOSPC];
 
 // ================================================================ running one connection
 
-/// Caps the address space of this test process (once), so that an allocation of an
-/// attacker-chosen size fails instead of being silently backed by lazily mapped pages.
-fn limit_address_space() {
-    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let vm_kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmSize:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmSize in /proc/self/status");
-    // Each test thread may get a malloc arena (64 MiB of address space): more room on a
-    // machine with more cores, but always below the 4 GiB this limit exists to catch.
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
-    let headroom = (HEADROOM + cores * (64 << 20)).min(7 << 29);
-    let limit = vm_kib * 1024 + headroom;
-    let old = getrlimit(Resource::As);
-    if old.current.is_some_and(|c| c <= limit) {
-        return;
-    }
-    setrlimit(
-        Resource::As,
-        Rlimit {
-            current: Some(limit),
-            maximum: old.maximum,
-        },
-    )
-    .expect("setrlimit(RLIMIT_AS)");
-}
-
 fn rt() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| {
@@ -94,7 +65,7 @@ fn rt() -> &'static tokio::runtime::Runtime {
             .enable_all()
             .build()
             .expect("runtime");
-        limit_address_space();
+        common::limit_address_space(HEADROOM);
         rt
     })
 }

@@ -94,10 +94,7 @@ impl NbdImage {
         dirty_bitmap: Option<&str>,
         timeout: Duration,
     ) -> ImageResult<NbdImage> {
-        let remote = |what: String| ImageError::Remote {
-            source_name: url.to_string(),
-            what,
-        };
+        let remote = |what: String| remote_error(url, what);
         let parsed = url::parse(url).map_err(remote)?;
         if dirty_bitmap == Some("") {
             return Err(remote("the dirty bitmap name is empty".into()));
@@ -117,10 +114,7 @@ impl NbdImage {
         dirty_bitmap: Option<&str>,
         timeout: Duration,
     ) -> ImageResult<NbdImage> {
-        let remote = |what: String| ImageError::Remote {
-            source_name: url.to_string(),
-            what,
-        };
+        let remote = |what: String| remote_error(url, what);
         let mut conn = Conn::new(stream);
 
         let bitmap_context = dirty_bitmap.map(|b| format!("{QEMU_DIRTY_BITMAP_PREFIX}{b}"));
@@ -350,6 +344,14 @@ impl Drop for NbdImage {
             Err(poisoned) => poisoned.into_inner(),
         };
         conn.disconnect();
+    }
+}
+
+/// What went wrong with the export at `url`.
+fn remote_error(url: &str, what: String) -> ImageError {
+    ImageError::Remote {
+        source_name: url.to_string(),
+        what,
     }
 }
 

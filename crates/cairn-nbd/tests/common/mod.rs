@@ -120,3 +120,32 @@ pub fn patterned_map(size: usize) -> String {
     }
     expected
 }
+
+/// Caps the address space of this test process at its size now plus `headroom` (plus a
+/// malloc arena per core), so that an allocation of an attacker-chosen size fails instead of
+/// being backed by lazily mapped pages: the fuzz tests' guard against hostile lengths.
+pub fn limit_address_space(headroom: u64) {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let vm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmSize in /proc/self/status");
+    // Each test thread may get a malloc arena (64 MiB of address space): more room on a
+    // machine with more cores, but always below the 4 GiB this limit exists to catch.
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
+    let limit = vm_kib * 1024 + (headroom + cores * (64 << 20)).min(7 << 29);
+    let old = getrlimit(Resource::As);
+    if old.current.is_some_and(|c| c <= limit) {
+        return;
+    }
+    setrlimit(
+        Resource::As,
+        Rlimit {
+            current: Some(limit),
+            maximum: old.maximum,
+        },
+    )
+    .expect("setrlimit(RLIMIT_AS)");
+}
