@@ -1,6 +1,6 @@
 //! One simulated commit: a VM's disk at a snapshot, driven through the engine's own dedup
 //! tiers ([`search_similar`] with [`SimilarPacks`], after the parent's same segment) and the
-//! commit's claims, as `commit/dedup` and `commit/grouped.rs` do with real chunks.
+//! commit's claims, as `commit/dedup` and `commit/pipeline.rs` do with real chunks.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
