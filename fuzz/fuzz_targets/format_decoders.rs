@@ -15,7 +15,7 @@ use cairn_format::crypto::{Domain, KeySlot, MasterKey};
 use cairn_format::group::{chunk, open_group, GroupChunk, GroupDesc};
 use cairn_format::index::IndexFile;
 use cairn_format::index_run;
-use cairn_format::group_summary::GroupSummary;
+use cairn_format::group_summary::{Before, GroupSummary, SummaryDelta};
 use cairn_format::merged_summary::MergedSummary;
 use cairn_format::record_bundle::RecordBundle;
 use cairn_format::leaf_v2::RunLeaf;
@@ -143,7 +143,14 @@ const DECODERS: &[(&str, Fix, Decoder)] = &[
             for root in roots {
                 let _ = m.remove_tree(&root, &union);
             }
-            let _ = m.add_tree(&Id::of(b"x"), &union);
+            let _ = m.add_tree(&Id::of(b"x"), &union, &[Id::of(b"c")]);
+        }
+    }),
+    ("summary_delta", Fix::Envelope, |d| {
+        if let Ok(delta) = SummaryDelta::decode(d) {
+            // Applying a decoded delta to a summary it does not fit must not panic either.
+            let mut s = GroupSummary::counted();
+            let _ = s.apply(&delta, Some(&mut Before::default()));
         }
     }),
     ("record_bundle", Fix::Envelope, |d| {

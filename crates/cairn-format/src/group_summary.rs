@@ -33,8 +33,13 @@ use crate::slots::SlotSet;
 use crate::{envelope, FormatError, FormatResult, Id};
 
 mod builder;
+mod delta;
 mod table;
 pub use builder::SummaryBuilder;
+pub use delta::{
+    base_position, chain_positions, delta_pays, Before, GroupState, Resolved, SummaryDelta,
+    MAX_POSITION,
+};
 use table::GroupTable;
 
 const MAGIC: &[u8; 8] = b"CRNSUM2\0";
@@ -301,6 +306,25 @@ impl GroupSummary {
         }
         d.finish()?;
         Ok(s)
+    }
+}
+
+/// A reference summary as stored under `summaries/<root>`: whole, or as a delta from the
+/// summary of another tree (`delta.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoredSummary {
+    Full(GroupSummary),
+    Delta(SummaryDelta),
+}
+
+impl StoredSummary {
+    /// Decodes either form, told apart by the envelope's magic.
+    pub fn decode(data: &[u8]) -> FormatResult<StoredSummary> {
+        if data.starts_with(delta::DELTA_MAGIC) {
+            SummaryDelta::decode(data).map(StoredSummary::Delta)
+        } else {
+            GroupSummary::decode(data).map(StoredSummary::Full)
+        }
     }
 }
 

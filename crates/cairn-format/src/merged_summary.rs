@@ -12,14 +12,20 @@
 //! build the merge again from the trees' summaries instead).
 //!
 //! ```text
-//! envelope "CRNMSUM\0", version 1 (sealed as a summary in an encrypted repository)
+//! envelope "CRNMSUM\0", version 1 or 2 (sealed as a summary in an encrypted repository)
 //! payload  = image (str16)
 //!          | tree count T (u32) | T × (root id (32) | summary id (32))        ascending roots
+//!          [version 2: | chain count C (u32)
+//!                      | C × (root id (32) | n (u8, 1 ..= 20) | n × root id (32))
+//!                                                     ascending roots, each a counted tree]
 //!          | node count N (u32) | N × (node key (u64) | trees (u32, 1 ..= T))  ascending keys
 //!          | group count G (u32) | G × (group key (u64) | slot set | common (u32, 1 ..= T)
 //!                                    | exceptions E (u16)
 //!                                    | E × (slot (u16) | trees (u32, 1 ..= T, ≠ common)))
 //! ```
+//! A chain names the summaries a counted tree's summary, stored as a delta, is resolved
+//! through (`group_summary::delta`): GC keeps those even when their own trees are gone.
+//! Version 1 (written before deltas) has no chains: every summary it counts was whole.
 //! Group keys ascend; a group's listed slots are used by `common` trees each except the
 //! exceptions, which name listed slots in ascending order. The slot set is `group_summary`'s.
 
@@ -31,6 +37,10 @@ use crate::slots::SlotSet;
 use crate::{envelope, FormatError, FormatResult, Id};
 
 const MAGIC: &[u8; 8] = b"CRNMSUM\0";
+/// The envelope version with chains.
+const WITH_CHAINS: u32 = 2;
+/// The longest chain a delta can have (`group_summary::MAX_POSITION` is 2^20).
+const MAX_CHAIN: usize = 20;
 const WHAT: &str = "merged summary";
 
 /// The content id of a tree's summary, as a merge records it: the id of its canonical
@@ -149,6 +159,8 @@ pub struct MergedSummary {
     pub image: String,
     /// (root id, the id of the summary added for it ([`summary_id`])), ascending roots.
     trees: Vec<(Id, Id)>,
+    /// The chain of each counted tree whose summary is stored as a delta, by root.
+    chains: BTreeMap<Id, Vec<Id>>,
     /// (node key, trees), ascending keys.
     nodes: Vec<(u64, u32)>,
     /// (group key, slot counts), ascending keys.
@@ -184,12 +196,15 @@ impl MergedSummary {
     /// changes) if it is counted already. Keys already counted are found by binary search
     /// from the last one found (both lists ascend) and counted in place; new keys are merged
     /// in with one pass at the end.
-    pub fn add_tree(&mut self, root: &Id, summary: &GroupSummary) -> bool {
+    pub fn add_tree(&mut self, root: &Id, summary: &GroupSummary, chain: &[Id]) -> bool {
         let at = match self.tree_at(root) {
             Ok(_) => return false,
             Err(at) => at,
         };
         self.trees.insert(at, (*root, summary_id(summary)));
+        if !chain.is_empty() {
+            self.chains.insert(*root, chain.to_vec());
+        }
         let mut fresh = Vec::new();
         let mut from = 0;
         for &key in summary.nodes() {
@@ -233,6 +248,7 @@ impl MergedSummary {
             }
             Ok(at) => {
                 self.trees.remove(at);
+                self.chains.remove(root);
             }
         }
         // A count that reaches 0 is left at 0 and swept in one pass at the end.
@@ -269,6 +285,11 @@ impl MergedSummary {
             self.groups.retain(|(_, c)| c.common > 0);
         }
         Ok(())
+    }
+
+    /// The roots of the summaries the counted trees' summaries are resolved through.
+    pub fn chain_roots(&self) -> impl Iterator<Item = &Id> + '_ {
+        self.chains.values().flatten()
     }
 
     /// Whether a counted tree uses the node of key `key` (`group_summary::key_of`).
@@ -342,6 +363,14 @@ impl MergedSummary {
         for (root, summary) in &self.trees {
             e.id(root).id(summary);
         }
+        e.u32(u32::try_from(self.chains.len()).expect("chains fit u32"));
+        for (root, chain) in &self.chains {
+            e.id(root);
+            e.u8(u8::try_from(chain.len()).expect("a chain of at most 20"));
+            for member in chain {
+                e.id(member);
+            }
+        }
         e.u32(u32::try_from(self.nodes.len()).expect("nodes fit u32"));
         for (key, n) in &self.nodes {
             e.u64(*key).u32(*n);
@@ -356,12 +385,13 @@ impl MergedSummary {
                 e.u16(*slot).u32(*n);
             }
         }
-        envelope::seal(MAGIC, &e.finish())
+        envelope::seal_version(MAGIC, WITH_CHAINS, &e.finish())
     }
 
     /// Decodes a merge, checking that its lists ascend.
     pub fn decode(data: &[u8]) -> FormatResult<MergedSummary> {
-        let mut d = Decoder::new(envelope::open(MAGIC, data, WHAT)?, WHAT);
+        let (version, payload) = envelope::open_version(MAGIC, data, WHAT, WITH_CHAINS)?;
+        let mut d = Decoder::new(payload, WHAT);
         let mut m = MergedSummary::new(&d.str16()?);
         let trees = d.u32()?;
         let mut last = None;
@@ -375,6 +405,22 @@ impl MergedSummary {
             roots.push((root, summary));
         }
         m.trees = roots;
+        if version == WITH_CHAINS {
+            let mut last = None;
+            for _ in 0..d.u32()? {
+                let root = d.id()?;
+                if last.is_some_and(|l| l >= root) || !m.covers(&root) {
+                    return Err(invalid("chains not in ascending order of counted trees"));
+                }
+                last = Some(root);
+                let n = usize::from(d.u8()?);
+                if n == 0 || n > MAX_CHAIN {
+                    return Err(invalid(format!("a chain of {n} summaries")));
+                }
+                let chain = (0..n).map(|_| d.id()).collect::<FormatResult<Vec<Id>>>()?;
+                m.chains.insert(root, chain);
+            }
+        }
         let in_range = |n: u32, what: &str| {
             if n == 0 || n > trees {
                 Err(invalid(format!("{what} counted by {n} of {trees} trees")))
@@ -530,7 +576,7 @@ mod tests {
             .enumerate()
             .map(|(i, t)| {
                 let mut m = MergedSummary::new(&format!("vm{i}"));
-                m.add_tree(&Id::of(&[b'r', i as u8]), t);
+                m.add_tree(&Id::of(&[b'r', i as u8]), t, &[]);
                 m
             })
             .collect();
@@ -548,9 +594,9 @@ mod tests {
         let roots: Vec<Id> = (0..3u8).map(|i| Id::of(&[b'r', i])).collect();
         let mut m = MergedSummary::new("vm");
         for (root, t) in roots.iter().zip([&a, &b, &c]) {
-            assert!(m.add_tree(root, t));
+            assert!(m.add_tree(root, t, &[]));
         }
-        assert!(!m.add_tree(&roots[0], &a), "a tree is counted once");
+        assert!(!m.add_tree(&roots[0], &a, &[]), "a tree is counted once");
         assert_eq!(merged_union(&m), union_of([&a, &b, &c]));
 
         m.remove_tree(&roots[1], &b).unwrap();
@@ -561,8 +607,8 @@ mod tests {
 
         // The result is the merge built from the remaining trees, byte for byte.
         let mut again = MergedSummary::new("vm");
-        again.add_tree(&roots[0], &a);
-        again.add_tree(&roots[2], &c);
+        again.add_tree(&roots[0], &a, &[]);
+        again.add_tree(&roots[2], &c, &[]);
         assert_eq!(m, again);
         assert_eq!(m.encode(), again.encode());
 
@@ -581,8 +627,8 @@ mod tests {
         let b = tree(&[1], &[(1, 0, 2)]);
         let (ra, rb) = (Id::of(b"ra"), Id::of(b"rb"));
         let mut m = MergedSummary::new("vm");
-        m.add_tree(&ra, &a);
-        m.add_tree(&rb, &b);
+        m.add_tree(&ra, &a, &[]);
+        m.add_tree(&rb, &b, &[]);
         // a's summary replaced by a superset would take b's slots with it: refused.
         let bigger = tree(&[1, 2], &[(1, 0, 4)]);
         let err = m.clone().remove_tree(&ra, &bigger).unwrap_err();
@@ -619,12 +665,12 @@ mod tests {
                 let nodes: Vec<u8> = (0..next(4)).map(|_| next(16) as u8).collect();
                 let s = tree(&nodes, &runs);
                 let root = Id::of(&step.to_le_bytes());
-                m.add_tree(&root, &s);
+                m.add_tree(&root, &s, &[]);
                 live.insert(root, s);
             }
             let mut rebuilt = MergedSummary::new("image");
             for (root, s) in &live {
-                rebuilt.add_tree(root, s);
+                rebuilt.add_tree(root, s, &[]);
             }
             assert_eq!(m, rebuilt, "step {step}");
             assert_eq!(MergedSummary::decode(&m.encode()).unwrap(), m);
@@ -662,8 +708,8 @@ mod tests {
     #[test]
     fn decoding_refuses_damage_and_impossible_counts() {
         let mut m = MergedSummary::new("vm");
-        m.add_tree(&Id::of(b"r1"), &tree(&[1], &[(1, 0, 4)]));
-        m.add_tree(&Id::of(b"r2"), &tree(&[], &[(1, 2, 4)]));
+        m.add_tree(&Id::of(b"r1"), &tree(&[1], &[(1, 0, 4)]), &[]);
+        m.add_tree(&Id::of(b"r2"), &tree(&[], &[(1, 2, 4)]), &[]);
         let raw = m.encode();
         assert_eq!(MergedSummary::decode(&raw).unwrap(), m);
         for i in 0..raw.len() {
@@ -674,15 +720,38 @@ mod tests {
         assert!(MergedSummary::decode(&raw[..raw.len() - 1]).is_err());
 
         // Payloads with a valid checksum but impossible content.
-        let payload = envelope::open(MAGIC, &raw, WHAT).unwrap().to_vec();
-        let reseal = |p: &[u8]| MergedSummary::decode(&envelope::seal(MAGIC, p));
-        // image "vm" (2 + 2) | trees 2 (4) | 2 × 64 | nodes 1 (4) | key (8) | count at 144
-        let count_at = 4 + 4 + 128 + 4 + 8;
+        let (_, payload) = envelope::open_version(MAGIC, &raw, WHAT, WITH_CHAINS).unwrap();
+        let payload = payload.to_vec();
+        let reseal =
+            |p: &[u8]| MergedSummary::decode(&envelope::seal_version(MAGIC, WITH_CHAINS, p));
+        // image "vm" (2 + 2) | trees 2 (4) | 2 × 64 | chains 0 (4) | nodes 1 (4) | key (8)
+        // | count at 148
+        let count_at = 4 + 4 + 128 + 4 + 4 + 8;
         let mut bad = payload.clone();
         bad[count_at..count_at + 4].copy_from_slice(&3u32.to_le_bytes());
         let err = reseal(&bad).unwrap_err();
         assert!(err.to_string().contains("counted by 3 of 2 trees"), "{err}");
         bad[count_at..count_at + 4].copy_from_slice(&0u32.to_le_bytes());
         assert!(reseal(&bad).is_err());
+
+        // A chain for a tree the merge does not count, or of no summaries, is refused.
+        let chains_at = 4 + 4 + 128;
+        let chain = |root: &[u8], n: u8| {
+            let mut p = payload[..chains_at].to_vec();
+            p.extend_from_slice(&1u32.to_le_bytes());
+            p.extend_from_slice(Id::of(root).as_bytes());
+            p.push(n);
+            for _ in 0..n {
+                p.extend_from_slice(Id::of(b"c").as_bytes());
+            }
+            p.extend_from_slice(&payload[chains_at + 4..]);
+            p
+        };
+        let ok = reseal(&chain(b"r1", 1)).unwrap();
+        assert_eq!(ok.chain_roots().collect::<Vec<_>>(), vec![&Id::of(b"c")]);
+        let err = reseal(&chain(b"r3", 1)).unwrap_err();
+        assert!(err.to_string().contains("counted trees"), "{err}");
+        let err = reseal(&chain(b"r1", 0)).unwrap_err();
+        assert!(err.to_string().contains("a chain of 0"), "{err}");
     }
 }

@@ -141,6 +141,14 @@ impl SlotSet {
 
     /// `bytes B (u16, 1 ..= 8192) | B bytes`, bit s % 8 of byte s / 8 = slot s, without
     /// trailing zero bytes (a group of 16 slots costs 2 bytes, not a word).
+    /// The bytes of the set's encoding after its length (the last non-zero byte's end).
+    pub(crate) fn encoded_bytes(&self) -> u64 {
+        let Some(last) = self.0.iter().rposition(|w| *w != 0) else {
+            return 0;
+        };
+        last as u64 * 8 + u64::from(8 - self.0[last].leading_zeros() / 8)
+    }
+
     pub(crate) fn encode_into(&self, e: &mut Encoder) {
         let bytes: Vec<u8> = self.0.iter().flat_map(|w| w.to_le_bytes()).collect();
         let used = bytes.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);

@@ -5,7 +5,7 @@
 use cairn_format::config::{Chunker, Compression, RepoConfig};
 use cairn_format::crypto::{Domain, KdfParams, KeySlot, MasterKey};
 use cairn_format::group::{chunk, open_group, GroupBuilder, GroupChunk, GroupDesc};
-use cairn_format::group_summary::{GroupSummary, SummaryBuilder};
+use cairn_format::group_summary::{Before, GroupSummary, Resolved, SummaryBuilder, SummaryDelta};
 use cairn_format::index::{IndexFile, PackIndex};
 use cairn_format::index_run;
 use cairn_format::leaf_v2::{LeafDigest, RunExtent, RunLeaf};
@@ -121,6 +121,7 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
             "group_summary_counted",
             group_summary_sample(GroupSummary::counted()).encode(),
         ),
+        ("summary_delta", summary_delta_sample()),
         ("index_run", index_run_sample(None)),
         ("index_run_sealed", index_run_sample(Some(&sealing_key()))),
         ("pack_v2_sealed", pack_v2_sample(Some(&sealing_key()))),
@@ -164,6 +165,22 @@ fn open_index_run(data: &[u8], key: Option<&MasterKey>) -> bool {
 }
 
 /// A reference summary of a node and two runs that overlap (counted: slots 5..10 repeat).
+/// A delta from the counted sample to a summary without its first node and with a group
+/// more, at position 3 of a chain.
+fn summary_delta_sample() -> Vec<u8> {
+    let base = group_summary_sample(GroupSummary::counted());
+    let mut new = SummaryBuilder::from(base.clone());
+    new.add_run(&Id::of(b"another group"), 3, 9);
+    let new = new.finish().unwrap();
+    let at_2 = Resolved {
+        summary: base,
+        position: 2,
+        chain: vec![Id::of(b"c0"), Id::of(b"c2")],
+        since: Before::default(),
+    };
+    at_2.next_delta(&new).unwrap()
+}
+
 fn group_summary_sample(s: GroupSummary) -> GroupSummary {
     let mut s = SummaryBuilder::from(s);
     s.add_node(&Id::of(b"n"));
@@ -239,6 +256,11 @@ fn decode(kind: &str, data: &[u8]) -> bool {
         "leaf_v2" => RunLeaf::decode(data).is_ok(),
         "interior_v2" => Interior::decode(data).is_ok(),
         "group_summary" | "group_summary_counted" => GroupSummary::decode(data).is_ok(),
+        "summary_delta" => SummaryDelta::decode(data).is_ok_and(|d| {
+            let mut s = group_summary_sample(GroupSummary::counted());
+            let _ = s.apply(&d, Some(&mut Before::default()));
+            true
+        }),
         "index_run" => open_index_run(data, None),
         "index_run_sealed" => open_index_run(data, Some(&sealing_key())),
         "pack_v2_sealed" => pack_v2::parse_pack(data, Some(&sealing_key())).is_ok(),

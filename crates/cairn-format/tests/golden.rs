@@ -20,7 +20,7 @@ use cairn_format::codec::{Decoder, Encoder};
 use cairn_format::config::{Chunker, Compression, RepoConfig};
 use cairn_format::crypto::{Domain, KdfParams, KeySlot, MasterKey};
 use cairn_format::group::{chunk, group_id, open_group, GroupBuilder, GroupChunk};
-use cairn_format::group_summary::{GroupSummary, SummaryBuilder};
+use cairn_format::group_summary::{Before, GroupSummary, Resolved, SummaryBuilder, SummaryDelta};
 use cairn_format::index::{IndexFile, PackIndex};
 use cairn_format::index_run;
 use cairn_format::leaf_v2::{LeafDigest, RunExtent, RunLeaf};
@@ -106,6 +106,8 @@ const VECTORS: &[&str] = &[
     "v2_group_summary",
     "v2_group_summary_counted",
     "v2_merged_summary",
+    "v2_merged_summary_chains",
+    "v2_summary_delta",
     "v2_record_bundle",
 ];
 
@@ -1700,12 +1702,15 @@ fn v2_group_summary_counted() {
 /// A merged summary of image "vm" counting the trees of the two summaries above: n1 and g1's
 /// slots by both (common 2), g2's slot 6 by one and slot 5 by both (a tie: common 1, one
 /// exception). Every flip is refused (envelope checksum).
+///
+/// The vector is envelope version 1 (no chains), as builds before summary deltas wrote it:
+/// it still decodes to the same merge, which is now written as version 2.
 #[test]
 fn v2_merged_summary() {
     let mut m = MergedSummary::new("vm");
-    assert!(m.add_tree(&Id::of(b"r1"), &counted_summary()));
-    assert!(m.add_tree(&Id::of(b"r2"), &uncounted_summary()));
-    let bytes = golden("v2_merged_summary", &m.encode());
+    assert!(m.add_tree(&Id::of(b"r1"), &counted_summary(), &[]));
+    assert!(m.add_tree(&Id::of(b"r2"), &uncounted_summary(), &[]));
+    let bytes = read_vector("v2_merged_summary");
     assert_eq!(MergedSummary::decode(&bytes).unwrap(), m);
     // envelope 16 | image 4 | 2 trees: 4 + 2 × 64 | 2 nodes: 4 + 2 × 12
     // | 2 groups: 4 + (8 + 2 + 9 + 4 + 2) + (8 + 2 + 1 + 4 + 2 + 6) | 32
@@ -1715,8 +1720,65 @@ fn v2_merged_summary() {
     });
     m.remove_tree(&Id::of(b"r2"), &uncounted_summary()).unwrap();
     let mut alone = MergedSummary::new("vm");
-    alone.add_tree(&Id::of(b"r1"), &counted_summary());
+    alone.add_tree(&Id::of(b"r1"), &counted_summary(), &[]);
     assert_eq!(m, alone);
+}
+
+/// The merge above, written now (envelope version 2), with r1's summary resolved through the
+/// summaries of c0 and c4 (a delta at position 6): the chains follow the trees.
+#[test]
+fn v2_merged_summary_chains() {
+    let chain = [Id::of(b"c0"), Id::of(b"c4")];
+    let mut m = MergedSummary::new("vm");
+    assert!(m.add_tree(&Id::of(b"r1"), &counted_summary(), &chain));
+    assert!(m.add_tree(&Id::of(b"r2"), &uncounted_summary(), &[]));
+    let bytes = golden("v2_merged_summary_chains", &m.encode());
+    assert_eq!(MergedSummary::decode(&bytes).unwrap(), m);
+    // version 1's bytes | chains: 4 + (32 + 1 + 2 × 32)
+    assert_eq!(bytes.len(), 16 + 4 + 132 + 4 + 97 + 28 + 4 + 25 + 23 + 32);
+    assert_eq!(
+        m.chain_roots().collect::<Vec<_>>(),
+        chain.iter().collect::<Vec<_>>()
+    );
+    every_flip_is_noticed("v2_merged_summary_chains", &bytes, &[], |b| {
+        MergedSummary::decode(b).is_ok_and(|x| x == m)
+    });
+    m.remove_tree(&Id::of(b"r1"), &counted_summary()).unwrap();
+    assert_eq!(m.chain_roots().count(), 0);
+}
+
+/// A summary stored as a delta: position 6 of a chain (base at position 4; the chain names
+/// c0 and c4), from `counted_summary` to a tree with node n3 added, g1's slot 2 dropped and
+/// slot 0 referenced twice, g2 gone and g3's slot 7 new. Every flip is refused (checksum).
+#[test]
+fn v2_summary_delta() {
+    let base = counted_summary();
+    let mut new = SummaryBuilder::counted();
+    new.add_node(&Id::of(b"n1"));
+    new.add_node(&Id::of(b"n3"));
+    let (g1, g3) = (Id::of(b"g1"), Id::of(b"g3"));
+    for (group, first, count) in [(g1, 0, 2), (g1, 0, 1), (g1, 64, 1), (g3, 7, 1)] {
+        new.add_run(&group, first, count);
+    }
+    let new = new.finish().unwrap();
+    let at_5 = Resolved {
+        summary: base.clone(),
+        position: 5,
+        chain: vec![Id::of(b"c0"), Id::of(b"c4"), Id::of(b"c5")],
+        since: Before::default(),
+    };
+    let bytes = golden("v2_summary_delta", &at_5.next_delta(&new).unwrap());
+    let delta = SummaryDelta::decode(&bytes).unwrap();
+    assert_eq!((delta.position, delta.chain.len()), (6, 2));
+    // envelope 16 | position 4 | chain 64 | removed 4 | added 4 + 8 | 3 changes: 4
+    // + g1 (8 + 1 + 2 + 9 + 2 + 6) + g2 (8 + 1) + g3 (8 + 1 + 2 + 1 + 2) | 32
+    assert_eq!(bytes.len(), 16 + 4 + 64 + 4 + 12 + 4 + 28 + 9 + 14 + 32);
+    let mut resolved = base;
+    resolved.apply(&delta, None).unwrap();
+    assert_eq!(resolved, new);
+    every_flip_is_noticed("v2_summary_delta", &bytes, &[], |b| {
+        SummaryDelta::decode(b).is_ok_and(|x| x == delta)
+    });
 }
 
 /// A version record bundle of two records, in ascending order of their ids (recomputed, not

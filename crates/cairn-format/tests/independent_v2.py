@@ -7,7 +7,8 @@ itself. Needs Python's blake3 (pip install blake3).
 
 Covers v2_pack_plain, v2_pack_3_plain, v2_leaf_runs, v2_leaf_digest, v2_interior_digests, v2_index_run (version 1),
 v2_index_run_2, v2_index_run_3, v2_group_summary (version 1), v2_group_summary_counted (version 2),
-v2_merged_summary, v2_record_bundle and the
+v2_merged_summary (version 1), v2_merged_summary_chains (version 2), v2_summary_delta,
+v2_record_bundle and the
 pinned ids of v2_group_ids. (The sealed vectors
 v2_sealed_*, v2_key_slot and v2_group_sealed_raw were computed with PyNaCl and argon2-cffi.)
 """
@@ -206,14 +207,24 @@ def group_summary(counted):
     return envelope(b"CRNSUM2\0", 2, out)
 
 
-def merged_summary():
+def slot_set(slots):
+    bits = bytearray(max(slots) // 8 + 1)
+    for s in slots:
+        bits[s // 8] |= 1 << (s % 8)
+    return struct.pack("<H", len(bits)) + bytes(bits)
+
+
+def merged_summary(chains=False):
     """A merged summary of image "vm" counting two trees: r1 with the counted summary above,
     r2 with the version 1 one. n1 is used by both, n2 by r2; g1's slots 0..3 and 64 by both
-    (common 2); g2's slot 5 by both and slot 6 by r2 (a tie: common 1, slot 5 an exception)."""
+    (common 2); g2's slot 5 by both and slot 6 by r2 (a tie: common 1, slot 5 an exception).
+    With chains (version 2): r1's summary is resolved through those of c0 and c4."""
     key = lambda i: struct.unpack("<Q", i[:8])[0]
     trees = sorted([(bid(b"r1"), bid(group_summary(True))), (bid(b"r2"), bid(group_summary(False)))])
     out = struct.pack("<H", 2) + b"vm" + struct.pack("<I", len(trees))
     out += b"".join(root + summary for root, summary in trees)
+    if chains:
+        out += struct.pack("<I", 1) + bid(b"r1") + struct.pack("<B", 2) + bid(b"c0") + bid(b"c4")
     nodes = sorted([(key(bid(b"n1")), 2), (key(bid(b"n2")), 1)])
     out += struct.pack("<I", len(nodes)) + b"".join(struct.pack("<QI", k, n) for k, n in nodes)
     g1, g2 = key(bid(b"g1")), key(bid(b"g2"))
@@ -226,7 +237,27 @@ def merged_summary():
             bits[s_ // 8] |= 1 << (s_ % 8)
         out += struct.pack("<QH", k, len(bits)) + bytes(bits) + struct.pack("<IH", common, len(exceptions))
         out += b"".join(struct.pack("<HI", slot, n) for slot, n in exceptions)
-    return envelope(b"CRNMSUM\0", 1, out)
+    return envelope(b"CRNMSUM\0", 2 if chains else 1, out)
+
+
+def summary_delta():
+    """A summary delta at position 6 (chain: c0, c4) from the counted summary above to a tree
+    that adds node n3, keeps g1's slots 0, 1 and 64 with slot 0 referenced twice, drops g2 and
+    uses g3's slot 7."""
+    key = lambda i: struct.unpack("<Q", i[:8])[0]
+    out = struct.pack("<I", 6) + bid(b"c0") + bid(b"c4")
+    out += struct.pack("<I", 0) + struct.pack("<IQ", 1, key(bid(b"n3")))
+    changes = {key(bid(b"g1")): ([0, 1, 64], [(0, 1)]), key(bid(b"g2")): None,
+               key(bid(b"g3")): ([7], [])}
+    out += struct.pack("<I", len(changes))
+    for k in sorted(changes):
+        if changes[k] is None:
+            out += struct.pack("<QB", k, 0)
+            continue
+        slots, repeats = changes[k]
+        out += struct.pack("<QB", k, 1) + slot_set(slots) + struct.pack("<H", len(repeats))
+        out += b"".join(struct.pack("<HI", s, n) for s, n in repeats)
+    return envelope(b"CRNSUMD\0", 1, out)
 
 
 def record_bundle():
@@ -264,6 +295,8 @@ def main():
                ("v2_group_summary", group_summary(False)),
                ("v2_group_summary_counted", group_summary(True)),
                ("v2_merged_summary", merged_summary()),
+               ("v2_merged_summary_chains", merged_summary(chains=True)),
+               ("v2_summary_delta", summary_delta()),
                ("v2_record_bundle", record_bundle()))
     for name, data in vectors:
         path = os.path.join(HERE, name + ".hex")

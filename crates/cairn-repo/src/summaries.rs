@@ -6,10 +6,11 @@ use cairn_format::keys;
 
 use bytes::Bytes;
 use cairn_format::crypto::Domain;
-use cairn_format::group_summary::GroupSummary;
+use cairn_format::group_summary::{delta_pays, GroupSummary, Resolved, StoredSummary};
 use cairn_format::marker::{encode_freed, GcLeftover};
 use cairn_format::merged_summary::MergedSummary;
 use cairn_format::summary::Summary;
+use cairn_format::FormatError;
 use cairn_format::Id;
 use cairn_store::StoreError;
 
@@ -43,9 +44,20 @@ impl Repo {
     }
 
     /// Stores the format 2 summary of the tree rooted at `root` (sealed in an encrypted
-    /// repository; put-if-absent like [`Repo::put_summary`]). Returns the bytes written.
-    pub async fn put_group_summary(&self, root: &Id, summary: &GroupSummary) -> RepoResult<u64> {
-        let raw = self.seal(Domain::Summary, summary.encode());
+    /// repository; put-if-absent like [`Repo::put_summary`]): as a delta from `base`, the
+    /// resolved summary of another tree, when its chain allows and the delta pays
+    /// (`cairn_format::group_summary::delta_pays`), whole otherwise. Returns the bytes written.
+    pub async fn put_group_summary(
+        &self,
+        root: &Id,
+        summary: &GroupSummary,
+        base: Option<&Resolved>,
+    ) -> RepoResult<u64> {
+        let delta = base
+            .and_then(|b| b.next_delta(summary))
+            .filter(|d| delta_pays(d.len(), summary));
+        let plain = delta.unwrap_or_else(|| summary.encode());
+        let raw = self.seal(Domain::Summary, plain);
         let len = raw.len() as u64;
         self.store()
             .put_if_absent(&keys::summary(root), Bytes::from(raw))
@@ -53,9 +65,70 @@ impl Repo {
         Ok(len)
     }
 
-    /// The format 2 summary of `root` and its stored size: `Ok(None)` if there is none, an
-    /// error naming the object if it is damaged (callers rebuild it from the tree).
+    /// The format 2 summary of `root` and the bytes read for it: `Ok(None)` if there is none,
+    /// an error naming the object if it or a summary its chain names is damaged or missing
+    /// (callers rebuild it from the tree).
     pub async fn load_group_summary(&self, root: &Id) -> RepoResult<Option<(GroupSummary, u64)>> {
+        Ok(self
+            .resolve_group_summary(root)
+            .await?
+            .map(|(r, len)| (r.summary, len)))
+    }
+
+    /// The format 2 summary of `root` resolved from its chain (what the next tree's delta
+    /// is taken against), and the bytes read: the object, then every summary its chain
+    /// names, fetched at once.
+    pub async fn resolve_group_summary(&self, root: &Id) -> RepoResult<Option<(Resolved, u64)>> {
+        let Some((stored, mut read)) = self.stored_summary(root).await? else {
+            return Ok(None);
+        };
+        let delta = match stored {
+            StoredSummary::Full(summary) => {
+                return Ok(Some((Resolved::full(*root, summary), read)))
+            }
+            StoredSummary::Delta(delta) => delta,
+        };
+        let key = keys::summary(root);
+        let broken = |reason: String| {
+            RepoError::corrupt(key.clone(), FormatError::invalid("summary delta", reason))
+        };
+        let members =
+            futures_util::future::try_join_all(delta.chain.iter().map(|member| async move {
+                self.stored_summary(member).await.map(|s| (member, s))
+            }))
+            .await?;
+        let mut full = None;
+        let mut deltas = Vec::with_capacity(members.len().saturating_sub(1));
+        for (i, (member, stored)) in members.into_iter().enumerate() {
+            let Some((stored, len)) = stored else {
+                return Err(broken(format!(
+                    "its chain names {}, which is missing",
+                    keys::summary(member)
+                )));
+            };
+            read += len;
+            match (i, stored) {
+                (0, StoredSummary::Full(s)) => full = Some(s),
+                (0, StoredSummary::Delta(_)) => {
+                    return Err(broken("its chain starts with a delta".into()))
+                }
+                (_, StoredSummary::Delta(d)) => deltas.push(d),
+                (_, StoredSummary::Full(_)) => {
+                    return Err(broken(format!(
+                        "its chain names {} as a delta; it is whole",
+                        keys::summary(member)
+                    )))
+                }
+            }
+        }
+        let full = full.ok_or_else(|| broken("an empty chain".into()))?;
+        let resolved = Resolved::from_chain(*root, &delta, full, &deltas)
+            .map_err(|e| RepoError::corrupt(key.clone(), e))?;
+        Ok(Some((resolved, read)))
+    }
+
+    /// The summary object of `root` as stored (whole or a delta) and its size.
+    async fn stored_summary(&self, root: &Id) -> RepoResult<Option<(StoredSummary, u64)>> {
         let key = keys::summary(root);
         let raw = match self.store().get(&key).await {
             Ok(raw) => raw,
@@ -64,9 +137,18 @@ impl Repo {
         };
         let len = raw.len() as u64;
         let plain = self.open_sealed(Domain::Summary, "summary", &key, raw)?;
-        GroupSummary::decode(&plain)
+        StoredSummary::decode(&plain)
             .map(|s| Some((s, len)))
             .map_err(|e| RepoError::corrupt(key, e))
+    }
+
+    /// The roots of the summaries the stored summary of `root` is resolved through (none for
+    /// a whole one, or when there is no summary). A damaged object is an error.
+    pub async fn summary_chain(&self, root: &Id) -> RepoResult<Vec<Id>> {
+        Ok(match self.stored_summary(root).await? {
+            Some((StoredSummary::Delta(d), _)) => d.chain,
+            _ => Vec::new(),
+        })
     }
 
     /// Roots that have a stored summary.

@@ -757,7 +757,9 @@ async fn a_commit_over_an_uncounted_summary_reads_its_reused_leaves_once() {
     let (mut uncounted, _) = repo.load_group_summary(&root).await.unwrap().unwrap();
     uncounted.forget_counts();
     repo.delete_summary(&root).await.unwrap();
-    repo.put_group_summary(&root, &uncounted).await.unwrap();
+    repo.put_group_summary(&root, &uncounted, None)
+        .await
+        .unwrap();
     let (back, _) = repo.load_group_summary(&root).await.unwrap().unwrap();
     assert!(!back.is_counted());
 

@@ -164,7 +164,9 @@ async fn a_tree_whose_summary_changed_is_not_subtracted() {
     let (kept_summary, _) = repo.load_group_summary(&kept_root).await.unwrap().unwrap();
     superset.merge(&kept_summary);
     repo.delete_summary(&gone_root).await.unwrap();
-    repo.put_group_summary(&gone_root, &superset).await.unwrap();
+    repo.put_group_summary(&gone_root, &superset, None)
+        .await
+        .unwrap();
 
     repo.mark_deleted(&gone.id).await.unwrap();
     let report = gc(&repo, &opts()).await.unwrap();

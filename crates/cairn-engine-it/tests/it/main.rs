@@ -29,3 +29,4 @@ mod incremental;
 mod lost_metadata;
 mod patch;
 mod round_trip;
+mod summary_delta;

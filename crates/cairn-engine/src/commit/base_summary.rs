@@ -15,19 +15,20 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cairn_format::group_summary::{GroupSummary, SummaryBuilder};
+use cairn_format::group_summary::{GroupSummary, Resolved, SummaryBuilder};
 use cairn_format::leaf_v2::RunLeaf;
 use cairn_format::Id;
 use cairn_repo::{Repo, RepoError};
 
 use crate::error::EngineResult;
 
-/// The base's summary, or `None` (logged) when it is missing or cannot be read: the caller
-/// then reads the leaves it would have covered.
-pub(crate) async fn load_base_summary(repo: &Repo, root: Option<Id>) -> Option<GroupSummary> {
+/// The base's summary resolved from its chain (the new tree's summary is stored as a delta
+/// from it), or `None` (logged) when it is missing or cannot be read: the caller then reads
+/// the leaves it would have covered, and the new summary is stored whole.
+pub(crate) async fn load_base_summary(repo: &Repo, root: Option<Id>) -> Option<Resolved> {
     let root = root?;
-    match repo.load_group_summary(&root).await {
-        Ok(Some((summary, _))) => Some(summary),
+    match repo.resolve_group_summary(&root).await {
+        Ok(Some((resolved, _))) => Some(resolved),
         Ok(None) => {
             tracing::debug!(%root, "base has no reference summary; its leaves are read");
             None
@@ -43,10 +44,10 @@ pub(crate) async fn load_base_summary(repo: &Repo, root: Option<Id>) -> Option<G
 /// each leaf occurrence this commit built or read — with the references of the `unread` leaf
 /// occurrences (one entry per segment that reuses a base leaf unread). `base_leaves` lists
 /// the base tree's leaf occurrences (one entry per segment with a leaf) and `base` is its
-/// summary.
+/// summary (copied: it is also what the new summary's delta is taken against).
 pub(crate) async fn complete_summary(
     repo: &Arc<Repo>,
-    base: Option<GroupSummary>,
+    base: Option<&Resolved>,
     unread: &[Id],
     base_leaves: &[Id],
     summary: &mut GroupSummary,
@@ -55,7 +56,7 @@ pub(crate) async fn complete_summary(
         return Ok(());
     }
     let unread = occurrences(unread);
-    if let Some(base) = base.filter(GroupSummary::is_counted) {
+    if let Some(base) = base.map(|b| &b.summary).filter(|s| s.is_counted()) {
         let in_base = occurrences(base_leaves);
         let surplus = |of: &HashMap<Id, u64>, over: &HashMap<Id, u64>| -> Vec<(Id, u64)> {
             of.iter()
@@ -68,7 +69,7 @@ pub(crate) async fn complete_summary(
         let dropped = surplus(&in_base, &unread);
         let added = surplus(&unread, &in_base);
         if dropped.len() + added.len() <= unread.len() {
-            if let Some(reused) = derive(repo, base, &dropped, &added).await? {
+            if let Some(reused) = derive(repo, base.clone(), &dropped, &added).await? {
                 summary.merge(&reused);
                 return Ok(());
             }

@@ -167,8 +167,15 @@ pub async fn commit(
     if let Some(summary) = out.group_summary.as_mut() {
         let base = parent.summary(&repo).await;
         let base_leaves = parent.occurrences();
-        base_summary::complete_summary(&repo, base, &out.unread_leaves, &base_leaves, summary)
-            .await?;
+        base_summary::complete_summary(
+            &repo,
+            base.as_ref(),
+            &out.unread_leaves,
+            &base_leaves,
+            summary,
+        )
+        .await?;
+        out.summary_base = base;
     }
 
     publish(

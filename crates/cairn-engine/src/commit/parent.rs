@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use cairn_format::group_summary::GroupSummary;
+use cairn_format::group_summary::{GroupSummary, Resolved};
 use cairn_format::leaf_v2::{LeafDigest, RunLeaf};
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
@@ -56,8 +56,8 @@ pub(crate) struct ParentLeaves {
     /// The parent's leaf of each segment, sorted by segment, for chunk-level dedup of a
     /// changed segment (`parent_chunks`) and for the new tree's summary (`base_summary`).
     by_segment: Vec<(u64, Id)>,
-    /// The parent's root, when leaves are reused unread: its reference summary stands for
-    /// what they use. Checked when the commit starts, read again when the pipeline is done
+    /// The parent's root, when it has a readable reference summary: it stands for what leaves
+    /// reused unread use, and the new summary is stored as a delta from it. Checked when the commit starts, read again when the pipeline is done
     /// rather than held through it (2 MiB of a 64 GiB image's re-commit peak, 8 at 256 GiB).
     summary_root: Option<Id>,
 }
@@ -80,7 +80,7 @@ impl ParentLeaves {
         };
         let has_summary = load_base_summary(repo, parent.root)
             .await
-            .is_some_and(|s| !lists_quarantined(repo, &s));
+            .is_some_and(|s| !lists_quarantined(repo, &s.summary));
         let mut by_digest = Vec::with_capacity(leaves.len());
         let mut ids = HashSet::with_capacity(leaves.len());
         let mut unread = Vec::new();
@@ -113,11 +113,10 @@ impl ParentLeaves {
             }
         }
         let by_digest = one_per_digest(by_digest);
-        let unread_reused = by_digest.iter().any(|l| l.leaf.is_none());
         Ok(ParentLeaves {
             by_digest,
             by_segment,
-            summary_root: parent.root.filter(|_| has_summary && unread_reused),
+            summary_root: parent.root.filter(|_| has_summary),
         })
     }
 
@@ -155,13 +154,14 @@ impl ParentLeaves {
         self.by_segment.iter().map(|s| s.1).collect()
     }
 
-    /// The parent's reference summary, read again (for the new tree's summary), if leaves
-    /// were reused unread. `None` when it cannot be read now or lists a copy quarantined
-    /// since: the reused leaves are then read instead (`base_summary::complete_summary`).
-    pub(crate) async fn summary(&self, repo: &Repo) -> Option<GroupSummary> {
+    /// The parent's reference summary, read again: the new tree's summary is stored as a
+    /// delta from it, and it stands for what leaves reused unread use. `None` when it cannot
+    /// be read now or lists a copy quarantined since: the reused leaves are then read
+    /// instead (`base_summary::complete_summary`) and the new summary is stored whole.
+    pub(crate) async fn summary(&self, repo: &Repo) -> Option<Resolved> {
         load_base_summary(repo, self.summary_root)
             .await
-            .filter(|s| !lists_quarantined(repo, s))
+            .filter(|s| !lists_quarantined(repo, &s.summary))
     }
 }
 

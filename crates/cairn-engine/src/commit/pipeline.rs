@@ -25,7 +25,7 @@ use std::time::Duration;
 use cairn_format::config::RepoConfig;
 use cairn_format::crypto::MasterKey;
 use cairn_format::group::{group_id, Group, GroupBuilder};
-use cairn_format::group_summary::{GroupSummary, SummaryBuilder};
+use cairn_format::group_summary::{GroupSummary, Resolved, SummaryBuilder};
 use cairn_format::index_run;
 use cairn_format::leaf_v2::{RunExtent, RunLeaf};
 use cairn_format::version::CommitStats;
@@ -53,6 +53,8 @@ pub(crate) struct PipelineOutput {
     /// The tree's reference summary (groups' slots and nodes the tree uses; fast deletion
     /// trusts it).
     pub group_summary: Option<GroupSummary>,
+    /// The base's summary resolved, when read: `group_summary` is stored as a delta from it.
+    pub summary_base: Option<Resolved>,
     pub height: u8,
     pub size: u64,
     pub stats: CommitStats,
@@ -406,6 +408,7 @@ pub(crate) fn run_segments(
         Ok(PipelineOutput {
             root,
             group_summary: root.map(|_| summary.finish().expect("a summary of adds only")),
+            summary_base: None,
             height,
             size,
             stats,

@@ -123,7 +123,9 @@ pub(crate) async fn publish(
         false => out.run.put(repo).await?.1,
     };
     if let (Some(root), Some(summary)) = (&out.root, &out.group_summary) {
-        index_bytes += repo.put_group_summary(root, summary).await?;
+        index_bytes += repo
+            .put_group_summary(root, summary, out.summary_base.as_ref())
+            .await?;
     }
     let mut stats = out.stats;
     stats.stored_bytes = out.pack_bytes + index_bytes;

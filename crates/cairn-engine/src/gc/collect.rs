@@ -46,6 +46,7 @@ use super::records::GcRecords;
 use super::repacker::Repacker;
 use super::rescue::{rescue, Need};
 use super::small_packs::small_packs;
+use super::summary_bases::SummaryBases;
 use super::{finish, publish_and_wait, stored_bytes, sweep, GcMode, GcOptions, GcReport};
 use crate::error::{EngineError, EngineResult};
 use crate::live::{live_versions_from, LiveVersions, RecordSource};
@@ -101,11 +102,17 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     let mut scope: Option<HashSet<Id>> = None;
     // The exact pass: every group a live version uses, to tell whether any is lost.
     let mut live_groups: Option<HashSet<Id>> = None;
+    let mut bases = SummaryBases::default();
     let live_use: Box<dyn Liveness + Send + Sync> = match options.mode {
         GcMode::Repair => {
             // The exact pass does not keep merged summaries up: it deletes them (before it
             // deletes the summaries of dead trees they may count), and the next fast
-            // deletion builds them again.
+            // deletion builds them again. The chains they name are judged again first.
+            for (_, merged, _) in repo.merged_summaries().await? {
+                if let Ok(merged) = merged {
+                    bases.read(&merged);
+                }
+            }
             if !options.dry_run {
                 repo.delete_merged_summaries().await?;
             }
@@ -128,7 +135,9 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             Box::new(marks)
         }
         GcMode::Fast => {
-            let used = live_summary(repo, &snapshot.reader, &live, options, &mut report).await?;
+            let mut used =
+                live_summary(repo, &snapshot.reader, &live, options, &mut report).await?;
+            bases = std::mem::take(&mut used.bases);
             report.live_blobs = used.live.blobs();
             clock.lap("live summaries", &mut report);
             scope = affected_packs(repo, &mut records.source, &snapshot, &used, &unfreed, &live)
@@ -183,7 +192,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         && adopted.is_empty()
         && snapshot.runs.len() <= 1;
     if nothing_to_do {
-        free_versions(repo, &mut records.source, &unfreed, &live).await?;
+        free_versions(repo, &mut records.source, &unfreed, &live, &mut bases).await?;
         clock.lap("free versions", &mut report);
         records.keep(repo, &live, options, &mut report).await?;
         clock.lap("record bundle", &mut report);
@@ -313,7 +322,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     }
     remove_orphan_records(repo, &live_now, options, &mut report).await?;
     clock.lap("orphan records", &mut report);
-    free_versions(repo, &mut records.source, &unfreed, &live_now).await?;
+    free_versions(repo, &mut records.source, &unfreed, &live_now, &mut bases).await?;
     clock.lap("free versions", &mut report);
     records.keep(repo, &live_now, options, &mut report).await?;
     clock.lap("record bundle", &mut report);
@@ -429,20 +438,30 @@ async fn needed_elsewhere_unlocated(
 }
 
 /// Records that the space of the deleted versions `unfreed` is given back, and deletes the
-/// reference summaries of their trees that no live version has.
+/// reference summaries of their trees, and those kept until now as bases of chains
+/// (`bases.before`), that no live version has nor resolves its summary through.
 async fn free_versions(
     repo: &Repo,
     records: &mut RecordSource,
     unfreed: &[Id],
     live: &LiveVersions,
+    bases: &mut SummaryBases,
 ) -> EngineResult<()> {
     let live_roots: HashSet<Id> = live.live.values().filter_map(|r| r.root).collect();
+    let mut candidates: Vec<Id> = std::mem::take(&mut bases.before).into_iter().collect();
     for v in unfreed {
         if let Ok(record) = records.load(repo, v).await {
-            if let Some(root) = record.root.filter(|r| !live_roots.contains(r)) {
-                repo.delete_summary(&root).await?;
-            }
+            candidates.extend(record.root);
         }
+    }
+    candidates.sort_unstable();
+    candidates.dedup();
+    for root in candidates {
+        if bases.deletable(repo, &live_roots, &root).await? {
+            repo.delete_summary(&root).await?;
+        }
+    }
+    for v in unfreed {
         repo.mark_freed(v).await?;
     }
     Ok(())

@@ -17,6 +17,7 @@ use cairn_repo::{Repo, RepoError};
 
 use super::live_set::LiveSet;
 use super::liveness::Nodes;
+use super::summary_bases::SummaryBases;
 use super::{unreadable_live_tree, GcOptions, GcReport};
 use crate::commit::base_summary::add_leaf;
 use crate::error::{EngineError, EngineResult};
@@ -30,6 +31,8 @@ pub(super) struct LiveUse {
     /// Summaries of trees subtracted from a merge, by root (fast deletion's `affected_packs`
     /// needs those of the deleted versions: they are not read twice).
     pub(super) gone: HashMap<Id, GroupSummary>,
+    /// The chains the merges named as read, and name now.
+    pub(super) bases: SummaryBases,
 }
 
 /// What every live tree uses, through one merged summary per image
@@ -56,9 +59,13 @@ pub(super) async fn live_summary(
     }
     let mut stored: BTreeMap<String, Vec<(String, MergedSummary)>> = BTreeMap::new();
     let mut obsolete: Vec<String> = Vec::new();
+    let mut bases = SummaryBases::default();
     for (key, merged, len) in repo.merged_summaries().await? {
         report.summary_bytes += len;
         report.summaries_read += 1;
+        if let Ok(m) = &merged {
+            bases.read(m);
+        }
         match merged {
             Ok(m) if images.contains_key(m.image.as_str()) => {
                 stored.entry(m.image.clone()).or_default().push((key, m));
@@ -107,11 +114,12 @@ pub(super) async fn live_summary(
             None => (None, MergedSummary::new(image), true),
         };
         for root in tree_changes(&merged, &live_roots).1 {
-            let summary =
+            let (summary, chain) =
                 ensure_group_summary(repo, reader, trees[&root], !options.dry_run, report).await?;
-            merged.add_tree(&root, &summary);
+            merged.add_tree(&root, &summary, &chain);
             changed = true;
         }
+        bases.kept(&merged);
         if changed && !options.dry_run {
             let (key, _) = repo.put_merged_summary(&merged).await?;
             obsolete.extend(old_key.filter(|old| *old != key));
@@ -126,6 +134,7 @@ pub(super) async fn live_summary(
     Ok(LiveUse {
         live: LiveSet::new(merges),
         gone,
+        bases,
     })
 }
 
@@ -168,25 +177,27 @@ async fn subtract_gone(
     Ok(Some(!to_subtract.is_empty()))
 }
 
-/// The summary of `record`'s tree; rebuilt by walking the tree (every node read through
-/// `reader` and checked) when it is missing or damaged, and stored if `store_rebuilt`. A
-/// tree that cannot be read fails it: nothing may be deleted on an incomplete summary.
+/// The summary of `record`'s tree and the chain it is resolved through; rebuilt by walking
+/// the tree (every node read through `reader` and checked) when it or its chain is missing
+/// or damaged, and stored whole if `store_rebuilt`. A tree that cannot be read fails it:
+/// nothing may be deleted on an incomplete summary.
 async fn ensure_group_summary(
     repo: &Repo,
     reader: &V2Reader,
     record: &VersionRecord,
     store_rebuilt: bool,
     report: &mut GcReport,
-) -> EngineResult<GroupSummary> {
+) -> EngineResult<(GroupSummary, Vec<Id>)> {
     let root = record
         .root
         .expect("only versions with a tree have summaries");
     let mut damaged = false;
-    match repo.load_group_summary(&root).await {
-        Ok(Some((summary, read))) => {
+    match repo.resolve_group_summary(&root).await {
+        Ok(Some((mut resolved, read))) => {
             report.summary_bytes += read;
             report.summaries_read += 1;
-            return Ok(summary);
+            resolved.chain.pop(); // its own root
+            return Ok((resolved.summary, resolved.chain));
         }
         Ok(None) => tracing::warn!(%root, "no reference summary; rebuilding it"),
         Err(e) if e.is_damage() => {
@@ -202,9 +213,9 @@ async fn ensure_group_summary(
         if damaged {
             repo.delete_summary(&root).await?; // summaries are put-if-absent
         }
-        repo.put_group_summary(&root, &summary).await?;
+        repo.put_group_summary(&root, &summary, None).await?;
     }
-    Ok(summary)
+    Ok((summary, Vec::new()))
 }
 
 /// The counted summary of `record`'s tree, from the tree: every node, and a reference per run

@@ -114,7 +114,7 @@ mod tests {
     fn merge(image: &str, trees: &[GroupSummary]) -> MergedSummary {
         let mut m = MergedSummary::new(image);
         for (i, t) in trees.iter().enumerate() {
-            assert!(m.add_tree(&Id::of(format!("{image}/{i}").as_bytes()), t));
+            assert!(m.add_tree(&Id::of(format!("{image}/{i}").as_bytes()), t, &[]));
         }
         m
     }

@@ -45,6 +45,7 @@ mod records;
 pub(crate) mod repacker;
 mod rescue;
 mod small_packs;
+mod summary_bases;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -255,7 +255,8 @@ pub async fn commit_patch(
     let mut out = tokio::task::block_in_place(|| rebuild::run(&ctx, &tasks, leaves))?;
     if let Some(summary) = out.group_summary.as_mut() {
         let base = load_base_summary(&repo, base_root).await;
-        complete_summary(&repo, base, &untouched, &base_leaves, summary).await?;
+        complete_summary(&repo, base.as_ref(), &untouched, &base_leaves, summary).await?;
+        out.summary_base = base;
     }
     out.reused.extend(untouched.iter().copied());
     out.unread_leaves.extend(untouched);
