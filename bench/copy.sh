@@ -39,7 +39,7 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 data, direct, copy, again = int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
 print(f"versions copied: {len(r['copied'])}; data in them {data/2**20:.1f} MiB; "
-      f"read from the source {r['bytes_read']/2**20:.1f} MiB ({r['bytes_read']/data:.2f}x)")
+      f"read from the source {r['read_bytes']/2**20:.1f} MiB ({r['read_bytes']/data:.2f}x)")
 print(f"direct format 2 commits: {direct:.2f} s; copy: {copy:.2f} s ({copy/direct:.2f}x); second copy: {again:.2f} s")
 PY
 du -sb "$W/v1" "$W/v2" "$W/cp"

@@ -135,7 +135,7 @@ def main():
             walls = [w for w, _, _ in fast_times]
             rss = max(m for _, m, _ in fast_times)
             summ = sum(f["summary_bytes"] for _, _, f in fast_times) / len(fast_times)
-            meta = sum(f["metadata_bytes_read"] for _, _, f in fast_times) / len(fast_times)
+            meta = sum(f.get("metadata_read_bytes", f.get("metadata_bytes_read")) for _, _, f in fast_times) / len(fast_times)
             print(f"\nFast deletion per step: median {sorted(walls)[len(walls) // 2]:.2f} s wall, "
                   f"peak RSS {rss:.0f} MiB, reads {summ / 1024:.0f} KiB of summaries and "
                   f"{meta / 1024:.0f} KiB of the deleted version's manifest.\n")
@@ -148,8 +148,8 @@ def main():
         exact, ew, er = timed(binary, copy, "gc", "--repair")
         print("| one deletion, same repository | wall s | peak RSS MiB | metadata read KiB | reclaimed MiB |")
         print("|---|---|---|---|---|")
-        print(f"| `cairn gc` (fast) | {fw:.2f} | {fr:.0f} | {(fast['summary_bytes'] + fast['metadata_bytes_read']) / 1024:.0f} | {fast['bytes_reclaimed'] / 2**20:.1f} |")
-        print(f"| `cairn gc --repair` (exact) | {ew:.2f} | {er:.0f} | {exact['metadata_bytes_read'] / 1024:.0f} | {exact['bytes_reclaimed'] / 2**20:.1f} |")
+        print(f"| `cairn gc` (fast) | {fw:.2f} | {fr:.0f} | {(fast['summary_bytes'] + fast.get('metadata_read_bytes', fast.get('metadata_bytes_read'))) / 1024:.0f} | {fast.get('reclaimed_bytes', fast.get('bytes_reclaimed')) / 2**20:.1f} |")
+        print(f"| `cairn gc --repair` (exact) | {ew:.2f} | {er:.0f} | {exact.get('metadata_read_bytes', exact.get('metadata_bytes_read')) / 1024:.0f} | {exact.get('reclaimed_bytes', exact.get('bytes_reclaimed')) / 2**20:.1f} |")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

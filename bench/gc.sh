@@ -48,11 +48,11 @@ r = json.load(open(sys.argv[1]))
 fmt, what, secs, rss = sys.argv[2], sys.argv[3].strip(), float(sys.argv[4]), int(sys.argv[5])
 mib = lambda b: b / 2**20
 print(f"format {fmt} {what:12s} {secs:6.2f} s  peak RSS {rss/1024:6.1f} MiB  "
-      f"{mib(r['bytes_before']):7.1f} -> {mib(r['bytes_after']):7.1f} MiB  "
+      f"{mib(r['before_bytes']):7.1f} -> {mib(r['after_bytes']):7.1f} MiB  "
       f"packs deleted {r['packs_deleted']}, repacked {r['packs_repacked']} "
-      f"({mib(r['bytes_repacked']):.1f} MiB copied), written {r['packs_written']}; "
+      f"({mib(r['repacked_bytes']):.1f} MiB copied), written {r['packs_written']}; "
       f"read {mib(r['summary_bytes']):.2f} MiB of summaries, "
-      f"{mib(r['metadata_bytes_read']):.2f} MiB of manifests")
+      f"{mib(r['metadata_read_bytes']):.2f} MiB of manifests")
 PY
   done
   kept=$(du -sb "$R" | cut -f1); fresh=$(du -sb "$F" | cut -f1)

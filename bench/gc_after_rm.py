@@ -71,10 +71,10 @@ def main():
                           "summary_bytes": r.get("summary_bytes"),
                           "records_read": r.get("records_read"),
                           "record_bundle_bytes": r.get("record_bundle_bytes"),
-                          "index_bytes_read": r.get("index_bytes_read"),
+                          "index_read_bytes": r.get("index_read_bytes", r.get("index_bytes_read")),
                           "packs_deleted": r.get("packs_deleted"),
                           "packs_repacked": r.get("packs_repacked"),
-                          "bytes_reclaimed": r.get("bytes_reclaimed"),
+                          "reclaimed_bytes": r.get("reclaimed_bytes", r.get("bytes_reclaimed")),
                           "gc_duration_s": r.get("duration_s"),
                           "phases_s": r.get("phases_s")}), flush=True)
         shutil.rmtree(copy)

@@ -508,7 +508,7 @@ class Run:
         self.ok(p.returncode == 0, f"final gc --repair succeeds: {p.stderr.strip()}")
         if p.returncode == 0:
             r = json.loads(p.stdout)
-            print(f"  final gc --repair: {r['bytes_before']} -> {r['bytes_after']} bytes, "
+            print(f"  final gc --repair: {r['before_bytes']} -> {r['after_bytes']} bytes, "
                   f"{r['orphan_packs_deleted']} orphan packs deleted")
         tmp = [os.path.relpath(os.path.join(d, f), self.repo.path)
                for d, dirs, files in os.walk(self.repo.path)
@@ -523,9 +523,9 @@ class Run:
         p = self.repo.run("--json", "gc", "--repair", check=False, timeout=120)
         if self.ok(p.returncode == 0, f"second gc --repair succeeds: {p.stderr.strip()}"):
             r = json.loads(p.stdout)
-            self.ok(r["bytes_before"] == r["bytes_after"],
-                    f"a second gc --repair reclaims nothing ({r['bytes_before']} -> "
-                    f"{r['bytes_after']} bytes)")
+            self.ok(r["before_bytes"] == r["after_bytes"],
+                    f"a second gc --repair reclaims nothing ({r['before_bytes']} -> "
+                    f"{r['after_bytes']} bytes)")
         self.check_all("at the end")
 
 

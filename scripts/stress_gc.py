@@ -180,10 +180,10 @@ def leak_check(binary, repo, work, seconds, checks, writers=6, deleters=1, max_l
     checks.ok(results.gc_runs >= 3, f"prune ran repeatedly during the commits ({results.gc_runs})")
     run(binary, repo, "prune", "--all", "--keep-last", "2")
     exact = json.loads(run(binary, repo, "--json", "gc", "--repair").stdout)
-    left = exact["bytes_reclaimed"] / max(1, exact["bytes_before"])
+    left = exact["reclaimed_bytes"] / max(1, exact["before_bytes"])
     print(f"leak check ({writers} writers, {deleters} deleters): {commits} commits, "
           f"{results.gc_runs} prunes; gc --repair reclaimed "
-          f"{exact['bytes_reclaimed']} of {exact['bytes_before']} bytes ({100 * left:.2f}%)", flush=True)
+          f"{exact['reclaimed_bytes']} of {exact['before_bytes']} bytes ({100 * left:.2f}%)", flush=True)
     if left > max_left:  # what the exact pass found, to tell which kind of leak it was
         print("  gc --repair: " + json.dumps({k: v for k, v in exact.items()
                                               if isinstance(v, (int, float)) and v}), flush=True)

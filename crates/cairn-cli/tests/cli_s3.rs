@@ -174,10 +174,10 @@ fn an_encrypted_repository_on_s3_round_trips_and_refuses_a_wrong_passphrase() {
     // without them, through ranged reads and deletes on the bucket); vm stays bit-exact.
     let rm = ok_with(&pw, &["--json", "rm", "vm@1"]);
     let rm: serde_json::Value = serde_json::from_str(&rm).unwrap();
-    assert!(rm["gc"]["bytes_reclaimed"].as_u64().unwrap() > 0, "{rm}");
+    assert!(rm["gc"]["reclaimed_bytes"].as_u64().unwrap() > 0, "{rm}");
     let gc = ok_with(&pw, &["--json", "gc", "--repair"]);
     let gc: serde_json::Value = serde_json::from_str(&gc).unwrap();
-    assert_eq!(gc["bytes_reclaimed"], 0, "{gc}");
+    assert_eq!(gc["reclaimed_bytes"], 0, "{gc}");
     ok_with(&pw, &["-q", "restore", "vm", out_s, "--force"]);
     assert!(
         std::fs::read(&out).unwrap() == v2,

@@ -45,7 +45,7 @@ pub struct CopyReport {
     /// Tags the destination has with another target (left as they are).
     pub tags_conflicting: Vec<String>,
     /// Plain bytes read from the source (changed segments only).
-    pub bytes_read: u64,
+    pub read_bytes: u64,
     /// Bytes written to the destination's store.
     pub stored_bytes: u64,
     /// Source versions that could not be read whole (damaged): not copied, and the copy
@@ -144,7 +144,7 @@ pub async fn copy(
         plan.run(&source, &dest, &progress, &read, &mut report)
             .await?;
     }
-    report.bytes_read = read.load(Ordering::Relaxed);
+    report.read_bytes = read.load(Ordering::Relaxed);
     Ok(report)
 }
 

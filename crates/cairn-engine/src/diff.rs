@@ -52,7 +52,7 @@ pub struct DiffReport {
     /// Changed ranges, sorted by offset, adjacent ranges merged.
     pub ranges: Vec<ChangedRange>,
     /// Sum of the ranges' lengths.
-    pub bytes_changed: u64,
+    pub changed_bytes: u64,
     /// Chunk references of B (each extent counted once) that overlap a changed range.
     pub chunks_added: u64,
     /// Chunk references of A (each extent counted once) that overlap a changed range.
@@ -72,7 +72,7 @@ impl DiffReport {
         if len == 0 {
             return;
         }
-        self.bytes_changed += len;
+        self.changed_bytes += len;
         if let Some(last) = self.ranges.last_mut() {
             debug_assert!(last.end() <= offset, "ranges out of order");
             if last.end() == offset {
@@ -429,7 +429,7 @@ mod tests {
         let mut r = DiffReport::default();
         compare_extents(1000, a, b, &mut r);
         let ranges = r.ranges.iter().map(|c| (c.offset, c.len)).collect();
-        assert_eq!(r.bytes_changed, r.ranges.iter().map(|c| c.len).sum::<u64>());
+        assert_eq!(r.changed_bytes, r.ranges.iter().map(|c| c.len).sum::<u64>());
         (ranges, r.chunks_added, r.chunks_removed)
     }
 

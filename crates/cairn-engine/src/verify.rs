@@ -108,7 +108,7 @@ pub struct VerifyReport {
     pub packs_in_scope: u64,
     pub packs_checked: u64,
     pub blobs_checked: u64,
-    pub bytes_read: u64,
+    pub read_bytes: u64,
     pub versions_checked: u64,
     /// One line per problem found, naming what and where.
     pub problems: Vec<String>,
@@ -398,7 +398,7 @@ async fn check_packs(
         report.packs_checked += 1;
         report.blobs_checked += outcome.blobs;
         progress::add(progress, outcome.blob_bytes);
-        report.bytes_read += outcome.bytes;
+        report.read_bytes += outcome.bytes;
         report.problems.extend(outcome.problems);
         report.packs_with_quarantined += u64::from(outcome.known_damaged);
         for (entry, reason) in outcome.bad {

@@ -155,7 +155,7 @@ pub fn status_json(export: &VersionExport) -> Value {
         v["overlay"] = json!({
             "dir": o.dir().display().to_string(),
             "blocks_held": s.blocks_held,
-            "bytes_held": s.bytes_held,
+            "held_bytes": s.held_bytes,
             "layers": s.layers,
             "data_bytes_allocated": s.data_bytes_allocated,
             "snapshots": o.snapshots(),

@@ -135,7 +135,7 @@ pub struct OverlayStats {
     /// Blocks held by some layer (what a commit would store).
     pub blocks_held: u64,
     /// Bytes of those blocks (the last block of the image may be short).
-    pub bytes_held: u64,
+    pub held_bytes: u64,
     /// Layers in the stack, the writable top included (snapshots + 1).
     pub layers: usize,
     /// Bytes the layers' data files occupy on disk (holes excluded).
@@ -516,9 +516,9 @@ impl Overlay {
     pub fn stats(&self) -> OverlayStats {
         let st = self.read();
         let bs = self.block_size as u64;
-        let mut bytes_held = st.held * bs;
+        let mut held_bytes = st.held * bs;
         if self.nblocks > 0 && st.table[self.nblocks as usize - 1] != NONE {
-            bytes_held -= bs - self.block_len(self.nblocks - 1);
+            held_bytes -= bs - self.block_len(self.nblocks - 1);
         }
         let data_bytes_allocated = st
             .layers
@@ -528,7 +528,7 @@ impl Overlay {
             .sum();
         OverlayStats {
             blocks_held: st.held,
-            bytes_held,
+            held_bytes,
             layers: st.layers.len(),
             data_bytes_allocated,
         }

@@ -26,7 +26,7 @@ pub struct OverlayInfo {
     pub layers: usize,
     /// Blocks held by some layer as of the last flush, and their bytes.
     pub blocks_held: u64,
-    pub bytes_held: u64,
+    pub held_bytes: u64,
     /// Bytes the layers' data files occupy on disk.
     pub data_bytes_allocated: u64,
 }
@@ -148,9 +148,9 @@ fn inspect_with(dir: &Path, meta: &Meta) -> Result<OverlayInfo, OverlayError> {
     }
     let blocks_held = held.count();
     let bs = meta.block_size as u64;
-    let mut bytes_held = blocks_held * bs;
+    let mut held_bytes = blocks_held * bs;
     if nblocks > 0 && held.get(nblocks - 1) {
-        bytes_held -= bs - (meta.size - (nblocks - 1) * bs);
+        held_bytes -= bs - (meta.size - (nblocks - 1) * bs);
     }
     Ok(OverlayInfo {
         dir: dir.to_path_buf(),
@@ -164,7 +164,7 @@ fn inspect_with(dir: &Path, meta: &Meta) -> Result<OverlayInfo, OverlayError> {
             .collect(),
         layers: meta.layers.len(),
         blocks_held,
-        bytes_held,
+        held_bytes,
         data_bytes_allocated: allocated,
     })
 }

@@ -55,7 +55,7 @@ fn round_trip_with_short_last_block() {
     assert_eq!(o.held_blocks(), vec![3, 10]);
     let s = o.stats();
     assert_eq!(
-        (s.blocks_held, s.bytes_held, s.layers),
+        (s.blocks_held, s.held_bytes, s.layers),
         (2, BS as u64 + 1000, 1)
     );
 }
@@ -355,7 +355,7 @@ fn zero_size_image() {
     assert!(o.held_blocks().is_empty());
     o.snapshot("s").unwrap();
     o.flush().unwrap();
-    assert_eq!(o.stats().bytes_held, 0);
+    assert_eq!(o.stats().held_bytes, 0);
 }
 
 #[test]
@@ -438,7 +438,7 @@ fn inspect_reads_an_overlay_without_opening_it() {
         assert_eq!(i.base, "base-v1");
         assert_eq!((i.size, i.block_size), (SIZE, BS));
         assert_eq!(i.snapshots, vec!["s1".to_string()]);
-        assert_eq!((i.blocks_held, i.bytes_held), (3, 2 * BS as u64 + 1000));
+        assert_eq!((i.blocks_held, i.held_bytes), (3, 2 * BS as u64 + 1000));
         assert_eq!(i.layers, 2);
     }
     drop(o);

@@ -65,7 +65,7 @@ pub async fn run(ctx: &Context, args: CopyArgs) -> Result<ExitCode> {
             "present": report.present,
             "tags_created": report.tags_created,
             "tags_conflicting": report.tags_conflicting,
-            "bytes_read": report.bytes_read,
+            "read_bytes": report.read_bytes,
             "stored_bytes": report.stored_bytes,
             "damaged": report.damaged.iter().map(|(image, seq, id, why)| json!({
                 "image": image,
@@ -102,7 +102,7 @@ pub async fn run(ctx: &Context, args: CopyArgs) -> Result<ExitCode> {
         report.copied.len(),
         report.present,
         report.tags_created,
-        bytes(report.bytes_read),
+        bytes(report.read_bytes),
         bytes(report.stored_bytes)
     );
     for (image, seq, id, why) in &report.damaged {

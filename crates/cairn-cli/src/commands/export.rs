@@ -481,7 +481,7 @@ async fn base_mismatch(
         format!("`cairn overlay discard {name} --yes`")
     };
     let short = &info.base[..info.base.len().min(12)];
-    let held = bytes(info.bytes_held);
+    let held = bytes(info.held_bytes);
     let base = match info.base.parse::<Id>() {
         Ok(id) => match repo.deleted_versions().await {
             Ok(deleted) if deleted.contains(&id) => None,
@@ -592,7 +592,7 @@ pub async fn status(ctx: &Context, args: StatusArgs) -> Result<ExitCode> {
         outln!(
             "overlay {}: {} in {} blocks, {} layers; {} writes ({}), {} flushes",
             o["dir"].as_str().unwrap_or_default(),
-            bytes(o["bytes_held"].as_u64().unwrap_or(0)),
+            bytes(o["held_bytes"].as_u64().unwrap_or(0)),
             o["blocks_held"],
             o["layers"],
             n("writes"),

@@ -57,7 +57,7 @@ async fn list(ctx: &Context) -> Result<ExitCode> {
                     .map(|o| {
                         json!({
                             "dir": o["dir"],
-                            "bytes_held": o["bytes_held"],
+                            "held_bytes": o["held_bytes"],
                             "blocks_held": o["blocks_held"],
                             "snapshots": o["snapshots"],
                         })
@@ -95,7 +95,7 @@ async fn list(ctx: &Context) -> Result<ExitCode> {
             (Some(o), _) => format!(
                 "overlay {} ({} held)",
                 o["dir"].as_str().unwrap_or_default(),
-                bytes(o["bytes_held"].as_u64().unwrap_or(0))
+                bytes(o["held_bytes"].as_u64().unwrap_or(0))
             ),
             (None, Some(d)) => format!("overlay {}", d.display()),
             (None, None) => "read-only".to_string(),
@@ -268,7 +268,7 @@ pub async fn list_overlays(ctx: &Context) -> Result<ExitCode> {
                         "dir": i.dir.display().to_string(),
                         "base": i.base,
                         "base_version": version,
-                        "bytes_held": i.bytes_held,
+                        "held_bytes": i.held_bytes,
                         "blocks_held": i.blocks_held,
                         "snapshots": i.snapshots,
                         "export": held_by.as_ref().map(|(n, p)| json!({"name": n, "pid": p})),
@@ -299,7 +299,7 @@ pub async fn list_overlays(ctx: &Context) -> Result<ExitCode> {
         outln!(
             "{}  base {base}, {} held in {} block{}, {snapshots}, {used}",
             file_name(&i.dir),
-            bytes(i.bytes_held),
+            bytes(i.held_bytes),
             i.blocks_held,
             if i.blocks_held == 1 { "" } else { "s" },
         );
@@ -340,7 +340,7 @@ pub async fn discard_overlay(ctx: &Context, name: &str, yes: bool) -> Result<Exi
             dir.display()
         );
     }
-    let held = bytes(info.bytes_held);
+    let held = bytes(info.held_bytes);
     if !yes {
         return Err(crate::failure::Refused(format!(
             "discarding overlay {label} deletes {} and its {held} of writes that were never \
@@ -358,7 +358,7 @@ pub async fn discard_overlay(ctx: &Context, name: &str, yes: bool) -> Result<Exi
         Err(e) => return Err(e.into()),
     }
     if ctx.json {
-        print_json(&json!({"discarded": dir.display().to_string(), "bytes_held": info.bytes_held}));
+        print_json(&json!({"discarded": dir.display().to_string(), "held_bytes": info.held_bytes}));
     } else {
         outln!("discarded overlay {label} ({held} of writes)");
     }

@@ -142,13 +142,13 @@ pub fn report_json(r: &GcReport) -> Value {
         "partial_files_removed": r.partial_files_removed,
         "partial_bytes_removed": r.partial_bytes_removed,
         "orphan_records_removed": r.orphan_records_removed,
-        "bytes_before": r.bytes_before,
-        "bytes_after": r.bytes_after,
-        "bytes_reclaimed": r.reclaimed(),
-        "bytes_repacked": r.bytes_repacked,
-        "metadata_bytes_read": r.metadata_bytes_read,
+        "before_bytes": r.before_bytes,
+        "after_bytes": r.after_bytes,
+        "reclaimed_bytes": r.reclaimed(),
+        "repacked_bytes": r.repacked_bytes,
+        "metadata_read_bytes": r.metadata_read_bytes,
         "trailers_read": r.trailers_read,
-        "index_bytes_read": r.index_bytes_read,
+        "index_read_bytes": r.index_read_bytes,
         "summary_bytes": r.summary_bytes,
         "summaries_read": r.summaries_read,
         "records_read": r.records_read,
@@ -225,8 +225,8 @@ fn main_line(r: &GcReport) -> String {
     let head = format!(
         "{verb} {} ({} → {})",
         bytes(r.reclaimed()),
-        bytes(r.bytes_before),
-        bytes(r.bytes_after)
+        bytes(r.before_bytes),
+        bytes(r.after_bytes)
     );
     match r.mode {
         GcMode::Fast if r.freed_versions == 0 && r.reclaimed() == 0 => {
@@ -240,9 +240,9 @@ fn main_line(r: &GcReport) -> String {
             r.dead_blobs,
             r.packs_deleted,
             r.packs_repacked,
-            bytes(r.bytes_repacked),
+            bytes(r.repacked_bytes),
             bytes(r.summary_bytes),
-            bytes(r.metadata_bytes_read),
+            bytes(r.metadata_read_bytes),
             r.duration_s,
         ),
         GcMode::Repair => format!(
@@ -252,9 +252,9 @@ fn main_line(r: &GcReport) -> String {
             r.dead_blobs,
             r.packs_deleted,
             r.packs_repacked,
-            bytes(r.bytes_repacked),
+            bytes(r.repacked_bytes),
             r.orphan_packs_deleted,
-            bytes(r.metadata_bytes_read),
+            bytes(r.metadata_read_bytes),
             r.duration_s,
         ),
     }

@@ -48,10 +48,10 @@ fn report_json(r: &CompactReport) -> Value {
         "runs_merged": r.runs_merged,
         "entries_before": r.entries_before,
         "entries_after": r.entries_after,
-        "bytes_before": r.bytes_before,
-        "bytes_after": r.bytes_after,
-        "bytes_read": r.bytes_read,
-        "bytes_written": r.bytes_written,
+        "before_bytes": r.before_bytes,
+        "after_bytes": r.after_bytes,
+        "read_bytes": r.read_bytes,
+        "written_bytes": r.written_bytes,
         "waited_s": r.waited_s,
         "duration_s": r.duration_s,
     })
@@ -64,7 +64,7 @@ fn report_line(r: &CompactReport) -> String {
             "nothing to merge: {} index run{} ({})",
             r.runs_before,
             if r.runs_before == 1 { "" } else { "s" },
-            bytes(r.bytes_before)
+            bytes(r.before_bytes)
         );
     }
     let sizes = if r.dry_run {
@@ -72,10 +72,10 @@ fn report_line(r: &CompactReport) -> String {
     } else {
         format!(
             ", {} -> {}; read {}, wrote {}",
-            bytes(r.bytes_before),
-            bytes(r.bytes_after),
-            bytes(r.bytes_read),
-            bytes(r.bytes_written)
+            bytes(r.before_bytes),
+            bytes(r.after_bytes),
+            bytes(r.read_bytes),
+            bytes(r.written_bytes)
         )
     };
     format!(

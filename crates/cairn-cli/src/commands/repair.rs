@@ -69,7 +69,7 @@ fn report_json(r: &RepairReport) -> serde_json::Value {
         "packs_rescued": r.packs_rescued,
         "groups_rescued": r.groups_rescued,
         "blobs_restored": r.blobs_restored,
-        "bytes_restored": r.bytes_restored,
+        "restored_bytes": r.restored_bytes,
         "blobs_lost": r.blobs_lost,
         "lost_versions": r.lost_versions.iter().map(|v| json!({
             "image": v.image,
@@ -117,7 +117,7 @@ fn print_text(r: &RepairReport, from: Option<&PathBuf>) {
         outln!(
             "stored {} lost blobs ({}) again from {}",
             r.blobs_restored,
-            bytes(r.bytes_restored),
+            bytes(r.restored_bytes),
             path.display()
         );
     }

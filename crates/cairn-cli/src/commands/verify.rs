@@ -46,7 +46,7 @@ pub async fn run(ctx: &Context, args: VerifyArgs) -> Result<ExitCode> {
             "packs_in_scope": report.packs_in_scope,
             "packs_checked": report.packs_checked,
             "blobs_checked": report.blobs_checked,
-            "bytes_read": report.bytes_read,
+            "read_bytes": report.read_bytes,
             "versions_checked": report.versions_checked,
             "problems": report.problems,
             "damaged_versions": report.damaged_versions.iter().map(|d| json!({
@@ -74,7 +74,7 @@ pub async fn run(ctx: &Context, args: VerifyArgs) -> Result<ExitCode> {
         outln!(
             "checked {} packs{subset} ({}), {} blobs, {} versions",
             report.packs_checked,
-            bytes(report.bytes_read),
+            bytes(report.read_bytes),
             report.blobs_checked,
             report.versions_checked
         );

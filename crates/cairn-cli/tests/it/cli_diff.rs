@@ -55,7 +55,7 @@ fn diff_of_two_versions() {
                 {"offset": 69_632, "len": 4096},
                 {"offset": 131_072, "len": 8192},
             ],
-            "bytes_changed": 12_288,
+            "changed_bytes": 12_288,
             "chunks_added": 1,
             "chunks_removed": 3,
             "nodes_read": 6,
@@ -71,7 +71,7 @@ fn diff_of_two_versions() {
         json!({
             "a": id1,
             "b": id2,
-            "bytes_changed": 12_288,
+            "changed_bytes": 12_288,
             "chunks_added": 1,
             "chunks_removed": 3,
             "nodes_read": 6,

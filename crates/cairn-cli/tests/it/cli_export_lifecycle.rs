@@ -237,7 +237,7 @@ fn exports_lists_running_exports_and_stops_one() {
     assert_eq!(list[0]["socket"], w.socket.display().to_string());
     assert_eq!(list[0]["writable"], true);
     assert_eq!(list[0]["overlay"]["dir"], overlay.display().to_string());
-    assert_eq!(list[0]["overlay"]["bytes_held"], 20480);
+    assert_eq!(list[0]["overlay"]["held_bytes"], 20480);
     assert_eq!(list[1]["name"], "ro");
     assert_eq!(list[1]["overlay"], Value::Null);
 
@@ -452,7 +452,7 @@ fn overlays_are_listed_and_discarded_without_a_running_export() {
             "dir": dirpath.display().to_string(),
             "base": full_id(&repo, "vm@1"),
             "base_version": "vm@1",
-            "bytes_held": 32768,
+            "held_bytes": 32768,
             "blocks_held": 8,
             "snapshots": ["s1"],
             "export": null,

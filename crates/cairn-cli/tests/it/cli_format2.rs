@@ -84,7 +84,7 @@ fn a_format_2_repository_commits_restores_diffs_and_collects() {
     // finds nothing lost and changes nothing.
     let diff = ok(&repo, &["--json", "diff", "vm@1", "vm@2"]);
     let diff: serde_json::Value = serde_json::from_str(diff.trim()).unwrap();
-    assert_eq!(diff["bytes_changed"], 0, "{diff}");
+    assert_eq!(diff["changed_bytes"], 0, "{diff}");
     let before = snapshot(&repo);
     let repair = ok(&repo, &["--json", "repair"]);
     let repair: serde_json::Value = serde_json::from_str(repair.trim()).unwrap();
@@ -152,7 +152,7 @@ fn a_format_2_repository_commits_restores_diffs_and_collects() {
     // diff names exactly the three rewritten 4 KiB blocks.
     let diff = ok(&repo, &["--json", "diff", "vm@1", "patched"]);
     let diff: serde_json::Value = serde_json::from_str(diff.trim()).unwrap();
-    assert_eq!(diff["bytes_changed"], 12288, "{diff}");
+    assert_eq!(diff["changed_bytes"], 12288, "{diff}");
     assert_eq!(diff["ranges"][0]["offset"], 1 << 20, "{diff}");
 
     // rm marks the version deleted and gives back the space only it used: vm@2 shares
@@ -167,10 +167,10 @@ fn a_format_2_repository_commits_restores_diffs_and_collects() {
     );
     let rm: serde_json::Value =
         serde_json::from_str(ok(&repo, &["--json", "rm", "scratch@1"]).trim()).unwrap();
-    let reclaimed = rm["gc"]["bytes_reclaimed"].as_u64().unwrap();
+    let reclaimed = rm["gc"]["reclaimed_bytes"].as_u64().unwrap();
     assert!(reclaimed >= 2 << 20, "{rm}");
     let gc: serde_json::Value = serde_json::from_str(ok(&repo, &["--json", "gc"]).trim()).unwrap();
-    assert_eq!(gc["bytes_reclaimed"], 0, "{gc}");
+    assert_eq!(gc["reclaimed_bytes"], 0, "{gc}");
     for spec in ["vm@1", "web"] {
         let out = dir.path().join("after-gc.raw");
         ok(

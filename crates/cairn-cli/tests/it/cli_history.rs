@@ -299,7 +299,7 @@ fn rm_versions_and_images() {
     assert_eq!(gc["mode"], "fast");
     assert_eq!(gc["freed_versions"], 1);
     assert!(gc["dead_blobs"].as_u64().unwrap() > 0, "{gc}");
-    assert!(gc["bytes_reclaimed"].as_u64().unwrap() > 0, "{gc}");
+    assert!(gc["reclaimed_bytes"].as_u64().unwrap() > 0, "{gc}");
     assert_eq!(
         ok(&repo, &["gc"]),
         "nothing to free: no version was deleted since the last gc\n"

@@ -282,7 +282,7 @@ fn a_killed_commit_or_gc_does_not_hold_up_the_next_gc() {
     // older than every live session by the clock-skew margin of one second.)
     std::thread::sleep(Duration::from_millis(1100));
     let report = gc_json(&repo, &["--repair"]);
-    assert_eq!(report["bytes_reclaimed"], 0, "{report}");
+    assert_eq!(report["reclaimed_bytes"], 0, "{report}");
     assert!(files_named(&repo, ".tmp-").is_empty());
     let out = cairn(&repo, &["verify"]);
     assert!(out.status.success(), "{out:?}");

@@ -88,7 +88,7 @@ async fn versions_copy_across_formats_and_keys_bit_exact_and_a_second_run_copies
     assert_eq!(report.tags_created, 2);
     // Read: vm@1 whole (8), vm@2 one segment, vm@3 whole (10: its size changed), db's three
     // data segments (the hole has no leaf).
-    assert_eq!(report.bytes_read, (8 + 1 + 10 + 3) * SEG as u64);
+    assert_eq!(report.read_bytes, (8 + 1 + 10 + 3) * SEG as u64);
     same_history(&src, &enc, "vm").await;
     same_history(&src, &enc, "db").await;
     let golden = enc.tag("vm", "golden").await.unwrap().unwrap();
@@ -109,7 +109,7 @@ async fn versions_copy_across_formats_and_keys_bit_exact_and_a_second_run_copies
     let again = copy(src.clone(), enc.clone(), &[], None).await.unwrap();
     assert!(again.copied.is_empty(), "{again:?}");
     assert_eq!(
-        (again.present, again.tags_created, again.bytes_read),
+        (again.present, again.tags_created, again.read_bytes),
         (4, 0, 0)
     );
     assert!(

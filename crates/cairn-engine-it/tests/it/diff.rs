@@ -38,7 +38,7 @@ fn check_shape(r: &DiffReport) {
         );
     }
     assert!(r.ranges.iter().all(|c| c.len > 0));
-    assert_eq!(r.bytes_changed, r.ranges.iter().map(|c| c.len).sum::<u64>());
+    assert_eq!(r.changed_bytes, r.ranges.iter().map(|c| c.len).sum::<u64>());
 }
 
 /// diff(a, b) and diff(b, a) agree, with added and removed swapped.
@@ -103,7 +103,7 @@ async fn one_flipped_byte_is_one_chunk() {
     let r = diff_both_ways(&repo, &a.record, &b.record).await;
     let chunk_start = at as u64 / 4096 * 4096;
     assert_eq!(ranges(&r), vec![(chunk_start, 4096)]);
-    assert_eq!(r.bytes_changed, 4096);
+    assert_eq!(r.changed_bytes, 4096);
     assert_eq!((r.chunks_added, r.chunks_removed), (1, 1));
     // Height 1: both roots and the two leaves of the changed segment.
     assert_eq!(a.record.height, 1);
@@ -335,7 +335,7 @@ async fn content_defined_chunks_are_covered() {
         }
     }
     // Each edit disturbs a few chunks around it, not the rest of the image.
-    assert!(r.bytes_changed < 65536 + 4 * 16384, "{:?}", r.ranges);
+    assert!(r.changed_bytes < 65536 + 4 * 16384, "{:?}", r.ranges);
     assert!(!covered(0) && !covered(1_000_000) && !covered(2 * MIB - 1));
 }
 

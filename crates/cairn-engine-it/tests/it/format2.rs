@@ -242,7 +242,7 @@ async fn verify_reads_every_group_and_finds_a_clean_repository_clean() {
         .iter()
         .map(|p| std::fs::metadata(p).unwrap().len())
         .sum();
-    assert_eq!(report.bytes_read, packs);
+    assert_eq!(report.read_bytes, packs);
     assert!(t.a.record.root != t.b.record.root);
 }
 

@@ -106,7 +106,7 @@ async fn gc_after_deleting_all_but_the_newest_matches_a_fresh_repository(mode: G
     };
     let report = gc(&repo, &options).await.unwrap();
     let after = stored_bytes(store.as_ref()).await;
-    assert_eq!(report.bytes_before, before);
+    assert_eq!(report.before_bytes, before);
     // Progress went through the steps of this mode, each counted to its total; the bytes
     // repacked are the report's.
     let steps: Vec<(&str, u64, u64)> = progress
@@ -121,17 +121,17 @@ async fn gc_after_deleting_all_but_the_newest_matches_a_fresh_repository(mode: G
         GcMode::Repair => vec![("marking live versions", 1, 1)],
     };
     if mode == GcMode::Fast {
-        assert_eq!(report.metadata_bytes_read, 0, "{report:?}");
+        assert_eq!(report.metadata_read_bytes, 0, "{report:?}");
         assert!(report.summary_bytes > 0, "{report:?}");
     }
-    let repacked = report.bytes_repacked;
+    let repacked = report.repacked_bytes;
     want.extend([
         ("repacking", repacked, repacked),
         ("waiting for older sessions", 0, 0),
         ("deleting", 0, 0),
     ]);
     assert_eq!(steps, want, "{report:?}");
-    assert_eq!(report.bytes_after, after);
+    assert_eq!(report.after_bytes, after);
     assert!(
         report.dead_blobs > 0 && report.packs_deleted + report.packs_repacked > 0,
         "{report:?}"

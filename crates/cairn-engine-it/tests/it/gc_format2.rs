@@ -108,8 +108,8 @@ async fn groups_with_dead_slots_are_rewritten_without_them(encrypted: bool) {
     repo.mark_deleted(&first.id).await.unwrap();
     let before = stored_bytes(store.as_ref()).await;
     let report: GcReport = gc(&repo, &opts()).await.unwrap();
-    assert_eq!(report.bytes_before, before);
-    assert_eq!(report.bytes_after, stored_bytes(store.as_ref()).await);
+    assert_eq!(report.before_bytes, before);
+    assert_eq!(report.after_bytes, stored_bytes(store.as_ref()).await);
     assert_eq!(report.freed_versions, 1);
     // Each step's time is reported once, in the order the steps ran; they add up to no
     // more than the whole GC.
@@ -154,7 +154,7 @@ async fn groups_with_dead_slots_are_rewritten_without_them(encrypted: bool) {
     let fresh = init(fresh_store.clone(), encrypted).await;
     commit_bytes(&fresh, "vm", b.clone()).await;
     let (after, fresh) = (
-        report.bytes_after as f64,
+        report.after_bytes as f64,
         stored_bytes(fresh_store.as_ref()).await as f64,
     );
     assert!(
@@ -398,7 +398,7 @@ async fn a_damaged_summary_is_rebuilt_from_the_tree(encrypted: bool) {
     let repo = open(&store).await;
     let report = gc(&repo, &opts()).await.unwrap();
     assert!(
-        report.metadata_bytes_read > 0,
+        report.metadata_read_bytes > 0,
         "the tree was walked: {report:?}"
     );
     assert_eq!(dropped_slots(&repo).await, 16 * 8, "{report:?}");
@@ -486,7 +486,7 @@ async fn fast_deletion_reads_only_the_packs_of_what_died(encrypted: bool) {
         "{} of {packs_before} trailers read: {report:?}",
         report.trailers_read
     );
-    assert!(report.index_bytes_read > 0, "{report:?}");
+    assert!(report.index_read_bytes > 0, "{report:?}");
 
     let repo = open(&store).await;
     for (k, (c, image)) in versions.iter().enumerate() {

@@ -119,11 +119,11 @@ async fn fast_deletion_during_commits_leaves_at_most_one_percent_for_repair() {
     .await
     .unwrap();
     repo.close().await.unwrap();
-    let left = exact.reclaimed() as f64 / exact.bytes_before as f64;
+    let left = exact.reclaimed() as f64 / exact.before_bytes as f64;
     println!(
         "after {rounds} prune rounds: repair reclaimed {} of {} bytes ({:.3}%)",
         exact.reclaimed(),
-        exact.bytes_before,
+        exact.before_bytes,
         left * 100.0
     );
     assert!(

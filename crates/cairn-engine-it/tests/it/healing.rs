@@ -500,7 +500,7 @@ async fn scoped_and_sampled_verify() {
         .map(|r| (r.step.name, r.done, r.total))
         .collect();
     let (_, packed, _) = steps[0];
-    assert!(packed > 0 && packed <= report.bytes_read, "{steps:?}");
+    assert!(packed > 0 && packed <= report.read_bytes, "{steps:?}");
     assert_eq!(
         steps,
         [("reading packs", packed, packed), ("walking trees", 1, 1)]

@@ -164,7 +164,7 @@ async fn a_damaged_chain_is_rebuilt_from_the_trees_and_nothing_is_lost() {
     repo.mark_deleted(&versions[4].0.id).await.unwrap();
     let report = gc(&repo, &opts()).await.unwrap();
     assert!(
-        report.metadata_bytes_read > 0,
+        report.metadata_read_bytes > 0,
         "trees were walked: {report:?}"
     );
     let repo = reopen(repo, &store).await;

@@ -71,10 +71,10 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     clock.lap("history", &mut report);
     let mut snapshot = Snapshot::load(repo).await?;
     clock.lap("index runs", &mut report);
-    let (bytes_before, pack_sizes) = stored_bytes(repo, None).await?;
+    let (before_bytes, pack_sizes) = stored_bytes(repo, None).await?;
     clock.lap("pack listing", &mut report);
-    report.bytes_before = bytes_before;
-    report.bytes_after = bytes_before;
+    report.before_bytes = before_bytes;
+    report.after_bytes = before_bytes;
     report.live_versions = live.live.len() as u64;
     let freed = repo.freed_versions().await?;
     clock.lap("freed list", &mut report);
@@ -126,7 +126,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             for record in live.live.values() {
                 progress::add(&options.progress, 1);
                 marks
-                    .mark_version(&snapshot.reader, record, &mut report.metadata_bytes_read)
+                    .mark_version(&snapshot.reader, record, &mut report.metadata_read_bytes)
                     .await?;
             }
             report.live_blobs = (marks.nodes.len() + marks.slots.len()) as u64;
@@ -180,7 +180,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             .map(|p| pack_sizes[p].saturating_sub(plan.live_bytes[p]))
             .sum();
         let orphaned: u64 = orphans.iter().map(|p| pack_sizes[p]).sum();
-        report.bytes_after = bytes_before - doomed - repacked - orphaned;
+        report.after_bytes = before_bytes - doomed - repacked - orphaned;
         records.keep(repo, &live, options, &mut report).await?;
         clock.lap("record bundle", &mut report);
         return Ok(report);
@@ -214,18 +214,18 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
             let group = &trailer.groups[g as usize];
             let live = live_use.live_slots(trailer, g);
             let copied = copy_group(repo, trailer, g, &data, live.as_ref())?;
-            report.bytes_repacked += u64::from(group.desc.stored_len);
+            report.repacked_bytes += u64::from(group.desc.stored_len);
             progress::add(&options.progress, u64::from(group.desc.stored_len));
             writer.push(group.kind, copied, live.as_ref()).await?;
         }
     }
     for (_, group) in damaged.rebuilt {
-        report.bytes_repacked += u64::from(group.desc.stored_len);
+        report.repacked_bytes += u64::from(group.desc.stored_len);
         writer.push(BlobKind::Data, group, None).await?;
     }
     let mut locations = writer.finish().await?;
     // The packs in the store as this GC knows them at its end: those listed at its start,
-    // minus those it deletes, plus those it writes (`bytes_after` is counted from them rather
+    // minus those it deletes, plus those it writes (`after_bytes` is counted from them rather
     // than from a second walk of the store's pack directories).
     let mut packs_now = pack_sizes.clone();
     packs_now.extend(writer.written.iter().copied());
@@ -253,7 +253,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
                     e if e.is_damage() => incomplete(e.to_string()),
                     e => e.into(),
                 })?;
-            report.index_bytes_read += merged.bytes_read;
+            report.index_read_bytes += merged.bytes_read;
             written_runs.insert(repo.put_run_naming(merged.bytes, &named).await?.0);
         }
         None if !locations.is_empty() => {
@@ -297,7 +297,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         let everything = Snapshot::load(repo).await?;
         let mut used = Marks::default();
         for record in newcomers {
-            used.mark_version(&everything.reader, record, &mut report.metadata_bytes_read)
+            used.mark_version(&everything.reader, record, &mut report.metadata_read_bytes)
                 .await?;
         }
         let (now, _) = repo.v2_view().await?;
@@ -329,7 +329,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     report.freed_versions = unfreed.len() as u64;
     finish(repo, &published, options).await?;
     clock.lap("finish", &mut report);
-    report.bytes_after = packs_now.values().sum::<u64>() + repo.index_file_bytes().await?;
+    report.after_bytes = packs_now.values().sum::<u64>() + repo.index_file_bytes().await?;
     clock.lap("index bytes after", &mut report);
     // Markers of copies whose pack is gone (repacked, deleted, or missing: the consolidated
     // run names only packs that exist).

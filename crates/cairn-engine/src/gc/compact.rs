@@ -62,11 +62,11 @@ pub struct CompactReport {
     pub entries_before: u64,
     pub entries_after: u64,
     /// Stored bytes of the runs before and after.
-    pub bytes_before: u64,
-    pub bytes_after: u64,
+    pub before_bytes: u64,
+    pub after_bytes: u64,
     /// Bytes of runs read and written by the merges.
-    pub bytes_read: u64,
-    pub bytes_written: u64,
+    pub read_bytes: u64,
+    pub written_bytes: u64,
     pub waited_s: f64,
     pub duration_s: f64,
 }
@@ -216,13 +216,13 @@ async fn run(repo: &Repo, options: &CompactOptions) -> EngineResult<CompactRepor
     let mut report = CompactReport {
         runs_before: runs.len() as u64,
         entries_before: runs.iter().map(|r| r.entries).sum(),
-        bytes_before: runs.iter().map(|r| r.len).sum(),
+        before_bytes: runs.iter().map(|r| r.len).sum(),
         ..Default::default()
     };
     let original: HashSet<Id> = runs.iter().map(|r| r.id).collect();
     let mut written: HashSet<Id> = HashSet::new();
     let mut superseded: Vec<Id> = Vec::new();
-    let to_read: u64 = report.bytes_before;
+    let to_read: u64 = report.before_bytes;
     progress::start(
         &options.gc.progress,
         "merging index runs",
@@ -256,13 +256,13 @@ async fn run(repo: &Repo, options: &CompactOptions) -> EngineResult<CompactRepor
             }
         } else {
             let merged = reader.merge_runs(&inputs).await?;
-            report.bytes_read += merged.bytes_read;
+            report.read_bytes += merged.bytes_read;
             progress::add(&options.gc.progress, merged.bytes_read);
             let len = merged.bytes.len() as u64;
             let entries = merged.entries;
             let (id, new_bytes) = repo.put_run_bytes(merged.bytes).await?;
             reader.add_run(&id).await?;
-            report.bytes_written += new_bytes;
+            report.written_bytes += new_bytes;
             written.insert(id);
             RunSize {
                 id,
@@ -282,7 +282,7 @@ async fn run(repo: &Repo, options: &CompactOptions) -> EngineResult<CompactRepor
     report.runs_merged = superseded.len() as u64;
     report.runs_after = runs.len() as u64;
     report.entries_after = runs.iter().map(|r| r.entries).sum();
-    report.bytes_after = runs.iter().map(|r| r.len).sum();
+    report.after_bytes = runs.iter().map(|r| r.len).sum();
     if dry_run || superseded.is_empty() {
         return Ok(report);
     }

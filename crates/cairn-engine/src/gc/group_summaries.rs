@@ -206,7 +206,7 @@ async fn ensure_group_summary(
         }
         Err(e) => return Err(e.into()),
     }
-    let summary = counted_summary(reader, record, &mut report.metadata_bytes_read)
+    let summary = counted_summary(reader, record, &mut report.metadata_read_bytes)
         .await
         .map_err(|e| unreadable_live_tree(record, e))?;
     if store_rebuilt {

@@ -174,7 +174,7 @@ pub struct GcReport {
     pub trailers_read: u64,
     /// Fast deletion: bytes of index runs read to rewrite them without the
     /// trailers of packs it did not read.
-    pub index_bytes_read: u64,
+    pub index_read_bytes: u64,
     pub rescued_blobs: u64,
     /// `repack_small`: small packs chosen to be merged into full ones (counted in
     /// `packs_repacked` too, or `packs_deleted` when nothing in them was live).
@@ -186,12 +186,12 @@ pub struct GcReport {
     /// those listed before, minus those this GC deleted, plus those it wrote (one walk of the
     /// store's pack directories, not two): packs other sessions wrote meanwhile count in
     /// neither figure, so their difference is what this GC gave back.
-    pub bytes_before: u64,
-    pub bytes_after: u64,
+    pub before_bytes: u64,
+    pub after_bytes: u64,
     /// Bytes copied while repacking.
-    pub bytes_repacked: u64,
+    pub repacked_bytes: u64,
     /// Manifest node bytes read while marking.
-    pub metadata_bytes_read: u64,
+    pub metadata_read_bytes: u64,
     /// Temporary files of killed writers removed from the store, and their bytes.
     pub temporaries_removed: u64,
     pub temporary_bytes_removed: u64,
@@ -208,7 +208,7 @@ pub struct GcReport {
 
 impl GcReport {
     pub fn reclaimed(&self) -> u64 {
-        self.bytes_before.saturating_sub(self.bytes_after)
+        self.before_bytes.saturating_sub(self.after_bytes)
     }
 }
 

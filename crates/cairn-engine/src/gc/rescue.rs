@@ -100,7 +100,7 @@ pub(super) async fn rescue(
                 }
             }
             let group = copy_group(repo, trailer, *g, &bytes, live.as_ref())?;
-            report.bytes_repacked += u64::from(group.desc.stored_len);
+            report.repacked_bytes += u64::from(group.desc.stored_len);
             writer
                 .push(trailer.groups[*g as usize].kind, group, live.as_ref())
                 .await?;

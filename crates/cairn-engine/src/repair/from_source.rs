@@ -54,6 +54,6 @@ pub(super) async fn store_from(
     }
     let (still, _) = super::lost::lost_blobs(repo, live).await?;
     report.blobs_restored = wanted.difference(&still).count() as u64;
-    report.bytes_restored = out.stats.new_chunk_bytes;
+    report.restored_bytes = out.stats.new_chunk_bytes;
     Ok(())
 }

@@ -84,7 +84,7 @@ pub struct RepairReport {
     pub groups_rescued: u64,
     /// Blobs stored again from `--from`, and their plain bytes.
     pub blobs_restored: u64,
-    pub bytes_restored: u64,
+    pub restored_bytes: u64,
     /// Blobs live versions need that no readable copy holds, after the repair.
     pub blobs_lost: u64,
     /// The live versions those blobs belong to.

@@ -125,7 +125,7 @@ pub(super) async fn check_packs(
             reader.quarantine_copy(&pack, &pack, 0, why);
         }
         report.blobs_checked += check.chunks;
-        report.bytes_read += check.bytes;
+        report.read_bytes += check.bytes;
         // Damaged only where earlier runs found it: known, and not used.
         let known = !check.damaged_groups.is_empty()
             && check.problems.len() <= check.damaged_groups.len() + 1

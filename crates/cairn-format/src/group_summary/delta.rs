@@ -362,11 +362,7 @@ impl GroupSummary {
     /// given) the state each key had before its first change. An error means the delta does
     /// not fit this summary (it removes what is not listed, or adds what is): the summary is
     /// then left unchanged.
-    pub fn apply(
-        &mut self,
-        delta: &SummaryDelta,
-        before: Option<&mut Before>,
-    ) -> FormatResult<()> {
+    pub fn apply(&mut self, delta: &SummaryDelta, before: Option<&mut Before>) -> FormatResult<()> {
         if !self.is_counted() {
             return Err(invalid("a delta over an uncounted summary"));
         }
