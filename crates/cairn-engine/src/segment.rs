@@ -37,16 +37,25 @@ pub struct SegmentRead {
     pub damaged: Vec<(u64, u64, String)>,
 }
 
-/// Like [`read_segment`] on a format 2 repository, but a group run that cannot be read is
-/// zeros and listed instead of failing the read (`restore --allow-damage`); a leaf that
-/// cannot be read still fails it.
+/// Like [`read_segment`], but in format 2 a group run that cannot be read is zeros and
+/// listed instead of failing the read (`restore --allow-damage`); a leaf that cannot be read
+/// (in format 1, any of its chunks) still fails it.
 pub async fn read_segment_allowing_damage(
     repo: &Arc<Repo>,
-    reader: &V2Reader,
     id: &Id,
     len: u64,
 ) -> EngineResult<SegmentRead> {
-    read_run_segment(repo, reader, id, len, true).await
+    match repo.v2() {
+        Some(reader) => read_run_segment(repo, reader, id, len, true).await,
+        None => {
+            let (data, stored) = read_chunk_segment(repo, id, len).await?;
+            Ok(SegmentRead {
+                data,
+                stored,
+                ..Default::default()
+            })
+        }
+    }
 }
 
 /// Format 1: the leaf's chunks, read together.

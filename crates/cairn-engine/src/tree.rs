@@ -85,117 +85,12 @@ pub async fn read_leaf(repo: &Repo, id: &Id) -> EngineResult<Leaf> {
     Ok(decode_leaf(id, &raw)?)
 }
 
-/// Visits the leaves of a version in increasing segment order, in batches (the leaves under
-/// one level-1 node, fetched together). Segments without a leaf are zeros and skipped.
-pub async fn for_each_leaf_batch<F>(
-    repo: &Arc<Repo>,
-    version: &VersionRecord,
-    visit: F,
-) -> EngineResult<()>
-where
-    F: AsyncLeafVisitor,
-{
-    walk_leaf_batches(repo, version, visit, None).await
-}
-
 /// Segments a walk could not read: `(first segment, segments, why)`.
 pub type SkippedSegments = Vec<(u64, u64, String)>;
-
-/// Like [`for_each_leaf_batch`], but a manifest node that is damaged or missing does not end
-/// the walk: the segments it covers are added to `skipped` and the walk goes on (for
-/// `restore --allow-damage`). Errors of the store itself still end it.
-pub async fn for_each_readable_leaf_batch<F>(
-    repo: &Arc<Repo>,
-    version: &VersionRecord,
-    visit: F,
-    skipped: &mut SkippedSegments,
-) -> EngineResult<()>
-where
-    F: AsyncLeafVisitor,
-{
-    walk_leaf_batches(repo, version, visit, Some(skipped)).await
-}
 
 /// Whether an error of reading a manifest node means the node is damaged or missing.
 fn node_damaged(e: &EngineError) -> bool {
     e.is_damage()
-}
-
-async fn walk_leaf_batches<F>(
-    repo: &Arc<Repo>,
-    version: &VersionRecord,
-    mut visit: F,
-    mut skipped: Option<&mut SkippedSegments>,
-) -> EngineResult<()>
-where
-    F: AsyncLeafVisitor,
-{
-    let Some(root) = version.root else {
-        return Ok(());
-    };
-    let f = version.fanout as u64;
-    // Depth-first over interior nodes with an explicit stack (children pushed in reverse so
-    // they pop in order).
-    let mut stack: Vec<(Id, u8, u64)> = vec![(root, version.height, 0)];
-    while let Some((id, level, base)) = stack.pop() {
-        // A node at level L covers f^L segments from segment base · f^(L-1) (for a level-1
-        // node, `base` is its first segment).
-        let span = f.saturating_pow(level as u32);
-        let first = base.saturating_mul(f.saturating_pow(level.saturating_sub(1) as u32));
-        let node = match read_interior(repo, &id, level).await {
-            Ok(node) => node,
-            Err(e) => match skipped.as_deref_mut() {
-                Some(skipped) if node_damaged(&e) => {
-                    skipped.push((first, span, e.to_string()));
-                    continue;
-                }
-                _ => return Err(e),
-            },
-        };
-        if level > 1 {
-            for &(slot, child) in node.children.iter().rev() {
-                stack.push((child, level - 1, (base + slot as u64) * f));
-            }
-            continue;
-        }
-        // The leaves under one level-1 node, in few coalesced reads.
-        let ids: Vec<Id> = node.children.iter().map(|&(_, child)| child).collect();
-        let raws: Vec<EngineResult<Vec<u8>>> = match repo.read_blobs(&ids).await {
-            Ok(raws) => raws.into_iter().map(Ok).collect(),
-            Err(e) if skipped.is_some() && e.is_damage() => {
-                // Find the damaged leaves one by one; the others are still restored.
-                let mut one_by_one = Vec::with_capacity(ids.len());
-                for id in &ids {
-                    one_by_one.push(repo.read_blob(id).await.map_err(EngineError::from));
-                }
-                one_by_one
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let mut batch = Vec::with_capacity(ids.len());
-        for (&(slot, child), raw) in node.children.iter().zip(raws) {
-            let seg = base + slot as u64;
-            let leaf = raw.and_then(|raw| Ok(decode_leaf(&child, &raw)?));
-            match leaf {
-                Ok(leaf) => batch.push((seg, leaf)),
-                Err(e) => match skipped.as_deref_mut() {
-                    Some(skipped) if node_damaged(&e) => skipped.push((seg, 1, e.to_string())),
-                    _ => return Err(e),
-                },
-            }
-        }
-        batch.sort_by_key(|(seg, _)| *seg);
-        if !batch.is_empty() {
-            visit.visit(batch).await?;
-        }
-    }
-    Ok(())
-}
-
-/// A callback that receives leaf batches and may await.
-#[allow(async_fn_in_trait)]
-pub trait AsyncLeafVisitor {
-    async fn visit(&mut self, batch: Vec<(u64, Leaf)>) -> EngineResult<()>;
 }
 
 /// Manifest node reads in flight while loading a tree's leaf map or leaves.

@@ -1,11 +1,9 @@
 //! Restore: write a version out, bit-exact.
 //!
-//! The manifest is walked in batches of leaves. For each batch, the chunks are grouped by
-//! pack and nearby blobs are coalesced into one ranged read; ranges are fetched in parallel,
-//! decoded and verified against their ids on blocking threads, and written at their offsets
-//! (out of order) with `pwrite`. Zero runs are never written to a regular file: it is sized
-//! first, so they stay holes. A block device gets explicit zeros; stdout gets every byte,
-//! in order, one batch at a time.
+//! The segments are read in a rolling window of batches of leaves ([`window`]), every byte
+//! checked against its id, and written in segment order at their offsets with `pwrite`.
+//! Zero runs are never written to a regular file: it is sized first, so they stay holes. A
+//! block device gets explicit zeros; stdout gets every byte, in order.
 //!
 //! A qcow2 output (`RestoreTarget::Qcow2`) takes the same positioned writes through
 //! [`Qcow2Writer`]: clusters are allocated as data arrives, all-zero pieces are skipped, so
@@ -16,26 +14,21 @@
 //! partial image ([`partial`]). What may be written at all — never an existing file without
 //! `force`, never a mounted device, never a FIFO — is decided first ([`target`]).
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use cairn_format::node::{Extent, Leaf};
 use cairn_format::version::VersionRecord;
-use cairn_format::Id;
 use cairn_image::qcow2::Qcow2Writer;
-use cairn_repo::{BlobLocation, Repo};
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
+use cairn_repo::Repo;
 
 use crate::error::{EngineError, EngineResult};
-use crate::tree::{for_each_leaf_batch, for_each_readable_leaf_batch, AsyncLeafVisitor};
 
-mod grouped;
+mod window;
+use window::run;
 pub mod partial;
 pub mod target;
 
@@ -104,11 +97,6 @@ fn merge_ranges(mut ranges: Vec<DamagedRange>) -> Vec<DamagedRange> {
 pub struct RestoreOptions {
     /// Ranged reads in flight.
     pub parallel_reads: usize,
-    /// Blobs closer than this in one pack are fetched in one read (default: the store's
-    /// hint — small on a local disk, megabytes on S3).
-    pub coalesce_gap: Option<u64>,
-    /// Upper bound of one coalesced read.
-    pub max_read: u64,
     pub progress: Option<Arc<RestoreProgress>>,
     /// Replace an existing file, or overwrite a block device (see [`target`]).
     pub force: bool,
@@ -121,8 +109,6 @@ impl Default for RestoreOptions {
     fn default() -> Self {
         RestoreOptions {
             parallel_reads: 8,
-            coalesce_gap: None,
-            max_read: 16 * 1024 * 1024,
             progress: None,
             force: false,
             allow_damage: false,
@@ -134,8 +120,8 @@ impl Default for RestoreOptions {
 enum Sink {
     /// Regular file or device: positioned writes from many threads.
     File { file: Arc<File>, zeros_needed: bool },
-    /// Stdout: the current batch is assembled in memory, then written in order.
-    Stdout { batch: Arc<Mutex<Vec<u8>>> },
+    /// Stdout: every byte, in order.
+    Stdout,
     /// A qcow2 image being written: positioned writes from many threads.
     Qcow2 { writer: Arc<Qcow2Writer> },
 }
@@ -155,10 +141,7 @@ pub async fn restore(
         .store(version.logical_size, Ordering::Relaxed);
     match target {
         RestoreTarget::Stdout => {
-            let sink = Sink::Stdout {
-                batch: Arc::new(Mutex::new(Vec::new())),
-            };
-            run(repo, version, &sink, &options, &progress, Path::new("-")).await
+            run(repo, version, &Sink::Stdout, &options, &progress, Path::new("-")).await
         }
         RestoreTarget::Path(path) => {
             restore_to_path(repo, version, &path, false, &options, &progress).await
@@ -230,7 +213,7 @@ async fn restore_to_path(
             })?;
             writer.finish()?; // syncs
         }
-        Sink::Stdout { .. } => unreachable!("a path restore has no stdout sink"),
+        Sink::Stdout => unreachable!("a path restore has no stdout sink"),
     }
     // Stamped with the version's time before it appears under its name: a later write by
     // anyone moves the mtime to their now, which is how the CLI's provenance record tells
@@ -317,313 +300,6 @@ async fn restore_to_device(
     Ok(stats)
 }
 
-async fn run(
-    repo: Arc<Repo>,
-    version: &VersionRecord,
-    sink: &Sink,
-    options: &RestoreOptions,
-    progress: &Arc<RestoreProgress>,
-    path: &Path,
-) -> EngineResult<RestoreStats> {
-    if repo.v2().is_some() {
-        return grouped::run_grouped(&repo, version, sink, options, progress, path).await;
-    }
-    let mut writer = BatchWriter {
-        repo: repo.clone(),
-        version,
-        sink,
-        options,
-        coalesce_gap: options.coalesce_gap.unwrap_or(repo.store_hints().read_gap),
-        progress: progress.clone(),
-        path,
-        written_to: 0,
-        stats: RestoreStats {
-            logical_bytes: version.logical_size,
-            ..Default::default()
-        },
-        damaged: Vec::new(),
-    };
-    if options.allow_damage {
-        let mut skipped = Vec::new();
-        for_each_readable_leaf_batch(&repo, version, &mut writer, &mut skipped).await?;
-        let seg = version.segment_size as u64;
-        for (first, count, reason) in skipped {
-            let offset = first.saturating_mul(seg).min(version.logical_size);
-            let end = first
-                .saturating_add(count)
-                .saturating_mul(seg)
-                .min(version.logical_size);
-            if end > offset {
-                writer.damaged.push(DamagedRange {
-                    offset,
-                    len: end - offset,
-                    reason,
-                });
-            }
-        }
-    } else {
-        for_each_leaf_batch(&repo, version, &mut writer).await?;
-    }
-    writer.finish_zeros(version.logical_size).await?;
-    progress.done.store(version.logical_size, Ordering::Relaxed);
-    writer.stats.damaged = merge_ranges(std::mem::take(&mut writer.damaged));
-    Ok(writer.stats)
-}
-
-struct BatchWriter<'a> {
-    repo: Arc<Repo>,
-    version: &'a VersionRecord,
-    sink: &'a Sink,
-    options: &'a RestoreOptions,
-    /// Blobs closer than this in one pack share a read.
-    coalesce_gap: u64,
-    progress: Arc<RestoreProgress>,
-    path: &'a Path,
-    /// Everything before this offset has been written (stdout) or handled.
-    written_to: u64,
-    stats: RestoreStats,
-    /// Damaged ranges found so far (with `allow_damage`).
-    damaged: Vec<DamagedRange>,
-}
-
-/// One coalesced read: a byte range of a pack and the blobs inside it.
-struct Read {
-    pack: Id,
-    start: u64,
-    end: u64,
-    blobs: Vec<BlobLocation>,
-}
-
-impl AsyncLeafVisitor for &mut BatchWriter<'_> {
-    async fn visit(&mut self, batch: Vec<(u64, Leaf)>) -> EngineResult<()> {
-        // Stdout assembles each part in memory, so its parts stay small; files and devices
-        // take the whole batch at once (fewer pauses between parallel rounds).
-        let part_len = match self.sink {
-            Sink::Stdout { .. } => 32,
-            Sink::File { .. } | Sink::Qcow2 { .. } => batch.len().max(1),
-        };
-        for part in batch.chunks(part_len) {
-            self.visit_part(part).await?;
-        }
-        Ok(())
-    }
-}
-
-impl BatchWriter<'_> {
-    async fn visit_part(&mut self, part: &[(u64, Leaf)]) -> EngineResult<()> {
-        crate::interrupt::check()?;
-        let seg_size = self.version.segment_size as u64;
-        let first = part[0].0 * seg_size;
-        let last = ((part[part.len() - 1].0 + 1) * seg_size).min(self.version.logical_size);
-        // Zeros between the previous batch and this one.
-        self.finish_zeros(first).await?;
-
-        // Where each chunk goes, which zero runs a device needs, and what is damaged.
-        let mut part_damage: Vec<DamagedRange> = Vec::new();
-        let mut places: HashMap<Id, Vec<(u64, u32)>> = HashMap::new();
-        let mut zeros: Vec<(u64, u64)> = Vec::new();
-        let mut next = first;
-        for (seg, leaf) in part {
-            let mut off = seg * seg_size;
-            // Segments absent from the tree inside this batch are zeros too.
-            if off > next {
-                zeros.push((next, off - next));
-            }
-            next = ((seg + 1) * seg_size).min(self.version.logical_size);
-            for e in &leaf.extents {
-                match *e {
-                    Extent::Zero { len } => zeros.push((off, len as u64)),
-                    Extent::Chunk { id, len } => places.entry(id).or_default().push((off, len)),
-                }
-                off += e.len() as u64;
-            }
-            let expected = seg_size.min(self.version.logical_size - seg * seg_size);
-            if leaf.len() != expected {
-                let reason = format!(
-                    "manifest leaf of segment {seg} covers {} bytes, expected {expected}",
-                    leaf.len()
-                );
-                if !self.options.allow_damage {
-                    return Err(EngineError::Manifest(reason));
-                }
-                // Its chunks are not placed: the whole segment counts as damaged.
-                for v in places.values_mut() {
-                    v.retain(|&(off, _)| off < seg * seg_size || off >= seg * seg_size + expected);
-                }
-                places.retain(|_, v| !v.is_empty());
-                zeros.retain(|&(off, _)| off < seg * seg_size || off >= seg * seg_size + expected);
-                part_damage.push(DamagedRange {
-                    offset: seg * seg_size,
-                    len: expected,
-                    reason,
-                });
-            }
-        }
-
-        let reads = self.plan_reads(&places, &mut part_damage)?;
-        self.stats.reads += reads.len() as u64;
-        if let Sink::Stdout { batch } = self.sink {
-            let mut b = batch.lock().expect("batch lock");
-            b.clear();
-            b.resize((last - first) as usize, 0);
-        }
-        let places = Arc::new(places);
-        let limit = Arc::new(Semaphore::new(self.options.parallel_reads.max(1)));
-        let mut tasks = JoinSet::new();
-        for read in reads {
-            let permit = limit.clone().acquire_owned().await.expect("semaphore open");
-            let (repo, places, progress) =
-                (self.repo.clone(), places.clone(), self.progress.clone());
-            let sink = match self.sink {
-                Sink::File { file, zeros_needed } => SinkRef::File(file.clone(), !zeros_needed),
-                Sink::Stdout { batch } => SinkRef::Buffer(batch.clone(), first),
-                Sink::Qcow2 { writer } => SinkRef::Qcow2(writer.clone()),
-            };
-            let path = self.path.to_path_buf();
-            let tolerant = self.options.allow_damage;
-            tasks.spawn(async move {
-                let bytes = repo.read_pack_range(&read.pack, read.start..read.end).await;
-                let bytes = match bytes {
-                    Ok(b) => b,
-                    Err(e) => {
-                        let e = missing_pack_context(e, &read);
-                        if !(tolerant && e.is_damage()) {
-                            return Err(EngineError::from(
-                                repo.quarantine_if_damaged(e, &read.blobs[0]),
-                            ));
-                        }
-                        // Every blob of the read is lost: zeros where each one goes.
-                        let reason = e.to_string();
-                        let mut damaged = Vec::new();
-                        for loc in &read.blobs {
-                            repo.quarantine(loc, &reason);
-                            damaged.extend(places[&loc.entry.id].iter().map(|&(off, len)| {
-                                DamagedRange {
-                                    offset: off,
-                                    len: len as u64,
-                                    reason: reason.clone(),
-                                }
-                            }));
-                        }
-                        drop(permit);
-                        return Ok((0, 0, damaged));
-                    }
-                };
-                progress
-                    .fetched
-                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                let n = bytes.len() as u64;
-                let (written, damaged) = tokio::task::spawn_blocking(move || {
-                    write_blobs(&repo, &read, &bytes, &places, &sink, &path, tolerant)
-                })
-                .await
-                .map_err(|e| EngineError::internal("restore writer", e))??;
-                drop(permit);
-                Ok::<_, EngineError>((n, written, damaged))
-            });
-            // Surface errors early rather than after the whole batch.
-            while let Some(done) = tasks.try_join_next() {
-                self.account(done, &mut part_damage)?;
-            }
-        }
-        while let Some(done) = tasks.join_next().await {
-            self.account(done, &mut part_damage)?;
-        }
-
-        if let Sink::File {
-            file,
-            zeros_needed: true,
-        } = self.sink
-        {
-            // A device held other data there: damaged ranges are written as zeros too.
-            zeros.extend(part_damage.iter().map(|d| (d.offset, d.len)));
-            write_zero_runs(file, &zeros, self.path)?;
-        }
-        self.damaged.append(&mut part_damage);
-        if let Sink::Stdout { batch } = self.sink {
-            let b = std::mem::take(&mut *batch.lock().expect("batch lock"));
-            write_stdout(&b)?;
-        }
-        self.written_to = last;
-        self.progress.done.store(last, Ordering::Relaxed);
-        Ok(())
-    }
-
-    fn account(
-        &mut self,
-        done: Result<ReadOutcome, tokio::task::JoinError>,
-        damaged: &mut Vec<DamagedRange>,
-    ) -> EngineResult<()> {
-        let (fetched, data, mut lost) =
-            done.map_err(|e| EngineError::internal("restore task", e))??;
-        self.stats.fetched_bytes += fetched;
-        self.stats.data_bytes += data;
-        // The bar moves with every read, not only at the end of a batch: the batch's data
-        // lies in [written_to, last), so `done` stays below the `last` stored at its end.
-        self.progress.done.fetch_add(data, Ordering::Relaxed);
-        damaged.append(&mut lost);
-        Ok(())
-    }
-
-    /// Groups the batch's blobs by pack and coalesces neighbours into ranged reads. With
-    /// `allow_damage`, a chunk no index locates is added to `damaged` instead of failing.
-    fn plan_reads(
-        &self,
-        places: &HashMap<Id, Vec<(u64, u32)>>,
-        damaged: &mut Vec<DamagedRange>,
-    ) -> EngineResult<Vec<Read>> {
-        let mut locs = Vec::with_capacity(places.len());
-        for (id, at) in places {
-            match self.repo.locate(id) {
-                Ok(loc) => locs.push(loc),
-                Err(e) if self.options.allow_damage && e.is_damage() => {
-                    let reason = e.to_string();
-                    damaged.extend(at.iter().map(|&(offset, len)| DamagedRange {
-                        offset,
-                        len: len as u64,
-                        reason: reason.clone(),
-                    }));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        locs.sort_by_key(|l| (l.pack, l.entry.offset));
-        let mut reads: Vec<Read> = Vec::new();
-        for loc in locs {
-            let r = loc.entry.range();
-            match reads.last_mut() {
-                Some(cur)
-                    if cur.pack == loc.pack
-                        && r.start <= cur.end + self.coalesce_gap
-                        && r.end - cur.start <= self.options.max_read =>
-                {
-                    cur.end = cur.end.max(r.end);
-                    cur.blobs.push(loc);
-                }
-                _ => reads.push(Read {
-                    pack: loc.pack,
-                    start: r.start,
-                    end: r.end,
-                    blobs: vec![loc],
-                }),
-            }
-        }
-        Ok(reads)
-    }
-
-    /// Handles the zeros in `[written_to, upto)`: nothing for a sparse file, explicit zeros
-    /// for a device, zero bytes on stdout.
-    async fn finish_zeros(&mut self, upto: u64) -> EngineResult<()> {
-        if upto <= self.written_to {
-            return Ok(());
-        }
-        write_zeros(self.sink, self.written_to, upto, self.path)?;
-        self.written_to = upto;
-        self.progress.done.store(upto, Ordering::Relaxed);
-        Ok(())
-    }
-}
-
 /// The zeros in `[from, to)`: nothing for a sparse file or qcow2 (unwritten bytes read as
 /// zeros), explicit zeros on a device and on stdout.
 fn write_zeros(sink: &Sink, from: u64, to: u64, path: &Path) -> EngineResult<()> {
@@ -636,7 +312,7 @@ fn write_zeros(sink: &Sink, from: u64, to: u64, path: &Path) -> EngineResult<()>
             zeros_needed: true,
         } => write_zero_runs(file, &[(from, to - from)], path),
         Sink::File { .. } | Sink::Qcow2 { .. } => Ok(()),
-        Sink::Stdout { .. } => {
+        Sink::Stdout => {
             let zeros = vec![0u8; 1 << 20];
             let mut left = to - from;
             while left > 0 {
@@ -647,100 +323,6 @@ fn write_zeros(sink: &Sink, from: u64, to: u64, path: &Path) -> EngineResult<()>
             Ok(())
         }
     }
-}
-
-enum SinkRef {
-    /// The file, and whether zero blocks may be left as holes.
-    File(Arc<File>, bool),
-    /// The batch buffer and the logical offset of its first byte.
-    Buffer(Arc<Mutex<Vec<u8>>>, u64),
-    Qcow2(Arc<Qcow2Writer>),
-}
-
-fn missing_pack_context(e: cairn_repo::RepoError, read: &Read) -> cairn_repo::RepoError {
-    use cairn_repo::RepoError;
-    use cairn_store::StoreError;
-    match e {
-        RepoError::Store(StoreError::NotFound { .. }) => RepoError::PackMissing {
-            pack: read.pack,
-            id: read.blobs[0].entry.id,
-        },
-        RepoError::Store(StoreError::RangeOutOfBounds { .. }) => RepoError::BadBlob {
-            id: read.blobs[0].entry.id,
-            pack: read.pack,
-            offset: read.blobs[0].entry.offset,
-            source: cairn_format::FormatError::invalid("blob", "pack is truncated"),
-        },
-        other => other,
-    }
-}
-
-/// What one read task did: bytes fetched, plain bytes written, ranges lost to damage.
-type ReadOutcome = EngineResult<(u64, u64, Vec<DamagedRange>)>;
-
-/// Decodes and verifies every blob of one read and writes it wherever the batch uses it.
-/// A blob that fails its check is quarantined; with `tolerant` its places are returned as
-/// damaged (left as zeros) instead of failing the restore. Returns the plain bytes written.
-fn write_blobs(
-    repo: &Repo,
-    read: &Read,
-    bytes: &[u8],
-    places: &HashMap<Id, Vec<(u64, u32)>>,
-    sink: &SinkRef,
-    path: &Path,
-    tolerant: bool,
-) -> EngineResult<(u64, Vec<DamagedRange>)> {
-    let mut written = 0;
-    let mut damaged = Vec::new();
-    for loc in &read.blobs {
-        let r = loc.entry.range();
-        let stored = &bytes[(r.start - read.start) as usize..(r.end - read.start) as usize];
-        let plain =
-            match repo.check_blob(loc, stored) {
-                Ok(plain) => plain,
-                Err(e) if tolerant => {
-                    let reason = e.to_string();
-                    damaged.extend(places[&loc.entry.id].iter().map(|&(offset, len)| {
-                        DamagedRange {
-                            offset,
-                            len: len as u64,
-                            reason: reason.clone(),
-                        }
-                    }));
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            };
-        for &(off, len) in &places[&loc.entry.id] {
-            if len as usize != plain.len() {
-                let reason = format!(
-                    "chunk {} has {} bytes but the manifest says {len}",
-                    loc.entry.id,
-                    plain.len()
-                );
-                if !tolerant {
-                    return Err(EngineError::Manifest(reason));
-                }
-                damaged.push(DamagedRange {
-                    offset: off,
-                    len: len as u64,
-                    reason,
-                });
-                continue;
-            }
-            match sink {
-                SinkRef::File(f, sparse) => write_file(f, *sparse, &plain, off, path)?,
-                SinkRef::Buffer(buf, base) => {
-                    let start = (off - base) as usize;
-                    buf.lock().expect("batch lock")[start..start + plain.len()]
-                        .copy_from_slice(&plain);
-                }
-                SinkRef::Qcow2(writer) => write_qcow2(writer, &plain, off)?,
-            }
-            written += len as u64;
-        }
-    }
-    Ok((written, damaged))
 }
 
 /// Writes a chunk at `off`. On a sparse target, all-zero 4 KiB blocks inside the chunk are

@@ -1,12 +1,11 @@
-//! Restore of a format 2 version: the leaf map from the interior nodes, then a rolling window
-//! of batches of consecutive leaves read in parallel — a batch's leaves, then all their
-//! group runs, through the repository's [`V2Reader`](cairn_repo::v2::V2Reader) in as few
-//! ranged reads as their places allow — and written in segment order (stdout needs the
-//! order; files and devices take it at no cost).
+//! The restore loop: the leaf map from the interior nodes, then a rolling window of batches
+//! of consecutive leaves read in parallel (`segment::read_segments`: in format 2 a batch's
+//! leaves, then all their group runs, in as few ranged reads as their places allow) and
+//! written in segment order (stdout needs the order; files and devices take it at no cost).
 //!
 //! With `allow_damage`, what cannot be read is zeros and listed: a group run no copy of
-//! which is readable (each slot's chunk is tried wherever else it is stored first), a leaf,
-//! or an interior node (every segment under it).
+//! which is readable (each slot's chunk is tried wherever else it is stored first; format
+//! 1: any chunk of the segment), a leaf, or an interior node (every segment under it).
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -28,19 +27,17 @@ use crate::tree::{leaf_map, readable_leaf_map};
 /// allow): 4 segments, so a window of 8 reads holds 32 MiB of segments at most.
 const LEAVES_PER_READ: usize = 4;
 
-/// Restores `version` of a format 2 repository into `sink`.
-pub(super) async fn run_grouped(
-    repo: &Arc<Repo>,
+/// Restores `version` into `sink`.
+pub(super) async fn run(
+    repo: Arc<Repo>,
     version: &VersionRecord,
     sink: &Sink,
     options: &RestoreOptions,
     progress: &RestoreProgress,
     path: &Path,
 ) -> EngineResult<RestoreStats> {
-    let reader = repo
-        .v2()
-        .ok_or_else(|| EngineError::internal("restore", "format 2 restore of format 1"))?;
-    let before = reader.fetches();
+    let repo = &repo;
+    let before = Fetched::of(repo);
     let seg = u64::from(version.segment_size);
     let mut stats = RestoreStats {
         logical_bytes: version.logical_size,
@@ -60,6 +57,7 @@ pub(super) async fn run_grouped(
     };
     let leaves: Vec<(u64, Id)> = leaves.into_iter().collect();
     let mut done_to = 0u64;
+    let mut segments_read = 0u64;
     // A rolling window: `parallel_reads` batches of leaves in flight, the next started as
     // soon as the oldest is written (not when the slowest of a window is), written in
     // segment order. A batch's leaves and groups are read together (`read_segments`: a few
@@ -80,8 +78,7 @@ pub(super) async fn run_grouped(
                     return read_segments(&repo, &wanted).await;
                 }
                 let (id, len) = wanted[0];
-                let reader = repo.v2().expect("a format 2 repository");
-                match read_segment_allowing_damage(&repo, reader, &id, len).await {
+                match read_segment_allowing_damage(&repo, &id, len).await {
                     // The leaf itself is lost: the whole segment is.
                     Err(e) if e.is_damage() => Ok(vec![SegmentRead {
                         data: vec![0; len as usize],
@@ -118,24 +115,55 @@ pub(super) async fn run_grouped(
                     write_file(file, !zeros_needed, &data, off, path)?
                 }
                 Sink::Qcow2 { writer } => write_qcow2(writer, &data, off)?,
-                Sink::Stdout { .. } => write_stdout(&data)?,
+                Sink::Stdout => write_stdout(&data)?,
             }
             done_to = off + data.len() as u64;
             stats.data_bytes += stored;
+            segments_read += 1;
             progress.done.store(done_to, Ordering::Relaxed);
-            let now = reader.fetches();
-            progress.fetched.store(
-                now.group_bytes.saturating_sub(before.group_bytes),
-                Ordering::Relaxed,
-            );
+            let now = Fetched::of(repo).since(&before, &stats, segments_read);
+            progress.fetched.store(now.bytes, Ordering::Relaxed);
         }
     }
     write_zeros(sink, done_to, version.logical_size, path)?;
-    let after = reader.fetches();
-    stats.fetched_bytes = after.group_bytes - before.group_bytes;
-    stats.reads = after.groups - before.groups;
+    let fetched = Fetched::of(repo).since(&before, &stats, segments_read);
+    stats.fetched_bytes = fetched.bytes;
+    stats.reads = fetched.reads;
     stats.damaged = merge_ranges(damaged);
     Ok(stats)
+}
+
+/// What a restore fetched: format 2 counts group bytes and ranged reads (its reader keeps
+/// the counts); format 1 counts the stored bytes of its chunks and a read per segment.
+#[derive(Debug, Clone, Copy, Default)]
+struct Fetched {
+    bytes: u64,
+    reads: u64,
+}
+
+impl Fetched {
+    fn of(repo: &Repo) -> Fetched {
+        repo.v2().map_or_else(Fetched::default, |reader| {
+            let f = reader.fetches();
+            Fetched {
+                bytes: f.group_bytes,
+                reads: f.groups,
+            }
+        })
+    }
+
+    fn since(self, before: &Fetched, stats: &RestoreStats, segments: u64) -> Fetched {
+        match self.bytes == 0 && self.reads == 0 {
+            true => Fetched {
+                bytes: stats.data_bytes,
+                reads: segments,
+            },
+            false => Fetched {
+                bytes: self.bytes - before.bytes,
+                reads: self.reads - before.reads,
+            },
+        }
+    }
 }
 
 /// Segments `first .. first + count` of `version` as a byte range (clipped to the image).
