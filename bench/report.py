@@ -380,6 +380,24 @@ def r_pack_frames(spec):
     return header, rows
 
 
+def r_summary_delta(spec):
+    header = ["dense image", "summary of the first commit (whole)",
+              "summary of each later commit: median (max)",
+              "metadata of each later commit: median (max)", "later commits"]
+    rows = []
+    for f in spec["files"]:
+        d = load_json(f)
+        first, later = d["rows"][0], d["rows"][1:]
+
+        def med_max(key):
+            xs = [r[key] for r in later]
+            return f"{statistics.median(xs):,.0f} ({max(xs):,})"
+
+        rows.append([f"{first['size_gib']} GiB", f"{first['summary_bytes']:,}",
+                     med_max("summary_bytes"), med_max("metadata_bytes"), str(len(later))])
+    return header, rows
+
+
 RENDERERS = {
     "compare": r_compare,
     "md-table": r_md_table,
@@ -393,6 +411,7 @@ RENDERERS = {
     "format2-metadata": r_format2_metadata,
     "lost-objects": r_lost_objects,
     "pack-frames": r_pack_frames,
+    "summary-delta": r_summary_delta,
 }
 
 

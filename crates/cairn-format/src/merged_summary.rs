@@ -14,17 +14,16 @@
 //! ```text
 //! envelope "CRNMSUM\0", version 1 or 2 (sealed as a summary in an encrypted repository)
 //! payload  = image (str16)
-//!          | tree count T (u32) | T × (root id (32) | summary id (32))        ascending roots
-//!          [version 2: | chain count C (u32)
-//!                      | C × (root id (32) | n (u8, 1 ..= 20) | n × root id (32))
-//!                                                     ascending roots, each a counted tree]
+//!          | tree count T (u32) | T × (root id (32) | summary id (32)        ascending roots
+//!                                        [version 2: | n (u8, 0 ..= 20) | n × root key (u64)])
 //!          | node count N (u32) | N × (node key (u64) | trees (u32, 1 ..= T))  ascending keys
 //!          | group count G (u32) | G × (group key (u64) | slot set | common (u32, 1 ..= T)
 //!                                    | exceptions E (u16)
 //!                                    | E × (slot (u16) | trees (u32, 1 ..= T, ≠ common)))
 //! ```
-//! A chain names the summaries a counted tree's summary, stored as a delta, is resolved
-//! through (`group_summary::delta`): GC keeps those even when their own trees are gone.
+//! A chain names, by key (`group_summary::key_of`), the summaries a counted tree's summary,
+//! stored as a delta, is resolved through (`group_summary::delta`): GC keeps those even when
+//! their own trees are gone (two roots with one key only keep a summary longer).
 //! Version 1 (written before deltas) has no chains: every summary it counts was whole.
 //! Group keys ascend; a group's listed slots are used by `common` trees each except the
 //! exceptions, which name listed slots in ascending order. The slot set is `group_summary`'s.
@@ -32,7 +31,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::codec::{Decoder, Encoder};
-use crate::group_summary::GroupSummary;
+use crate::group_summary::{key_of, GroupSummary};
 use crate::slots::SlotSet;
 use crate::{envelope, FormatError, FormatResult, Id};
 
@@ -159,8 +158,8 @@ pub struct MergedSummary {
     pub image: String,
     /// (root id, the id of the summary added for it ([`summary_id`])), ascending roots.
     trees: Vec<(Id, Id)>,
-    /// The chain of each counted tree whose summary is stored as a delta, by root.
-    chains: BTreeMap<Id, Vec<Id>>,
+    /// The chain (root keys) of each counted tree whose summary is stored as a delta.
+    chains: BTreeMap<Id, Vec<u64>>,
     /// (node key, trees), ascending keys.
     nodes: Vec<(u64, u32)>,
     /// (group key, slot counts), ascending keys.
@@ -203,7 +202,8 @@ impl MergedSummary {
         };
         self.trees.insert(at, (*root, summary_id(summary)));
         if !chain.is_empty() {
-            self.chains.insert(*root, chain.to_vec());
+            self.chains
+                .insert(*root, chain.iter().map(key_of).collect());
         }
         let mut fresh = Vec::new();
         let mut from = 0;
@@ -287,9 +287,9 @@ impl MergedSummary {
         Ok(())
     }
 
-    /// The roots of the summaries the counted trees' summaries are resolved through.
-    pub fn chain_roots(&self) -> impl Iterator<Item = &Id> + '_ {
-        self.chains.values().flatten()
+    /// The keys of the roots the counted trees' summaries are resolved through.
+    pub fn chain_keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.chains.values().flatten().copied()
     }
 
     /// Whether a counted tree uses the node of key `key` (`group_summary::key_of`).
@@ -362,13 +362,10 @@ impl MergedSummary {
         e.u32(u32::try_from(self.trees.len()).expect("trees fit u32"));
         for (root, summary) in &self.trees {
             e.id(root).id(summary);
-        }
-        e.u32(u32::try_from(self.chains.len()).expect("chains fit u32"));
-        for (root, chain) in &self.chains {
-            e.id(root);
+            let chain = self.chains.get(root).map_or(&[][..], Vec::as_slice);
             e.u8(u8::try_from(chain.len()).expect("a chain of at most 20"));
-            for member in chain {
-                e.id(member);
+            for key in chain {
+                e.u64(*key);
             }
         }
         e.u32(u32::try_from(self.nodes.len()).expect("nodes fit u32"));
@@ -403,24 +400,20 @@ impl MergedSummary {
             }
             last = Some(root);
             roots.push((root, summary));
-        }
-        m.trees = roots;
-        if version == WITH_CHAINS {
-            let mut last = None;
-            for _ in 0..d.u32()? {
-                let root = d.id()?;
-                if last.is_some_and(|l| l >= root) || !m.covers(&root) {
-                    return Err(invalid("chains not in ascending order of counted trees"));
-                }
-                last = Some(root);
+            if version == WITH_CHAINS {
                 let n = usize::from(d.u8()?);
-                if n == 0 || n > MAX_CHAIN {
+                if n > MAX_CHAIN {
                     return Err(invalid(format!("a chain of {n} summaries")));
                 }
-                let chain = (0..n).map(|_| d.id()).collect::<FormatResult<Vec<Id>>>()?;
-                m.chains.insert(root, chain);
+                let chain = (0..n)
+                    .map(|_| d.u64())
+                    .collect::<FormatResult<Vec<u64>>>()?;
+                if n > 0 {
+                    m.chains.insert(root, chain);
+                }
             }
         }
+        m.trees = roots;
         let in_range = |n: u32, what: &str| {
             if n == 0 || n > trees {
                 Err(invalid(format!("{what} counted by {n} of {trees} trees")))
@@ -724,9 +717,8 @@ mod tests {
         let payload = payload.to_vec();
         let reseal =
             |p: &[u8]| MergedSummary::decode(&envelope::seal_version(MAGIC, WITH_CHAINS, p));
-        // image "vm" (2 + 2) | trees 2 (4) | 2 × 64 | chains 0 (4) | nodes 1 (4) | key (8)
-        // | count at 148
-        let count_at = 4 + 4 + 128 + 4 + 4 + 8;
+        // image "vm" (2 + 2) | trees 2 (4) | 2 × (64 + 1) | nodes 1 (4) | key (8) | count at 150
+        let count_at = 4 + 4 + 130 + 4 + 8;
         let mut bad = payload.clone();
         bad[count_at..count_at + 4].copy_from_slice(&3u32.to_le_bytes());
         let err = reseal(&bad).unwrap_err();
@@ -734,24 +726,10 @@ mod tests {
         bad[count_at..count_at + 4].copy_from_slice(&0u32.to_le_bytes());
         assert!(reseal(&bad).is_err());
 
-        // A chain for a tree the merge does not count, or of no summaries, is refused.
-        let chains_at = 4 + 4 + 128;
-        let chain = |root: &[u8], n: u8| {
-            let mut p = payload[..chains_at].to_vec();
-            p.extend_from_slice(&1u32.to_le_bytes());
-            p.extend_from_slice(Id::of(root).as_bytes());
-            p.push(n);
-            for _ in 0..n {
-                p.extend_from_slice(Id::of(b"c").as_bytes());
-            }
-            p.extend_from_slice(&payload[chains_at + 4..]);
-            p
-        };
-        let ok = reseal(&chain(b"r1", 1)).unwrap();
-        assert_eq!(ok.chain_roots().collect::<Vec<_>>(), vec![&Id::of(b"c")]);
-        let err = reseal(&chain(b"r3", 1)).unwrap_err();
-        assert!(err.to_string().contains("counted trees"), "{err}");
-        let err = reseal(&chain(b"r1", 0)).unwrap_err();
-        assert!(err.to_string().contains("a chain of 0"), "{err}");
+        // A chain of more than 20 summaries is refused.
+        let mut bad = payload.clone();
+        bad[4 + 4 + 64] = 21;
+        let err = reseal(&bad).unwrap_err();
+        assert!(err.to_string().contains("a chain of 21"), "{err}");
     }
 }

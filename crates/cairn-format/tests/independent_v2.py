@@ -218,13 +218,16 @@ def merged_summary(chains=False):
     """A merged summary of image "vm" counting two trees: r1 with the counted summary above,
     r2 with the version 1 one. n1 is used by both, n2 by r2; g1's slots 0..3 and 64 by both
     (common 2); g2's slot 5 by both and slot 6 by r2 (a tie: common 1, slot 5 an exception).
-    With chains (version 2): r1's summary is resolved through those of c0 and c4."""
+    With chains (version 2): each tree's chain length, and r1's summary is resolved through
+    those of c0 and c4 (their keys: first 8 bytes)."""
     key = lambda i: struct.unpack("<Q", i[:8])[0]
     trees = sorted([(bid(b"r1"), bid(group_summary(True))), (bid(b"r2"), bid(group_summary(False)))])
     out = struct.pack("<H", 2) + b"vm" + struct.pack("<I", len(trees))
-    out += b"".join(root + summary for root, summary in trees)
-    if chains:
-        out += struct.pack("<I", 1) + bid(b"r1") + struct.pack("<B", 2) + bid(b"c0") + bid(b"c4")
+    for root, summary in trees:
+        out += root + summary
+        if chains:
+            chain = [bid(b"c0"), bid(b"c4")] if root == bid(b"r1") else []
+            out += struct.pack("<B", len(chain)) + b"".join(c[:8] for c in chain)
     nodes = sorted([(key(bid(b"n1")), 2), (key(bid(b"n2")), 1)])
     out += struct.pack("<I", len(nodes)) + b"".join(struct.pack("<QI", k, n) for k, n in nodes)
     g1, g2 = key(bid(b"g1")), key(bid(b"g2"))

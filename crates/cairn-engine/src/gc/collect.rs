@@ -448,16 +448,29 @@ async fn free_versions(
     bases: &mut SummaryBases,
 ) -> EngineResult<()> {
     let live_roots: HashSet<Id> = live.live.values().filter_map(|r| r.root).collect();
-    let mut candidates: Vec<Id> = std::mem::take(&mut bases.before).into_iter().collect();
+    bases.cover(repo, &live_roots).await?;
+    let mut candidates: Vec<Id> = Vec::new();
     for v in unfreed {
         if let Ok(record) = records.load(repo, v).await {
             candidates.extend(record.root);
         }
     }
+    // Summaries kept as bases until now that no live chain needs any more are known by key:
+    // their roots are listed (only then: usually a chain's bases are still needed).
+    let before = bases.no_longer_needed();
+    if !before.is_empty() {
+        let listed = repo.summary_roots().await?;
+        candidates.extend(
+            listed
+                .into_iter()
+                .map(|(root, _)| root)
+                .filter(|root| before.contains(&cairn_format::group_summary::key_of(root))),
+        );
+    }
     candidates.sort_unstable();
     candidates.dedup();
     for root in candidates {
-        if bases.deletable(repo, &live_roots, &root).await? {
+        if !live_roots.contains(&root) && !bases.needed(&root) {
             repo.delete_summary(&root).await?;
         }
     }

@@ -141,7 +141,15 @@ pub async fn restore(
         .store(version.logical_size, Ordering::Relaxed);
     match target {
         RestoreTarget::Stdout => {
-            run(repo, version, &Sink::Stdout, &options, &progress, Path::new("-")).await
+            run(
+                repo,
+                version,
+                &Sink::Stdout,
+                &options,
+                &progress,
+                Path::new("-"),
+            )
+            .await
         }
         RestoreTarget::Path(path) => {
             restore_to_path(repo, version, &path, false, &options, &progress).await
