@@ -122,12 +122,6 @@ impl From<cairn_repo::tree_walk::NodeError> for EngineError {
     }
 }
 
-impl From<cairn_store::StoreError> for EngineError {
-    fn from(e: cairn_store::StoreError) -> Self {
-        EngineError::Repo(RepoError::Store(e))
-    }
-}
-
 impl EngineError {
     /// Refuses `operation` on a repository cairn only reads: every engine entry point that
     /// writes packs, index runs or summaries calls it first, so no caller can write format 1.

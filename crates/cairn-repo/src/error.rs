@@ -127,6 +127,11 @@ impl RepoError {
         }
     }
 
+    /// Whether the store's disk (or quota) is full: no write can succeed until space is freed.
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, RepoError::Store(StoreError::Full { .. }))
+    }
+
     /// Whether this error means stored data is damaged or missing — a finding about the
     /// repository — rather than that the store could not be asked (which says nothing about
     /// the data and must never be mistaken for damage). An object written in a newer format

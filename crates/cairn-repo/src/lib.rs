@@ -28,6 +28,10 @@ pub mod v2;
 mod versions;
 
 pub use blob_index::{BlobIndex, BlobLocation};
+/// A scratch file in the store's staging area, and the prefix of every temporary file a
+/// local store keeps: the store's own types, named here so that layers above cairn-repo
+/// depend on it alone.
+pub use cairn_store::{StagedFile, TEMP_PREFIX};
 pub use content_cache::{user_cache_dir, ContentCache};
 pub use error::{RepoError, RepoResult};
 pub use gc_protocol::{GcLock, GcLockAttempt, PublishedPlan};

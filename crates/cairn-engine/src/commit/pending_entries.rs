@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use cairn_format::index_run::{merge_pack_keys, pack_table, Entry, RunEntries};
 use cairn_format::Id;
+use cairn_repo::StagedFile;
 use cairn_repo::{Repo, RepoResult};
-use cairn_store::StagedFile;
 
 use crate::error::EngineResult;
 
@@ -50,7 +50,8 @@ impl PendingEntries {
         };
         keys.sort_unstable();
         let bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
-        file.write_at(self.written, &bytes)?;
+        file.write_at(self.written, &bytes)
+            .map_err(cairn_repo::RepoError::from)?;
         self.spans.push((self.written, keys.len()));
         self.written += bytes.len() as u64;
         Ok(self.spans.len() - 1)

@@ -393,7 +393,7 @@ fn scratch_file(dir: &std::path::Path) -> io::Result<File> {
 fn named_scratch_file(dir: &std::path::Path) -> io::Result<File> {
     let path = dir.join(format!(
         "{}claims-{:016x}",
-        cairn_store::TEMP_PREFIX,
+        cairn_repo::TEMP_PREFIX,
         rand::random::<u64>()
     ));
     let file = std::fs::OpenOptions::new()

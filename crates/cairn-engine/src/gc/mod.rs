@@ -56,7 +56,6 @@ use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use cairn_repo::session::{describe, liveness, now_ns, Liveness};
 use cairn_repo::{GcLock, GcLockAttempt, PublishedPlan, Repo, RepoError, SessionKind};
-use cairn_store::StoreError;
 
 use crate::error::{EngineError, EngineResult};
 use crate::progress::{self, Unit, WorkProgress};
@@ -248,9 +247,7 @@ pub async fn gc(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport>
             }
             // No room to write repacked packs: free what can be freed without repacking
             // (whole dead packs); the next gc repacks.
-            Err(EngineError::Repo(RepoError::Store(StoreError::Full { .. })))
-                if !options.dry_run =>
-            {
+            Err(EngineError::Repo(e)) if e.is_disk_full() && !options.dry_run => {
                 tracing::warn!("gc: the disk is full; deleting dead packs without repacking");
                 repo.discard_unindexed_packs().await;
                 repo.withdraw_all_gc_plans().await;
