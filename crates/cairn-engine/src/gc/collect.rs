@@ -27,6 +27,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use cairn_format::index_run::RunEntries;
 use cairn_format::marker::GcPlan;
 use cairn_format::pack::BlobKind;
 use cairn_format::version::VersionRecord;
@@ -97,58 +98,23 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         clock.lap("record bundle", &mut report);
         return Ok(report);
     }
-    // Fast deletion reads the trailers of the packs the deleted versions' dead data is in
-    // (`None`: every pack, as the exact pass does).
-    let mut scope: Option<HashSet<Id>> = None;
-    // The exact pass: every group a live version uses, to tell whether any is lost.
-    let mut live_groups: Option<HashSet<Id>> = None;
-    let mut bases = SummaryBases::default();
-    let live_use: Box<dyn Liveness + Send + Sync> = match options.mode {
-        GcMode::Repair => {
-            // The exact pass does not keep merged summaries up: it deletes them (before it
-            // deletes the summaries of dead trees they may count), and the next fast
-            // deletion builds them again. The chains they name are judged again first.
-            for (_, merged, _) in repo.merged_summaries().await? {
-                if let Ok(merged) = merged {
-                    bases.read(&merged);
-                }
-            }
-            if !options.dry_run {
-                repo.delete_merged_summaries().await?;
-            }
-            let mut marks = Marks::default();
-            progress::start(
-                &options.progress,
-                "marking live versions",
-                Unit::Items,
-                live.live.len() as u64,
-            );
-            for record in live.live.values() {
-                progress::add(&options.progress, 1);
-                marks
-                    .mark_version(&snapshot.reader, record, &mut report.metadata_read_bytes)
-                    .await?;
-            }
-            report.live_blobs = (marks.nodes.len() + marks.slots.len()) as u64;
-            clock.lap("marking", &mut report);
-            live_groups = Some(marks.slots.keys().copied().collect());
-            Box::new(marks)
-        }
-        GcMode::Fast => {
-            let mut used =
-                live_summary(repo, &snapshot.reader, &live, options, &mut report).await?;
-            bases = std::mem::take(&mut used.bases);
-            report.live_blobs = used.live.blobs();
-            clock.lap("live summaries", &mut report);
-            scope = affected_packs(repo, &mut records.source, &snapshot, &used, &unfreed, &live)
-                .await?;
-            if let Some(scope) = scope.as_mut() {
-                scope.extend(small.iter().copied());
-            }
-            clock.lap("affected packs", &mut report);
-            Box::new(used.live)
-        }
-    };
+    let Judged {
+        live_use,
+        scope,
+        live_groups,
+        mut bases,
+    } = judge_liveness(
+        repo,
+        options,
+        &mut records.source,
+        &snapshot,
+        &live,
+        &unfreed,
+        &small,
+        &mut report,
+        &mut clock,
+    )
+    .await?;
     snapshot.read_trailers(&pack_sizes, scope.as_ref()).await?;
     report.trailers_read = snapshot.trailers.len() as u64;
     clock.lap("trailers", &mut report);
@@ -173,14 +139,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     } = judge_orphans(&snapshot, &pack_sizes, &*live_use, &mut report).await?;
     clock.lap("orphan packs", &mut report);
     if options.dry_run {
-        let doomed: u64 = plan.to_delete.iter().map(|p| pack_sizes[p]).sum();
-        let repacked: u64 = plan
-            .to_repack
-            .iter()
-            .map(|p| pack_sizes[p].saturating_sub(plan.live_bytes[p]))
-            .sum();
-        let orphaned: u64 = orphans.iter().map(|p| pack_sizes[p]).sum();
-        report.after_bytes = before_bytes - doomed - repacked - orphaned;
+        report.after_bytes = before_bytes - freed_by(&plan, &orphans, &pack_sizes);
         records.keep(repo, &live, options, &mut report).await?;
         clock.lap("record bundle", &mut report);
         return Ok(report);
@@ -204,26 +163,17 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
 
     // Copy what survives of the packs to rewrite, then the consolidated run: kept packs as
     // they are (minus dead nodes), plus the new packs.
-    let mut writer = Repacker::new(repo);
-    let to_copy: u64 = plan.to_repack.iter().map(|p| plan.live_bytes[p]).sum();
-    progress::start(&options.progress, "repacking", Unit::Bytes, to_copy);
-    for pack in &plan.to_repack {
-        let data = repo.read_whole_pack(pack).await?;
-        let trailer = &snapshot.trailers[pack];
-        for &g in &plan.canonical_in[pack] {
-            let group = &trailer.groups[g as usize];
-            let live = live_use.live_slots(trailer, g);
-            let copied = copy_group(repo, trailer, g, &data, live.as_ref())?;
-            report.repacked_bytes += u64::from(group.desc.stored_len);
-            progress::add(&options.progress, u64::from(group.desc.stored_len));
-            writer.push(group.kind, copied, live.as_ref()).await?;
-        }
-    }
-    for (_, group) in damaged.rebuilt {
-        report.repacked_bytes += u64::from(group.desc.stored_len);
-        writer.push(BlobKind::Data, group, None).await?;
-    }
-    let mut locations = writer.finish().await?;
+    let mut writer = repack(
+        repo,
+        options,
+        &snapshot,
+        &plan,
+        &*live_use,
+        damaged,
+        &mut report,
+    )
+    .await?;
+    let locations = writer.finish().await?;
     // The packs in the store as this GC knows them at its end: those listed at its start,
     // minus those it deletes, plus those it writes (`after_bytes` is counted from them rather
     // than from a second walk of the store's pack directories).
@@ -231,36 +181,20 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     packs_now.extend(writer.written.iter().copied());
     report.packs_written = writer.written.len() as u64;
     clock.lap("repack", &mut report);
-    for pack in &plan.kept {
-        let entries = snapshot.trailers[pack].index_entries(|node| live_use.node_used(node));
-        locations.add_pack(*pack, entries.iter().map(|(id, _)| id));
-    }
-    // Packs no run named that hold what a live version needs: named again, as they are.
-    for trailer in &adopted {
-        let entries = trailer.index_entries(|node| live_use.node_used(node));
-        locations.add_pack(trailer.pack, entries.iter().map(|(id, _)| id));
-    }
     let mut written_runs = HashSet::new();
-    match &scope {
-        // The packs this GC read are named as they are now; every other entry as it was.
-        Some(read) => {
-            let named: Vec<Id> = locations.packs().copied().collect();
-            let merged = snapshot
-                .reader
-                .merge_runs_replacing(&snapshot.runs, read, locations)
-                .await
-                .map_err(|e| match e {
-                    e if e.is_damage() => incomplete(e.to_string()),
-                    e => e.into(),
-                })?;
-            report.index_read_bytes += merged.bytes_read;
-            written_runs.insert(repo.put_run_naming(merged.bytes, &named).await?.0);
-        }
-        None if !locations.is_empty() => {
-            written_runs.insert(repo.put_run_entries(locations, repo.key()).await?.0);
-        }
-        None => {}
-    }
+    written_runs.extend(
+        write_run(
+            repo,
+            &snapshot,
+            &plan,
+            &adopted,
+            &*live_use,
+            scope.as_ref(),
+            locations,
+            &mut report,
+        )
+        .await?,
+    );
     clock.lap("index run", &mut report);
     let superseded: Vec<Id> = snapshot
         .runs
@@ -285,29 +219,17 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         .copied()
         .collect();
     let live_now = live_versions_from(repo, &mut records.source).await?;
-    let newcomers: Vec<&VersionRecord> = live_now
-        .live
-        .iter()
-        .filter(|(id, _)| !live.live.contains_key(*id))
-        .map(|(_, r)| r)
-        .collect();
-    if !newcomers.is_empty() {
-        // Their trees are read through every run (the superseded ones are still there);
-        // what they use is then looked up as a process opening the repository now would.
-        let everything = Snapshot::load(repo).await?;
-        let mut used = Marks::default();
-        for record in newcomers {
-            used.mark_version(&everything.reader, record, &mut report.metadata_read_bytes)
-                .await?;
-        }
-        let (now, _) = repo.v2_view().await?;
-        if let Some((run, written)) =
-            rescue(repo, &snapshot, &now, &used, &*live_use, &mut report).await?
-        {
-            written_runs.insert(run);
-            packs_now.extend(written);
-        }
-    }
+    rescue_newcomers(
+        repo,
+        &snapshot,
+        &live,
+        &live_now,
+        &*live_use,
+        &mut written_runs,
+        &mut packs_now,
+        &mut report,
+    )
+    .await?;
 
     clock.lap("recheck", &mut report);
     progress::start(&options.progress, "deleting", Unit::Items, 0);
@@ -333,15 +255,9 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     clock.lap("index bytes after", &mut report);
     // Markers of copies whose pack is gone (repacked, deleted, or missing: the consolidated
     // run names only packs that exist).
-    let nothing_lost = live_groups.as_ref().is_some_and(|live| {
-        let present: HashSet<Id> = snapshot
-            .trailers
-            .values()
-            .chain(&adopted)
-            .flat_map(|t| (0..t.groups.len() as u32).filter_map(|g| t.group_id(g)))
-            .collect();
-        live.iter().all(|g| present.contains(g))
-    });
+    let nothing_lost = live_groups
+        .as_ref()
+        .is_some_and(|live| all_present(live, &snapshot, &adopted));
     remove_stale_markers(repo, &packs_now, nothing_lost).await?;
     clock.lap("stale markers", &mut report);
     Ok(report)
@@ -435,6 +351,223 @@ async fn needed_elsewhere_unlocated(
         }
     }
     Ok(false)
+}
+
+/// The bytes a plan would free: packs deleted, the dead part of packs repacked, and orphans.
+fn freed_by(plan: &PackPlan, orphans: &[Id], pack_sizes: &HashMap<Id, u64>) -> u64 {
+    let doomed: u64 = plan.to_delete.iter().map(|p| pack_sizes[p]).sum();
+    let repacked: u64 = plan
+        .to_repack
+        .iter()
+        .map(|p| pack_sizes[p].saturating_sub(plan.live_bytes[p]))
+        .sum();
+    doomed + repacked + orphans.iter().map(|p| pack_sizes[p]).sum::<u64>()
+}
+
+/// Writes the consolidated run: the packs GC wrote (`locations`), the packs it keeps as they
+/// are (minus dead nodes) and the orphans it adopts. Fast deletion names the packs it read
+/// as they are now and every other entry as it was (`merge_runs_replacing`); the exact pass
+/// writes the whole run. Returns the run written, if any.
+#[allow(clippy::too_many_arguments)]
+async fn write_run(
+    repo: &Arc<Repo>,
+    snapshot: &Snapshot,
+    plan: &PackPlan,
+    adopted: &[Arc<PackTrailer>],
+    live_use: &(dyn Liveness + Send + Sync),
+    scope: Option<&HashSet<Id>>,
+    mut locations: RunEntries,
+    report: &mut GcReport,
+) -> EngineResult<Option<Id>> {
+    for pack in &plan.kept {
+        let entries = snapshot.trailers[pack].index_entries(|node| live_use.node_used(node));
+        locations.add_pack(*pack, entries.iter().map(|(id, _)| id));
+    }
+    // Packs no run named that hold what a live version needs: named again, as they are.
+    for trailer in adopted {
+        let entries = trailer.index_entries(|node| live_use.node_used(node));
+        locations.add_pack(trailer.pack, entries.iter().map(|(id, _)| id));
+    }
+    Ok(match scope {
+        Some(read) => {
+            let named: Vec<Id> = locations.packs().copied().collect();
+            let merged = snapshot
+                .reader
+                .merge_runs_replacing(&snapshot.runs, read, locations)
+                .await
+                .map_err(|e| match e {
+                    e if e.is_damage() => incomplete(e.to_string()),
+                    e => e.into(),
+                })?;
+            report.index_read_bytes += merged.bytes_read;
+            Some(repo.put_run_naming(merged.bytes, &named).await?.0)
+        }
+        None if !locations.is_empty() => Some(repo.put_run_entries(locations, repo.key()).await?.0),
+        None => None,
+    })
+}
+
+/// Whether every group in `live` is in a pack GC read or adopted (the exact pass): then no
+/// quarantine marker is needed for a copy whose pack is gone.
+fn all_present(live: &HashSet<Id>, snapshot: &Snapshot, adopted: &[Arc<PackTrailer>]) -> bool {
+    let present: HashSet<Id> = snapshot
+        .trailers
+        .values()
+        .chain(adopted)
+        .flat_map(|t| (0..t.groups.len() as u32).filter_map(|g| t.group_id(g)))
+        .collect();
+    live.iter().all(|g| present.contains(g))
+}
+
+/// How GC judges what the live versions use, and what that judgement decided.
+struct Judged {
+    live_use: Box<dyn Liveness + Send + Sync>,
+    /// The packs whose trailers fast deletion reads (`None`: every pack, as the exact pass).
+    scope: Option<HashSet<Id>>,
+    /// The exact pass: every group a live version uses, to tell whether any is lost.
+    live_groups: Option<HashSet<Id>>,
+    /// The summaries live chains are resolved through.
+    bases: SummaryBases,
+}
+
+/// The exact pass marks every live tree; fast deletion reads the images' merged summaries
+/// and scopes the packs to those the deleted versions' dead data is in (plus `small`).
+#[allow(clippy::too_many_arguments)]
+async fn judge_liveness(
+    repo: &Arc<Repo>,
+    options: &GcOptions,
+    records: &mut RecordSource,
+    snapshot: &Snapshot,
+    live: &LiveVersions,
+    unfreed: &[Id],
+    small: &HashSet<Id>,
+    report: &mut GcReport,
+    clock: &mut PhaseClock,
+) -> EngineResult<Judged> {
+    let mut bases = SummaryBases::default();
+    match options.mode {
+        GcMode::Repair => {
+            // The exact pass does not keep merged summaries up: it deletes them (before it
+            // deletes the summaries of dead trees they may count), and the next fast
+            // deletion builds them again. The chains they name are judged again first.
+            for (_, merged, _) in repo.merged_summaries().await? {
+                if let Ok(merged) = merged {
+                    bases.read(&merged);
+                }
+            }
+            if !options.dry_run {
+                repo.delete_merged_summaries().await?;
+            }
+            let mut marks = Marks::default();
+            progress::start(
+                &options.progress,
+                "marking live versions",
+                Unit::Items,
+                live.live.len() as u64,
+            );
+            for record in live.live.values() {
+                progress::add(&options.progress, 1);
+                marks
+                    .mark_version(&snapshot.reader, record, &mut report.metadata_read_bytes)
+                    .await?;
+            }
+            report.live_blobs = (marks.nodes.len() + marks.slots.len()) as u64;
+            clock.lap("marking", report);
+            Ok(Judged {
+                live_groups: Some(marks.slots.keys().copied().collect()),
+                live_use: Box::new(marks),
+                scope: None,
+                bases,
+            })
+        }
+        GcMode::Fast => {
+            let mut used = live_summary(repo, &snapshot.reader, live, options, report).await?;
+            bases = std::mem::take(&mut used.bases);
+            report.live_blobs = used.live.blobs();
+            clock.lap("live summaries", report);
+            let mut scope = affected_packs(repo, records, snapshot, &used, unfreed, live).await?;
+            if let Some(scope) = scope.as_mut() {
+                scope.extend(small.iter().copied());
+            }
+            clock.lap("affected packs", report);
+            Ok(Judged {
+                live_use: Box::new(used.live),
+                scope,
+                live_groups: None,
+                bases,
+            })
+        }
+    }
+}
+
+/// Copies what survives of the packs the plan rewrites, and the groups rebuilt from good
+/// copies, into new packs. Returns the writer, to finish.
+async fn repack<'a>(
+    repo: &'a Arc<Repo>,
+    options: &GcOptions,
+    snapshot: &Snapshot,
+    plan: &PackPlan,
+    live_use: &(dyn Liveness + Send + Sync),
+    damaged: Damaged,
+    report: &mut GcReport,
+) -> EngineResult<Repacker<'a>> {
+    let mut writer = Repacker::new(repo);
+    let to_copy: u64 = plan.to_repack.iter().map(|p| plan.live_bytes[p]).sum();
+    progress::start(&options.progress, "repacking", Unit::Bytes, to_copy);
+    for pack in &plan.to_repack {
+        let data = repo.read_whole_pack(pack).await?;
+        let trailer = &snapshot.trailers[pack];
+        for &g in &plan.canonical_in[pack] {
+            let group = &trailer.groups[g as usize];
+            let live = live_use.live_slots(trailer, g);
+            let copied = copy_group(repo, trailer, g, &data, live.as_ref())?;
+            report.repacked_bytes += u64::from(group.desc.stored_len);
+            progress::add(&options.progress, u64::from(group.desc.stored_len));
+            writer.push(group.kind, copied, live.as_ref()).await?;
+        }
+    }
+    for (_, group) in damaged.rebuilt {
+        report.repacked_bytes += u64::from(group.desc.stored_len);
+        writer.push(BlobKind::Data, group, None).await?;
+    }
+    Ok(writer)
+}
+
+/// Versions published while GC ran may reuse what its plan deletes: their trees are read
+/// through every run (the superseded ones are still there), and what they use that the plan
+/// deletes is stored again (`rescue`), its run and packs added to what GC wrote.
+#[allow(clippy::too_many_arguments)]
+async fn rescue_newcomers(
+    repo: &Arc<Repo>,
+    snapshot: &Snapshot,
+    live: &LiveVersions,
+    live_now: &LiveVersions,
+    live_use: &(dyn Liveness + Send + Sync),
+    written_runs: &mut HashSet<Id>,
+    packs_now: &mut HashMap<Id, u64>,
+    report: &mut GcReport,
+) -> EngineResult<()> {
+    let newcomers: Vec<&VersionRecord> = live_now
+        .live
+        .iter()
+        .filter(|(id, _)| !live.live.contains_key(*id))
+        .map(|(_, r)| r)
+        .collect();
+    if newcomers.is_empty() {
+        return Ok(());
+    }
+    let everything = Snapshot::load(repo).await?;
+    let mut used = Marks::default();
+    for record in newcomers {
+        used.mark_version(&everything.reader, record, &mut report.metadata_read_bytes)
+            .await?;
+    }
+    let (now, _) = repo.v2_view().await?;
+    if let Some((run, written)) = rescue(repo, snapshot, &now, &used, live_use, report).await? {
+        written_runs.insert(run);
+        packs_now.extend(written);
+    }
+    Ok(())
 }
 
 /// Records that the space of the deleted versions `unfreed` is given back, and deletes the
