@@ -555,15 +555,26 @@ mod tests {
         }
     }
 
+    /// Leaves (group runs by group name) that summaries pick from.
+    fn leaf_pool() -> impl proptest::strategy::Strategy<Value = Vec<Vec<(u8, u16, u16)>>> {
+        proptest::collection::vec(
+            proptest::collection::vec((0u8..12, 0u16..90, 1u16..30), 1..4),
+            1..10,
+        )
+    }
+
+    /// The leaves of one tree, as indexes into the pool.
+    fn picks() -> impl proptest::strategy::Strategy<Value = Vec<usize>> {
+        proptest::collection::vec(0usize..10, 0..10)
+    }
+
     proptest::proptest! {
         /// A run of versions stored as the writer stores them (a delta whenever the chain
         /// allows) resolves, each from scratch, to exactly the summary committed.
         #[test]
         fn every_version_resolves_to_its_summary(
-            pool in proptest::collection::vec(
-                proptest::collection::vec((0u8..12, 0u16..90, 1u16..30), 1..4), 1..10),
-            versions in proptest::collection::vec(
-                proptest::collection::vec(0usize..10, 0..10), 1..40),
+            pool in leaf_pool(),
+            versions in proptest::collection::vec(picks(), 1..40),
         ) {
             let mut store = HashMap::new();
             let mut last: Option<Resolved> = None;
@@ -587,11 +598,8 @@ mod tests {
         /// summary; it never panics.
         #[test]
         fn a_delta_over_the_wrong_base_is_refused_or_differs(
-            pool in proptest::collection::vec(
-                proptest::collection::vec((0u8..12, 0u16..90, 1u16..30), 1..4), 1..10),
-            a in proptest::collection::vec(0usize..10, 0..10),
-            b in proptest::collection::vec(0usize..10, 0..10),
-            c in proptest::collection::vec(0usize..10, 0..10),
+            pool in leaf_pool(),
+            a in picks(), b in picks(), c in picks(),
         ) {
             let (sa, sb, sc) = (summary_of(&pool, &a), summary_of(&pool, &b), summary_of(&pool, &c));
             let raw = Resolved::full(Id::of(b"a"), sa.clone()).next_delta(&sb).unwrap();
