@@ -9,6 +9,7 @@
 //! - [`control`]: the control socket (status, COMMIT, overlay snapshots) of a running export
 //! - [`lifecycle`]: the private run directory, state files, claiming names and sockets
 //! - [`notify`]: systemd readiness notification (`sd_notify`)
+//! - [`policy`]: who may connect to a writable export, the read-ahead default
 
 pub mod base;
 pub mod control;
@@ -16,6 +17,7 @@ pub mod error;
 pub mod export;
 pub mod lifecycle;
 pub mod notify;
+pub mod policy;
 mod segment_map;
 pub mod stats;
 

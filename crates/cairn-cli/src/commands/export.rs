@@ -19,7 +19,7 @@ use anyhow::{bail, Context as _, Result};
 use cairn_engine::resolve::{resolve, VersionSpec};
 use cairn_export::control::{self, Request};
 use cairn_export::lifecycle::{self, ExportState, NameClaim, SocketClaim};
-use cairn_export::{notify, Base, ContentCache, ExportStats, VersionExport};
+use cairn_export::{notify, policy, Base, ContentCache, ExportStats, VersionExport};
 use cairn_format::Id;
 use cairn_nbd::{Server, TlsConfig};
 use cairn_overlay::{Overlay, OverlayError};
@@ -83,43 +83,13 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
     // From here on SIGTERM and SIGINT stop the export cleanly instead of killing it.
     let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
-    if args.specs.len() > 1 && (args.name.is_some() || args.overlay.is_some()) {
-        bail!("with several versions, name each as VERSION=NAME (--name and --overlay take one)");
-    }
-    let mut plan: Vec<(String, String)> = Vec::new();
-    for spec in &args.specs {
-        let (version, name) = match spec.split_once('=') {
-            Some((v, n)) => (v.to_string(), n.to_string()),
-            None => {
-                let image = VersionSpec::parse(spec)?.image;
-                (spec.clone(), args.name.clone().unwrap_or(image))
-            }
-        };
-        if plan.iter().any(|(_, n)| *n == name) {
-            bail!("export name {name:?} is given twice");
-        }
-        plan.push((version, name));
-    }
+    let plan = export_plan(&args)?;
     let tls = tls_config(&args)?;
     if let Some(addr) = &args.listen {
-        // A TCP port takes any client that reaches it — on a loopback address, every local
-        // user — so a writable one must know its clients: TLS with client certificates. A
-        // Unix socket is private to its owner (0600 in a 0700 directory).
-        let authenticated = tls
+        let certificates = tls
             .as_ref()
             .is_some_and(|t| t.requires_client_certificates());
-        if args.writable && !authenticated && !args.insecure {
-            let who = match is_loopback(addr).await {
-                Some(true) => "every local user can connect to a loopback address",
-                _ => "anyone who can reach that address can connect",
-            };
-            bail!(
-                "refusing a writable export on {addr} without TLS client certificates: {who} \
-                 and overwrite the disk; serve on a Unix socket (--socket PATH, private to \
-                 you), require client certificates (--tls-dir DIR with ca-cert.pem, or \
-                 --tls-cert FILE --tls-key FILE --tls-ca FILE), or pass --insecure"
-            );
-        }
+        policy::check_tcp_listen(addr, args.writable, certificates, args.insecure).await?;
     }
     let stdio = args.stdio || std::env::var_os("LISTEN_FDS").is_some();
 
@@ -196,7 +166,7 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
             o.export.clone(),
             repo.clone(),
             cache.clone(),
-            readahead(&repo, &args),
+            policy::readahead(&repo, args.readahead),
         );
         tokio::spawn(async move {
             if let Err(e) = control::serve(listener, handler).await {
@@ -212,8 +182,44 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
         tokio::spawn(write_stats(path, served_stats.clone()));
     }
 
-    // Announce: state files, then --json lines or notes, then systemd.
-    let (socket, listen) = match &listener {
+    announce(ctx, &run, &opened, &listener, tls_on, stdio, &mut files)?;
+
+    // Serve until a signal (or, on stdin, the end of the connection).
+    let serving = async {
+        match listener {
+            Listener::Stdio if std::env::var_os("LISTEN_FDS").is_some() => {
+                cairn_nbd::serve_socket_activation(server).await
+            }
+            Listener::Stdio => cairn_nbd::serve_stdio(server)
+                .await
+                .map_err(std::io::Error::other),
+            Listener::Tcp(l, _) => cairn_nbd::serve_tcp_listener(server, l).await,
+            Listener::Unix(l, _) => cairn_nbd::serve_unix_listener(server, l).await,
+        }
+    };
+    let (signal, served) = tokio::select! {
+        r = serving => (None, r),
+        _ = sigterm.recv() => (Some("SIGTERM"), Ok(())),
+        _ = sigint.recv() => (Some("SIGINT"), Ok(())),
+    };
+    if let Some(sig) = signal {
+        notify_systemd(&format!("STOPPING=1\nSTATUS=stopping ({sig})"));
+    }
+    stop(ctx, &args, opened, files, &served_stats, signal, served).await
+}
+
+/// Announces the exports: a state file each, then `--json` lines or notes (not on stdio,
+/// where stdout is the NBD connection), then readiness to systemd.
+fn announce(
+    ctx: &Context,
+    run: &Path,
+    opened: &[Opened],
+    listener: &Listener,
+    tls_on: bool,
+    stdio: bool,
+    files: &mut Files,
+) -> Result<()> {
+    let (socket, listen) = match listener {
         Listener::Unix(_, p) => (Some(p.clone()), None),
         Listener::Tcp(_, a) => (None, Some(a.clone())),
         Listener::Stdio => (None, None),
@@ -223,7 +229,7 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let mut status = Vec::new();
-    for o in &opened {
+    for o in opened {
         let uri = uri(&o.name, socket.as_deref(), listen.as_deref(), tls_on);
         let state = ExportState {
             name: o.name.clone(),
@@ -240,7 +246,7 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
             overlay: o.overlay.clone(),
             started,
         };
-        state.write(&run)?;
+        state.write(run)?;
         files.states.push(o.name.clone());
         if !stdio {
             if ctx.json {
@@ -268,28 +274,44 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
         let _ = std::io::stdout().flush();
     }
     notify_systemd(&format!("READY=1\nSTATUS=serving {}", status.join("; ")));
+    Ok(())
+}
 
-    // Serve until a signal (or, on stdin, the end of the connection).
-    let serving = async {
-        match listener {
-            Listener::Stdio if std::env::var_os("LISTEN_FDS").is_some() => {
-                cairn_nbd::serve_socket_activation(server).await
-            }
-            Listener::Stdio => cairn_nbd::serve_stdio(server)
-                .await
-                .map_err(std::io::Error::other),
-            Listener::Tcp(l, _) => cairn_nbd::serve_tcp_listener(server, l).await,
-            Listener::Unix(l, _) => cairn_nbd::serve_unix_listener(server, l).await,
-        }
-    };
-    let (signal, served) = tokio::select! {
-        r = serving => (None, r),
-        _ = sigterm.recv() => (Some("SIGTERM"), Ok(())),
-        _ = sigint.recv() => (Some("SIGINT"), Ok(())),
-    };
-    if let Some(sig) = signal {
-        notify_systemd(&format!("STOPPING=1\nSTATUS=stopping ({sig})"));
+/// (version, export name) of every version to serve: `VERSION=NAME`, or named after its
+/// image (or `--name`, for one version).
+fn export_plan(args: &ExportArgs) -> Result<Vec<(String, String)>> {
+    if args.specs.len() > 1 && (args.name.is_some() || args.overlay.is_some()) {
+        bail!("with several versions, name each as VERSION=NAME (--name and --overlay take one)");
     }
+    let mut plan: Vec<(String, String)> = Vec::new();
+    for spec in &args.specs {
+        let (version, name) = match spec.split_once('=') {
+            Some((v, n)) => (v.to_string(), n.to_string()),
+            None => {
+                let image = VersionSpec::parse(spec)?.image;
+                (spec.clone(), args.name.clone().unwrap_or(image))
+            }
+        };
+        if plan.iter().any(|(_, n)| *n == name) {
+            bail!("export name {name:?} is given twice");
+        }
+        plan.push((version, name));
+    }
+    Ok(plan)
+}
+
+/// Stops the exports once serving ended (`signal`, or the connection on stdin): requests in
+/// progress finish, every overlay is flushed, the run files are removed and the last
+/// statistics written.
+async fn stop(
+    ctx: &Context,
+    args: &ExportArgs,
+    opened: Vec<Opened>,
+    files: Files,
+    served_stats: &[(String, Arc<ExportStats>)],
+    signal: Option<&str>,
+    served: std::io::Result<()>,
+) -> Result<ExitCode> {
     // No new connection; let requests in progress finish, then flush every overlay.
     let mut failed = Vec::new();
     for o in &opened {
@@ -299,7 +321,7 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
     }
     drop(files);
     if let Some(path) = &args.stats_file {
-        let _ = std::fs::write(path, stats_json(&served_stats).to_string());
+        let _ = std::fs::write(path, stats_json(served_stats).to_string());
     }
     let names: Vec<&str> = opened.iter().map(|o| o.name.as_str()).collect();
     let what = match names.as_slice() {
@@ -353,16 +375,6 @@ fn tls_config(args: &ExportArgs) -> Result<Option<TlsConfig>> {
     })
 }
 
-/// Whether every address `addr` resolves to is a loopback one (`None`: it does not resolve;
-/// binding it will say why).
-async fn is_loopback(addr: &str) -> Option<bool> {
-    let addrs: Vec<_> = tokio::net::lookup_host(addr).await.ok()?.collect();
-    if addrs.is_empty() {
-        return None;
-    }
-    Some(addrs.iter().all(|a| a.ip().is_loopback()))
-}
-
 /// Binds the TCP address; an address in use names the export that has it, if one does.
 async fn bind_tcp(addr: &str, run: &Path) -> Result<tokio::net::TcpListener> {
     match tokio::net::TcpListener::bind(addr).await {
@@ -406,7 +418,7 @@ async fn open_export(
         stats.clone(),
         id,
         record.clone(),
-        readahead(repo, args),
+        policy::readahead(repo, args.readahead),
     )
     .await
     .with_context(|| format!("cannot open {}@{}", record.image, record.seq))?;
@@ -698,11 +710,4 @@ pub async fn commit_from(
         );
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// `--readahead`, or the default of the repository's format (chunks in format 1, groups in
-/// format 2).
-fn readahead(repo: &Repo, args: &ExportArgs) -> usize {
-    args.readahead
-        .unwrap_or(if repo.v2().is_some() { 0 } else { 8 })
 }
