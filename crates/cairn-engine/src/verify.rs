@@ -201,69 +201,111 @@ pub async fn verify_with(repo: Arc<Repo>, options: &VerifyOptions) -> EngineResu
     // 2. Version records and heads (the whole repository only).
     let mut known: HashSet<Id> = versions.iter().map(|(id, _)| *id).collect();
     if !scoped {
-        for listed in repo.version_record_ids().await? {
-            let id = match listed {
-                Ok(id) => id,
-                Err(key) => {
-                    report
-                        .problems
-                        .push(format!("{key}: not a version record name"));
-                    continue;
-                }
-            };
-            match repo.load_version(&id).await {
-                Ok(_) => {
-                    known.insert(id);
-                }
-                Err(e) if e.is_damage() => {
-                    let d = Damaged {
-                        key: keys::version(&id),
-                        problem: match e {
-                            RepoError::Corrupt { source, .. } => source.to_string(),
-                            other => other.to_string(),
-                        },
-                    };
-                    if !report.damaged_metadata.contains(&d) {
-                        report.damaged_metadata.push(d);
-                    }
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let (images, bad_heads) = repo.images_checked().await?;
-        for d in bad_heads {
-            if !report.damaged_metadata.contains(&d) {
-                report.damaged_metadata.push(d);
-            }
-        }
-        for image in images {
-            match repo.head(&image).await {
-                Ok(Some(h)) if !known.contains(&h.version) => report.problems.push(format!(
-                    "head of image {image:?} names version {} which is missing or unreadable",
-                    h.version
-                )),
-                Ok(_) => {}
-                Err(RepoError::Corrupt { key, source })
-                    if !matches!(source, cairn_format::FormatError::TooNew { .. }) =>
-                {
-                    let d = Damaged {
-                        key,
-                        problem: source.to_string(),
-                    };
-                    if !report.damaged_metadata.contains(&d) {
-                        report.damaged_metadata.push(d);
-                    }
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
+        check_records_and_heads(&repo, &mut known, &mut report).await?;
     }
 
-    // 3. Manifest trees of the versions. Deleted versions (and records no ref reaches, left
-    // by interrupted commits) may legitimately have lost their data to GC.
+    // 3. Manifest trees of the versions.
+    check_trees(
+        &repo,
+        &versions,
+        &bad_blobs,
+        &known,
+        scoped,
+        options,
+        &mut report,
+    )
+    .await?;
+    report.damaged_metadata.sort_by(|a, b| a.key.cmp(&b.key));
+    report.damaged_metadata.dedup();
+    if let Err(e) = repo.flush_quarantine().await {
+        report.problems.push(format!(
+            "could not record the damaged blobs (quarantine): {e}"
+        ));
+    }
+    Ok(report)
+}
+
+/// Step 2 of a whole-repository verify: every version record reads (damage is listed, and
+/// the readable ones are `known`), and every head names a known version.
+async fn check_records_and_heads(
+    repo: &Arc<Repo>,
+    known: &mut HashSet<Id>,
+    report: &mut VerifyReport,
+) -> EngineResult<()> {
+    for listed in repo.version_record_ids().await? {
+        let id = match listed {
+            Ok(id) => id,
+            Err(key) => {
+                report
+                    .problems
+                    .push(format!("{key}: not a version record name"));
+                continue;
+            }
+        };
+        match repo.load_version(&id).await {
+            Ok(_) => {
+                known.insert(id);
+            }
+            Err(e) if e.is_damage() => {
+                let d = Damaged {
+                    key: keys::version(&id),
+                    problem: match e {
+                        RepoError::Corrupt { source, .. } => source.to_string(),
+                        other => other.to_string(),
+                    },
+                };
+                if !report.damaged_metadata.contains(&d) {
+                    report.damaged_metadata.push(d);
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let (images, bad_heads) = repo.images_checked().await?;
+    for d in bad_heads {
+        if !report.damaged_metadata.contains(&d) {
+            report.damaged_metadata.push(d);
+        }
+    }
+    for image in images {
+        match repo.head(&image).await {
+            Ok(Some(h)) if !known.contains(&h.version) => report.problems.push(format!(
+                "head of image {image:?} names version {} which is missing or unreadable",
+                h.version
+            )),
+            Ok(_) => {}
+            Err(RepoError::Corrupt { key, source })
+                if !matches!(source, cairn_format::FormatError::TooNew { .. }) =>
+            {
+                let d = Damaged {
+                    key,
+                    problem: source.to_string(),
+                };
+                if !report.damaged_metadata.contains(&d) {
+                    report.damaged_metadata.push(d);
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Step 3: the manifest trees of `versions` (a missing parent is a problem unless `scoped`).
+/// Deleted versions (and records no ref reaches, left by interrupted commits) may
+/// legitimately have lost their data to GC, so only these are walked.
+async fn check_trees(
+    repo: &Arc<Repo>,
+    versions: &[(Id, VersionRecord)],
+    bad_blobs: &HashMap<Id, String>,
+    known: &HashSet<Id>,
+    scoped: bool,
+    options: &VerifyOptions,
+    report: &mut VerifyReport,
+) -> EngineResult<()> {
     let mut walker = TreeChecker {
         repo: repo.clone(),
-        bad_blobs: &bad_blobs,
+        bad_blobs,
         memo: HashMap::new(),
         leaf_digests: HashMap::new(),
     };
@@ -273,7 +315,7 @@ pub async fn verify_with(repo: Arc<Repo>, options: &VerifyOptions) -> EngineResu
         Unit::Items,
         versions.len() as u64,
     );
-    for (id, record) in &versions {
+    for (id, record) in versions {
         report.versions_checked += 1;
         progress::add(&options.progress, 1);
         if let Some(parent) = record.parent {
@@ -297,14 +339,7 @@ pub async fn verify_with(repo: Arc<Repo>, options: &VerifyOptions) -> EngineResu
             });
         }
     }
-    report.damaged_metadata.sort_by(|a, b| a.key.cmp(&b.key));
-    report.damaged_metadata.dedup();
-    if let Err(e) = repo.flush_quarantine().await {
-        report.problems.push(format!(
-            "could not record the damaged blobs (quarantine): {e}"
-        ));
-    }
-    Ok(report)
+    Ok(())
 }
 
 /// Step 1 in format 1: reads the packs that hold the blobs in scope and checks every blob;
