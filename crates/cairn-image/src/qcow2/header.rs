@@ -148,58 +148,108 @@ pub(crate) fn parse_header(io: &dyn HostIo, path: &Path) -> ImageResult<Header> 
     }
     let cluster_size = 1u64 << cluster_bits;
 
-    let (header_length, incompatible, compression_byte) = if version == 2 {
-        (V2_HEADER_LEN, 0u64, None)
-    } else {
-        if have < V3_MIN_HEADER_LEN as usize {
-            return Err(corrupt(
-                path,
-                format!("too short for a qcow2 version 3 header ({file_len} bytes)"),
-            ));
-        }
-        let incompatible = be64(&fixed, 72);
-        let refcount_order = be32(&fixed, 96);
-        let header_length = u64::from(be32(&fixed, 100));
-        if header_length < V3_MIN_HEADER_LEN {
+    let (header_length, incompatible, compression_byte) = match version {
+        2 => (V2_HEADER_LEN, 0u64, None),
+        _ => v3_fields(&fixed[..have], path, file_len, cluster_size)?,
+    };
+    let compression = features(path, incompatible, crypt_method, compression_byte)?;
+
+    if size > i64::MAX as u64 {
+        return Err(corrupt(path, format!("virtual size {size} is too large")));
+    }
+
+    // The rest of the first cluster: header extensions and the backing file name. Bytes past
+    // the end of a short file read as zeros (an end-of-extensions marker), as QEMU reads them.
+    let (backing_name, ext_end) = backing_name(
+        io,
+        path,
+        backing_file_offset,
+        backing_file_size,
+        cluster_size,
+    )?;
+    let backing_format = match header_length < ext_end {
+        true => extensions(io, path, header_length, ext_end)?,
+        false => None,
+    };
+    let l1_entries = check_l1(io, path, size, cluster_bits, l1_size, l1_table_offset)?;
+    Ok(Header {
+        version,
+        cluster_bits,
+        size,
+        l1_table_offset,
+        l1_entries,
+        compression,
+        backing_name,
+        backing_format,
+    })
+}
+
+/// The fields of a version 3 header past version 2's (`fixed` holds what the file has of its
+/// first 112 bytes): header length, incompatible features, compression type byte.
+fn v3_fields(
+    fixed: &[u8],
+    path: &Path,
+    file_len: u64,
+    cluster_size: u64,
+) -> ImageResult<(u64, u64, Option<u8>)> {
+    let have = fixed.len();
+    if have < V3_MIN_HEADER_LEN as usize {
+        return Err(corrupt(
+            path,
+            format!("too short for a qcow2 version 3 header ({file_len} bytes)"),
+        ));
+    }
+    let incompatible = be64(fixed, 72);
+    let refcount_order = be32(fixed, 96);
+    let header_length = u64::from(be32(fixed, 100));
+    if header_length < V3_MIN_HEADER_LEN {
+        return Err(corrupt(
+            path,
+            format!("header_length {header_length} is too short (at least {V3_MIN_HEADER_LEN})"),
+        ));
+    }
+    if header_length % 8 != 0 {
+        return Err(corrupt(
+            path,
+            format!("header_length {header_length} is not a multiple of 8"),
+        ));
+    }
+    if header_length > cluster_size {
+        return Err(corrupt(
+            path,
+            format!("header_length {header_length} exceeds the cluster size {cluster_size}"),
+        ));
+    }
+    if refcount_order > 6 {
+        return Err(corrupt(
+            path,
+            format!("invalid refcount_order {refcount_order} (at most 6)"),
+        ));
+    }
+    let compression_byte = if header_length > V3_MIN_HEADER_LEN {
+        if have <= V3_MIN_HEADER_LEN as usize {
             return Err(corrupt(
                 path,
                 format!(
-                    "header_length {header_length} is too short (at least {V3_MIN_HEADER_LEN})"
+                    "the header ({header_length} bytes) is longer than the file ({file_len} bytes)"
                 ),
             ));
         }
-        if header_length % 8 != 0 {
-            return Err(corrupt(
-                path,
-                format!("header_length {header_length} is not a multiple of 8"),
-            ));
-        }
-        if header_length > cluster_size {
-            return Err(corrupt(
-                path,
-                format!("header_length {header_length} exceeds the cluster size {cluster_size}"),
-            ));
-        }
-        if refcount_order > 6 {
-            return Err(corrupt(
-                path,
-                format!("invalid refcount_order {refcount_order} (at most 6)"),
-            ));
-        }
-        let compression_byte = if header_length > V3_MIN_HEADER_LEN {
-            if have <= V3_MIN_HEADER_LEN as usize {
-                return Err(corrupt(
-                    path,
-                    format!("the header ({header_length} bytes) is longer than the file ({file_len} bytes)"),
-                ));
-            }
-            Some(fixed[104])
-        } else {
-            None
-        };
-        (header_length, incompatible, compression_byte)
+        Some(fixed[104])
+    } else {
+        None
     };
+    Ok((header_length, incompatible, compression_byte))
+}
 
+/// Refuses what cairn does not read (an image QEMU marked corrupt, encryption, an external
+/// data file, subclusters, unknown incompatible features); returns the compression type.
+fn features(
+    path: &Path,
+    incompatible: u64,
+    crypt_method: u32,
+    compression_byte: Option<u8>,
+) -> ImageResult<Compression> {
     if incompatible & INCOMPAT_CORRUPT != 0 {
         return Err(corrupt(
             path,
@@ -230,7 +280,7 @@ pub(crate) fn parse_header(io: &dyn HostIo, path: &Path) -> ImageResult<Header> 
             format!("unknown incompatible feature bits 0x{unknown:x}"),
         ));
     }
-    let compression = if incompatible & INCOMPAT_COMPRESSION != 0 {
+    Ok(if incompatible & INCOMPAT_COMPRESSION != 0 {
         match compression_byte {
             None => {
                 return Err(corrupt(
@@ -252,15 +302,20 @@ pub(crate) fn parse_header(io: &dyn HostIo, path: &Path) -> ImageResult<Header> 
                 ))
             }
         }
-    };
+    })
+}
 
-    if size > i64::MAX as u64 {
-        return Err(corrupt(path, format!("virtual size {size} is too large")));
-    }
-
-    // The rest of the first cluster: header extensions and the backing file name. Bytes past
-    // the end of a short file read as zeros (an end-of-extensions marker), as QEMU reads them.
-    let (backing_name, ext_end) = if backing_file_offset != 0 && backing_file_size != 0 {
+/// The backing file name, if the header names one, and where the header extensions end
+/// (the name, or the end of the first cluster).
+fn backing_name(
+    io: &dyn HostIo,
+    path: &Path,
+    backing_file_offset: u64,
+    backing_file_size: u64,
+    cluster_size: u64,
+) -> ImageResult<(Option<Vec<u8>>, u64)> {
+    let file_len = io.len();
+    if backing_file_offset != 0 && backing_file_size != 0 {
         if backing_file_offset > cluster_size {
             return Err(corrupt(
                 path,
@@ -290,57 +345,74 @@ pub(crate) fn parse_header(io: &dyn HostIo, path: &Path) -> ImageResult<Header> 
         if name.contains(&0) {
             return Err(corrupt(path, "the backing file name contains a NUL byte"));
         }
-        (Some(name), backing_file_offset)
+        Ok((Some(name), backing_file_offset))
     } else {
-        (None, cluster_size)
-    };
-
-    let mut backing_format = None;
-    if header_length < ext_end {
-        let area_len = ext_end - header_length; // <= 2 MiB
-        let mut area = vec![0u8; area_len as usize];
-        let avail = file_len.saturating_sub(header_length).min(area_len) as usize;
-        io.read_exact_at(&mut area[..avail], header_length)
-            .map_err(|e| read_error(path, e))?;
-        let mut at = 0usize;
-        while area.len() - at >= 8 {
-            let ty = be32(&area, at);
-            let len = be32(&area, at + 4) as usize;
-            at += 8;
-            if ty == EXT_END {
-                break;
-            }
-            if len > area.len() - at {
-                return Err(corrupt(
-                    path,
-                    format!("header extension 0x{ty:08x} ({len} bytes) overruns the header area"),
-                ));
-            }
-            let data = &area[at..at + len];
-            match ty {
-                EXT_BACKING_FORMAT => {
-                    if len >= 16 {
-                        return Err(corrupt(
-                            path,
-                            format!("backing format extension too long ({len} bytes)"),
-                        ));
-                    }
-                    backing_format = Some(String::from_utf8_lossy(data).into_owned());
-                }
-                EXT_FDE => return Err(unsupported(path, "a full disk encryption header")),
-                EXT_DATA_FILE => {
-                    return Err(unsupported(path, "a qcow2 with an external data file"))
-                }
-                // Feature names, bitmaps and anything unknown do not change what is read.
-                _ => {}
-            }
-            // Extension data is padded to a multiple of 8 bytes.
-            let padded = len.div_ceil(8) * 8;
-            at = at.saturating_add(padded).min(area.len());
-        }
+        Ok((None, cluster_size))
     }
+}
 
-    // The active L1 table.
+/// The header extensions between the header's end and `ext_end`: the backing format, if
+/// given; an encryption header or an external data file is refused.
+fn extensions(
+    io: &dyn HostIo,
+    path: &Path,
+    header_length: u64,
+    ext_end: u64,
+) -> ImageResult<Option<String>> {
+    let file_len = io.len();
+    let mut backing_format = None;
+    let area_len = ext_end - header_length; // <= 2 MiB
+    let mut area = vec![0u8; area_len as usize];
+    let avail = file_len.saturating_sub(header_length).min(area_len) as usize;
+    io.read_exact_at(&mut area[..avail], header_length)
+        .map_err(|e| read_error(path, e))?;
+    let mut at = 0usize;
+    while area.len() - at >= 8 {
+        let ty = be32(&area, at);
+        let len = be32(&area, at + 4) as usize;
+        at += 8;
+        if ty == EXT_END {
+            break;
+        }
+        if len > area.len() - at {
+            return Err(corrupt(
+                path,
+                format!("header extension 0x{ty:08x} ({len} bytes) overruns the header area"),
+            ));
+        }
+        let data = &area[at..at + len];
+        match ty {
+            EXT_BACKING_FORMAT => {
+                if len >= 16 {
+                    return Err(corrupt(
+                        path,
+                        format!("backing format extension too long ({len} bytes)"),
+                    ));
+                }
+                backing_format = Some(String::from_utf8_lossy(data).into_owned());
+            }
+            EXT_FDE => return Err(unsupported(path, "a full disk encryption header")),
+            EXT_DATA_FILE => return Err(unsupported(path, "a qcow2 with an external data file")),
+            // Feature names, bitmaps and anything unknown do not change what is read.
+            _ => {}
+        }
+        // Extension data is padded to a multiple of 8 bytes.
+        let padded = len.div_ceil(8) * 8;
+        at = at.saturating_add(padded).min(area.len());
+    }
+    Ok(backing_format)
+}
+
+/// Checks the active L1 table's size and place; returns the entries the virtual size uses.
+fn check_l1(
+    io: &dyn HostIo,
+    path: &Path,
+    size: u64,
+    cluster_bits: u32,
+    l1_size: u64,
+    l1_table_offset: u64,
+) -> ImageResult<u64> {
+    let (file_len, cluster_size) = (io.len(), 1u64 << cluster_bits);
     if l1_size * 8 > MAX_L1_BYTES {
         return Err(unsupported(
             path,
@@ -376,15 +448,5 @@ pub(crate) fn parse_header(io: &dyn HostIo, path: &Path) -> ImageResult<Header> 
             ));
         }
     }
-
-    Ok(Header {
-        version,
-        cluster_bits,
-        size,
-        l1_table_offset,
-        l1_entries,
-        compression,
-        backing_name,
-        backing_format,
-    })
+    Ok(l1_entries)
 }
