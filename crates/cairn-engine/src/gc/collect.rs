@@ -151,13 +151,17 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         && adopted.is_empty()
         && snapshot.runs.len() <= 1;
     if nothing_to_do {
-        free_versions(repo, &mut records.source, &unfreed, &live, &mut bases).await?;
-        clock.lap("free versions", &mut report);
-        records.keep(repo, &live, options, &mut report).await?;
-        clock.lap("record bundle", &mut report);
-        remove_orphan_records(repo, &live, options, &mut report).await?;
-        clock.lap("orphan records", &mut report);
-        report.freed_versions = unfreed.len() as u64;
+        settle(
+            repo,
+            &mut records,
+            &unfreed,
+            &live,
+            &mut bases,
+            options,
+            &mut report,
+            &mut clock,
+        )
+        .await?;
         return Ok(report);
     }
 
@@ -242,13 +246,17 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     {
         packs_now.remove(pack);
     }
-    remove_orphan_records(repo, &live_now, options, &mut report).await?;
-    clock.lap("orphan records", &mut report);
-    free_versions(repo, &mut records.source, &unfreed, &live_now, &mut bases).await?;
-    clock.lap("free versions", &mut report);
-    records.keep(repo, &live_now, options, &mut report).await?;
-    clock.lap("record bundle", &mut report);
-    report.freed_versions = unfreed.len() as u64;
+    settle(
+        repo,
+        &mut records,
+        &unfreed,
+        &live_now,
+        &mut bases,
+        options,
+        &mut report,
+        &mut clock,
+    )
+    .await?;
     finish(repo, &published, options).await?;
     clock.lap("finish", &mut report);
     report.after_bytes = packs_now.values().sum::<u64>() + repo.index_file_bytes().await?;
@@ -351,6 +359,30 @@ async fn needed_elsewhere_unlocated(
         }
     }
     Ok(false)
+}
+
+/// The bookkeeping a GC that acted ends with: records no ref reaches (of unpublished
+/// commits) removed, the space of the deleted versions (`unfreed`) marked given back with
+/// their summaries deleted, and the record bundle written for the live versions.
+#[allow(clippy::too_many_arguments)]
+async fn settle(
+    repo: &Arc<Repo>,
+    records: &mut GcRecords,
+    unfreed: &[Id],
+    live: &LiveVersions,
+    bases: &mut SummaryBases,
+    options: &GcOptions,
+    report: &mut GcReport,
+    clock: &mut PhaseClock,
+) -> EngineResult<()> {
+    remove_orphan_records(repo, live, options, report).await?;
+    clock.lap("orphan records", report);
+    free_versions(repo, &mut records.source, unfreed, live, bases).await?;
+    clock.lap("free versions", report);
+    records.keep(repo, live, options, report).await?;
+    clock.lap("record bundle", report);
+    report.freed_versions = unfreed.len() as u64;
+    Ok(())
 }
 
 /// The bytes a plan would free: packs deleted, the dead part of packs repacked, and orphans.
