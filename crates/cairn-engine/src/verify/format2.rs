@@ -1,4 +1,4 @@
-//! Verify of a format 2 repository: the steps of format 1 (packs, records and heads, trees),
+//! Verify's format 2 half: the same steps as format 1's (packs, records and heads, trees),
 //! with packs checked group by group and leaves of group runs checked against the pack
 //! trailers that hold their groups.
 //!
