@@ -1,6 +1,6 @@
 //! Restore: write a version out, bit-exact.
 //!
-//! The segments are read in a rolling window of batches of leaves ([`window`]), every byte
+//! The segments are read in a rolling window of batches of leaves (`window.rs`), every byte
 //! checked against its id, and written in segment order at their offsets with `pwrite`.
 //! Zero runs are never written to a regular file: it is sized first, so they stay holes. A
 //! block device gets explicit zeros; stdout gets every byte, in order.
