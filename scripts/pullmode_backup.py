@@ -28,8 +28,8 @@ version committed so far restores byte for byte to its round's content; an incre
 commit's --json says it is incremental on the bitmap and read about the bytes of the 64 KiB
 blocks written since the previous round (not the disk); writes landed during the commit.
 At the end: verify is clean and only the newest bitmap is left on the disk. The QMP commands
-of backup 1 (the NBD server started over QMP, then the round) are exactly the README's recipe
-("Backing up running VMs"), read from README.md.
+of backup 1 (the NBD server started over QMP, then the round) are exactly the recipe in
+docs/PULL-MODE.md, read from there.
 
 (Also possible on QEMU 7.2: a copy-before-write filter + snapshot-access node. It has to be
 inserted above the node the guest writes to — qom-set of a device's drive, or blockdev-reopen
@@ -202,8 +202,8 @@ def bitmaps(qsd):
     return []
 
 
-README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")
-README_SECTION = "### Backing up running VMs"
+README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "PULL-MODE.md")
+README_SECTION = "## The recipe"
 README_SCRATCH = "/var/tmp/fleece.qcow2"
 README_SOCKET = "/run/qemu-nbd.sock"
 
@@ -213,7 +213,8 @@ def readme_qmp():
     every JSON object in the section's code blocks (`#` comments and `cairn` lines skipped)."""
     text = open(README).read()
     section = text[text.index(README_SECTION):]
-    section = section[:section.index("\n### ", 1)]
+    end = section.find("\n## ", 1)
+    section = section if end < 0 else section[:end]
     commands, pending = [], ""
     for line in section.splitlines():
         if not pending and not line.startswith("{"):

@@ -304,6 +304,20 @@ pub enum Command {
     /// Overlays: snapshots of a running export's overlay (iROW layers: snapshot, rollback,
     /// delete, list EXPORT), and overlays on disk (list, discard).
     Overlay(OverlayArgs),
+    /// Whole VMs: back up every disk of a running VM at one point in time, list and show
+    /// VM versions.
+    ///
+    /// A VM version binds one version of each disk (each disk is an image of its own,
+    /// VM/DISK, so restore, export, clone, verify and copy work on it as on any image), the
+    /// VM's configuration (its QEMU command line) and how consistent the point in time is.
+    ///
+    /// Examples:
+    ///   cairn vm backup web01 --qmp /run/web01.qmp --guest-agent /run/web01.qga
+    ///   cairn vm log web01
+    ///   cairn vm show web01@3
+    ///   cairn restore web01/disk0@5 disk0.raw      # one disk of it, as any image
+    #[command(verbatim_doc_comment)]
+    Vm(VmArgs),
     /// Manage the passphrases of an encrypted repository (`cairn init --encrypt`).
     ///
     /// Each passphrase opens a key slot holding the repository's master key (wrapped with
@@ -436,6 +450,93 @@ pub enum OverlayAction {
         #[arg(long)]
         yes: bool,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct VmArgs {
+    #[command(subcommand)]
+    pub action: VmAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum VmAction {
+    /// Back up a running QEMU VM: every writable disk at one point in time, incrementally.
+    ///
+    /// Through the VM's QMP socket (`-qmp unix:PATH,server,wait=off`): the guest's file
+    /// systems are frozen through the guest agent when --guest-agent is given and it answers
+    /// (within --agent-timeout; otherwise the backup goes on crash-consistent, and says so),
+    /// one QMP transaction takes the point in time across every disk and starts a checkpoint
+    /// bitmap, the guest is thawed at once, and each disk is read over NBD from that point in
+    /// time while the VM keeps running: only the blocks written since the last backup's
+    /// checkpoint, or the whole disk on the first backup or when the checkpoint is gone
+    /// (QEMU restarted with a raw disk, a crash left it inconsistent: said, with the reason).
+    /// The disks are committed as images VM/DISK (DISK: the drive or device id), then the VM
+    /// version is published: all or nothing. A failed or killed backup commits no VM version,
+    /// leaves the VM running and thawed, and the next backup removes what it left in QEMU and
+    /// still reads every change since the last published version.
+    ///
+    /// Scratch images (one per disk, holding the data the guest overwrites during the
+    /// backup) go to --scratch-dir; QEMU must be able to open them.
+    #[command(verbatim_doc_comment)]
+    Backup(VmBackupArgs),
+    /// List the versions of a VM, newest first.
+    Log { vm: String },
+    /// Show one VM version (VM or VM@N): its disks, their versions, the freeze, the config.
+    Show {
+        /// VM or VM@N.
+        #[arg(value_name = "VM[@N]")]
+        spec: String,
+        /// Also print the recorded configuration (the QEMU command line).
+        #[arg(long)]
+        config: bool,
+    },
+    /// List the VMs that have versions.
+    List,
+    /// Remove VM versions (VM@N ...), and with each the disk versions only it binds.
+    ///
+    /// A disk version another live VM version binds, or a tag names, stays. The space only
+    /// they used is then freed at once (fast deletion, as `cairn gc`); --no-gc only records
+    /// the deletion. A disk version a VM version binds cannot be removed on its own (`cairn
+    /// rm VM/DISK@N` and `prune` keep it): it goes with its VM version.
+    Rm {
+        /// VM@N, one or more.
+        #[arg(required = true)]
+        versions: Vec<String>,
+        /// Only mark the versions deleted; `cairn gc` frees their space later.
+        #[arg(long)]
+        no_gc: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct VmBackupArgs {
+    /// The VM's name in the repository (its disks become images VM/DISK).
+    pub vm: String,
+    /// The VM's QMP monitor socket.
+    #[arg(long, value_name = "PATH")]
+    pub qmp: std::path::PathBuf,
+    /// The guest agent's socket (the chardev of the VM's org.qemu.guest_agent.0 port).
+    #[arg(long, value_name = "PATH")]
+    pub guest_agent: Option<std::path::PathBuf>,
+    /// Longest wait for each guest agent exchange, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    pub agent_timeout: f64,
+    /// Only these disks (repeat, or comma-separated); all writable disks by default.
+    #[arg(long = "disk", value_name = "NAME", value_delimiter = ',')]
+    pub disks: Vec<String>,
+    /// Where the scratch images go (default: $TMPDIR, else /var/tmp).
+    #[arg(long, value_name = "DIR")]
+    pub scratch_dir: Option<std::path::PathBuf>,
+    /// Cap the read rate of each disk, in MiB/s (polite to a busy host; the scratch images
+    /// grow by what the guest overwrites meanwhile).
+    #[arg(long, value_name = "MIB_PER_S")]
+    pub rate_limit: Option<f64>,
+    #[arg(short, long, default_value = "")]
+    pub message: String,
+    /// How hard to look for chunks stored before (exact: every one; default: $CAIRN_DEDUP,
+    /// else bounded).
+    #[arg(long, value_enum)]
+    pub dedup: Option<DedupArg>,
 }
 
 #[derive(Debug, Args)]

@@ -134,7 +134,9 @@ pub fn kind_of(e: &anyhow::Error) -> Kind {
                     EngineError::NotFound(_) => Some(Kind::NOT_FOUND),
                     EngineError::Exists(_) => Some(Kind::EXISTS),
                     EngineError::BadInput(_) | EngineError::Name(_) => Some(Kind::USAGE),
-                    EngineError::Tagged { .. } => Some(Kind::REFUSED),
+                    EngineError::Tagged { .. } | EngineError::BoundToVm { .. } => {
+                        Some(Kind::REFUSED)
+                    }
                     EngineError::ReadOnlyFormat { .. } => Some(Kind::UNSUPPORTED),
                     _ => None, // a typed source further down may say more
                 };
@@ -152,6 +154,10 @@ pub fn kind_of(e: &anyhow::Error) -> Kind {
                     | RepoError::WrongPassphrase { .. } => Some(Kind::PASSWORD),
                     _ => None,
                 };
+            }
+            if let Some(cairn_vm::VmError::BadInput(_)) = cause.downcast_ref::<cairn_vm::VmError>()
+            {
+                return Some(Kind::USAGE);
             }
             cause.downcast_ref::<StoreError>().map(|e| match e {
                 StoreError::Full { .. } => Kind::DISK_FULL,

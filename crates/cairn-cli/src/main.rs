@@ -141,6 +141,7 @@ fn main() -> ExitCode {
             Command::Status(args) => commands::export::status(&ctx, args).await,
             Command::Overlay(args) => commands::export::overlay(&ctx, args).await,
             Command::Key(args) => commands::key::run(&ctx, args).await,
+            Command::Vm(args) => commands::vm::run(&ctx, args).await,
             Command::Completions(args) => commands::docs::completions(args),
             Command::Man(args) => commands::docs::man(args),
         };
@@ -184,6 +185,7 @@ fn stops_gracefully(command: &Command) -> bool {
         | Command::Rm(_)
         | Command::Prune(_)
         | Command::Copy(_) => true,
+        Command::Vm(args) => matches!(args.action, cli::VmAction::Backup(_)),
         _ => false,
     }
 }

@@ -105,6 +105,12 @@ pub enum EngineError {
         version: String,
         tag: String,
     },
+    /// The version is a disk of a live VM version: it goes with that VM version.
+    #[error(
+        "{version} is a disk of VM version {vm_version}; remove the VM version instead \
+         (`cairn vm rm {vm_version}`)"
+    )]
+    BoundToVm { version: String, vm_version: String },
     /// An operation that writes, on a repository format this cairn only reads (format 1).
     #[error(
         "{operation}: {location} is a format 1 repository, which this cairn only reads; copy \

@@ -45,5 +45,6 @@ pub mod source;
 pub mod stats;
 pub mod tree;
 pub mod verify;
+pub mod vm;
 
 pub use error::{EngineError, EngineResult};

@@ -38,8 +38,18 @@ pub async fn remove_versions(
     Ok(targets)
 }
 
-/// Refuses (changing nothing) if a tag names one of `targets`.
+/// Refuses (changing nothing) if a tag names one of `targets`, or a live VM version binds
+/// one as its disk.
 async fn refuse_tagged(repo: &Repo, targets: &[(Id, VersionRecord)]) -> EngineResult<()> {
+    let bound = crate::vm::bound_disk_versions(repo).await?;
+    for (id, record) in targets {
+        if let Some(vm_version) = bound.get(id) {
+            return Err(EngineError::BoundToVm {
+                version: format!("{}@{}", record.image, record.seq),
+                vm_version: vm_version.clone(),
+            });
+        }
+    }
     let (tags, _damaged) = repo.all_tag_targets_checked().await?;
     for (id, record) in targets {
         if let Some((key, _)) = tags.iter().find(|(_, t)| t == id) {

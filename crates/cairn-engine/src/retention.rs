@@ -51,6 +51,10 @@ pub struct RetentionDecision {
     pub reasons: Vec<String>,
 }
 
+/// A protecting "tag" that is a VM version binding the version (no tag name starts so:
+/// tag names have no spaces).
+const VM_BOUND: &str = "vm version ";
+
 /// Applies `policy` to `versions` (newest first). Versions in `tagged` are always kept.
 pub fn plan_retention(
     versions: &[(Id, VersionRecord)],
@@ -96,7 +100,10 @@ pub fn plan_retention_named(
             if tags.is_empty() {
                 reasons.push("tagged".to_string());
             }
-            reasons.extend(tags.iter().map(|t| format!("tagged {t}")));
+            reasons.extend(tags.iter().map(|t| match t.strip_prefix(VM_BOUND) {
+                Some(vm_version) => format!("disk of VM version {vm_version}"),
+                None => format!("tagged {t}"),
+            }));
         }
         out.push(RetentionDecision {
             id: *id,
@@ -122,7 +129,13 @@ pub async fn prune(
         )));
     }
     let versions = history(repo, image).await?;
-    let tags = tag_names(repo).await?;
+    let mut tags = tag_names(repo).await?;
+    // A disk version a VM version binds goes with its VM version (`cairn vm rm`), never alone.
+    for (id, vm_version) in crate::vm::bound_disk_versions(repo).await? {
+        tags.entry(id)
+            .or_default()
+            .push(format!("{VM_BOUND}{vm_version}"));
+    }
     let decisions = plan_retention_named(&versions, policy, &tags);
     if !dry_run {
         for d in decisions.iter().filter(|d| !d.keep) {

@@ -63,6 +63,8 @@ pub enum Domain {
     PackTrailer = 9,
     /// The frame in front of a group in a version 3 pack (see `group_frame`).
     GroupFrame = 10,
+    /// A VM version record (see `vm`).
+    VmRecord = 11,
 }
 
 impl Domain {

@@ -18,6 +18,10 @@ pub const PACKS: &str = "packs/";
 pub const INDEX: &str = "index/";
 /// Version records: `versions/<id>`.
 pub const VERSIONS: &str = "versions/";
+/// VM version records: `vms/<VM version id>`.
+pub const VMS: &str = "vms/";
+/// Deletion markers of VM versions: `vm-deleted/<VM version id>`.
+pub const VM_DELETED: &str = "vm-deleted/";
 /// Reference summaries (Bloom filters of a tree's blobs): `summaries/<root id>`.
 pub const SUMMARIES: &str = "summaries/";
 /// Deletion markers: `deleted/<version id>`.
@@ -70,6 +74,14 @@ pub fn index_file(id: &Id) -> String {
 
 pub fn version(id: &Id) -> String {
     format!("{VERSIONS}{id}")
+}
+
+pub fn vm_version(id: &Id) -> String {
+    format!("{VMS}{id}")
+}
+
+pub fn vm_deleted(id: &Id) -> String {
+    format!("{VM_DELETED}{id}")
 }
 
 pub fn summary(root: &Id) -> String {
@@ -135,6 +147,8 @@ pub fn id_after(prefix: &str, key: &str) -> Option<Id> {
 pub const HEADS: &str = "heads/";
 /// Tags: `tags/<escaped image>/<escaped tag>`.
 pub const TAGS: &str = "tags/";
+/// VM heads: `vm-heads/<escaped VM name>` names a VM's newest version.
+pub const VM_HEADS: &str = "vm-heads/";
 /// Sessions of running processes: `sessions/<random hex>`.
 pub const SESSIONS: &str = "sessions/";
 /// The GC lock: the session key of the GC holding it.
@@ -144,6 +158,10 @@ pub const GC_LAST: &str = "gc/last";
 
 pub fn head(image: &str) -> String {
     format!("{HEADS}{}", escape(image))
+}
+
+pub fn vm_head(vm: &str) -> String {
+    format!("{VM_HEADS}{}", escape(vm))
 }
 
 /// Prefix of every tag of `image`: `tags/<escaped image>/`.

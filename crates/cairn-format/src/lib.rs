@@ -31,6 +31,7 @@ pub mod refs;
 pub mod slots;
 pub mod summary;
 pub mod version;
+pub mod vm;
 
 pub use error::{FormatError, FormatResult};
 pub use id::Id;

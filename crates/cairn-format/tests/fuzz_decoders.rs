@@ -15,6 +15,7 @@ use cairn_format::pack::{self, encode_blob, BlobEncoding, BlobEntry, BlobKind, P
 use cairn_format::pack_v2::{self, PackWriter};
 use cairn_format::summary::{ProbeKey, Summary};
 use cairn_format::version::{CommitStats, VersionRecord};
+use cairn_format::vm::{ConfigKind, Freeze, VmDisk, VmVersion};
 use cairn_format::{refs, Id};
 use proptest::prelude::*;
 
@@ -122,10 +123,39 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
             group_summary_sample(GroupSummary::counted()).encode(),
         ),
         ("summary_delta", summary_delta_sample()),
+        ("vm_version", vm_version_sample()),
         ("index_run", index_run_sample(None)),
         ("index_run_sealed", index_run_sample(Some(&sealing_key()))),
         ("pack_v2_sealed", pack_v2_sample(Some(&sealing_key()))),
     ]
+}
+
+/// A VM version of two disks with a configuration.
+fn vm_version_sample() -> Vec<u8> {
+    VmVersion {
+        vm: "web".into(),
+        seq: 3,
+        parent: Some(Id::of(b"p")),
+        time_ns: 7,
+        config_kind: ConfigKind::QemuArgs,
+        config: "qemu-system-x86_64\n-m\n1024".into(),
+        disks: ["disk0", "disk1"]
+            .iter()
+            .enumerate()
+            .map(|(i, n)| VmDisk {
+                name: n.to_string(),
+                version: Id::of(n.as_bytes()),
+                seq: i as u64 + 1,
+                node: format!("node{i}"),
+                checkpoint: "cairn-cp-9".into(),
+            })
+            .collect(),
+        memory: Some(Id::of(b"m")),
+        freeze: Freeze::Frozen,
+        freeze_ns: 5,
+        message: "m".into(),
+    }
+    .encode()
 }
 
 /// A v2 pack of a data group and a node group, plain or sealed.
@@ -261,6 +291,7 @@ fn decode(kind: &str, data: &[u8]) -> bool {
             let _ = s.apply(&d, Some(&mut Before::default()));
             true
         }),
+        "vm_version" => VmVersion::decode(data).is_ok(),
         "index_run" => open_index_run(data, None),
         "index_run_sealed" => open_index_run(data, Some(&sealing_key())),
         "pack_v2_sealed" => pack_v2::parse_pack(data, Some(&sealing_key())).is_ok(),

@@ -111,6 +111,7 @@ const VECTORS: &[&str] = &[
     "v2_merged_summary_chains",
     "v2_summary_delta",
     "v2_record_bundle",
+    "vm_version",
 ];
 
 fn golden_dir() -> PathBuf {
@@ -1794,5 +1795,52 @@ fn v2_record_bundle() {
     assert_eq!(bytes.len(), 16 + 4 + 20 + 26 + 32);
     every_flip_is_noticed("v2_record_bundle", &bytes, &[], |x| {
         RecordBundle::decode(x).is_ok_and(|y| y == b)
+    });
+}
+
+/// A VM version record: web01@2 binding two disks (disk0@5 with checkpoint cairn-cp-1, data@1
+/// with none), a QEMU command line, no memory state, frozen for 12 ms. Every flip is refused.
+#[test]
+fn vm_version() {
+    use cairn_format::vm::{ConfigKind, Freeze, VmDisk, VmVersion};
+    let v = VmVersion {
+        vm: "web01".into(),
+        seq: 2,
+        parent: Some(Id::of(b"p")),
+        time_ns: 1_764_000_000_000_000_000,
+        config_kind: ConfigKind::QemuArgs,
+        config: "qemu-system-x86_64\n-machine\nq35".into(),
+        disks: vec![
+            VmDisk {
+                name: "disk0".into(),
+                version: Id::of(b"d0"),
+                seq: 5,
+                node: "drive0".into(),
+                checkpoint: "cairn-cp-1".into(),
+            },
+            VmDisk {
+                name: "data".into(),
+                version: Id::of(b"d1"),
+                seq: 1,
+                node: "#block123".into(),
+                checkpoint: String::new(),
+            },
+        ],
+        memory: None,
+        freeze: Freeze::Frozen,
+        freeze_ns: 12_000_000,
+        message: "nightly".into(),
+    };
+    let bytes = golden("vm_version", &v.encode());
+    assert_eq!(VmVersion::decode(&bytes).unwrap(), v);
+    // envelope 16 | name 2 + 5 | seq 8 | parent 32 | time 8 | kind 1 | config 4 + 31 | n 2
+    // | disk0 2 + 5 + 32 + 8 + 2 + 6 + 2 + 10 | data 2 + 4 + 32 + 8 + 2 + 9 + 2 + 0
+    // | memory 32 | freeze 1 + 8 | message 4 + 7 | 32
+    assert_eq!(
+        bytes.len(),
+        16 + 7 + 8 + 32 + 8 + 1 + 35 + 2 + 67 + 59 + 32 + 9 + 11 + 32
+    );
+    every_flip_is_noticed("vm_version", &bytes, &[], |b| {
+        VmVersion::decode(b).is_ok_and(|x| x == v)
     });
 }

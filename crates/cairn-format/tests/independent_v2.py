@@ -8,7 +8,7 @@ itself. Needs Python's blake3 (pip install blake3).
 Covers v2_pack_plain, v2_pack_3_plain, v2_leaf_runs, v2_leaf_digest, v2_interior_digests, v2_index_run (version 1),
 v2_index_run_2, v2_index_run_3, v2_group_summary (version 1), v2_group_summary_counted (version 2),
 v2_merged_summary (version 1), v2_merged_summary_chains (version 2), v2_summary_delta,
-v2_record_bundle and the
+v2_record_bundle, vm_version and the
 pinned ids of v2_group_ids. (The sealed vectors
 v2_sealed_*, v2_key_slot and v2_group_sealed_raw were computed with PyNaCl and argon2-cffi.)
 """
@@ -283,6 +283,20 @@ def group_ids():
     }
 
 
+def vm_version():
+    """web01@2: disk0@5 (node drive0, checkpoint cairn-cp-1) and data@1 (node #block123, no
+    checkpoint), a QEMU command line, no memory, frozen 12 ms, message "nightly"."""
+    s16 = lambda t: struct.pack("<H", len(t.encode())) + t.encode()
+    s32 = lambda t: struct.pack("<I", len(t.encode())) + t.encode()
+    out = s16("web01") + struct.pack("<Q", 2) + bid(b"p") + struct.pack("<q", 1764000000000000000)
+    out += struct.pack("<B", 2) + s32("qemu-system-x86_64\n-machine\nq35") + struct.pack("<H", 2)
+    for name, vid, seq, node, cp in (("disk0", b"d0", 5, "drive0", "cairn-cp-1"),
+                                     ("data", b"d1", 1, "#block123", "")):
+        out += s16(name) + bid(vid) + struct.pack("<Q", seq) + s16(node) + s16(cp)
+    out += bytes(32) + struct.pack("<BQ", 1, 12000000) + s32("nightly")
+    return envelope(b"CRNVMV\0\0", 1, out)
+
+
 def as_hex(b):
     h = b.hex()
     return "\n".join(h[i:i + 64] for i in range(0, len(h), 64)) + "\n"
@@ -300,7 +314,8 @@ def main():
                ("v2_merged_summary", merged_summary()),
                ("v2_merged_summary_chains", merged_summary(chains=True)),
                ("v2_summary_delta", summary_delta()),
-               ("v2_record_bundle", record_bundle()))
+               ("v2_record_bundle", record_bundle()),
+               ("vm_version", vm_version()))
     for name, data in vectors:
         path = os.path.join(HERE, name + ".hex")
         if "--write" in sys.argv:

@@ -26,6 +26,7 @@ mod summaries;
 pub mod tree_walk;
 pub mod v2;
 mod versions;
+mod vms;
 
 pub use blob_index::{BlobIndex, BlobLocation};
 /// A scratch file in the store's staging area, and the prefix of every temporary file a

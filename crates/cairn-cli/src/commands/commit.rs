@@ -9,13 +9,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use cairn_engine::commit::incremental::{commit_changes, IncrementalStats};
-use cairn_engine::commit::plan::{plan_commit, CommitPlan, CommitSource};
-use cairn_engine::commit::{commit, CommitOptions, CommitProgress, CommitResult, DedupMode};
+use cairn_engine::commit::incremental::IncrementalStats;
+use cairn_engine::commit::plan::{
+    commit_planned, plan_commit, CommitPlan, CommitSource, PlannedCommit,
+};
+use cairn_engine::commit::{CommitOptions, CommitProgress, CommitResult, DedupMode};
 use cairn_engine::file_lock::lock_holder;
 use cairn_engine::resolve::{resolve, VersionSpec};
 use cairn_engine::source::{
-    open_image, InterruptibleStdin, RateLimited, ReadPolicy, Source, SourceFormat, StreamSource,
+    open_image, InterruptibleStdin, RateLimited, ReadPolicy, SourceFormat, StreamSource,
 };
 use cairn_format::name::validate_image_name;
 use cairn_image::DiskImage;
@@ -62,8 +64,8 @@ pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
     if let (CommitSource::Local(_), Some(holder)) = (&source, lock_holder(Path::new(&spec))) {
         ctx.warn(&format!(
             "{spec} is in use: {holder}. A running guest may write while cairn reads, so the \
-             version may not be one point in time: stop the VM, or commit a point-in-time \
-             copy (README, \"Backing up running VMs\")"
+             version may not be one point in time: stop the VM, or back it up with \
+             `cairn vm backup` (one point in time while it runs)"
         ));
     }
     let local = matches!(source, CommitSource::Local(_));
@@ -76,30 +78,11 @@ pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
     let plan = plan_commit(&repo, &args.image, source, parent, &provenance).await?;
 
     let started = Instant::now();
-    let (result, incremental, read_bytes, because) = match plan {
-        CommitPlan::Full(source) => {
-            let (result, read) = full_commit(ctx, repo.clone(), &args, source).await?;
-            (result, None, read, None)
-        }
-        CommitPlan::Incremental {
-            image,
-            parent,
-            changed,
-            because,
-        } => {
-            let (result, stats) = commit_changes(
-                repo.clone(),
-                &args.image,
-                *parent,
-                image,
-                &changed,
-                &args.message,
-                dedup_mode(args.dedup),
-            )
-            .await?;
-            let read = stats.read_bytes;
-            (result, Some(stats), read, Some(because))
-        }
+    let planned = planned_commit(ctx, repo.clone(), &args, plan).await?;
+    let (result, read_bytes) = (planned.result, planned.read_bytes);
+    let (incremental, because) = match planned.incremental {
+        Some((stats, because)) => (Some(stats), Some(because)),
+        None => (None, None),
     };
     let elapsed = started.elapsed();
     if local {
@@ -169,45 +152,49 @@ fn open_source(spec: &str, args: &CommitArgs, policy: ReadPolicy) -> Result<Comm
     )?))
 }
 
-async fn full_commit(
+/// The plan's commit, with a progress line while a full commit reads.
+async fn planned_commit(
     ctx: &Context,
     repo: Arc<Repo>,
     args: &CommitArgs,
-    source: Box<dyn Source>,
-) -> Result<(CommitResult, u64)> {
+    plan: CommitPlan,
+) -> Result<PlannedCommit> {
     let progress = Arc::new(CommitProgress::default());
-    let ticker = {
-        let (p1, p2) = (progress.clone(), progress.clone());
-        let total = Arc::new(AtomicU64::new(source.data_hint().unwrap_or(0)));
-        Ticker::start(
-            ctx.progress,
-            total,
-            move || p1.read.load(Ordering::Relaxed),
-            move || {
-                let read = p2.read.load(Ordering::Relaxed).max(1);
-                let new = p2.new_bytes.load(Ordering::Relaxed);
-                format!(
-                    "new {} ({:.1}%)",
-                    bytes(new),
-                    new as f64 * 100.0 / read as f64
-                )
-            },
-        )
+    let ticker = match &plan {
+        CommitPlan::Full(source) => {
+            let (p1, p2) = (progress.clone(), progress.clone());
+            let total = Arc::new(AtomicU64::new(source.data_hint().unwrap_or(0)));
+            Some(Ticker::start(
+                ctx.progress,
+                total,
+                move || p1.read.load(Ordering::Relaxed),
+                move || {
+                    let read = p2.read.load(Ordering::Relaxed).max(1);
+                    let new = p2.new_bytes.load(Ordering::Relaxed);
+                    format!(
+                        "new {} ({:.1}%)",
+                        bytes(new),
+                        new as f64 * 100.0 / read as f64
+                    )
+                },
+            ))
+        }
+        CommitPlan::Incremental { .. } => None,
     };
     let options = CommitOptions {
         message: args.message.clone(),
         workers: args.threads,
-        progress: Some(progress.clone()),
+        progress: Some(progress),
         dedup: dedup_mode(args.dedup),
         ..Default::default()
     };
-    let result = commit(repo, &args.image, source, options).await;
+    let planned = commit_planned(repo, &args.image, plan, options).await;
     drop(ticker);
-    Ok((result?, progress.read.load(Ordering::Relaxed)))
+    Ok(planned?)
 }
 
 /// The flag's mode, else the process default (`CAIRN_DEDUP`, else bounded).
-fn dedup_mode(arg: Option<DedupArg>) -> DedupMode {
+pub(crate) fn dedup_mode(arg: Option<DedupArg>) -> DedupMode {
     match arg {
         Some(DedupArg::Exact) => DedupMode::Exact,
         Some(DedupArg::Bounded) => DedupMode::Bounded,

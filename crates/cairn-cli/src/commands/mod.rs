@@ -21,3 +21,4 @@ pub mod show;
 pub mod stats;
 pub mod tag;
 pub mod verify;
+pub mod vm;

@@ -109,8 +109,8 @@ fn restore_never_clobbers() {
         format!(
             "warning: {} is in use: another process holds a lock on it (QEMU locks the images \
              of a running VM). A running guest may write while cairn reads, so the version may \
-             not be one point in time: stop the VM, or commit a point-in-time copy (README, \
-             \"Backing up running VMs\")",
+             not be one point in time: stop the VM, or back it up with `cairn vm backup` (one \
+             point in time while it runs)",
             locked.display()
         )
     );

@@ -30,3 +30,4 @@ mod lost_metadata;
 mod patch;
 mod round_trip;
 mod summary_delta;
+mod vm_versions;

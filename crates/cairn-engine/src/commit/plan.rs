@@ -21,7 +21,8 @@ use cairn_format::Id;
 use cairn_image::{DiskImage, Layer};
 use cairn_repo::Repo;
 
-use super::incremental::{layer_changes, Changes};
+use super::incremental::{commit_changes, layer_changes, Changes, IncrementalStats};
+use super::{commit, CommitOptions, CommitResult};
 use crate::error::{EngineError, EngineResult};
 use crate::resolve::{resolve, VersionSpec};
 use crate::source::{ImageSource, Source};
@@ -49,6 +50,63 @@ pub enum CommitPlan {
         /// Why this parent, for the caller's summary ("dirty bitmap b0 since vm@3").
         because: String,
     },
+}
+
+/// What a planned commit published and read.
+#[derive(Debug, Clone)]
+pub struct PlannedCommit {
+    pub result: CommitResult,
+    /// For an incremental commit: what it read, and why that parent.
+    pub incremental: Option<(IncrementalStats, String)>,
+    /// Bytes read from the source.
+    pub read_bytes: u64,
+}
+
+/// Makes the version `plan` describes: a full commit (progress in `options.progress`) or
+/// an incremental one on top of the plan's parent.
+pub async fn commit_planned(
+    repo: Arc<Repo>,
+    image: &str,
+    plan: CommitPlan,
+    options: CommitOptions,
+) -> EngineResult<PlannedCommit> {
+    match plan {
+        CommitPlan::Full(source) => {
+            let progress = options.progress.clone().unwrap_or_default();
+            let options = CommitOptions {
+                progress: Some(progress.clone()),
+                ..options
+            };
+            let result = commit(repo, image, source, options).await?;
+            Ok(PlannedCommit {
+                result,
+                incremental: None,
+                read_bytes: progress.read.load(std::sync::atomic::Ordering::Relaxed),
+            })
+        }
+        CommitPlan::Incremental {
+            image: source,
+            parent,
+            changed,
+            because,
+        } => {
+            let (result, stats) = commit_changes(
+                repo,
+                image,
+                *parent,
+                source,
+                &changed,
+                &options.message,
+                options.dedup,
+            )
+            .await?;
+            Ok(PlannedCommit {
+                result,
+                read_bytes: stats.read_bytes,
+                incremental: Some((stats, because)),
+            })
+        }
+    }
 }
 
 /// Which version a file was last found to hold (by the caller's records), if any.

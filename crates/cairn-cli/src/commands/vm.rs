@@ -1,0 +1,328 @@
+//! `cairn vm`: whole-VM backups (over QMP) and the VM versions they publish.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+use cairn_engine::vm::{remove_vm_versions, resolve_vm, vm_history, VmSpec};
+use cairn_format::vm::{ConfigKind, Freeze, VmVersion};
+use cairn_format::Id;
+use cairn_repo::SessionKind;
+use cairn_vm::backup::{backup, BackupOptions, BackupReport};
+use cairn_vm::VmError;
+use serde_json::{json, Value};
+
+use crate::cli::{VmAction, VmArgs, VmBackupArgs};
+use crate::context::Context;
+use crate::output::{bytes, print_json, time};
+
+pub async fn run(ctx: &Context, args: VmArgs) -> Result<ExitCode> {
+    match args.action {
+        VmAction::Backup(args) => run_backup(ctx, args).await,
+        VmAction::Log { vm } => log(ctx, &vm).await,
+        VmAction::Show { spec, config } => show(ctx, &spec, config).await,
+        VmAction::List => list(ctx).await,
+        VmAction::Rm { versions, no_gc } => rm(ctx, &versions, no_gc).await,
+    }
+}
+
+/// A VM error as the CLI reports it: repository and engine errors keep their own kinds.
+fn unwrap(e: VmError) -> anyhow::Error {
+    match e {
+        VmError::Engine(e) => e.into(),
+        VmError::Repo(e) => e.into(),
+        other => other.into(),
+    }
+}
+
+async fn run_backup(ctx: &Context, args: VmBackupArgs) -> Result<ExitCode> {
+    if !(args.agent_timeout.is_finite() && args.agent_timeout > 0.0) {
+        return Err(cairn_engine::EngineError::BadInput(format!(
+            "--agent-timeout must be a positive number of seconds, not {}",
+            args.agent_timeout
+        ))
+        .into());
+    }
+    let rate_limit = match args.rate_limit {
+        Some(r) if r.is_finite() && r > 0.0 => Some((r * 1024.0 * 1024.0) as u64),
+        Some(r) => {
+            return Err(cairn_engine::EngineError::BadInput(format!(
+                "--rate-limit must be a positive number of MiB/s, not {r}"
+            ))
+            .into())
+        }
+        None => None,
+    };
+    cairn_format::name::validate_image_name(&args.vm)
+        .map_err(|e| anyhow::anyhow!(cairn_engine::EngineError::from(e)))?;
+    let repo = ctx.open_as(SessionKind::Commit).await?;
+    let options = BackupOptions {
+        vm: args.vm.clone(),
+        qmp: args.qmp,
+        agent: args.guest_agent,
+        agent_timeout: Duration::from_secs_f64(args.agent_timeout),
+        scratch_dir: args.scratch_dir.unwrap_or_else(default_scratch),
+        only: args.disks,
+        message: args.message,
+        dedup: crate::commands::commit::dedup_mode(args.dedup),
+        rate_limit,
+    };
+    let say = |line: String| ctx.warn(&line);
+    let report = backup(repo.clone(), &options, &say).await.map_err(unwrap)?;
+    print_backup(ctx, &report);
+    cairn_engine::gc::compact::after_commit(&repo).await;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn default_scratch() -> std::path::PathBuf {
+    std::env::var_os("TMPDIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/var/tmp".into())
+}
+
+fn freeze_text(f: Freeze) -> &'static str {
+    match f {
+        Freeze::NotTried => "not frozen (no guest agent)",
+        Freeze::Frozen => "frozen by the guest agent",
+        Freeze::NoAnswer => "not frozen (the guest agent did not answer)",
+    }
+}
+
+fn freeze_code(f: Freeze) -> &'static str {
+    match f {
+        Freeze::NotTried => "not_tried",
+        Freeze::Frozen => "frozen",
+        Freeze::NoAnswer => "no_answer",
+    }
+}
+
+fn print_backup(ctx: &Context, r: &BackupReport) {
+    if ctx.json {
+        let disks: Vec<Value> = r
+            .disks
+            .iter()
+            .map(|d| {
+                json!({
+                    "disk": d.name,
+                    "image": d.image,
+                    "seq": d.record.seq,
+                    "id": d.id.to_hex(),
+                    "incremental": d.full_because.is_none(),
+                    "full_because": d.full_because,
+                    "dirty_bytes": d.dirty_bytes,
+                    "read_bytes": d.read_bytes,
+                    "logical_bytes": d.record.logical_size,
+                    "new_chunk_bytes": d.record.stats.new_chunk_bytes,
+                    "stored_bytes": d.record.stats.stored_bytes,
+                    "duration_s": d.duration.as_secs_f64(),
+                })
+            })
+            .collect();
+        let mut v = vm_json(&r.id, &r.record);
+        v["disks"] = Value::Array(disks);
+        v["paused_s"] = json!(r.paused_for.as_secs_f64());
+        v["point_in_time_s"] = json!(r.point_in_time.as_secs_f64());
+        v["duration_s"] = json!(r.total.as_secs_f64());
+        print_json(&v);
+        return;
+    }
+    outln!(
+        "{}@{} {}: {} disk(s), {}; point in time in {:.1} ms, guest paused {:.1} ms; {:.1} s in all",
+        r.record.vm,
+        r.record.seq,
+        r.id.short(),
+        r.disks.len(),
+        freeze_text(r.record.freeze),
+        r.point_in_time.as_secs_f64() * 1e3,
+        r.paused_for.as_secs_f64() * 1e3,
+        r.total.as_secs_f64()
+    );
+    for d in &r.disks {
+        let how = match &d.full_because {
+            None => format!("incremental: {} dirty", bytes(d.dirty_bytes)),
+            Some(_) => "full".to_string(),
+        };
+        outln!(
+            "  {}@{}  {}, read {}, new {}, stored {} in {:.1} s",
+            d.image,
+            d.record.seq,
+            how,
+            bytes(d.read_bytes),
+            bytes(d.record.stats.new_chunk_bytes),
+            bytes(d.record.stats.stored_bytes),
+            d.duration.as_secs_f64()
+        );
+    }
+}
+
+fn vm_json(id: &Id, v: &VmVersion) -> Value {
+    json!({
+        "vm": v.vm,
+        "seq": v.seq,
+        "id": id.to_hex(),
+        "parent": v.parent.map(|p| p.to_hex()),
+        "time": time(v.time_ns),
+        "time_ns": v.time_ns,
+        "message": v.message,
+        "freeze": freeze_code(v.freeze),
+        "freeze_s": v.freeze_ns as f64 / 1e9,
+        "memory": v.memory.map(|m| m.to_hex()),
+        "disks": v.disks.iter().map(|d| json!({
+            "disk": d.name,
+            "image": VmVersion::disk_image(&v.vm, &d.name),
+            "seq": d.seq,
+            "id": d.version.to_hex(),
+            "node": d.node,
+            "checkpoint": d.checkpoint,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+async fn log(ctx: &Context, vm: &str) -> Result<ExitCode> {
+    cairn_format::name::validate_image_name(vm)
+        .map_err(|e| anyhow::anyhow!(cairn_engine::EngineError::from(e)))?;
+    let repo = ctx.open().await?;
+    let versions = vm_history(&repo, vm).await?;
+    if ctx.json {
+        print_json(&Value::Array(
+            versions.iter().map(|(id, v)| vm_json(id, v)).collect(),
+        ));
+        return Ok(ExitCode::SUCCESS);
+    }
+    for (id, v) in &versions {
+        let disks: Vec<String> = v
+            .disks
+            .iter()
+            .map(|d| format!("{}@{}", d.name, d.seq))
+            .collect();
+        outln!(
+            "{}@{:<4} {}  {}  {}  [{}]  {}",
+            v.vm,
+            v.seq,
+            id.short(),
+            time(v.time_ns),
+            freeze_code(v.freeze),
+            disks.join(" "),
+            v.message
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn show(ctx: &Context, spec: &str, config: bool) -> Result<ExitCode> {
+    let spec = VmSpec::parse(spec)?;
+    let repo = ctx.open().await?;
+    let (id, v) = resolve_vm(&repo, &spec).await?;
+    if ctx.json {
+        let mut out = vm_json(&id, &v);
+        out["config_kind"] = json!(match v.config_kind {
+            ConfigKind::None => "none",
+            ConfigKind::LibvirtXml => "libvirt_xml",
+            ConfigKind::QemuArgs => "qemu_args",
+        });
+        out["config"] = json!(v.config);
+        print_json(&out);
+        return Ok(ExitCode::SUCCESS);
+    }
+    outln!("VM version {}@{} ({})", v.vm, v.seq, id);
+    outln!("  time     {}", time(v.time_ns));
+    outln!(
+        "  freeze   {}{}",
+        freeze_text(v.freeze),
+        match v.freeze {
+            Freeze::Frozen => format!(", {:.1} ms", v.freeze_ns as f64 / 1e6),
+            _ => String::new(),
+        }
+    );
+    if !v.message.is_empty() {
+        outln!("  message  {}", v.message);
+    }
+    for d in &v.disks {
+        outln!(
+            "  disk     {}  {}@{}  ({}, node {}, checkpoint {})",
+            d.name,
+            VmVersion::disk_image(&v.vm, &d.name),
+            d.seq,
+            d.version.short(),
+            d.node,
+            if d.checkpoint.is_empty() {
+                "none"
+            } else {
+                &d.checkpoint
+            }
+        );
+    }
+    match (config, v.config_kind) {
+        (_, ConfigKind::None) => outln!("  config   none recorded"),
+        (false, _) => outln!("  config   recorded (--config prints it)"),
+        (true, _) => {
+            outln!("  config:");
+            for line in v.config.lines() {
+                outln!("    {line}");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn list(ctx: &Context) -> Result<ExitCode> {
+    let repo = ctx.open().await?;
+    let vms = repo.vms().await?;
+    if ctx.json {
+        print_json(&json!(vms));
+    } else {
+        for vm in vms {
+            outln!("{vm}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn rm(ctx: &Context, versions: &[String], no_gc: bool) -> Result<ExitCode> {
+    let specs = versions
+        .iter()
+        .map(|v| VmSpec::parse(v))
+        .collect::<Result<Vec<_>, _>>()?;
+    let repo = ctx.open_as(SessionKind::Edit).await?;
+    let removed = remove_vm_versions(&repo, &specs).await?;
+    let freed = match no_gc {
+        true => None,
+        false => crate::commands::gc::free_deleted(ctx, &repo).await,
+    };
+    if ctx.json {
+        print_json(&json!({
+            "versions": removed.iter().map(|r| {
+                let mut v = vm_json(&r.id, &r.record);
+                v["removed_disks"] = json!(r.disks.iter().map(|(id, d)| json!({
+                    "image": d.image, "seq": d.seq, "id": id.to_hex(),
+                })).collect::<Vec<_>>());
+                v
+            }).collect::<Vec<_>>(),
+            "gc": freed.as_ref().map(crate::commands::gc::report_json),
+        }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    for r in &removed {
+        let disks: Vec<String> = r
+            .disks
+            .iter()
+            .map(|(_, d)| format!("{}@{}", d.image, d.seq))
+            .collect();
+        outln!(
+            "removed {}@{} {}  {}  disks: {}",
+            r.record.vm,
+            r.record.seq,
+            r.id.short(),
+            time(r.record.time_ns),
+            match disks.is_empty() {
+                true => "none (others still bind them)".to_string(),
+                false => disks.join(" "),
+            }
+        );
+    }
+    match &freed {
+        Some(r) => outln!("{}", crate::commands::gc::report_line(r)),
+        None => outln!("{}", crate::commands::rm::GC_HINT),
+    }
+    Ok(ExitCode::SUCCESS)
+}

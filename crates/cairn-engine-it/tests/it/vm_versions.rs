@@ -1,0 +1,194 @@
+//! VM versions (`cairn_engine::vm`): published on top of the VM's head, listed newest first,
+//! sealed in an encrypted repository; a disk version a live VM version binds cannot be removed
+//! or pruned alone; removing a VM version removes the disk versions only it binds (not tagged
+//! ones); disk versions an interrupted backup left are found and discarded.
+
+use std::sync::Arc;
+
+use crate::common::{commit_bytes, noise};
+use crate::gc_format2::{init, open};
+use cairn_engine::resolve::{history, VersionSpec};
+use cairn_engine::retention::{prune, KeepPolicy};
+use cairn_engine::vm::{
+    bound_disk_versions, discard_disks, latest_vm, publish_vm, remove_vm_versions, resolve_vm,
+    unbound_disk_versions, vm_history, NewVmVersion, VmSpec, DISK_MESSAGE_PREFIX,
+};
+use cairn_engine::EngineError;
+use cairn_format::vm::{ConfigKind, Freeze, VmDisk};
+use cairn_repo::Repo;
+use cairn_store::MemoryStore;
+
+/// Commits `data` as a disk of VM `web` the way a backup does (its message marks it).
+async fn disk(repo: &Arc<Repo>, name: &str, seed: u64) -> VmDisk {
+    let image = format!("web/{name}");
+    let c = commit_bytes(repo, &image, noise(1 << 20, seed)).await;
+    VmDisk {
+        name: name.into(),
+        version: c.id,
+        seq: c.record.seq,
+        node: format!("node-{name}"),
+        checkpoint: format!("cairn-cp-{seed}"),
+    }
+}
+
+fn new_version(disks: Vec<VmDisk>, message: &str) -> NewVmVersion {
+    NewVmVersion {
+        vm: "web".into(),
+        time_ns: 1,
+        config_kind: ConfigKind::QemuArgs,
+        config: "qemu-system-x86_64".into(),
+        disks,
+        memory: None,
+        freeze: Freeze::Frozen,
+        freeze_ns: 3_000_000,
+        message: message.into(),
+    }
+}
+
+async fn vm_round_trip(encrypted: bool) {
+    let store = Arc::new(MemoryStore::new());
+    init(store.clone(), encrypted).await;
+    let repo = open(&store).await;
+    let d1 = vec![disk(&repo, "disk0", 1).await, disk(&repo, "data", 2).await];
+    let (id1, v1) = publish_vm(&repo, new_version(d1.clone(), "one"))
+        .await
+        .unwrap();
+    assert_eq!((v1.seq, v1.parent), (1, None));
+    let d2 = vec![disk(&repo, "disk0", 3).await, disk(&repo, "data", 4).await];
+    let (id2, v2) = publish_vm(&repo, new_version(d2.clone(), "two"))
+        .await
+        .unwrap();
+    assert_eq!((v2.seq, v2.parent), (2, Some(id1)));
+
+    let repo = open(&store).await;
+    let log = vm_history(&repo, "web").await.unwrap();
+    assert_eq!(
+        log.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        [id2, id1]
+    );
+    assert_eq!(log[0].1.disks, d2);
+    let spec = VmSpec::parse("web@1").unwrap();
+    assert_eq!(resolve_vm(&repo, &spec).await.unwrap().0, id1);
+    assert!(VmSpec::parse("web@x").is_err() && VmSpec::parse("web@0").is_err());
+    assert!(matches!(
+        resolve_vm(&repo, &VmSpec::parse("web@9").unwrap()).await,
+        Err(EngineError::NotFound(_))
+    ));
+    assert_eq!(repo.vms().await.unwrap(), ["web"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn vm_versions_publish_and_list_plain() {
+    vm_round_trip(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn vm_versions_publish_and_list_encrypted() {
+    vm_round_trip(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bound_disk_version_goes_only_with_its_vm_version() {
+    let store = Arc::new(MemoryStore::new());
+    init(store.clone(), false).await;
+    let repo = open(&store).await;
+    let d1 = vec![disk(&repo, "disk0", 1).await];
+    publish_vm(&repo, new_version(d1.clone(), "one"))
+        .await
+        .unwrap();
+    let d2 = vec![disk(&repo, "disk0", 2).await];
+    publish_vm(&repo, new_version(d2.clone(), "two"))
+        .await
+        .unwrap();
+    // A third VM version binds disk0@2 again (nothing changed on that disk).
+    publish_vm(&repo, new_version(d2.clone(), "three"))
+        .await
+        .unwrap();
+
+    let rm =
+        cairn_engine::remove::remove_versions(&repo, &[VersionSpec::parse("web/disk0@1").unwrap()])
+            .await;
+    assert!(
+        matches!(rm, Err(EngineError::BoundToVm { ref vm_version, .. }) if vm_version == "web@1"),
+        "{rm:?}"
+    );
+    let policy = KeepPolicy {
+        last: 1,
+        ..Default::default()
+    };
+    let kept = prune(&repo, "web/disk0", &policy, false).await.unwrap();
+    assert!(kept.iter().all(|d| d.keep), "{kept:?}");
+    assert!(
+        kept[1]
+            .reasons
+            .contains(&"disk of VM version web@1".to_string()),
+        "{kept:?}"
+    );
+
+    // web@3 goes, but disk0@2 stays: web@2 still binds it.
+    let gone = remove_vm_versions(&repo, &[VmSpec::parse("web@3").unwrap()])
+        .await
+        .unwrap();
+    assert!(gone[0].disks.is_empty());
+    assert_eq!(latest_vm(&repo, "web").await.unwrap().unwrap().1.seq, 2);
+    // A tagged disk version stays as an image version when its VM version goes.
+    repo.create_tag("web/disk0", "keep", &d1[0].version)
+        .await
+        .unwrap();
+    let gone = remove_vm_versions(&repo, &[VmSpec::parse("web@1").unwrap()])
+        .await
+        .unwrap();
+    assert!(gone[0].disks.is_empty());
+    let gone = remove_vm_versions(&repo, &[VmSpec::parse("web@2").unwrap()])
+        .await
+        .unwrap();
+    assert_eq!(gone[0].disks.len(), 1);
+    assert_eq!(gone[0].disks[0].0, d2[0].version);
+    let left: Vec<u64> = history(&repo, "web/disk0")
+        .await
+        .unwrap()
+        .iter()
+        .map(|(_, r)| r.seq)
+        .collect();
+    assert_eq!(left, [1]);
+    assert!(bound_disk_versions(&repo).await.unwrap().is_empty());
+    assert!(vm_history(&repo, "web").await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn disk_versions_of_an_interrupted_backup_are_found_and_discarded() {
+    let store = Arc::new(MemoryStore::new());
+    init(store.clone(), false).await;
+    let repo = open(&store).await;
+    let d1 = vec![disk(&repo, "disk0", 1).await];
+    let (_, v1) = publish_vm(&repo, new_version(d1, "one")).await.unwrap();
+    // A backup committed disk0 again and died before its VM version; the operator also
+    // committed by hand (not ours to discard).
+    let by_backup = {
+        let src =
+            cairn_engine::source::StreamSource::new("t", std::io::Cursor::new(noise(1 << 20, 5)));
+        let options = cairn_engine::commit::CommitOptions {
+            message: format!("{DISK_MESSAGE_PREFIX}web at 5"),
+            ..Default::default()
+        };
+        cairn_engine::commit::commit(repo.clone(), "web/disk0", Box::new(src), options)
+            .await
+            .unwrap()
+    };
+    commit_bytes(&repo, "web/disk0", noise(1 << 20, 6)).await;
+    let left = unbound_disk_versions(&repo, "web", Some(&v1), &["disk0".to_string()])
+        .await
+        .unwrap();
+    assert_eq!(
+        left.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        [by_backup.id]
+    );
+    discard_disks(&repo, &left).await.unwrap();
+    assert_eq!(history(&repo, "web/disk0").await.unwrap().len(), 2);
+    assert!(
+        unbound_disk_versions(&repo, "web", Some(&v1), &["disk0".to_string()])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

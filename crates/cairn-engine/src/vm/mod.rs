@@ -1,0 +1,276 @@
+//! Whole VMs: a VM version binds one version of each disk (each disk an image of its own,
+//! `VM/DISK`), the VM's configuration and, when saved, its memory state, all taken at one
+//! point in time.
+//!
+//! Publication order: every disk's version is published first as an ordinary image version
+//! (so every command that works on images works on a VM's disk), then the VM version record,
+//! then the VM head by compare-and-swap. A VM version is therefore all or nothing: it exists
+//! only once every disk it binds is published. Disk versions of a backup that failed before
+//! its VM version was published belong to no VM version; [`discard_disks`] marks them
+//! deleted (the backup itself on failure, the next backup after a kill).
+
+use std::collections::HashMap;
+
+use cairn_format::version::VersionRecord;
+use cairn_format::vm::{ConfigKind, Freeze, VmDisk, VmVersion};
+use cairn_format::Id;
+use cairn_repo::Repo;
+
+use crate::error::{EngineError, EngineResult};
+
+/// Publication attempts when other backups of the same VM move its head meanwhile.
+const PUBLISH_ATTEMPTS: u32 = 8;
+
+/// A parsed `VM[@N]`: the newest version, or the version with sequence number N.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmSpec {
+    pub vm: String,
+    pub seq: Option<u64>,
+}
+
+impl VmSpec {
+    pub fn parse(spec: &str) -> EngineResult<VmSpec> {
+        let (vm, seq) = match spec.split_once('@') {
+            None => (spec, None),
+            Some((vm, n)) => match n.parse::<u64>() {
+                Ok(n) if n > 0 && !n.to_string().is_empty() => (vm, Some(n)),
+                _ => {
+                    return Err(EngineError::BadInput(format!(
+                        "{spec:?}: a VM version is VM@N, N its sequence number (`cairn vm log \
+                         {vm}` lists them)"
+                    )))
+                }
+            },
+        };
+        cairn_format::name::validate_image_name(vm)?;
+        Ok(VmSpec {
+            vm: vm.to_string(),
+            seq,
+        })
+    }
+}
+
+/// What a new VM version binds (its sequence number and parent come from the VM's head).
+#[derive(Debug, Clone)]
+pub struct NewVmVersion {
+    pub vm: String,
+    pub time_ns: i64,
+    pub config_kind: ConfigKind,
+    pub config: String,
+    pub disks: Vec<VmDisk>,
+    pub memory: Option<Id>,
+    pub freeze: Freeze,
+    pub freeze_ns: u64,
+    pub message: String,
+}
+
+/// Publishes a VM version on top of the VM's newest one; returns its id and record.
+pub async fn publish_vm(repo: &Repo, new: NewVmVersion) -> EngineResult<(Id, VmVersion)> {
+    EngineError::ensure_writable(repo, "vm backup")?;
+    for disk in &new.disks {
+        cairn_format::vm::validate_disk_name(&new.vm, &disk.name)?;
+    }
+    for _ in 0..PUBLISH_ATTEMPTS {
+        let head = repo.vm_head(&new.vm).await?;
+        let (parent, seq) = match &head {
+            Some(h) => (
+                Some(h.version),
+                repo.load_vm_version(&h.version).await?.seq + 1,
+            ),
+            None => (None, 1),
+        };
+        let record = VmVersion {
+            vm: new.vm.clone(),
+            seq,
+            parent,
+            time_ns: new.time_ns,
+            config_kind: new.config_kind,
+            config: new.config.clone(),
+            disks: new.disks.clone(),
+            memory: new.memory,
+            freeze: new.freeze,
+            freeze_ns: new.freeze_ns,
+            message: new.message.clone(),
+        };
+        let (id, _) = repo.put_vm_version(&record).await?;
+        if repo.swap_vm_head(&new.vm, head.as_ref(), &id).await? {
+            tracing::info!(vm = %new.vm, seq, %id, "VM version published");
+            return Ok((id, record));
+        }
+    }
+    Err(EngineError::Repo(cairn_repo::RepoError::Contention {
+        image: new.vm,
+        attempts: PUBLISH_ATTEMPTS,
+    }))
+}
+
+/// The VM's live versions, newest first (deleted ones are skipped; their records still
+/// link the history).
+pub async fn vm_history(repo: &Repo, vm: &str) -> EngineResult<Vec<(Id, VmVersion)>> {
+    let deleted = repo.vm_deleted_versions().await?;
+    let all = vm_history_all(repo, vm).await?;
+    Ok(all
+        .into_iter()
+        .filter(|(id, _)| !deleted.contains(id))
+        .collect())
+}
+
+/// Every version of the VM, deleted ones included, newest first.
+async fn vm_history_all(repo: &Repo, vm: &str) -> EngineResult<Vec<(Id, VmVersion)>> {
+    let Some(head) = repo.vm_head(vm).await? else {
+        return Err(EngineError::NotFound(format!(
+            "VM {vm:?} has no versions (`cairn vm list` shows the VMs)"
+        )));
+    };
+    let mut out = Vec::new();
+    let mut next = Some(head.version);
+    while let Some(id) = next {
+        let record = repo.load_vm_version(&id).await?;
+        next = record.parent;
+        out.push((id, record));
+    }
+    Ok(out)
+}
+
+/// Every disk version a live VM version binds, with the first such VM version's name
+/// (`web@3`): what `rm` and `prune` of images must keep. A VM record that cannot be read is
+/// an error: what it binds cannot be known, so nothing may be removed.
+pub async fn bound_disk_versions(repo: &Repo) -> EngineResult<HashMap<Id, String>> {
+    let mut out = HashMap::new();
+    for vm in repo.vms().await? {
+        for (_, v) in vm_history(repo, &vm).await? {
+            for d in &v.disks {
+                out.entry(d.version)
+                    .or_insert_with(|| format!("{}@{}", v.vm, v.seq));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What removing VM versions took away.
+#[derive(Debug, Clone)]
+pub struct RemovedVmVersion {
+    pub id: Id,
+    pub record: VmVersion,
+    /// Disk versions removed with it (those no other live VM version binds and no tag names).
+    pub disks: Vec<(Id, VersionRecord)>,
+}
+
+/// Removes the VM versions `specs` name (each resolved first: nothing changes unless all
+/// resolve), and with each the disk versions that only it binds; tagged disk versions stay
+/// as image versions. Space is freed by GC.
+pub async fn remove_vm_versions(
+    repo: &Repo,
+    specs: &[VmSpec],
+) -> EngineResult<Vec<RemovedVmVersion>> {
+    EngineError::ensure_writable(repo, "vm rm")?;
+    let mut targets: Vec<(Id, VmVersion)> = Vec::new();
+    for spec in specs {
+        if spec.seq.is_none() {
+            return Err(EngineError::BadInput(format!(
+                "{}: name the versions to remove (VM@N; `cairn vm log {}` lists them)",
+                spec.vm, spec.vm
+            )));
+        }
+        let target = resolve_vm(repo, spec).await?;
+        if !targets.iter().any(|(id, _)| *id == target.0) {
+            targets.push(target);
+        }
+    }
+    let (tags, _) = repo.all_tag_targets_checked().await?;
+    let tagged: std::collections::HashSet<Id> = tags.into_iter().map(|(_, id)| id).collect();
+    let mut out = Vec::new();
+    for (id, record) in targets {
+        repo.mark_vm_deleted(&id).await?;
+        // Bound by the VM versions still live after this one's removal.
+        let still = bound_disk_versions(repo).await?;
+        let mut disks = Vec::new();
+        for d in &record.disks {
+            if still.contains_key(&d.version) || tagged.contains(&d.version) {
+                continue;
+            }
+            match repo.load_version(&d.version).await {
+                Ok(r) => {
+                    repo.mark_deleted(&d.version).await?;
+                    disks.push((d.version, r));
+                }
+                Err(e) => tracing::warn!(disk = %d.name, "{e}: left as it is"),
+            }
+        }
+        tracing::info!(vm = %record.vm, seq = record.seq, %id, "removed VM version");
+        out.push(RemovedVmVersion { id, record, disks });
+    }
+    Ok(out)
+}
+
+/// The VM version `spec` names.
+pub async fn resolve_vm(repo: &Repo, spec: &VmSpec) -> EngineResult<(Id, VmVersion)> {
+    let history = vm_history(repo, &spec.vm).await?;
+    match spec.seq {
+        None => Ok(history.into_iter().next().expect("a head has a record")),
+        Some(n) => history
+            .into_iter()
+            .find(|(_, v)| v.seq == n)
+            .ok_or_else(|| {
+                EngineError::NotFound(format!(
+                    "{}@{n}: no such VM version (`cairn vm log {}` lists them)",
+                    spec.vm, spec.vm
+                ))
+            }),
+    }
+}
+
+/// The newest live VM version, if the VM has any.
+pub async fn latest_vm(repo: &Repo, vm: &str) -> EngineResult<Option<(Id, VmVersion)>> {
+    if repo.vm_head(vm).await?.is_none() {
+        return Ok(None);
+    }
+    Ok(vm_history(repo, vm).await?.into_iter().next())
+}
+
+/// How the message of every disk version a VM backup commits starts: what tells a disk
+/// version a killed backup left from a commit the operator made by hand.
+pub const DISK_MESSAGE_PREFIX: &str = "vm backup: ";
+
+/// Disk versions of `vm` newer than what its newest VM version binds and committed by a VM
+/// backup (their message starts with [`DISK_MESSAGE_PREFIX`]): left by a backup that failed
+/// or was killed before it published its VM version. Each disk's image history is read down
+/// to the version the VM binds (or to its start for a disk the VM never had).
+pub async fn unbound_disk_versions(
+    repo: &Repo,
+    vm: &str,
+    latest: Option<&VmVersion>,
+    disks: &[String],
+) -> EngineResult<Vec<(Id, VersionRecord)>> {
+    let mut out = Vec::new();
+    for disk in disks {
+        let image = VmVersion::disk_image(vm, disk);
+        let bound = latest.and_then(|v| v.disks.iter().find(|d| &d.name == disk));
+        let history = match crate::resolve::history(repo, &image).await {
+            Ok(h) => h,
+            Err(EngineError::Repo(cairn_repo::RepoError::NoSuchImage(_))) => continue,
+            Err(EngineError::NotFound(_)) => continue,
+            Err(e) => return Err(e),
+        };
+        for (id, record) in history {
+            if bound.is_some_and(|b| b.version == id || record.seq <= b.seq) {
+                break;
+            }
+            if record.message.starts_with(DISK_MESSAGE_PREFIX) {
+                out.push((id, record));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Marks disk versions that belong to no VM version deleted (GC frees what only they used).
+pub async fn discard_disks(repo: &Repo, versions: &[(Id, VersionRecord)]) -> EngineResult<()> {
+    for (id, record) in versions {
+        repo.mark_deleted(id).await?;
+        tracing::info!(image = %record.image, seq = record.seq, %id,
+            "discarded a disk version no VM version binds");
+    }
+    Ok(())
+}

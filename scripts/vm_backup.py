@@ -1,0 +1,404 @@
+#!/usr/bin/env python3
+"""`cairn vm backup` against a real running QEMU, end to end, through its QMP socket.
+
+The VM: qemu-system-x86_64 with `-machine none` (QEMU's whole block layer, QMP, jobs and
+bitmaps, without a guest OS: it starts in a moment) and two qcow2 disks, `-drive if=none`
+(`disk0`, `disk1`). The "guest" writes through QEMU's own block layer (HMP `qemu-io` over a
+second QMP connection), continuously, in lock step across the two disks: log block k of
+disk0, then log block k of disk1, then k+1 ... (each block filled with a byte derived from
+k), plus random blocks elsewhere.
+
+Checks:
+- every VM version's disks restore to a state consistent across both disks: if disk1 holds
+  log block k, disk0 does too, and disk0 is at most one block ahead (no disk holds a write
+  the other's snapshot lacks);
+- the first backup reads each disk whole; later ones only what changed: bytes read at most
+  1.2x the log blocks the guest wrote between the two versions + one 64 KiB granule per
+  dirty area, plus the random blocks;
+- with the writer stopped, a backup restores bit for bit to the live disks (qemu-img compare);
+- `cairn vm log/show --json` list the versions with their disks; each disk is an image
+  (`cairn log vm/disk0`); after each backup QEMU keeps exactly one cairn checkpoint bitmap
+  per disk and nothing else of cairn's (no job, export, node, scratch file);
+- kill -9 of cairn while it reads: no VM version published; the next backup says what it
+  removed, discards the disk versions the killed one committed, and still reads only what
+  changed since the last published version;
+- a guest agent socket that never answers: the backup goes on unfrozen, says so, and records
+  `freeze: no_answer`;
+- kill -9 of QEMU mid-backup: one clear error, nothing published; QEMU started again on the
+  same disks: the next backup reads whole (the persistent bitmaps are inconsistent) and says
+  why;
+- a QMP socket nobody listens on: one clear error line, exit 1.
+
+    scripts/vm_backup.py [--bin target/ci/cairn]
+
+Needs qemu-system-x86 (qemu-system-x86_64) and qemu-utils (qemu-img); installs nothing.
+Prints "vm_backup: N passed, 0 failed"; exits non-zero on any failure.
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import Cairn, Checks, sh  # noqa: E402
+from qemu_helpers import Qmp, need_tools, stop, wait_for  # noqa: E402
+
+CHECKS = Checks()
+ok = CHECKS.ok
+
+DISK = 96 << 20
+BLOCK = 4096
+GRANULE = 64 << 10
+LOG_START = 16 << 20  # the log region of each disk; random writes go below it
+LOG_BLOCKS = (DISK - LOG_START) // BLOCK
+DISKS = ("disk0", "disk1")
+
+
+def log_byte(k):
+    return k % 251 + 1
+
+
+class Vm:
+    """QEMU with two qcow2 disks, a QMP monitor for cairn and one for the writer."""
+
+    def __init__(self, work, agent=False):
+        self.work = work
+        self.qmp_sock = os.path.join(work, "qmp.sock")
+        self.io_sock = os.path.join(work, "io.sock")
+        self.qga_sock = os.path.join(work, "qga.sock")
+        args = ["qemu-system-x86_64", "-machine", "none", "-nodefaults", "-display", "none",
+                "-qmp", f"unix:{self.qmp_sock},server=on,wait=off",
+                "-chardev", f"socket,id=io,path={self.io_sock},server=on,wait=off",
+                "-mon", "chardev=io,mode=control"]
+        for d in DISKS:
+            args += ["-drive", f"if=none,id={d},format=qcow2,file={os.path.join(work, d)}.qcow2"]
+        if agent:
+            # The agent's chardev with no guest behind it: connections are accepted and
+            # nothing ever answers, as with a guest whose agent hangs.
+            args += ["-chardev", f"socket,id=qga0,path={self.qga_sock},server=on,wait=off"]
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        wait_for(self.qmp_sock, self.proc, "qemu-system-x86_64")
+        wait_for(self.io_sock, self.proc, "qemu-system-x86_64")
+        self.io = Qmp(self.io_sock)
+        self.lock = threading.Lock()
+
+    def hmp(self, line):
+        with self.lock:
+            out = self.io.cmd("human-monitor-command", **{"command-line": line})
+        if out.strip() and "wrote" not in out:
+            raise RuntimeError(f"HMP {line}: {out.strip()}")
+        return out
+
+    def write(self, disk, offset, byte, length=BLOCK):
+        self.hmp(f'qemu-io {disk} "write -P {byte} {offset} {length}"')
+
+    def ours(self):
+        """What of cairn's QEMU still holds: (jobs, exports, nodes, bitmaps by disk). Asked on
+        the writer's monitor: a QMP socket serves one client at a time, and cairn holds the
+        other."""
+        with self.lock:
+            q = self.io
+            jobs = [j["device"] for j in q.cmd("query-block-jobs")]
+            exports = [e["id"] for e in q.cmd("query-block-exports")]
+            nodes = [n["node-name"] for n in q.cmd("query-named-block-nodes", flat=True)
+                     if n["node-name"].startswith("cairn-")]
+            bitmaps = {b["device"]: sorted(m.get("name", "") for m in b["inserted"].get("dirty-bitmaps", []) if m.get("name"))
+                       for b in q.cmd("query-block") if "inserted" in b}
+        return jobs, exports, nodes, bitmaps
+
+    def kill(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def stop(self):
+        self.io.close()
+        stop(self.proc)
+
+
+class Writer(threading.Thread):
+    """The guest: log blocks in lock step across both disks, and random blocks below the
+    log region."""
+
+    def __init__(self, vm, start=0):
+        super().__init__(daemon=True)
+        self.vm, self.k, self.rng = vm, start, random.Random(start)
+        self.running = threading.Event()
+        self.running.set()
+        self.quit = False
+        self.error = None
+
+    def run(self):
+        try:
+            while not self.quit and self.k < LOG_BLOCKS:
+                self.running.wait()
+                for d in DISKS:
+                    self.vm.write(d, LOG_START + self.k * BLOCK, log_byte(self.k))
+                if self.k % 8 == 0:
+                    d = DISKS[self.rng.randrange(2)]
+                    self.vm.write(d, self.rng.randrange(LOG_START // BLOCK) * BLOCK,
+                                  self.rng.randrange(1, 256))
+                self.k += 1
+                time.sleep(0.002)
+        except Exception as e:  # noqa: BLE001 - reported by the checks
+            self.error = e
+
+    def finish(self):
+        self.quit = True
+        self.join(30)
+
+
+def log_length(path):
+    """How many leading log blocks of a restored disk hold their log byte."""
+    n = 0
+    with open(path, "rb") as f:
+        f.seek(LOG_START)
+        while n < LOG_BLOCKS:
+            block = f.read(BLOCK)
+            if len(block) < BLOCK or block != bytes([log_byte(n)]) * BLOCK:
+                break
+            n += 1
+    return n
+
+
+class Backups:
+    def __init__(self, cairn, vm, work):
+        self.cairn, self.vm, self.work = cairn, vm, work
+        self.scratch = os.path.join(work, "scratch")
+        os.makedirs(self.scratch, exist_ok=True)
+
+    def flush(self):
+        """Makes QEMU write its cached qcow2 metadata, so that the files can be compared."""
+        for d in DISKS:
+            self.vm.hmp(f'qemu-io {d} "flush"')
+
+    def args(self, *extra):
+        return ["vm", "backup", "web", "--qmp", self.vm.qmp_sock, "--scratch-dir", self.scratch,
+                *extra]
+
+    def run(self, *extra, check=True):
+        p = self.cairn.run("--json", *self.args(*extra), check=check)
+        return (json.loads(p.stdout) if p.returncode == 0 else None), p
+
+    def restore(self, seq):
+        """The disks of web@seq restored: {disk: path}."""
+        show = self.cairn.json("vm", "show", f"web@{seq}")
+        out = {}
+        for d in show["disks"]:
+            path = os.path.join(self.work, f"r{seq}-{d['disk']}.raw")
+            if os.path.exists(path):
+                os.remove(path)
+            self.cairn.run("restore", f"{d['image']}@{d['seq']}", path)
+            out[d["disk"]] = path
+        return out
+
+    def clean_in_qemu(self, what):
+        jobs, exports, nodes, bitmaps = self.vm.ours()
+        ok(not jobs and not exports and not nodes,
+           f"{what}: nothing of cairn's left in QEMU (jobs {jobs}, exports {exports}, "
+           f"nodes {nodes})")
+        for d in DISKS:
+            cps = [b for b in bitmaps.get(d, []) if b.startswith("cairn-")]
+            ok(len(cps) == 1 and cps[0].startswith("cairn-cp-"),
+               f"{what}: one checkpoint bitmap on {d}, not {cps}")
+        left = os.listdir(self.scratch)
+        ok(not left, f"{what}: no scratch file left ({left})")
+
+
+def consistent(paths, what):
+    a, b = log_length(paths["disk0"]), log_length(paths["disk1"])
+    ok(a == b or a == b + 1, f"{what}: the disks are one point in time (disk0 holds {a} log "
+                             f"blocks, disk1 {b})")
+    return a
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="target/ci/cairn")
+    args = ap.parse_args()
+    need_tools("vm_backup", "qemu-system-x86_64", "qemu-img")
+    binary = os.path.abspath(args.bin)
+    work = tempfile.mkdtemp(prefix="cairn-vm-backup-")
+    vm = None
+    try:
+        repo = os.path.join(work, "repo")
+        cairn = Cairn(binary, repo, state=os.path.join(work, "state"), timeout=300)
+        cairn.run("init")
+        for d in DISKS:
+            sh("qemu-img", "create", "-q", "-f", "qcow2", os.path.join(work, f"{d}.qcow2"), DISK)
+        vm = Vm(work)
+        # Some content before the first backup.
+        for i in range(64):
+            vm.write(DISKS[i % 2], i * GRANULE, i + 1, GRANULE)
+        backups = Backups(cairn, vm, work)
+        writer = Writer(vm)
+        writer.start()
+        time.sleep(0.5)
+
+        # 1. First backup while the guest writes: full reads, one point in time.
+        first, _ = backups.run("-m", "first")
+        ok(first["seq"] == 1 and len(first["disks"]) == 2, f"web@1 with two disks: {first}")
+        ok(all(not d["incremental"] and d["full_because"] for d in first["disks"]),
+           "the first backup reads every disk whole, and says why")
+        ok(first["freeze"] == "not_tried", "no guest agent: not frozen, and recorded so")
+        backups.clean_in_qemu("after web@1")
+        counts = {1: consistent(backups.restore(1), "web@1")}
+
+        # 2. Incremental backups while the guest writes.
+        for seq in (2, 3):
+            time.sleep(1.0)
+            out, _ = backups.run()
+            ok(out["seq"] == seq, f"web@{seq} published")
+            ok(all(d["incremental"] for d in out["disks"]), f"web@{seq}: only changes read")
+            counts[seq] = consistent(backups.restore(seq), f"web@{seq}")
+            written = (counts[seq] - counts[seq - 1]) * BLOCK
+            for d in out["disks"]:
+                # Random blocks: one per 8 log blocks, each its own dirty area (a granule).
+                allowed = 1.2 * written + (written // BLOCK // 8 + 2) * GRANULE
+                ok(d["read_bytes"] <= allowed and d["read_bytes"] > 0,
+                   f"web@{seq} {d['disk']}: read {d['read_bytes']} bytes for "
+                   f"{written} written (<= {allowed:.0f})")
+            backups.clean_in_qemu(f"after web@{seq}")
+
+        # 3. kill -9 of cairn while it reads.
+        writer.running.clear()
+        time.sleep(0.1)
+        # Make the read long: a lot of new data on disk0 (rate-limited reads are not an
+        # option of vm backup; the disk's size makes it last).
+        for i in range(LOG_START // GRANULE // 4):
+            vm.write("disk0", i * GRANULE, (i * 7) % 255 + 1, GRANULE)
+        writer.running.set()
+        p = subprocess.Popen([binary, "--repo", repo, "-q", *backups.args("--rate-limit", "2")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=cairn.env)
+        deadline = time.time() + 60
+        while time.time() < deadline and p.poll() is None:
+            _, exports, _, _ = vm.ours()
+            if exports:
+                break
+            time.sleep(0.01)
+        time.sleep(0.5)
+        p.kill()
+        p.wait()
+        log = cairn.json("vm", "log", "web")
+        ok(len(log) == 3, f"a killed backup publishes no VM version ({len(log)} versions)")
+        time.sleep(0.5)
+        out, proc = backups.run()
+        ok(out is not None and out["seq"] == 4, f"the backup after a kill succeeds: {proc.stderr}")
+        ok(p.returncode == -signal.SIGKILL, "cairn was killed while it read")
+        ok("removed what an earlier backup left" in proc.stderr,
+           f"the backup after a kill says what it cleaned up: {proc.stderr.strip()}")
+        ok(all(d["incremental"] for d in out["disks"]),
+           "after a kill the next backup still reads only what changed")
+        counts[4] = consistent(backups.restore(4), "web@4 (after a kill)")
+        backups.clean_in_qemu("after the backup that followed a kill")
+        for d in DISKS:
+            versions = cairn.json("log", f"web/{d}")
+            bound = {x["id"] for v in cairn.json("vm", "log", "web") for x in v["disks"]
+                     if x["disk"] == d}
+            ok({v["id"] for v in versions} == bound,
+               f"web/{d}: every live version belongs to a VM version "
+               f"({len(versions)} live, {len(bound)} bound)")
+
+        # 4. Writer stopped: a backup restores bit for bit to the live disks.
+        writer.finish()
+        ok(writer.error is None, f"the guest's writes all succeeded: {writer.error}")
+        out, _ = backups.run("-m", "quiet")
+        restored = backups.restore(out["seq"])
+        backups.flush()
+        for d in DISKS:
+            cmp = sh("qemu-img", "compare", "-U", "-f", "raw", "-F", "qcow2", restored[d],
+                     os.path.join(work, f"{d}.qcow2"), check=False)
+            ok(cmp.returncode == 0, f"web@{out['seq']} {d} is bit for bit the live disk: "
+                                    f"{cmp.stdout.strip()} {cmp.stderr.strip()}")
+        show = cairn.json("vm", "show", f"web@{out['seq']}")
+        ok(show["message"] == "quiet" and "qemu-system-x86_64" in show["config"],
+           "vm show has the message and the QEMU command line")
+        txt = cairn.run("vm", "log", "web").stdout
+        ok(txt.count("web@") == out["seq"], f"vm log lists every version:\n{txt}")
+
+        # 5. kill -9 of QEMU mid-backup, then QEMU again on the same disks.
+        vm.hmp('qemu-io disk1 "write -P 9 0 8M"')
+        p = subprocess.Popen([binary, "--repo", repo, "-q", *backups.args("--rate-limit", "2")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=cairn.env)
+        deadline = time.time() + 60
+        while time.time() < deadline and p.poll() is None:
+            if vm.ours()[1]:
+                break
+            time.sleep(0.01)
+        time.sleep(0.5)
+        vm.kill()
+        _, err = p.communicate(timeout=120)
+        errors = [x for x in err.splitlines() if x.startswith("cairn: error:")]
+        ok(p.returncode != 0 and len(errors) == 1,
+           f"QEMU killed mid-backup: one error line, exit {p.returncode}: {err.strip()}")
+        n = len(cairn.json("vm", "log", "web"))
+        ok(n == out["seq"], f"QEMU killed mid-backup: nothing published ({n} versions)")
+        vm = Vm(work, agent=True)
+        backups.vm = vm
+        out2, proc = backups.run("--guest-agent", vm.qga_sock, "--agent-timeout", "1")
+        ok(out2 is not None and all(not d["incremental"] for d in out2["disks"]),
+           "after QEMU was killed the next backup reads whole")
+        ok("inconsistent" in proc.stderr or "not in QEMU" in proc.stderr,
+           f"... and says why: {proc.stderr.strip()}")
+        ok(out2["freeze"] == "no_answer" and "guest agent" in proc.stderr,
+           f"a guest agent that never answers: unfrozen, said, recorded: {proc.stderr.strip()}")
+        restored = backups.restore(out2["seq"])
+        backups.flush()
+        for d in DISKS:
+            cmp = sh("qemu-img", "compare", "-U", "-f", "raw", "-F", "qcow2", restored[d],
+                     os.path.join(work, f"{d}.qcow2"), check=False)
+            ok(cmp.returncode == 0, f"web@{out2['seq']} {d} is the live disk after the restart")
+        backups.clean_in_qemu("after QEMU restarted")
+
+        # 6. Removal: a disk version goes with its VM version, never alone.
+        log = cairn.json("vm", "log", "web")
+        oldest = log[-1]
+        disk0 = next(d for d in oldest["disks"] if d["disk"] == "disk0")
+        p = cairn.run("rm", f"web/disk0@{disk0['seq']}", check=False)
+        ok(p.returncode == 1 and f"is a disk of VM version web@{oldest['seq']}" in p.stderr,
+           f"rm of a bound disk version is refused: {p.stderr.strip()}")
+        p = cairn.run("--json", "prune", "web/disk0", "--keep-last", "1", check=False)
+        pruned = json.loads(p.stdout) if p.returncode == 0 else None
+        ok(pruned is not None and len(cairn.json("log", "web/disk0")) == len(log),
+           f"prune keeps every bound disk version: {p.stdout[-300:]} {p.stderr.strip()}")
+        gone = cairn.json("vm", "rm", f"web@{oldest['seq']}")
+        removed = {d["image"] for v in gone["versions"] for d in v["removed_disks"]}
+        ok(removed == {"web/disk0", "web/disk1"} and gone["gc"] is not None,
+           f"vm rm removes the VM version and its disk versions, then frees: {gone}")
+        ok(len(cairn.json("vm", "log", "web")) == len(log) - 1, "vm log no longer lists it")
+        ids = {v["id"] for v in cairn.json("log", "web/disk0")}
+        ok(disk0["id"] not in ids, "its disk version is gone from the image's log")
+
+        # 7. Bad input.
+        p = cairn.run("vm", "backup", "web", "--qmp", os.path.join(work, "nothing.sock"),
+                      check=False)
+        ok(p.returncode == 1 and p.stderr.count("\n") == 1 and "cannot connect" in p.stderr,
+           f"no QMP socket: one line, exit 1: {p.stderr.strip()}")
+        p = cairn.run("vm", "show", "web@x", check=False)
+        ok(p.returncode == 2, f"a bad VM version: usage error: {p.stderr.strip()}")
+        p = cairn.run("verify", check=False)
+        ok(p.returncode == 0, f"verify is clean: {p.stdout[-300:]} {p.stderr.strip()}")
+    finally:
+        if vm is not None:
+            vm.kill()
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"vm_backup: {CHECKS.passed} passed, {CHECKS.failed} failed")
+    sys.exit(1 if CHECKS.failed else 0)
+
+
+if __name__ == "__main__":
+    main()
