@@ -48,7 +48,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checks import Cairn, Checks, sh  # noqa: E402
+from checks import Cairn, Checks, sh, sha  # noqa: E402
 from qemu_helpers import Qmp, need_tools, stop, wait_for  # noqa: E402
 
 CHECKS = Checks()
@@ -323,6 +323,25 @@ def main():
                      os.path.join(work, f"{d}.qcow2"), check=False)
             ok(cmp.returncode == 0, f"web@{out['seq']} {d} is bit for bit the live disk: "
                                     f"{cmp.stdout.strip()} {cmp.stderr.strip()}")
+        # The whole VM restored into a directory, with the command line that runs it there.
+        into = os.path.join(work, "restored-vm")
+        whole = cairn.json("vm", "restore", f"web@{out['seq']}", "--to", into)
+        for d in DISKS:
+            path = os.path.join(into, f"{d}.raw")
+            ok(sha(path) == sha(restored[d]), f"vm restore wrote {d} as restore does")
+            ok(any(f"id={d}," in a and f"file={path},format=raw" in a for a in whole["qemu_args"]),
+               f"the printed command line runs the VM on {path}: {whole['qemu_args']}")
+        p = cairn.run("vm", "restore", f"web@{out['seq']}", "--to", into, check=False)
+        ok(p.returncode != 0 and "exists" in p.stderr,
+           f"vm restore over existing files needs --force: {p.stderr.strip()}")
+        p = cairn.run("vm", "restore", f"web@{out['seq']}", "--to", work, "--format", "qcow2",
+                      "--force", check=False)
+        ok(p.returncode != 0 and "lock" in p.stderr,
+           f"vm restore never writes over the running VM's disks: {p.stderr.strip()}")
+        for d in DISKS:
+            cmp = sh("qemu-img", "compare", "-U", "-f", "raw", "-F", "qcow2", restored[d],
+                     os.path.join(work, f"{d}.qcow2"), check=False)
+            ok(cmp.returncode == 0, f"{d}: the running VM's disk is untouched")
         show = cairn.json("vm", "show", f"web@{out['seq']}")
         ok(show["message"] == "quiet" and "qemu-system-x86_64" in show["config"],
            "vm show has the message and the QEMU command line")

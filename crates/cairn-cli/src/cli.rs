@@ -492,6 +492,31 @@ pub enum VmAction {
     },
     /// List the VMs that have versions.
     List,
+    /// Write every disk of a VM version into a directory, and print the QEMU command line
+    /// that runs the VM on them.
+    ///
+    /// Each disk DISK becomes DIR/DISK.raw (or .qcow2 with --format qcow2), written aside and
+    /// put in place when complete; an existing file needs --force, and a file another
+    /// process holds locked (a running VM's disk) is refused even then. The command line is
+    /// the recorded one with each `-drive id=DISK` pointed at its restored file (other forms,
+    /// such as -blockdev, are named for you to change).
+    ///
+    /// Example: cairn vm restore web01@3 --to /var/lib/vms/web01-restored
+    #[command(verbatim_doc_comment)]
+    Restore {
+        /// VM or VM@N.
+        #[arg(value_name = "VM[@N]")]
+        spec: String,
+        /// The directory to write the disks into (created if missing).
+        #[arg(long, value_name = "DIR")]
+        to: std::path::PathBuf,
+        /// The disks' format.
+        #[arg(long, value_enum, default_value = "raw")]
+        format: VmDiskFormat,
+        /// Replace existing files.
+        #[arg(long)]
+        force: bool,
+    },
     /// Remove VM versions (VM@N ...), and with each the disk versions only it binds.
     ///
     /// A disk version another live VM version binds, or a tag names, stays. The space only
@@ -506,6 +531,12 @@ pub enum VmAction {
         #[arg(long)]
         no_gc: bool,
     },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum VmDiskFormat {
+    Raw,
+    Qcow2,
 }
 
 #[derive(Debug, Args)]

@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod backup;
 pub mod block;
+pub mod config;
 mod error;
 pub mod qmp;
 

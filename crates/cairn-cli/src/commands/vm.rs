@@ -12,7 +12,7 @@ use cairn_vm::backup::{backup, BackupOptions, BackupReport};
 use cairn_vm::VmError;
 use serde_json::{json, Value};
 
-use crate::cli::{VmAction, VmArgs, VmBackupArgs};
+use crate::cli::{VmAction, VmArgs, VmBackupArgs, VmDiskFormat};
 use crate::context::Context;
 use crate::output::{bytes, print_json, time};
 
@@ -23,6 +23,12 @@ pub async fn run(ctx: &Context, args: VmArgs) -> Result<ExitCode> {
         VmAction::Show { spec, config } => show(ctx, &spec, config).await,
         VmAction::List => list(ctx).await,
         VmAction::Rm { versions, no_gc } => rm(ctx, &versions, no_gc).await,
+        VmAction::Restore {
+            spec,
+            to,
+            format,
+            force,
+        } => restore(ctx, &spec, &to, format, force).await,
     }
 }
 
@@ -323,6 +329,93 @@ async fn rm(ctx: &Context, versions: &[String], no_gc: bool) -> Result<ExitCode>
     match &freed {
         Some(r) => outln!("{}", crate::commands::gc::report_line(r)),
         None => outln!("{}", crate::commands::rm::GC_HINT),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn restore(
+    ctx: &Context,
+    spec: &str,
+    dir: &std::path::Path,
+    format: VmDiskFormat,
+    force: bool,
+) -> Result<ExitCode> {
+    use cairn_engine::restore::{restore, RestoreOptions, RestoreTarget};
+    use cairn_vm::config::{qemu_args_on, shell_line, RestoredDisk};
+    let spec = VmSpec::parse(spec)?;
+    let repo = ctx.open_as(SessionKind::Restore).await?;
+    let (id, v) = resolve_vm(&repo, &spec).await?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+    let ext = match format {
+        VmDiskFormat::Raw => "raw",
+        VmDiskFormat::Qcow2 => "qcow2",
+    };
+    let started = std::time::Instant::now();
+    let mut restored = Vec::new();
+    let mut reports = Vec::new();
+    for d in &v.disks {
+        let record = repo.load_version(&d.version).await?;
+        let path = dir.join(format!("{}.{ext}", d.name));
+        let target = match format {
+            VmDiskFormat::Raw => RestoreTarget::Path(path.clone()),
+            VmDiskFormat::Qcow2 => RestoreTarget::Qcow2(path.clone()),
+        };
+        let options = RestoreOptions {
+            force,
+            ..Default::default()
+        };
+        let stats = restore(repo.clone(), &record, target, options).await?;
+        reports.push(json!({
+            "disk": d.name,
+            "image": record.image,
+            "seq": record.seq,
+            "output": path.display().to_string(),
+            "format": ext,
+            "logical_bytes": stats.logical_bytes,
+            "data_bytes": stats.data_bytes,
+            "fetched_bytes": stats.fetched_bytes,
+        }));
+        restored.push(RestoredDisk {
+            name: d.name.clone(),
+            path,
+            format: ext.to_string(),
+        });
+    }
+    let (args, notes) = match v.config_kind {
+        ConfigKind::QemuArgs => qemu_args_on(&v.config, &restored),
+        _ => (
+            Vec::new(),
+            vec!["no QEMU command line was recorded: attach the disks by hand".to_string()],
+        ),
+    };
+    for note in &notes {
+        ctx.warn(note);
+    }
+    if ctx.json {
+        print_json(&json!({
+            "vm": v.vm,
+            "seq": v.seq,
+            "id": id.to_hex(),
+            "disks": reports,
+            "qemu_args": args,
+            "notes": notes,
+            "duration_s": started.elapsed().as_secs_f64(),
+        }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    for (r, d) in reports.iter().zip(&restored) {
+        outln!(
+            "{}@{} -> {} ({})",
+            r["image"].as_str().unwrap_or(""),
+            r["seq"],
+            d.path.display(),
+            bytes(r["logical_bytes"].as_u64().unwrap_or(0))
+        );
+    }
+    if !args.is_empty() {
+        outln!("run it with:");
+        outln!("{}", shell_line(&args));
     }
     Ok(ExitCode::SUCCESS)
 }
