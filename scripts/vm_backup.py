@@ -402,6 +402,18 @@ def main():
         ids = {v["id"] for v in cairn.json("log", "web/disk0")}
         ok(disk0["id"] not in ids, "its disk version is gone from the image's log")
 
+        dry = cairn.json("vm", "prune", "web", "--keep-last", "2", "--dry-run")
+        ok(len(cairn.json("vm", "log", "web")) == len(log) - 1
+           and sum(not v["keep"] for v in dry["versions"]) == len(log) - 3,
+           f"vm prune --dry-run changes nothing: {dry}")
+        cairn.json("vm", "prune", "web", "--keep-last", "2")
+        left = cairn.json("vm", "log", "web")
+        bound = {d["id"] for v in left for d in v["disks"]}
+        live = {v["id"] for d in DISKS for v in cairn.json("log", f"web/{d}")}
+        ok(len(left) == 2 and live == bound,
+           f"vm prune keeps 2 VM versions and exactly their disks ({len(left)}, "
+           f"{len(live)} live disk versions, {len(bound)} bound)")
+
         # 7. Bad input.
         p = cairn.run("vm", "backup", "web", "--qmp", os.path.join(work, "nothing.sock"),
                       check=False)

@@ -492,6 +492,11 @@ pub enum VmAction {
     },
     /// List the VMs that have versions.
     List,
+    /// Remove the VM versions a retention policy does not keep (as `cairn prune` for images),
+    /// each with the disk versions only it binds.
+    ///
+    /// Example: cairn vm prune web01 --keep-daily 7 --keep-weekly 4
+    Prune(VmPruneArgs),
     /// Write every disk of a VM version into a directory, and print the QEMU command line
     /// that runs the VM on them.
     ///
@@ -952,6 +957,19 @@ pub struct PruneArgs {
     /// Prune every image, each with the same policy.
     #[arg(long)]
     pub all: bool,
+    #[command(flatten)]
+    pub keep: KeepArgs,
+    /// Show what would be removed, change nothing.
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+    /// Only record the deletions; leave the space to a later `cairn gc`.
+    #[arg(long)]
+    pub no_gc: bool,
+}
+
+/// A retention policy's rules (restic's `forget --keep-*`).
+#[derive(Debug, Clone, Args)]
+pub struct KeepArgs {
     /// Keep the N newest versions.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub keep_last: u32,
@@ -967,6 +985,30 @@ pub struct PruneArgs {
     /// Keep the newest version of each of the N most recent months with a version.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub keep_monthly: u32,
+}
+
+impl KeepArgs {
+    pub fn policy(&self) -> cairn_engine::retention::KeepPolicy {
+        cairn_engine::retention::KeepPolicy {
+            last: self.keep_last,
+            hourly: self.keep_hourly,
+            daily: self.keep_daily,
+            weekly: self.keep_weekly,
+            monthly: self.keep_monthly,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["vm", "all"])))]
+pub struct VmPruneArgs {
+    /// The VM to prune.
+    pub vm: Option<String>,
+    /// Prune every VM, each with the same policy.
+    #[arg(long)]
+    pub all: bool,
+    #[command(flatten)]
+    pub keep: KeepArgs,
     /// Show what would be removed, change nothing.
     #[arg(short = 'n', long)]
     pub dry_run: bool,

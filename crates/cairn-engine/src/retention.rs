@@ -72,6 +72,31 @@ pub fn plan_retention_named(
     policy: &KeepPolicy,
     tagged: &HashMap<Id, Vec<String>>,
 ) -> Vec<RetentionDecision> {
+    let dated: Vec<Dated> = versions
+        .iter()
+        .map(|(id, r)| Dated {
+            id: *id,
+            seq: r.seq,
+            time_ns: r.time_ns,
+        })
+        .collect();
+    plan_dated(&dated, policy, tagged)
+}
+
+/// A version as retention sees it: what it is, and when it was taken.
+#[derive(Debug, Clone, Copy)]
+pub struct Dated {
+    pub id: Id,
+    pub seq: u64,
+    pub time_ns: i64,
+}
+
+/// [`plan_retention_named`] over any versions (image or VM versions), newest first.
+pub fn plan_dated(
+    versions: &[Dated],
+    policy: &KeepPolicy,
+    tagged: &HashMap<Id, Vec<String>>,
+) -> Vec<RetentionDecision> {
     type BucketFn = fn(i64) -> String;
     let rules: [(&str, u32, BucketFn); 4] = [
         ("hourly", policy.hourly, hour_bucket),
@@ -81,7 +106,7 @@ pub fn plan_retention_named(
     ];
     let mut seen: Vec<HashSet<String>> = vec![HashSet::new(); rules.len()];
     let mut out = Vec::with_capacity(versions.len());
-    for (i, (id, record)) in versions.iter().enumerate() {
+    for (i, v) in versions.iter().enumerate() {
         let mut reasons = Vec::new();
         if (i as u64) < u64::from(policy.last) {
             reasons.push(format!("last {}", i + 1));
@@ -90,13 +115,13 @@ pub fn plan_retention_named(
             if *count == 0 || seen.len() >= *count as usize {
                 continue;
             }
-            let bucket = bucket_of(record.time_ns);
+            let bucket = bucket_of(v.time_ns);
             if !seen.contains(&bucket) {
                 reasons.push(format!("{name} {bucket}"));
                 seen.insert(bucket);
             }
         }
-        if let Some(tags) = tagged.get(id) {
+        if let Some(tags) = tagged.get(&v.id) {
             if tags.is_empty() {
                 reasons.push("tagged".to_string());
             }
@@ -106,8 +131,8 @@ pub fn plan_retention_named(
             }));
         }
         out.push(RetentionDecision {
-            id: *id,
-            seq: record.seq,
+            id: v.id,
+            seq: v.seq,
             keep: !reasons.is_empty(),
             reasons,
         });

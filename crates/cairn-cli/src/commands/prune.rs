@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Result};
 use cairn_engine::resolve::history;
-use cairn_engine::retention::{prune, KeepPolicy};
+use cairn_engine::retention::prune;
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
 use serde_json::{json, Value};
@@ -18,13 +18,7 @@ use crate::context::Context;
 use crate::output::{print_json, time};
 
 pub async fn run(ctx: &Context, args: PruneArgs) -> Result<ExitCode> {
-    let policy = KeepPolicy {
-        last: args.keep_last,
-        hourly: args.keep_hourly,
-        daily: args.keep_daily,
-        weekly: args.keep_weekly,
-        monthly: args.keep_monthly,
-    };
+    let policy = args.keep.policy();
     if policy.is_empty() {
         bail!("refusing to remove every version: give at least one --keep-* option");
     }

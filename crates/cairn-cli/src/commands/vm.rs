@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Result;
-use cairn_engine::vm::{remove_vm_versions, resolve_vm, vm_history, VmSpec};
+use cairn_engine::vm::{prune_vm, remove_vm_versions, resolve_vm, vm_history, VmSpec};
 use cairn_format::vm::{ConfigKind, Freeze, VmVersion};
 use cairn_format::Id;
 use cairn_repo::SessionKind;
@@ -12,7 +12,7 @@ use cairn_vm::backup::{backup, BackupOptions, BackupReport};
 use cairn_vm::VmError;
 use serde_json::{json, Value};
 
-use crate::cli::{VmAction, VmArgs, VmBackupArgs, VmDiskFormat};
+use crate::cli::{VmAction, VmArgs, VmBackupArgs, VmDiskFormat, VmPruneArgs};
 use crate::context::Context;
 use crate::output::{bytes, print_json, time};
 
@@ -23,6 +23,7 @@ pub async fn run(ctx: &Context, args: VmArgs) -> Result<ExitCode> {
         VmAction::Show { spec, config } => show(ctx, &spec, config).await,
         VmAction::List => list(ctx).await,
         VmAction::Rm { versions, no_gc } => rm(ctx, &versions, no_gc).await,
+        VmAction::Prune(args) => prune(ctx, args).await,
         VmAction::Restore {
             spec,
             to,
@@ -416,6 +417,57 @@ async fn restore(
     if !args.is_empty() {
         outln!("run it with:");
         outln!("{}", shell_line(&args));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn prune(ctx: &Context, args: VmPruneArgs) -> Result<ExitCode> {
+    let policy = args.keep.policy();
+    if policy.is_empty() {
+        return Err(cairn_engine::EngineError::BadInput(
+            "refusing to remove every VM version: give at least one --keep-* option".into(),
+        )
+        .into());
+    }
+    let repo = ctx.open_as(SessionKind::Edit).await?;
+    let vms = match &args.vm {
+        Some(vm) => vec![vm.clone()],
+        None => repo.vms().await?,
+    };
+    let (mut rows, mut removed) = (Vec::new(), 0usize);
+    for vm in &vms {
+        for (d, time_ns) in prune_vm(&repo, vm, &policy, args.dry_run).await? {
+            removed += usize::from(!d.keep);
+            if ctx.json {
+                rows.push(json!({
+                    "vm": vm, "seq": d.seq, "id": d.id.to_hex(), "time": time(time_ns),
+                    "keep": d.keep, "reasons": d.reasons,
+                }));
+            } else {
+                outln!(
+                    "{:<6} {vm}@{:<4} {}  {}  {}",
+                    if d.keep { "keep" } else { "remove" },
+                    d.seq,
+                    d.id.short(),
+                    time(time_ns),
+                    d.reasons.join(", ")
+                );
+            }
+        }
+    }
+    let freed = match args.dry_run || args.no_gc || removed == 0 {
+        true => None,
+        false => crate::commands::gc::free_deleted(ctx, &repo).await,
+    };
+    if ctx.json {
+        print_json(&json!({
+            "versions": rows,
+            "gc": freed.as_ref().map(crate::commands::gc::report_json),
+        }));
+    } else if let Some(r) = &freed {
+        outln!("{}", crate::commands::gc::report_line(r));
+    } else if args.dry_run {
+        outln!("dry run: nothing was changed");
     }
     Ok(ExitCode::SUCCESS)
 }

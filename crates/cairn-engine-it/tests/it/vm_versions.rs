@@ -10,8 +10,8 @@ use crate::gc_format2::{init, open};
 use cairn_engine::resolve::{history, VersionSpec};
 use cairn_engine::retention::{prune, KeepPolicy};
 use cairn_engine::vm::{
-    bound_disk_versions, discard_disks, latest_vm, publish_vm, remove_vm_versions, resolve_vm,
-    unbound_disk_versions, vm_history, NewVmVersion, VmSpec, DISK_MESSAGE_PREFIX,
+    bound_disk_versions, discard_disks, latest_vm, prune_vm, publish_vm, remove_vm_versions,
+    resolve_vm, unbound_disk_versions, vm_history, NewVmVersion, VmSpec, DISK_MESSAGE_PREFIX,
 };
 use cairn_engine::EngineError;
 use cairn_format::vm::{ConfigKind, Freeze, VmDisk};
@@ -191,4 +191,35 @@ async fn disk_versions_of_an_interrupted_backup_are_found_and_discarded() {
             .unwrap()
             .is_empty()
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn vm_retention_removes_whole_vm_versions() {
+    let store = Arc::new(MemoryStore::new());
+    init(store.clone(), false).await;
+    let repo = open(&store).await;
+    for seed in 1..=3 {
+        let d = vec![disk(&repo, "disk0", seed).await];
+        publish_vm(&repo, new_version(d, "v")).await.unwrap();
+    }
+    let policy = KeepPolicy {
+        last: 1,
+        ..Default::default()
+    };
+    let dry = prune_vm(&repo, "web", &policy, true).await.unwrap();
+    assert_eq!(dry.iter().filter(|(d, _)| d.keep).count(), 1);
+    assert_eq!(vm_history(&repo, "web").await.unwrap().len(), 3);
+    prune_vm(&repo, "web", &policy, false).await.unwrap();
+    let left = vm_history(&repo, "web").await.unwrap();
+    assert_eq!(left.iter().map(|(_, v)| v.seq).collect::<Vec<_>>(), [3]);
+    let disks: Vec<u64> = history(&repo, "web/disk0")
+        .await
+        .unwrap()
+        .iter()
+        .map(|(_, r)| r.seq)
+        .collect();
+    assert_eq!(disks, [3]);
+    assert!(prune_vm(&repo, "web", &KeepPolicy::default(), false)
+        .await
+        .is_err());
 }

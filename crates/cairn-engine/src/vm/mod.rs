@@ -274,3 +274,47 @@ pub async fn discard_disks(repo: &Repo, versions: &[(Id, VersionRecord)]) -> Eng
     }
     Ok(())
 }
+
+/// Applies `policy` to the live versions of VM `vm` and, unless `dry_run`, removes the ones
+/// it does not keep (each with the disk versions only it binds). Every decision, newest first,
+/// with the version's time.
+pub async fn prune_vm(
+    repo: &Repo,
+    vm: &str,
+    policy: &crate::retention::KeepPolicy,
+    dry_run: bool,
+) -> EngineResult<Vec<(crate::retention::RetentionDecision, i64)>> {
+    use crate::retention::{plan_dated, Dated};
+    if policy.is_empty() {
+        return Err(EngineError::BadInput(format!(
+            "refusing to remove every version of VM {vm:?}: the retention policy keeps nothing"
+        )));
+    }
+    let versions = vm_history(repo, vm).await?;
+    let dated: Vec<Dated> = versions
+        .iter()
+        .map(|(id, v)| Dated {
+            id: *id,
+            seq: v.seq,
+            time_ns: v.time_ns,
+        })
+        .collect();
+    let decisions = plan_dated(&dated, policy, &HashMap::new());
+    if !dry_run {
+        let doomed: Vec<VmSpec> = decisions
+            .iter()
+            .filter(|d| !d.keep)
+            .map(|d| VmSpec {
+                vm: vm.to_string(),
+                seq: Some(d.seq),
+            })
+            .collect();
+        if !doomed.is_empty() {
+            remove_vm_versions(repo, &doomed).await?;
+        }
+    }
+    Ok(decisions
+        .into_iter()
+        .zip(versions.iter().map(|(_, v)| v.time_ns))
+        .collect())
+}
