@@ -263,6 +263,9 @@ def main():
             ok(out["seq"] == seq, f"web@{seq} published")
             ok(all(d["incremental"] for d in out["disks"]), f"web@{seq}: only changes read")
             counts[seq] = consistent(backups.restore(seq), f"web@{seq}")
+            vd = cairn.json("vm", "diff", f"web@{seq - 1}", f"web@{seq}")
+            ok(all(d["status"] == "changed" and 0 < d["changed_bytes"] for d in vd["disks"])
+               and not vd["config_changed"], f"vm diff web@{seq - 1} web@{seq}: {vd}")
             written = (counts[seq] - counts[seq - 1]) * BLOCK
             for d in out["disks"]:
                 # Random blocks: one per 8 log blocks, each its own dirty area (a granule).

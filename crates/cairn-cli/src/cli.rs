@@ -497,6 +497,18 @@ pub enum VmAction {
     ///
     /// Example: cairn vm prune web01 --keep-daily 7 --keep-weekly 4
     Prune(VmPruneArgs),
+    /// What changed between two VM versions: per disk the changed bytes (as `cairn diff`),
+    /// disks added or removed, and whether the configuration changed.
+    ///
+    /// Example: cairn vm diff web01@3 web01@5
+    Diff {
+        /// VM@N (older).
+        #[arg(value_name = "A")]
+        a: String,
+        /// VM@N (newer), or VM for its newest version.
+        #[arg(value_name = "B")]
+        b: String,
+    },
     /// Write every disk of a VM version into a directory, and print the QEMU command line
     /// that runs the VM on them.
     ///

@@ -24,6 +24,7 @@ pub async fn run(ctx: &Context, args: VmArgs) -> Result<ExitCode> {
         VmAction::List => list(ctx).await,
         VmAction::Rm { versions, no_gc } => rm(ctx, &versions, no_gc).await,
         VmAction::Prune(args) => prune(ctx, args).await,
+        VmAction::Diff { a, b } => diff(ctx, &a, &b).await,
         VmAction::Restore {
             spec,
             to,
@@ -468,6 +469,74 @@ async fn prune(ctx: &Context, args: VmPruneArgs) -> Result<ExitCode> {
         outln!("{}", crate::commands::gc::report_line(r));
     } else if args.dry_run {
         outln!("dry run: nothing was changed");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn diff(ctx: &Context, a: &str, b: &str) -> Result<ExitCode> {
+    let (sa, sb) = (VmSpec::parse(a)?, VmSpec::parse(b)?);
+    let repo = ctx.open().await?;
+    let (ida, va) = resolve_vm(&repo, &sa).await?;
+    let (idb, vb) = resolve_vm(&repo, &sb).await?;
+    let mut disks = Vec::new();
+    for d in &vb.disks {
+        let rb = repo.load_version(&d.version).await?;
+        match va.disks.iter().find(|x| x.name == d.name) {
+            None => disks.push(json!({"disk": d.name, "status": "added",
+                                      "b_seq": d.seq, "b_size_bytes": rb.logical_size})),
+            Some(old) => {
+                let ra = repo.load_version(&old.version).await?;
+                let r = cairn_engine::diff::diff(&repo, &ra, &rb).await?;
+                disks.push(json!({
+                    "disk": d.name,
+                    "status": if r.changed_bytes == 0 && ra.logical_size == rb.logical_size {
+                        "same"
+                    } else {
+                        "changed"
+                    },
+                    "a_seq": old.seq, "b_seq": d.seq,
+                    "changed_bytes": r.changed_bytes,
+                    "ranges": r.ranges.len(),
+                    "a_size_bytes": ra.logical_size, "b_size_bytes": rb.logical_size,
+                }));
+            }
+        }
+    }
+    for d in va
+        .disks
+        .iter()
+        .filter(|x| !vb.disks.iter().any(|y| y.name == x.name))
+    {
+        disks.push(json!({"disk": d.name, "status": "removed", "a_seq": d.seq}));
+    }
+    let config_changed = va.config != vb.config;
+    if ctx.json {
+        print_json(&json!({
+            "a": {"vm": va.vm, "seq": va.seq, "id": ida.to_hex()},
+            "b": {"vm": vb.vm, "seq": vb.seq, "id": idb.to_hex()},
+            "disks": disks,
+            "config_changed": config_changed,
+        }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    outln!("{}@{} -> {}@{}", va.vm, va.seq, vb.vm, vb.seq);
+    for d in &disks {
+        let name = d["disk"].as_str().unwrap_or("");
+        match d["status"].as_str() {
+            Some("added") => outln!("  {name}: added"),
+            Some("removed") => outln!("  {name}: removed"),
+            Some("same") => outln!("  {name}: unchanged (@{} -> @{})", d["a_seq"], d["b_seq"]),
+            _ => outln!(
+                "  {name}: {} changed in {} range(s) (@{} -> @{})",
+                bytes(d["changed_bytes"].as_u64().unwrap_or(0)),
+                d["ranges"],
+                d["a_seq"],
+                d["b_seq"]
+            ),
+        }
+    }
+    if config_changed {
+        outln!("  config: changed (`cairn vm show --config` shows each)");
     }
     Ok(ExitCode::SUCCESS)
 }
