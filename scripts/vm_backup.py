@@ -405,6 +405,17 @@ def main():
         ids = {v["id"] for v in cairn.json("log", "web/disk0")}
         ok(disk0["id"] not in ids, "its disk version is gone from the image's log")
 
+        # A tagged VM version is kept by vm rm and vm prune, and named by its tag.
+        oldest = cairn.json("vm", "log", "web")[-1]
+        cairn.run("vm", "tag", f"web@{oldest['seq']}", "keep-me")
+        ok(cairn.json("vm", "show", "web@keep-me")["id"] == oldest["id"], "web@TAG names it")
+        p = cairn.run("vm", "rm", "web@keep-me", check=False)
+        ok(p.returncode == 1 and "vm tag --delete web keep-me" in p.stderr,
+           f"vm rm of a tagged VM version is refused: {p.stderr.strip()}")
+        dry = cairn.json("vm", "prune", "web", "--keep-last", "2", "--dry-run")
+        ok(next(v for v in dry["versions"] if v["seq"] == oldest["seq"])["reasons"]
+           == ["tagged keep-me"], f"prune keeps the tagged VM version: {dry}")
+        cairn.run("vm", "tag", "--delete", "web", "keep-me")
         dry = cairn.json("vm", "prune", "web", "--keep-last", "2", "--dry-run")
         ok(len(cairn.json("vm", "log", "web")) == len(log) - 1
            and sum(not v["keep"] for v in dry["versions"]) == len(log) - 3,
@@ -422,7 +433,7 @@ def main():
                       check=False)
         ok(p.returncode == 1 and p.stderr.count("\n") == 1 and "cannot connect" in p.stderr,
            f"no QMP socket: one line, exit 1: {p.stderr.strip()}")
-        p = cairn.run("vm", "show", "web@x", check=False)
+        p = cairn.run("vm", "show", "web@.x", check=False)
         ok(p.returncode == 2, f"a bad VM version: usage error: {p.stderr.strip()}")
         p = cairn.run("verify", check=False)
         ok(p.returncode == 0, f"verify is clean: {p.stdout[-300:]} {p.stderr.strip()}")

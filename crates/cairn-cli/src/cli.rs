@@ -492,6 +492,20 @@ pub enum VmAction {
     },
     /// List the VMs that have versions.
     List,
+    /// Name a VM version (VM@NAME then works wherever a VM version is expected), or delete a
+    /// name (--delete VM NAME). A tagged VM version is kept by `vm rm` and `vm prune`.
+    ///
+    /// Examples: cairn vm tag web01@3 before-upgrade · cairn vm tag --delete web01 before-upgrade
+    Tag {
+        /// VM@N to name (or, with --delete, the VM).
+        #[arg(value_name = "VM[@N]")]
+        spec: String,
+        /// The tag: 1-80 of A-Z a-z 0-9 . _ + - (not only digits).
+        name: String,
+        /// Delete the tag instead.
+        #[arg(long)]
+        delete: bool,
+    },
     /// Remove the VM versions a retention policy does not keep (as `cairn prune` for images),
     /// each with the disk versions only it binds.
     ///

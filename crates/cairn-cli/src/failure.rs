@@ -134,9 +134,9 @@ pub fn kind_of(e: &anyhow::Error) -> Kind {
                     EngineError::NotFound(_) => Some(Kind::NOT_FOUND),
                     EngineError::Exists(_) => Some(Kind::EXISTS),
                     EngineError::BadInput(_) | EngineError::Name(_) => Some(Kind::USAGE),
-                    EngineError::Tagged { .. } | EngineError::BoundToVm { .. } => {
-                        Some(Kind::REFUSED)
-                    }
+                    EngineError::Tagged { .. }
+                    | EngineError::VmTagged { .. }
+                    | EngineError::BoundToVm { .. } => Some(Kind::REFUSED),
                     EngineError::ReadOnlyFormat { .. } => Some(Kind::UNSUPPORTED),
                     _ => None, // a typed source further down may say more
                 };

@@ -105,6 +105,15 @@ pub enum EngineError {
         version: String,
         tag: String,
     },
+    /// A tag names the VM version.
+    #[error(
+        "{version} is tagged as {tag}; delete the tag first (`cairn vm tag --delete {vm} {tag}`)"
+    )]
+    VmTagged {
+        version: String,
+        vm: String,
+        tag: String,
+    },
     /// The version is a disk of a live VM version: it goes with that VM version.
     #[error(
         "{version} is a disk of VM version {vm_version}; remove the VM version instead \

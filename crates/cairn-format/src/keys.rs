@@ -149,6 +149,8 @@ pub const HEADS: &str = "heads/";
 pub const TAGS: &str = "tags/";
 /// VM heads: `vm-heads/<escaped VM name>` names a VM's newest version.
 pub const VM_HEADS: &str = "vm-heads/";
+/// VM tags: `vm-tags/<escaped VM name>/<escaped tag>`.
+pub const VM_TAGS: &str = "vm-tags/";
 /// Sessions of running processes: `sessions/<random hex>`.
 pub const SESSIONS: &str = "sessions/";
 /// The GC lock: the session key of the GC holding it.
@@ -162,6 +164,15 @@ pub fn head(image: &str) -> String {
 
 pub fn vm_head(vm: &str) -> String {
     format!("{VM_HEADS}{}", escape(vm))
+}
+
+/// Prefix of every tag of VM `vm`: `vm-tags/<escaped VM>/`.
+pub fn vm_tags_of(vm: &str) -> String {
+    format!("{VM_TAGS}{}/", escape(vm))
+}
+
+pub fn vm_tag(vm: &str, tag: &str) -> String {
+    format!("{}{}", vm_tags_of(vm), escape(tag))
 }
 
 /// Prefix of every tag of `image`: `tags/<escaped image>/`.

@@ -32,42 +32,62 @@ impl Repo {
     /// Creates a tag; fails if it exists already (tags never move silently).
     pub async fn create_tag(&self, image: &str, tag: &str, version: &Id) -> RepoResult<()> {
         validate_tag_name(tag).map_err(|e| RepoError::BadInput(e.to_string()))?;
-        let outcome = self
-            .store()
-            .cas_ref(
-                &keys::tag(image, tag),
-                None,
-                Some(Bytes::from(refs::encode(version))),
-            )
-            .await?;
-        match outcome {
-            CasOutcome::Swapped { .. } => Ok(()),
-            CasOutcome::Conflict { .. } => Err(RepoError::Exists(format!(
-                "tag {tag:?} of image {image:?} already exists (delete it first)"
-            ))),
-        }
+        self.create_tag_at(&keys::tag(image, tag), version, || {
+            format!("tag {tag:?} of image {image:?} already exists (delete it first)")
+        })
+        .await
     }
 
     /// Deletes a tag; fails if it does not exist.
     pub async fn delete_tag(&self, image: &str, tag: &str) -> RepoResult<()> {
         validate_tag_name(tag).map_err(|e| RepoError::BadInput(e.to_string()))?;
-        let key = keys::tag(image, tag);
-        let Some(state) = self.store().read_ref(&key).await? else {
-            return Err(RepoError::NotFound(format!(
-                "image {image:?} has no tag {tag:?}"
-            )));
-        };
-        self.store()
-            .cas_ref(&key, Some(&state.version), None)
-            .await?;
-        Ok(())
+        self.delete_tag_at(&keys::tag(image, tag), || {
+            format!("image {image:?} has no tag {tag:?}")
+        })
+        .await
     }
 
     /// Every tag of `image` as (name, version), sorted by name.
     pub async fn tags(&self, image: &str) -> RepoResult<Vec<(String, Id)>> {
-        let prefix = keys::tags_of(image);
+        self.tags_under(&keys::tags_of(image)).await
+    }
+
+    /// Creates the tag ref `key` from "absent"; `exists` says why when it is there already.
+    pub(crate) async fn create_tag_at(
+        &self,
+        key: &str,
+        version: &Id,
+        exists: impl FnOnce() -> String,
+    ) -> RepoResult<()> {
+        let outcome = self
+            .store()
+            .cas_ref(key, None, Some(Bytes::from(refs::encode(version))))
+            .await?;
+        match outcome {
+            CasOutcome::Swapped { .. } => Ok(()),
+            CasOutcome::Conflict { .. } => Err(RepoError::Exists(exists())),
+        }
+    }
+
+    /// Deletes the tag ref `key`; `missing` says why when it is not there.
+    pub(crate) async fn delete_tag_at(
+        &self,
+        key: &str,
+        missing: impl FnOnce() -> String,
+    ) -> RepoResult<()> {
+        let Some(state) = self.store().read_ref(key).await? else {
+            return Err(RepoError::NotFound(missing()));
+        };
+        self.store()
+            .cas_ref(key, Some(&state.version), None)
+            .await?;
+        Ok(())
+    }
+
+    /// Every tag ref under `prefix` as (tag name, version), sorted by name.
+    pub(crate) async fn tags_under(&self, prefix: &str) -> RepoResult<Vec<(String, Id)>> {
         let mut out = Vec::new();
-        for key in self.store().list_refs(&prefix).await? {
+        for key in self.store().list_refs(prefix).await? {
             let name = keys::tag_from_key(&key);
             if let Some(state) = self.store().read_ref(&key).await? {
                 let id = refs::decode(&state.data)

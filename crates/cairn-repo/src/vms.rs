@@ -8,7 +8,7 @@ use cairn_format::id_hash::IdSet;
 use cairn_format::keys;
 use cairn_format::marker::encode_deleted;
 use cairn_format::name::unescape;
-use cairn_format::refs;
+use cairn_format::refs::{self, validate_tag_name};
 use cairn_format::vm::VmVersion;
 use cairn_format::Id;
 use cairn_store::{CasOutcome, PutOutcome, StoreError};
@@ -135,5 +135,29 @@ impl Repo {
             }
         }
         Ok(out)
+    }
+
+    /// Names VM version `version` `tag`; fails if the VM has that tag already (tags never
+    /// move silently).
+    pub async fn create_vm_tag(&self, vm: &str, tag: &str, version: &Id) -> RepoResult<()> {
+        validate_tag_name(tag).map_err(|e| RepoError::BadInput(e.to_string()))?;
+        self.create_tag_at(&keys::vm_tag(vm, tag), version, || {
+            format!("tag {tag:?} of VM {vm:?} already exists (delete it first)")
+        })
+        .await
+    }
+
+    /// Deletes a VM's tag; fails if it does not exist.
+    pub async fn delete_vm_tag(&self, vm: &str, tag: &str) -> RepoResult<()> {
+        validate_tag_name(tag).map_err(|e| RepoError::BadInput(e.to_string()))?;
+        self.delete_tag_at(&keys::vm_tag(vm, tag), || {
+            format!("VM {vm:?} has no tag {tag:?}")
+        })
+        .await
+    }
+
+    /// Every tag of VM `vm` as (name, VM version), sorted by name.
+    pub async fn vm_tags(&self, vm: &str) -> RepoResult<Vec<(String, Id)>> {
+        self.tags_under(&keys::vm_tags_of(vm)).await
     }
 }

@@ -25,6 +25,7 @@ pub async fn run(ctx: &Context, args: VmArgs) -> Result<ExitCode> {
         VmAction::Rm { versions, no_gc } => rm(ctx, &versions, no_gc).await,
         VmAction::Prune(args) => prune(ctx, args).await,
         VmAction::Diff { a, b } => diff(ctx, &a, &b).await,
+        VmAction::Tag { spec, name, delete } => tag(ctx, &spec, &name, delete).await,
         VmAction::Restore {
             spec,
             to,
@@ -191,9 +192,23 @@ async fn log(ctx: &Context, vm: &str) -> Result<ExitCode> {
         .map_err(|e| anyhow::anyhow!(cairn_engine::EngineError::from(e)))?;
     let repo = ctx.open().await?;
     let versions = vm_history(&repo, vm).await?;
+    let tags = repo.vm_tags(vm).await?;
+    let tags_of = |id: &Id| -> Vec<String> {
+        tags.iter()
+            .filter(|(_, t)| t == id)
+            .map(|(n, _)| n.clone())
+            .collect()
+    };
     if ctx.json {
         print_json(&Value::Array(
-            versions.iter().map(|(id, v)| vm_json(id, v)).collect(),
+            versions
+                .iter()
+                .map(|(id, v)| {
+                    let mut j = vm_json(id, v);
+                    j["tags"] = json!(tags_of(id));
+                    j
+                })
+                .collect(),
         ));
         return Ok(ExitCode::SUCCESS);
     }
@@ -203,8 +218,13 @@ async fn log(ctx: &Context, vm: &str) -> Result<ExitCode> {
             .iter()
             .map(|d| format!("{}@{}", d.name, d.seq))
             .collect();
+        let names = tags_of(id);
+        let tag_text = match names.is_empty() {
+            true => String::new(),
+            false => format!("({}) ", names.join(", ")),
+        };
         outln!(
-            "{}@{:<4} {}  {}  {}  [{}]  {}",
+            "{}@{:<4} {}  {}  {}  [{}]  {tag_text}{}",
             v.vm,
             v.seq,
             id.short(),
@@ -537,6 +557,38 @@ async fn diff(ctx: &Context, a: &str, b: &str) -> Result<ExitCode> {
     }
     if config_changed {
         outln!("  config: changed (`cairn vm show --config` shows each)");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn tag(ctx: &Context, spec: &str, name: &str, delete: bool) -> Result<ExitCode> {
+    let spec = VmSpec::parse(spec)?;
+    let repo = ctx.open_as(SessionKind::Edit).await?;
+    if delete {
+        if spec.is_pinned() {
+            return Err(cairn_engine::EngineError::BadInput(format!(
+                "--delete takes the VM and the tag name (`cairn vm tag --delete {} {name}`), \
+                 not {spec}",
+                spec.vm
+            ))
+            .into());
+        }
+        repo.delete_vm_tag(&spec.vm, name).await?;
+        if ctx.json {
+            print_json(&json!({"vm": spec.vm, "tag": name, "deleted": true}));
+        } else {
+            outln!("deleted tag {name} of VM {}", spec.vm);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (id, v) = resolve_vm(&repo, &spec).await?;
+    repo.create_vm_tag(&v.vm, name, &id).await?;
+    if ctx.json {
+        let mut j = vm_json(&id, &v);
+        j["tag"] = json!(name);
+        print_json(&j);
+    } else {
+        outln!("tagged {}@{} ({}) as {name}", v.vm, v.seq, id.short());
     }
     Ok(ExitCode::SUCCESS)
 }

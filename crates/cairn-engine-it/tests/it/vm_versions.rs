@@ -69,7 +69,7 @@ async fn vm_round_trip(encrypted: bool) {
     assert_eq!(log[0].1.disks, d2);
     let spec = VmSpec::parse("web@1").unwrap();
     assert_eq!(resolve_vm(&repo, &spec).await.unwrap().0, id1);
-    assert!(VmSpec::parse("web@x").is_err() && VmSpec::parse("web@0").is_err());
+    assert!(VmSpec::parse("web@.x").is_err() && VmSpec::parse("web@0").is_err());
     assert!(matches!(
         resolve_vm(&repo, &VmSpec::parse("web@9").unwrap()).await,
         Err(EngineError::NotFound(_))
@@ -206,6 +206,26 @@ async fn vm_retention_removes_whole_vm_versions() {
         last: 1,
         ..Default::default()
     };
+    // A tag names web@1 and keeps it.
+    let (first, _) = resolve_vm(&repo, &VmSpec::numbered("web", 1))
+        .await
+        .unwrap();
+    repo.create_vm_tag("web", "gold", &first).await.unwrap();
+    assert_eq!(
+        resolve_vm(&repo, &VmSpec::parse("web@gold").unwrap())
+            .await
+            .unwrap()
+            .0,
+        first
+    );
+    let refused = remove_vm_versions(&repo, &[VmSpec::parse("web@gold").unwrap()]).await;
+    assert!(
+        matches!(refused, Err(EngineError::VmTagged { .. })),
+        "{refused:?}"
+    );
+    let dry = prune_vm(&repo, "web", &policy, true).await.unwrap();
+    assert_eq!(dry.iter().filter(|(d, _)| d.keep).count(), 2);
+    repo.delete_vm_tag("web", "gold").await.unwrap();
     let dry = prune_vm(&repo, "web", &policy, true).await.unwrap();
     assert_eq!(dry.iter().filter(|(d, _)| d.keep).count(), 1);
     assert_eq!(vm_history(&repo, "web").await.unwrap().len(), 3);

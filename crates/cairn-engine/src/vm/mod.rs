@@ -21,32 +21,71 @@ use crate::error::{EngineError, EngineResult};
 /// Publication attempts when other backups of the same VM move its head meanwhile.
 const PUBLISH_ATTEMPTS: u32 = 8;
 
-/// A parsed `VM[@N]`: the newest version, or the version with sequence number N.
+/// A parsed `VM[@N|@TAG]`: the newest version, the version with sequence number N, or the
+/// version a tag of the VM names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VmSpec {
     pub vm: String,
     pub seq: Option<u64>,
+    pub tag: Option<String>,
 }
 
 impl VmSpec {
     pub fn parse(spec: &str) -> EngineResult<VmSpec> {
-        let (vm, seq) = match spec.split_once('@') {
-            None => (spec, None),
-            Some((vm, n)) => match n.parse::<u64>() {
-                Ok(n) if n > 0 && !n.to_string().is_empty() => (vm, Some(n)),
-                _ => {
-                    return Err(EngineError::BadInput(format!(
-                        "{spec:?}: a VM version is VM@N, N its sequence number (`cairn vm log \
-                         {vm}` lists them)"
-                    )))
+        let (vm, seq, tag) = match spec.split_once('@') {
+            None => (spec, None, None),
+            Some((vm, r))
+                if !r.is_empty() && r.len() <= 12 && r.bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                match r.parse::<u64>() {
+                    Ok(n) if n > 0 => (vm, Some(n), None),
+                    _ => {
+                        return Err(EngineError::BadInput(format!(
+                            "{spec:?}: VM versions are numbered from 1 (`cairn vm log {vm}` \
+                             lists them)"
+                        )))
+                    }
                 }
-            },
+            }
+            Some((vm, r)) => {
+                cairn_format::refs::validate_tag_name(r).map_err(|e| {
+                    EngineError::BadInput(format!(
+                        "{spec:?}: a VM version is VM@N (its sequence number) or VM@TAG: {e}"
+                    ))
+                })?;
+                (vm, None, Some(r.to_string()))
+            }
         };
         cairn_format::name::validate_image_name(vm)?;
         Ok(VmSpec {
             vm: vm.to_string(),
             seq,
+            tag,
         })
+    }
+
+    /// The version with sequence number `seq` of `vm`.
+    pub fn numbered(vm: &str, seq: u64) -> VmSpec {
+        VmSpec {
+            vm: vm.to_string(),
+            seq: Some(seq),
+            tag: None,
+        }
+    }
+
+    /// Whether the spec names one version rather than "the newest".
+    pub fn is_pinned(&self) -> bool {
+        self.seq.is_some() || self.tag.is_some()
+    }
+}
+
+impl std::fmt::Display for VmSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.seq, &self.tag) {
+            (Some(n), _) => write!(f, "{}@{n}", self.vm),
+            (None, Some(t)) => write!(f, "{}@{t}", self.vm),
+            (None, None) => f.write_str(&self.vm),
+        }
     }
 }
 
@@ -167,7 +206,7 @@ pub async fn remove_vm_versions(
     EngineError::ensure_writable(repo, "vm rm")?;
     let mut targets: Vec<(Id, VmVersion)> = Vec::new();
     for spec in specs {
-        if spec.seq.is_none() {
+        if !spec.is_pinned() {
             return Err(EngineError::BadInput(format!(
                 "{}: name the versions to remove (VM@N; `cairn vm log {}` lists them)",
                 spec.vm, spec.vm
@@ -176,6 +215,20 @@ pub async fn remove_vm_versions(
         let target = resolve_vm(repo, spec).await?;
         if !targets.iter().any(|(id, _)| *id == target.0) {
             targets.push(target);
+        }
+    }
+    for (id, record) in &targets {
+        if let Some((tag, _)) = repo
+            .vm_tags(&record.vm)
+            .await?
+            .into_iter()
+            .find(|(_, t)| t == id)
+        {
+            return Err(EngineError::VmTagged {
+                version: format!("{}@{}", record.vm, record.seq),
+                vm: record.vm.clone(),
+                tag,
+            });
         }
     }
     let (tags, _) = repo.all_tag_targets_checked().await?;
@@ -204,21 +257,39 @@ pub async fn remove_vm_versions(
     Ok(out)
 }
 
-/// The VM version `spec` names.
+/// The VM version `spec` names (a live one: deleted versions cannot be named).
 pub async fn resolve_vm(repo: &Repo, spec: &VmSpec) -> EngineResult<(Id, VmVersion)> {
     let history = vm_history(repo, &spec.vm).await?;
-    match spec.seq {
-        None => Ok(history.into_iter().next().expect("a head has a record")),
-        Some(n) => history
+    let tagged = match &spec.tag {
+        None => None,
+        Some(tag) => match repo
+            .vm_tags(&spec.vm)
+            .await?
             .into_iter()
-            .find(|(_, v)| v.seq == n)
-            .ok_or_else(|| {
-                EngineError::NotFound(format!(
-                    "{}@{n}: no such VM version (`cairn vm log {}` lists them)",
+            .find(|(t, _)| t == tag)
+        {
+            Some((_, id)) => Some(id),
+            None => {
+                return Err(EngineError::NotFound(format!(
+                    "{spec}: VM {} has no tag {tag:?} (`cairn vm log {}` shows its tags)",
                     spec.vm, spec.vm
-                ))
-            }),
-    }
+                )))
+            }
+        },
+    };
+    let found = history
+        .into_iter()
+        .find(|(id, v)| match (spec.seq, tagged) {
+            (Some(n), _) => v.seq == n,
+            (None, Some(t)) => *id == t,
+            (None, None) => true,
+        });
+    found.ok_or_else(|| {
+        EngineError::NotFound(format!(
+            "{spec}: no such VM version (`cairn vm log {}` lists them)",
+            spec.vm
+        ))
+    })
 }
 
 /// The newest live VM version, if the VM has any.
@@ -299,15 +370,16 @@ pub async fn prune_vm(
             time_ns: v.time_ns,
         })
         .collect();
-    let decisions = plan_dated(&dated, policy, &HashMap::new());
+    let mut tagged: HashMap<Id, Vec<String>> = HashMap::new();
+    for (tag, id) in repo.vm_tags(vm).await? {
+        tagged.entry(id).or_default().push(tag);
+    }
+    let decisions = plan_dated(&dated, policy, &tagged);
     if !dry_run {
         let doomed: Vec<VmSpec> = decisions
             .iter()
             .filter(|d| !d.keep)
-            .map(|d| VmSpec {
-                vm: vm.to_string(),
-                seq: Some(d.seq),
-            })
+            .map(|d| VmSpec::numbered(vm, d.seq))
             .collect();
         if !doomed.is_empty() {
             remove_vm_versions(repo, &doomed).await?;
