@@ -511,6 +511,44 @@ pub enum VmAction {
     ///
     /// Example: cairn vm prune web01 --keep-daily 7 --keep-weekly 4
     Prune(VmPruneArgs),
+    /// Start a VM version at once (instant recovery): serve every disk from a lazy, writable
+    /// export and print the QEMU command line that runs the VM on them.
+    ///
+    /// One export process serves each disk VM/DISK under that name on --socket (data fetched
+    /// on demand, shared with every export on the host through the chunk cache; writes kept
+    /// in local overlays), until SIGINT or SIGTERM, as `cairn export --writable` does. The
+    /// printed command line is the recorded one with each `-drive id=DISK` pointed at its
+    /// export (adjust what else names the old host: its -qmp socket, its network). `cairn vm
+    /// commit VM` then records what the VM wrote as a new VM version.
+    ///
+    /// Example: cairn vm start web01@3 --socket /run/web01-restore.sock
+    #[command(verbatim_doc_comment)]
+    Start {
+        /// VM, VM@N or VM@TAG.
+        #[arg(value_name = "VM[@N]")]
+        spec: String,
+        /// The Unix socket the disks are served on (default: vm-VM.sock in the run directory).
+        #[arg(long, value_name = "PATH")]
+        socket: Option<std::path::PathBuf>,
+    },
+    /// Record what a VM started with `vm start` wrote as a new VM version.
+    ///
+    /// Each of the VM's running exports commits its overlay (only what the VM wrote is read
+    /// and stored); the disk versions are bound as one VM version on top of the VM's newest.
+    /// With --qmp the VM is paused for the commits (its writes drained first) and resumed
+    /// after, so every disk is taken at one point in time; without it the disks are committed
+    /// one after another while the guest runs (said).
+    ///
+    /// Example: cairn vm commit web01 --qmp /run/web01-restore.qmp -m "after the fix"
+    #[command(verbatim_doc_comment)]
+    Commit {
+        vm: String,
+        /// The running VM's QMP socket: pause it for the commits.
+        #[arg(long, value_name = "PATH")]
+        qmp: Option<std::path::PathBuf>,
+        #[arg(short, long, default_value = "")]
+        message: String,
+    },
     /// What changed between two VM versions: per disk the changed bytes (as `cairn diff`),
     /// disks added or removed, and whether the configuration changed.
     ///

@@ -104,7 +104,14 @@ fn main() -> ExitCode {
         }
     };
     let graceful = stops_gracefully(&cli.command);
-    let watches_signals = !matches!(cli.command, Command::Export(_));
+    // An export (and `vm start`, which serves one) stops on signals by itself.
+    let watches_signals = !matches!(
+        &cli.command,
+        Command::Export(_)
+            | Command::Vm(cli::VmArgs {
+                action: cli::VmAction::Start { .. }
+            })
+    );
     let result = runtime.block_on(async {
         if watches_signals {
             // Installed here, before the command starts, not inside the spawned task: a

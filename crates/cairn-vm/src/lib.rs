@@ -7,6 +7,7 @@ pub mod backup;
 pub mod block;
 pub mod config;
 mod error;
+pub mod instant;
 pub mod qmp;
 
 pub use error::{VmError, VmResult};

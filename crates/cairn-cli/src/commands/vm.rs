@@ -26,6 +26,8 @@ pub async fn run(ctx: &Context, args: VmArgs) -> Result<ExitCode> {
         VmAction::Prune(args) => prune(ctx, args).await,
         VmAction::Diff { a, b } => diff(ctx, &a, &b).await,
         VmAction::Tag { spec, name, delete } => tag(ctx, &spec, &name, delete).await,
+        VmAction::Start { spec, socket } => start(ctx, &spec, socket).await,
+        VmAction::Commit { vm, qmp, message } => commit(ctx, &vm, qmp.as_deref(), &message).await,
         VmAction::Restore {
             spec,
             to,
@@ -589,6 +591,110 @@ async fn tag(ctx: &Context, spec: &str, name: &str, delete: bool) -> Result<Exit
         print_json(&j);
     } else {
         outln!("tagged {}@{} ({}) as {name}", v.vm, v.seq, id.short());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `cairn export`'s flags, parsed on their own: `vm start` serves its disks through the same
+/// command, with every default it has.
+#[derive(clap::Parser)]
+struct ExportOnly {
+    #[command(flatten)]
+    args: crate::cli::ExportArgs,
+}
+
+async fn start(ctx: &Context, spec: &str, socket: Option<std::path::PathBuf>) -> Result<ExitCode> {
+    use clap::Parser;
+    let spec = VmSpec::parse(spec)?;
+    let (v, socket) = {
+        let repo = ctx.open().await?;
+        let (_, v) = resolve_vm(&repo, &spec).await?;
+        let socket = match socket {
+            Some(s) => s,
+            None => {
+                let run = cairn_export::lifecycle::run_dir();
+                cairn_export::lifecycle::ensure_private_dir(&run)?;
+                run.join(format!(
+                    "vm-{}.sock",
+                    cairn_export::lifecycle::file_key(&v.vm)
+                ))
+            }
+        };
+        (v, socket)
+    };
+    let (specs, args, notes) = cairn_vm::instant::start_plan(&v, &socket);
+    for note in &notes {
+        ctx.warn(note);
+    }
+    if ctx.json {
+        print_json(&json!({
+            "vm": v.vm, "seq": v.seq, "socket": socket.display().to_string(),
+            "exports": specs, "qemu_args": args,
+        }));
+    } else if !args.is_empty() {
+        outln!(
+            "serving {}@{} on {}; run the VM with:",
+            v.vm,
+            v.seq,
+            socket.display()
+        );
+        outln!("{}", cairn_vm::config::shell_line(&args));
+    }
+    let mut argv: Vec<String> = vec!["cairn vm start".into()];
+    argv.extend(specs);
+    argv.extend([
+        "--writable".to_string(),
+        "--socket".to_string(),
+        socket.display().to_string(),
+    ]);
+    let export = ExportOnly::try_parse_from(argv)?;
+    crate::commands::export::run(ctx, export.args).await
+}
+
+async fn commit(
+    ctx: &Context,
+    vm: &str,
+    qmp: Option<&std::path::Path>,
+    message: &str,
+) -> Result<ExitCode> {
+    cairn_format::name::validate_image_name(vm)
+        .map_err(|e| anyhow::anyhow!(cairn_engine::EngineError::from(e)))?;
+    if qmp.is_none() {
+        ctx.warn(
+            "no --qmp: the disks are committed one after another while the guest runs, so \
+             they may not be one point in time",
+        );
+    }
+    let repo = ctx.open_as(SessionKind::Commit).await?;
+    let done = cairn_vm::instant::commit_running(&repo, vm, qmp, message)
+        .await
+        .map_err(unwrap)?;
+    if ctx.json {
+        let mut v = vm_json(&done.id, &done.record);
+        v["paused_s"] = json!(done.paused_for.as_secs_f64());
+        v["commits"] = json!(done.disks);
+        print_json(&v);
+    } else {
+        outln!(
+            "{}@{} {}: {} disk(s) committed{}",
+            done.record.vm,
+            done.record.seq,
+            done.id.short(),
+            done.disks.len(),
+            match qmp {
+                Some(_) => format!(", VM paused {:.1} ms", done.paused_for.as_secs_f64() * 1e3),
+                None => String::new(),
+            }
+        );
+        for c in &done.disks {
+            outln!(
+                "  {}@{}  new {}, stored {}",
+                c["image"].as_str().unwrap_or(""),
+                c["seq"],
+                bytes(c["new_chunk_bytes"].as_u64().unwrap_or(0)),
+                bytes(c["stored_bytes"].as_u64().unwrap_or(0))
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
