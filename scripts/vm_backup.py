@@ -372,6 +372,10 @@ def main():
                 break
             time.sleep(0.01)
         time.sleep(0.5)
+        # A second backup of the same VM meanwhile is refused, and disturbs nothing.
+        second = cairn.run(*backups.args(), check=False)
+        ok(second.returncode == 1 and "another `cairn vm backup` of VM web is running"
+           in second.stderr, f"a concurrent backup of the VM is refused: {second.stderr.strip()}")
         p.kill()
         p.wait()
         log = cairn.json("vm", "log", "web")
@@ -386,6 +390,28 @@ def main():
            "after a kill the next backup still reads only what changed")
         counts[4] = consistent(backups.restore(4), "web@4 (after a kill)")
         backups.clean_in_qemu("after the backup that followed a kill")
+
+        # SIGINT while it reads: it stops at once, tears down in QEMU, publishes nothing.
+        writer.running.clear()
+        time.sleep(0.1)
+        for i in range(LOG_START // GRANULE // 4):
+            vm.write("disk1", i * GRANULE, (i * 5) % 255 + 1, GRANULE)
+        writer.running.set()
+        p = subprocess.Popen([binary, "--repo", repo, "-q", *backups.args("--rate-limit", "2")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=cairn.env)
+        deadline = time.time() + 60
+        while time.time() < deadline and p.poll() is None and not vm.ours()[1]:
+            time.sleep(0.01)
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+        ok(p.returncode == 130 and "interrupted by SIGINT" in err,
+           f"SIGINT mid-backup: exit 130, said: {p.returncode} {err.strip()[-300:]}")
+        ok(len(cairn.json("vm", "log", "web")) == 4, "SIGINT mid-backup: nothing published")
+        jobs, exports, nodes, _ = vm.ours()
+        ok(not jobs and not exports and not nodes,
+           f"SIGINT mid-backup: QEMU cleaned up at once ({jobs} {exports} {nodes})")
         for d in DISKS:
             versions = cairn.json("log", f"web/{d}")
             bound = {x["id"] for v in cairn.json("vm", "log", "web") for x in v["disks"]

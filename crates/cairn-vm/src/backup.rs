@@ -107,6 +107,20 @@ pub async fn backup(
         cairn_format::vm::validate_disk_name(&options.vm, d)
             .map_err(|e| VmError::BadInput(format!("--disk {d:?}: {e}")))?;
     }
+    let vm_key = hex::encode(&blake3::hash(options.vm.as_bytes()).as_bytes()[..4]);
+    // One backup at a time per VM and per QEMU: a second would take the first's leftovers
+    // in QEMU, and its disk versions, for a killed backup's and remove them.
+    let qemu_key = std::fs::canonicalize(&options.qmp).unwrap_or_else(|_| options.qmp.clone());
+    let _locks = (
+        exclusive(&format!("VM {}", options.vm), &format!("vm-{vm_key}"))?,
+        exclusive(
+            &format!("the QEMU behind {}", options.qmp.display()),
+            &format!(
+                "qemu-{}",
+                hex::encode(&blake3::hash(qemu_key.as_os_str().as_encoded_bytes()).as_bytes()[..4])
+            ),
+        )?,
+    );
     let mut qmp = Qmp::connect(&options.qmp).await?;
     let status = qmp.execute("query-status", json!({})).await?;
     let state = status["status"].as_str().unwrap_or("unknown").to_string();
@@ -116,7 +130,6 @@ pub async fn backup(
             options.qmp.display()
         )));
     }
-    let vm_key = hex::encode(&blake3::hash(options.vm.as_bytes()).as_bytes()[..4]);
     for line in block::clean_stale(&mut qmp, &options.scratch_dir, &vm_key).await {
         say(format!("removed what an earlier backup left: {line}"));
     }
@@ -317,6 +330,33 @@ pub async fn backup(
         point_in_time: taken.point_in_time,
         total: started.elapsed(),
     })
+}
+
+/// Holds the lock `name` (a file in the export run directory, kept) for as long as the
+/// returned file lives; refuses when another process holds it.
+fn exclusive(what: &str, name: &str) -> VmResult<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let run = cairn_export::lifecycle::run_dir();
+    cairn_export::lifecycle::ensure_private_dir(&run)
+        .map_err(|e| VmError::State(format!("run directory {}: {e}", run.display())))?;
+    let path = run.join(format!("backup-{name}.lock"));
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| VmError::io(format!("lock {}", path.display()), e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(VmError::State(format!(
+            "another `cairn vm backup` of {what} is running on this host (lock {})",
+            path.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(VmError::io(format!("lock {}", path.display()), e))
+        }
+    }
 }
 
 /// How one disk will be read.
