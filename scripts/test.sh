@@ -175,7 +175,7 @@ if [ "$QUICK" -eq 1 ]; then
 fi
 
 step "apt packages"
-ensure_apt_packages e2fsprogs debootstrap qemu-utils qemu-system-common qemu-system-x86 libnbd-bin zstd time util-linux jq diffutils curl python3-matplotlib
+ensure_apt_packages e2fsprogs debootstrap qemu-utils qemu-system-common qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libnbd-bin zstd time util-linux jq diffutils curl python3-matplotlib
 
 step "small dataset (.data/small)"
 DATASET=$(dataset_dir small)
@@ -275,6 +275,9 @@ check "pull-mode incremental backup of a running disk with qemu-storage-daemon (
 
 check "whole-VM backups of a running QEMU over QMP: one point in time across two disks, incremental, kill -9 of cairn and of QEMU (scripts/vm_backup.py)" \
   python3 "$ROOT/scripts/vm_backup.py" --bin "$CAIRN_BIN"
+
+check "whole-VM backups through a real libvirt daemon (backup API in pull mode, checkpoints), kill -9 of cairn (scripts/vm_backup_libvirt.py)" \
+  python3 "$ROOT/scripts/vm_backup_libvirt.py" --bin "$CAIRN_BIN"
 
 check "fuzz the qcow2 parser, the NBD server and the format decoders for ${CAIRN_FUZZ_SECONDS:-60} s each (scripts/fuzz.sh)" \
   bash "$ROOT/scripts/fuzz.sh" "${CAIRN_FUZZ_SECONDS:-60}"

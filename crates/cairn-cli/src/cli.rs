@@ -313,6 +313,7 @@ pub enum Command {
     ///
     /// Examples:
     ///   cairn vm backup web01 --qmp /run/web01.qmp --guest-agent /run/web01.qga
+    ///   cairn vm backup web02 --domain web02
     ///   cairn vm log web01
     ///   cairn vm show web01@3
     ///   cairn restore web01/disk0@5 disk0.raw      # one disk of it, as any image
@@ -460,16 +461,17 @@ pub struct VmArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum VmAction {
-    /// Back up a running QEMU VM: every writable disk at one point in time, incrementally.
+    /// Back up a running VM: every writable disk at one point in time, incrementally.
     ///
-    /// Through the VM's QMP socket (`-qmp unix:PATH,server,wait=off`): the guest's file
-    /// systems are frozen through the guest agent when --guest-agent is given and it answers
-    /// (within --agent-timeout; otherwise the backup goes on crash-consistent, and says so),
-    /// one QMP transaction takes the point in time across every disk and starts a checkpoint
-    /// bitmap, the guest is thawed at once, and each disk is read over NBD from that point in
-    /// time while the VM keeps running: only the blocks written since the last backup's
-    /// checkpoint, or the whole disk on the first backup or when the checkpoint is gone
-    /// (QEMU restarted with a raw disk, a crash left it inconsistent: said, with the reason).
+    /// Through a QEMU's QMP socket (--qmp, `-qmp unix:PATH,server,wait=off`) or a libvirt
+    /// domain (--domain, libvirt's backup API in pull mode with checkpoints): the guest's file
+    /// systems are frozen through the guest agent when it answers (within --agent-timeout;
+    /// otherwise the backup goes on crash-consistent, and says so), one QMP transaction (or
+    /// libvirt backup job) takes the point in time across every disk and starts a checkpoint,
+    /// the guest is thawed at once, and each disk is read over NBD from that point in time
+    /// while the VM keeps running: only the blocks written since the last backup's
+    /// checkpoint, or the whole disk on the first backup or when the checkpoint is gone (the
+    /// hypervisor restarted with a raw disk, a crash left it inconsistent: said, with why).
     /// The disks are committed as images VM/DISK (DISK: the drive or device id), then the VM
     /// version is published: all or nothing. A failed or killed backup commits no VM version,
     /// leaves the VM running and thawed, and the next backup removes what it left in QEMU and
@@ -609,14 +611,22 @@ pub enum VmDiskFormat {
 }
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("hypervisor").required(true).args(["qmp", "domain"])))]
 pub struct VmBackupArgs {
     /// The VM's name in the repository (its disks become images VM/DISK).
     pub vm: String,
-    /// The VM's QMP monitor socket.
+    /// The VM's QMP monitor socket (a QEMU without libvirt).
     #[arg(long, value_name = "PATH")]
-    pub qmp: std::path::PathBuf,
-    /// The guest agent's socket (the chardev of the VM's org.qemu.guest_agent.0 port).
-    #[arg(long, value_name = "PATH")]
+    pub qmp: Option<std::path::PathBuf>,
+    /// The libvirt domain (its disks are named by target: VM/vda, ...).
+    #[arg(long, value_name = "NAME")]
+    pub domain: Option<String>,
+    /// The libvirt connection URI (default: virsh's, usually qemu:///system).
+    #[arg(long, value_name = "URI", requires = "domain")]
+    pub connect: Option<String>,
+    /// With --qmp: the guest agent's socket (the chardev of the VM's org.qemu.guest_agent.0
+    /// port). libvirt reaches the agent through the domain's own channel.
+    #[arg(long, value_name = "PATH", requires = "qmp")]
     pub guest_agent: Option<std::path::PathBuf>,
     /// Longest wait for each guest agent exchange, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]

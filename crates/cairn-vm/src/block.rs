@@ -16,8 +16,7 @@ use crate::qmp::Qmp;
 
 /// Prefix of every QEMU object and dirty bitmap a backup creates.
 pub const PREFIX: &str = "cairn-";
-/// Prefix of the checkpoint bitmaps: one started at each backup's point in time.
-pub const CHECKPOINT_PREFIX: &str = "cairn-cp-";
+pub use crate::hypervisor::CHECKPOINT_PREFIX;
 /// The bitmap a backup merges its reads from (every checkpoint since the last backup).
 pub const READ_BITMAP: &str = "cairn-read";
 /// Dirty-bitmap granularity: the commit's default block and QEMU's default.

@@ -1,13 +1,17 @@
-//! Whole VMs: consistent, incremental backups of running QEMU VMs through QMP and the guest
-//! agent. The repository side of a VM version (its record, head, history) is in
-//! `cairn_engine::vm`; this crate is the QEMU side.
+//! Whole VMs: consistent, incremental backups of running VMs, through QEMU's QMP socket and
+//! its guest agent, or through libvirt; instant recovery from lazy exports. The repository
+//! side of a VM version (record, head, history) is `cairn_engine::vm`; this crate is the
+//! hypervisor side.
 
 pub mod agent;
 pub mod backup;
 pub mod block;
 pub mod config;
 mod error;
+pub mod hypervisor;
 pub mod instant;
+pub mod libvirt;
+pub mod qemu;
 pub mod qmp;
 
 pub use error::{VmError, VmResult};

@@ -8,7 +8,7 @@ use cairn_engine::vm::{prune_vm, remove_vm_versions, resolve_vm, vm_history, VmS
 use cairn_format::vm::{ConfigKind, Freeze, VmVersion};
 use cairn_format::Id;
 use cairn_repo::SessionKind;
-use cairn_vm::backup::{backup, BackupOptions, BackupReport};
+use cairn_vm::backup::{backup, BackupOptions, BackupReport, Target};
 use cairn_vm::VmError;
 use serde_json::{json, Value};
 
@@ -67,12 +67,24 @@ async fn run_backup(ctx: &Context, args: VmBackupArgs) -> Result<ExitCode> {
     cairn_format::name::validate_image_name(&args.vm)
         .map_err(|e| anyhow::anyhow!(cairn_engine::EngineError::from(e)))?;
     let repo = ctx.open_as(SessionKind::Commit).await?;
+    let scratch_dir = args.scratch_dir.unwrap_or_else(default_scratch);
+    let target = match (args.qmp, args.domain) {
+        (Some(socket), None) => Target::Qmp {
+            socket,
+            agent: args.guest_agent,
+            scratch_dir,
+        },
+        (None, Some(domain)) => Target::Libvirt {
+            domain,
+            connect: args.connect,
+            scratch_dir,
+        },
+        _ => unreachable!("clap requires exactly one of --qmp and --domain"),
+    };
     let options = BackupOptions {
         vm: args.vm.clone(),
-        qmp: args.qmp,
-        agent: args.guest_agent,
+        target,
         agent_timeout: Duration::from_secs_f64(args.agent_timeout),
-        scratch_dir: args.scratch_dir.unwrap_or_else(default_scratch),
         only: args.disks,
         message: args.message,
         dedup: crate::commands::commit::dedup_mode(args.dedup),
