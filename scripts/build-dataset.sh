@@ -23,6 +23,8 @@
 #   pa-a.raw  + python3 python3-venv           + user files of seed a
 #   pa-b.raw  + gcc make                        + user files of seed b
 #   pa-c.raw  + nginx-light                     + user files of seed c
+# A VM that stays up, with a guest agent (cairn's own; not in the shared builder):
+#   vm-agent.raw  su-1 + qemu-guest-agent, without the boot marker's poweroff
 # Rebuilt layout (a golden image rebuilt by a pipeline, same content, new layout):
 #   su-1-rebuilt.raw  the su-1 tree written by mkfs.ext4 -d into a fresh file system
 # Boot files for QEMU (the host's Debian kernel and initrd):
@@ -31,10 +33,11 @@
 #   -append 'root=/dev/vda ro console=ttyS0'                       (systemd; prints SYSTEMD-MARKER-REACHED, powers off)
 #   -append 'root=/dev/vda ro console=ttyS0 init=/sbin/marker-init' (fast; prints MARKER-INIT-REACHED, powers off)
 # Full: 2 GiB images, all of the above.
-# --small: 1 GiB images, only su-0, su-1, su-2 and boot files (for test suites).
+# --small: 1 GiB images, only su-0, su-1, su-2, vm-agent and boot files (for test suites).
 #
 # The steps, seeds, file system UUID and hash seed are the same as in the shared
-# build-debian-series.sh, so images built by either script have the same content.
+# build-debian-series.sh, so images built by either script have the same content
+# (vm-agent.raw is this builder's alone).
 set -euo pipefail
 
 # shellcheck source=lib.sh
@@ -63,7 +66,7 @@ fi
 UUID=2f1c3d6e-5b4a-4c2e-9d1f-7a8b9c0d1e2f
 HASHSEED=6b8f1e2a-3c4d-4e5f-8a9b-0c1d2e3f4a5b
 
-IMAGES="su-0.raw su-1.raw su-2.raw"
+IMAGES="su-0.raw su-1.raw su-2.raw vm-agent.raw"
 [ "$SMALL" = "--small" ] || IMAGES="$IMAGES su-3.raw su-4.raw su-5.raw pa-a.raw pa-b.raw pa-c.raw su-1-rebuilt.raw"
 
 all_present() {
@@ -273,12 +276,34 @@ step3() {
 }
 step4() { in_img apt-get update -qq; in_img apt-get purge -y -qq vim-tiny curl >/dev/null; in_img apt-get install -y -qq git >/dev/null; in_img apt-get clean; }
 step5() { in_img apt-get update -qq; in_img apt-get install -y -qq --reinstall coreutils bash systemd libc-bin >/dev/null; in_img apt-get clean; }
+step_agent() {
+  in_img apt-get update -qq
+  in_img apt-get install -y -qq qemu-guest-agent >/dev/null
+  in_img apt-get clean
+  # Up until told otherwise: no poweroff after the boot marker. The agent starts when its
+  # virtio port appears (Debian's udev rule).
+  rm -f "$MNT/etc/systemd/system/multi-user.target.wants/marker.service"
+  # The image boots the host's kernel (boot/vmlinuz), whose virtio console driver (the agent's
+  # port) is a module: give the image that module and what it depends on, for this kernel.
+  local k kver m
+  k=$(printf '%s\n' /boot/vmlinuz-* | sort -V | tail -1)
+  kver=${k#/boot/vmlinuz-}
+  for m in kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko \
+    kernel/drivers/char/virtio_console.ko modules.order modules.builtin modules.builtin.modinfo; do
+    if [ -e "/lib/modules/$kver/$m" ]; then
+      mkdir -p "$(dirname "$MNT/lib/modules/$kver/$m")"
+      cp "/lib/modules/$kver/$m" "$MNT/lib/modules/$kver/$m"
+    fi
+  done
+  depmod -b "$MNT" "$kver" || die "depmod for $kver in vm-agent.raw failed"
+}
 pa_a() { in_img apt-get update -qq; in_img apt-get install -y -qq python3 python3-venv >/dev/null; in_img apt-get clean; user_files a; }
 pa_b() { in_img apt-get update -qq; in_img apt-get install -y -qq gcc make >/dev/null; in_img apt-get clean; user_files b; }
 pa_c() { in_img apt-get update -qq; in_img apt-get install -y -qq nginx-light >/dev/null; in_img apt-get clean; user_files c; }
 
 evolve su-0.raw su-1.raw step1
 evolve su-1.raw su-2.raw step2
+evolve su-1.raw vm-agent.raw step_agent
 if [ "$SMALL" != "--small" ]; then
   evolve su-2.raw su-3.raw step3
   evolve su-3.raw su-4.raw step4

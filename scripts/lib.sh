@@ -123,8 +123,8 @@ cairn_bin() {
 # The images a dataset variant must contain.
 _dataset_files() {
   case "$1" in
-    small) echo "su-0.raw su-1.raw su-2.raw boot/vmlinuz boot/initrd.img SIZES.txt" ;;
-    full) echo "su-0.raw su-1.raw su-2.raw su-3.raw su-4.raw su-5.raw pa-a.raw pa-b.raw pa-c.raw su-1-rebuilt.raw boot/vmlinuz boot/initrd.img SIZES.txt" ;;
+    small) echo "su-0.raw su-1.raw su-2.raw vm-agent.raw boot/vmlinuz boot/initrd.img SIZES.txt" ;;
+    full) echo "su-0.raw su-1.raw su-2.raw su-3.raw su-4.raw su-5.raw pa-a.raw pa-b.raw pa-c.raw su-1-rebuilt.raw vm-agent.raw boot/vmlinuz boot/initrd.img SIZES.txt" ;;
     *) return 1 ;;
   esac
 }

@@ -276,6 +276,9 @@ check "pull-mode incremental backup of a running disk with qemu-storage-daemon (
 check "whole-VM backups of a running QEMU over QMP: one point in time across two disks, incremental, kill -9 of cairn and of QEMU (scripts/vm_backup.py)" \
   python3 "$ROOT/scripts/vm_backup.py" --bin "$CAIRN_BIN"
 
+check "a real Debian guest (TCG) with its guest agent, frozen for each backup while it writes: every version's root file system is clean (scripts/vm_freeze.py)" \
+  python3 "$ROOT/scripts/vm_freeze.py" --bin "$CAIRN_BIN" --dataset "$DATASET"
+
 check "whole-VM backups through a real libvirt daemon (backup API in pull mode, checkpoints), kill -9 of cairn (scripts/vm_backup_libvirt.py)" \
   python3 "$ROOT/scripts/vm_backup_libvirt.py" --bin "$CAIRN_BIN"
 
