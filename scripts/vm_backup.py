@@ -179,6 +179,23 @@ class Backups:
         self.scratch = os.path.join(work, "scratch")
         os.makedirs(self.scratch, exist_ok=True)
 
+    def reading(self, writer, disk, binary, repo):
+        """A backup started in the background, once it reads: 4 MiB newly written on `disk`
+        (the writer paused meanwhile) read at 2 MiB/s, so that it lasts."""
+        writer.running.clear()
+        time.sleep(0.1)
+        for i in range(LOG_START // GRANULE // 4):
+            self.vm.write(disk, i * GRANULE, (i * 7 + len(disk)) % 255 + 1, GRANULE)
+        writer.running.set()
+        p = subprocess.Popen([binary, "--repo", repo, "-q", *self.args("--rate-limit", "2")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=self.cairn.env)
+        deadline = time.time() + 60
+        while time.time() < deadline and p.poll() is None and not self.vm.ours()[1]:
+            time.sleep(0.01)
+        time.sleep(0.5)
+        return p
+
     def flush(self):
         """Makes QEMU write its cached qcow2 metadata, so that the files can be compared."""
         for d in DISKS:
@@ -355,23 +372,7 @@ def main():
             backups.clean_in_qemu(f"after web@{seq}")
 
         # 3. kill -9 of cairn while it reads.
-        writer.running.clear()
-        time.sleep(0.1)
-        # Make the read long: a lot of new data on disk0 (rate-limited reads are not an
-        # option of vm backup; the disk's size makes it last).
-        for i in range(LOG_START // GRANULE // 4):
-            vm.write("disk0", i * GRANULE, (i * 7) % 255 + 1, GRANULE)
-        writer.running.set()
-        p = subprocess.Popen([binary, "--repo", repo, "-q", *backups.args("--rate-limit", "2")],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=cairn.env)
-        deadline = time.time() + 60
-        while time.time() < deadline and p.poll() is None:
-            _, exports, _, _ = vm.ours()
-            if exports:
-                break
-            time.sleep(0.01)
-        time.sleep(0.5)
+        p = backups.reading(writer, "disk0", binary, repo)
         # A second backup of the same VM meanwhile is refused, and disturbs nothing.
         second = cairn.run(*backups.args(), check=False)
         ok(second.returncode == 1 and "another `cairn vm backup` of VM web is running"
@@ -392,18 +393,7 @@ def main():
         backups.clean_in_qemu("after the backup that followed a kill")
 
         # SIGINT while it reads: it stops at once, tears down in QEMU, publishes nothing.
-        writer.running.clear()
-        time.sleep(0.1)
-        for i in range(LOG_START // GRANULE // 4):
-            vm.write("disk1", i * GRANULE, (i * 5) % 255 + 1, GRANULE)
-        writer.running.set()
-        p = subprocess.Popen([binary, "--repo", repo, "-q", *backups.args("--rate-limit", "2")],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=cairn.env)
-        deadline = time.time() + 60
-        while time.time() < deadline and p.poll() is None and not vm.ours()[1]:
-            time.sleep(0.01)
-        time.sleep(0.5)
+        p = backups.reading(writer, "disk1", binary, repo)
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=60)
         ok(p.returncode == 130 and "interrupted by SIGINT" in err,

@@ -37,16 +37,7 @@ pub struct HeadState {
 impl Repo {
     /// The newest version of `image`, if it has any.
     pub async fn head(&self, image: &str) -> RepoResult<Option<HeadState>> {
-        let key = keys::head(image);
-        let Some(state) = self.store().read_ref(&key).await? else {
-            return Ok(None);
-        };
-        let version =
-            refs::decode(&state.data).map_err(|e| RepoError::corrupt(format!("refs/{key}"), e))?;
-        Ok(Some(HeadState {
-            version,
-            token: state.version,
-        }))
+        self.head_at(&keys::head(image)).await
     }
 
     /// Moves `image`'s head to `new` if it still is `expected` (`None`: the image must not
@@ -57,10 +48,33 @@ impl Repo {
         expected: Option<&HeadState>,
         new: &Id,
     ) -> RepoResult<bool> {
+        self.swap_head_at(&keys::head(image), expected, new).await
+    }
+
+    /// The version the head ref `key` names, with its token, if the ref exists.
+    pub(crate) async fn head_at(&self, key: &str) -> RepoResult<Option<HeadState>> {
+        let Some(state) = self.store().read_ref(key).await? else {
+            return Ok(None);
+        };
+        let version =
+            refs::decode(&state.data).map_err(|e| RepoError::corrupt(format!("refs/{key}"), e))?;
+        Ok(Some(HeadState {
+            version,
+            token: state.version,
+        }))
+    }
+
+    /// Swaps the head ref `key` from `expected` to `new`; false when it moved meanwhile.
+    pub(crate) async fn swap_head_at(
+        &self,
+        key: &str,
+        expected: Option<&HeadState>,
+        new: &Id,
+    ) -> RepoResult<bool> {
         let outcome = self
             .store()
             .cas_ref(
-                &keys::head(image),
+                key,
                 expected.map(|h| &h.token),
                 Some(Bytes::from(refs::encode(new))),
             )

@@ -8,10 +8,10 @@ use cairn_format::id_hash::IdSet;
 use cairn_format::keys;
 use cairn_format::marker::encode_deleted;
 use cairn_format::name::unescape;
-use cairn_format::refs::{self, validate_tag_name};
+use cairn_format::refs::validate_tag_name;
 use cairn_format::vm::VmVersion;
 use cairn_format::Id;
-use cairn_store::{CasOutcome, PutOutcome, StoreError};
+use cairn_store::{PutOutcome, StoreError};
 
 use crate::error::{RepoError, RepoResult};
 use crate::repository::Repo;
@@ -20,16 +20,7 @@ use crate::versions::HeadState;
 impl Repo {
     /// The newest version of VM `vm`, if it has any.
     pub async fn vm_head(&self, vm: &str) -> RepoResult<Option<HeadState>> {
-        let key = keys::vm_head(vm);
-        let Some(state) = self.store().read_ref(&key).await? else {
-            return Ok(None);
-        };
-        let version =
-            refs::decode(&state.data).map_err(|e| RepoError::corrupt(format!("refs/{key}"), e))?;
-        Ok(Some(HeadState {
-            version,
-            token: state.version,
-        }))
+        self.head_at(&keys::vm_head(vm)).await
     }
 
     /// Moves VM `vm`'s head to `new` if it still is `expected` (`None`: the VM must have no
@@ -40,15 +31,7 @@ impl Repo {
         expected: Option<&HeadState>,
         new: &Id,
     ) -> RepoResult<bool> {
-        let outcome = self
-            .store()
-            .cas_ref(
-                &keys::vm_head(vm),
-                expected.map(|h| &h.token),
-                Some(Bytes::from(refs::encode(new))),
-            )
-            .await?;
-        Ok(matches!(outcome, CasOutcome::Swapped { .. }))
+        self.swap_head_at(&keys::vm_head(vm), expected, new).await
     }
 
     /// Every VM that has a head, sorted; head keys that name no valid VM are skipped.
