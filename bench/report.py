@@ -7,10 +7,11 @@ Each topic of the page is a file under bench/results/current/ (TOPICS below give
 A topic holds tables; a table names the command that produced it, its date and its result
 files, and gets its rows either from raw results (a renderer below reads them: compare-*.json,
 ab-scaling-*.json, gc-*/…jsonl, dedup-tiers-*.json, trace-*/…json, format2-*.jsonl,
-lost-objects-*.json, pack-frames-*.json, or a table of a script's Markdown report) or, where no
-raw results were kept, from rows transcribed into the topic file. The output depends on those
-files only (no clock, no environment), so a second run writes the same bytes; scripts/test.sh
-checks that the committed BENCHMARKS.md is what this makes. Standard library only.
+lost-objects-*.json, pack-frames-*.json, vm-backup-*.json, or a table of a script's Markdown
+report) or, where no raw results were kept, from rows transcribed into the topic file. The
+output depends on those files only (no clock, no environment), so a second run writes the same
+bytes; scripts/test.sh checks that the committed BENCHMARKS.md is what this makes. Standard
+library only.
 
 Checks while rendering (an error stops it): every result file and plot a topic names exists,
 every `bench/…` or `scripts/…` path in a command exists, every link of the first table names a
@@ -46,6 +47,7 @@ TOPICS = [
     ("Lazy deployment over NBD", "nbd.json"),
     ("Repositories on S3", "s3.json"),
     ("Real VM disk sources", "sources.json"),
+    ("Backing up a running VM", "vm-backup.json"),
     ("Format 2 against format 1", "format2.json"),
     ("Encryption", "encryption.json"),
     ("Lost or damaged objects", "lost-objects.json"),
@@ -398,6 +400,49 @@ def r_summary_delta(spec):
     return header, rows
 
 
+def vm_backup_rows(d):
+    """bench/vm_backup.py's runs: medians of the first and the incremental backup, of cairn
+    and of restic (its second backup; in parentheses, with every page of its files cached)."""
+    runs = d["runs"]
+
+    def med(f):
+        return statistics.median(f(r) for r in runs)
+
+    def mib(f):
+        return f"{med(f) / MIB:.1f}"
+
+    header = ["backup", "cairn s", "restic s (every page cached)", "cairn ÷ restic (÷ cached)",
+              "guest wrote MiB", "read MiB: cairn / restic", "dirty MiB",
+              "stored MiB: cairn / restic (its data_added)", "guest paused ms"]
+    rows = []
+    for label, ours, theirs in (("first (full)", "first", "first"),
+                                ("incremental", "incremental", "second")):
+        cached = theirs + "_cached"
+
+        def ratio(key):
+            return med(lambda r: r["cairn"][ours]["wall_s"] / r["restic"][key]["wall_s"])
+
+        rows.append([
+            label,
+            secs(med(lambda r: r["cairn"][ours]["wall_s"])),
+            f"{secs(med(lambda r: r['restic'][theirs]['wall_s']))} "
+            f"({secs(med(lambda r: r['restic'][cached]['wall_s']))})",
+            f"**{ratio(theirs):.2f}×** ({ratio(cached):.2f}×)",
+            "–" if ours == "first" else mib(lambda r: sum(r["cairn"]["guest_wrote"].values())),
+            f"{mib(lambda r: r['cairn'][ours]['read_bytes'])} / "
+            f"{mib(lambda r: r['restic'][theirs]['total_bytes_processed'])}",
+            "–" if ours == "first" else mib(lambda r: r["cairn"][ours]["dirty_bytes"]),
+            f"{mib(lambda r: r['cairn'][ours]['stored_bytes'])} / "
+            f"{mib(lambda r: r['restic'][theirs]['stored_bytes'])} "
+            f"({mib(lambda r: r['restic'][theirs]['data_added'])})",
+            f"{med(lambda r: r['cairn'][ours]['paused_s']) * 1000:.1f}"])
+    return header, rows
+
+
+def r_vm_backup(spec):
+    return vm_backup_rows(load_json(spec["file"]))
+
+
 RENDERERS = {
     "compare": r_compare,
     "md-table": r_md_table,
@@ -412,6 +457,7 @@ RENDERERS = {
     "lost-objects": r_lost_objects,
     "pack-frames": r_pack_frames,
     "summary-delta": r_summary_delta,
+    "vm-backup": r_vm_backup,
 }
 
 
