@@ -77,6 +77,11 @@ class Qmp:
             if "event" in msg:
                 self.events.append(msg)
 
+    def close(self):
+        """Lets another client have the monitor (QEMU serves one at a time)."""
+        self.f.close()
+        self.s.close()
+
     def transaction(self, *actions):
         """Runs `actions` ((type, data) pairs) atomically: all or none."""
         return self.cmd("transaction", actions=[{"type": t, "data": d} for t, d in actions])

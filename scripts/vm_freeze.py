@@ -21,6 +21,7 @@ Prints "vm_freeze: N passed, 0 failed".
 
 import argparse
 import base64
+import glob
 import json
 import os
 import shutil
@@ -32,7 +33,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import Cairn, Checks, sh  # noqa: E402
-from qemu_helpers import need_tools, stop, wait_for  # noqa: E402
+from qemu_helpers import Qmp, need_tools, stop, wait_for  # noqa: E402
 
 CHECKS = Checks()
 ok = CHECKS.ok
@@ -101,6 +102,172 @@ class Agent:
         raise RuntimeError(f"guest command did not finish: {shell}")
 
 
+def counters(path):
+    """The values the guest's counter printed on the serial port, in order."""
+    with open(path, "rb") as f:
+        text = f.read().decode(errors="replace")
+    return [int(w.split()[1]) for w in text.splitlines()
+            if w.startswith("cairn-counter ") and len(w.split()) == 2 and w.split()[1].isdigit()]
+
+
+def memory_state(cairn, work, qemu, agent, qmp):
+    """`vm backup --memory`, then the VM killed and resumed from `vm restore`: the guest's
+    counter goes on from where the backup took it, without a boot. Returns the QEMU now
+    running (for the caller to stop)."""
+    serial = os.path.join(work, "serial.log")
+    agent.run("i=0; while :; do i=$((i+1)); echo cairn-counter $i > /dev/ttyS0; "
+              "sleep 0.1; done")
+    time.sleep(3)
+    backup = ["--json", "vm", "backup", "guest", "--qmp", qmp, "--scratch-dir", work,
+              "--memory"]
+    outs = []
+    for n in (1, 2):
+        before = max(counters(serial), default=0)
+        p = cairn.run(*backup, check=False)
+        after = max(counters(serial), default=0)
+        out = json.loads(p.stdout) if p.returncode == 0 else None
+        ok(out is not None and out.get("memory_state") is not None,
+           f"memory backup {n}: {p.stderr.strip()[-500:]}")
+        if out is None:
+            return qemu
+        m = out["memory_state"]
+        print(f"  memory backup {n}: RAM {m['ram_bytes'] >> 20} MiB, pages with data "
+              f"{m['data_bytes'] >> 20} MiB, stream {m['stream_bytes'] >> 20} MiB, new "
+              f"{m['new_chunk_bytes'] >> 20} MiB, stored {m['stored_bytes'] >> 20} MiB; "
+              f"last pass {m['downtime_s'] * 1000:.0f} ms, guest paused "
+              f"{out['paused_s'] * 1000:.0f} ms")
+        ok(0 < m["data_bytes"] < m["ram_bytes"] and m["stream_bytes"] > m["data_bytes"],
+           f"memory backup {n}: zero pages are not stored as data ({m})")
+        ok(out["freeze"] == "not_tried", f"memory backup {n}: no freeze ({out['freeze']})")
+        ok(all(d["incremental"] for d in out["disks"]),
+           f"memory backup {n}: the disks are read incrementally")
+        outs.append((out, before, after))
+        time.sleep(1)
+    first, second = outs[0][0]["memory_state"], outs[1][0]["memory_state"]
+    ok(second["new_chunk_bytes"] < first["new_chunk_bytes"] / 2,
+       f"the second memory state is deduplicated against the first (new "
+       f"{second['new_chunk_bytes']} against {first['new_chunk_bytes']} bytes)")
+    ok(counters(serial)[-1] > outs[1][2], "the guest ran on after the backups")
+    interrupted(cairn, qmp, serial, backup)
+    # The memory state is an image of its own, bound like a disk: not removable alone.
+    mem = outs[0][0]["memory_state"]
+    p = cairn.run("rm", f"{mem['image']}@{mem['seq']}", check=False)
+    ok(p.returncode == 1 and "disk of VM version guest@" in p.stderr,
+       f"rm of a bound memory state is refused: {p.returncode} {p.stderr.strip()}")
+    # The VM goes; its last version brings it back, running.
+    out, before, after = outs[1]
+    stop(qemu)
+    restored = os.path.join(work, "restored")
+    p = cairn.run("--json", "vm", "restore", f"guest@{out['seq']}", "--to", restored,
+                  check=False)
+    ok(p.returncode == 0, f"vm restore: {p.stderr.strip()}")
+    r = json.loads(p.stdout)
+    args = r["qemu_args"]
+    ok(r["memory_state"] is not None and "-incoming" in args,
+       f"the restore wrote the memory state and the command line loads it ({args[-2:]})")
+    qemu = resumed(args, serial, agent, before, after, "vm restore")
+    # Instant recovery resumes it too: `vm start` serves the disks lazily and writes the
+    # memory state for the command line to load.
+    stop(qemu)
+    sock = os.path.join(work, "instant.sock")
+    starter = subprocess.Popen([cairn.binary, "--repo", cairn.repo, "--json", "vm", "start",
+                                f"guest@{out['seq']}", "--socket", sock],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=cairn.env, start_new_session=True)
+    try:
+        text = ""
+        while True:  # the plan: one JSON object, printed over several lines
+            line = starter.stdout.readline()
+            if not line:
+                raise RuntimeError(f"vm start printed no plan: {starter.stderr.read()}")
+            text += line
+            try:
+                plan = json.loads(text)
+                break
+            except ValueError:
+                continue
+        wait_for(sock, starter, "cairn vm start")
+        ok(plan["memory_state"] is not None and "-incoming" in plan["qemu_args"],
+           "vm start wrote the memory state and its command line loads it")
+        qemu = resumed(plan["qemu_args"], serial, agent, before, after, "vm start")
+        stop(qemu)
+    finally:
+        stop(starter)
+    return None
+
+
+def interrupted(cairn, qmp, serial, backup):
+    """A memory backup killed at any point leaves the guest running, or resumed by the next
+    backup: killed mid-copy (QEMU's migration fails, the guest never stopped), and killed
+    while it held the guest paused (simulated: the guest stopped and cairn's marker left)."""
+    p = subprocess.Popen([cairn.binary, "--repo", cairn.repo, *backup[1:]], env=cairn.env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.7)
+    p.kill()
+    p.wait()
+    time.sleep(1)
+    a = max(counters(serial), default=0)
+    time.sleep(1.5)
+    ok(max(counters(serial), default=0) > a, "killed mid-copy: the guest runs on")
+    run = cairn.env["XDG_RUNTIME_DIR"]
+    locks = glob.glob(os.path.join(run, "cairn", "backup-vm-*.lock"))
+    ok(len(locks) == 1, f"one VM lock in the run directory ({locks})")
+    marker = locks[0][:-len(".lock")] + ".paused"
+    with open(marker, "w") as f:
+        json.dump({"was_running": True, "bandwidth": 128 << 20}, f)
+    q = Qmp(qmp)
+    q.cmd("stop")
+    q.close()  # QEMU serves one monitor client at a time
+    a = max(counters(serial), default=0)
+    time.sleep(1)
+    ok(max(counters(serial), default=0) <= a + 1, "the guest is paused")
+    p = cairn.run(*backup, check=False)
+    ok(p.returncode == 0 and "paused to save its memory (resumed)" in p.stderr,
+       f"the next backup resumes a guest a killed one left paused: {p.stderr.strip()[-400:]}")
+    a = max(counters(serial), default=0)
+    time.sleep(1.5)
+    ok(max(counters(serial), default=0) > a and not os.path.exists(marker),
+       "and the guest runs again")
+
+
+def resumed(args, serial, agent, before, after, how):
+    """Starts QEMU with `args` (which load a memory state) and checks that the guest goes on
+    where the backup took it; returns the QEMU."""
+    if os.path.exists(serial):
+        os.remove(serial)
+    qemu = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        check_resumed(qemu, serial, agent, before, after, how)
+    except BaseException:
+        stop(qemu)
+        raise
+    return qemu
+
+
+def check_resumed(qemu, serial, agent, before, after, how):
+    deadline = time.time() + 120
+    while time.time() < deadline and not (os.path.exists(serial) and counters(serial)):
+        if qemu.poll() is not None:
+            break
+        time.sleep(0.5)
+    seen = counters(serial) if os.path.exists(serial) else []
+    ok(bool(seen), f"{how}: the resumed guest prints its counter again "
+                   f"({qemu.stderr.read()[-500:] if qemu.poll() is not None else 'running'})")
+    if seen:
+        print(f"  {how}: the counter went on at {seen[0]} (the backup began at {before}, "
+              f"ended at {after})")
+        ok(before <= seen[0] <= after + 1,
+           f"{how}: the counter goes on from where the backup took it: {seen[0]} (the "
+           f"backup began at {before} and ended at {after})")
+        time.sleep(2)
+        ok(counters(serial)[-1] > seen[0], f"{how}: and keeps counting")
+    ok(agent.wait(60), f"{how}: the resumed guest's agent answers")
+    uptime = float(agent.output("cut -d' ' -f1 /proc/uptime").strip() or 0)
+    ok(uptime > 10, f"{how}: the guest did not boot again (uptime {uptime:.0f} s)")
+    return qemu
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="target/ci/cairn")
@@ -118,6 +285,7 @@ def main():
         repo = os.path.join(work, "repo")
         cairn = Cairn(binary, repo, state=os.path.join(work, "state"), timeout=600)
         cairn.env["XDG_RUNTIME_DIR"] = os.path.join(work, "run")
+        cairn.env["XDG_STATE_HOME"] = os.path.join(work, "xdg-state")  # overlays
         os.makedirs(cairn.env["XDG_RUNTIME_DIR"], mode=0o700)
         cairn.run("init")
         root = os.path.join(work, "root.qcow2")
@@ -180,6 +348,7 @@ def main():
         ok(lines[1] > lines[0] > 0, f"the guest kept writing through the backups ({lines})")
         status = agent.call("guest-fsfreeze-status")
         ok(status == "thawed", f"the guest is left thawed ({status})")
+        qemu = memory_state(cairn, work, qemu, agent, qmp)
     finally:
         if qemu is not None:
             stop(qemu)

@@ -24,6 +24,7 @@ use cairn_format::node::{Interior, Leaf};
 use cairn_format::pack::{self, BlobEncoding, BlobEntry, BlobKind};
 use cairn_format::summary::Summary;
 use cairn_format::version::VersionRecord;
+use cairn_format::memstate::MemoryLayout;
 use cairn_format::vm::VmVersion;
 use cairn_format::{envelope, pack_v2, refs, Id};
 use libfuzzer_sys::fuzz_target;
@@ -205,6 +206,9 @@ const DECODERS: &[(&str, Fix, Decoder)] = &[
         drop(pack_v2::salvage_pack(d, None, Id::of))
     }),
     ("vm_version", Fix::Envelope, |d| drop(VmVersion::decode(d))),
+    ("memory_state_header", Fix::Envelope, |d| {
+        drop(MemoryLayout::decode(d))
+    }),
 ];
 
 fuzz_target!(|data: &[u8]| {

@@ -523,6 +523,9 @@ pub enum VmAction {
     /// export (adjust what else names the old host: its -qmp socket, its network). `cairn vm
     /// commit VM` then records what the VM wrote as a new VM version.
     ///
+    /// A version backed up with --memory resumes where it was: its memory state is written
+    /// first (QEMU loads it whole) beside the overlays, and the command line loads it.
+    ///
     /// Example: cairn vm start web01@3 --socket /run/web01-restore.sock
     #[command(verbatim_doc_comment)]
     Start {
@@ -532,6 +535,9 @@ pub enum VmAction {
         /// The Unix socket the disks are served on (default: vm-VM.sock in the run directory).
         #[arg(long, value_name = "PATH")]
         socket: Option<std::path::PathBuf>,
+        /// Serve the disks only, even when the memory state was saved: the guest boots.
+        #[arg(long)]
+        no_memory: bool,
     },
     /// Record what a VM started with `vm start` wrote as a new VM version.
     ///
@@ -572,6 +578,10 @@ pub enum VmAction {
     /// the recorded one with each `-drive id=DISK` pointed at its restored file (other forms,
     /// such as -blockdev, are named for you to change).
     ///
+    /// A version backed up with --memory also gets DIR/memory.state, QEMU's migration
+    /// stream, and the command line loads it (`-incoming`): the guest resumes where it was,
+    /// its programs still running. --no-memory restores the disks only (the guest boots).
+    ///
     /// Example: cairn vm restore web01@3 --to /var/lib/vms/web01-restored
     #[command(verbatim_doc_comment)]
     Restore {
@@ -587,6 +597,9 @@ pub enum VmAction {
         /// Replace existing files.
         #[arg(long)]
         force: bool,
+        /// Restore the disks only, even when the memory state was saved: the guest boots.
+        #[arg(long)]
+        no_memory: bool,
     },
     /// Remove VM versions (VM@N ...), and with each the disk versions only it binds.
     ///
@@ -641,6 +654,13 @@ pub struct VmBackupArgs {
     /// grow by what the guest overwrites meanwhile).
     #[arg(long, value_name = "MIB_PER_S")]
     pub rate_limit: Option<f64>,
+    /// Also save the guest's memory and device state (with --qmp), so that `vm restore`
+    /// resumes the guest where it was. The guest runs while its RAM is copied and is paused
+    /// for the last pass and the disks' point in time (no guest agent freeze: disks and
+    /// memory are one instant). Stored as image VM/.memory: zero pages cost nothing, and
+    /// pages are deduplicated against the VM's earlier states.
+    #[arg(long)]
+    pub memory: bool,
     #[arg(short, long, default_value = "")]
     pub message: String,
     /// How hard to look for chunks stored before (exact: every one; default: $CAIRN_DEDUP,

@@ -21,6 +21,7 @@ pub mod index_run;
 pub mod keys;
 pub mod leaf_v2;
 pub mod marker;
+pub mod memstate;
 pub mod merged_summary;
 pub mod name;
 pub mod node;

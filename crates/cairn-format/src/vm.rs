@@ -86,6 +86,20 @@ impl VmVersion {
         format!("{vm}/{disk}")
     }
 
+    /// Every image version this VM version binds, by its name inside the VM: the disks, then
+    /// the memory state (`.memory`) when it was saved.
+    pub fn bound(&self) -> Vec<(&str, Id)> {
+        let mut out: Vec<(&str, Id)> = self
+            .disks
+            .iter()
+            .map(|d| (d.name.as_str(), d.version))
+            .collect();
+        if let Some(m) = self.memory {
+            out.push((crate::memstate::MEMORY_IMAGE, m));
+        }
+        out
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut e = Encoder::with_capacity(256 + self.config.len() + self.message.len());
         e.str16(&self.vm)
@@ -178,12 +192,13 @@ impl VmVersion {
     }
 }
 
-/// A disk name is one segment (no `/`) that, after `VM/`, makes a valid image name.
+/// A disk name is one segment (no `/`, not beginning with `.`: names such as `.memory` are
+/// the VM's own images) that, after `VM/`, makes a valid image name.
 pub fn validate_disk_name(vm: &str, disk: &str) -> FormatResult<()> {
-    if disk.is_empty() || disk.contains('/') {
+    if disk.is_empty() || disk.contains('/') || disk.starts_with('.') {
         return Err(FormatError::invalid(
             "disk name",
-            format!("{disk:?}: one non-empty path segment (no '/')"),
+            format!("{disk:?}: one non-empty path segment (no '/', no leading '.')"),
         ));
     }
     validate_image_name(&VmVersion::disk_image(vm, disk))

@@ -10,6 +10,7 @@ use cairn_format::index::{IndexFile, PackIndex};
 use cairn_format::index_run;
 use cairn_format::leaf_v2::{LeafDigest, RunExtent, RunLeaf};
 use cairn_format::marker::{self, GcPlan};
+use cairn_format::memstate::MemoryLayout;
 use cairn_format::node::{Extent, Interior, Leaf};
 use cairn_format::pack::{self, encode_blob, BlobEncoding, BlobEntry, BlobKind, PackBuilder};
 use cairn_format::pack_v2::{self, PackWriter};
@@ -124,6 +125,7 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
         ),
         ("summary_delta", summary_delta_sample()),
         ("vm_version", vm_version_sample()),
+        ("memory_state_header", memory_state_sample()),
         ("index_run", index_run_sample(None)),
         ("index_run_sealed", index_run_sample(Some(&sealing_key()))),
         ("pack_v2_sealed", pack_v2_sample(Some(&sealing_key()))),
@@ -156,6 +158,18 @@ fn vm_version_sample() -> Vec<u8> {
         message: "m".into(),
     }
     .encode()
+}
+
+/// A memory state header of two RAM blocks.
+fn memory_state_sample() -> Vec<u8> {
+    let mut l = MemoryLayout::plan(
+        4096,
+        b"QEVM\0\0\0\x03".to_vec(),
+        (2, 0, 4),
+        &[("pc.ram".into(), 1 << 20), ("pc.bios".into(), 64 << 10)],
+    );
+    l.tail_len = 99;
+    l.encode()
 }
 
 /// A v2 pack of a data group and a node group, plain or sealed.
@@ -292,6 +306,7 @@ fn decode(kind: &str, data: &[u8]) -> bool {
             true
         }),
         "vm_version" => VmVersion::decode(data).is_ok(),
+        "memory_state_header" => MemoryLayout::decode(data).is_ok(),
         "index_run" => open_index_run(data, None),
         "index_run_sealed" => open_index_run(data, Some(&sealing_key())),
         "pack_v2_sealed" => pack_v2::parse_pack(data, Some(&sealing_key())).is_ok(),

@@ -112,6 +112,7 @@ const VECTORS: &[&str] = &[
     "v2_summary_delta",
     "v2_record_bundle",
     "vm_version",
+    "memory_state_header",
 ];
 
 fn golden_dir() -> PathBuf {
@@ -1842,5 +1843,31 @@ fn vm_version() {
     );
     every_flip_is_noticed("vm_version", &bytes, &[], |b| {
         VmVersion::decode(b).is_ok_and(|x| x == v)
+    });
+}
+
+/// A memory state header: page size 4096, footers, a 21-byte prefix (QEVM, version 3, the
+/// configuration "pc-q35-7.2"), RAM section 2/0/4, blocks pc.ram (128 MiB at 2 MiB) and
+/// pc.bios (256 KiB at 130 MiB), a tail of 12345 bytes at 132 MiB. Every flip is refused.
+#[test]
+fn memory_state_header() {
+    use cairn_format::memstate::MemoryLayout;
+    let mut prefix = b"QEVM\0\0\0\x03\x07\0\0\0\x0a".to_vec();
+    prefix.extend_from_slice(b"pc-q35-7.2");
+    let mut l = MemoryLayout::plan(
+        4096,
+        prefix,
+        (2, 0, 4),
+        &[("pc.ram".into(), 128 << 20), ("pc.bios".into(), 256 << 10)],
+    );
+    l.footers = true;
+    l.tail_len = 12345;
+    let bytes = golden("memory_state_header", &l.encode());
+    assert_eq!(MemoryLayout::decode(&bytes).unwrap(), l);
+    // envelope 16 | page 4 | footers 1 | prefix 4 + 23 | section 12 | n 2
+    // | pc.ram 1 + 6 + 16 | pc.bios 1 + 7 + 16 | tail 16 | 32
+    assert_eq!(bytes.len(), 16 + 5 + 27 + 12 + 2 + 23 + 24 + 16 + 32);
+    every_flip_is_noticed("memory_state_header", &bytes, &[], |b| {
+        MemoryLayout::decode(b).is_ok_and(|x| x == l)
     });
 }

@@ -8,7 +8,7 @@ itself. Needs Python's blake3 (pip install blake3).
 Covers v2_pack_plain, v2_pack_3_plain, v2_leaf_runs, v2_leaf_digest, v2_interior_digests, v2_index_run (version 1),
 v2_index_run_2, v2_index_run_3, v2_group_summary (version 1), v2_group_summary_counted (version 2),
 v2_merged_summary (version 1), v2_merged_summary_chains (version 2), v2_summary_delta,
-v2_record_bundle, vm_version and the
+v2_record_bundle, vm_version, memory_state_header and the
 pinned ids of v2_group_ids. (The sealed vectors
 v2_sealed_*, v2_key_slot and v2_group_sealed_raw were computed with PyNaCl and argon2-cffi.)
 """
@@ -297,6 +297,18 @@ def vm_version():
     return envelope(b"CRNVMV\0\0", 1, out)
 
 
+def memory_state_header():
+    """Page size 4096, footers, prefix QEVM v3 + configuration "pc-q35-7.2", RAM section
+    2/0/4, pc.ram 128 MiB at 2 MiB, pc.bios 256 KiB at 130 MiB, tail 12345 bytes at 132 MiB."""
+    prefix = b"QEVM\0\0\0\x03\x07" + struct.pack(">I", 10) + b"pc-q35-7.2"
+    out = struct.pack("<IBI", 4096, 1, len(prefix)) + prefix + struct.pack("<IIIH", 2, 0, 4, 2)
+    for name, length, offset in ((b"pc.ram", 128 << 20, 2 << 20),
+                                 (b"pc.bios", 256 << 10, 130 << 20)):
+        out += struct.pack("<B", len(name)) + name + struct.pack("<QQ", length, offset)
+    out += struct.pack("<QQ", 132 << 20, 12345)
+    return envelope(b"CRNMEM\0\0", 1, out)
+
+
 def as_hex(b):
     h = b.hex()
     return "\n".join(h[i:i + 64] for i in range(0, len(h), 64)) + "\n"
@@ -315,7 +327,8 @@ def main():
                ("v2_merged_summary_chains", merged_summary(chains=True)),
                ("v2_summary_delta", summary_delta()),
                ("v2_record_bundle", record_bundle()),
-               ("vm_version", vm_version()))
+               ("vm_version", vm_version()),
+               ("memory_state_header", memory_state_header()))
     for name, data in vectors:
         path = os.path.join(HERE, name + ".hex")
         if "--write" in sys.argv:

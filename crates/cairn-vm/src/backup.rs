@@ -29,6 +29,7 @@ use cairn_engine::source::RateLimited;
 use cairn_engine::vm::{
     discard_disks, latest_vm, publish_vm, unbound_disk_versions, NewVmVersion, DISK_MESSAGE_PREFIX,
 };
+use cairn_format::memstate::MEMORY_IMAGE;
 use cairn_format::version::VersionRecord;
 use cairn_format::vm::{Freeze, VmDisk, VmVersion};
 use cairn_format::Id;
@@ -70,6 +71,8 @@ pub struct BackupOptions {
     pub dedup: DedupMode,
     /// Bytes per second each disk is read at, at most.
     pub rate_limit: Option<u64>,
+    /// Also save the guest's memory and device state ([`crate::memory`]).
+    pub memory: bool,
 }
 
 /// What happened to one disk.
@@ -87,12 +90,30 @@ pub struct DiskReport {
     pub duration: Duration,
 }
 
+/// What saving the memory state did.
+#[derive(Debug, Clone)]
+pub struct MemoryReport {
+    /// The memory state image's version (`VM/.memory`).
+    pub version: DiskReport,
+    /// The guest's RAM, and the bytes of QEMU's migration stream.
+    pub ram_bytes: u64,
+    pub stream_bytes: u64,
+    /// Pages holding data (zero pages are holes of the image).
+    pub data_pages: u64,
+    pub page_size: u32,
+    /// The last pass, with the guest paused, as QEMU measured it.
+    pub downtime: Duration,
+    /// The copy, from the migration's start to its end.
+    pub copy: Duration,
+}
+
 /// What a backup did.
 #[derive(Debug, Clone)]
 pub struct BackupReport {
     pub id: Id,
     pub record: VmVersion,
     pub disks: Vec<DiskReport>,
+    pub memory: Option<MemoryReport>,
     /// From the freeze request to the thaw's answer (the point in time alone, unfrozen).
     pub paused_for: Duration,
     /// Taking the point in time (the transaction, or libvirt's backup-begin).
@@ -111,6 +132,11 @@ pub async fn backup(
     for d in &options.only {
         cairn_format::vm::validate_disk_name(&options.vm, d)
             .map_err(|e| VmError::BadInput(format!("--disk {d:?}: {e}")))?;
+    }
+    if options.memory && matches!(options.target, Target::Libvirt { .. }) {
+        return Err(VmError::BadInput(
+            crate::libvirt::MEMORY_WITH_QMP_ONLY.into(),
+        ));
     }
     let vm_key = hex::encode(&blake3::hash(options.vm.as_bytes()).as_bytes()[..4]);
     let _vm_lock = exclusive(&format!("VM {}", options.vm), &format!("vm-{vm_key}"))?;
@@ -178,7 +204,8 @@ async fn run<H: Hypervisor>(
         })?;
     }
     let latest = latest_vm(&repo, &options.vm).await?.map(|l| l.1);
-    let names: Vec<String> = disks.iter().map(|d| d.name.clone()).collect();
+    let mut names: Vec<String> = disks.iter().map(|d| d.name.clone()).collect();
+    names.push(MEMORY_IMAGE.to_string());
     let left = unbound_disk_versions(&repo, &options.vm, latest.as_ref(), &names).await?;
     if !left.is_empty() {
         discard_disks(&repo, &left).await?;
@@ -204,6 +231,7 @@ async fn run<H: Hypervisor>(
 
     let checkpoint = format!("{CHECKPOINT_PREFIX}{}", cairn_repo::session::now_ns());
     let mut committed = Vec::new();
+    let mut memory = None;
     let outcome = take_and_commit(
         &repo,
         options,
@@ -213,6 +241,7 @@ async fn run<H: Hypervisor>(
         &since,
         &checkpoint,
         &mut committed,
+        &mut memory,
         say,
     )
     .await;
@@ -220,7 +249,7 @@ async fn run<H: Hypervisor>(
     let taken = match outcome {
         Ok(taken) => taken,
         Err(e) => {
-            discard_committed(&repo, &committed, say).await;
+            discard_committed(&repo, &committed, &memory, say).await;
             return Err(e);
         }
     };
@@ -244,7 +273,7 @@ async fn run<H: Hypervisor>(
             config_kind,
             config,
             disks: vm_disks,
-            memory: None,
+            memory: memory.as_ref().map(|m| m.version.id),
             freeze: taken.freeze,
             freeze_ns: taken.paused_for.as_nanos() as u64,
             message: options.message.clone(),
@@ -254,7 +283,7 @@ async fn run<H: Hypervisor>(
     let (id, record) = match published {
         Ok(p) => p,
         Err(e) => {
-            discard_committed(&repo, &committed, say).await;
+            discard_committed(&repo, &committed, &memory, say).await;
             return Err(e.into());
         }
     };
@@ -268,6 +297,7 @@ async fn run<H: Hypervisor>(
         id,
         record,
         disks: committed,
+        memory,
         paused_for: taken.paused_for,
         point_in_time: taken.point_in_time,
         total: started.elapsed(),
@@ -278,13 +308,17 @@ async fn run<H: Hypervisor>(
 async fn discard_committed(
     repo: &Repo,
     committed: &[DiskReport],
+    memory: &Option<MemoryReport>,
     say: &(dyn Fn(String) + Send + Sync),
 ) {
-    if committed.is_empty() {
+    let versions: Vec<(Id, VersionRecord)> = committed
+        .iter()
+        .chain(memory.as_ref().map(|m| &m.version))
+        .map(|d| (d.id, d.record.clone()))
+        .collect();
+    if versions.is_empty() {
         return;
     }
-    let versions: Vec<(Id, VersionRecord)> =
-        committed.iter().map(|d| (d.id, d.record.clone())).collect();
     match discard_disks(repo, &versions).await {
         Ok(()) => say(format!(
             "discarded the {} disk version(s) this backup committed: no VM version binds them",
@@ -387,10 +421,40 @@ async fn take_and_commit<H: Hypervisor>(
     since: &[Option<String>],
     checkpoint: &str,
     committed: &mut Vec<DiskReport>,
+    memory: &mut Option<MemoryReport>,
     say: &(dyn Fn(String) + Send + Sync),
 ) -> VmResult<Taken> {
     hv.prepare(disks).await?;
-    // Freeze, the point in time, thaw: as short as the hypervisor lets it be.
+    let (taken, saved) = match options.memory {
+        false => (
+            freeze_and_take(options, hv, disks, since, checkpoint, say).await?,
+            None,
+        ),
+        true => {
+            let (taken, saved) = save_and_take(hv, disks, since, checkpoint, say).await?;
+            (taken, Some(saved))
+        }
+    };
+    let readers = hv.expose(disks, since).await?;
+    for ((disk, plan), reader) in disks.iter().zip(plans).zip(readers) {
+        let report = commit_disk(repo, options, disk, plan, reader, taken.time_ns).await?;
+        committed.push(report);
+    }
+    if let Some(saved) = saved {
+        *memory = Some(commit_memory(repo, options, saved, taken.time_ns).await?);
+    }
+    Ok(taken)
+}
+
+/// Freeze, the point in time, thaw: as short as the hypervisor lets it be.
+async fn freeze_and_take<H: Hypervisor>(
+    options: &BackupOptions,
+    hv: &mut H,
+    disks: &[DiskInfo],
+    since: &[Option<String>],
+    checkpoint: &str,
+    say: &(dyn Fn(String) + Send + Sync),
+) -> VmResult<Taken> {
     let paused = Instant::now();
     let (frozen, note) = hv.freeze(options.agent_timeout).await;
     if let Some(note) = note {
@@ -405,11 +469,6 @@ async fn take_and_commit<H: Hypervisor>(
     }
     let paused_for = paused.elapsed();
     result?;
-    let readers = hv.expose(disks, since).await?;
-    for ((disk, plan), reader) in disks.iter().zip(plans).zip(readers) {
-        let report = commit_disk(repo, options, disk, plan, reader, time_ns).await?;
-        committed.push(report);
-    }
     Ok(Taken {
         time_ns,
         freeze: match frozen {
@@ -420,6 +479,108 @@ async fn take_and_commit<H: Hypervisor>(
         paused_for,
         point_in_time,
     })
+}
+
+/// The memory state, then the disks' point in time while the guest is still paused at the
+/// memory's instant, then the guest runs again (whatever happened).
+async fn save_and_take<H: Hypervisor>(
+    hv: &mut H,
+    disks: &[DiskInfo],
+    since: &[Option<String>],
+    checkpoint: &str,
+    say: &(dyn Fn(String) + Send + Sync),
+) -> VmResult<(Taken, crate::memory::Saved)> {
+    let saved = match hv.save_memory().await {
+        Ok(saved) => saved,
+        Err(e) => {
+            hv.resume().await;
+            return Err(e);
+        }
+    };
+    if saved.forced_pause {
+        say(
+            "the guest wrote memory faster than it could be copied: it was paused to finish, \
+             and a guest resumed from this state starts paused (QMP `cont` runs it)"
+                .into(),
+        );
+    }
+    let time_ns = cairn_repo::session::now_ns();
+    let tx = Instant::now();
+    let result = hv.point_in_time(disks, since, checkpoint).await;
+    let point_in_time = tx.elapsed();
+    hv.resume().await;
+    let paused_for = saved.downtime + saved.paused_at.elapsed();
+    result?;
+    Ok((
+        Taken {
+            time_ns,
+            freeze: Freeze::NotTried,
+            paused_for,
+            point_in_time,
+        },
+        saved,
+    ))
+}
+
+/// Commits the memory state image as a version of `VM/.memory` (deduplicated against the
+/// VM's earlier states by content; its zero pages are holes).
+async fn commit_memory(
+    repo: &Arc<Repo>,
+    options: &BackupOptions,
+    saved: crate::memory::Saved,
+    time_ns: i64,
+) -> VmResult<MemoryReport> {
+    let started = Instant::now();
+    let image_name = VmVersion::disk_image(&options.vm, MEMORY_IMAGE);
+    let file = saved.file.clone();
+    let image = cairn_image::RawImage::open(&file, Default::default())
+        .map_err(|e| VmError::State(format!("memory state image {}: {e}", file.display())))?;
+    let source = CommitSource::Local(Arc::new(image));
+    let planned = plan_commit(repo, &image_name, source, None, &NoRecords).await?;
+    let done = commit_planned(
+        repo.clone(),
+        &image_name,
+        planned,
+        CommitOptions {
+            message: disk_message(options, time_ns),
+            dedup: options.dedup,
+            ..Default::default()
+        },
+    )
+    .await?;
+    let _ = std::fs::remove_file(&saved.file);
+    let layout = &saved.received.layout;
+    Ok(MemoryReport {
+        version: DiskReport {
+            name: MEMORY_IMAGE.to_string(),
+            image: image_name,
+            id: done.result.id,
+            record: done.result.record,
+            full_because: None,
+            dirty_bytes: 0,
+            read_bytes: done.read_bytes,
+            duration: started.elapsed(),
+        },
+        ram_bytes: layout.ram_bytes(),
+        stream_bytes: saved.received.stream_bytes,
+        data_pages: saved.received.data_pages,
+        page_size: layout.page_size,
+        downtime: saved.downtime,
+        copy: saved.duration,
+    })
+}
+
+/// The message of every image version a backup commits: the prefix that tells it apart.
+fn disk_message(options: &BackupOptions, time_ns: i64) -> String {
+    format!(
+        "{DISK_MESSAGE_PREFIX}{} at {}{}",
+        options.vm,
+        time_ns,
+        match options.message.is_empty() {
+            true => String::new(),
+            false => format!(": {}", options.message),
+        }
+    )
 }
 
 async fn commit_disk(
@@ -458,15 +619,7 @@ async fn commit_disk(
     };
     let base = plan.as_ref().ok().map(|(base, _)| base.clone());
     let planned = plan_commit(repo, &image_name, source, base, &NoRecords).await?;
-    let message = format!(
-        "{DISK_MESSAGE_PREFIX}{} at {}{}",
-        options.vm,
-        time_ns,
-        match options.message.is_empty() {
-            true => String::new(),
-            false => format!(": {}", options.message),
-        }
-    );
+    let message = disk_message(options, time_ns);
     let done = commit_planned(
         repo.clone(),
         &image_name,

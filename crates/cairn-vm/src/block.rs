@@ -253,6 +253,21 @@ pub async fn export(qmp: &mut Qmp, fleece: &Fleece, bitmap: bool) -> VmResult<()
     Ok(())
 }
 
+/// Makes QEMU take back the disk under `fleece` that a migration left inactive (handed over):
+/// QEMU activates the node of every export it adds, with its children.
+pub async fn activate(qmp: &mut Qmp, fleece: &Fleece) -> VmResult<()> {
+    let id = format!("{}-activate", fleece.export);
+    qmp.execute(
+        "block-export-add",
+        json!({"type": "nbd", "id": id, "node-name": fleece.node, "name": id,
+               "writable": false}),
+    )
+    .await?;
+    qmp.execute("block-export-del", json!({"id": id, "mode": "hard"}))
+        .await?;
+    Ok(())
+}
+
 /// Starts QEMU's NBD server on `socket`; false when one already listens there (started by a
 /// backup that was killed: it is used as it is).
 pub async fn start_nbd_server(qmp: &mut Qmp, socket: &Path) -> VmResult<bool> {

@@ -59,6 +59,31 @@ pub fn qemu_args_on(config: &str, disks: &[RestoredDisk]) -> (Vec<String>, Vec<S
     (args, notes)
 }
 
+/// `args` made to resume from the migration stream at `state` (`-incoming`), or to boot
+/// afresh when `state` is `None`: any `-incoming` the recorded command line had (a VM resumed
+/// once before) goes.
+pub fn with_incoming(args: Vec<String>, state: Option<&std::path::Path>) -> Vec<String> {
+    let mut out = Vec::with_capacity(args.len() + 2);
+    let mut skip = false;
+    for a in args {
+        if std::mem::take(&mut skip) {
+            continue;
+        }
+        if a == "-incoming" || a == "--incoming" {
+            skip = true;
+            continue;
+        }
+        out.push(a);
+    }
+    if let Some(state) = state {
+        // QEMU runs the command after exec: with /bin/sh: the path is quoted for it.
+        let path = state.display().to_string().replace('\'', r"'\''");
+        out.push("-incoming".into());
+        out.push(format!("exec:cat '{path}'"));
+    }
+    out
+}
+
 /// QEMU's option string split at single commas (`,,` is a literal comma and stays inside).
 fn split_options(s: &str) -> Vec<String> {
     let mut out = vec![String::new()];
@@ -127,5 +152,24 @@ mod tests {
             shell_line(&["a b".into(), "it's".into()]),
             r"'a b' 'it'\''s'"
         );
+    }
+
+    #[test]
+    fn incoming_replaces_an_older_one() {
+        let args: Vec<String> = ["qemu", "-incoming", "exec:cat old", "-m", "1"]
+            .map(String::from)
+            .into();
+        let state = std::path::Path::new("/r/it's.state");
+        assert_eq!(
+            with_incoming(args.clone(), Some(state)),
+            [
+                "qemu",
+                "-m",
+                "1",
+                "-incoming",
+                r"exec:cat '/r/it'\''s.state'"
+            ]
+        );
+        assert_eq!(with_incoming(args, None), ["qemu", "-m", "1"]);
     }
 }

@@ -73,6 +73,11 @@ pub trait Hypervisor {
         since: &[Option<String>],
         checkpoint: &str,
     ) -> VmResult<()>;
+    /// Saves the guest's memory and device state ([`crate::memory`]) and leaves the guest
+    /// paused at that instant, its disks ready for the point in time.
+    async fn save_memory(&mut self) -> VmResult<crate::memory::Saved>;
+    /// Lets a guest [`Hypervisor::save_memory`] paused run again (after a failure too).
+    async fn resume(&mut self);
     /// The point-in-time view of each disk, exported over NBD.
     async fn expose(
         &mut self,

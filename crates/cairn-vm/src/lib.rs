@@ -11,6 +11,8 @@ mod error;
 pub mod hypervisor;
 pub mod instant;
 pub mod libvirt;
+pub mod memory;
+pub mod migration;
 pub mod qemu;
 pub mod qmp;
 

@@ -195,6 +195,11 @@ impl Libvirt {
     }
 }
 
+/// Why `--memory` is refused for a libvirt domain.
+pub const MEMORY_WITH_QMP_ONLY: &str =
+    "--memory needs --qmp: cairn saves memory through QEMU's monitor, which libvirt keeps to \
+     itself (libvirt's own `virsh snapshot-create --memspec` saves it in libvirt's format)";
+
 impl Hypervisor for Libvirt {
     fn describe(&self) -> String {
         format!("libvirt domain {}", self.domain)
@@ -365,6 +370,12 @@ impl Hypervisor for Libvirt {
         let _ = std::fs::remove_file(&cp);
         result.map(|_| ())
     }
+
+    async fn save_memory(&mut self) -> VmResult<crate::memory::Saved> {
+        Err(VmError::BadInput(MEMORY_WITH_QMP_ONLY.into()))
+    }
+
+    async fn resume(&mut self) {}
 
     async fn expose(
         &mut self,

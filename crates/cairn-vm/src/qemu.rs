@@ -31,6 +31,8 @@ pub struct Qemu {
     fleeces: Vec<Fleece>,
     nbd_socket: PathBuf,
     nbd_started: bool,
+    /// What `check_running` undid of an interrupted backup, for `clean_stale` to report.
+    undone: Vec<String>,
 }
 
 impl Qemu {
@@ -55,6 +57,7 @@ impl Qemu {
             fleeces: Vec::new(),
             nbd_socket: scratch.join(format!("cairn-nbd-{vm_key}.sock")),
             nbd_started: false,
+            undone: Vec::new(),
         })
     }
 
@@ -78,6 +81,11 @@ impl Hypervisor for Qemu {
     }
 
     async fn check_running(&mut self) -> VmResult<()> {
+        // A guest an interrupted memory save left paused runs again first.
+        if crate::memory::resume(&mut self.qmp, &self.vm_key).await? {
+            self.undone
+                .push("a guest paused to save its memory (resumed)".into());
+        }
         let status = self.qmp.execute("query-status", json!({})).await?;
         let state = status["status"].as_str().unwrap_or("unknown").to_string();
         match state.as_str() {
@@ -90,7 +98,8 @@ impl Hypervisor for Qemu {
     }
 
     async fn clean_stale(&mut self) -> Vec<String> {
-        let mut out = block::clean_stale(&mut self.qmp, &self.scratch, &self.vm_key).await;
+        let mut out = std::mem::take(&mut self.undone);
+        out.extend(block::clean_stale(&mut self.qmp, &self.scratch, &self.vm_key).await);
         if let Some(path) = &self.agent_path {
             match Agent::connect(path, self.agent_timeout).await {
                 Ok(mut agent) => {
@@ -220,6 +229,24 @@ impl Hypervisor for Qemu {
             .collect::<VmResult<_>>()?;
         let pairs: Vec<(&Disk, &Fleece)> = ours.iter().zip(&self.fleeces).collect();
         block::point_in_time(&mut self.qmp, &pairs, checkpoint).await
+    }
+
+    async fn save_memory(&mut self) -> VmResult<crate::memory::Saved> {
+        let prefix = block::scratch_prefix(&self.vm_key);
+        let file = self.scratch.join(format!("{prefix}memory"));
+        let socket = self.scratch.join(format!("{prefix}migration.sock"));
+        let saved = crate::memory::save(&mut self.qmp, &self.vm_key, &file, &socket).await?;
+        for fleece in self.fleeces.clone() {
+            block::activate(&mut self.qmp, &fleece).await?;
+        }
+        Ok(saved)
+    }
+
+    async fn resume(&mut self) {
+        if let Err(e) = crate::memory::resume(&mut self.qmp, &self.vm_key).await {
+            // Said loudly: a guest left paused does nothing.
+            tracing::error!("{e}: the guest may still be paused; the next backup resumes it");
+        }
     }
 
     async fn expose(

@@ -19,6 +19,9 @@ use crate::error::{VmError, VmResult};
 /// their work goes on in the background).
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long QEMU may take to greet a new client.
+const GREETING_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A connected QMP monitor.
 pub struct Qmp {
     path: PathBuf,
@@ -55,7 +58,16 @@ impl Qmp {
             events: Vec::new(),
             next_id: 1,
         };
-        let greeting = qmp.read_message().await?;
+        // QEMU serves one client per monitor: another holding it means no greeting at all.
+        let greeting = tokio::time::timeout(GREETING_TIMEOUT, qmp.read_message())
+            .await
+            .map_err(|_| {
+                qmp.fail(format!(
+                    "no greeting in {} s: another client holds this monitor (QEMU serves one \
+                     at a time), or it is not a QMP socket",
+                    GREETING_TIMEOUT.as_secs()
+                ))
+            })??;
         if greeting.get("QMP").is_none() {
             return Err(qmp.fail(format!("not a QMP greeting: {greeting}")));
         }

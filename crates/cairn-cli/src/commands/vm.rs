@@ -26,14 +26,19 @@ pub async fn run(ctx: &Context, args: VmArgs) -> Result<ExitCode> {
         VmAction::Prune(args) => prune(ctx, args).await,
         VmAction::Diff { a, b } => diff(ctx, &a, &b).await,
         VmAction::Tag { spec, name, delete } => tag(ctx, &spec, &name, delete).await,
-        VmAction::Start { spec, socket } => start(ctx, &spec, socket).await,
+        VmAction::Start {
+            spec,
+            socket,
+            no_memory,
+        } => start(ctx, &spec, socket, no_memory).await,
         VmAction::Commit { vm, qmp, message } => commit(ctx, &vm, qmp.as_deref(), &message).await,
         VmAction::Restore {
             spec,
             to,
             format,
             force,
-        } => restore(ctx, &spec, &to, format, force).await,
+            no_memory,
+        } => restore(ctx, &spec, &to, format, force, no_memory).await,
     }
 }
 
@@ -89,6 +94,7 @@ async fn run_backup(ctx: &Context, args: VmBackupArgs) -> Result<ExitCode> {
         message: args.message,
         dedup: crate::commands::commit::dedup_mode(args.dedup),
         rate_limit,
+        memory: args.memory,
     };
     let say = |line: String| ctx.warn(&line);
     let report = backup(repo.clone(), &options, &say).await.map_err(unwrap)?;
@@ -143,6 +149,21 @@ fn print_backup(ctx: &Context, r: &BackupReport) {
             .collect();
         let mut v = vm_json(&r.id, &r.record);
         v["disks"] = Value::Array(disks);
+        if let Some(m) = &r.memory {
+            v["memory_state"] = json!({
+                "image": m.version.image,
+                "seq": m.version.record.seq,
+                "id": m.version.id.to_hex(),
+                "ram_bytes": m.ram_bytes,
+                "stream_bytes": m.stream_bytes,
+                "data_bytes": m.data_pages * m.page_size as u64,
+                "new_chunk_bytes": m.version.record.stats.new_chunk_bytes,
+                "stored_bytes": m.version.record.stats.stored_bytes,
+                "downtime_s": m.downtime.as_secs_f64(),
+                "copy_s": m.copy.as_secs_f64(),
+                "duration_s": m.version.duration.as_secs_f64(),
+            });
+        }
         v["paused_s"] = json!(r.paused_for.as_secs_f64());
         v["point_in_time_s"] = json!(r.point_in_time.as_secs_f64());
         v["duration_s"] = json!(r.total.as_secs_f64());
@@ -174,6 +195,21 @@ fn print_backup(ctx: &Context, r: &BackupReport) {
             bytes(d.record.stats.new_chunk_bytes),
             bytes(d.record.stats.stored_bytes),
             d.duration.as_secs_f64()
+        );
+    }
+    if let Some(m) = &r.memory {
+        outln!(
+            "  {}@{}  memory {} RAM ({} in pages with data), stream {}, new {}, stored {}; \
+             copied in {:.1} s, last pass {:.0} ms",
+            m.version.image,
+            m.version.record.seq,
+            bytes(m.ram_bytes),
+            bytes(m.data_pages * m.page_size as u64),
+            bytes(m.stream_bytes),
+            bytes(m.version.record.stats.new_chunk_bytes),
+            bytes(m.version.record.stats.stored_bytes),
+            m.copy.as_secs_f64(),
+            m.downtime.as_secs_f64() * 1e3
         );
     }
 }
@@ -279,6 +315,21 @@ async fn show(ctx: &Context, spec: &str, config: bool) -> Result<ExitCode> {
     if !v.message.is_empty() {
         outln!("  message  {}", v.message);
     }
+    if let Some(memory) = v.memory {
+        match repo.load_version(&memory).await {
+            Ok(r) => outln!(
+                "  memory   {}@{}  ({}, {}: `cairn vm restore` resumes the guest)",
+                r.image,
+                r.seq,
+                memory.short(),
+                bytes(r.logical_size)
+            ),
+            Err(e) => outln!(
+                "  memory   {} (its record cannot be read: {e})",
+                memory.short()
+            ),
+        }
+    }
     for d in &v.disks {
         outln!(
             "  disk     {}  {}@{}  ({}, node {}, checkpoint {})",
@@ -375,9 +426,10 @@ async fn restore(
     dir: &std::path::Path,
     format: VmDiskFormat,
     force: bool,
+    no_memory: bool,
 ) -> Result<ExitCode> {
     use cairn_engine::restore::{restore, RestoreOptions, RestoreTarget};
-    use cairn_vm::config::{qemu_args_on, shell_line, RestoredDisk};
+    use cairn_vm::config::{qemu_args_on, shell_line, with_incoming, RestoredDisk};
     let spec = VmSpec::parse(spec)?;
     let repo = ctx.open_as(SessionKind::Restore).await?;
     let (id, v) = resolve_vm(&repo, &spec).await?;
@@ -418,13 +470,29 @@ async fn restore(
             format: ext.to_string(),
         });
     }
-    let (args, notes) = match v.config_kind {
+    let state = match (v.memory, no_memory) {
+        (Some(memory), false) => {
+            Some(restore_memory(&repo, &memory, &dir.join("memory.state"), force).await?)
+        }
+        _ => None,
+    };
+    let (args, mut notes) = match v.config_kind {
         ConfigKind::QemuArgs => qemu_args_on(&v.config, &restored),
         _ => (
             Vec::new(),
             vec!["no QEMU command line was recorded: attach the disks by hand".to_string()],
         ),
     };
+    let args = match args.is_empty() {
+        true => args,
+        false => with_incoming(args, state.as_ref().map(|(p, _)| p.as_path())),
+    };
+    if let (Some((path, _)), true) = (&state, args.is_empty()) {
+        notes.push(format!(
+            "start QEMU as the VM was, with `-incoming 'exec:cat {}'`",
+            path.display()
+        ));
+    }
     for note in &notes {
         ctx.warn(note);
     }
@@ -434,6 +502,10 @@ async fn restore(
             "seq": v.seq,
             "id": id.to_hex(),
             "disks": reports,
+            "memory_state": state.as_ref().map(|(p, n)| json!({
+                "output": p.display().to_string(),
+                "stream_bytes": n,
+            })),
             "qemu_args": args,
             "notes": notes,
             "duration_s": started.elapsed().as_secs_f64(),
@@ -449,11 +521,68 @@ async fn restore(
             bytes(r["logical_bytes"].as_u64().unwrap_or(0))
         );
     }
+    if let Some((path, n)) = &state {
+        outln!(
+            "memory state -> {} ({}): the guest resumes where it was",
+            path.display(),
+            bytes(*n)
+        );
+    }
     if !args.is_empty() {
         outln!("run it with:");
         outln!("{}", shell_line(&args));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the memory state `memory` names to `path` as QEMU's migration stream (its image is
+/// restored beside it first, holes and all, and removed after); the path and length.
+async fn restore_memory(
+    repo: &std::sync::Arc<cairn_repo::Repo>,
+    memory: &Id,
+    path: &std::path::Path,
+    force: bool,
+) -> Result<(std::path::PathBuf, u64)> {
+    use cairn_engine::restore::{restore, RestoreOptions, RestoreTarget};
+    let path = path.to_path_buf();
+    if path.exists() && !force {
+        return Err(cairn_engine::EngineError::Exists(format!(
+            "{} exists (--force replaces it)",
+            path.display()
+        ))
+        .into());
+    }
+    let record = repo.load_version(memory).await?;
+    let image = path.with_extension("image.part");
+    let _ = std::fs::remove_file(&image);
+    restore(
+        repo.clone(),
+        &record,
+        RestoreTarget::Path(image.clone()),
+        RestoreOptions::default(),
+    )
+    .await?;
+    let (from, to) = (image.clone(), path.clone());
+    let written = tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::File::open(&from)?;
+        let part = to.with_extension("state.part");
+        let out = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&part)?;
+        let n = cairn_vm::migration::emit(&file, &out)
+            .map_err(|e| std::io::Error::other(format!("{}: {e}", record.image)))?;
+        out.sync_all()?;
+        std::fs::rename(&part, &to)?;
+        Ok::<u64, std::io::Error>(n)
+    })
+    .await?;
+    let _ = std::fs::remove_file(&image);
+    let n = written.map_err(|e| anyhow::anyhow!("memory state {}: {e}", path.display()))?;
+    Ok((path, n))
 }
 
 async fn prune(ctx: &Context, args: VmPruneArgs) -> Result<ExitCode> {
@@ -615,10 +744,15 @@ struct ExportOnly {
     args: crate::cli::ExportArgs,
 }
 
-async fn start(ctx: &Context, spec: &str, socket: Option<std::path::PathBuf>) -> Result<ExitCode> {
+async fn start(
+    ctx: &Context,
+    spec: &str,
+    socket: Option<std::path::PathBuf>,
+    no_memory: bool,
+) -> Result<ExitCode> {
     use clap::Parser;
     let spec = VmSpec::parse(spec)?;
-    let (v, socket) = {
+    let (v, socket, state) = {
         let repo = ctx.open().await?;
         let (_, v) = resolve_vm(&repo, &spec).await?;
         let socket = match socket {
@@ -632,9 +766,25 @@ async fn start(ctx: &Context, spec: &str, socket: Option<std::path::PathBuf>) ->
                 ))
             }
         };
-        (v, socket)
+        let state = match (v.memory, no_memory) {
+            (Some(memory), false) => {
+                let root = crate::commands::exports::overlay_root();
+                cairn_export::lifecycle::ensure_private_dir(&root)?;
+                let path = root.join(format!(
+                    "vm-{}.memory.state",
+                    cairn_export::lifecycle::file_key(&v.vm)
+                ));
+                Some(restore_memory(&repo, &memory, &path, true).await?)
+            }
+            _ => None,
+        };
+        (v, socket, state)
     };
     let (specs, args, notes) = cairn_vm::instant::start_plan(&v, &socket);
+    let args = match args.is_empty() {
+        true => args,
+        false => cairn_vm::config::with_incoming(args, state.as_ref().map(|(p, _)| p.as_path())),
+    };
     for note in &notes {
         ctx.warn(note);
     }
@@ -642,6 +792,7 @@ async fn start(ctx: &Context, spec: &str, socket: Option<std::path::PathBuf>) ->
         print_json(&json!({
             "vm": v.vm, "seq": v.seq, "socket": socket.display().to_string(),
             "exports": specs, "qemu_args": args,
+            "memory_state": state.as_ref().map(|(p, _)| p.display().to_string()),
         }));
     } else if !args.is_empty() {
         outln!(

@@ -243,3 +243,51 @@ async fn vm_retention_removes_whole_vm_versions() {
         .await
         .is_err());
 }
+
+/// Commits `data` as image `image` the way a VM backup does (its message marks it).
+async fn by_backup(repo: &Arc<Repo>, image: &str, seed: u64) -> cairn_engine::commit::CommitResult {
+    let src =
+        cairn_engine::source::StreamSource::new("t", std::io::Cursor::new(noise(1 << 20, seed)));
+    let options = cairn_engine::commit::CommitOptions {
+        message: format!("{DISK_MESSAGE_PREFIX}web at {seed}"),
+        ..Default::default()
+    };
+    cairn_engine::commit::commit(repo.clone(), image, Box::new(src), options)
+        .await
+        .unwrap()
+}
+
+/// The memory state (image `web/.memory`) is bound like a disk: kept by `rm`/`prune` of
+/// images, removed with its VM version, and discarded when a killed backup left it unbound.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_memory_state_is_bound_like_a_disk() {
+    let store = Arc::new(MemoryStore::new());
+    init(store.clone(), false).await;
+    let repo = open(&store).await;
+    let memory = by_backup(&repo, "web/.memory", 7).await;
+    let mut new = new_version(vec![disk(&repo, "disk0", 1).await], "with memory");
+    new.memory = Some(memory.id);
+    let (_, v1) = publish_vm(&repo, new).await.unwrap();
+    assert_eq!(v1.bound().last(), Some(&(".memory", memory.id)));
+    assert_eq!(
+        bound_disk_versions(&repo).await.unwrap().get(&memory.id),
+        Some(&"web@1".to_string())
+    );
+    // A later backup saved memory again and was killed before its VM version.
+    let left = by_backup(&repo, "web/.memory", 8).await;
+    let names = ["disk0".to_string(), ".memory".to_string()];
+    let found = unbound_disk_versions(&repo, "web", Some(&v1), &names)
+        .await
+        .unwrap();
+    assert_eq!(
+        found.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        [left.id]
+    );
+    discard_disks(&repo, &found).await.unwrap();
+    // Removing the VM version takes its memory state along.
+    let removed = remove_vm_versions(&repo, &[VmSpec::parse("web@1").unwrap()])
+        .await
+        .unwrap();
+    assert!(removed[0].disks.iter().any(|(id, _)| *id == memory.id));
+    assert!(history(&repo, "web/.memory").await.unwrap().is_empty());
+}

@@ -178,8 +178,8 @@ pub async fn bound_disk_versions(repo: &Repo) -> EngineResult<HashMap<Id, String
     let mut out = HashMap::new();
     for vm in repo.vms().await? {
         for (_, v) in vm_history(repo, &vm).await? {
-            for d in &v.disks {
-                out.entry(d.version)
+            for (_, version) in v.bound() {
+                out.entry(version)
                     .or_insert_with(|| format!("{}@{}", v.vm, v.seq));
             }
         }
@@ -239,16 +239,16 @@ pub async fn remove_vm_versions(
         // Bound by the VM versions still live after this one's removal.
         let still = bound_disk_versions(repo).await?;
         let mut disks = Vec::new();
-        for d in &record.disks {
-            if still.contains_key(&d.version) || tagged.contains(&d.version) {
+        for (name, version) in record.bound() {
+            if still.contains_key(&version) || tagged.contains(&version) {
                 continue;
             }
-            match repo.load_version(&d.version).await {
+            match repo.load_version(&version).await {
                 Ok(r) => {
-                    repo.mark_deleted(&d.version).await?;
-                    disks.push((d.version, r));
+                    repo.mark_deleted(&version).await?;
+                    disks.push((version, r));
                 }
-                Err(e) => tracing::warn!(disk = %d.name, "{e}: left as it is"),
+                Err(e) => tracing::warn!(disk = %name, "{e}: left as it is"),
             }
         }
         tracing::info!(vm = %record.vm, seq = record.seq, %id, "removed VM version");
@@ -317,7 +317,17 @@ pub async fn unbound_disk_versions(
     let mut out = Vec::new();
     for disk in disks {
         let image = VmVersion::disk_image(vm, disk);
-        let bound = latest.and_then(|v| v.disks.iter().find(|d| &d.name == disk));
+        let bound = match latest {
+            None => None,
+            Some(v) => match v.disks.iter().find(|d| &d.name == disk) {
+                Some(d) => Some((d.version, d.seq)),
+                // The memory state binds no seq: its record says.
+                None => match v.bound().into_iter().find(|(n, _)| n == disk) {
+                    Some((_, id)) => Some((id, repo.load_version(&id).await?.seq)),
+                    None => None,
+                },
+            },
+        };
         let history = match crate::resolve::history(repo, &image).await {
             Ok(h) => h,
             Err(EngineError::Repo(cairn_repo::RepoError::NoSuchImage(_))) => continue,
@@ -325,7 +335,7 @@ pub async fn unbound_disk_versions(
             Err(e) => return Err(e),
         };
         for (id, record) in history {
-            if bound.is_some_and(|b| b.version == id || record.seq <= b.seq) {
+            if bound.is_some_and(|(version, seq)| version == id || record.seq <= seq) {
                 break;
             }
             if record.message.starts_with(DISK_MESSAGE_PREFIX) {
