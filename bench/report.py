@@ -7,9 +7,9 @@ Each topic of the page is a file under bench/results/current/ (TOPICS below give
 A topic holds tables; a table names the command that produced it, its date and its result
 files, and gets its rows either from raw results (a renderer below reads them: compare-*.json,
 ab-scaling-*.json, gc-*/…jsonl, dedup-tiers-*.json, trace-*/…json, format2-*.jsonl,
-lost-objects-*.json, pack-frames-*.json, vm-backup-*.json, or a table of a script's Markdown
-report) or, where no raw results were kept, from rows transcribed into the topic file. The
-output depends on those files only (no clock, no environment), so a second run writes the same
+lost-objects-*.json, pack-frames-*.json, vm-backup-*.json, vm-memory-*.json, or a table of a
+script's Markdown report) or, where no raw results were kept, from rows transcribed into the topic
+file. The output depends on those files only (no clock, no environment), so a second run writes the same
 bytes; scripts/test.sh checks that the committed BENCHMARKS.md is what this makes. Standard
 library only.
 
@@ -443,6 +443,27 @@ def r_vm_backup(spec):
     return vm_backup_rows(load_json(spec["file"]))
 
 
+def r_vm_memory(spec):
+    """bench/vm_memory.py's rounds: a memory state's bytes stored by cairn against the raw
+    migration stream, zstd of it and a qcow2 `savevm`, and the guest's pause."""
+    d = load_json(spec["file"])
+    header = ["state", "RAM MiB", "pages with data MiB", "stream MiB", "zstd -3 / -12 MiB",
+              "savevm MiB", "cairn stored MiB", "cairn ÷ stream / zstd -12 / savevm",
+              "guest paused: savevm s / cairn ms"]
+    rows = []
+    for r in d["rounds"]:
+        rows.append([
+            str(r["round"]), f"{r['ram_bytes'] / MIB:.0f}", f"{r['data_bytes'] / MIB:.0f}",
+            f"{r['stream_bytes'] / MIB:.0f}",
+            f"{r['zstd3_bytes'] / MIB:.0f} / {r['zstd12_bytes'] / MIB:.0f}",
+            f"{r['savevm_grew_bytes'] / MIB:.0f}", f"{r['cairn_stored_bytes'] / MIB:.1f}",
+            f"**{r['cairn_stored_bytes'] / r['stream_bytes']:.3f}** / "
+            f"{r['cairn_stored_bytes'] / r['zstd12_bytes']:.3f} / "
+            f"{r['cairn_stored_bytes'] / r['savevm_grew_bytes']:.3f}",
+            f"{r['savevm_s']:.2f} / {r['cairn_paused_s'] * 1000:.0f}"])
+    return header, rows
+
+
 RENDERERS = {
     "compare": r_compare,
     "md-table": r_md_table,
@@ -458,6 +479,7 @@ RENDERERS = {
     "pack-frames": r_pack_frames,
     "summary-delta": r_summary_delta,
     "vm-backup": r_vm_backup,
+    "vm-memory": r_vm_memory,
 }
 
 

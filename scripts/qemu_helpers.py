@@ -5,6 +5,8 @@
 - `Qmp`: a minimal QMP client over a Unix socket (commands, transactions, events kept).
 - `wait_for(path, proc, what)`: waits for a socket a child process creates.
 - `stop(proc)`: SIGTERM, then SIGKILL, of a child (its whole process group when it has one).
+- `vm_start(cairn, spec, socket)`: `cairn vm start` in the background, with the plan it
+  printed, once its exports serve.
 - `StorageDaemon`: a qemu-storage-daemon with block nodes given as `--blockdev` options, an
   NBD server and a QMP monitor, both on Unix sockets.
 """
@@ -125,6 +127,33 @@ def stop(proc):
     except subprocess.TimeoutExpired:
         signal_it(signal.SIGKILL)
         proc.wait()
+
+
+def vm_start(cairn, spec, socket):
+    """Starts `cairn --json vm start SPEC --socket SOCKET` (a `checks.Cairn`'s binary,
+    repository and environment); returns (process, plan) once its exports serve. The caller
+    stops the process."""
+    starter = subprocess.Popen([cairn.binary, "--repo", cairn.repo, "--json", "vm", "start",
+                                spec, "--socket", socket],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=cairn.env, start_new_session=True)
+    try:
+        text = ""
+        while True:  # the plan: one JSON object, printed over several lines
+            line = starter.stdout.readline()
+            if not line:
+                raise RuntimeError(f"vm start printed no plan: {starter.stderr.read()}")
+            text += line
+            try:
+                plan = json.loads(text)
+                break
+            except ValueError:
+                continue
+        wait_for(socket, starter, "cairn vm start")
+    except BaseException:
+        stop(starter)
+        raise
+    return starter, plan
 
 
 class StorageDaemon:

@@ -49,7 +49,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import Cairn, Checks, sh, sha  # noqa: E402
-from qemu_helpers import Qmp, need_tools, stop, wait_for  # noqa: E402
+from qemu_helpers import Qmp, need_tools, stop, vm_start, wait_for  # noqa: E402
 
 CHECKS = Checks()
 ok = CHECKS.ok
@@ -241,29 +241,13 @@ def consistent(paths, what):
     return a
 
 
-def instant_recovery(cairn, binary, repo, work, seq, restored):
+def instant_recovery(cairn, work, seq, restored):
     """`vm start web@seq`, a QEMU on its exports that writes, `vm commit web --qmp`: the new
     VM version restores to web@seq's disks with those writes, bit for bit."""
     sock = os.path.join(work, "instant.sock")
-    env = cairn.env
-    starter = subprocess.Popen([binary, "--repo", repo, "--json", "vm", "start", f"web@{seq}",
-                                "--socket", sock],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=env, start_new_session=True)
+    starter, plan = vm_start(cairn, f"web@{seq}", sock)
     qemu = None
     try:
-        text = ""
-        while True:  # the plan: one JSON object, printed over several lines
-            line = starter.stdout.readline()
-            if not line:
-                raise RuntimeError(f"vm start printed no plan: {starter.stderr.read()}")
-            text += line
-            try:
-                plan = json.loads(text)
-                break
-            except ValueError:
-                continue
-        wait_for(sock, starter, "cairn vm start")
         drives = [a for i, a in enumerate(plan["qemu_args"]) if plan["qemu_args"][i - 1] == "-drive"]
         ok(len(drives) == 2 and all(f"socket={sock}" in d for d in drives),
            f"vm start points every -drive at its export: {drives}")
@@ -448,7 +432,7 @@ def main():
 
         # 4b. Instant recovery: web@N served from lazy writable exports, a second QEMU runs on
         # them (the printed -drive options), writes, and vm commit records a new VM version.
-        instant_recovery(cairn, binary, repo, work, out["seq"], restored)
+        instant_recovery(cairn, work, out["seq"], restored)
 
         # 5. kill -9 of QEMU mid-backup, then QEMU again on the same disks.
         before = len(cairn.json("vm", "log", "web"))

@@ -219,6 +219,11 @@ def main():
                       check=False)
         ok(p.returncode == 1 and p.stderr.count("cairn: error:") == 1
            and "no-such-domain" in p.stderr, f"an unknown domain: one line: {p.stderr.strip()}")
+        p = cairn.run(*backup, "--memory", check=False)
+        ok(p.returncode == 2 and "--memory needs --qmp" in p.stderr
+           and p.stderr.count("cairn: error:") == 1,
+           f"--memory through libvirt is refused in one line: {p.stderr.strip()}")
+        ok(cairn.json("vm", "log", "lv")[0]["seq"] == 3, "and commits nothing")
         ok(cairn.run("verify", check=False).returncode == 0, "verify is clean")
     finally:
         virsh("destroy", DOMAIN, check=False)

@@ -33,7 +33,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import Cairn, Checks, sh  # noqa: E402
-from qemu_helpers import Qmp, need_tools, stop, wait_for  # noqa: E402
+from qemu_helpers import Qmp, need_tools, stop, vm_start, wait_for  # noqa: E402
 
 CHECKS = Checks()
 ok = CHECKS.ok
@@ -149,6 +149,9 @@ def memory_state(cairn, work, qemu, agent, qmp):
        f"{second['new_chunk_bytes']} against {first['new_chunk_bytes']} bytes)")
     ok(counters(serial)[-1] > outs[1][2], "the guest ran on after the backups")
     interrupted(cairn, qmp, serial, backup)
+    v = cairn.json("verify")
+    ok(v["clean"] and v["vm_versions_checked"] >= 5,
+       f"verify is clean and read every VM version ({v['vm_versions_checked']}): {v['problems']}")
     # The memory state is an image of its own, bound like a disk: not removable alone.
     mem = outs[0][0]["memory_state"]
     p = cairn.run("rm", f"{mem['image']}@{mem['seq']}", check=False)
@@ -170,23 +173,8 @@ def memory_state(cairn, work, qemu, agent, qmp):
     # memory state for the command line to load.
     stop(qemu)
     sock = os.path.join(work, "instant.sock")
-    starter = subprocess.Popen([cairn.binary, "--repo", cairn.repo, "--json", "vm", "start",
-                                f"guest@{out['seq']}", "--socket", sock],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=cairn.env, start_new_session=True)
+    starter, plan = vm_start(cairn, f"guest@{out['seq']}", sock)
     try:
-        text = ""
-        while True:  # the plan: one JSON object, printed over several lines
-            line = starter.stdout.readline()
-            if not line:
-                raise RuntimeError(f"vm start printed no plan: {starter.stderr.read()}")
-            text += line
-            try:
-                plan = json.loads(text)
-                break
-            except ValueError:
-                continue
-        wait_for(sock, starter, "cairn vm start")
         ok(plan["memory_state"] is not None and "-incoming" in plan["qemu_args"],
            "vm start wrote the memory state and its command line loads it")
         qemu = resumed(plan["qemu_args"], serial, agent, before, after, "vm start")

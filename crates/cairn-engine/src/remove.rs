@@ -41,7 +41,8 @@ pub async fn remove_versions(
 /// Refuses (changing nothing) if a tag names one of `targets`, or a live VM version binds
 /// one as its disk.
 async fn refuse_tagged(repo: &Repo, targets: &[(Id, VersionRecord)]) -> EngineResult<()> {
-    let bound = crate::vm::bound_disk_versions(repo).await?;
+    let images: Vec<&str> = targets.iter().map(|(_, r)| r.image.as_str()).collect();
+    let bound = crate::vm::bound_versions(repo, &images).await?;
     for (id, record) in targets {
         if let Some(vm_version) = bound.get(id) {
             return Err(EngineError::BoundToVm {

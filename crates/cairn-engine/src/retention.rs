@@ -156,7 +156,7 @@ pub async fn prune(
     let versions = history(repo, image).await?;
     let mut tags = tag_names(repo).await?;
     // A disk version a VM version binds goes with its VM version (`cairn vm rm`), never alone.
-    for (id, vm_version) in crate::vm::bound_disk_versions(repo).await? {
+    for (id, vm_version) in crate::vm::bound_versions(repo, &[image]).await? {
         tags.entry(id)
             .or_default()
             .push(format!("{VM_BOUND}{vm_version}"));

@@ -109,6 +109,8 @@ pub struct VerifyReport {
     pub blobs_checked: u64,
     pub read_bytes: u64,
     pub versions_checked: u64,
+    /// VM version records read (the whole repository only).
+    pub vm_versions_checked: u64,
     /// One line per problem found, naming what and where.
     pub problems: Vec<String>,
     /// Versions that cannot be restored intact, sorted by image and sequence.
@@ -201,6 +203,10 @@ pub async fn verify_with(repo: Arc<Repo>, options: &VerifyOptions) -> EngineResu
     let mut known: HashSet<Id> = versions.iter().map(|(id, _)| *id).collect();
     if !scoped {
         check_records_and_heads(&repo, &mut known, &mut report).await?;
+        let vms = crate::vm::check::check_vms(&repo, &known).await?;
+        report.damaged_metadata.extend(vms.damaged);
+        report.problems.extend(vms.problems);
+        report.vm_versions_checked = vms.checked;
     }
 
     // 3. Manifest trees of the versions.

@@ -48,6 +48,7 @@ pub async fn run(ctx: &Context, args: VerifyArgs) -> Result<ExitCode> {
             "blobs_checked": report.blobs_checked,
             "read_bytes": report.read_bytes,
             "versions_checked": report.versions_checked,
+            "vm_versions_checked": report.vm_versions_checked,
             "problems": report.problems,
             "damaged_versions": report.damaged_versions.iter().map(|d| json!({
                 "image": d.image,
@@ -72,11 +73,15 @@ pub async fn run(ctx: &Context, args: VerifyArgs) -> Result<ExitCode> {
             String::new()
         };
         outln!(
-            "checked {} packs{subset} ({}), {} blobs, {} versions",
+            "checked {} packs{subset} ({}), {} blobs, {} versions{}",
             report.packs_checked,
             bytes(report.read_bytes),
             report.blobs_checked,
-            report.versions_checked
+            report.versions_checked,
+            match report.vm_versions_checked {
+                0 => String::new(),
+                n => format!(", {n} VM versions"),
+            }
         );
         for p in &report.problems {
             outln!("problem: {p}");

@@ -10,8 +10,8 @@ use crate::gc_format2::{init, open};
 use cairn_engine::resolve::{history, VersionSpec};
 use cairn_engine::retention::{prune, KeepPolicy};
 use cairn_engine::vm::{
-    bound_disk_versions, discard_disks, latest_vm, prune_vm, publish_vm, remove_vm_versions,
-    resolve_vm, unbound_disk_versions, vm_history, NewVmVersion, VmSpec, DISK_MESSAGE_PREFIX,
+    bound_versions, discard_disks, latest_vm, prune_vm, publish_vm, remove_vm_versions, resolve_vm,
+    unbound_disk_versions, vm_history, NewVmVersion, VmSpec, DISK_MESSAGE_PREFIX,
 };
 use cairn_engine::EngineError;
 use cairn_format::vm::{ConfigKind, Freeze, VmDisk};
@@ -151,7 +151,7 @@ async fn a_bound_disk_version_goes_only_with_its_vm_version() {
         .map(|(_, r)| r.seq)
         .collect();
     assert_eq!(left, [1]);
-    assert!(bound_disk_versions(&repo).await.unwrap().is_empty());
+    assert!(bound_versions(&repo, &[]).await.unwrap().is_empty());
     assert!(vm_history(&repo, "web").await.unwrap().is_empty());
 }
 
@@ -164,17 +164,7 @@ async fn disk_versions_of_an_interrupted_backup_are_found_and_discarded() {
     let (_, v1) = publish_vm(&repo, new_version(d1, "one")).await.unwrap();
     // A backup committed disk0 again and died before its VM version; the operator also
     // committed by hand (not ours to discard).
-    let by_backup = {
-        let src =
-            cairn_engine::source::StreamSource::new("t", std::io::Cursor::new(noise(1 << 20, 5)));
-        let options = cairn_engine::commit::CommitOptions {
-            message: format!("{DISK_MESSAGE_PREFIX}web at 5"),
-            ..Default::default()
-        };
-        cairn_engine::commit::commit(repo.clone(), "web/disk0", Box::new(src), options)
-            .await
-            .unwrap()
-    };
+    let by_backup = by_backup(&repo, "web/disk0", 5).await;
     commit_bytes(&repo, "web/disk0", noise(1 << 20, 6)).await;
     let left = unbound_disk_versions(&repo, "web", Some(&v1), &["disk0".to_string()])
         .await
@@ -270,7 +260,7 @@ async fn a_memory_state_is_bound_like_a_disk() {
     let (_, v1) = publish_vm(&repo, new).await.unwrap();
     assert_eq!(v1.bound().last(), Some(&(".memory", memory.id)));
     assert_eq!(
-        bound_disk_versions(&repo).await.unwrap().get(&memory.id),
+        bound_versions(&repo, &[]).await.unwrap().get(&memory.id),
         Some(&"web@1".to_string())
     );
     // A later backup saved memory again and was killed before its VM version.
@@ -290,4 +280,68 @@ async fn a_memory_state_is_bound_like_a_disk() {
         .unwrap();
     assert!(removed[0].disks.iter().any(|(id, _)| *id == memory.id));
     assert!(history(&repo, "web/.memory").await.unwrap().is_empty());
+}
+
+/// A damaged VM record: verify names it; removing versions of another image goes on, and of
+/// the VM's own images is refused (which of them it binds is unknown). A bound disk version
+/// deleted behind its VM version's back is a problem verify names.
+#[tokio::test(flavor = "multi_thread")]
+async fn damaged_vm_metadata_is_named_and_holds_back_only_its_images() {
+    let store = Arc::new(MemoryStore::new());
+    init(store.clone(), false).await;
+    let repo = open(&store).await;
+    let d1 = vec![disk(&repo, "disk0", 1).await];
+    let (id1, _) = publish_vm(&repo, new_version(d1.clone(), "one"))
+        .await
+        .unwrap();
+    commit_bytes(&repo, "web/disk0", noise(1 << 20, 2)).await;
+    commit_bytes(&repo, "other", noise(1 << 20, 3)).await;
+    commit_bytes(&repo, "other", noise(1 << 20, 4)).await;
+    let report = cairn_engine::verify::verify(repo.clone()).await.unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!(report.vm_versions_checked, 1);
+
+    let key = cairn_format::keys::vm_version(&id1);
+    let good = crate::common::flip_middle_byte(&store, &key, 0x10).await;
+    let repo = open(&store).await;
+    let report = cairn_engine::verify::verify(repo.clone()).await.unwrap();
+    assert!(
+        report.damaged_metadata.iter().any(|d| d.key == key),
+        "{:?}",
+        report.damaged_metadata
+    );
+    cairn_engine::remove::remove_versions(&repo, &[VersionSpec::parse("other@1").unwrap()])
+        .await
+        .unwrap();
+    let policy = KeepPolicy {
+        last: 1,
+        ..Default::default()
+    };
+    let rm =
+        cairn_engine::remove::remove_versions(&repo, &[VersionSpec::parse("web/disk0@2").unwrap()])
+            .await;
+    assert!(
+        matches!(&rm, Err(e) if e.to_string().contains("cannot all be read")),
+        "{rm:?}"
+    );
+    assert!(prune(&repo, "web/disk0", &policy, false).await.is_err());
+    assert_eq!(history(&repo, "web/disk0").await.unwrap().len(), 2);
+
+    // Mended: a bound disk version deleted behind the VM's back is named.
+    {
+        use cairn_store::ObjectStore;
+        store.delete(&key).await.unwrap();
+        store.put_if_absent(&key, good).await.unwrap();
+    }
+    let repo = open(&store).await;
+    repo.mark_deleted(&d1[0].version).await.unwrap();
+    let report = cairn_engine::verify::verify(repo.clone()).await.unwrap();
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.contains("web@1 binds web/disk0") && p.contains("deleted")),
+        "{:?}",
+        report.problems
+    );
 }

@@ -18,6 +18,8 @@ use cairn_repo::Repo;
 
 use crate::error::{EngineError, EngineResult};
 
+pub mod check;
+
 /// Publication attempts when other backups of the same VM move its head meanwhile.
 const PUBLISH_ATTEMPTS: u32 = 8;
 
@@ -171,13 +173,30 @@ async fn vm_history_all(repo: &Repo, vm: &str) -> EngineResult<Vec<(Id, VmVersio
     Ok(out)
 }
 
-/// Every disk version a live VM version binds, with the first such VM version's name
-/// (`web@3`): what `rm` and `prune` of images must keep. A VM record that cannot be read is
-/// an error: what it binds cannot be known, so nothing may be removed.
-pub async fn bound_disk_versions(repo: &Repo) -> EngineResult<HashMap<Id, String>> {
+/// Every image version a live VM version binds (disks, memory state), with the first such VM
+/// version's name (`web@3`): what removing versions of `images` must keep. A VM version binds
+/// only images under its VM's name (`VM/…`), so a VM whose history cannot be read whole is an
+/// error only when one of `images` lies under it (what it binds there cannot be known); for
+/// other images it is said and passed over (`verify` names the damage).
+pub async fn bound_versions(repo: &Repo, images: &[&str]) -> EngineResult<HashMap<Id, String>> {
     let mut out = HashMap::new();
     for vm in repo.vms().await? {
-        for (_, v) in vm_history(repo, &vm).await? {
+        let history = match vm_history(repo, &vm).await {
+            Ok(h) => h,
+            Err(e) => {
+                let prefix = format!("{vm}/");
+                if let Some(image) = images.iter().find(|i| i.starts_with(&prefix)) {
+                    return Err(EngineError::Repo(cairn_repo::RepoError::Refused(format!(
+                        "{image} is a disk of VM {vm:?}, whose versions cannot all be read \
+                         ({e}): which of its versions a VM version binds is unknown, so none \
+                         is removed (`cairn verify` names the damage)"
+                    ))));
+                }
+                tracing::warn!(vm, "{e}: its VM versions cannot all be read");
+                continue;
+            }
+        };
+        for (_, v) in history {
             for (_, version) in v.bound() {
                 out.entry(version)
                     .or_insert_with(|| format!("{}@{}", v.vm, v.seq));
@@ -237,7 +256,13 @@ pub async fn remove_vm_versions(
     for (id, record) in targets {
         repo.mark_vm_deleted(&id).await?;
         // Bound by the VM versions still live after this one's removal.
-        let still = bound_disk_versions(repo).await?;
+        let images: Vec<String> = record
+            .bound()
+            .iter()
+            .map(|(name, _)| VmVersion::disk_image(&record.vm, name))
+            .collect();
+        let images: Vec<&str> = images.iter().map(String::as_str).collect();
+        let still = bound_versions(repo, &images).await?;
         let mut disks = Vec::new();
         for (name, version) in record.bound() {
             if still.contains_key(&version) || tagged.contains(&version) {
