@@ -300,6 +300,58 @@ def instant_recovery(cairn, work, seq, restored):
                                     f"{starter.stderr.read().strip()[-300:]}")
 
 
+def fleet(cairn, work):
+    """Several VMs in one run: two QEMUs whose disks are clones of one golden image (qcow2
+    over it) updated alike; `vm backup --qmp fa=… --qmp fb=…` stores the second's new blocks
+    not at all. A VM of the batch that fails is named; the others are backed up."""
+    golden, update = os.path.join(work, "golden.raw"), os.path.join(work, "update.bin")
+    with open(golden, "wb") as f:
+        f.write(random.randbytes(8 << 20))
+        f.truncate(32 << 20)
+    with open(update, "wb") as f:
+        f.write(random.randbytes(2 << 20))
+    procs, socks = [], {}
+    try:
+        for name in ("fa", "fb"):
+            disk = os.path.join(work, f"{name}.qcow2")
+            sh("qemu-img", "create", "-q", "-f", "qcow2", "-b", golden, "-F", "raw", disk)
+            sock, io = os.path.join(work, f"{name}.qmp"), os.path.join(work, f"{name}-io.qmp")
+            procs.append(subprocess.Popen(
+                ["qemu-system-x86_64", "-machine", "none", "-nodefaults", "-display", "none",
+                 "-qmp", f"unix:{sock},server=on,wait=off",
+                 "-qmp", f"unix:{io},server=on,wait=off",
+                 "-drive", f"if=none,id=d0,format=qcow2,file={disk}"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                text=True, start_new_session=True))
+            wait_for(io, procs[-1], "qemu-system-x86_64")
+            q = Qmp(io)
+            q.cmd("human-monitor-command",
+                  **{"command-line": f'qemu-io d0 "write -s {update} {16 << 20} {2 << 20}"'})
+            q.close()
+            socks[name] = sock
+        p = cairn.run("--json", "vm", "backup", "--qmp", f"fa={socks['fa']}",
+                      "--qmp", f"fb={socks['fb']}", "--scratch-dir", work, check=False)
+        out = json.loads(p.stdout) if p.returncode == 0 else []
+        ok([o.get("vm") for o in out] == ["fa", "fb"], f"a batch backs up both VMs: {p.stderr}")
+        if len(out) == 2:
+            a, b = (o["disks"][0]["stored_bytes"] for o in out)
+            ok(a > (8 << 20) and b < a / 20,
+               f"the second clone's blocks are stored once: fa {a} bytes, fb {b}")
+        p = cairn.run("--json", "vm", "backup", "--qmp", f"fa={socks['fa']}",
+                      "--qmp", f"gone={os.path.join(work, 'none.qmp')}", "--scratch-dir", work,
+                      check=False)
+        out = json.loads(p.stdout) if p.stdout.strip() else []
+        ok(p.returncode == 1 and [o.get("seq") for o in out] == [2, None]
+           and "error" in out[1] and "1 of 2 VM backups failed: gone" in p.stderr,
+           f"a failing VM is named, the others backed up: {p.returncode} {out} {p.stderr}")
+        p = cairn.run("vm", "backup", "--qmp", socks["fa"], "--qmp", socks["fb"], check=False)
+        ok(p.returncode == 2 and "VM=PATH" in p.stderr,
+           f"several unnamed --qmp: a usage error: {p.stderr.strip()}")
+    finally:
+        for proc in procs:
+            stop(proc)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="target/ci/cairn")
@@ -433,6 +485,7 @@ def main():
         # 4b. Instant recovery: web@N served from lazy writable exports, a second QEMU runs on
         # them (the printed -drive options), writes, and vm commit records a new VM version.
         instant_recovery(cairn, work, out["seq"], restored)
+        fleet(cairn, work)
 
         # 5. kill -9 of QEMU mid-backup, then QEMU again on the same disks.
         before = len(cairn.json("vm", "log", "web"))

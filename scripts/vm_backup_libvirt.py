@@ -219,6 +219,11 @@ def main():
                       check=False)
         ok(p.returncode == 1 and p.stderr.count("cairn: error:") == 1
            and "no-such-domain" in p.stderr, f"an unknown domain: one line: {p.stderr.strip()}")
+        p = cairn.run("--json", "vm", "backup", "--all", "--connect", URI, "--scratch-dir",
+                      scratch, "--agent-timeout", "1", check=False)
+        out = json.loads(p.stdout) if p.returncode == 0 else []
+        ok([o.get("vm") for o in out] == [DOMAIN] and out[0]["seq"] == 1,
+           f"--all backs up every running domain as the VM of its name: {p.stderr.strip()}")
         p = cairn.run(*backup, "--memory", check=False)
         ok(p.returncode == 2 and "--memory needs --qmp" in p.stderr
            and p.stderr.count("cairn: error:") == 1,

@@ -479,6 +479,15 @@ pub enum VmAction {
     ///
     /// Scratch images (one per disk, holding the data the guest overwrites during the
     /// backup) go to --scratch-dir; QEMU must be able to open them.
+    ///
+    /// Several VMs in one run (--qmp VM=PATH repeated, --domain repeated, or --all: every
+    /// running libvirt domain) are backed up one after the other, each at its own point in
+    /// time; each commit deduplicates against the VMs before it, so VMs cloned from one image
+    /// and updated alike store each new block once. A VM that fails is named and the others
+    /// go on; the exit status is then 1.
+    ///
+    /// Examples: cairn vm backup web01 --qmp /run/web01.qmp --guest-agent /run/web01.qga
+    ///           cairn vm backup --all --connect qemu:///system
     #[command(verbatim_doc_comment)]
     Backup(VmBackupArgs),
     /// List the versions of a VM, newest first.
@@ -624,22 +633,28 @@ pub enum VmDiskFormat {
 }
 
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("hypervisor").required(true).args(["qmp", "domain"])))]
+#[command(group(clap::ArgGroup::new("hypervisor").required(true).args(["qmp", "domain", "all"])))]
 pub struct VmBackupArgs {
-    /// The VM's name in the repository (its disks become images VM/DISK).
-    pub vm: String,
-    /// The VM's QMP monitor socket (a QEMU without libvirt).
-    #[arg(long, value_name = "PATH")]
-    pub qmp: Option<std::path::PathBuf>,
-    /// The libvirt domain (its disks are named by target: VM/vda, ...).
+    /// The VM's name in the repository (its disks become images VM/DISK); for a libvirt
+    /// domain its name by default. Several VMs in one run are named by --qmp VM=PATH, or
+    /// after their domains.
+    pub vm: Option<String>,
+    /// The VM's QMP monitor socket (a QEMU without libvirt). Repeat as VM=PATH to back up
+    /// several VMs in one run.
+    #[arg(long, value_name = "[VM=]PATH")]
+    pub qmp: Vec<String>,
+    /// The libvirt domain (its disks are named by target: VM/vda, ...); repeat for several.
     #[arg(long, value_name = "NAME")]
-    pub domain: Option<String>,
+    pub domain: Vec<String>,
+    /// Every running domain of the libvirt connection, each as the VM of its name.
+    #[arg(long)]
+    pub all: bool,
     /// The libvirt connection URI (default: virsh's, usually qemu:///system).
-    #[arg(long, value_name = "URI", requires = "domain")]
+    #[arg(long, value_name = "URI")]
     pub connect: Option<String>,
-    /// With --qmp: the guest agent's socket (the chardev of the VM's org.qemu.guest_agent.0
-    /// port). libvirt reaches the agent through the domain's own channel.
-    #[arg(long, value_name = "PATH", requires = "qmp")]
+    /// With one --qmp: the guest agent's socket (the chardev of the VM's
+    /// org.qemu.guest_agent.0 port). libvirt reaches the agent through the domain's channel.
+    #[arg(long, value_name = "PATH")]
     pub guest_agent: Option<std::path::PathBuf>,
     /// Longest wait for each guest agent exchange, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]

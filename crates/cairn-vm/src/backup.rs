@@ -168,6 +168,39 @@ pub async fn backup(
     }
 }
 
+/// One VM of a batch and how its backup ended.
+#[derive(Debug)]
+pub struct BatchItem {
+    pub vm: String,
+    pub result: VmResult<BackupReport>,
+}
+
+/// Backs up several VMs in one run, one after the other. Each VM gets its own point in time,
+/// taken just before its disks are read (its freeze stays as short as alone), and each commit
+/// deduplicates against what the VMs before it stored: VMs cloned from one image and updated
+/// alike store each new block once, as if backed up one by one, where backups running at once
+/// would each store what none of them has published yet. A VM that fails is reported (`say`
+/// hears it, named) and the others go on.
+pub async fn backup_all(
+    repo: Arc<Repo>,
+    batch: &[BackupOptions],
+    say: &(dyn Fn(String) + Send + Sync),
+) -> Vec<BatchItem> {
+    let mut out = Vec::with_capacity(batch.len());
+    for options in batch {
+        let named = |line: String| say(format!("{}: {line}", options.vm));
+        let result = backup(repo.clone(), options, &named).await;
+        if let Err(e) = &result {
+            named(format!("backup failed: {e}"));
+        }
+        out.push(BatchItem {
+            vm: options.vm.clone(),
+            result,
+        });
+    }
+    out
+}
+
 /// The backup on hypervisor `hv`.
 async fn run<H: Hypervisor>(
     repo: Arc<Repo>,

@@ -45,6 +45,23 @@ pub struct Libvirt {
     xml: String,
 }
 
+/// The running domains of `connect` (`virsh list --name --state-running`), sorted: what
+/// `cairn vm backup --all` backs up.
+pub async fn running_domains(connect: Option<String>) -> VmResult<Vec<String>> {
+    let lister = Libvirt::new("(every running one)", connect, Path::new("/"), "")?;
+    let out = lister
+        .virsh(&["list", "--name", "--state-running"], VIRSH_TIMEOUT)
+        .await?;
+    let mut names: Vec<String> = out
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
 impl Libvirt {
     pub fn new(
         domain: &str,
