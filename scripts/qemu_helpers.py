@@ -129,12 +129,12 @@ def stop(proc):
         proc.wait()
 
 
-def vm_start(cairn, spec, socket):
-    """Starts `cairn --json vm start SPEC --socket SOCKET` (a `checks.Cairn`'s binary,
-    repository and environment); returns (process, plan) once its exports serve. The caller
-    stops the process."""
+def vm_start(cairn, spec, socket, *extra):
+    """Starts `cairn --json vm start SPEC --socket SOCKET EXTRA...` (a `checks.Cairn`'s
+    binary, repository and environment); returns (process, plan) once its exports serve. The
+    caller stops the process."""
     starter = subprocess.Popen([cairn.binary, "--repo", cairn.repo, "--json", "vm", "start",
-                                spec, "--socket", socket],
+                                spec, "--socket", socket, *extra],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=cairn.env, start_new_session=True)
     try:
