@@ -19,7 +19,11 @@ Checks:
 - kill -9 of cairn while it reads: no VM version; the next backup ends the stale job, says
   so, and still reads only what changed;
 - the recorded configuration is the domain XML; a domain that does not exist is one clear
-  error line.
+  error line;
+- `--all` backs up every running domain as the VM of its name;
+- `vm restore --define NAME` defines a new domain on the restored disks, which starts; a
+  domain of that name is never defined over;
+- `--memory` is refused in one line, committing nothing.
 
     scripts/vm_backup_libvirt.py [--bin target/ci/cairn]
 
@@ -224,6 +228,24 @@ def main():
         out = json.loads(p.stdout) if p.returncode == 0 else []
         ok([o.get("vm") for o in out] == [DOMAIN] and out[0]["seq"] == 1,
            f"--all backs up every running domain as the VM of its name: {p.stderr.strip()}")
+        # Restore with --define: a new domain on the restored disks, which starts.
+        restored = os.path.join(work, "restored")
+        p = cairn.run("--json", "vm", "restore", "lv@3", "--to", restored, "--define",
+                      "lv-restored", "--connect", URI, check=False)
+        out = json.loads(p.stdout) if p.returncode == 0 else {}
+        ok(out.get("domain", {}).get("defined") is True, f"vm restore --define: {p.stderr}")
+        if out:
+            blk = virsh("domblklist", "lv-restored", check=False).stdout
+            ok(all(os.path.join(restored, f"{t}.raw") in blk for t in TARGETS),
+               f"the defined domain's disks are the restored files:\n{blk}")
+            st = virsh("start", "lv-restored", check=False)
+            ok(st.returncode == 0, f"the defined domain starts: {st.stderr.strip()}")
+            virsh("destroy", "lv-restored", check=False)
+            p = cairn.run("vm", "restore", "lv@3", "--to", restored, "--force", "--define",
+                          "lv-restored", "--connect", URI, check=False)
+            ok(p.returncode == 1 and "lv-restored exists" in p.stderr,
+               f"a domain of that name is never defined over: {p.stderr.strip()}")
+            virsh("undefine", "lv-restored", check=False)
         p = cairn.run(*backup, "--memory", check=False)
         ok(p.returncode == 2 and "--memory needs --qmp" in p.stderr
            and p.stderr.count("cairn: error:") == 1,

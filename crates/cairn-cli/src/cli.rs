@@ -587,6 +587,10 @@ pub enum VmAction {
     /// the recorded one with each `-drive id=DISK` pointed at its restored file (other forms,
     /// such as -blockdev, are named for you to change).
     ///
+    /// A libvirt VM's domain XML is written as DIR/domain.xml, named VM-restored (or the
+    /// --define name), without its uuid, its disks pointed at the restored files; --define
+    /// defines it.
+    ///
     /// A version backed up with --memory also gets DIR/memory.state, QEMU's migration
     /// stream, and the command line loads it (`-incoming`): the guest resumes where it was,
     /// its programs still running. --no-memory restores the disks only (the guest boots).
@@ -609,6 +613,13 @@ pub enum VmAction {
         /// Restore the disks only, even when the memory state was saved: the guest boots.
         #[arg(long)]
         no_memory: bool,
+        /// A libvirt VM: define it again as domain NAME on the restored disks (a new domain,
+        /// refused if NAME exists). Its XML is DIR/domain.xml either way.
+        #[arg(long, value_name = "NAME")]
+        define: Option<String>,
+        /// The libvirt connection URI for --define (default: virsh's).
+        #[arg(long, value_name = "URI", requires = "define")]
+        connect: Option<String>,
     },
     /// Remove VM versions (VM@N ...), and with each the disk versions only it binds.
     ///

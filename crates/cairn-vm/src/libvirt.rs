@@ -62,6 +62,20 @@ pub async fn running_domains(connect: Option<String>) -> VmResult<Vec<String>> {
     Ok(names)
 }
 
+/// Defines domain `name` from the XML file `xml` (`virsh define`); refuses when a domain of
+/// that name exists (defining over it would change that domain).
+pub async fn define(connect: Option<String>, name: &str, xml: &Path) -> VmResult<()> {
+    let virsh = Libvirt::new(name, connect, Path::new("/"), "")?;
+    if virsh.virsh(&["dominfo", name], VIRSH_TIMEOUT).await.is_ok() {
+        return Err(VmError::Repo(cairn_repo::RepoError::Refused(format!(
+            "a libvirt domain named {name} exists: restoring defines a new one (--define NAME)"
+        ))));
+    }
+    let path = xml.display().to_string();
+    virsh.virsh(&["define", &path], VIRSH_TIMEOUT).await?;
+    Ok(())
+}
+
 impl Libvirt {
     pub fn new(
         domain: &str,

@@ -38,7 +38,12 @@ pub async fn run(ctx: &Context, args: VmArgs) -> Result<ExitCode> {
             format,
             force,
             no_memory,
-        } => restore(ctx, &spec, &to, format, force, no_memory).await,
+            define,
+            connect,
+        } => {
+            let libvirt = (define, connect);
+            restore(ctx, &spec, &to, format, force, no_memory, libvirt).await
+        }
     }
 }
 
@@ -513,6 +518,7 @@ async fn restore(
     format: VmDiskFormat,
     force: bool,
     no_memory: bool,
+    (define, connect): (Option<String>, Option<String>),
 ) -> Result<ExitCode> {
     use cairn_engine::restore::{restore, RestoreOptions, RestoreTarget};
     use cairn_vm::config::{qemu_args_on, shell_line, with_incoming, RestoredDisk};
@@ -564,7 +570,8 @@ async fn restore(
     };
     let (args, mut notes) = match v.config_kind {
         ConfigKind::QemuArgs => qemu_args_on(&v.config, &restored),
-        _ => (
+        ConfigKind::LibvirtXml => (Vec::new(), Vec::new()),
+        ConfigKind::None => (
             Vec::new(),
             vec!["no QEMU command line was recorded: attach the disks by hand".to_string()],
         ),
@@ -573,6 +580,34 @@ async fn restore(
         true => args,
         false => with_incoming(args, state.as_ref().map(|(p, _)| p.as_path())),
     };
+    let domain = match v.config_kind {
+        ConfigKind::LibvirtXml => {
+            let name = define
+                .clone()
+                .unwrap_or_else(|| format!("{}-restored", v.vm));
+            let (xml, more) = cairn_vm::config::domain_xml_on(&v.config, &name, &restored)
+                .map_err(|e| anyhow::anyhow!("the recorded domain XML: {e}"))?;
+            notes.extend(more);
+            let path = dir.join("domain.xml");
+            std::fs::write(&path, xml)
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+            if let Some(name) = &define {
+                cairn_vm::libvirt::define(connect.clone(), name, &path)
+                    .await
+                    .map_err(unwrap)?;
+            }
+            Some((name, path))
+        }
+        _ if define.is_some() => {
+            return Err(cairn_engine::EngineError::BadInput(format!(
+                "--define: {}@{} was not backed up through libvirt (no domain XML recorded)",
+                v.vm, v.seq
+            ))
+            .into())
+        }
+        _ => None,
+    };
+
     if let (Some((path, _)), true) = (&state, args.is_empty()) {
         notes.push(format!(
             "start QEMU as the VM was, with `-incoming 'exec:cat {}'`",
@@ -593,6 +628,11 @@ async fn restore(
                 "stream_bytes": n,
             })),
             "qemu_args": args,
+            "domain": domain.as_ref().map(|(n, p)| json!({
+                "name": n,
+                "xml": p.display().to_string(),
+                "defined": define.is_some(),
+            })),
             "notes": notes,
             "duration_s": started.elapsed().as_secs_f64(),
         }));
@@ -613,6 +653,14 @@ async fn restore(
             path.display(),
             bytes(*n)
         );
+    }
+    match (&domain, define.is_some()) {
+        (Some((name, _)), true) => outln!("defined libvirt domain {name} (`virsh start {name}`)"),
+        (Some((name, path)), false) => outln!(
+            "domain XML for {name}: {} (`virsh define` it, or restore with --define NAME)",
+            path.display()
+        ),
+        (None, _) => {}
     }
     if !args.is_empty() {
         outln!("run it with:");
