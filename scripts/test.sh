@@ -273,13 +273,13 @@ check "kill -9 loops: 112 trials of commit, gc, rm/prune, restore and index comp
 check "pull-mode incremental backup of a running disk with qemu-storage-daemon (scripts/pullmode_backup.py)" \
   python3 "$ROOT/scripts/pullmode_backup.py" --bin "$CAIRN_BIN"
 
-check "whole-VM backups of a running QEMU over QMP: one point in time across two disks, incremental, kill -9 of cairn and of QEMU (scripts/vm_backup.py)" \
+check "whole-VM backups of a running QEMU over QMP: one point in time across two disks, incremental, kill -9 of cairn and of QEMU, several VMs in one run (scripts/vm_backup.py)" \
   python3 "$ROOT/scripts/vm_backup.py" --bin "$CAIRN_BIN"
 
-check "a real Debian guest (TCG) with its guest agent, frozen for each backup while it writes: every version's root file system is clean (scripts/vm_freeze.py)" \
+check "a real Debian guest (TCG): frozen for each backup while it writes (every root file system clean); its memory saved and resumed by vm restore and vm start; booted from lazy exports and committed (scripts/vm_freeze.py)" \
   python3 "$ROOT/scripts/vm_freeze.py" --bin "$CAIRN_BIN" --dataset "$DATASET"
 
-check "whole-VM backups through a real libvirt daemon (backup API in pull mode, checkpoints), kill -9 of cairn (scripts/vm_backup_libvirt.py)" \
+check "whole-VM backups through a real libvirt daemon (backup API in pull mode, checkpoints), kill -9 of cairn, --all, restore --define (scripts/vm_backup_libvirt.py)" \
   python3 "$ROOT/scripts/vm_backup_libvirt.py" --bin "$CAIRN_BIN"
 
 check "fuzz the qcow2 parser, the NBD server and the format decoders for ${CAIRN_FUZZ_SECONDS:-60} s each (scripts/fuzz.sh)" \
