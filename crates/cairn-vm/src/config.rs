@@ -44,21 +44,28 @@ pub fn qemu_args_on(config: &str, disks: &[RestoredDisk]) -> (Vec<String>, Vec<S
         args[i] = out.join(",");
         done[k] = true;
     }
-    let notes = disks
+    let notes = not_pointed(disks, &done, |d| {
+        format!("no `-drive id={d}` on the recorded command line: point its option")
+    });
+    (args, notes)
+}
+
+/// A note for every restored disk the configuration could not be pointed at: `why(name)`
+/// says what is missing and what to do, and the note adds where the copy is.
+fn not_pointed(disks: &[RestoredDisk], done: &[bool], why: impl Fn(&str) -> String) -> Vec<String> {
+    disks
         .iter()
         .zip(done)
-        .filter(|(_, done)| !done)
+        .filter(|(_, done)| !**done)
         .map(|(d, _)| {
             format!(
-                "disk {}: no `-drive id={}` on the recorded command line: point its option at {} \
-                 by hand",
+                "disk {}: {} at {} by hand",
                 d.name,
-                d.name,
+                why(&d.name),
                 d.path.display()
             )
         })
-        .collect();
-    (args, notes)
+        .collect()
 }
 
 /// `args` made to resume from the migration stream at `state` (`-incoming`), or to boot
@@ -199,19 +206,9 @@ pub fn domain_xml_on(
         }
         put(&mut writer, event)?;
     }
-    let notes = disks
-        .iter()
-        .zip(done)
-        .filter(|(_, done)| !done)
-        .map(|(d, _)| {
-            format!(
-                "disk {}: the domain XML has no disk with target {}: attach {} by hand",
-                d.name,
-                d.name,
-                d.path.display()
-            )
-        })
-        .collect();
+    let notes = not_pointed(disks, &done, |d| {
+        format!("the domain XML has no disk with target {d}: attach it")
+    });
     String::from_utf8(writer.into_inner())
         .map(|x| (x, notes))
         .map_err(|e| e.to_string())
