@@ -136,6 +136,8 @@ pub fn report_json(r: &GcReport) -> Value {
         "index_runs_replaced": r.index_runs_replaced,
         "rescued_blobs": r.rescued_blobs,
         "small_packs": r.small_packs,
+        "duplicate_blobs": r.duplicate_blobs,
+        "duplicate_packs": r.duplicate_packs,
         "groups_rebuilt": r.groups_rebuilt,
         "temporaries_removed": r.temporaries_removed,
         "temporary_bytes_removed": r.temporary_bytes_removed,
@@ -166,6 +168,12 @@ pub fn report_json(r: &GcReport) -> Value {
 pub fn report_line(r: &GcReport) -> String {
     let mut line = main_line(r);
     let mut extra = Vec::new();
+    if r.duplicate_blobs > 0 {
+        extra.push(format!(
+            "{} groups and nodes stored more than once (by commits that ran at once) found in {} packs",
+            r.duplicate_blobs, r.duplicate_packs
+        ));
+    }
     if r.orphan_packs_deleted > 0 && r.mode == GcMode::Fast {
         extra.push(format!(
             "{} packs of interrupted commits deleted",
@@ -232,7 +240,12 @@ fn main_line(r: &GcReport) -> String {
         GcMode::Fast if r.freed_versions == 0 && r.reclaimed() == 0 => {
             "nothing to free: no version was deleted since the last gc".to_string()
         }
-        GcMode::Fast if r.freed_versions == 0 => format!("{head}: no version was deleted since the last gc"),
+        GcMode::Fast if r.freed_versions == 0 => format!(
+            "{head}: no version was deleted since the last gc; {} packs deleted, {} repacked ({} copied)",
+            r.packs_deleted,
+            r.packs_repacked,
+            bytes(r.repacked_bytes),
+        ),
         GcMode::Fast => format!(
             "{head}: freed {} deleted {}, {} dead blobs; {} packs deleted, {} repacked ({} copied); read {} of summaries and {} of manifests in {:.2} s",
             r.freed_versions,

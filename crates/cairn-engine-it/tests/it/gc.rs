@@ -435,3 +435,86 @@ async fn merging_small_packs_dying_after_any_number_of_store_operations_loses_no
         "{small_before} small packs before, {small_after} after"
     );
 }
+
+/// Two commits that ran at once each stored the data neither had published yet (here: two
+/// processes' sessions, each opened before the other committed, commit images sharing 6 MiB).
+/// The everyday GC — nothing was deleted — finds the groups stored twice and keeps one copy,
+/// so the repository ends within 5% of the same two commits run one after the other. Both
+/// versions restore bit-exact, the exact pass finds nothing more to free, and a second GC
+/// finds nothing to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_gc_drops_the_copies_commits_running_at_once_stored_twice() {
+    let shared = noise(6 << 20, 40);
+    let image = |seed| {
+        let mut data = shared.clone();
+        data.extend(noise(1 << 20, seed));
+        data
+    };
+    let (a, b) = (image(41), image(42));
+
+    let one_by_one = Arc::new(MemoryStore::new());
+    let repo = Arc::new(Repo::init(one_by_one.clone(), gc_config()).await.unwrap());
+    commit_bytes(&repo, "a", a.clone()).await;
+    commit_bytes(&repo, "b", b.clone()).await;
+    repo.close().await.unwrap();
+    let sequential = stored_bytes(one_by_one.as_ref()).await;
+
+    let store = Arc::new(MemoryStore::new());
+    Repo::init(store.clone(), gc_config())
+        .await
+        .unwrap()
+        .close()
+        .await
+        .unwrap();
+    // Both sessions load the index before either publishes: neither sees the other's groups.
+    let first = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let second = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let ca = commit_bytes(&first, "a", a.clone()).await;
+    let cb = commit_bytes(&second, "b", b.clone()).await;
+    assert_eq!(
+        cb.record.stats.new_chunks, ca.record.stats.new_chunks,
+        "the second commit stored the shared data again"
+    );
+    first.close().await.unwrap();
+    second.close().await.unwrap();
+    let at_once = stored_bytes(store.as_ref()).await;
+    assert!(
+        at_once as f64 > 1.5 * sequential as f64,
+        "{at_once} against {sequential}"
+    );
+
+    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let report = gc(&repo, &opts(GcMode::Fast)).await.unwrap();
+    assert_eq!(report.freed_versions, 0, "{report:?}");
+    // 6 MiB shared in groups of 64 KiB: 96 groups stored twice, and the 6 leaves naming them.
+    assert_eq!(report.duplicate_blobs, 96 + 6, "{report:?}");
+    let after = stored_bytes(store.as_ref()).await;
+    assert!(
+        after as f64 <= 1.05 * sequential as f64,
+        "after gc {after}, one by one {sequential}: {report:?}"
+    );
+    repo.close().await.unwrap();
+    let repo = Arc::new(Repo::open(store.clone()).await.unwrap());
+    let v = verify(repo.clone()).await.unwrap();
+    assert!(v.is_clean(), "{:?} {:?}", v.problems, v.damaged_versions);
+    assert_eq!(
+        restore_bytes(&repo, &version(&repo, "a@1").await)
+            .await
+            .unwrap(),
+        a
+    );
+    assert_eq!(
+        restore_bytes(&repo, &version(&repo, "b@1").await)
+            .await
+            .unwrap(),
+        b
+    );
+
+    let again = gc(&repo, &opts(GcMode::Fast)).await.unwrap();
+    assert_eq!(again.reclaimed(), 0, "{again:?}");
+    let mut exact = opts(GcMode::Repair);
+    exact.dry_run = true;
+    let leak = gc(&repo, &exact).await.unwrap();
+    assert_eq!(leak.dead_blobs, 0, "{leak:?}");
+    assert_eq!(leak.after_bytes, leak.before_bytes, "{leak:?}");
+}

@@ -83,3 +83,40 @@ pub(super) async fn affected_packs(
     );
     Ok(Some(packs))
 }
+
+/// Groups and manifest nodes stored more than once, and the packs their copies are in.
+#[derive(Default)]
+pub(super) struct Duplicates {
+    pub(super) blobs: u64,
+    pub(super) packs: HashSet<Id>,
+}
+
+/// The packs holding a second copy of a group or node that trees committed since the last GC
+/// brought in (`fresh`, keys): commits that ran at once each stored the new data none of them
+/// had published yet, under the same ids (a group id names the chunk list, a node id its
+/// bytes). Every copy's pack is returned, so that the plan keeps one copy (`PackPlan`) and
+/// the others go with the repacking of their packs. A key that only shares its 8 bytes with
+/// another's costs a trailer read, nothing more: copies are matched by full id in the
+/// trailers.
+pub(super) async fn duplicate_packs(
+    snapshot: &Snapshot,
+    fresh: &[u64],
+) -> EngineResult<Duplicates> {
+    let mut found = Duplicates::default();
+    for &key in fresh {
+        crate::interrupt::check()?;
+        let packs = snapshot
+            .reader
+            .packs_for_key(key)
+            .await
+            .map_err(|e| match e {
+                e if e.is_damage() => incomplete(e.to_string()),
+                e => e.into(),
+            })?;
+        if packs.len() > 1 {
+            found.blobs += 1;
+            found.packs.extend(packs);
+        }
+    }
+    Ok(found)
+}

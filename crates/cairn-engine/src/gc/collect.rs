@@ -9,7 +9,9 @@
 //! What is live comes from walking every live tree (`gc --repair`: exact) or from the live
 //! trees' reference summaries (`gc`: fast deletion, a superset; `group_summaries.rs`); the
 //! plan, the copies and the protocol are the same for both ([`Liveness`]). Fast deletion acts
-//! only when a version was deleted since the last GC or a pack is not indexed.
+//! only when a version was deleted or committed since the last GC or a pack is not indexed:
+//! versions committed since may hold groups that commits running at once each stored, and
+//! the plan keeps one copy of each (`affected::duplicate_packs`).
 //!
 //! What the consolidated run names, so that nothing a reader can find is ever deleted:
 //! - in a kept pack: every data group and chunk it stores (dead ones too: they stay stored,
@@ -36,7 +38,7 @@ use cairn_repo::session::now_ns;
 use cairn_repo::v2::{PackTrailer, V2Reader};
 use cairn_repo::Repo;
 
-use super::affected::affected_packs;
+use super::affected::{affected_packs, duplicate_packs};
 use super::group_summaries::live_summary;
 use super::leftovers::{remove_orphan_records, remove_stale_markers};
 use super::liveness::{incomplete, Liveness, Marks, Snapshot};
@@ -82,7 +84,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     let unfreed: Vec<Id> = live.deleted.difference(&freed).copied().collect();
     // Fast deletion acts on what was deleted since the last GC (and on orphan packs); the
     // exact pass also finds leaks and consolidates the runs.
-    let orphans_listed = pack_sizes.keys().any(|p| !snapshot.named.contains(p));
+    let orphans_listed = pack_sizes.keys().any(|p| !snapshot.named.contains_key(p));
     let small = if options.repack_small {
         small_packs(
             &pack_sizes,
@@ -93,7 +95,12 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         HashSet::new()
     };
     report.small_packs = small.len() as u64;
-    if options.mode == GcMode::Fast && unfreed.is_empty() && !orphans_listed && small.is_empty() {
+    if options.mode == GcMode::Fast
+        && unfreed.is_empty()
+        && !orphans_listed
+        && small.is_empty()
+        && !records.has_new(&live)
+    {
         records.keep(repo, &live, options, &mut report).await?;
         clock.lap("record bundle", &mut report);
         return Ok(report);
@@ -149,7 +156,10 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         && damaged.rebuilt.is_empty()
         && orphans.is_empty()
         && adopted.is_empty()
-        && snapshot.runs.len() <= 1;
+        // The exact pass consolidates the runs; fast deletion with no deletion pending
+        // (it looked for duplicate copies and found none worth a repack) leaves them to
+        // compaction.
+        && (snapshot.runs.len() <= 1 || (options.mode == GcMode::Fast && unfreed.is_empty()));
     if nothing_to_do {
         settle(
             repo,
@@ -295,7 +305,7 @@ async fn judge_orphans(
 ) -> EngineResult<Orphans> {
     let mut unnamed: Vec<Id> = pack_sizes
         .keys()
-        .filter(|p| !snapshot.named.contains(p))
+        .filter(|p| !snapshot.named.contains_key(p))
         .copied()
         .collect();
     unnamed.sort();
@@ -518,10 +528,15 @@ async fn judge_liveness(
             report.live_blobs = used.live.blobs();
             clock.lap("live summaries", report);
             let mut scope = affected_packs(repo, records, snapshot, &used, unfreed, live).await?;
+            clock.lap("affected packs", report);
             if let Some(scope) = scope.as_mut() {
                 scope.extend(small.iter().copied());
+                let duplicates = duplicate_packs(snapshot, &used.fresh_keys).await?;
+                report.duplicate_blobs = duplicates.blobs;
+                report.duplicate_packs = duplicates.packs.len() as u64;
+                scope.extend(duplicates.packs);
+                clock.lap("duplicate copies", report);
             }
-            clock.lap("affected packs", report);
             Ok(Judged {
                 live_use: Box::new(used.live),
                 scope,
@@ -666,7 +681,7 @@ async fn delete_orphans(
         }
         Err(e) => return Err(e),
     };
-    for pack in orphans.iter().filter(|p| !named.contains(*p)) {
+    for pack in orphans.iter().filter(|p| !named.contains_key(*p)) {
         repo.delete_orphan_pack(pack).await?;
         report.orphan_packs_deleted += 1;
         deleted.push(*pack);

@@ -33,6 +33,10 @@ pub(super) struct LiveUse {
     pub(super) gone: HashMap<Id, GroupSummary>,
     /// The chains the merges named as read, and name now.
     pub(super) bases: SummaryBases,
+    /// Keys of the groups and nodes that trees committed since the last GC brought into
+    /// their image's merge (sorted, no repeats): the only ones a concurrent commit can have
+    /// stored a second copy of since then (`affected::duplicate_packs`).
+    pub(super) fresh_keys: Vec<u64>,
 }
 
 /// What every live tree uses, through one merged summary per image
@@ -89,6 +93,7 @@ pub(super) async fn live_summary(
         images.len() as u64,
     );
     let mut gone = HashMap::new();
+    let mut fresh_keys = Vec::new();
     let mut merges = Vec::with_capacity(images.len());
     for (image, trees) in &images {
         progress::add(&options.progress, 1);
@@ -116,6 +121,18 @@ pub(super) async fn live_summary(
         for root in tree_changes(&merged, &live_roots).1 {
             let (summary, chain) =
                 ensure_group_summary(repo, reader, trees[&root], !options.dry_run, report).await?;
+            fresh_keys.extend(
+                summary
+                    .groups()
+                    .map(|(key, _)| key)
+                    .filter(|key| merged.slots_of_key(*key).is_none()),
+            );
+            fresh_keys.extend(
+                summary
+                    .nodes()
+                    .iter()
+                    .filter(|key| !merged.has_node_key(**key)),
+            );
             merged.add_tree(&root, &summary, &chain);
             changed = true;
         }
@@ -131,10 +148,13 @@ pub(super) async fn live_summary(
             repo.delete_merged_summary(&key).await?;
         }
     }
+    fresh_keys.sort_unstable();
+    fresh_keys.dedup();
     Ok(LiveUse {
         live: LiveSet::new(merges),
         gone,
         bases,
+        fresh_keys,
     })
 }
 

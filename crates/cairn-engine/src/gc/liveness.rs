@@ -24,8 +24,9 @@ use crate::error::{EngineError, EngineResult};
 pub(super) struct Snapshot {
     pub(super) reader: V2Reader,
     pub(super) runs: Vec<Id>,
-    /// Packs some run names (whether they exist or not).
-    pub(super) named: HashSet<Id>,
+    /// Packs some run names (whether they exist or not), each with the position of the
+    /// first run naming it (`V2Reader::packs_by_run`).
+    pub(super) named: HashMap<Id, usize>,
     pub(super) trailers: BTreeMap<Id, Arc<PackTrailer>>,
 }
 
@@ -39,8 +40,8 @@ impl Snapshot {
         let runs = reader.run_ids();
         // A pack table that cannot be read stops GC like a damaged run: a pack it names must
         // not pass for one no run names.
-        let named: HashSet<Id> = match reader.packs().await {
-            Ok(packs) => packs.into_iter().collect(),
+        let named = match reader.packs_by_run().await {
+            Ok(packs) => packs,
             Err(e) if e.is_damage() => return Err(incomplete(e.to_string())),
             Err(e) => return Err(e.into()),
         };
@@ -62,7 +63,7 @@ impl Snapshot {
     ) -> EngineResult<()> {
         let mut named: Vec<Id> = self
             .named
-            .iter()
+            .keys()
             .filter(|p| only.is_none_or(|o| o.contains(*p)))
             .copied()
             .collect();

@@ -8,6 +8,7 @@
 //!   slots and manifest nodes it uses (`group_summaries`: one merged summary per image), so
 //!   no tree is walked: the packs the deleted versions' dead data lies in (`affected`) are
 //!   judged against the summaries, and the index runs of untouched packs are not rewritten.
+//!   Groups that commits running at once each stored are kept once (`affected`).
 //! - **Exact repair** (`cairn gc --repair`): mark from every live tree (`liveness`), sweep
 //!   everything unmarked (leaks, crashed commits' packs), consolidate the index runs, and
 //!   rebuild damaged groups from good copies (`rebuild`).
@@ -178,6 +179,12 @@ pub struct GcReport {
     /// `repack_small`: small packs chosen to be merged into full ones (counted in
     /// `packs_repacked` too, or `packs_deleted` when nothing in them was live).
     pub small_packs: u64,
+    /// Fast deletion: groups and manifest nodes that trees committed since the last GC use
+    /// and that more than one pack stores (commits that ran at once each stored them), and
+    /// the packs their copies are in. One copy is kept; the packs of the others are repacked
+    /// or deleted.
+    pub duplicate_blobs: u64,
+    pub duplicate_packs: u64,
     /// Live groups whose only copies were damaged, rebuilt from good copies of
     /// their chunks stored elsewhere.
     pub groups_rebuilt: u64,

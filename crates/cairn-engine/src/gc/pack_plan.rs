@@ -42,10 +42,13 @@ impl PackPlan {
         threshold: f64,
         small: &HashSet<Id>,
     ) -> PackPlan {
-        // One copy of each live group or node is kept: the first that stores every live
-        // slot, else (damage elsewhere) the first that stores some — never less than there
-        // is. (pack, group, live fraction, complete), by id; a quarantined copy is no copy
-        // (`rebuild.rs` deals with those).
+        // One copy of each live group or node is kept: one that stores every live slot,
+        // else (damage elsewhere) one that stores some — never less than there is. Among
+        // copies alike, the one in the pack of the earliest run (`Snapshot::named`): copies
+        // that commits running at once each stored are then kept in one commit's packs,
+        // which stay whole, and the others' packs lose them all. (pack, group, live
+        // fraction, complete), by id; a quarantined copy is no copy (`rebuild.rs` deals with
+        // those).
         let groups: usize = snapshot.trailers.values().map(|t| t.groups.len()).sum();
         let mut kept_copy: IdMap<(Id, u32, f64, bool)> =
             IdMap::with_capacity_and_hasher(groups, Default::default());
@@ -70,7 +73,10 @@ impl PackPlan {
                         kept_copy
                             .entry(id)
                             .and_modify(|k| {
-                                if !k.3 && complete {
+                                let run = |pack: &Id| snapshot.named.get(pack).copied();
+                                let earlier = run(pack).unwrap_or(usize::MAX)
+                                    < run(&k.0).unwrap_or(usize::MAX);
+                                if (!k.3 && complete) || (k.3 == complete && earlier) {
                                     *k = copy;
                                 }
                             })

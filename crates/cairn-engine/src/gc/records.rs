@@ -63,6 +63,12 @@ impl GcRecords {
         })
     }
 
+    /// Whether a live version was committed since the last GC (its record is in no bundle):
+    /// then fast deletion looks for what concurrent commits stored twice.
+    pub(super) fn has_new(&self, live: &LiveVersions) -> bool {
+        live.live.keys().any(|id| !self.bundled.contains(id))
+    }
+
     /// After the last walk (`live`): writes a bundle of every record it reached, unless the
     /// one bundle read holds exactly those, then deletes the others. Not in a dry run.
     pub(super) async fn keep(

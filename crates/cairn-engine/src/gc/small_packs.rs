@@ -20,12 +20,12 @@ const ENOUGH_SMALL_PACKS: usize = 32;
 /// BENCHMARKS.md, *Studies behind the design*). `restic prune --repack-small` answers the same growth.
 pub(super) fn small_packs(
     sizes: &HashMap<Id, u64>,
-    named: &HashSet<Id>,
+    named: &HashMap<Id, usize>,
     target: u64,
 ) -> HashSet<Id> {
     let mut small: Vec<(u64, Id)> = sizes
         .iter()
-        .filter(|(pack, size)| named.contains(*pack) && **size < target / 4)
+        .filter(|(pack, size)| named.contains_key(*pack) && **size < target / 4)
         .map(|(pack, size)| (*size, *pack))
         .collect();
     small.sort_unstable();
@@ -58,7 +58,7 @@ mod tests {
         let sizes = |list: &[(u32, u64)]| -> HashMap<Id, u64> {
             list.iter().map(|&(n, size)| (id(n), size)).collect()
         };
-        let all = |n: u32| -> HashSet<Id> { (0..n).map(id).collect() };
+        let all = |n: u32| -> HashMap<Id, usize> { (0..n).map(|n| (id(n), 0)).collect() };
         // Three packs of 100 bytes: neither half a pack nor many.
         let few = sizes(&[(0, 100), (1, 100), (2, 100), (3, 900)]);
         assert!(small_packs(&few, &all(4), target).is_empty());

@@ -5,6 +5,7 @@
 //! entry is a candidate pack, accepted only when the pack's trailer holds the full id — so an
 //! 8-byte key collision costs a trailer read, never a wrong answer.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -298,6 +299,21 @@ impl V2Reader {
     /// a damaged table is reported by [`Self::check_runs`]). An error of the store fails it.
     pub async fn readable_packs(&self) -> RepoResult<Vec<Id>> {
         self.collect_packs(true).await
+    }
+
+    /// Every pack an index run names, with the position of the first run (in this reader's
+    /// order) that names it: packs one commit wrote share a position until a merge of runs
+    /// (GC's choice among copies of a group keeps one commit's packs whole). Fails like
+    /// [`Self::packs`] on a damaged pack table.
+    pub async fn packs_by_run(&self) -> RepoResult<HashMap<Id, usize>> {
+        let runs: Vec<Arc<OpenRun>> = self.runs.read().expect("runs lock").clone();
+        let mut packs = HashMap::new();
+        for (position, run) in runs.iter().enumerate() {
+            for pack in self.run_packs(run).await? {
+                packs.entry(pack).or_insert(position);
+            }
+        }
+        Ok(packs)
     }
 
     async fn collect_packs(&self, skip_damaged: bool) -> RepoResult<Vec<Id>> {
