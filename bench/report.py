@@ -464,7 +464,29 @@ def r_vm_memory(spec):
     return header, rows
 
 
+def r_concurrent(spec):
+    """bench/concurrent.py's runs: a fleet committed at once against one by one, and the
+    everyday `cairn gc` after it."""
+    d = load_json(spec["file"])
+    header = ["store", "images", "one by one MiB", "at once MiB (÷ one by one)",
+              "after `gc` MiB (÷ one by one)", "`gc` s", "copies found: groups and nodes / packs",
+              "repacked MiB", "`gc --repair` would free MiB"]
+    rows = []
+    for r in d["runs"]:
+        one = r["one_by_one"]["stored_bytes"]
+        rows.append([
+            "MinIO" if r["store"] == "s3" else "local directory", ", ".join(r["images"]),
+            f"{one / MIB:.1f}",
+            f"{r['at_once']['stored_bytes'] / MIB:.1f} ({r['ratio_before_gc']:.3f}×)",
+            f"{r['gc']['stored_bytes'] / MIB:.1f} (**{r['ratio_after_gc']:.3f}×**)",
+            f"{r['gc']['seconds']:.2f}",
+            f"{r['gc']['duplicate_blobs']} / {r['gc']['duplicate_packs']}",
+            f"{r['gc']['repacked_bytes'] / MIB:.1f}", f"{r['repair_would_free'] / MIB:.2f}"])
+    return header, rows
+
+
 RENDERERS = {
+    "concurrent": r_concurrent,
     "compare": r_compare,
     "md-table": r_md_table,
     "ab-size": r_ab_size,
