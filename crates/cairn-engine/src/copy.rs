@@ -15,6 +15,7 @@
 //! only what it lacks. Copies are appended to the destination image's history in the
 //! source's order (oldest first); tags follow the versions they name, unless the destination
 //! has a tag of that name already (tags never move silently: reported, left as they are).
+//! VM versions follow their disks (`vm::copy`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -51,6 +52,8 @@ pub struct CopyReport {
     /// Source versions that could not be read whole (damaged): not copied, and the copy
     /// went on with the rest; (image, source seq, source id, what failed).
     pub damaged: Vec<(String, u64, Id, String)>,
+    /// VM versions, which follow their disks (`vm::copy`).
+    pub vms: crate::vm::copy::VmCopyReport,
 }
 
 /// One version copied.
@@ -65,14 +68,14 @@ pub struct CopiedVersion {
 
 /// What identifies a source version's copy in the destination.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct CopyKey {
+pub(crate) struct CopyKey {
     time_ns: i64,
     logical_size: u64,
     message: String,
 }
 
 impl CopyKey {
-    fn of(record: &VersionRecord) -> Self {
+    pub(crate) fn of(record: &VersionRecord) -> Self {
         CopyKey {
             time_ns: record.time_ns,
             logical_size: record.logical_size,
@@ -145,6 +148,7 @@ pub async fn copy(
             .await?;
     }
     report.read_bytes = read.load(Ordering::Relaxed);
+    report.vms = crate::vm::copy::copy_vm_versions(&source, &dest).await?;
     Ok(report)
 }
 

@@ -73,6 +73,19 @@ pub async fn run(ctx: &Context, args: CopyArgs) -> Result<ExitCode> {
                 "id": id.to_hex(),
                 "reason": why,
             })).collect::<Vec<_>>(),
+            "vm_versions": {
+                "copied": report.vms.copied.iter().map(|(vm, from, to)| json!({
+                    "vm": vm,
+                    "source_seq": from,
+                    "seq": to,
+                })).collect::<Vec<_>>(),
+                "present": report.vms.present,
+                "not_copied": report.vms.incomplete.iter().map(|(vm, seq, why)| json!({
+                    "vm": vm,
+                    "seq": seq,
+                    "reason": why,
+                })).collect::<Vec<_>>(),
+            },
         }));
         return Ok(status);
     }
@@ -105,6 +118,19 @@ pub async fn run(ctx: &Context, args: CopyArgs) -> Result<ExitCode> {
         bytes(report.read_bytes),
         bytes(report.stored_bytes)
     );
+    for (vm, from, to) in &report.vms.copied {
+        outln!("copied VM {vm}@{from} to {vm}@{to}");
+    }
+    if !report.vms.copied.is_empty() || report.vms.present > 0 {
+        outln!(
+            "{} VM version(s) copied, {} already there",
+            report.vms.copied.len(),
+            report.vms.present
+        );
+    }
+    for (vm, seq, why) in &report.vms.incomplete {
+        outln!("VM {vm}@{seq} and the ones after it not copied: {why}");
+    }
     for (image, seq, id, why) in &report.damaged {
         outln!(
             "not copied: {image}@{seq} ({}) cannot be read: {why}",

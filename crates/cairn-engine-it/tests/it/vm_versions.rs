@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::common::{commit_bytes, noise};
+use crate::common::{commit_bytes, noise, restore_bytes};
 use crate::gc_format2::{init, open};
 use cairn_engine::resolve::{history, VersionSpec};
 use cairn_engine::retention::{prune, KeepPolicy};
@@ -344,4 +344,87 @@ async fn damaged_vm_metadata_is_named_and_holds_back_only_its_images() {
         "{:?}",
         report.problems
     );
+}
+
+/// `copy` takes VM versions along with their disks: each is published in the destination
+/// naming the destination's copies (disks and memory state), in order, and a second copy
+/// finds them there. A copy of only some of a VM's images copies no VM version and says why.
+#[tokio::test(flavor = "multi_thread")]
+async fn copy_takes_vm_versions_along_with_their_disks() {
+    let store = Arc::new(MemoryStore::new());
+    init(store.clone(), false).await;
+    let repo = open(&store).await;
+    let d1 = vec![
+        disk(&repo, "disk0", 11).await,
+        disk(&repo, "data", 12).await,
+    ];
+    publish_vm(&repo, new_version(d1, "one")).await.unwrap();
+    let memory = commit_bytes(&repo, "web/.memory", noise(1 << 20, 13)).await;
+    let d2 = vec![
+        disk(&repo, "disk0", 14).await,
+        disk(&repo, "data", 15).await,
+    ];
+    let mut two = new_version(d2, "two");
+    two.memory = Some(memory.id);
+    publish_vm(&repo, two).await.unwrap();
+
+    let dest_store = Arc::new(MemoryStore::new());
+    init(dest_store.clone(), false).await;
+    let dest = open(&dest_store).await;
+    let report = cairn_engine::copy::copy(repo.clone(), dest.clone(), &[], None)
+        .await
+        .unwrap();
+    let copied: Vec<(String, u64, u64)> = vec![("web".into(), 1, 1), ("web".into(), 2, 2)];
+    assert_eq!(report.vms.copied, copied);
+    assert!(report.vms.incomplete.is_empty(), "{:?}", report.vms);
+
+    let dest = open(&dest_store).await;
+    let (source_log, dest_log) = (
+        vm_history(&repo, "web").await.unwrap(),
+        vm_history(&dest, "web").await.unwrap(),
+    );
+    for ((_, s), (_, d)) in source_log.iter().zip(&dest_log) {
+        assert_eq!(
+            (s.seq, &s.message, s.time_ns),
+            (d.seq, &d.message, d.time_ns)
+        );
+        assert_eq!(
+            (&s.config, s.freeze, s.freeze_ns),
+            (&d.config, d.freeze, d.freeze_ns)
+        );
+        for ((name, from), (dname, to)) in s.bound().into_iter().zip(d.bound()) {
+            assert_eq!(name, dname);
+            let image = format!("web/{name}");
+            let from = repo.load_version(&from).await.unwrap();
+            let to = dest.load_version(&to).await.unwrap();
+            assert_eq!(to.image, image, "bound to the destination's own version");
+            assert_eq!(
+                restore_bytes(&dest, &to).await.unwrap(),
+                restore_bytes(&repo, &from).await.unwrap(),
+                "{image}"
+            );
+        }
+    }
+    assert!(dest_log[0].1.memory.is_some());
+
+    let again = cairn_engine::copy::copy(repo.clone(), dest.clone(), &[], None)
+        .await
+        .unwrap();
+    assert!(again.vms.copied.is_empty(), "{:?}", again.vms);
+    assert_eq!(again.vms.present, 2);
+
+    // Only one disk's image: no VM version, and the report says which image lacks a copy.
+    let partial_store = Arc::new(MemoryStore::new());
+    init(partial_store.clone(), false).await;
+    let partial = open(&partial_store).await;
+    let only = [VersionSpec::parse("web/disk0").unwrap()];
+    let report = cairn_engine::copy::copy(repo.clone(), partial.clone(), &only, None)
+        .await
+        .unwrap();
+    assert!(report.vms.copied.is_empty());
+    assert_eq!(report.vms.incomplete.len(), 1, "{:?}", report.vms);
+    let (vm, seq, why) = &report.vms.incomplete[0];
+    assert_eq!((vm.as_str(), *seq), ("web", 1));
+    assert!(why.contains("web/data@1 has no copy"), "{why}");
+    assert!(partial.vms().await.unwrap().is_empty());
 }

@@ -19,6 +19,7 @@ use cairn_repo::Repo;
 use crate::error::{EngineError, EngineResult};
 
 pub mod check;
+pub mod copy;
 
 /// Publication attempts when other backups of the same VM move its head meanwhile.
 const PUBLISH_ATTEMPTS: u32 = 8;
