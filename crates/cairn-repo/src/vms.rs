@@ -34,6 +34,34 @@ impl Repo {
         self.swap_head_at(&keys::vm_head(vm), expected, new).await
     }
 
+    /// Points VM `vm`'s head at `new` whatever it holds now (`cairn repair`, after a head was
+    /// lost, damaged or moved back). Returns false if it changed meanwhile.
+    pub async fn overwrite_vm_head(&self, vm: &str, new: &Id) -> RepoResult<bool> {
+        let key = keys::vm_head(vm);
+        let token = self.store().read_ref(&key).await?.map(|s| s.version);
+        let outcome = self
+            .store()
+            .cas_ref(
+                &key,
+                token.as_ref(),
+                Some(Bytes::from(cairn_format::refs::encode(new))),
+            )
+            .await?;
+        Ok(matches!(outcome, cairn_store::CasOutcome::Swapped { .. }))
+    }
+
+    /// The id of every VM version record in the store; a key that names no id is returned as
+    /// the error.
+    pub async fn vm_version_ids(&self) -> RepoResult<Vec<Result<Id, String>>> {
+        Ok(self
+            .store()
+            .list_keys(keys::VMS)
+            .await?
+            .into_iter()
+            .map(|key| keys::id_after(keys::VMS, &key).ok_or(key))
+            .collect())
+    }
+
     /// Every VM that has a head, sorted; head keys that name no valid VM are skipped.
     pub async fn vms(&self) -> RepoResult<Vec<String>> {
         let listed = self.store().list_refs(keys::VM_HEADS).await?;

@@ -61,6 +61,10 @@ fn report_json(r: &RepairReport) -> serde_json::Value {
             "image": image,
             "head": head,
         })).collect::<Vec<_>>(),
+        "vm_heads_rebuilt": r.vm_heads_rebuilt.iter().map(|(vm, head)| json!({
+            "vm": vm,
+            "head": head,
+        })).collect::<Vec<_>>(),
         "tags_lost": r.tags_lost,
         "index_runs_set_aside": r.index_runs_set_aside,
         "packs_checked": r.packs_checked,
@@ -90,6 +94,9 @@ fn print_text(r: &RepairReport, from: Option<&PathBuf>) {
             Some(h) => outln!("{would}rebuild the head of {image}: now {h}"),
             None => outln!("{would}remove the head of {image}: no intact version is left"),
         }
+    }
+    for (vm, head) in &r.vm_heads_rebuilt {
+        outln!("{would}rebuild the head of VM {vm}: now {head}");
     }
     for t in &r.tags_lost {
         outln!("{would}set aside the unreadable tag {t}");

@@ -428,3 +428,104 @@ async fn copy_takes_vm_versions_along_with_their_disks() {
     assert!(why.contains("web/data@1 has no copy"), "{why}");
     assert!(partial.vms().await.unwrap().is_empty());
 }
+
+/// A VM head lost, or damaged, loses no VM version: the records no head reaches still bind
+/// their disks (`rm` and `prune` keep them), `verify` names them, and `repair` points the
+/// head at the newest. A backup's record that lost the race for a sound head binds nothing;
+/// once the head is lost it cannot be told from a published one, and is kept too (it names
+/// a complete VM version: its disks were published before it).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_or_damaged_vm_head_loses_no_vm_version() {
+    use cairn_engine::repair::{repair, RepairOptions};
+    use cairn_store::ObjectStore;
+    let store = Arc::new(MemoryStore::new());
+    init(store.clone(), false).await;
+    let repo = open(&store).await;
+    let (id1, _) = publish_vm(
+        &repo,
+        new_version(vec![disk(&repo, "disk0", 21).await], "one"),
+    )
+    .await
+    .unwrap();
+    let d2 = vec![disk(&repo, "disk0", 22).await];
+    let (id2, _) = publish_vm(&repo, new_version(d2.clone(), "two"))
+        .await
+        .unwrap();
+    // A record whose head swap never happened (a killed backup): unpublished, binds nothing.
+    let d3 = vec![disk(&repo, "disk0", 23).await];
+    let mut unpublished = resolve_vm(&repo, &VmSpec::parse("web").unwrap())
+        .await
+        .unwrap()
+        .1;
+    (unpublished.seq, unpublished.parent, unpublished.disks) = (3, Some(id2), d3.clone());
+    let (id3, _) = repo.put_vm_version(&unpublished).await.unwrap();
+    let strays = cairn_engine::vm::strays::vm_strays(&repo).await.unwrap();
+    assert!(strays.strays.is_empty(), "{strays:?}");
+    assert!(!bound_versions(&repo, &["web/disk0"])
+        .await
+        .unwrap()
+        .contains_key(&d3[0].version));
+
+    let head_key = cairn_format::keys::vm_head("web");
+    for damage in [None, Some(&b"not a head"[..])] {
+        let now = store.read_ref(&head_key).await.unwrap().map(|s| s.version);
+        store
+            .cas_ref(
+                &head_key,
+                now.as_ref(),
+                damage.map(bytes::Bytes::from_static),
+            )
+            .await
+            .unwrap();
+        let repo = open(&store).await;
+        // Lost: the strays bind their disks; damaged: nothing of the VM's is removed at all.
+        match (damage, bound_versions(&repo, &["web/disk0"]).await) {
+            (None, Ok(bound)) => assert!(
+                bound
+                    .get(&d2[0].version)
+                    .is_some_and(|by| by.contains("web@2")),
+                "{bound:?}"
+            ),
+            (Some(_), Err(e)) => assert!(e.to_string().contains("cannot all be read"), "{e}"),
+            (_, other) => panic!("{other:?}"),
+        }
+        let rm = cairn_engine::remove::remove_versions(
+            &repo,
+            &[VersionSpec::parse("web/disk0@2").unwrap()],
+        )
+        .await;
+        assert!(rm.is_err(), "a bound disk version was removed: {rm:?}");
+        let report = cairn_engine::verify::verify(repo.clone()).await.unwrap();
+        assert!(
+            report
+                .problems
+                .iter()
+                .any(|p| p.contains("web@2") && p.contains("reached by no VM head")),
+            "{:?}",
+            report.problems
+        );
+        let fixed = repair(&repo, RepairOptions::default()).await.unwrap();
+        assert_eq!(
+            fixed.vm_heads_rebuilt,
+            [("web".to_string(), "web@3".to_string())]
+        );
+        let repo = open(&store).await;
+        let log: Vec<_> = vm_history(&repo, "web")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(log, [id3, id2, id1]);
+        assert!(cairn_engine::vm::strays::vm_strays(&repo)
+            .await
+            .unwrap()
+            .strays
+            .is_empty());
+    }
+    assert_eq!(
+        cairn_format::refs::decode(&store.read_ref(&head_key).await.unwrap().unwrap().data)
+            .unwrap(),
+        id3
+    );
+}

@@ -9,7 +9,8 @@
 //! 2. **Heads** that cannot be decoded, or that name a lost version, are rebuilt from the
 //!    newest intact, undeleted version record of the image; an image with none left loses
 //!    its head. **Tags** that cannot be decoded are set aside (the version they named is
-//!    unknown: the tag is lost, the version is not).
+//!    unknown: the tag is lost, the version is not). **VM heads** likewise (`vm_heads`):
+//!    pointed at the VM's newest version no ref reaches when lost, damaged or behind.
 //! 3. **Index runs** (`index_runs`): damaged runs are replaced by a run rebuilt from the
 //!    trailers of the packs no intact run names, then set aside, so GC, which refuses a
 //!    partial view, can run again. Every pack is then read whole, as `verify` reads it, and
@@ -38,6 +39,7 @@ mod from_source;
 mod index_runs;
 mod lost;
 mod rescue;
+mod vm_heads;
 
 /// Opens the source a repair reads blobs from, once per pass (it may be read several times).
 pub type SourceOpener = Box<dyn Fn() -> EngineResult<Box<dyn Source>> + Send + Sync>;
@@ -68,6 +70,8 @@ pub struct RepairReport {
     /// Heads rebuilt: (image, new head as `IMAGE@SEQ`, or None if the image had no intact
     /// version left and its head was removed).
     pub heads_rebuilt: Vec<(String, Option<String>)>,
+    /// VM heads pointed at the VM's newest version no ref reached: (VM, `VM@SEQ`).
+    pub vm_heads_rebuilt: Vec<(String, String)>,
     /// Tag refs that could not be read and were set aside.
     pub tags_lost: Vec<String>,
     /// Index runs that could not be read and were set aside.
@@ -106,6 +110,7 @@ pub async fn repair(repo: &Arc<Repo>, options: RepairOptions) -> EngineResult<Re
     };
     let live = live_versions(repo).await?;
     repair_metadata(repo, &live, options.dry_run, &mut report).await?;
+    vm_heads::repoint_vm_heads(repo, options.dry_run, &mut report).await?;
     let unreadable_unnamed = index_runs::repair_runs(repo, options.dry_run, &mut report).await?;
     // Every pack read whole first, as verify reads them: damage no read has met yet is found
     // and quarantined, and quarantine markers whose copies read intact (or that name nothing)

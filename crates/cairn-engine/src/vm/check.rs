@@ -6,7 +6,9 @@
 
 use std::collections::HashSet;
 
+use cairn_format::id_hash::IdSet;
 use cairn_format::keys;
+use cairn_format::vm::VmVersion;
 use cairn_format::Id;
 use cairn_repo::{Damaged, Repo, RepoError};
 
@@ -28,6 +30,12 @@ pub async fn check_vms(repo: &Repo, known: &HashSet<Id>) -> EngineResult<VmFindi
     let mut out = VmFindings::default();
     let deleted_vm = repo.vm_deleted_versions().await?;
     let deleted = repo.deleted_versions().await?;
+    let strays = super::strays::vm_strays(repo).await?;
+    out.problems.extend(strays.problems());
+    for (_, record) in &strays.strays {
+        out.checked += 1;
+        check_bound(record, known, &deleted, &mut out);
+    }
     for vm in repo.vms().await? {
         let mut next = match repo.vm_head(&vm).await {
             Ok(head) => head.map(|h| h.version),
@@ -65,22 +73,28 @@ pub async fn check_vms(repo: &Repo, known: &HashSet<Id>) -> EngineResult<VmFindi
             if deleted_vm.contains(&id) {
                 continue;
             }
-            for (name, version) in record.bound() {
-                let image = cairn_format::vm::VmVersion::disk_image(&vm, name);
-                let why = if !known.contains(&version) {
-                    "missing or unreadable"
-                } else if deleted.contains(&version) {
-                    "deleted (it should have gone only with its VM version)"
-                } else {
-                    continue;
-                };
-                out.problems.push(format!(
-                    "VM version {vm}@{} binds {image} version {}, which is {why}",
-                    record.seq,
-                    version.short()
-                ));
-            }
+            check_bound(&record, known, &deleted, &mut out);
         }
     }
     Ok(out)
+}
+
+/// Names each image version `record` binds that is missing, unreadable or deleted.
+fn check_bound(record: &VmVersion, known: &HashSet<Id>, deleted: &IdSet, out: &mut VmFindings) {
+    for (name, version) in record.bound() {
+        let image = VmVersion::disk_image(&record.vm, name);
+        let why = if !known.contains(&version) {
+            "missing or unreadable"
+        } else if deleted.contains(&version) {
+            "deleted (it should have gone only with its VM version)"
+        } else {
+            continue;
+        };
+        out.problems.push(format!(
+            "VM version {}@{} binds {image} version {}, which is {why}",
+            record.vm,
+            record.seq,
+            version.short()
+        ));
+    }
 }

@@ -20,6 +20,7 @@ use crate::error::{EngineError, EngineResult};
 
 pub mod check;
 pub mod copy;
+pub mod strays;
 
 /// Publication attempts when other backups of the same VM move its head meanwhile.
 const PUBLISH_ATTEMPTS: u32 = 8;
@@ -204,6 +205,24 @@ pub async fn bound_versions(repo: &Repo, images: &[&str]) -> EngineResult<HashMa
             }
         }
     }
+    // VM versions whose head was lost or moved back bind their disks all the same.
+    let strays = strays::vm_strays(repo).await?;
+    if let (Some(damaged), Some(image)) = (
+        strays.damaged.first(),
+        images.iter().find(|i| i.contains('/')),
+    ) {
+        return Err(EngineError::Repo(cairn_repo::RepoError::Refused(format!(
+            "{image} may be a VM's disk, and VM version record {} cannot be read ({}): which \
+             versions it binds is unknown, so none is removed (`cairn verify` names the damage)",
+            damaged.key, damaged.problem
+        ))));
+    }
+    for (_, v) in &strays.strays {
+        for (_, version) in v.bound() {
+            out.entry(version)
+                .or_insert_with(|| format!("{}@{} (reached by no head)", v.vm, v.seq));
+        }
+    }
     Ok(out)
 }
 
@@ -341,6 +360,12 @@ pub async fn unbound_disk_versions(
     disks: &[String],
 ) -> EngineResult<Vec<(Id, VersionRecord)>> {
     let mut out = Vec::new();
+    // A VM version whose head was lost binds its disks: they are not a killed backup's.
+    let strays = strays::vm_strays(repo).await?;
+    let kept: std::collections::HashSet<Id> = strays
+        .of(vm)
+        .flat_map(|(_, v)| v.bound().into_iter().map(|(_, id)| id))
+        .collect();
     for disk in disks {
         let image = VmVersion::disk_image(vm, disk);
         let bound = match latest {
@@ -364,7 +389,7 @@ pub async fn unbound_disk_versions(
             if bound.is_some_and(|(version, seq)| version == id || record.seq <= seq) {
                 break;
             }
-            if record.message.starts_with(DISK_MESSAGE_PREFIX) {
+            if record.message.starts_with(DISK_MESSAGE_PREFIX) && !kept.contains(&id) {
                 out.push((id, record));
             }
         }
