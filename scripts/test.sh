@@ -273,7 +273,7 @@ check "kill -9 loops: 112 trials of commit, gc, rm/prune, restore and index comp
 check "pull-mode incremental backup of a running disk with qemu-storage-daemon (scripts/pullmode_backup.py)" \
   python3 "$ROOT/scripts/pullmode_backup.py" --bin "$CAIRN_BIN"
 
-check "whole-VM backups of a running QEMU over QMP: one point in time across two disks, incremental, kill -9 of cairn and of QEMU, several VMs in one run (scripts/vm_backup.py)" \
+check "whole-VM backups of a running QEMU over QMP: one point in time across two disks, incremental, kill -9 of cairn and of QEMU, several VMs in one run, a full disk (scripts/vm_backup.py)" \
   python3 "$ROOT/scripts/vm_backup.py" --bin "$CAIRN_BIN"
 
 check "a real Debian guest (TCG): frozen for each backup while it writes (every root file system clean); its memory saved and resumed by vm restore and vm start; booted from lazy exports and committed (scripts/vm_freeze.py)" \

@@ -27,7 +27,9 @@ Checks:
 - kill -9 of QEMU mid-backup: one clear error, nothing published; QEMU started again on the
   same disks: the next backup reads whole (the persistent bitmaps are inconsistent) and says
   why;
-- a QMP socket nobody listens on: one clear error line, exit 1.
+- a QMP socket nobody listens on: one clear error line, exit 1;
+- the repository's file system full mid-backup (a tmpfs; needs root): one clear line,
+  nothing published or left in QEMU, and the next backup with room succeeds.
 
     scripts/vm_backup.py [--bin target/ci/cairn]
 
@@ -352,6 +354,72 @@ def fleet(cairn, work):
             stop(proc)
 
 
+def full_disk(binary, work):
+    """A repository whose file system fills up during `vm backup`: one clear line, nothing
+    published, nothing of cairn's left in QEMU and the repository clean; once there is room
+    (the tmpfs grown), the next backup succeeds and restores to the live disk bit for bit."""
+    mnt = os.path.join(work, "small-fs")
+    os.makedirs(mnt)
+    sh("mount", "-t", "tmpfs", "-o", "size=56m", "tmpfs", mnt)  # 32 MiB of it the reserve
+    proc = q = None
+    try:
+        repo = os.path.join(mnt, "repo")
+        cairn = Cairn(binary, repo, state=os.path.join(work, "full-state"), timeout=300)
+        cairn.run("init")
+        disk, data = os.path.join(work, "full.qcow2"), os.path.join(work, "full-data.bin")
+        sh("qemu-img", "create", "-q", "-f", "qcow2", disk, 64 << 20)
+        with open(data, "wb") as f:
+            f.write(random.randbytes(40 << 20))
+        sock, io = os.path.join(work, "full.qmp"), os.path.join(work, "full-io.qmp")
+        proc = subprocess.Popen(
+            ["qemu-system-x86_64", "-machine", "none", "-nodefaults", "-display", "none",
+             "-qmp", f"unix:{sock},server=on,wait=off", "-qmp", f"unix:{io},server=on,wait=off",
+             "-drive", f"if=none,id=d0,format=qcow2,file={disk}"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True, start_new_session=True)
+        wait_for(io, proc, "qemu-system-x86_64")
+        q = Qmp(io)
+        q.cmd("human-monitor-command", **{"command-line": f'qemu-io d0 "write -s {data} 0 40M"'})
+        scratch = os.path.join(work, "full-scratch")
+        os.makedirs(scratch)
+        backup = ("vm", "backup", "full", "--qmp", sock, "--scratch-dir", scratch)
+        p = cairn.run(*backup, check=False)
+        errors = [x for x in p.stderr.splitlines() if x.startswith("cairn: error:")]
+        ok(p.returncode == 1 and len(errors) == 1 and f"the file system of {repo} is full"
+           in errors[0], f"a full disk during vm backup: one line, exit 1: "
+                         f"{p.returncode} {p.stderr.strip()[-400:]}")
+        ok(proc.poll() is None, "the VM runs on after the failed backup")
+        jobs = [j["device"] for j in q.cmd("query-block-jobs")]
+        exports = [e["id"] for e in q.cmd("query-block-exports")]
+        nodes = [n["node-name"] for n in q.cmd("query-named-block-nodes", flat=True)
+                 if n["node-name"].startswith("cairn-")]
+        ok(not jobs and not exports and not nodes and not os.listdir(scratch),
+           f"a full disk: nothing of cairn's left in QEMU or the scratch directory "
+           f"({jobs} {exports} {nodes} {os.listdir(scratch)})")
+        ok(cairn.json("vm", "list") == [], "a full disk: no VM version published")
+        p = cairn.run("verify", check=False)
+        ok(p.returncode == 0, f"a full disk: the repository verifies clean: {p.stdout[-300:]}")
+        sh("mount", "-o", "remount,size=256m", mnt)
+        p = cairn.run("--json", *backup, check=False)
+        out = json.loads(p.stdout) if p.returncode == 0 else {}
+        ok(out.get("seq") == 1, f"with room again the backup succeeds: {p.stderr.strip()[-300:]}")
+        if out:
+            q.cmd("human-monitor-command", **{"command-line": 'qemu-io d0 "flush"'})
+            d = out["disks"][0]
+            path = os.path.join(work, "full-restored.raw")
+            cairn.run("restore", f"{d['image']}@{d['seq']}", path)
+            cmp = sh("qemu-img", "compare", "-U", "-f", "raw", "-F", "qcow2", path, disk,
+                     check=False)
+            ok(cmp.returncode == 0, f"... and restores to the live disk bit for bit: "
+                                    f"{cmp.stdout.strip()} {cmp.stderr.strip()}")
+    finally:
+        if q is not None:
+            q.close()
+        if proc is not None:
+            stop(proc)
+        sh("umount", mnt, check=False)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="target/ci/cairn")
@@ -486,6 +554,7 @@ def main():
         # them (the printed -drive options), writes, and vm commit records a new VM version.
         instant_recovery(cairn, work, out["seq"], restored)
         fleet(cairn, work)
+        full_disk(binary, work)
 
         # 5. kill -9 of QEMU mid-backup, then QEMU again on the same disks.
         before = len(cairn.json("vm", "log", "web"))
