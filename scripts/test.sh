@@ -279,8 +279,8 @@ check "whole-VM backups of a running QEMU over QMP: one point in time across two
 check "a real Debian guest (TCG): frozen for each backup while it writes (every root file system clean); its memory saved and resumed by vm restore and vm start; booted from lazy exports and committed (scripts/vm_freeze.py)" \
   python3 "$ROOT/scripts/vm_freeze.py" --bin "$CAIRN_BIN" --dataset "$DATASET"
 
-check "whole-VM backups through a real libvirt daemon (backup API in pull mode, checkpoints), kill -9 of cairn, --all, restore --define (scripts/vm_backup_libvirt.py)" \
-  python3 "$ROOT/scripts/vm_backup_libvirt.py" --bin "$CAIRN_BIN"
+check "whole-VM backups through a real libvirt daemon (backup API in pull mode, checkpoints), kill -9 of cairn, --all, restore --define, a booted guest frozen by its agent (scripts/vm_backup_libvirt.py)" \
+  python3 "$ROOT/scripts/vm_backup_libvirt.py" --bin "$CAIRN_BIN" --dataset "$DATASET"
 
 check "fuzz the qcow2 parser, the NBD server and the format decoders for ${CAIRN_FUZZ_SECONDS:-60} s each (scripts/fuzz.sh)" \
   bash "$ROOT/scripts/fuzz.sh" "${CAIRN_FUZZ_SECONDS:-60}"

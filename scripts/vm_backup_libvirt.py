@@ -23,9 +23,12 @@ Checks:
 - `--all` backs up every running domain as the VM of its name;
 - `vm restore --define NAME` defines a new domain on the restored disks, which starts; a
   domain of that name is never defined over;
-- `--memory` is refused in one line, committing nothing.
+- `--memory` is refused in one line, committing nothing;
+- with --dataset: the dataset's vm-agent.raw booted as a second domain, its guest agent
+  answering through libvirt: backups are frozen by the agent, the root file system restores
+  e2fsck-clean, and the guest is left thawed.
 
-    scripts/vm_backup_libvirt.py [--bin target/ci/cairn]
+    scripts/vm_backup_libvirt.py [--bin target/ci/cairn] [--dataset .data/small]
 
 Needs libvirt-daemon, libvirt-daemon-driver-qemu, libvirt-clients, qemu-system-x86 and
 qemu-utils; installs nothing. Prints "vm_backup_libvirt: N passed, 0 failed".
@@ -117,9 +120,90 @@ def flush():
               f'qemu-io -d /machine/peripheral/virtio-disk{i}/virtio-backend "flush"')
 
 
+GUEST = "cairn-vm-agent-test"
+BOOT_LIMIT = 300
+
+
+def agent(*command, check=True):
+    """A guest agent command through libvirt (which owns the agent's channel)."""
+    msg = {"execute": command[0]}
+    if len(command) > 1:
+        msg["arguments"] = command[1]
+    p = virsh("qemu-agent-command", GUEST, json.dumps(msg), check=check)
+    return json.loads(p.stdout)["return"] if p.returncode == 0 else None
+
+
+def real_guest(cairn, work, scratch, dataset):
+    """The dataset's vm-agent.raw booted under libvirt (TCG), its guest agent running and a
+    writer appending to a log: backups frozen by the agent through libvirt's freeze, the
+    root file system restoring e2fsck-clean (nothing to recover), the guest left thawed and
+    still writing."""
+    image = os.path.join(dataset, "vm-agent.raw")
+    if not os.path.exists(image):
+        ok(False, f"{image} is missing: build the dataset (scripts/build-dataset.sh)")
+        return
+    # libvirt hands every file of the disk's chain and the kernel to QEMU's user: copies,
+    # never the dataset's own files.
+    files = {}
+    for name, src in (("base.raw", image),
+                      ("vmlinuz", os.path.join(dataset, "boot", "vmlinuz")),
+                      ("initrd.img", os.path.join(dataset, "boot", "initrd.img"))):
+        files[name] = os.path.join(work, f"guest-{name}")
+        sh("cp", "--sparse=always", src, files[name])
+    root = os.path.join(work, "guest-root.qcow2")
+    sh("qemu-img", "create", "-q", "-f", "qcow2", "-b", files["base.raw"], "-F", "raw", root)
+    xml = os.path.join(work, "guest.xml")
+    with open(xml, "w") as f:
+        f.write(f"""<domain type='qemu'><name>{GUEST}</name><memory unit='MiB'>512</memory>
+          <vcpu>2</vcpu><os><type arch='x86_64' machine='q35'>hvm</type>
+          <kernel>{files['vmlinuz']}</kernel><initrd>{files['initrd.img']}</initrd>
+          <cmdline>root=/dev/vda ro console=ttyS0</cmdline></os>
+          <devices><emulator>/usr/bin/qemu-system-x86_64</emulator>
+            <disk type='file' device='disk'><driver name='qemu' type='qcow2'/>
+              <source file='{root}'/><target dev='vda' bus='virtio'/></disk>
+            <channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>
+          </devices></domain>""")
+    try:
+        virsh("create", xml)
+        started, up = time.time(), False
+        while not up and time.time() - started < BOOT_LIMIT:
+            up = agent("guest-ping", check=False) is not None
+            time.sleep(2)
+        ok(up, f"the guest's agent answers through libvirt ({time.time() - started:.0f} s)")
+        if not up:
+            return
+        agent("guest-exec", {"path": "/bin/sh", "arg": [
+            "-c", "while :; do date +%s.%N >> /var/log/cairn-writer.log; sleep 0.01; done"]})
+        time.sleep(2)
+        for seq in (1, 2):
+            p = cairn.run("--json", "vm", "backup", "guest", "--domain", GUEST, "--connect",
+                          URI, "--scratch-dir", scratch, "--agent-timeout", "20", check=False)
+            out = json.loads(p.stdout) if p.returncode == 0 else None
+            ok(out is not None, f"libvirt backup {seq} of a booted guest: {p.stderr.strip()}")
+            if out is None:
+                return
+            ok(out["freeze"] == "frozen", f"backup {seq}: frozen by the guest agent through "
+                                          f"libvirt ({out['freeze']}): {p.stderr.strip()}")
+            ok([d["incremental"] for d in out["disks"]] == [seq == 2],
+               f"backup {seq}: {'only changes' if seq == 2 else 'whole'} read")
+            disk = out["disks"][0]
+            restored = os.path.join(work, f"guest-root-{seq}.raw")
+            cairn.run("restore", f"{disk['image']}@{disk['seq']}", restored)
+            fsck = sh("e2fsck", "-fn", restored, check=False)
+            ok(fsck.returncode == 0, f"backup {seq}: the root file system is clean, nothing to "
+                                     f"recover (e2fsck {fsck.returncode}: "
+                                     f"{(fsck.stdout + fsck.stderr).strip()[-300:]})")
+            os.remove(restored)
+        status = agent("guest-fsfreeze-status")
+        ok(status == "thawed", f"the guest is left thawed ({status})")
+    finally:
+        virsh("destroy", GUEST, check=False)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="target/ci/cairn")
+    ap.add_argument("--dataset", help="also back up the dataset's vm-agent.raw booted")
     args = ap.parse_args()
     need_tools("vm_backup_libvirt", "virsh", "libvirtd", "virtlogd", "qemu-system-x86_64",
                "qemu-img")
@@ -252,6 +336,8 @@ def main():
            f"--memory through libvirt is refused in one line: {p.stderr.strip()}")
         ok(cairn.json("vm", "log", "lv")[0]["seq"] == 3, "and commits nothing")
         ok(cairn.run("verify", check=False).returncode == 0, "verify is clean")
+        if args.dataset:
+            real_guest(cairn, work, scratch, os.path.abspath(args.dataset))
     finally:
         virsh("destroy", DOMAIN, check=False)
         daemons.stop()
