@@ -39,8 +39,9 @@ use rebuild::{Context, SegmentTask};
 /// Changed blocks to commit on top of a base. Block `i` covers bytes
 /// `[i*block_size, (i+1)*block_size) ∩ [0, new_size)`.
 pub trait PatchSource: Send + Sync {
-    /// Bytes per block. Blocks of the repository's chunk size with the fixed chunker give the
-    /// fast path (no base data read); any other size works but materializes touched segments.
+    /// Bytes per block; any size works. Every touched segment is materialized from its base
+    /// (`rebuild`): format 2 leaves name group runs and carry the segment's digest, so a
+    /// changed block is not spliced in without its neighbours' bytes.
     fn block_size(&self) -> u32;
     /// Indexes of the changed blocks (sorted and deduplicated by the caller or not: they are
     /// sorted and deduplicated here).
