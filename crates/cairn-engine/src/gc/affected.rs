@@ -64,16 +64,7 @@ pub(super) async fn affected_packs(
     dead_keys.dedup();
     let mut packs = HashSet::new();
     for key in dead_keys {
-        crate::interrupt::check()?;
-        let found = snapshot
-            .reader
-            .packs_for_key(key)
-            .await
-            .map_err(|e| match e {
-                e if e.is_damage() => incomplete(e.to_string()),
-                e => e.into(),
-            })?;
-        packs.extend(found);
+        packs.extend(packs_for_key(snapshot, key).await?);
     }
     packs.extend(
         repo.quarantine_markers()
@@ -104,19 +95,25 @@ pub(super) async fn duplicate_packs(
 ) -> EngineResult<Duplicates> {
     let mut found = Duplicates::default();
     for &key in fresh {
-        crate::interrupt::check()?;
-        let packs = snapshot
-            .reader
-            .packs_for_key(key)
-            .await
-            .map_err(|e| match e {
-                e if e.is_damage() => incomplete(e.to_string()),
-                e => e.into(),
-            })?;
+        let packs = packs_for_key(snapshot, key).await?;
         if packs.len() > 1 {
             found.blobs += 1;
             found.packs.extend(packs);
         }
     }
     Ok(found)
+}
+
+/// The packs the index names for `key`; an unreadable run stops GC (it acts only on a
+/// complete index).
+async fn packs_for_key(snapshot: &Snapshot, key: u64) -> EngineResult<Vec<Id>> {
+    crate::interrupt::check()?;
+    snapshot
+        .reader
+        .packs_for_key(key)
+        .await
+        .map_err(|e| match e {
+            e if e.is_damage() => incomplete(e.to_string()),
+            e => e.into(),
+        })
 }
