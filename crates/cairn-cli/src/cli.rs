@@ -220,7 +220,16 @@ pub enum Command {
     #[command(verbatim_doc_comment)]
     Verify(VerifyArgs),
     /// Repository-wide figures: logical size, stored size, dedup ratio.
-    Stats,
+    ///
+    /// With IMAGE[@REF], where that version's data lies instead: the groups a restore of it
+    /// reads, the packs they are in and the contiguous pack ranges they make, per GiB of data
+    /// (its fragmentation: each range is a seek on a disk, a request on S3). A version whose
+    /// blocks many commits stored lies in more ranges than one committed whole.
+    Stats {
+        /// The version (IMAGE, IMAGE@N, IMAGE@TAG); none: the whole repository.
+        #[arg(value_name = "IMAGE[@REF]")]
+        spec: Option<String>,
+    },
     /// Rebuild what damage left behind, and say exactly what stays lost.
     ///
     /// Sets aside version records that cannot be read and rebuilds the heads that named them

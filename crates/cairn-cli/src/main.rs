@@ -139,7 +139,7 @@ fn main() -> ExitCode {
             Command::Restore(args) => commands::restore::run(&ctx, args).await,
             Command::Diff(args) => commands::diff::run(&ctx, args).await,
             Command::Verify(args) => commands::verify::run(&ctx, args).await,
-            Command::Stats => commands::stats::run(&ctx).await,
+            Command::Stats { spec } => commands::stats::run(&ctx, spec.as_deref()).await,
             Command::Repair(args) => commands::repair::run(&ctx, args).await,
             Command::Gc(args) => commands::gc::run(&ctx, args).await,
             Command::Index(args) => commands::index::run(&ctx, args).await,

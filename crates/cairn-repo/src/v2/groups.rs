@@ -31,6 +31,36 @@ const MAX_SPAN_GAP: u64 = (64 << 10) + 4096;
 
 /// At most this many stored bytes in one read, gaps included.
 const MAX_SPAN_BYTES: u64 = 4 << 20;
+
+/// Whether a group stored at `this` joins a read of `len` groups of the same pack that spans
+/// `first.start .. last.end`: near enough, and the read not too long.
+fn joins_read(first: &Range<u64>, last: &Range<u64>, this: &Range<u64>, len: usize) -> bool {
+    this.start >= last.end
+        && this.start - last.end <= MAX_SPAN_GAP
+        && this.end - first.start <= MAX_SPAN_BYTES
+        && len < MAX_SPAN_GROUPS
+}
+
+/// How many ranged reads a reader makes for groups stored at `groups` (pack, bytes), sorted
+/// by pack and offset, when it asks for them together: groups of one pack near each other
+/// share a read, as the reader plans its reads (`cairn stats IMAGE@V` reports it).
+pub fn ranged_reads(groups: &[(Id, Range<u64>)]) -> u64 {
+    let mut reads = 0;
+    let mut span: Option<(Id, Range<u64>, Range<u64>, usize)> = None;
+    for (pack, this) in groups {
+        match &mut span {
+            Some((p, first, last, len)) if p == pack && joins_read(first, last, this, *len) => {
+                *last = this.clone();
+                *len += 1;
+            }
+            _ => {
+                reads += 1;
+                span = Some((*pack, this.clone(), this.clone(), 1));
+            }
+        }
+    }
+    reads
+}
 use super::{sealed_error, Cost, V2Reader};
 use crate::error::{RepoError, RepoResult};
 
@@ -283,10 +313,7 @@ impl V2Reader {
                     return false;
                 };
                 wanted[span[0]].trailer.pack == w.trailer.pack
-                    && this.start >= last.end
-                    && this.start - last.end <= MAX_SPAN_GAP
-                    && this.end - first.start <= MAX_SPAN_BYTES
-                    && span.len() < MAX_SPAN_GROUPS
+                    && joins_read(&first, &last, &this, span.len())
             });
             match spans.last_mut() {
                 Some(span) if neighbour => span.push(i),
