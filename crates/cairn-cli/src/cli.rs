@@ -222,9 +222,10 @@ pub enum Command {
     /// Repository-wide figures: logical size, stored size, dedup ratio.
     ///
     /// With IMAGE[@REF], where that version's data lies instead: the groups a restore of it
-    /// reads, the packs they are in and the contiguous pack ranges they make, per GiB of data
-    /// (its fragmentation: each range is a seek on a disk, a request on S3). A version whose
-    /// blocks many commits stored lies in more ranges than one committed whole.
+    /// reads, the packs they are in, and the ranged reads a restore makes for them (groups of
+    /// one pack near each other share one), per GiB of data: its fragmentation, each read a
+    /// seek on a disk or a request on S3. A version whose blocks many commits stored takes
+    /// more reads than one committed whole.
     Stats {
         /// The version (IMAGE, IMAGE@N, IMAGE@TAG); none: the whole repository.
         #[arg(value_name = "IMAGE[@REF]")]
