@@ -48,6 +48,7 @@ TOPICS = [
     ("Repositories on S3", "s3.json"),
     ("Real VM disk sources", "sources.json"),
     ("Backing up a running VM", "vm-backup.json"),
+    ("Getting a VM back", "restore.json"),
     ("Format 2 against format 1", "format2.json"),
     ("Encryption", "encryption.json"),
     ("Lost or damaged objects", "lost-objects.json"),
@@ -485,7 +486,42 @@ def r_concurrent(spec):
     return header, rows
 
 
+def r_in_place(spec):
+    """bench/in_place.py's run: `restore --in-place` (by diff, by compare) against a full
+    restore, and what it wrote against the bytes that differ."""
+    d = load_json(spec["file"])
+    v, u = d["version"], d["over"]
+    what = {
+        "back_diff": (f"{v} over a restore of {u}", "diff"),
+        "back_compare": (f"{v} over a restore of {u}", "compare"),
+        "forward_diff": (f"{u} over a restore of {v}", "diff"),
+        "forward_compare": (f"{u} over a restore of {v}", "compare"),
+        "rollback_after_writes": (f"{v} over itself after 32 MiB of writes", "compare"),
+    }
+    header = ["restore", "method", "differing MiB", "written + zeroed MiB (÷ differing)",
+              "TARGET read MiB", "fetched MiB", "s (÷ full restore)", "bit-exact"]
+    rows = []
+    for key, (label, method) in what.items():
+        r = d["in_place"][key]
+        differing = r.get("differing_bytes", d["differing_bytes"])
+        full = d["full_restore_seconds"][u if key.startswith("forward") else v]
+        rows.append([
+            label, method, f"{differing / MIB:.1f}",
+            f"{(r['written_bytes'] + r['zeroed_bytes']) / MIB:.1f} "
+            f"(**{r['written_vs_differing']:.2f}×**)",
+            f"{r['target_read_bytes'] / MIB:.0f}", f"{r['fetched_bytes'] / MIB:.1f}",
+            f"{r['seconds']:.2f} ({r['vs_full_restore']:.2f}× of {full:.2f})",
+            "yes" if r["bit_exact"] else "**no**"])
+    k = d["killed_mid_way"]
+    rows.append([f"{v} over {u}, killed with SIGKILL mid-way, then run again", k["rerun_method"],
+                 "", f"{k['rerun_written_bytes'] / MIB:.1f} by the rerun", "", "",
+                 f"{k['rerun_seconds']:.2f} (the rerun)",
+                 "yes" if k["bit_exact_after_rerun"] else "**no**"])
+    return header, rows
+
+
 RENDERERS = {
+    "in-place": r_in_place,
     "concurrent": r_concurrent,
     "compare": r_compare,
     "md-table": r_md_table,

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""kill -9 loops: commit, gc, rm/prune and restore killed at random moments.
+"""kill -9 loops: commit, gc, rm/prune, restore, compaction and in-place restore killed at
+random moments.
 
 One local repository, one small synthetic image (a 32 MiB sparse file with 4 MiB of random
-data, 512 KiB of it rewritten before every commit). Four loops, each measuring the operation's typical
+data, 512 KiB of it rewritten before every commit). Six loops, each measuring the operation's typical
 duration first and then killing it with SIGKILL after a random delay between 0 and that
 (1.5 times that for gc, so that some trials finish and their reports show that the gc the
 others were killed in was merging small packs: a check):
@@ -14,6 +15,9 @@ others were killed in was merging small packs: a check):
   3. `cairn rm IMAGE@V` / `cairn prune IMAGE --keep-last K`                             (25)
   4. `cairn restore --force` to a file, over an earlier restore (every third: SIGTERM)  (20)
   5. `cairn index compact --all` after two more commits (format 2 only)                 (12)
+  6. `cairn restore --in-place` over a file holding another version of an image of its
+     own, killed while it writes (every other trial with --compare, the rest by diff
+     where the last run finished)                                                       (12)
 
 An interrupted (SIGINT/SIGTERM) command must exit 128+signal with one line on stderr, its
 session closed and no temporary or partial file left, at once.
@@ -21,7 +25,9 @@ session closed and no temporary or partial file left, at once.
 After every trial: `cairn verify` exits 0 and every version `cairn --json log` lists restores
 bit-exact (to the sha256 of the source its commit read, found by the id the commit's --json
 output printed; a version a killed commit published before it could print is the trial's). After a killed restore the target
-is absent or holds a whole version (the old or the new one).
+is absent or holds a whole version (the old or the new one). After a killed in-place
+restore that left its target torn (neither version), `cairn commit` of the target is refused
+with one line saying so, and running the restore again makes it the version, bit-exact.
 
 After every killed commit or gc, "gc after a killed X does not wait for the dead session":
 the next `cairn gc` (default settings, with a deletion pending so it has work) must finish
@@ -35,7 +41,7 @@ repository, no `.*.cairn-partial-*` file in the restore target directory, and a 
 `cairn gc --repair` must reclaim nothing.
 
     scripts/kill_loops.py [--bin target/release/cairn] [--dir DIR] [--seed N]
-                          [--trials 30,25,25,20,12] [--encrypted]
+                          [--trials 30,25,25,20,12,12] [--encrypted]
 
 The repository is `cairn init`'s default (format 2). --encrypted runs the same loops and
 checks on an encrypted format 2 repository (`init --encrypt`, the passphrase in
@@ -220,6 +226,11 @@ class Run:
         Returns (killed, exit status, stdout)."""
         proc = spawn(self.repo.args(*args), self.repo.env)
         time.sleep(self.rng.uniform(0.0, typical))
+        return self.kill_now(proc)
+
+    def kill_now(self, proc):
+        """SIGKILLs `proc` (unless it ended) and counts it. Returns (killed, exit status,
+        stdout)."""
         kill_group(proc)
         out, _ = reap(proc, 60)
         self.last_kill = time.monotonic()
@@ -498,6 +509,71 @@ class Run:
                                f"(exit {p.returncode}, {runs} runs: {p.stderr.strip()[-200:]})")
             self.trim()
 
+    def loop_in_place(self, trials):
+        """In-place restores among three versions of an image of their own (24 MiB, two
+        thirds of it rewritten from one version to the next, so that a restore writes for
+        long enough to be cut short), killed while they write."""
+        if IMAGE not in self.repo.run("--json", "images").stdout:
+            for _ in range(LIVE):  # the loop runs on its own (--trials 0,0,0,0,0,N)
+                self.commit()
+        image = "kill/in-place"
+        source = os.path.join(self.work, "src", "in-place.raw")
+        target = os.path.join(self.targets, "in-place.raw")
+        known = {}
+        data = bytearray(self.rng.randbytes(24 << 20))
+        for _ in range(3):
+            for piece in range(24):
+                if self.rng.random() < 2 / 3:
+                    data[piece << 20:(piece + 1) << 20] = self.rng.randbytes(1 << 20)
+            with open(source, "wb") as f:
+                f.write(data)
+            known[self.repo.json("commit", image, source)["id"]] = sha(source)
+        ids = list(known)
+        self.repo.run("restore", f"{image}@{ids[0]}", target, "--force")
+        typical = self.typical("restore --in-place --compare", lambda: self.repo.run(
+            "restore", f"{image}@{self.rng.choice(ids)}", target, "--in-place", "--compare"))
+        torn_seen = 0
+        for trial in range(trials):
+            label = f"in-place trial {trial}"
+            old = sha(target)
+            vid = self.rng.choice([i for i in ids if known[i] != old] or ids)
+            args = ["restore", f"{image}@{vid}", target, "--in-place"]
+            killed, rc = self.kill_once_marked(args + (["--compare"] if trial % 2 else []),
+                                               typical)
+            if not killed:
+                self.ok(rc == 0, f"{label}: an unkilled in-place restore succeeds (exit {rc})")
+            now = sha(target)
+            if now not in (old, known[vid]):
+                torn_seen += 1
+                p = self.repo.run("commit", "kill/torn", target, check=False)
+                err = as_plain(p.stderr).strip()
+                self.ok(p.returncode != 0 and len(err.splitlines()) == 1
+                        and "in-place restore" in err and "was interrupted" in err,
+                        f"{label}: a torn target is refused as a commit source with one line "
+                        f"(exit {p.returncode}: {err[-300:]})")
+            # Running it again finishes the job, whatever the kill left.
+            p = self.repo.run(*args, check=False)
+            self.ok(p.returncode == 0 and sha(target) == known[vid],
+                    f"{label}: the rerun makes the target the version, bit-exact "
+                    f"(exit {p.returncode}: {p.stderr.strip()[-200:]})")
+            self.check_all(label)
+        print(f"  in-place: {torn_seen} of {trials} trials left the target torn", flush=True)
+
+    def kill_once_marked(self, args, typical):
+        """Starts `cairn args` (an in-place restore) and kills it with SIGKILL at a random
+        moment after its marker appeared (so while it writes), within `typical` seconds.
+        Returns (killed, exit status)."""
+        markers = os.path.join(self.repo.env["CAIRN_STATE_DIR"], "in-place")
+        proc = spawn(self.repo.args(*args), self.repo.env)
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            if os.path.isdir(markers) and os.listdir(markers):
+                break
+            time.sleep(0.0005)
+        time.sleep(self.rng.uniform(0.0, typical))
+        killed, rc, _ = self.kill_now(proc)
+        return killed, rc
+
     def finish(self):
         # GC removes only the temporaries older than every live session, less the 1 s
         # clock-skew margin (a younger one may be a live writer's): let the last killed
@@ -537,18 +613,18 @@ def main():
                     "temporary directory under $CAIRN_TEST_TMP or /tmp, removed at the end)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--trials", default=None,
-                    help="trials of the commit, gc, rm/prune, restore and index compaction "
-                    "loops (default 30,25,25,20,12; with --encrypted 15,12,8,8,6)")
+                    help="trials of the commit, gc, rm/prune, restore, index compaction and "
+                    "in-place restore loops (default 30,25,25,20,12,12; with --encrypted "
+                    "15,12,8,8,6,6)")
     ap.add_argument("--encrypted", action="store_true",
                     help="an encrypted format 2 repository")
     args = ap.parse_args()
-    default = "15,12,8,8,6" if args.encrypted else "30,25,25,20,12"
+    default = "15,12,8,8,6,6" if args.encrypted else "30,25,25,20,12,12"
     trials = [int(x) for x in (args.trials or default).split(",")]
-    if len(trials) == 4:
-        trials.append(0)
-    if len(trials) != 5:
-        sys.exit("kill_loops: --trials takes four or five numbers "
-                 "(commit,gc,rm,restore[,compact])")
+    if not 4 <= len(trials) <= 6:
+        sys.exit("kill_loops: --trials takes four to six numbers "
+                 "(commit,gc,rm,restore[,compact[,in-place]])")
+    trials += [0] * (6 - len(trials))
     binary = os.path.abspath(args.bin)
     if not os.access(binary, os.X_OK):
         sys.exit(f"kill_loops: no cairn binary at {binary} (build it: "
@@ -577,6 +653,7 @@ def main():
                  ("rm/prune", lambda: run.loop_rm(trials[2])),
                  ("restore", lambda: run.loop_restore(trials[3])),
                  ("index compact", lambda: run.loop_compact(trials[4])),
+                 ("restore --in-place", lambda: run.loop_in_place(trials[5])),
                  ("final gc --repair and leak checks", run.finish)]
         for (name, loop), n in zip(loops, trials + [0]):
             if n == 0 and name != loops[-1][0]:

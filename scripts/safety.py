@@ -7,8 +7,10 @@
   repository's space reserve), free space, and leave every remaining version intact.
 - Full disk, encrypted format 2: the commit that does not fit fails with the same line and
   publishes nothing; every earlier version verifies and restores bit-exact.
-- A mounted device: `cairn restore --force` onto a loop device whose file system is mounted
-  is refused and changes nothing; once unmounted, the same restore works bit-exact.
+- A mounted device: `cairn restore --force` (and `--in-place`) onto a loop device whose file
+  system is mounted is refused and changes nothing, as is `--in-place` into the file the loop
+  device is backed by; once unmounted, the restore works bit-exact, and `--in-place` onto the
+  device then writes only the blocks that differ.
 
     scripts/safety.py [--bin target/release/cairn]
 
@@ -187,6 +189,16 @@ def mounted_device(binary, work, c):
             p = cairn.run("restore", "small", dev, check=False)
             c.ok(p.returncode == 1 and "pass --force" in p.stderr,
                  f"without --force a block device is refused: {p.stderr.strip()!r}")
+            p = cairn.run("restore", "small", dev, "--in-place", check=False)
+            c.ok(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1
+                 and "the device is in use" in p.stderr,
+                 f"an in-place restore onto a mounted device is refused: {p.stderr.strip()!r}")
+            p = cairn.run("restore", "small", img, "--in-place", "--resize", check=False)
+            c.ok(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1
+                 and f"it backs the loop device {dev}" in p.stderr,
+                 f"an in-place restore into the file under a loop device is refused: "
+                 f"{p.stderr.strip()!r}")
+            c.ok(sha(dev) == before, "the mounted device is still unchanged")
         finally:
             sh("umount", mnt)
         p = cairn.run("restore", "small", dev, "--force", check=False)
@@ -195,6 +207,22 @@ def mounted_device(binary, work, c):
             data = f.read(32 << 20)
         with open(src, "rb") as f:
             c.ok(data == f.read(), "the device holds the version bit-exact")
+        # In place: a device larger than the version keeps its tail; only what differs is
+        # written (zeros as zeros: a device has no holes).
+        with open(dev, "r+b") as f:
+            f.seek(1 << 20)
+            f.write(b"\x55" * 4096)
+            f.seek(20 << 20)
+            f.write(b"\x66" * 8192)
+        p = cairn.run("--json", "restore", "small", dev, "--in-place", check=False)
+        r = json.loads(p.stdout) if p.returncode == 0 else {}
+        c.ok(r.get("method") == "compare" and r.get("written_bytes") == 3 * 4096,
+             f"an in-place restore onto the device writes the three blocks that differ: "
+             f"{r or p.stderr.strip()}")
+        with open(dev, "rb") as f:
+            data = f.read(32 << 20)
+        with open(src, "rb") as f:
+            c.ok(data == f.read(), "the device holds the version bit-exact after --in-place")
     finally:
         sh("losetup", "-d", dev, check=False)
 

@@ -977,6 +977,22 @@ pub struct RestoreArgs {
     /// damaged or missing are written as zeros and listed; the exit status is then 3.
     #[arg(long)]
     pub allow_damage: bool,
+    /// Turn OUTPUT, an existing raw image file or block device, into the version by writing
+    /// only what differs, where it is (its owner, mode and labels stay). When cairn
+    /// committed or restored OUTPUT as a version and it has not changed since, what differs
+    /// comes from the two versions' trees and OUTPUT is not read; otherwise OUTPUT is read
+    /// and compared segment by segment. An interrupted run leaves a marker: OUTPUT is then
+    /// taken for no version (commit refuses it) until the same command is run again.
+    #[arg(long, conflicts_with_all = ["force", "allow_damage"])]
+    pub in_place: bool,
+    /// With --in-place: make a regular file of another size the version's size (truncated
+    /// or extended) instead of refusing it.
+    #[arg(long, requires = "in_place")]
+    pub resize: bool,
+    /// With --in-place: read and compare OUTPUT even where cairn knows which version it
+    /// holds.
+    #[arg(long, requires = "in_place")]
+    pub compare: bool,
 }
 
 #[derive(Debug, Args)]

@@ -18,6 +18,7 @@ mod cli;
 mod commands;
 mod context;
 mod failure;
+mod in_place_marker;
 mod password;
 mod progress;
 mod provenance;

@@ -79,6 +79,13 @@ struct Record {
     at_ns: i64,
 }
 
+/// Where the host-local records live: `$CAIRN_STATE_DIR`, or the user's cache directory.
+pub fn state_dir() -> PathBuf {
+    std::env::var_os("CAIRN_STATE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cairn_repo::user_cache_dir().join("provenance"))
+}
+
 pub struct Provenance {
     file: PathBuf,
 }
@@ -86,11 +93,21 @@ pub struct Provenance {
 impl Provenance {
     /// The records of the repository with id `repo_id`.
     pub fn for_repo(repo_id: &[u8; 16]) -> Provenance {
-        let dir = std::env::var_os("CAIRN_STATE_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| cairn_repo::user_cache_dir().join("provenance"));
         Provenance {
-            file: dir.join(format!("{}.json", hex::encode(repo_id))),
+            file: state_dir().join(format!("{}.json", hex::encode(repo_id))),
+        }
+    }
+
+    /// Forgets what `path` held (it is about to be rewritten).
+    pub fn forget(&self, path: &Path) {
+        let Ok(canonical) = fs::canonicalize(path) else {
+            return;
+        };
+        let mut records = self.load();
+        if records.remove(&canonical).is_some() {
+            if let Err(e) = self.save(&records) {
+                tracing::debug!(file = %self.file.display(), "cannot save provenance: {e}");
+            }
         }
     }
 
@@ -148,6 +165,9 @@ impl Provenance {
     /// The version `path` holds, if cairn recorded it and the file has not changed since.
     pub fn lookup(&self, path: &Path) -> Option<Id> {
         let canonical = fs::canonicalize(path).ok()?;
+        if crate::in_place_marker::find(&canonical).is_some() {
+            return None; // torn by an in-place restore: neither version
+        }
         let identity = FileIdentity::of(&canonical)?;
         let records = self.load();
         let r = records.get(&canonical)?;

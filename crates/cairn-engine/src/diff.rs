@@ -289,13 +289,9 @@ async fn read_leaf_chunks(repo: &Repo, id: &Id) -> EngineResult<Leaf> {
                 count,
                 len,
             } => {
-                let chunks = reader.run_chunks(&group, first, count).await?;
-                if chunks.iter().map(|c| u64::from(c.len)).sum::<u64>() != u64::from(len) {
-                    return Err(EngineError::Manifest(format!(
-                        "leaf {id}: slots {first}..{} of group {group} do not hold its {len} bytes",
-                        u32::from(first) + u32::from(count)
-                    )));
-                }
+                let chunks =
+                    crate::segment::run_chunks_checked(reader, id, &group, first, count, len)
+                        .await?;
                 for c in &chunks {
                     out.push(Extent::Chunk {
                         id: c.id,

@@ -47,6 +47,30 @@ pub fn lock_holder(path: &Path) -> Option<LockHolder> {
     })
 }
 
+/// Takes an OFD write lock over the whole of `file` (open for writing), held until the file
+/// is closed: `false` when another process holds a lock on any of it. QEMU takes its locks
+/// the same way, so a VM started on the file meanwhile is refused rather than reading it
+/// half-written.
+pub fn lock_whole_file(file: &File) -> std::io::Result<bool> {
+    // SAFETY: `flock` is a plain C struct for which all-zero is a valid value.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock.l_start = 0;
+    lock.l_len = 0; // to the end, however far
+                    // SAFETY: `file` owns a valid descriptor for the whole call and `lock` is a valid flock
+                    // the kernel only reads.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
+        _ => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

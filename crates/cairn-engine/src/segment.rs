@@ -286,3 +286,137 @@ async fn read_checked_segment(
     }
     Ok(out)
 }
+
+/// The chunks slots `first .. first + count` of `group` hold (ids and lengths from the
+/// group's descriptor), checked to add up to the `len` bytes leaf `leaf` says they hold.
+pub(crate) async fn run_chunks_checked(
+    reader: &V2Reader,
+    leaf: &Id,
+    group: &Id,
+    first: u16,
+    count: u16,
+    len: u32,
+) -> EngineResult<Vec<cairn_format::group::GroupChunk>> {
+    let chunks = reader.run_chunks(group, first, count).await?;
+    match chunks.iter().map(|c| u64::from(c.len)).sum::<u64>() == u64::from(len) {
+        true => Ok(chunks),
+        false => Err(EngineError::Manifest(format!(
+            "leaf {leaf}: slots {first}..{} of group {group} do not hold its {len} bytes",
+            u32::from(first) + u32::from(count)
+        ))),
+    }
+}
+
+/// What [`patch_segment`] changed.
+#[derive(Debug, Default)]
+pub struct PatchedSegment {
+    /// The byte ranges (in the segment, sorted, not touching) now holding V's bytes where
+    /// they held others.
+    pub changed: Vec<(usize, usize)>,
+    /// Bytes of stored data fetched.
+    pub stored: u64,
+}
+
+/// Turns `held` — the bytes of one segment found elsewhere (the target of an in-place
+/// restore) — into the bytes of the segment whose format 2 leaf is `id`, fetching only what
+/// differs: every chunk of the leaf's group runs is compared by id with `held`'s bytes at its
+/// place (the ids come from the groups' descriptors, no data is read), and only the runs of
+/// slots whose chunks differ are read (each chunk checked on the way); a zero extent zeroes
+/// what is not zeros already. The result is checked against the leaf's segment digest when it
+/// has one. `None` for a format 1 repository (the caller reads the segment whole).
+pub async fn patch_segment(
+    repo: &Arc<Repo>,
+    id: &Id,
+    held: &mut [u8],
+) -> EngineResult<Option<PatchedSegment>> {
+    let Some(reader) = repo.v2() else {
+        return Ok(None);
+    };
+    let leaf = read_run_leaf(repo, id, held.len() as u64).await?;
+    let mut out = PatchedSegment::default();
+    let mark =
+        |changed: &mut Vec<(usize, usize)>, start: usize, end: usize| match changed.last_mut() {
+            Some(last) if last.1 == start => last.1 = end,
+            _ => changed.push((start, end)),
+        };
+    // (group, first slot, count, offset in the segment, bytes) of the slots to fetch.
+    let mut wanted: Vec<(Id, u16, u16, usize, usize)> = Vec::new();
+    let mut pos = 0usize;
+    for e in leaf.extents() {
+        match *e {
+            RunExtent::Zero { len } => {
+                let end = pos + len as usize;
+                let mut at = pos;
+                while at < end {
+                    let stop = end.min(at + 4096);
+                    if !crate::chunker::is_zero(&held[at..stop]) {
+                        held[at..stop].fill(0);
+                        mark(&mut out.changed, at, stop);
+                    }
+                    at = stop;
+                }
+                pos = end;
+            }
+            RunExtent::Run {
+                group,
+                first,
+                count,
+                len,
+            } => {
+                let chunks = run_chunks_checked(reader, id, &group, first, count, len).await?;
+                let mut at = pos;
+                for (i, c) in chunks.iter().enumerate() {
+                    let end = at + c.len as usize;
+                    if repo.id_of(&held[at..end]) != c.id {
+                        let slot = first + i as u16;
+                        match wanted.last_mut() {
+                            Some(w) if w.0 == group && w.1 + w.2 == slot && w.3 + w.4 == at => {
+                                w.2 += 1;
+                                w.4 += c.len as usize;
+                            }
+                            _ => wanted.push((group, slot, 1, at, c.len as usize)),
+                        }
+                    }
+                    at = end;
+                }
+                pos += len as usize;
+            }
+        }
+    }
+    check_len(id, pos as u64, held.len() as u64)?;
+    if !wanted.is_empty() {
+        let runs: Vec<(Id, u16, u16)> = wanted.iter().map(|w| (w.0, w.1, w.2)).collect();
+        let read = reader.read_runs(&runs).await?;
+        for (w, bytes) in wanted.iter().zip(read) {
+            let bytes = bytes?;
+            if bytes.len() != w.4 {
+                return Err(EngineError::Manifest(format!(
+                    "leaf {id}: slots {}..{} of group {} hold {} bytes, their descriptor says {}",
+                    w.1,
+                    u32::from(w.1) + u32::from(w.2),
+                    w.0,
+                    bytes.len(),
+                    w.4
+                )));
+            }
+            held[w.3..w.3 + w.4].copy_from_slice(&bytes);
+            out.stored += w.4 as u64;
+        }
+        // Zero extents and fetched runs come in segment order, but merge the two lists.
+        out.changed.extend(wanted.iter().map(|w| (w.3, w.3 + w.4)));
+        out.changed.sort_unstable();
+        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(out.changed.len());
+        for (s, e) in out.changed.drain(..) {
+            mark(&mut merged, s, e);
+        }
+        out.changed = merged;
+    }
+    if let Some(digest) = leaf.digest() {
+        if repo.id_of(held) != digest {
+            return Err(EngineError::Manifest(format!(
+                "leaf {id}: the segment patched chunk by chunk does not match its digest"
+            )));
+        }
+    }
+    Ok(Some(out))
+}

@@ -59,6 +59,9 @@ pub async fn run(ctx: &Context, args: CommitArgs) -> Result<ExitCode> {
         drop_cache: !args.keep_cache,
         direct: args.direct,
     };
+    if let Some(marker) = crate::in_place_marker::find(Path::new(&spec)) {
+        bail!("will not commit {spec}: {}", marker.describe());
+    }
     let identity_before = FileIdentity::settled(Path::new(&spec));
     let source = open_source(&spec, &args, policy)?;
     if let (CommitSource::Local(_), Some(holder)) = (&source, lock_holder(Path::new(&spec))) {

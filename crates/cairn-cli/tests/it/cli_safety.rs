@@ -427,6 +427,9 @@ fn restore_force_keeps_the_targets_owner_mode_and_attributes() {
 fn provenance_records(state: &Path) -> Vec<(String, i64, u64)> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(state).into_iter().flatten().flatten() {
+        if e.path().extension().is_none_or(|x| x != "json") {
+            continue; // the in-place markers' directory
+        }
         let v: serde_json::Value =
             serde_json::from_slice(&std::fs::read(e.path()).unwrap()).unwrap();
         for (path, r) in v.as_object().unwrap() {
@@ -504,4 +507,102 @@ fn a_write_racing_a_restore_is_never_recorded_as_the_version() {
         }
     }
     assert!(raced > 0, "the writer never raced a restore");
+}
+
+/// `restore --in-place`: by diff where cairn knows what the file holds, by compare where it
+/// does not; the file stays the same file (inode, mode); a run that fails half-way leaves a
+/// marker, so the file is refused as a commit source until the same command finishes it.
+#[test]
+fn in_place_restore_writes_the_file_where_it_is_and_a_cut_short_one_is_finished_by_a_rerun() {
+    use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let repo = init(dir.path());
+    let state = dir.path().join("state");
+    let env = [("CAIRN_STATE_DIR", state.to_str().unwrap())];
+    let run = |args: &[&str]| crate::common::cairn_with(&repo, &env, args);
+    let json = |args: &[&str]| {
+        let out = run(args);
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let a = noise(4 << 20, 21);
+    let mut b = a.clone();
+    for i in 0..8 {
+        let at = i * 300 * 1024;
+        b[at..at + 4096].copy_from_slice(&noise(4096, 30 + i as u64));
+    }
+    let src = dir.path().join("src.raw");
+    std::fs::write(&src, &a).unwrap();
+    commit_file(&repo, "vm", &src);
+    std::fs::write(&src, &b).unwrap();
+    commit_file(&repo, "vm", &src);
+    let ids: Vec<String> = json(&["--json", "log", "vm"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["id"].as_str().unwrap().to_string())
+        .collect();
+
+    let out = dir.path().join("vm.raw");
+    let target = out.to_str().unwrap();
+    assert!(run(&["-q", "restore", "vm@2", target]).status.success());
+    let inode = std::fs::metadata(&out).unwrap().ino();
+
+    // cairn restored vm@2 there: the trees say what differs, the file is not read.
+    let r = json(&["--json", "restore", "vm@1", target, "--in-place"]);
+    assert_eq!(r["method"], "diff", "{r}");
+    assert!(
+        ids.contains(&r["held"].as_str().unwrap().to_string()),
+        "{r}"
+    );
+    assert_eq!(r["target_read_bytes"], 0);
+    assert_eq!(r["written_bytes"], 8 * 4096);
+    assert_eq!(std::fs::read(&out).unwrap(), a);
+    assert_eq!(std::fs::metadata(&out).unwrap().ino(), inode);
+
+    // Changed by someone else since (a chmod, a write): compared, whatever the records said.
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&out).unwrap();
+    f.write_all_at(&[0x55; 4096], 1 << 20).unwrap();
+    drop(f);
+    let r = json(&["--json", "restore", "vm@2", target, "--in-place"]);
+    assert_eq!(r["method"], "compare", "{r}");
+    assert_eq!(
+        r["written_bytes"],
+        9 * 4096,
+        "eight blocks of vm@2 and the one overwritten"
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), b);
+    let m = std::fs::metadata(&out).unwrap();
+    assert_eq!((m.ino(), m.mode() & 0o7777), (inode, 0o640));
+
+    // A run that fails half-way (the packs are gone) leaves the marker.
+    let packs = repo.join("packs");
+    let aside = dir.path().join("packs-aside");
+    std::fs::rename(&packs, &aside).unwrap();
+    std::fs::create_dir(&packs).unwrap();
+    let failed = run(&["restore", "vm@1", target, "--in-place"]);
+    assert!(!failed.status.success(), "{failed:?}");
+    std::fs::remove_dir(&packs).unwrap();
+    std::fs::rename(&aside, &packs).unwrap();
+    let refused = run(&["commit", "vm", target]);
+    assert!(!refused.status.success());
+    let line = stderr_line(&refused);
+    assert!(
+        line.contains("an in-place restore of vm@1 into it was interrupted")
+            && line.contains(&format!(
+                "run `cairn restore vm@1 {} --in-place` again",
+                std::fs::canonicalize(&out).unwrap().display()
+            )),
+        "{line}"
+    );
+    // The rerun compares (the file may be torn) and finishes; the marker goes.
+    let r = json(&["--json", "restore", "vm@1", target, "--in-place"]);
+    assert_eq!(
+        (&r["method"], &r["finished_interrupted"]),
+        (&"compare".into(), &true.into()),
+        "{r}"
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), a);
+    assert!(run(&["-q", "commit", "vm", target]).status.success());
 }

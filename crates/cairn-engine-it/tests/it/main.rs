@@ -25,6 +25,7 @@ mod gc_merged;
 mod gc_records;
 mod healing;
 mod history;
+mod in_place;
 mod incremental;
 mod lost_metadata;
 mod patch;

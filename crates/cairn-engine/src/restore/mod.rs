@@ -27,6 +27,7 @@ use cairn_repo::Repo;
 
 use crate::error::{EngineError, EngineResult};
 
+pub mod in_place;
 mod window;
 use window::run;
 pub mod partial;

@@ -29,7 +29,7 @@ pub enum OutputKind {
     Device { path: PathBuf, file: File },
 }
 
-fn refuse(path: &Path, why: impl Into<String>) -> EngineError {
+pub(crate) fn refuse(path: &Path, why: impl Into<String>) -> EngineError {
     EngineError::Output {
         op: "will not restore to",
         path: path.to_path_buf(),
@@ -86,21 +86,7 @@ pub fn check_output(path: &Path, force: bool, qcow2: bool) -> EngineResult<Outpu
                 "it is a block device and every byte of it would be overwritten; pass --force",
             ));
         }
-        let file = OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_EXCL)
-            .open(&real)
-            .map_err(|e| match e.raw_os_error() {
-                Some(libc::EBUSY) => refuse(
-                    path,
-                    "the device is in use (mounted, or held open exclusively by another process)",
-                ),
-                _ => EngineError::Output {
-                    op: "cannot open",
-                    path: path.to_path_buf(),
-                    source: e,
-                },
-            })?;
+        let file = open_device_exclusive(path, &real, false)?;
         return Ok(OutputKind::Device { path: real, file });
     }
     let what = if ft.is_dir() {
@@ -118,6 +104,48 @@ pub fn check_output(path: &Path, force: bool, qcow2: bool) -> EngineResult<Outpu
         path,
         format!("{what}; restore writes files and block devices (`-` writes to standard output)"),
     ))
+}
+
+/// Opens the block device `real` (named `path` by the user) for writing, and for reading too
+/// with `read`, with `O_EXCL`: the kernel refuses it while the device is mounted or held
+/// exclusively by another opener (a VM, LVM, a RAID).
+pub(crate) fn open_device_exclusive(path: &Path, real: &Path, read: bool) -> EngineResult<File> {
+    OpenOptions::new()
+        .read(read)
+        .write(true)
+        .custom_flags(libc::O_EXCL)
+        .open(real)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::EBUSY) => refuse(
+                path,
+                "the device is in use (mounted, or held open exclusively by another process)",
+            ),
+            _ => EngineError::Output {
+                op: "cannot open",
+                path: path.to_path_buf(),
+                source: e,
+            },
+        })
+}
+
+/// The loop device that has the regular file `real` (a canonical path) as its backing
+/// file, if any (`/sys/block/loopN/loop/backing_file`): a file system may be mounted from
+/// it, so writing the file under it would corrupt that file system.
+pub(crate) fn loop_device_backed_by(real: &Path) -> Option<String> {
+    let entries = std::fs::read_dir("/sys/block").ok()?;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("loop") {
+            continue;
+        }
+        let Ok(backing) = std::fs::read_to_string(entry.path().join("loop/backing_file")) else {
+            continue;
+        };
+        if Path::new(backing.trim_end_matches('\n')) == real {
+            return Some(format!("/dev/{name}"));
+        }
+    }
+    None
 }
 
 /// Gives the file at `new` (a restore's finished partial file, about to be renamed over

@@ -121,12 +121,12 @@ pub(super) async fn run(
             stats.data_bytes += stored;
             segments_read += 1;
             progress.done.store(done_to, Ordering::Relaxed);
-            let now = Fetched::of(repo).since(&before, &stats, segments_read);
+            let now = Fetched::of(repo).since(&before, stats.data_bytes, segments_read);
             progress.fetched.store(now.bytes, Ordering::Relaxed);
         }
     }
     write_zeros(sink, done_to, version.logical_size, path)?;
-    let fetched = Fetched::of(repo).since(&before, &stats, segments_read);
+    let fetched = Fetched::of(repo).since(&before, stats.data_bytes, segments_read);
     stats.fetched_bytes = fetched.bytes;
     stats.reads = fetched.reads;
     stats.damaged = merge_ranges(damaged);
@@ -136,13 +136,13 @@ pub(super) async fn run(
 /// What a restore fetched: format 2 counts group bytes and ranged reads (its reader keeps
 /// the counts); format 1 counts the stored bytes of its chunks and a read per segment.
 #[derive(Debug, Clone, Copy, Default)]
-struct Fetched {
-    bytes: u64,
-    reads: u64,
+pub(super) struct Fetched {
+    pub(super) bytes: u64,
+    pub(super) reads: u64,
 }
 
 impl Fetched {
-    fn of(repo: &Repo) -> Fetched {
+    pub(super) fn of(repo: &Repo) -> Fetched {
         repo.v2().map_or_else(Fetched::default, |reader| {
             let f = reader.fetches();
             Fetched {
@@ -152,10 +152,12 @@ impl Fetched {
         })
     }
 
-    fn since(self, before: &Fetched, stats: &RestoreStats, segments: u64) -> Fetched {
+    /// What was fetched since `before`; on format 1 (no reader counts), the `stored` bytes
+    /// of the `segments` read.
+    pub(super) fn since(self, before: &Fetched, stored: u64, segments: u64) -> Fetched {
         match self.bytes == 0 && self.reads == 0 {
             true => Fetched {
-                bytes: stats.data_bytes,
+                bytes: stored,
                 reads: segments,
             },
             false => Fetched {

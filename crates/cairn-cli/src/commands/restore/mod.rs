@@ -16,6 +16,8 @@ use crate::output::{bytes, print_json, rate};
 use crate::progress::Ticker;
 use crate::provenance::{FileIdentity, Provenance};
 
+mod in_place;
+
 /// The format asked for, or the one OUTPUT's name says (`.qcow2`, any case), or raw.
 fn output_format(asked: Option<OutputFormatArg>, output: &std::path::Path) -> OutputFormatArg {
     asked.unwrap_or_else(|| {
@@ -33,6 +35,9 @@ pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
     let spec = VersionSpec::parse(&args.spec)?;
     let repo = ctx.open_as(SessionKind::Restore).await?;
     let (id, record) = resolve(&repo, &spec).await?;
+    if args.in_place {
+        return in_place::run(ctx, &args, repo, id, record).await;
+    }
     let repo_id = repo.config().repo_id;
     let to_stdout = args.output.as_os_str() == "-";
     let qcow2 = output_format(args.format, &args.output) == OutputFormatArg::Qcow2;
@@ -151,7 +156,7 @@ pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
 
 /// Refuses to restore onto what a running export of this host serves from: its overlay
 /// directory or its socket. (Restoring there would pull the disk from under a running VM.)
-async fn refuse_export_files(output: &Path) -> Result<()> {
+pub(super) async fn refuse_export_files(output: &Path) -> Result<()> {
     let run = cairn_export::lifecycle::run_dir();
     if !run.is_dir() {
         return Ok(());
