@@ -114,8 +114,9 @@ def killed_mid_way(c, version, target, u, seconds, state):
             "bit_exact_after_rerun": sha(target)}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(doc):
+    """The arguments the restore benchmarks share, and the dataset's su-* images in order."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--dataset", required=True)
     ap.add_argument("--bin", default="target/ci/cairn")
     ap.add_argument("--s3", action="store_true", help="the repository under $CAIRN_TEST_S3_URL")
@@ -125,20 +126,31 @@ def main():
                     key=lambda p: int(os.path.basename(p)[3:-4]))
     if len(images) < 2:
         sys.exit(f"{args.dataset}: fewer than two su-* images")
-    binary = os.path.abspath(args.bin)
+    return args, images
+
+
+def series_repo(args, images, work, name):
+    """A new repository (under $CAIRN_TEST_S3_URL with --s3, else in `work`) holding the
+    images, in order, as versions of the image `su`."""
+    if args.s3:
+        url = os.environ.get("CAIRN_TEST_S3_URL") or sys.exit("--s3: CAIRN_TEST_S3_URL unset")
+        base, _, query = url.partition("?")
+        repo = f"{base.rstrip('/')}/{name}-{uuid.uuid4().hex[:8]}?{query}"
+    else:
+        repo = os.path.join(work, "repo")
+    c = Cairn(os.path.abspath(args.bin), repo, os.path.join(work, "state"))
+    c.run("init")
+    for image in images:
+        c.run("-q", "commit", "su", image)
+    return c
+
+
+def main():
+    args, images = parse_args(__doc__)
     work = tempfile.mkdtemp(prefix="cairn-in-place-", dir=os.environ.get("BENCH_WORK"))
     try:
-        if args.s3:
-            url = os.environ.get("CAIRN_TEST_S3_URL") or sys.exit("--s3: CAIRN_TEST_S3_URL unset")
-            base, _, query = url.partition("?")
-            repo = f"{base.rstrip('/')}/in-place-{uuid.uuid4().hex[:8]}?{query}"
-        else:
-            repo = os.path.join(work, "repo")
+        c = series_repo(args, images, work, "in-place")
         state = os.path.join(work, "state")
-        c = Cairn(binary, repo, state)
-        c.run("init")
-        for image in images:
-            c.run("-q", "commit", "su", image)
         names = [os.path.basename(i)[:-4] for i in images]
         n = len(images)
         v, u = f"su@{n - 1}", f"su@{n}"

@@ -520,7 +520,33 @@ def r_in_place(spec):
     return header, rows
 
 
+def r_seeded(spec):
+    """bench/seeded.py's runs (one file per store): a plain restore, one with the previous
+    image as a seed, and a qcow2 overlay on it."""
+    header = ["store", "restore", "fetched MiB (÷ plain)", "from the seed MiB",
+              "output MiB (÷ differing)", "s", "exact"]
+    rows = []
+    for file in spec["files"]:
+        d = load_json(file)
+        store = "MinIO" if d["store"] == "s3" else "local directory"
+        plain = d["runs"]["plain"]["fetched_bytes"]
+        for key, label in [("plain", f"{d['version']}"),
+                           ("seeded", f"{d['version']} --seed {d['seed']}.raw"),
+                           ("backing", f"{d['version']} --backing {d['seed']}.raw (qcow2)")]:
+            r = d["runs"][key]
+            out = (f"{r['file_bytes'] / MIB:.1f} (**{r['file_vs_differing']:.2f}×**)"
+                   if "file_bytes" in r else "")
+            exact = r.get("bit_exact", r.get("qemu_img_compare_equal"))
+            rows.append([store, label,
+                         f"{r['fetched_bytes'] / MIB:.1f} ({r['fetched_bytes'] / plain:.2f}×)",
+                         f"{r['seeded_bytes'] / MIB:.1f}", out, f"{r['seconds']:.2f}",
+                         ("yes" if exact else "**no**")
+                         + (" (`qemu-img compare`)" if key == "backing" else "")])
+    return header, rows
+
+
 RENDERERS = {
+    "seeded": r_seeded,
     "in-place": r_in_place,
     "concurrent": r_concurrent,
     "compare": r_compare,

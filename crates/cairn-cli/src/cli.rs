@@ -993,6 +993,19 @@ pub struct RestoreArgs {
     /// holds.
     #[arg(long, requires = "in_place")]
     pub compare: bool,
+    /// A local image (raw or qcow2: an older restore, a golden image, another VM's disk)
+    /// whose blocks are taken where they are the version's, so only the rest is fetched;
+    /// repeat it for several, tried in order. Blocks are looked for at the same offset, and
+    /// each one taken is checked by its id. A seed that cannot be read is left out with a
+    /// warning.
+    #[arg(long = "seed", value_name = "PATH", conflicts_with_all = ["in_place", "allow_damage"])]
+    pub seeds: Vec<PathBuf>,
+    /// Write OUTPUT as a qcow2 overlay on BASE, a local image (raw or qcow2): only the
+    /// clusters where the version differs from BASE are stored, and its header names BASE
+    /// (by its absolute path) as the backing file, so a VM starts from it at once. BASE is
+    /// also the first seed. Implies --format qcow2.
+    #[arg(long, value_name = "BASE", conflicts_with_all = ["in_place", "allow_damage"])]
+    pub backing: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -35,6 +35,8 @@ pub struct SegmentRead {
     pub stored: u64,
     /// Ranges (offset in the segment, length) that could not be read, and why.
     pub damaged: Vec<(u64, u64, String)>,
+    /// Bytes of stored data taken from seeds instead of fetched ([`read_segments_seeded`]).
+    pub seeded: u64,
 }
 
 /// Like [`read_segment`], but in format 2 a group run that cannot be read is zeros and
@@ -307,7 +309,7 @@ pub(crate) async fn run_chunks_checked(
     }
 }
 
-/// What [`patch_segment`] changed.
+/// What [`patch_segments`] changed in one segment.
 #[derive(Debug, Default)]
 pub struct PatchedSegment {
     /// The byte ranges (in the segment, sorted, not touching) now holding V's bytes where
@@ -315,32 +317,112 @@ pub struct PatchedSegment {
     pub changed: Vec<(usize, usize)>,
     /// Bytes of stored data fetched.
     pub stored: u64,
+    /// Bytes of V's data found in `held` or an alternative (not fetched).
+    pub reused: u64,
 }
 
-/// Turns `held` — the bytes of one segment found elsewhere (the target of an in-place
-/// restore) — into the bytes of the segment whose format 2 leaf is `id`, fetching only what
-/// differs: every chunk of the leaf's group runs is compared by id with `held`'s bytes at its
-/// place (the ids come from the groups' descriptors, no data is read), and only the runs of
-/// slots whose chunks differ are read (each chunk checked on the way); a zero extent zeroes
-/// what is not zeros already. The result is checked against the leaf's segment digest when it
-/// has one. `None` for a format 1 repository (the caller reads the segment whole).
-pub async fn patch_segment(
+/// One segment to patch: its format 2 leaf, the bytes found elsewhere (`held`: the target of
+/// an in-place restore, the first seed), and more bytes of the same segment to try after
+/// them (`alternatives`: other seeds), all of the segment's length.
+pub struct PatchInput<'a> {
+    pub leaf: Id,
+    pub held: &'a mut [u8],
+    pub alternatives: Vec<&'a [u8]>,
+}
+
+/// Slots of a group run to fetch for one segment: (group, first slot, count, offset in the
+/// segment, bytes).
+type WantedRun = (Id, u16, u16, usize, usize);
+
+/// Turns each `held` into the bytes of the segment whose format 2 leaf is `leaf`, fetching
+/// only what differs: every chunk of the leaf's group runs is compared by id with `held`'s
+/// bytes at its place (the ids come from the groups' descriptors, no data is read), then with
+/// each alternative in turn, and only the runs of slots whose chunks none of them holds are
+/// read — those of all the segments together, in as few ranged reads as their places allow,
+/// each chunk checked on the way; a zero extent zeroes what is not zeros already. Each result
+/// is checked against its leaf's segment digest when it has one. `None` for a format 1
+/// repository (the caller reads the segments whole).
+pub async fn patch_segments(
     repo: &Arc<Repo>,
-    id: &Id,
-    held: &mut [u8],
-) -> EngineResult<Option<PatchedSegment>> {
+    inputs: &mut [PatchInput<'_>],
+) -> EngineResult<Option<Vec<PatchedSegment>>> {
     let Some(reader) = repo.v2() else {
         return Ok(None);
     };
-    let leaf = read_run_leaf(repo, id, held.len() as u64).await?;
+    let mut plans = Vec::with_capacity(inputs.len());
+    for input in inputs.iter_mut() {
+        plans.push(plan_patch(repo, reader, input).await?);
+    }
+    let runs: Vec<(Id, u16, u16)> = plans
+        .iter()
+        .flat_map(|(_, wanted, _)| wanted.iter().map(|w| (w.0, w.1, w.2)))
+        .collect();
+    let mut fetched = match runs.is_empty() {
+        true => Vec::new(),
+        false => reader.read_runs(&runs).await?,
+    }
+    .into_iter();
+    let mut out = Vec::with_capacity(inputs.len());
+    for (input, (digest, wanted, mut patched)) in inputs.iter_mut().zip(plans) {
+        let id = input.leaf;
+        for w in &wanted {
+            let bytes = fetched.next().expect("one read per run")?;
+            if bytes.len() != w.4 {
+                return Err(EngineError::Manifest(format!(
+                    "leaf {id}: slots {}..{} of group {} hold {} bytes, their descriptor says {}",
+                    w.1,
+                    u32::from(w.1) + u32::from(w.2),
+                    w.0,
+                    bytes.len(),
+                    w.4
+                )));
+            }
+            input.held[w.3..w.3 + w.4].copy_from_slice(&bytes);
+            patched.stored += w.4 as u64;
+        }
+        if !wanted.is_empty() {
+            // Zero extents, alternatives and fetched runs: one sorted, merged list.
+            patched
+                .changed
+                .extend(wanted.iter().map(|w| (w.3, w.3 + w.4)));
+            patched.changed.sort_unstable();
+            let mut merged: Vec<(usize, usize)> = Vec::with_capacity(patched.changed.len());
+            for (s, e) in patched.changed.drain(..) {
+                mark(&mut merged, s, e);
+            }
+            patched.changed = merged;
+        }
+        if digest.is_some_and(|d| repo.id_of(input.held) != d) {
+            return Err(EngineError::Manifest(format!(
+                "leaf {id}: the segment patched chunk by chunk does not match its digest"
+            )));
+        }
+        out.push(patched);
+    }
+    Ok(Some(out))
+}
+
+/// Appends `start..end` to sorted ranges, joined with the last one if they touch.
+fn mark(changed: &mut Vec<(usize, usize)>, start: usize, end: usize) {
+    match changed.last_mut() {
+        Some(last) if last.1 == start => last.1 = end,
+        _ => changed.push((start, end)),
+    }
+}
+
+/// One segment's part of [`patch_segments`] before the fetch: zero extents and chunks found
+/// in an alternative are applied to `held`; returns the leaf's digest, the runs to fetch, and
+/// what was changed and reused so far.
+async fn plan_patch(
+    repo: &Arc<Repo>,
+    reader: &V2Reader,
+    input: &mut PatchInput<'_>,
+) -> EngineResult<(Option<Id>, Vec<WantedRun>, PatchedSegment)> {
+    let id = input.leaf;
+    let held = &mut *input.held;
+    let leaf = read_run_leaf(repo, &id, held.len() as u64).await?;
     let mut out = PatchedSegment::default();
-    let mark =
-        |changed: &mut Vec<(usize, usize)>, start: usize, end: usize| match changed.last_mut() {
-            Some(last) if last.1 == start => last.1 = end,
-            _ => changed.push((start, end)),
-        };
-    // (group, first slot, count, offset in the segment, bytes) of the slots to fetch.
-    let mut wanted: Vec<(Id, u16, u16, usize, usize)> = Vec::new();
+    let mut wanted: Vec<WantedRun> = Vec::new();
     let mut pos = 0usize;
     for e in leaf.extents() {
         match *e {
@@ -363,11 +445,21 @@ pub async fn patch_segment(
                 count,
                 len,
             } => {
-                let chunks = run_chunks_checked(reader, id, &group, first, count, len).await?;
+                let chunks = run_chunks_checked(reader, &id, &group, first, count, len).await?;
                 let mut at = pos;
                 for (i, c) in chunks.iter().enumerate() {
                     let end = at + c.len as usize;
-                    if repo.id_of(&held[at..end]) != c.id {
+                    if repo.id_of(&held[at..end]) == c.id {
+                        out.reused += u64::from(c.len);
+                    } else if let Some(alt) = input
+                        .alternatives
+                        .iter()
+                        .find(|alt| repo.id_of(&alt[at..end]) == c.id)
+                    {
+                        held[at..end].copy_from_slice(&alt[at..end]);
+                        mark(&mut out.changed, at, end);
+                        out.reused += u64::from(c.len);
+                    } else {
                         let slot = first + i as u16;
                         match wanted.last_mut() {
                             Some(w) if w.0 == group && w.1 + w.2 == slot && w.3 + w.4 == at => {
@@ -383,40 +475,150 @@ pub async fn patch_segment(
             }
         }
     }
-    check_len(id, pos as u64, held.len() as u64)?;
-    if !wanted.is_empty() {
-        let runs: Vec<(Id, u16, u16)> = wanted.iter().map(|w| (w.0, w.1, w.2)).collect();
-        let read = reader.read_runs(&runs).await?;
-        for (w, bytes) in wanted.iter().zip(read) {
-            let bytes = bytes?;
-            if bytes.len() != w.4 {
-                return Err(EngineError::Manifest(format!(
-                    "leaf {id}: slots {}..{} of group {} hold {} bytes, their descriptor says {}",
-                    w.1,
-                    u32::from(w.1) + u32::from(w.2),
-                    w.0,
-                    bytes.len(),
-                    w.4
-                )));
+    check_len(&id, pos as u64, held.len() as u64)?;
+    Ok((leaf.digest(), wanted, out))
+}
+
+/// Local images whose bytes a restore takes instead of fetching them (`restore --seed`: an
+/// older restore, a golden image, another VM's disk): read at the offsets of the version's
+/// segments, and used only where a chunk's bytes there have the chunk's id, so a seed can
+/// never put a wrong byte in the output — it can only save a fetch.
+#[derive(Clone, Default)]
+pub struct Seeds {
+    images: Vec<Arc<dyn cairn_image::DiskImage>>,
+    /// Seeds that failed a read, left out from then on.
+    failed: Arc<std::sync::Mutex<std::collections::HashSet<usize>>>,
+}
+
+impl std::fmt::Debug for Seeds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self.images.iter().map(|i| i.describe()).collect();
+        f.debug_struct("Seeds").field("images", &names).finish()
+    }
+}
+
+impl Seeds {
+    pub fn new(images: Vec<Arc<dyn cairn_image::DiskImage>>) -> Seeds {
+        Seeds {
+            images,
+            failed: Default::default(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.images.is_empty()
+    }
+
+    /// The bytes of each usable seed at `[offset, offset + len)`, zeros past a seed's end. A
+    /// seed whose read fails is left out from then on, with a warning.
+    fn read(&self, offset: u64, len: usize) -> Vec<Vec<u8>> {
+        let mut out = Vec::with_capacity(self.images.len());
+        for (i, image) in self.images.iter().enumerate() {
+            if self.failed.lock().expect("seed list").contains(&i) {
+                continue;
             }
-            held[w.3..w.3 + w.4].copy_from_slice(&bytes);
-            out.stored += w.4 as u64;
+            let mut buf = vec![0u8; len];
+            let have = image.size().saturating_sub(offset).min(len as u64) as usize;
+            if have == 0 {
+                continue;
+            }
+            match image.read_at(&mut buf[..have], offset) {
+                Ok(()) => out.push(buf),
+                Err(e) => {
+                    tracing::warn!("seed {} cannot be read, left out: {e}", image.describe());
+                    self.failed.lock().expect("seed list").insert(i);
+                }
+            }
         }
-        // Zero extents and fetched runs come in segment order, but merge the two lists.
-        out.changed.extend(wanted.iter().map(|w| (w.3, w.3 + w.4)));
-        out.changed.sort_unstable();
-        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(out.changed.len());
-        for (s, e) in out.changed.drain(..) {
-            mark(&mut merged, s, e);
-        }
-        out.changed = merged;
+        out
     }
-    if let Some(digest) = leaf.digest() {
-        if repo.id_of(held) != digest {
-            return Err(EngineError::Manifest(format!(
-                "leaf {id}: the segment patched chunk by chunk does not match its digest"
-            )));
+}
+
+/// Like [`read_segments`] (leaf id, segment length, the segment's offset in the image), but
+/// each segment is taken from `seeds` where they hold it: whole when the first seed's bytes
+/// match the leaf's digest, else chunk by chunk ([`patch_segment`]), fetching only the chunks
+/// no seed holds. Format 1 leaves are read as [`read_segments`] reads them.
+pub async fn read_segments_seeded(
+    repo: &Arc<Repo>,
+    leaves: &[(Id, u64, u64)],
+    seeds: &Seeds,
+) -> EngineResult<Vec<SegmentRead>> {
+    let from = seeds.clone();
+    let at: Vec<(u64, usize)> = leaves
+        .iter()
+        .map(|&(_, len, off)| (off, len as usize))
+        .collect();
+    let copies: Vec<Vec<Vec<u8>>> = tokio::task::spawn_blocking(move || {
+        at.into_iter()
+            .map(|(off, len)| from.read(off, len))
+            .collect()
+    })
+    .await
+    .map_err(|e| EngineError::internal("seed reader", e))?;
+    let mut out: Vec<Option<SegmentRead>> = (0..leaves.len()).map(|_| None).collect();
+    // Taken whole where the first seed matches the leaf's digest; patched otherwise.
+    let mut patch: Vec<(usize, Vec<u8>, Vec<Vec<u8>>)> = Vec::new();
+    for (i, (&(id, len, _), mut copies)) in leaves.iter().zip(copies).enumerate() {
+        if copies.is_empty() || repo.v2().is_none() {
+            continue;
+        }
+        let held = copies.remove(0);
+        let leaf = read_run_leaf(repo, &id, len).await?;
+        if leaf.digest().is_some_and(|d| repo.id_of(&held) == d) {
+            let data_bytes: u64 = leaf
+                .extents()
+                .iter()
+                .map(|e| match *e {
+                    RunExtent::Run { len, .. } => u64::from(len),
+                    RunExtent::Zero { .. } => 0,
+                })
+                .sum();
+            out[i] = Some(SegmentRead {
+                data: held,
+                stored: data_bytes,
+                seeded: data_bytes,
+                ..Default::default()
+            });
+        } else {
+            patch.push((i, held, copies));
         }
     }
-    Ok(Some(out))
+    if !patch.is_empty() {
+        let mut inputs: Vec<PatchInput<'_>> = patch
+            .iter_mut()
+            .map(|(i, held, copies)| PatchInput {
+                leaf: leaves[*i].0,
+                held: held.as_mut_slice(),
+                alternatives: copies.iter().map(|c| c.as_slice()).collect(),
+            })
+            .collect();
+        let patched = patch_segments(repo, &mut inputs)
+            .await?
+            .expect("a format 2 repository");
+        drop(inputs);
+        for ((i, held, _), p) in patch.into_iter().zip(patched) {
+            out[i] = Some(SegmentRead {
+                data: held,
+                stored: p.stored + p.reused,
+                seeded: p.reused,
+                ..Default::default()
+            });
+        }
+    }
+    // What no seed covers: read as without seeds, together.
+    let rest: Vec<(Id, u64)> = leaves
+        .iter()
+        .zip(&out)
+        .filter(|(_, o)| o.is_none())
+        .map(|(&(id, len, _), _)| (id, len))
+        .collect();
+    let mut rest = match rest.is_empty() {
+        true => Vec::new(),
+        false => read_segments(repo, &rest).await?,
+    }
+    .into_iter();
+    Ok(out
+        .into_iter()
+        .map(|o| o.unwrap_or_else(|| rest.next().expect("one read per uncovered segment")))
+        .collect())
 }

@@ -14,5 +14,6 @@ mod cli_format2;
 mod cli_history;
 mod cli_output;
 mod cli_safety;
+mod cli_seeded;
 mod cli_v1_fixture;
 mod common;

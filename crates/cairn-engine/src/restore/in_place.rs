@@ -40,7 +40,7 @@ use super::window::Fetched;
 use super::RestoreProgress;
 use crate::chunker::is_zero;
 use crate::error::{EngineError, EngineResult};
-use crate::segment::{patch_segment, read_segments};
+use crate::segment::{patch_segments, read_segments, PatchInput};
 use crate::tree::{leaf_refs, TreeLeaf};
 
 /// The unit compared and written: a page, what file systems and guests write.
@@ -484,24 +484,42 @@ impl Shared {
         // fetched whole, together.
         let mut jobs: Vec<Job> = Vec::with_capacity(plan.len());
         let mut whole = Vec::new();
+        let mut patch = Vec::new();
         for (w, len, held) in plan {
             match (w.leaf, held) {
-                (Some(leaf), Some(mut held)) => {
-                    match patch_segment(&self.repo, &leaf.id, &mut held).await? {
-                        Some(patched) => {
-                            done.stored += patched.stored;
-                            done.fetched_segments += 1;
-                            jobs.push(Job {
-                                offset: w.offset,
-                                want: Some(held),
-                                held: None,
-                                ranges: patched.changed,
-                            });
-                        }
-                        None => whole.push((w, len, Some(held))),
+                (Some(_), Some(held)) => patch.push((w, held)),
+                (_, held) => whole.push((w, len, held)),
+            }
+        }
+        if !patch.is_empty() {
+            let mut inputs: Vec<PatchInput<'_>> = patch
+                .iter_mut()
+                .map(|(w, held)| PatchInput {
+                    leaf: w.leaf.expect("a leaf").id,
+                    held: held.as_mut_slice(),
+                    alternatives: Vec::new(),
+                })
+                .collect();
+            let patched = patch_segments(&self.repo, &mut inputs).await?;
+            drop(inputs);
+            match patched {
+                Some(patched) => {
+                    for ((w, held), p) in patch.into_iter().zip(patched) {
+                        done.stored += p.stored;
+                        done.fetched_segments += 1;
+                        jobs.push(Job {
+                            offset: w.offset,
+                            want: Some(held),
+                            held: None,
+                            ranges: p.changed,
+                        });
                     }
                 }
-                (_, held) => whole.push((w, len, held)),
+                // Format 1: the segments are read whole and compared block by block.
+                None => whole.extend(patch.into_iter().map(|(w, held)| {
+                    let len = held.len();
+                    (w, len, Some(held))
+                })),
             }
         }
         let wanted: Vec<(cairn_format::Id, u64)> = whole

@@ -44,8 +44,29 @@ pub enum RestoreTarget {
     /// A compact qcow2 v3 file (created, or replaced with `force`): clusters without data stay
     /// unallocated.
     Qcow2(PathBuf),
+    /// A qcow2 v3 overlay on a local base image (created, or replaced with `force`): only
+    /// the clusters where the version differs from the base are stored; the others read
+    /// from the base, which the header names as its backing file.
+    Qcow2Overlay { path: PathBuf, base: QcowBase },
     /// Standard output, in order.
     Stdout,
+}
+
+/// The base image of a qcow2 overlay output.
+#[derive(Clone)]
+pub struct QcowBase {
+    /// How the overlay's header names it.
+    pub backing: cairn_image::qcow2::Backing,
+    /// Its bytes, compared with the version's cluster by cluster.
+    pub image: Arc<dyn cairn_image::DiskImage>,
+}
+
+impl std::fmt::Debug for QcowBase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QcowBase")
+            .field("backing", &self.backing)
+            .finish()
+    }
 }
 
 /// Live counters of a running restore.
@@ -69,6 +90,8 @@ pub struct RestoreStats {
     /// With `allow_damage`: the byte ranges that could not be read and were written as
     /// zeros, sorted and merged.
     pub damaged: Vec<DamagedRange>,
+    /// Bytes of data taken from seeds instead of fetched.
+    pub seeded_bytes: u64,
 }
 
 /// A range of the image a damaged restore filled with zeros, and why.
@@ -104,6 +127,8 @@ pub struct RestoreOptions {
     /// Write everything readable and fill what is damaged or missing with zeros, listing
     /// those ranges in [`RestoreStats::damaged`], instead of failing at the first damage.
     pub allow_damage: bool,
+    /// Local images to take chunks from instead of fetching them (not with `allow_damage`).
+    pub seeds: crate::segment::Seeds,
 }
 
 impl Default for RestoreOptions {
@@ -113,6 +138,7 @@ impl Default for RestoreOptions {
             progress: None,
             force: false,
             allow_damage: false,
+            seeds: Default::default(),
         }
     }
 }
@@ -123,8 +149,12 @@ enum Sink {
     File { file: Arc<File>, zeros_needed: bool },
     /// Stdout: every byte, in order.
     Stdout,
-    /// A qcow2 image being written: positioned writes from many threads.
-    Qcow2 { writer: Arc<Qcow2Writer> },
+    /// A qcow2 image being written: positioned writes from many threads; with a base, an
+    /// overlay that stores only the clusters that differ from it.
+    Qcow2 {
+        writer: Arc<Qcow2Writer>,
+        base: Option<Arc<dyn cairn_image::DiskImage>>,
+    },
 }
 
 /// Cluster size of qcow2 outputs: QEMU's default.
@@ -153,10 +183,23 @@ pub async fn restore(
             .await
         }
         RestoreTarget::Path(path) => {
-            restore_to_path(repo, version, &path, false, &options, &progress).await
+            restore_to_path(repo, version, &path, None, &options, &progress).await
         }
         RestoreTarget::Qcow2(path) => {
-            restore_to_path(repo, version, &path, true, &options, &progress).await
+            restore_to_path(repo, version, &path, Some(None), &options, &progress).await
+        }
+        RestoreTarget::Qcow2Overlay { path, base } => {
+            if u64::from(version.segment_size) % (1 << QCOW2_CLUSTER_BITS) != 0 {
+                return Err(EngineError::BadInput(format!(
+                    "a qcow2 overlay needs segments of whole {}-byte clusters; {}@{} has \
+                     {}-byte segments",
+                    1 << QCOW2_CLUSTER_BITS,
+                    version.image,
+                    version.seq,
+                    version.segment_size
+                )));
+            }
+            restore_to_path(repo, version, &path, Some(Some(base)), &options, &progress).await
         }
     }
 }
@@ -165,7 +208,7 @@ async fn restore_to_path(
     repo: Arc<Repo>,
     version: &VersionRecord,
     path: &Path,
-    qcow2: bool,
+    qcow2: Option<Option<QcowBase>>,
     options: &RestoreOptions,
     progress: &Arc<RestoreProgress>,
 ) -> EngineResult<RestoreStats> {
@@ -181,7 +224,7 @@ async fn restore_to_path(
             "removed partial files of restores that were killed"
         );
     }
-    let (target, replace) = match check_output(path, options.force, qcow2)? {
+    let (target, replace) = match check_output(path, options.force, qcow2.is_some())? {
         OutputKind::Device { path: dev, file } => {
             return restore_to_device(repo, version, path, &dev, file, options, progress).await
         }
@@ -193,15 +236,17 @@ async fn restore_to_path(
     let (partial, file) =
         Partial::create(&target).map_err(|e| out_err("cannot create a file next to", path, e))?;
     let tmp = partial.path.clone();
-    let sink = if qcow2 {
+    let sink = if let Some(base) = qcow2 {
         Sink::Qcow2 {
             // Errors name the output the user asked for, not the hidden partial file.
-            writer: Arc::new(Qcow2Writer::create(
+            writer: Arc::new(Qcow2Writer::create_overlay(
                 file,
                 path,
                 version.logical_size,
                 QCOW2_CLUSTER_BITS,
+                base.as_ref().map(|b| b.backing.clone()),
             )?),
+            base: base.map(|b| b.image),
         }
     } else {
         file.set_len(version.logical_size)
@@ -216,7 +261,7 @@ async fn restore_to_path(
         Sink::File { file, .. } => file
             .sync_all()
             .map_err(|e| out_err("cannot sync", path, e))?,
-        Sink::Qcow2 { writer } => {
+        Sink::Qcow2 { writer, .. } => {
             let writer = Arc::into_inner(writer).ok_or_else(|| {
                 EngineError::internal("qcow2 writer", "still in use after the restore")
             })?;
@@ -320,7 +365,21 @@ fn write_zeros(sink: &Sink, from: u64, to: u64, path: &Path) -> EngineResult<()>
             file,
             zeros_needed: true,
         } => write_zero_runs(file, &[(from, to - from)], path),
-        Sink::File { .. } | Sink::Qcow2 { .. } => Ok(()),
+        Sink::File { .. } | Sink::Qcow2 { base: None, .. } => Ok(()),
+        // Over a base, zeros must be said: the base may hold data there.
+        Sink::Qcow2 {
+            writer,
+            base: Some(base),
+        } => {
+            let cluster = 1u64 << QCOW2_CLUSTER_BITS;
+            let mut at = from;
+            while at < to {
+                let end = to.min(at - at % cluster + cluster);
+                write_qcow2_overlay(writer, base.as_ref(), &vec![0; (end - at) as usize], at)?;
+                at = end;
+            }
+            Ok(())
+        }
         Sink::Stdout => {
             let zeros = vec![0u8; 1 << 20];
             let mut left = to - from;
@@ -373,6 +432,34 @@ fn write_file(f: &File, sparse: bool, data: &[u8], off: u64, path: &Path) -> Eng
     }
     if let Some(s) = run_start {
         f.write_all_at(&data[s..], off + s as u64).map_err(err)?;
+    }
+    Ok(())
+}
+
+/// Writes a segment into a qcow2 overlay on `base`: a cluster where the segment's bytes are
+/// the base's is left unallocated (it reads from the base), one of zeros gets the zero flag,
+/// any other is written whole. `off` is cluster aligned (segments are whole clusters).
+fn write_qcow2_overlay(
+    writer: &Qcow2Writer,
+    base: &dyn cairn_image::DiskImage,
+    data: &[u8],
+    off: u64,
+) -> EngineResult<()> {
+    let cluster = 1usize << QCOW2_CLUSTER_BITS;
+    let mut held = vec![0u8; data.len()];
+    let have = base.size().saturating_sub(off).min(data.len() as u64) as usize;
+    if have > 0 {
+        base.read_at(&mut held[..have], off)?;
+    }
+    for (i, (want, was)) in data.chunks(cluster).zip(held.chunks(cluster)).enumerate() {
+        let at = off + (i * cluster) as u64;
+        if want == was {
+            continue;
+        }
+        match crate::chunker::is_zero(want) {
+            true => writer.zero_cluster(at)?,
+            false => writer.write_whole(want, at)?,
+        }
     }
     Ok(())
 }

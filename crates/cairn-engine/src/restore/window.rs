@@ -16,11 +16,13 @@ use cairn_format::Id;
 use cairn_repo::Repo;
 
 use super::{
-    merge_ranges, write_file, write_qcow2, write_stdout, write_zeros, DamagedRange, RestoreOptions,
-    RestoreProgress, RestoreStats, Sink,
+    merge_ranges, write_file, write_qcow2, write_qcow2_overlay, write_stdout, write_zeros,
+    DamagedRange, RestoreOptions, RestoreProgress, RestoreStats, Sink,
 };
 use crate::error::{EngineError, EngineResult};
-use crate::segment::{read_segment_allowing_damage, read_segments, SegmentRead};
+use crate::segment::{
+    read_segment_allowing_damage, read_segments, read_segments_seeded, SegmentRead,
+};
 use crate::tree::{leaf_map, readable_leaf_map};
 
 /// Leaves a restore reads together (their leaves and groups in as few reads as their places
@@ -69,11 +71,20 @@ pub(super) async fn run(
     let len_of = |index: u64| seg.min(version.logical_size.saturating_sub(index * seg));
     let spawn = |batch: &[(u64, Id)]| {
         let repo = repo.clone();
+        let seeds = options.seeds.clone();
         let indexes: Vec<u64> = batch.iter().map(|(index, _)| *index).collect();
         let wanted: Vec<(Id, u64)> = batch.iter().map(|&(i, id)| (id, len_of(i))).collect();
         (
-            indexes,
+            indexes.clone(),
             tokio::spawn(async move {
+                if !tolerant && !seeds.is_empty() {
+                    let at: Vec<(Id, u64, u64)> = wanted
+                        .iter()
+                        .zip(&indexes)
+                        .map(|(&(id, len), &i)| (id, len, i * seg))
+                        .collect();
+                    return read_segments_seeded(&repo, &at, &seeds).await;
+                }
                 if !tolerant {
                     return read_segments(&repo, &wanted).await;
                 }
@@ -102,7 +113,9 @@ pub(super) async fn run(
                 data,
                 stored,
                 damaged: lost,
+                seeded,
             } = read;
+            stats.seeded_bytes += seeded;
             let off = index * seg;
             damaged.extend(lost.into_iter().map(|(at, len, reason)| DamagedRange {
                 offset: off + at,
@@ -114,7 +127,11 @@ pub(super) async fn run(
                 Sink::File { file, zeros_needed } => {
                     write_file(file, !zeros_needed, &data, off, path)?
                 }
-                Sink::Qcow2 { writer } => write_qcow2(writer, &data, off)?,
+                Sink::Qcow2 { writer, base: None } => write_qcow2(writer, &data, off)?,
+                Sink::Qcow2 {
+                    writer,
+                    base: Some(base),
+                } => write_qcow2_overlay(writer, base.as_ref(), &data, off)?,
                 Sink::Stdout => write_stdout(&data)?,
             }
             done_to = off + data.len() as u64;

@@ -9,4 +9,4 @@ mod reader;
 mod writer;
 
 pub use reader::{OpenOptions, Qcow2Image, MAX_CHAIN_LEN};
-pub use writer::Qcow2Writer;
+pub use writer::{Backing, Qcow2Writer};

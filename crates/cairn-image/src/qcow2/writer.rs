@@ -38,11 +38,30 @@ const HEADER_LENGTH: u32 = 104;
 const REFCOUNT_ORDER: u32 = 4;
 const REFCOUNT_BYTES: u64 = 2;
 
+/// In-memory host map entry of a cluster that reads as zeros without data (the L2 entry's
+/// zero flag): never a host offset, which is a multiple of the cluster size.
+const ZERO_CLUSTER: u64 = 1;
+/// The L2 entry flag "reads as zeros" (qcow2 v3).
+const OFLAG_ZERO: u64 = 1;
+/// The header extension naming the backing file's format.
+const EXT_BACKING_FORMAT: u32 = 0xe279_2aca;
+
+/// The image an overlay reads its unallocated clusters from.
+#[derive(Debug, Clone)]
+pub struct Backing {
+    /// As written into the header (QEMU resolves a relative name from the overlay's
+    /// directory).
+    pub file: String,
+    /// Its format as QEMU names it: `raw` or `qcow2`.
+    pub format: &'static str,
+}
+
 /// Writes a qcow2 v3 image whose never-written clusters stay unallocated.
 /// `write_at` may be called from several threads, at any offsets, in any order.
 pub struct Qcow2Writer {
     file: File,
     path: PathBuf,
+    backing: Option<Backing>,
     /// The guest size writes are limited to.
     size: u64,
     /// `size` rounded up to whole 512-byte sectors: the virtual size in the header.
@@ -76,6 +95,20 @@ impl Qcow2Writer {
     /// Starts an image of `size` guest bytes in `file` (empty, opened read+write), with
     /// clusters of `1 << cluster_bits` bytes. `path` is for messages.
     pub fn create(file: File, path: &Path, size: u64, cluster_bits: u32) -> ImageResult<Self> {
+        Self::create_overlay(file, path, size, cluster_bits, None)
+    }
+
+    /// Like [`Qcow2Writer::create`], with a backing file: clusters never written read from
+    /// it. Only [`Qcow2Writer::write_whole`] and [`Qcow2Writer::zero_cluster`] then keep the
+    /// guest's bytes right (a partly written fresh cluster would read zeros elsewhere, not
+    /// the backing file's bytes).
+    pub fn create_overlay(
+        file: File,
+        path: &Path,
+        size: u64,
+        cluster_bits: u32,
+        backing: Option<Backing>,
+    ) -> ImageResult<Self> {
         let unsupported = |what: String| ImageError::Unsupported {
             path: path.to_path_buf(),
             what,
@@ -88,6 +121,15 @@ impl Qcow2Writer {
         }
         let l2_bits = cluster_bits - 3;
         let l1_size = size.div_ceil(1u64 << (cluster_bits + l2_bits));
+        if let Some(b) = &backing {
+            let header = HEADER_LENGTH as u64 + 8 + 8 + 8 + b.file.len() as u64;
+            if b.file.is_empty() || header > 1u64 << cluster_bits {
+                return Err(unsupported(format!(
+                    "a backing file name of {} bytes",
+                    b.file.len()
+                )));
+            }
+        }
         if l1_size * 8 > MAX_L1_BYTES {
             return Err(unsupported(format!(
                 "a qcow2 image of {size} bytes with {}-byte clusters (its L1 table would \
@@ -110,6 +152,7 @@ impl Qcow2Writer {
         Ok(Qcow2Writer {
             file,
             path: path.to_path_buf(),
+            backing,
             size,
             header_size,
             cluster_bits,
@@ -129,6 +172,46 @@ impl Qcow2Writer {
     /// More generally, a piece of all zeros that falls into a not-yet-allocated cluster is
     /// skipped (fresh clusters read as zeros, whether or not they get allocated later).
     pub fn write_at(&self, data: &[u8], offset: u64) -> ImageResult<()> {
+        self.write_pieces(data, offset, false)
+    }
+
+    /// Writes guest bytes at `offset` (cluster aligned) covering whole clusters (the last
+    /// may end at the image's end), allocating each even where it is all zeros: what an
+    /// overlay writes where its backing file's bytes differ.
+    pub fn write_whole(&self, data: &[u8], offset: u64) -> ImageResult<()> {
+        let cluster = 1u64 << self.cluster_bits;
+        let end = offset + data.len() as u64;
+        if !offset.is_multiple_of(cluster) || (!end.is_multiple_of(cluster) && end != self.size) {
+            return Err(self.io_error(
+                "write",
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{} bytes at {offset} are not whole clusters", data.len()),
+                ),
+            ));
+        }
+        self.write_pieces(data, offset, true)
+    }
+
+    /// Makes the cluster at `offset` (aligned) read as zeros without data (the zero flag),
+    /// whatever the backing file holds there.
+    pub fn zero_cluster(&self, offset: u64) -> ImageResult<()> {
+        if !offset.is_multiple_of(1u64 << self.cluster_bits) || offset >= self.size {
+            return Err(self.io_error("write", self.past_end(0, offset)));
+        }
+        let cluster = offset >> self.cluster_bits;
+        let index = (cluster >> self.l2_bits) as usize;
+        let slot = (cluster & ((1 << self.l2_bits) - 1)) as usize;
+        let entries = 1usize << self.l2_bits;
+        let mut state = self.lock();
+        let table = state.l2[index].get_or_insert_with(|| vec![0u64; entries].into_boxed_slice());
+        if table[slot] == 0 {
+            table[slot] = ZERO_CLUSTER;
+        }
+        Ok(())
+    }
+
+    fn write_pieces(&self, data: &[u8], offset: u64, allocate_zeros: bool) -> ImageResult<()> {
         let end = offset
             .checked_add(data.len() as u64)
             .filter(|&end| end <= self.size)
@@ -160,7 +243,8 @@ impl Qcow2Writer {
         {
             let mut state = self.lock();
             for piece in &pieces {
-                let host = self.host_cluster(&mut state, piece.cluster, !piece.zero)?;
+                let host =
+                    self.host_cluster(&mut state, piece.cluster, allocate_zeros || !piece.zero)?;
                 hosts.push(host);
             }
         }
@@ -211,7 +295,11 @@ impl Qcow2Writer {
         for (index, table) in l2_tables.iter().enumerate() {
             let Some(table) = table else { continue };
             for (entry, &host) in buf.chunks_exact_mut(8).zip(table.iter()) {
-                let value = if host == 0 { 0 } else { host | COPIED };
+                let value = match host {
+                    0 => 0,
+                    ZERO_CLUSTER => OFLAG_ZERO,
+                    host => host | COPIED,
+                };
                 entry.copy_from_slice(&value.to_be_bytes());
             }
             self.pwrite_meta(&buf, end)?;
@@ -276,11 +364,27 @@ impl Qcow2Writer {
         debug_assert_eq!(end, total << cb);
 
         // Header, last.
-        let mut header = vec![0u8; HEADER_LENGTH as usize + 8];
+        // With a backing file: its format as an extension, then the end marker, then its
+        // name (unpadded), all in cluster 0.
+        let name = self.backing.as_ref().map(|b| b.file.as_bytes());
+        let extensions = match &self.backing {
+            Some(b) => 8 + b.format.len().next_multiple_of(8),
+            None => 0,
+        };
+        let name_at = HEADER_LENGTH as usize + extensions + 8;
+        let mut header = vec![0u8; name_at + name.map_or(0, |n| n.len())];
         let mut put = |at: usize, bytes: &[u8]| header[at..at + bytes.len()].copy_from_slice(bytes);
         put(0, &QCOW2_MAGIC);
         put(4, &VERSION.to_be_bytes());
-        // 8: backing_file_offset, 16: backing_file_size = 0
+        if let (Some(b), Some(name)) = (&self.backing, name) {
+            put(8, &(name_at as u64).to_be_bytes());
+            put(16, &(name.len() as u32).to_be_bytes());
+            let at = HEADER_LENGTH as usize;
+            put(at, &EXT_BACKING_FORMAT.to_be_bytes());
+            put(at + 4, &(b.format.len() as u32).to_be_bytes());
+            put(at + 8, b.format.as_bytes());
+            put(name_at, name);
+        }
         put(20, &cb.to_be_bytes());
         put(24, &self.header_size.to_be_bytes());
         // 32: crypt_method = 0
@@ -291,7 +395,7 @@ impl Qcow2Writer {
         // 60: nb_snapshots, 64: snapshots_offset, 72/80/88: feature bits = 0
         put(96, &REFCOUNT_ORDER.to_be_bytes());
         put(100, &HEADER_LENGTH.to_be_bytes());
-        // 104: end-of-extensions marker (type 0, length 0) = 8 zero bytes.
+        // After the extensions: the end-of-extensions marker (type 0, length 0), 8 zeros.
         self.pwrite_meta(&header, 0)?;
 
         self.file
@@ -312,8 +416,12 @@ impl Qcow2Writer {
         let index = (cluster >> self.l2_bits) as usize;
         let slot = (cluster & ((1 << self.l2_bits) - 1)) as usize;
         if let Some(table) = &state.l2[index] {
-            if table[slot] != 0 || !allocate {
-                return Ok(table[slot]);
+            let host = match table[slot] {
+                ZERO_CLUSTER => 0, // reads as zeros; data written now allocates it
+                host => host,
+            };
+            if host != 0 || !allocate {
+                return Ok(host);
             }
         } else if !allocate {
             return Ok(0);

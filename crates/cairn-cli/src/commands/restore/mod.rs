@@ -5,9 +5,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context as _, Result};
 use cairn_engine::resolve::{resolve, VersionSpec};
-use cairn_engine::restore::{restore, RestoreOptions, RestoreProgress, RestoreTarget};
+use cairn_engine::restore::{restore, QcowBase, RestoreOptions, RestoreProgress, RestoreTarget};
 use serde_json::json;
 
 use crate::cli::{OutputFormatArg, RestoreArgs};
@@ -40,15 +40,24 @@ pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
     }
     let repo_id = repo.config().repo_id;
     let to_stdout = args.output.as_os_str() == "-";
-    let qcow2 = output_format(args.format, &args.output) == OutputFormatArg::Qcow2;
+    let qcow2 = args.backing.is_some()
+        || output_format(args.format, &args.output) == OutputFormatArg::Qcow2;
+    if args.backing.is_some() && args.format == Some(OutputFormatArg::Raw) {
+        bail!("--backing writes a qcow2 overlay, not --format raw");
+    }
     if !to_stdout {
         refuse_export_files(&args.output).await?;
     }
-    let target = match (to_stdout, qcow2) {
-        (true, true) => anyhow::bail!("--format qcow2 needs an output file, not stdout"),
-        (true, false) => RestoreTarget::Stdout,
-        (false, false) => RestoreTarget::Path(args.output.clone()),
-        (false, true) => RestoreTarget::Qcow2(args.output.clone()),
+    let base = args.backing.as_deref().map(open_base).transpose()?;
+    let target = match (to_stdout, qcow2, base.clone()) {
+        (true, true, _) => anyhow::bail!("--format qcow2 needs an output file, not stdout"),
+        (true, false, _) => RestoreTarget::Stdout,
+        (false, false, _) => RestoreTarget::Path(args.output.clone()),
+        (false, true, None) => RestoreTarget::Qcow2(args.output.clone()),
+        (false, true, Some(base)) => RestoreTarget::Qcow2Overlay {
+            path: args.output.clone(),
+            base,
+        },
     };
     let progress = Arc::new(RestoreProgress::default());
     progress.total.store(record.logical_size, Ordering::Relaxed);
@@ -67,6 +76,7 @@ pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
         progress: Some(progress),
         force: args.force,
         allow_damage: args.allow_damage,
+        seeds: open_seeds(ctx, &args.seeds, base.as_ref()),
         ..Default::default()
     };
     let stats = restore(repo, &record, target, options).await;
@@ -91,6 +101,7 @@ pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
         "data_bytes": stats.data_bytes,
         "fetched_bytes": stats.fetched_bytes,
         "reads": stats.reads,
+        "seeded_bytes": stats.seeded_bytes,
         "duration_s": elapsed.as_secs_f64(),
         "damaged_bytes": damaged_bytes,
         "damaged": stats.damaged.iter().map(|d| json!({
@@ -128,7 +139,7 @@ pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
             );
         }
         outln!(
-            "restored {}@{} to {} — {} logical, {} data in {:.2} s ({}){}",
+            "restored {}@{} to {} — {} logical, {} data in {:.2} s ({}){}{}",
             record.image,
             record.seq,
             args.output.display(),
@@ -136,6 +147,14 @@ pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
             bytes(stats.data_bytes),
             elapsed.as_secs_f64(),
             rate(stats.data_bytes, elapsed),
+            match args.seeds.is_empty() {
+                true => String::new(),
+                false => format!(
+                    "; {} from seeds, {} fetched",
+                    bytes(stats.seeded_bytes),
+                    bytes(stats.fetched_bytes)
+                ),
+            },
             if stats.damaged.is_empty() {
                 String::new()
             } else {
@@ -151,6 +170,45 @@ pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(3)
+    })
+}
+
+/// The seeds that open (raw or qcow2, detected); one that does not is left out with a
+/// warning, as the help promises.
+fn open_seeds(
+    ctx: &Context,
+    paths: &[std::path::PathBuf],
+    base: Option<&QcowBase>,
+) -> cairn_engine::segment::Seeds {
+    use cairn_engine::source::{open_image, ReadPolicy, SourceFormat};
+    let mut images: Vec<_> = base.map(|b| b.image.clone()).into_iter().collect();
+    for path in paths {
+        match open_image(path, SourceFormat::Auto, ReadPolicy::default()) {
+            Ok(image) => images.push(image),
+            Err(e) => ctx.warn(&format!("seed {} is left out: {e}", path.display())),
+        }
+    }
+    cairn_engine::segment::Seeds::new(images)
+}
+
+/// The base of a qcow2 overlay output: opened (raw or qcow2, detected), and named in the
+/// overlay's header by its absolute path with its format.
+fn open_base(path: &Path) -> Result<QcowBase> {
+    use cairn_engine::source::{open_image, ReadPolicy, SourceFormat};
+    let absolute = std::fs::canonicalize(path)
+        .with_context(|| format!("cannot use {} as the backing file", path.display()))?;
+    let image = open_image(&absolute, SourceFormat::Auto, ReadPolicy::default())?;
+    let format = match image.layers().first().map(|l| l.format) {
+        Some(cairn_image::ImageFormat::Qcow2) => "qcow2",
+        _ => "raw",
+    };
+    let file = absolute
+        .to_str()
+        .with_context(|| format!("{} is not UTF-8: QEMU cannot name it", absolute.display()))?
+        .to_string();
+    Ok(QcowBase {
+        backing: cairn_image::qcow2::Backing { file, format },
+        image,
     })
 }
 
