@@ -189,10 +189,18 @@ pub enum Command {
     /// a running VM's images), are refused even then; character devices, FIFOs, sockets and
     /// directories are refused (write to `-` and redirect instead).
     ///
+    /// Restoring need not move every byte. --in-place rewrites an existing image or device
+    /// where it is, writing only what differs; --seed takes blocks from local images that
+    /// already hold them; --backing writes a qcow2 overlay on a local base holding only the
+    /// clusters that differ from it.
+    ///
     /// Examples:
     ///   cairn restore web01/disk0@7 web01.raw
     ///   cairn restore web01/disk0 web01.qcow2 --format qcow2
     ///   cairn restore web01/disk0 /dev/vg0/web01 --force
+    ///   cairn restore web01/disk0@5 /var/lib/libvirt/images/web01.raw --in-place
+    ///   cairn restore web01/disk0@7 new.raw --seed old-web01.raw
+    ///   cairn restore web01/disk0@7 web01.qcow2 --backing golden.raw
     #[command(verbatim_doc_comment)]
     Restore(RestoreArgs),
     /// Show the byte ranges where two versions may differ.

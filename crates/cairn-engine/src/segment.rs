@@ -536,7 +536,7 @@ impl Seeds {
 
 /// Like [`read_segments`] (leaf id, segment length, the segment's offset in the image), but
 /// each segment is taken from `seeds` where they hold it: whole when the first seed's bytes
-/// match the leaf's digest, else chunk by chunk ([`patch_segment`]), fetching only the chunks
+/// match the leaf's digest, else chunk by chunk ([`patch_segments`]), fetching only the chunks
 /// no seed holds. Format 1 leaves are read as [`read_segments`] reads them.
 pub async fn read_segments_seeded(
     repo: &Arc<Repo>,
