@@ -322,6 +322,51 @@ pub enum Command {
     /// Overlays: snapshots of a running export's overlay (iROW layers: snapshot, rollback,
     /// delete, list EXPORT), and overlays on disk (list, discard).
     Overlay(OverlayArgs),
+    /// Every version as a file: a read-only FUSE mount with a directory per image.
+    ///
+    /// MOUNTPOINT (an existing, empty directory) shows IMAGE/@N.raw for each live version,
+    /// IMAGE/@TAG.raw for each tag and IMAGE/latest.raw for the newest (an image named
+    /// web01/disk0 is the directory web01/disk0). A file reads lazily through the same
+    /// verified reader and host-wide chunk cache as `cairn export`: opening a 100 GiB version
+    /// reads its metadata only, and only the blocks read are fetched. Commits, tags and
+    /// deletions show up within a second; a file already open keeps reading its version.
+    ///
+    /// Runs in the foreground until SIGINT or SIGTERM, then unmounts. A mount in use (an open
+    /// file, a loop device, a shell inside it) stays mounted with a note saying so; a second
+    /// signal detaches it and serves the open files until they close.
+    ///
+    /// Files inside a guest: loop-mount a version read-only (as root), e.g.
+    ///   mount -o ro,loop,noload /mnt/cairn/web01/disk0/@7.raw /mnt/web01   (a bare file system)
+    ///   losetup -r -P --show -f /mnt/cairn/web01/disk0/@7.raw   (partitioned: then mount
+    ///   /dev/loopNp1 -o ro)
+    /// or, for ext2/3/4 without any mount, `cairn ls` and `cairn cat IMAGE@V:/path`.
+    ///
+    /// Examples:
+    ///   cairn mount /mnt/cairn
+    ///   cmp /mnt/cairn/web01/disk0/@5.raw /mnt/cairn/web01/disk0/latest.raw
+    #[command(verbatim_doc_comment)]
+    Mount(MountArgs),
+    /// List a directory inside a version's guest file system (ext2/3/4), without a mount.
+    ///
+    /// SPEC is IMAGE[@N|@TAG|@HEX]:/path. The file system is the whole image, or the only
+    /// ext partition of its GPT or MBR table (--partition N to choose). Only the blocks read
+    /// are fetched. A file or symlink is shown as one entry.
+    ///
+    /// Examples:
+    ///   cairn ls web01/disk0@7:/etc
+    ///   cairn ls web01/disk0:/var/log --json
+    #[command(verbatim_doc_comment)]
+    Ls(GuestArgs),
+    /// Write a file from inside a version's guest file system (ext2/3/4) to standard output.
+    ///
+    /// SPEC is IMAGE[@N|@TAG|@HEX]:/path; symlinks are followed. Only the file's blocks (and
+    /// the metadata leading to it) are fetched.
+    ///
+    /// Examples:
+    ///   cairn cat web01/disk0@7:/etc/fstab
+    ///   cairn cat web01/disk0@before-upgrade:/var/lib/app/db.sqlite > db.sqlite
+    #[command(verbatim_doc_comment)]
+    Cat(GuestArgs),
     /// Whole VMs: back up every disk of a running VM at one point in time, list and show
     /// VM versions.
     ///
@@ -372,6 +417,37 @@ pub enum ExportsAction {
         /// The export name.
         name: String,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    /// An existing, empty directory.
+    pub mountpoint: std::path::PathBuf,
+    /// Chunk cache directory (default: $CAIRN_CACHE_DIR, else ~/.cache/cairn/chunks).
+    #[arg(long)]
+    pub cache_dir: Option<std::path::PathBuf>,
+    /// Chunk cache size limit; least recently used chunks are evicted beyond it.
+    #[arg(long, default_value = "10G", value_parser = parse_size)]
+    pub cache_size: u64,
+    /// Chunks (format 2: compressed groups) fetched ahead after a read that missed the cache
+    /// (default as for `cairn export`).
+    #[arg(long)]
+    pub readahead: Option<usize>,
+    /// Let other users read the mount (FUSE's allow_other; without root it needs
+    /// user_allow_other in /etc/fuse.conf). By default only you can.
+    #[arg(long)]
+    pub allow_other: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct GuestArgs {
+    /// IMAGE[@N|@TAG|@HEX]:/path/in/the/guest
+    #[arg(value_name = "SPEC")]
+    pub spec: String,
+    /// The partition holding the file system (1-based, as /dev/sdaN), when the image has more
+    /// than one ext file system.
+    #[arg(long, value_name = "N")]
+    pub partition: Option<u32>,
 }
 
 #[derive(Debug, Args)]

@@ -4,10 +4,10 @@
 //! | code            | exit    | meaning                                                        |
 //! |-----------------|---------|----------------------------------------------------------------|
 //! | `error`         | 1       | anything not named below                                       |
-//! | `not_found`     | 1       | the image, version or tag named does not exist                 |
+//! | `not_found`     | 1       | the image, version or tag named (or a path in its guest) does not exist |
 //! | `store`         | 1       | the store failed: I/O, S3 request, unreachable endpoint       |
 //! | `disk_full`     | 1       | the repository's file system is full                           |
-//! | `unsupported`   | 1       | the command writes, and this repository's format is read-only |
+//! | `unsupported`   | 1       | the command writes, and this repository's format is read-only; or a guest file system cairn cannot read |
 //! | `usage`         | 2       | the command line is wrong (clap's own message)                 |
 //! | `damage`        | 3       | stored data is damaged or missing                              |
 //! | `no_repository` | 4       | no repository given, or none at the location given            |
@@ -152,6 +152,15 @@ pub fn kind_of(e: &anyhow::Error) -> Kind {
                     RepoError::Locked { .. }
                     | RepoError::NoPassphrase(_)
                     | RepoError::WrongPassphrase { .. } => Some(Kind::PASSWORD),
+                    _ => None,
+                };
+            }
+            if let Some(e) = cause.downcast_ref::<cairn_files::FilesError>() {
+                use cairn_files::FilesError as F;
+                return match e {
+                    F::MountPoint { .. } => Some(Kind::REFUSED),
+                    F::NoFileSystem(_) => Some(Kind::UNSUPPORTED),
+                    F::GuestMissing { .. } => Some(Kind::NOT_FOUND),
                     _ => None,
                 };
             }

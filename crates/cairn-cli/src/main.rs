@@ -105,10 +105,11 @@ fn main() -> ExitCode {
         }
     };
     let graceful = stops_gracefully(&cli.command);
-    // An export (and `vm start`, which serves one) stops on signals by itself.
+    // An export (and `vm start`, which serves one) and a mount stop on signals by themselves.
     let watches_signals = !matches!(
         &cli.command,
         Command::Export(_)
+            | Command::Mount(_)
             | Command::Vm(cli::VmArgs {
                 action: cli::VmAction::Start { .. }
             })
@@ -145,6 +146,9 @@ fn main() -> ExitCode {
             Command::Gc(args) => commands::gc::run(&ctx, args).await,
             Command::Index(args) => commands::index::run(&ctx, args).await,
             Command::Export(args) => commands::export::run(&ctx, args).await,
+            Command::Mount(args) => commands::mount::run(&ctx, args).await,
+            Command::Ls(args) => commands::guest::ls(&ctx, args).await,
+            Command::Cat(args) => commands::guest::cat(&ctx, args).await,
             Command::Exports(args) => commands::exports::run(&ctx, args).await,
             Command::Status(args) => commands::export::status(&ctx, args).await,
             Command::Overlay(args) => commands::export::overlay(&ctx, args).await,
@@ -225,9 +229,11 @@ async fn watch_signals(
 }
 
 fn init_logging(verbose: u8) {
+    // fuser (`cairn mount`) warns of every FUSE call a read-only file system leaves to the
+    // kernel's defaults; those are not the operator's concern below -vv.
     let default = match verbose {
-        0 => "warn",
-        1 => "info",
+        0 => "warn,fuser=error",
+        1 => "info,fuser=error",
         _ => "debug",
     };
     let filter = EnvFilter::try_from_env("CAIRN_LOG").unwrap_or_else(|_| EnvFilter::new(default));

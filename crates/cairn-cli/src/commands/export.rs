@@ -133,14 +133,7 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
         crate::context::refuse_format_1(&repo)?;
         ctx.refuse_downgrade(&repo).await?;
     }
-    let cache_dir = args
-        .cache_dir
-        .clone()
-        .unwrap_or_else(ContentCache::default_chunk_dir);
-    let cache = Arc::new(
-        ContentCache::open(&cache_dir, args.cache_size)
-            .with_context(|| format!("cannot open the chunk cache {}", cache_dir.display()))?,
-    );
+    let cache = open_cache(args.cache_dir.clone(), args.cache_size)?;
     let mut server = Server::new();
     let mut opened = Vec::new();
     for (version, name) in &plan {
@@ -206,6 +199,14 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
         notify_systemd(&format!("STOPPING=1\nSTATUS=stopping ({sig})"));
     }
     stop(ctx, &args, opened, files, &served_stats, signal, served).await
+}
+
+/// The host-wide chunk cache at `dir` (default: $CAIRN_CACHE_DIR, else ~/.cache/cairn/chunks).
+pub fn open_cache(dir: Option<PathBuf>, size: u64) -> Result<Arc<ContentCache>> {
+    let dir = dir.unwrap_or_else(ContentCache::default_chunk_dir);
+    Ok(Arc::new(ContentCache::open(&dir, size).with_context(
+        || format!("cannot open the chunk cache {}", dir.display()),
+    )?))
 }
 
 /// Announces the exports: a state file each, then `--json` lines or notes (not on stdio,

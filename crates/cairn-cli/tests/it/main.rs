@@ -10,6 +10,7 @@ mod cli_errors;
 mod cli_export;
 mod cli_export_lifecycle;
 mod cli_export_tls;
+mod cli_files;
 mod cli_format2;
 mod cli_history;
 mod cli_output;
