@@ -522,7 +522,8 @@ def r_in_place(spec):
 
 def r_seeded(spec):
     """bench/seeded.py's runs (one file per store): a plain restore, one with the previous
-    image as a seed, and a qcow2 overlay on it."""
+    image as a seed, a qcow2 overlay on it, and (when measured) an export read whole without
+    and with the seed."""
     header = ["store", "restore", "fetched MiB (÷ plain)", "from the seed MiB",
               "output MiB (÷ differing)", "s", "exact"]
     rows = []
@@ -542,6 +543,16 @@ def r_seeded(spec):
                          f"{r['seeded_bytes'] / MIB:.1f}", out, f"{r['seconds']:.2f}",
                          ("yes" if exact else "**no**")
                          + (" (`qemu-img compare`)" if key == "backing" else "")])
+        exports = d.get("exports")
+        if exports:
+            eplain = exports["plain"]["fetched_bytes"]
+            for key, label in [("plain", f"export {d['version']} (nbdcopy)"),
+                               ("seeded", f"export {d['version']} --seed {d['seed']}.raw")]:
+                r = exports[key]
+                rows.append([store, label,
+                             f"{r['fetched_bytes'] / MIB:.1f} ({r['fetched_bytes'] / eplain:.2f}×)",
+                             f"{r['seeded_bytes'] / MIB:.1f}", "", f"{r['seconds']:.2f}",
+                             "yes" if r["bit_exact"] else "**no**"])
     return header, rows
 
 

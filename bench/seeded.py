@@ -11,7 +11,9 @@ in one run:
 - `restore U OUT --seed V.raw` (V's file as the seed: only the chunks V does not hold at the
   same place are fetched);
 - `restore U OUT.qcow2 --backing V.raw`: a qcow2 overlay holding only the clusters where U
-  differs from V, checked with `qemu-img compare` against U's file.
+  differs from V, checked with `qemu-img compare` against U's file;
+- `export U` read whole by `nbdcopy`, without and with `--seed V.raw` (each with a cache of
+  its own): the export's counters say what was fetched and what the seed served.
 
 "The difference" is the 4 KiB blocks in which U and V differ (their plain bytes); fetched
 bytes are what was read from the store (compressed groups). The least a seeded restore can
@@ -27,6 +29,7 @@ Prints one JSON document (also written to --out).
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,6 +37,29 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from in_place import differing_blocks, parse_args, series_repo, sha  # noqa: E402
+
+
+def export_run(c, work, spec, name, extra, want):
+    """`cairn export SPEC EXTRA...` read whole by nbdcopy into a file; its counters."""
+    run = os.path.join(work, f"export-{name}")
+    os.makedirs(run)
+    sock, stats, out = (os.path.join(run, f) for f in ("e.sock", "stats.json", "out.raw"))
+    proc = subprocess.Popen(c.args("--json", "export", spec, "--name", "disk", "--socket", sock,
+                                   "--cache-dir", os.path.join(run, "cache"),
+                                   "--stats-file", stats, *extra),
+                            env=dict(c.env, CAIRN_RUN_DIR=os.path.join(run, "run")),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if not proc.stdout.readline():
+        sys.exit(f"export {name} did not start: {proc.stderr.read().strip()}")
+    t = time.monotonic()
+    subprocess.run(["nbdcopy", f"nbd+unix:///disk?socket={sock}", out], check=True)
+    seconds = time.monotonic() - t
+    proc.send_signal(signal.SIGTERM)
+    proc.wait()
+    with open(stats) as f:
+        s = json.load(f)
+    return {"seconds": round(seconds, 2), "fetched_bytes": s["fetched_bytes"],
+            "seeded_bytes": s["seeded_bytes"], "bit_exact": sha(out) == want}
 
 
 def main():
@@ -70,6 +96,11 @@ def main():
                 run["bit_exact"] = sha(path) == want
             runs[name] = run
         result["runs"] = runs
+        exports = {"plain": export_run(c, work, u, "plain", [], want),
+                   "seeded": export_run(c, work, u, "seeded", ["--seed", v_file], want)}
+        exports["seeded_fetched_vs_plain"] = round(
+            exports["seeded"]["fetched_bytes"] / max(1, exports["plain"]["fetched_bytes"]), 3)
+        result["exports"] = exports
         result["seeded_fetched_vs_plain"] = round(
             runs["seeded"]["fetched_bytes"] / max(1, runs["plain"]["fetched_bytes"]), 3)
         # The least a seeded restore can fetch: the plain restore's fetch, in the share of

@@ -311,6 +311,7 @@ pub enum Command {
     /// Examples: cairn export web01/disk0@before-upgrade --socket /tmp/web.sock
     ///           cairn export golden@3=base web01/disk0=web --listen 127.0.0.1:10809
     ///           cairn export vm --writable --listen 0.0.0.0:10809 --tls-dir /etc/pki/qemu
+    ///           cairn export web01/disk0@7 --seed /var/lib/images/golden.raw --socket /tmp/w.sock
     Export(ExportArgs),
     /// The exports running on this host (`cairn exports`), or stop one (`exports stop NAME`).
     ///
@@ -480,6 +481,13 @@ pub struct ExportArgs {
     /// (BENCHMARKS.md, *Lazy deployment over NBD*).
     #[arg(long)]
     pub readahead: Option<usize>,
+    /// A local image (raw or qcow2: a golden image, an older restore, another VM's disk)
+    /// whose blocks are served where they are the version's, so only the rest is fetched;
+    /// repeat it for several, tried in order. Blocks are looked for at the same offset, and
+    /// each one served is checked by its id. A seed that cannot be read is left out with a
+    /// warning.
+    #[arg(long = "seed", value_name = "PATH")]
+    pub seeds: Vec<std::path::PathBuf>,
     /// Write the export's counters as JSON to this file every second (and at exit).
     #[arg(long)]
     pub stats_file: Option<std::path::PathBuf>,

@@ -510,8 +510,8 @@ impl Seeds {
     }
 
     /// The bytes of each usable seed at `[offset, offset + len)`, zeros past a seed's end. A
-    /// seed whose read fails is left out from then on, with a warning.
-    fn read(&self, offset: u64, len: usize) -> Vec<Vec<u8>> {
+    /// seed whose read fails is left out from then on, with a warning. Blocking.
+    pub fn read(&self, offset: u64, len: usize) -> Vec<Vec<u8>> {
         let mut out = Vec::with_capacity(self.images.len());
         for (i, image) in self.images.iter().enumerate() {
             if self.failed.lock().expect("seed list").contains(&i) {

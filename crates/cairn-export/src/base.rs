@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 
+use cairn_engine::segment::Seeds;
 use cairn_format::leaf_v2::{RunExtent, RunLeaf};
 use cairn_format::node::Extent;
 use cairn_format::version::VersionRecord;
@@ -86,6 +87,9 @@ pub struct Base {
     segments: SegmentMap,
     leaves: RwLock<HashMap<u64, Arc<Vec<Piece>>>>,
     readahead: usize,
+    /// Local images whose bytes are served instead of fetching them, where each chunk's bytes
+    /// there have the chunk's id (`export --seed`).
+    seeds: Option<Seeds>,
 }
 
 /// Reads a blob; if its pack is gone (a GC repacked it: GC does not wait for exports), re-reads
@@ -174,7 +178,14 @@ impl Base {
             segments,
             leaves: RwLock::new(HashMap::new()),
             readahead,
+            seeds: None,
         })
+    }
+
+    /// Serves chunks from `seeds` where they hold them (checked by id), before fetching.
+    pub fn with_seeds(mut self, seeds: Seeds) -> Base {
+        self.seeds = (!seeds.is_empty()).then_some(seeds);
+        self
     }
 
     pub fn id(&self) -> Id {
@@ -338,7 +349,19 @@ impl Base {
         first: u16,
         count: u16,
     ) -> ExportResult<(Arc<Vec<u8>>, bool)> {
-        let result = self.run_uncounted(group, first, count).await;
+        self.run_at(None, group, first, count).await
+    }
+
+    /// [`Self::run`] for a run at image offset `at`, where seeds are looked at (after the
+    /// cache, before the store).
+    pub async fn run_at(
+        &self,
+        at: Option<u64>,
+        group: &Id,
+        first: u16,
+        count: u16,
+    ) -> ExportResult<(Arc<Vec<u8>>, bool)> {
+        let result = self.run_uncounted(at, group, first, count).await;
         if let Err(e) = &result {
             self.stats.fetch_errors.fetch_add(1, Ordering::Relaxed);
             tracing::error!(%group, "fetch failed: {e}");
@@ -350,24 +373,55 @@ impl Base {
     /// for exports), re-reads the index runs once and tries again.
     async fn run_uncounted(
         &self,
+        at: Option<u64>,
         group: &Id,
         first: u16,
         count: u16,
     ) -> ExportResult<(Arc<Vec<u8>>, bool)> {
-        match self.run_once(group, first, count).await {
+        match self.run_once(at, group, first, count).await {
             Err(ExportError::Repo(
                 RepoError::PackMissing { .. } | RepoError::BlobMissing { .. },
             )) => {
                 tracing::info!(%group, "pack gone; re-reading the index runs");
                 self.repo.refresh_index().await?;
-                self.run_once(group, first, count).await
+                self.run_once(at, group, first, count).await
             }
             other => other,
         }
     }
 
+    /// The bytes of `slots` (a run at image offset `at`) from the seeds, each chunk from the
+    /// first seed whose bytes there have its id; `None` unless every chunk is found.
+    async fn seeded_run(
+        &self,
+        at: u64,
+        slots: &[cairn_format::group::GroupChunk],
+    ) -> Option<Vec<u8>> {
+        let seeds = self.seeds.clone()?;
+        let len: usize = slots.iter().map(|c| c.len as usize).sum();
+        let images = tokio::task::spawn_blocking(move || seeds.read(at, len))
+            .await
+            .ok()?;
+        let mut out = Vec::with_capacity(len);
+        let mut pos = 0;
+        for c in slots {
+            let end = pos + c.len as usize;
+            let found = images
+                .iter()
+                .map(|img| &img[pos..end])
+                .find(|bytes| self.repo.id_of(bytes) == c.id)?;
+            out.extend_from_slice(found);
+            pos = end;
+        }
+        self.stats
+            .seeded_bytes
+            .fetch_add(len as u64, Ordering::Relaxed);
+        Some(out)
+    }
+
     async fn run_once(
         &self,
+        at: Option<u64>,
         group: &Id,
         first: u16,
         count: u16,
@@ -417,6 +471,11 @@ impl Base {
                 .cache_hits
                 .fetch_add(u64::from(count), Ordering::Relaxed);
             return Ok((Arc::new(data), true));
+        }
+        if let Some(at) = at {
+            if let Some(bytes) = self.seeded_run(at, slots).await {
+                return Ok((Arc::new(bytes), true));
+            }
         }
         self.stats
             .cache_misses
@@ -501,7 +560,7 @@ impl Base {
                     count,
                 } => {
                     tasks.spawn(async move {
-                        let (d, hit) = me.run(&group, first, count).await?;
+                        let (d, hit) = me.run_at(Some(p.offset), &group, first, count).await?;
                         Ok::<_, ExportError>((p, d, !hit))
                     });
                 }
@@ -653,7 +712,7 @@ impl Base {
                     first,
                     count,
                 } => {
-                    self.run(&group, first, count).await?;
+                    self.run_at(Some(p.offset), &group, first, count).await?;
                 }
             }
         }

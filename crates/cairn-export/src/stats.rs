@@ -19,6 +19,8 @@ pub struct ExportStats {
     /// Chunk lookups served by the host-wide cache, and those that were not.
     pub cache_hits: AtomicU64,
     pub cache_misses: AtomicU64,
+    /// Bytes served from local seed images instead of being fetched (`export --seed`).
+    pub seeded_bytes: AtomicU64,
     /// Chunks fetched ahead of the reads that needed them.
     pub readahead_chunks: AtomicU64,
     pub fetch_errors: AtomicU64,
@@ -44,6 +46,7 @@ impl ExportStats {
             "cache_hits": g(&self.cache_hits),
             "cache_misses": g(&self.cache_misses),
             "readahead_chunks": g(&self.readahead_chunks),
+            "seeded_bytes": g(&self.seeded_bytes),
             "fetch_errors": g(&self.fetch_errors),
             "writes": g(&self.writes),
             "written_bytes": g(&self.bytes_written),

@@ -134,10 +134,11 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
         ctx.refuse_downgrade(&repo).await?;
     }
     let cache = open_cache(args.cache_dir.clone(), args.cache_size)?;
+    let seeds = crate::commands::restore::open_seeds(ctx, &args.seeds, None);
     let mut server = Server::new();
     let mut opened = Vec::new();
     for (version, name) in &plan {
-        let o = open_export(ctx, &repo, &cache, &args, version, name).await?;
+        let o = open_export(ctx, &repo, &cache, &seeds, &args, version, name).await?;
         server.set_description(&o.name, format!("cairn {}", o.described));
         server.add_export(&o.name, o.export.clone());
         if plan.len() == 1 {
@@ -406,6 +407,7 @@ async fn open_export(
     ctx: &Context,
     repo: &Arc<Repo>,
     cache: &Arc<ContentCache>,
+    seeds: &cairn_engine::segment::Seeds,
     args: &ExportArgs,
     version: &str,
     name: &str,
@@ -422,7 +424,8 @@ async fn open_export(
         policy::readahead(repo, args.readahead),
     )
     .await
-    .with_context(|| format!("cannot open {}@{}", record.image, record.seq))?;
+    .with_context(|| format!("cannot open {}@{}", record.image, record.seq))?
+    .with_seeds(seeds.clone());
     let version = format!("{}@{}", record.image, record.seq);
     let overlay = if args.writable {
         let dir = args
@@ -601,6 +604,9 @@ pub async fn status(ctx: &Context, args: StatusArgs) -> Result<ExitCode> {
         n("cache_misses"),
         n("readahead_chunks"),
     );
+    if n("seeded_bytes") > 0 {
+        outln!("served {} from local seeds", bytes(n("seeded_bytes")));
+    }
     if let Some(o) = v.get("overlay") {
         outln!(
             "overlay {}: {} in {} blocks, {} layers; {} writes ({}), {} flushes",

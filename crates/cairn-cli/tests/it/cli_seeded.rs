@@ -165,3 +165,53 @@ fn a_restore_with_backing_is_a_qcow2_overlay_holding_only_the_clusters_that_diff
     assert_eq!(check["allocated-clusters"], differing_data, "{check}");
     assert_eq!(check["corruptions"].as_u64().unwrap_or(0), 0, "{check}");
 }
+
+#[test]
+fn a_seeded_export_serves_what_its_seed_holds_and_fetches_only_the_rest() {
+    use crate::common::export::{nbdcopy, Served};
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, a, b, pa, _) = two_versions(dir.path());
+    let garbage = dir.path().join("garbage.raw");
+    std::fs::write(&garbage, noise(a.len(), 99)).unwrap();
+    let mut fetched = Vec::new();
+    for (tag, seeds) in [
+        ("plain", vec![]),
+        ("seeded", vec![pa.clone()]),
+        ("garbage", vec![garbage.clone()]),
+        ("both", vec![garbage.clone(), pa.clone()]),
+    ] {
+        let mut args = vec!["vm@2".to_string(), "--name".into(), "disk".into()];
+        for s in &seeds {
+            args.push("--seed".into());
+            args.push(s.to_str().unwrap().into());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        // A cache of its own each time (a shared one would serve the second run).
+        let run = dir.path().join(tag);
+        std::fs::create_dir(&run).unwrap();
+        let mut served = Served::spawn(&repo, &run, tag, &args);
+        let out = run.join("out.raw");
+        nbdcopy(served.uri(), &out);
+        assert!(
+            std::fs::read(&out).unwrap() == b,
+            "{tag}: the export differs from vm@2"
+        );
+        let (status, err) = served.signal("TERM");
+        assert!(status.success(), "{tag}: {err}");
+        let stats: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(run.join(format!("{tag}.json"))).unwrap())
+                .unwrap();
+        // What the seed holds of vm@2 is served from it, exactly that (a run of an old
+        // group is all the seed's or none of it), and a seed of other data serves nothing.
+        let want_seeded = match tag {
+            "seeded" | "both" => same_data_blocks(&b, &a),
+            _ => 0,
+        };
+        assert_eq!(stats["seeded_bytes"], want_seeded, "{tag}: {stats}");
+        fetched.push(stats["fetched_bytes"].as_u64().unwrap());
+    }
+    assert!(same_data_blocks(&b, &a) > 3 * MIB as u64);
+    assert!(fetched[1] * 3 < fetched[0], "seeded fetched {fetched:?}");
+    assert_eq!(fetched[2], fetched[0], "a useless seed changes nothing");
+    assert_eq!(fetched[3], fetched[1], "seeds are tried in order");
+}

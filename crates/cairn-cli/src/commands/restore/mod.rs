@@ -175,7 +175,7 @@ pub async fn run(ctx: &Context, args: RestoreArgs) -> Result<ExitCode> {
 
 /// The seeds that open (raw or qcow2, detected); one that does not is left out with a
 /// warning, as the help promises.
-fn open_seeds(
+pub(crate) fn open_seeds(
     ctx: &Context,
     paths: &[std::path::PathBuf],
     base: Option<&QcowBase>,
