@@ -420,20 +420,29 @@ pub enum ExportsAction {
     },
 }
 
+/// How a lazy reader (an export, a mount) caches and reads ahead.
 #[derive(Debug, Args)]
-pub struct MountArgs {
-    /// An existing, empty directory.
-    pub mountpoint: std::path::PathBuf,
+pub struct LazyReadArgs {
     /// Chunk cache directory (default: $CAIRN_CACHE_DIR, else ~/.cache/cairn/chunks).
     #[arg(long)]
     pub cache_dir: Option<std::path::PathBuf>,
     /// Chunk cache size limit; least recently used chunks are evicted beyond it.
     #[arg(long, default_value = "10G", value_parser = parse_size)]
     pub cache_size: u64,
-    /// Chunks (format 2: compressed groups) fetched ahead after a read that missed the cache
-    /// (default as for `cairn export`).
+    /// Chunks fetched ahead after a read that missed the cache (default 8). On format 2 it
+    /// counts compressed groups and defaults to 0: a miss already fetches a whole group, and
+    /// more read-ahead fetched more than the guest read in a measured cold boot
+    /// (BENCHMARKS.md, *Lazy deployment over NBD*).
     #[arg(long)]
     pub readahead: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    /// An existing, empty directory.
+    pub mountpoint: std::path::PathBuf,
+    #[command(flatten)]
+    pub cache: LazyReadArgs,
     /// Let other users read the mount (FUSE's allow_other; without root it needs
     /// user_allow_other in /etc/fuse.conf). By default only you can.
     #[arg(long)]
@@ -469,18 +478,8 @@ pub struct ExportArgs {
     /// Serve a single connection on stdin/stdout (or a socket-activated one).
     #[arg(long)]
     pub stdio: bool,
-    /// Chunk cache directory (default: $CAIRN_CACHE_DIR, else ~/.cache/cairn/chunks).
-    #[arg(long)]
-    pub cache_dir: Option<std::path::PathBuf>,
-    /// Chunk cache size limit; least recently used chunks are evicted beyond it.
-    #[arg(long, default_value = "10G", value_parser = parse_size)]
-    pub cache_size: u64,
-    /// Chunks fetched ahead after a read that missed the cache (default 8). On format 2 it
-    /// counts compressed groups and defaults to 0: a miss already fetches a whole group, and
-    /// more read-ahead fetched more than the guest read in a measured cold boot
-    /// (BENCHMARKS.md, *Lazy deployment over NBD*).
-    #[arg(long)]
-    pub readahead: Option<usize>,
+    #[command(flatten)]
+    pub cache: LazyReadArgs,
     /// A local image (raw or qcow2: a golden image, an older restore, another VM's disk)
     /// whose blocks are served where they are the version's, so only the rest is fetched;
     /// repeat it for several, tried in order. Blocks are looked for at the same offset, and

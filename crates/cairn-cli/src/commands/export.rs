@@ -133,7 +133,7 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
         crate::context::refuse_format_1(&repo)?;
         ctx.refuse_downgrade(&repo).await?;
     }
-    let cache = open_cache(args.cache_dir.clone(), args.cache_size)?;
+    let cache = open_cache(args.cache.cache_dir.clone(), args.cache.cache_size)?;
     let seeds = crate::commands::restore::open_seeds(ctx, &args.seeds, None);
     let mut server = Server::new();
     let mut opened = Vec::new();
@@ -160,7 +160,7 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
             o.export.clone(),
             repo.clone(),
             cache.clone(),
-            policy::readahead(&repo, args.readahead),
+            policy::readahead(&repo, args.cache.readahead),
         );
         tokio::spawn(async move {
             if let Err(e) = control::serve(listener, handler).await {
@@ -421,7 +421,7 @@ async fn open_export(
         stats.clone(),
         id,
         record.clone(),
-        policy::readahead(repo, args.readahead),
+        policy::readahead(repo, args.cache.readahead),
     )
     .await
     .with_context(|| format!("cannot open {}@{}", record.image, record.seq))?

@@ -23,13 +23,13 @@ pub async fn run(ctx: &Context, args: MountArgs) -> Result<ExitCode> {
     // Refuse a bad mount point before opening anything.
     check_mount_point(&args.mountpoint).map_err(files_error)?;
     let repo = ctx.open_as(SessionKind::Export).await?;
-    let cache = open_cache(args.cache_dir.clone(), args.cache_size)?;
+    let cache = open_cache(args.cache.cache_dir.clone(), args.cache.cache_size)?;
     let stats = Arc::new(ExportStats::default());
     let shared = Arc::new(Shared::new(
         repo.clone(),
         cache,
         stats.clone(),
-        policy::readahead(&repo, args.readahead),
+        policy::readahead(&repo, args.cache.readahead),
     ));
     let mounted = mount(
         shared.clone(),
