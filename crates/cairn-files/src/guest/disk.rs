@@ -1,6 +1,8 @@
 //! A version's bytes as a blocking reader, for parsers that are not async (the partition
 //! tables, the ext4 reader). Reads go through an export's [`Base`]: lazy, verified, cached
 //! host-wide. Call it from a blocking thread (`spawn_blocking`), never from the runtime.
+//! Anything else that reads at offsets ([`ReadAt`]: bytes in memory, for the fuzz tests)
+//! can stand in for the version.
 
 use std::io::{self, Read, Seek, SeekFrom};
 use std::sync::Arc;
@@ -8,11 +10,47 @@ use std::sync::Arc;
 use cairn_export::Base;
 use tokio::runtime::Handle;
 
+/// Bytes read at offsets, blocking.
+pub trait ReadAt: Send + Sync {
+    fn size(&self) -> u64;
+    /// Fills `buf` from `offset` (the caller keeps within [`Self::size`]).
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+}
+
+/// A stored version, read lazily.
+struct VersionBytes {
+    base: Arc<Base>,
+    rt: Handle,
+}
+
+impl ReadAt for VersionBytes {
+    fn size(&self) -> u64 {
+        self.base.size()
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.rt
+            .block_on(self.base.read(offset, buf))
+            .map_err(io::Error::other)
+    }
+}
+
+impl ReadAt for Vec<u8> {
+    fn size(&self) -> u64 {
+        self.len() as u64
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let at = offset as usize;
+        buf.copy_from_slice(&self[at..at + buf.len()]);
+        Ok(())
+    }
+}
+
 /// A window `[start, start + len)` of a version, with a cursor for `Read + Seek`.
 #[derive(Clone)]
 pub struct DiskReader {
-    base: Arc<Base>,
-    rt: Handle,
+    source: Arc<dyn ReadAt>,
     start: u64,
     len: u64,
     pos: u64,
@@ -21,10 +59,14 @@ pub struct DiskReader {
 impl DiskReader {
     /// The whole version.
     pub fn new(base: Arc<Base>, rt: Handle) -> DiskReader {
-        let len = base.size();
+        DiskReader::over(Arc::new(VersionBytes { base, rt }))
+    }
+
+    /// The whole of `source`.
+    pub fn over(source: Arc<dyn ReadAt>) -> DiskReader {
+        let len = source.size();
         DiskReader {
-            base,
-            rt,
+            source,
             start: 0,
             len,
             pos: 0,
@@ -65,9 +107,7 @@ impl DiskReader {
                 ),
             ));
         }
-        self.rt
-            .block_on(self.base.read(self.start + offset, buf))
-            .map_err(io::Error::other)
+        self.source.read_at(self.start + offset, buf)
     }
 }
 
