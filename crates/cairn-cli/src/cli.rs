@@ -312,6 +312,8 @@ pub enum Command {
     ///           cairn export golden@3=base web01/disk0=web --listen 127.0.0.1:10809
     ///           cairn export vm --writable --listen 0.0.0.0:10809 --tls-dir /etc/pki/qemu
     ///           cairn export web01/disk0@7 --seed /var/lib/images/golden.raw --socket /tmp/w.sock
+    ///           cairn export web01/disk0 --record-profile web01.boot.json --socket /tmp/w.sock
+    ///           cairn export web01/disk0@9 --profile web01.boot.json --socket /tmp/w.sock
     Export(ExportArgs),
     /// The exports running on this host (`cairn exports`), or stop one (`exports stop NAME`).
     ///
@@ -487,6 +489,17 @@ pub struct ExportArgs {
     /// warning.
     #[arg(long = "seed", value_name = "PATH")]
     pub seeds: Vec<std::path::PathBuf>,
+    /// Record the client's first reads (the first 120 s after its first read, each byte
+    /// once, at most 1 GiB) as a boot profile in PATH, written when the recording is over or
+    /// the export stops. A later export of the image fetches them ahead with --profile.
+    #[arg(long, value_name = "PATH")]
+    pub record_profile: Option<std::path::PathBuf>,
+    /// Fetch the reads of the boot profile in PATH (from --record-profile) into the cache at
+    /// once, in the order the guest made them, several at a time: a cold boot then finds its
+    /// data fetched ahead. A profile recorded for another image or size is ignored with a
+    /// warning.
+    #[arg(long, value_name = "PATH")]
+    pub profile: Option<std::path::PathBuf>,
     /// Write the export's counters as JSON to this file every second (and at exit).
     #[arg(long)]
     pub stats_file: Option<std::path::PathBuf>,

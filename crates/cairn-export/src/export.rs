@@ -20,6 +20,7 @@ use cairn_repo::Repo;
 
 use crate::base::Base;
 use crate::error::{ExportError, ExportResult};
+use crate::profile::Recorder;
 use crate::stats::ExportStats;
 
 pub struct VersionExport {
@@ -32,6 +33,8 @@ pub struct VersionExport {
     writes: tokio::sync::Mutex<()>,
     /// Set by [`VersionExport::shutdown`]: every later request fails with `ESHUTDOWN`.
     closed: AtomicBool,
+    /// Records the client's first reads as a boot profile (`export --record-profile`).
+    recorder: Option<Arc<Recorder>>,
 }
 
 fn shutting_down() -> io::Error {
@@ -57,7 +60,14 @@ impl VersionExport {
             io: tokio::sync::RwLock::new(()),
             writes: tokio::sync::Mutex::new(()),
             closed: AtomicBool::new(false),
+            recorder: None,
         }
+    }
+
+    /// Records the client's reads in `recorder` (a boot profile).
+    pub fn with_recorder(mut self, recorder: Arc<Recorder>) -> VersionExport {
+        self.recorder = Some(recorder);
+        self
     }
 
     /// Lets a request in (shared with other requests, never during a commit or after
@@ -302,6 +312,9 @@ impl Export for VersionExport {
 
     async fn read(&self, offset: u64, len: u32) -> io::Result<Bytes> {
         let _io = self.enter().await?;
+        if let Some(r) = &self.recorder {
+            r.record(offset, u64::from(len));
+        }
         let base = self.base();
         let mut buf = BytesMut::zeroed(len as usize);
         self.read_into(&base, offset, &mut buf).await?;

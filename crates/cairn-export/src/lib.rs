@@ -18,6 +18,7 @@ pub mod export;
 pub mod lifecycle;
 pub mod notify;
 pub mod policy;
+pub mod profile;
 mod segment_map;
 pub mod stats;
 

@@ -21,6 +21,8 @@ pub struct ExportStats {
     pub cache_misses: AtomicU64,
     /// Bytes served from local seed images instead of being fetched (`export --seed`).
     pub seeded_bytes: AtomicU64,
+    /// Bytes of a boot profile's reads fetched ahead of the guest (`export --profile`).
+    pub prefetched_bytes: AtomicU64,
     /// Chunks fetched ahead of the reads that needed them.
     pub readahead_chunks: AtomicU64,
     pub fetch_errors: AtomicU64,
@@ -47,6 +49,7 @@ impl ExportStats {
             "cache_misses": g(&self.cache_misses),
             "readahead_chunks": g(&self.readahead_chunks),
             "seeded_bytes": g(&self.seeded_bytes),
+            "prefetched_bytes": g(&self.prefetched_bytes),
             "fetch_errors": g(&self.fetch_errors),
             "writes": g(&self.writes),
             "written_bytes": g(&self.bytes_written),

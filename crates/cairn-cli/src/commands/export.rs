@@ -29,6 +29,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::{ExportArgs, OverlayAction, OverlayArgs, StatusArgs};
 use crate::commands::exports;
+use crate::commands::profile::{start_prefetch, ProfileWriter};
 use crate::context::Context;
 use crate::output::{bytes, print_json};
 
@@ -84,6 +85,13 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
     let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
     let plan = export_plan(&args)?;
+    if plan.len() > 1 && (args.profile.is_some() || args.record_profile.is_some()) {
+        bail!("--profile and --record-profile take one VERSION (a boot profile is one disk's)");
+    }
+    let recorder = args
+        .record_profile
+        .as_ref()
+        .map(|_| Arc::new(cairn_export::profile::Recorder::default()));
     let tls = tls_config(&args)?;
     if let Some(addr) = &args.listen {
         let certificates = tls
@@ -138,13 +146,35 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
     let mut server = Server::new();
     let mut opened = Vec::new();
     for (version, name) in &plan {
-        let o = open_export(ctx, &repo, &cache, &seeds, &args, version, name).await?;
+        let o = open_export(
+            ctx,
+            &repo,
+            &cache,
+            &seeds,
+            recorder.as_ref(),
+            &args,
+            version,
+            name,
+        )
+        .await?;
         server.set_description(&o.name, format!("cairn {}", o.described));
         server.add_export(&o.name, o.export.clone());
         if plan.len() == 1 {
             server.set_default_export(o.export.clone());
         }
         opened.push(o);
+    }
+    let profile_writer = match (&args.record_profile, &recorder) {
+        (Some(path), Some(r)) => {
+            let w = ProfileWriter::new(path.clone(), r.clone(), &opened[0].export.base());
+            w.write_when_done();
+            Some(w)
+        }
+        _ => None,
+    };
+    if let Some(path) = &args.profile {
+        let o = &opened[0];
+        start_prefetch(ctx, path, o.export.base(), o.export.stats().clone());
     }
     let tls_on = tls.is_some();
     if let Some(tls) = tls {
@@ -198,6 +228,9 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
     };
     if let Some(sig) = signal {
         notify_systemd(&format!("STOPPING=1\nSTATUS=stopping ({sig})"));
+    }
+    if let Some(w) = &profile_writer {
+        w.write();
     }
     stop(ctx, &args, opened, files, &served_stats, signal, served).await
 }
@@ -403,11 +436,13 @@ async fn bind_tcp(addr: &str, run: &Path) -> Result<tokio::net::TcpListener> {
 }
 
 /// Opens one export: resolves the version, opens its base (and overlay).
+#[allow(clippy::too_many_arguments)]
 async fn open_export(
     ctx: &Context,
     repo: &Arc<Repo>,
     cache: &Arc<ContentCache>,
     seeds: &cairn_engine::segment::Seeds,
+    recorder: Option<&Arc<cairn_export::profile::Recorder>>,
     args: &ExportArgs,
     version: &str,
     name: &str,
@@ -465,7 +500,11 @@ async fn open_export(
         None
     };
     let overlay_dir = overlay.as_ref().map(|o| o.dir().to_path_buf());
-    let export = Arc::new(VersionExport::with_overlay(base, overlay, stats));
+    let mut export = VersionExport::with_overlay(base, overlay, stats);
+    if let Some(r) = recorder {
+        export = export.with_recorder(r.clone());
+    }
+    let export = Arc::new(export);
     Ok(Opened {
         name: name.to_string(),
         export,
@@ -606,6 +645,12 @@ pub async fn status(ctx: &Context, args: StatusArgs) -> Result<ExitCode> {
     );
     if n("seeded_bytes") > 0 {
         outln!("served {} from local seeds", bytes(n("seeded_bytes")));
+    }
+    if n("prefetched_bytes") > 0 {
+        outln!(
+            "fetched {} ahead of the client from its boot profile",
+            bytes(n("prefetched_bytes"))
+        );
     }
     if let Some(o) = v.get("overlay") {
         outln!(

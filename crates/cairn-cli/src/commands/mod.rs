@@ -15,6 +15,7 @@ pub mod init;
 pub mod key;
 pub mod log;
 pub mod mount;
+pub mod profile;
 pub mod prune;
 pub mod repair;
 pub mod restore;

@@ -14,6 +14,7 @@ mod cli_files;
 mod cli_format2;
 mod cli_history;
 mod cli_output;
+mod cli_profile;
 mod cli_safety;
 mod cli_seeded;
 mod cli_v1_fixture;

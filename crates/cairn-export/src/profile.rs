@@ -1,0 +1,292 @@
+//! Boot profiles: the order in which a guest first read its disk, recorded by one export and
+//! fetched ahead of the guest by the next (BlobSeer's future work; eStargz and SOCI do it for
+//! containers). A cold lazy boot otherwise fetches in the order the guest asks, one round trip
+//! at a time; with a profile the fetches run ahead, several at once.
+//!
+//! A profile is image offsets, not chunks: it fits every version of the image whose layout is
+//! the same, and a version that changed some blocks still gets the rest ahead of time. One
+//! recorded for another image or another size is ignored, not trusted. It is a small JSON file
+//! (`cairn_boot_profile`: 1) the operator keeps next to the VM's definition.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::base::Base;
+use crate::stats::ExportStats;
+
+/// The profile format's version; a file of another is refused.
+pub const PROFILE_VERSION: u32 = 1;
+/// How long after the guest's first read the recording runs.
+pub const RECORD_SECONDS: u64 = 120;
+/// The most distinct bytes a profile holds.
+pub const RECORD_BYTES: u64 = 1 << 30;
+/// Prefetches in flight at once.
+const PREFETCH_AT_ONCE: usize = 8;
+/// A profile extent is fetched in pieces of at most this size.
+const PREFETCH_PIECE: u64 = 1 << 20;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BootProfile {
+    pub cairn_boot_profile: u32,
+    /// The image whose export recorded it, and the version's size.
+    pub image: String,
+    pub size: u64,
+    /// `[offset, length]` of each range first read, in the order the guest read them.
+    pub reads: Vec<[u64; 2]>,
+}
+
+impl BootProfile {
+    /// Reads a profile file; an error says what is wrong with it.
+    pub fn parse(bytes: &[u8]) -> Result<BootProfile, String> {
+        let p: BootProfile =
+            serde_json::from_slice(bytes).map_err(|e| format!("not a boot profile: {e}"))?;
+        if p.cairn_boot_profile != PROFILE_VERSION {
+            return Err(format!(
+                "boot profile version {} (this cairn reads {PROFILE_VERSION})",
+                p.cairn_boot_profile
+            ));
+        }
+        Ok(p)
+    }
+
+    /// Why this profile does not fit a version of `image` of `size` bytes, if it does not.
+    pub fn misfit(&self, image: &str, size: u64) -> Option<String> {
+        if self.image != image {
+            return Some(format!("it was recorded for image {:?}", self.image));
+        }
+        if self.size != size {
+            return Some(format!(
+                "it was recorded for a size of {} bytes, not {size}",
+                self.size
+            ));
+        }
+        if let Some([o, l]) = self.reads.iter().find(|[o, l]| o.saturating_add(*l) > size) {
+            return Some(format!("a read at {o} of {l} bytes lies past the end"));
+        }
+        None
+    }
+
+    /// The bytes the profile names.
+    pub fn bytes(&self) -> u64 {
+        self.reads.iter().map(|[_, l]| l).sum()
+    }
+}
+
+#[derive(Default)]
+struct Recording {
+    first: Option<Instant>,
+    /// Ranges recorded so far (start → end), to keep only the first read of each byte.
+    covered: BTreeMap<u64, u64>,
+    reads: Vec<[u64; 2]>,
+    bytes: u64,
+}
+
+/// Records an export's first reads: from the first read for [`RECORD_SECONDS`], at most
+/// [`RECORD_BYTES`] distinct bytes, each byte once, adjacent reads joined.
+pub struct Recorder {
+    window: Duration,
+    max_bytes: u64,
+    state: Mutex<Recording>,
+}
+
+impl Default for Recorder {
+    fn default() -> Recorder {
+        Recorder::new(Duration::from_secs(RECORD_SECONDS), RECORD_BYTES)
+    }
+}
+
+impl Recorder {
+    pub fn new(window: Duration, max_bytes: u64) -> Recorder {
+        Recorder {
+            window,
+            max_bytes,
+            state: Mutex::new(Recording::default()),
+        }
+    }
+
+    /// Whether the recording is over (its time or its bytes are used up).
+    pub fn done(&self) -> bool {
+        let s = self.state.lock().expect("recorder lock");
+        s.bytes >= self.max_bytes || s.first.is_some_and(|t| t.elapsed() >= self.window)
+    }
+
+    /// Notes a read of `[offset, offset + len)`.
+    pub fn record(&self, offset: u64, len: u64) {
+        if len == 0 || self.done() {
+            return;
+        }
+        let mut s = self.state.lock().expect("recorder lock");
+        s.first.get_or_insert_with(Instant::now);
+        let end = offset.saturating_add(len);
+        // The parts of the range not recorded yet, in order.
+        let mut at = offset;
+        let mut fresh = Vec::new();
+        let before = s
+            .covered
+            .range(..=offset)
+            .next_back()
+            .map(|(&a, &b)| (a, b));
+        let overlapping = before
+            .into_iter()
+            .chain(s.covered.range(offset + 1..end).map(|(&a, &b)| (a, b)));
+        for (a, b) in overlapping {
+            if b <= at {
+                continue;
+            }
+            if a > at {
+                fresh.push((at, a.min(end)));
+            }
+            at = at.max(b);
+            if at >= end {
+                break;
+            }
+        }
+        if at < end {
+            fresh.push((at, end));
+        }
+        for (a, b) in fresh {
+            let b = b.min(a + self.max_bytes.saturating_sub(s.bytes));
+            if b <= a {
+                break;
+            }
+            s.bytes += b - a;
+            match s.reads.last_mut() {
+                Some([o, l]) if *o + *l == a => *l += b - a,
+                _ => s.reads.push([a, b - a]),
+            }
+            // Join with the covered ranges it touches.
+            let mut start = a;
+            let mut stop = b;
+            if let Some((&pa, &pb)) = s.covered.range(..=a).next_back() {
+                if pb >= a {
+                    start = pa;
+                    stop = stop.max(pb);
+                }
+            }
+            if let Some(&nb) = s.covered.get(&b) {
+                stop = stop.max(nb);
+                s.covered.remove(&b);
+            }
+            s.covered.insert(start, stop);
+        }
+    }
+
+    /// What was recorded, as the profile of a version of `image` of `size` bytes.
+    pub fn profile(&self, image: &str, size: u64) -> BootProfile {
+        BootProfile {
+            cairn_boot_profile: PROFILE_VERSION,
+            image: image.to_string(),
+            size,
+            reads: self.state.lock().expect("recorder lock").reads.clone(),
+        }
+    }
+}
+
+/// Fetches the profile's reads into the cache in the order recorded, several at once, ahead
+/// of the guest. Counts what it asked for in `prefetched_bytes`; a failure is left for the
+/// guest's own read to meet.
+pub async fn prefetch(base: Arc<Base>, profile: BootProfile, stats: Arc<ExportStats>) {
+    let pieces = profile.reads.iter().flat_map(|&[o, l]| {
+        (o..o + l)
+            .step_by(PREFETCH_PIECE as usize)
+            .map(move |a| (a, PREFETCH_PIECE.min(o + l - a)))
+    });
+    let permits = Arc::new(tokio::sync::Semaphore::new(PREFETCH_AT_ONCE));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (offset, len) in pieces {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            break;
+        };
+        let base = base.clone();
+        let stats = stats.clone();
+        tasks.spawn(async move {
+            match base.prefetch(offset, len).await {
+                Ok(()) => {
+                    stats.prefetched_bytes.fetch_add(len, Ordering::Relaxed);
+                }
+                Err(e) => tracing::debug!("profile prefetch at {offset}: {e}"),
+            }
+            drop(permit);
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reads(r: &Recorder) -> Vec<[u64; 2]> {
+        r.profile("vm", 1 << 30).reads
+    }
+
+    #[test]
+    fn first_reads_are_kept_in_order_once_each_and_adjacent_ones_joined() {
+        let r = Recorder::new(Duration::from_secs(60), 1 << 30);
+        r.record(5 << 20, 65536);
+        r.record(1 << 20, 65536);
+        r.record((1 << 20) + 65536, 65536); // joins the one before
+        r.record(5 << 20, 4096); // read again: not recorded
+        r.record((5 << 20) - 4096, 8192); // half new: only the new half
+        r.record(0, 0);
+        assert_eq!(
+            reads(&r),
+            vec![
+                [5 << 20, 65536],
+                [1 << 20, 131072],
+                [(5 << 20) - 4096, 4096]
+            ]
+        );
+        // A range spanning recorded and unrecorded parts keeps only the gaps.
+        r.record(1 << 20, 3 << 20);
+        let all = reads(&r);
+        assert_eq!(all[3], [(1 << 20) + 131072, (3 << 20) - 131072]);
+        let total: u64 = all.iter().map(|[_, l]| l).sum();
+        assert_eq!(total, 65536 + 4096 + (3 << 20));
+    }
+
+    #[test]
+    fn the_recording_stops_at_its_byte_limit() {
+        let r = Recorder::new(Duration::from_secs(60), 100_000);
+        r.record(0, 65536);
+        r.record(1 << 20, 65536);
+        assert!(r.done());
+        r.record(2 << 20, 65536);
+        assert_eq!(reads(&r), vec![[0, 65536], [1 << 20, 100_000 - 65536]]);
+    }
+
+    #[test]
+    fn a_profile_fits_only_its_image_and_size() {
+        let p = BootProfile {
+            cairn_boot_profile: PROFILE_VERSION,
+            image: "vm".into(),
+            size: 1 << 20,
+            reads: vec![[0, 4096], [65536, 4096]],
+        };
+        assert_eq!(p.misfit("vm", 1 << 20), None);
+        assert_eq!(
+            p.misfit("db", 1 << 20).unwrap(),
+            "it was recorded for image \"vm\""
+        );
+        assert!(p.misfit("vm", 2 << 20).unwrap().contains("size of 1048576"));
+        let past = BootProfile {
+            reads: vec![[(1 << 20) - 10, 4096]],
+            ..p.clone()
+        };
+        assert!(past.misfit("vm", 1 << 20).unwrap().contains("past the end"));
+        let text = serde_json::to_vec(&p).unwrap();
+        assert_eq!(BootProfile::parse(&text).unwrap(), p);
+        assert!(BootProfile::parse(b"{}")
+            .unwrap_err()
+            .starts_with("not a boot profile"));
+        let v2 = String::from_utf8(text).unwrap().replace(":1,", ":2,");
+        assert_eq!(
+            BootProfile::parse(v2.as_bytes()).unwrap_err(),
+            "boot profile version 2 (this cairn reads 1)"
+        );
+    }
+}
