@@ -2,11 +2,11 @@
 //!
 //! Opening reads only the root of the version's tree; the interior nodes that map segments to
 //! leaves (`segment_map`) and the leaves themselves are read the first time a segment under
-//! them is touched, and kept. A chunk
-//! comes from the host-wide cache, or else from the repository (verified against its id) and
-//! then goes into the cache; after a miss the following chunks are fetched in the background
-//! (read-ahead), as BlobSeer's on-demand mirroring does. Zero extents never touch the
-//! repository.
+//! them is touched, and kept. A chunk comes from the host-wide cache, or else from the
+//! repository (verified against its id) and then goes into the cache, whose own thread writes
+//! it to disk off the reader's path (`ContentCache::put_behind`); after a miss the following
+//! chunks are fetched in the background (read-ahead), as BlobSeer's on-demand mirroring does.
+//! Zero extents never touch the repository.
 //!
 //! A format 2 version's leaves name runs of slots of compressed groups: a piece is a run, its
 //! chunks' ids come from the group's descriptor (the pack trailer, cached by the repository's
@@ -320,9 +320,7 @@ impl Base {
                         self.stats
                             .bytes_fetched
                             .fetch_add(data.len() as u64, Ordering::Relaxed);
-                        if let Err(e) = self.cache.put(id, &data) {
-                            tracing::warn!("chunk cache: {e}");
-                        }
+                        self.cache.put_behind(id, &data);
                         Ok(Arc::new(data))
                     }
                     Err(e) => {
@@ -507,9 +505,7 @@ impl Base {
         for c in slots {
             let chunk = &bytes[at..at + c.len as usize];
             at += c.len as usize;
-            if let Err(e) = self.cache.put(&c.id, chunk) {
-                tracing::warn!("chunk cache: {e}");
-            }
+            self.cache.put_behind(&c.id, chunk);
         }
         Ok((Arc::new(bytes.to_vec()), false))
     }
@@ -650,9 +646,7 @@ impl Base {
                         me.stats
                             .bytes_fetched
                             .fetch_add(data.len() as u64, Ordering::Relaxed);
-                        if let Err(e) = me.cache.put(id, &data) {
-                            tracing::warn!("chunk cache: {e}");
-                        }
+                        me.cache.put_behind(id, &data);
                     }
                 }
                 // Read-ahead is a guess: a failure here surfaces when the data is really read.

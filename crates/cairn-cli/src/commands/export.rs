@@ -232,6 +232,9 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
     if let Some(w) = &profile_writer {
         w.write();
     }
+    // What was fetched reaches the host-wide cache before the export says it stopped.
+    let flushing = cache.clone();
+    let _ = tokio::task::spawn_blocking(move || flushing.flush()).await;
     stop(ctx, &args, opened, files, &served_stats, signal, served).await
 }
 

@@ -27,7 +27,7 @@ pub async fn run(ctx: &Context, args: MountArgs) -> Result<ExitCode> {
     let stats = Arc::new(ExportStats::default());
     let shared = Arc::new(Shared::new(
         repo.clone(),
-        cache,
+        cache.clone(),
         stats.clone(),
         policy::readahead(&repo, args.cache.readahead),
     ));
@@ -92,6 +92,8 @@ pub async fn run(ctx: &Context, args: MountArgs) -> Result<ExitCode> {
             }
         }
     };
+    // What was fetched reaches the host-wide cache before the mount says it stopped.
+    let _ = tokio::task::spawn_blocking(move || cache.flush()).await;
     let fetched = stats
         .bytes_fetched
         .load(std::sync::atomic::Ordering::Relaxed);

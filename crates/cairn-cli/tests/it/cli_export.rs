@@ -89,8 +89,12 @@ fn a_format_2_version_is_served_bit_exact_and_shares_the_cache() {
 fn a_second_export_fetches_only_what_the_cache_lacks() {
     let (dir, repo, _, b) = setup();
     {
-        let served = Served::start(&repo, "vm", dir.path(), "a");
+        // Stopped as an operator stops it: what it fetched is then in the cache (a kill -9
+        // may lose the chunks its cache's thread had not written yet).
+        let mut served = Served::start(&repo, "vm", dir.path(), "a");
         qemu_img_convert(served.uri(), &dir.path().join("a-out.raw"));
+        let (status, err) = served.signal("TERM");
+        assert!(status.success(), "{err}");
     }
     // Another image sharing its first 3 MiB: only its own last MiB comes from the repository.
     let mut served = Served::start(&repo, "other", dir.path(), "b");

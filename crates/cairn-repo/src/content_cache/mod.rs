@@ -19,6 +19,7 @@
 //! enter is tightened to 0700 at open, and one that belongs to someone else and is open to
 //! others is refused.
 
+mod behind;
 mod usage;
 
 use std::collections::HashMap;
@@ -50,6 +51,8 @@ pub struct ContentCache {
     housekeeper: Mutex<Option<JoinHandle<()>>>,
     /// One lock per object being fetched, so concurrent readers of an object fetch it once.
     in_flight: Mutex<HashMap<Id, Arc<tokio::sync::Mutex<()>>>>,
+    /// Objects stored in the background ([`Self::put_behind`]).
+    behind: behind::Behind,
 }
 
 impl ContentCache {
@@ -66,6 +69,7 @@ impl ContentCache {
             usage: Arc::new(Usage::new(dir, limit)),
             housekeeper: Mutex::new(None),
             in_flight: Mutex::new(HashMap::new()),
+            behind: behind::Behind::default(),
         })
     }
 
@@ -143,6 +147,9 @@ impl ContentCache {
     /// [`Self::get`] for ids made by `id_of` (an encrypted repository's keyed ids: a cached
     /// chunk of one repository can match no id of another).
     pub fn get_with(&self, id: &Id, id_of: impl Fn(&[u8]) -> Id) -> Option<Vec<u8>> {
+        if let Some(data) = self.behind.get(id) {
+            return (id_of(&data) == *id).then(|| data.to_vec());
+        }
         let path = self.path(id);
         let data = fs::read(&path).ok()?;
         if id_of(&data) != *id {
@@ -158,41 +165,40 @@ impl ContentCache {
     }
 
     pub fn contains(&self, id: &Id) -> bool {
-        self.path(id).exists()
+        self.behind.contains(id) || self.path(id).exists()
     }
 
     /// Stores an object (whose id the caller has verified).
     pub fn put(&self, id: &Id, data: &[u8]) -> io::Result<()> {
-        let path = self.path(id);
-        if path.exists() {
-            return Ok(());
+        if store_file(&self.dir, id, data)? {
+            self.usage.add(data.len() as u64);
+            if self.usage.due() {
+                self.start_housekeeping();
+            }
         }
-        let tmp =
-            self.dir
-                .join("tmp")
-                .join(format!("{}.{:016x}", id.to_hex(), rand::random::<u64>()));
-        let mut f = fs::File::options()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(data)?;
-        drop(f);
-        if let Some(parent) = path.parent() {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(parent)?;
-        }
-        if let Err(e) = fs::rename(&tmp, &path) {
-            let _ = fs::remove_file(&tmp);
-            return Err(e);
-        }
-        self.usage.add(data.len() as u64);
+        Ok(())
+    }
+
+    /// Stores an object (whose id the caller has verified) in the background, for readers
+    /// that must not wait for the cache: it is readable from the cache at once and on disk
+    /// once the cache's thread has written it ([`Self::flush`] waits for that). When that
+    /// thread is far behind, the object is not cached ([`Self::dropped`]).
+    pub fn put_behind(&self, id: &Id, data: &[u8]) {
+        self.behind.put(&self.dir, &self.usage, id, data);
         if self.usage.due() {
             self.start_housekeeping();
         }
-        Ok(())
+    }
+
+    /// Waits until every object given to [`Self::put_behind`] before the call is on disk
+    /// (or dropped).
+    pub fn flush(&self) {
+        self.behind.flush();
+    }
+
+    /// Objects [`Self::put_behind`] did not cache because its thread was too far behind.
+    pub fn dropped(&self) -> u64 {
+        self.behind.dropped()
     }
 
     /// The lock that serializes fetches of `id` in this process.
@@ -212,6 +218,44 @@ impl ContentCache {
             map.remove(id);
         }
     }
+}
+
+impl Drop for ContentCache {
+    /// What was queued in the background reaches the disk before the cache goes.
+    fn drop(&mut self) {
+        self.behind.close();
+    }
+}
+
+/// Writes `data` as object `id` of the cache in `dir`: to `tmp/`, then renamed into place, so
+/// no reader sees part of it. False when the object was there already.
+fn store_file(dir: &Path, id: &Id, data: &[u8]) -> io::Result<bool> {
+    let hex = id.to_hex();
+    let path = dir.join(&hex[..2]).join(&hex);
+    if path.exists() {
+        return Ok(false);
+    }
+    let tmp = dir
+        .join("tmp")
+        .join(format!("{hex}.{:016x}", rand::random::<u64>()));
+    let mut f = fs::File::options()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(data)?;
+    drop(f);
+    if let Some(parent) = path.parent() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)?;
+    }
+    if let Err(e) = fs::rename(&tmp, &path) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(true)
 }
 
 /// Creates `dir` (mode 0700) or makes sure no other account can enter it. A directory open
@@ -318,6 +362,47 @@ mod tests {
         // A second process (here: a second handle) sees what the first stored.
         let other = ContentCache::open(dir.path(), 10 * 1000).unwrap();
         assert_eq!(other.get(&Id::of(&chunks[0])).unwrap(), chunks[0]);
+    }
+
+    #[test]
+    fn an_object_stored_behind_is_readable_at_once_on_disk_after_a_flush_and_never_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = ContentCache::open(dir.path(), 1 << 30).unwrap();
+        let a = vec![1u8; 4096];
+        let id = Id::of(&a);
+        cache.put_behind(&id, &a);
+        assert!(cache.contains(&id));
+        assert_eq!(cache.get(&id).unwrap(), a);
+        // Checked against its id like a file: asked under another id, it is no hit.
+        assert!(cache.get_with(&id, |_| Id::of(b"other")).is_none());
+        cache.flush();
+        assert_eq!(fs::read(cache.path(&id)).unwrap(), a);
+        assert_eq!(cache.size_estimate(), 4096);
+
+        // Far more objects than the queue holds, given at once: none waits, every one is on
+        // disk after the flush or counted as dropped, and a second handle (another process)
+        // reads what reached the disk.
+        let many: Vec<Vec<u8>> = (0..4 * behind::QUEUE as u32)
+            .map(|i| i.to_le_bytes().repeat(64))
+            .collect();
+        for c in &many {
+            cache.put_behind(&Id::of(c), c);
+        }
+        cache.flush();
+        let on_disk = many
+            .iter()
+            .filter(|c| cache.path(&Id::of(c)).exists())
+            .count() as u64;
+        assert_eq!(on_disk + cache.dropped(), many.len() as u64);
+        assert!(on_disk >= behind::QUEUE as u64, "{on_disk}");
+        let other = ContentCache::open(dir.path(), 1 << 30).unwrap();
+        assert_eq!(other.get(&id).unwrap(), a);
+
+        // Dropping the cache writes what is still queued.
+        let b = vec![2u8; 4096];
+        cache.put_behind(&Id::of(&b), &b);
+        drop(cache);
+        assert_eq!(other.get(&Id::of(&b)).unwrap(), b);
     }
 
     #[test]
