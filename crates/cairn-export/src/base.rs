@@ -456,20 +456,55 @@ impl Base {
                     ),
                 )
             })?;
-        let mut data = Vec::with_capacity(slots.iter().map(|c| c.len as usize).sum());
-        let hit = slots.iter().all(|c| match self.cached(&c.id) {
-            Some(bytes) => {
-                data.extend_from_slice(&bytes);
-                true
-            }
-            None => false,
-        });
-        if hit {
+        if let Some(data) = self.cached_run(slots) {
             self.stats
                 .cache_hits
                 .fetch_add(u64::from(count), Ordering::Relaxed);
             return Ok((Arc::new(data), true));
         }
+        // One fetch of a group at a time in this process: a reader that meets a fetch in
+        // progress (a profile's prefetch, another client) waits for it and then finds the
+        // run cached, instead of fetching the group again.
+        let lock = self.cache.fetch_lock(group);
+        let guard = lock.lock().await;
+        let result = self
+            .fetch_run(at, group, first, count, reader, &loc, slots)
+            .await;
+        drop(guard);
+        drop(lock);
+        self.cache.release_fetch_lock(group);
+        result
+    }
+
+    /// The run's bytes if the cache holds every chunk of it.
+    fn cached_run(&self, slots: &[cairn_format::group::GroupChunk]) -> Option<Vec<u8>> {
+        let mut data = Vec::with_capacity(slots.iter().map(|c| c.len as usize).sum());
+        for c in slots {
+            data.extend_from_slice(&self.cached(&c.id)?);
+        }
+        Some(data)
+    }
+
+    /// [`Self::run_once`] past the cache, under the group's fetch lock: the cache again (a
+    /// fetch that held the lock may have filled it), the seeds, then the store.
+    #[allow(clippy::too_many_arguments)]
+    async fn fetch_run(
+        &self,
+        at: Option<u64>,
+        group: &Id,
+        first: u16,
+        count: u16,
+        reader: &V2Reader,
+        loc: &cairn_repo::v2::GroupLocation,
+        slots: &[cairn_format::group::GroupChunk],
+    ) -> ExportResult<(Arc<Vec<u8>>, bool)> {
+        if let Some(data) = self.cached_run(slots) {
+            self.stats
+                .cache_hits
+                .fetch_add(u64::from(count), Ordering::Relaxed);
+            return Ok((Arc::new(data), true));
+        }
+        let desc = &loc.trailer.groups[loc.group as usize].desc;
         if let Some(at) = at {
             if let Some(bytes) = self.seeded_run(at, slots).await {
                 return Ok((Arc::new(bytes), true));
@@ -483,7 +518,7 @@ impl Base {
             // A vanished pack is a GC's repack (the caller re-reads the index runs); other
             // damage quarantines this copy and reads the slots elsewhere.
             Err(e) if e.is_damage() && !matches!(e, RepoError::PackMissing { .. }) => {
-                reader.quarantine_group(&loc, &e.to_string());
+                reader.quarantine_group(loc, &e.to_string());
                 tracing::warn!("damaged group, reading its chunks from other copies: {e}");
                 return self.run_elsewhere(reader, group, first, count).await;
             }
