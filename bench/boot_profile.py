@@ -35,7 +35,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from in_place import parse_args, series_repo  # noqa: E402
+from in_place import emit, parse_args, series_repo  # noqa: E402
 
 EXTRA = ("--no-boots", "--profile-in", "--profile-out")
 
@@ -185,11 +185,7 @@ def main():
                 b["fetched_vs_read"] = round(b["fetched_bytes"] / b["read_bytes"], 2)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

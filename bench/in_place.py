@@ -114,6 +114,15 @@ def killed_mid_way(c, version, target, u, seconds, state):
             "bit_exact_after_rerun": sha(target)}
 
 
+def emit(result, out):
+    """Prints the result as JSON, and writes it to `out` when given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")
+
+
 def parse_args(doc):
     """The arguments the restore benchmarks share, and the dataset's su-* images in order."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
@@ -214,11 +223,7 @@ def main():
         result["killed_mid_way"] = k
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from in_place import differing_blocks, parse_args, series_repo, sha  # noqa: E402
+from in_place import differing_blocks, emit, parse_args, series_repo, sha  # noqa: E402
 
 
 def export_run(c, work, spec, name, extra, want):
@@ -111,11 +111,7 @@ def main():
         result["seeded_fetched_vs_ideal"] = round(s["fetched_bytes"] / max(1, ideal), 3)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":
