@@ -110,16 +110,19 @@ impl Recorder {
 
     /// Whether the recording is over (its time or its bytes are used up).
     pub fn done(&self) -> bool {
-        let s = self.state.lock().expect("recorder lock");
+        self.over(&self.state.lock().expect("recorder lock"))
+    }
+
+    fn over(&self, s: &Recording) -> bool {
         s.bytes >= self.max_bytes || s.first.is_some_and(|t| t.elapsed() >= self.window)
     }
 
     /// Notes a read of `[offset, offset + len)`.
     pub fn record(&self, offset: u64, len: u64) {
-        if len == 0 || self.done() {
+        let mut s = self.state.lock().expect("recorder lock");
+        if len == 0 || self.over(&s) {
             return;
         }
-        let mut s = self.state.lock().expect("recorder lock");
         s.first.get_or_insert_with(Instant::now);
         let end = offset.saturating_add(len);
         // The parts of the range not recorded yet, in order.

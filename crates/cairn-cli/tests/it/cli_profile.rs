@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::common::export::{tool, Served};
+use crate::common::export::{qemu_io_ro as qemu_io, Served};
 use crate::common::{cairn, noise};
 
 const MIB: usize = 1 << 20;
@@ -27,22 +27,6 @@ fn serve(repo: &Path, dir: &Path, tag: &str, args: &[&str]) -> Served {
     let mut all = args.to_vec();
     all.extend(["--name", "disk"]);
     Served::spawn(repo, &run, tag, &all)
-}
-
-/// `qemu-io -r` (the exports are read-only) running `cmds` against `uri`.
-fn qemu_io(uri: &str, cmds: &[&str]) {
-    let mut c = tool("qemu-io", "qemu-utils");
-    c.args(["-r", "-f", "raw"]);
-    for cmd in cmds {
-        c.args(["-c", cmd]);
-    }
-    let out = c.arg(uri).output().unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && !text.contains("failed"),
-        "{cmds:?}: {text}"
-    );
 }
 
 fn stats_of(dir: &Path, tag: &str) -> Value {

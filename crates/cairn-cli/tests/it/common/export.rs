@@ -255,8 +255,17 @@ pub fn cairn_ctl(repo: &Path, dir: &Path, args: &[&str]) -> std::process::Output
 }
 
 pub fn qemu_io(uri: &str, cmds: &[&str]) -> String {
+    qemu_io_opened(uri, &[], cmds)
+}
+
+/// [`qemu_io`] opening the export read-only (`-r`), as a read-only export requires.
+pub fn qemu_io_ro(uri: &str, cmds: &[&str]) -> String {
+    qemu_io_opened(uri, &["-r"], cmds)
+}
+
+fn qemu_io_opened(uri: &str, open: &[&str], cmds: &[&str]) -> String {
     let mut c = tool("qemu-io", "qemu-utils");
-    c.args(["-f", "raw"]);
+    c.args(open).args(["-f", "raw"]);
     for cmd in cmds {
         c.args(["-c", cmd]);
     }
