@@ -56,7 +56,7 @@ def export_start(binary: str, repo: Path, image: str, offset: int, tries: int = 
         sock = repo.parent / "export.sock"
         t = time.monotonic()
         p = subprocess.Popen([binary, "--repo", str(repo), "--json", "export", image,
-                              "--socket", str(sock)], stdout=subprocess.PIPE,
+                              "--no-profile", "--socket", str(sock)], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
         try:
             if not p.stdout.readline():  # one JSON line once it serves

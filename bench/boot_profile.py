@@ -86,16 +86,16 @@ def boot(dataset, drive, log):
 
 
 class Export:
-    """`cairn export SPEC EXTRA...` on a socket, with a cache of its own."""
+    """`cairn export SPEC EXTRA...` on a socket, with a cache of its own (or `cache`)."""
 
-    def __init__(self, c, work, spec, name, extra=()):
+    def __init__(self, c, work, spec, name, extra=(), cache=None):
         self.dir = os.path.join(work, name)
         os.makedirs(self.dir)
         self.sock = os.path.join(self.dir, "e.sock")
         self.stats_file = os.path.join(self.dir, "stats.json")
         self.proc = subprocess.Popen(
             c.args("--json", "export", spec, "--name", "disk", "--socket", self.sock,
-                   "--cache-dir", os.path.join(self.dir, "cache"),
+                   "--cache-dir", cache or os.path.join(self.dir, "cache"),
                    "--stats-file", self.stats_file, *extra),
             env=dict(c.env, CAIRN_RUN_DIR=os.path.join(self.dir, "run")),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -155,7 +155,7 @@ def main():
         if not extra["no_boots"]:
             boots["local"] = dict(zip(("wall_s", "uptime_s"),
                                       boot(ds, f"file={u_file}", os.path.join(work, "local.log"))))
-            for name, flags in [("cold", []), ("cold_with_profile", ["--profile", profile])]:
+            for name, flags in [("cold", ["--no-profile"]), ("cold_with_profile", ["--profile", profile])]:
                 e = Export(c, work, u, f"boot-{name}", flags)
                 wall, up = boot(ds, f"file={e.uri}", os.path.join(work, f"{name}.log"))
                 boots[name] = {"wall_s": wall, "uptime_s": up, **e.stop()}
@@ -171,7 +171,7 @@ def main():
                                                             p["reads"])}
         qnbd.terminate()
         qnbd.wait()
-        for name, flags in [("cold", []), ("cold_with_profile", ["--profile", profile])]:
+        for name, flags in [("cold", ["--no-profile"]), ("cold_with_profile", ["--profile", profile])]:
             e = Export(c, work, u, f"replay-{name}", flags)
             seconds = replay(e.uri, p["reads"])
             replays[name] = {"seconds": seconds, **e.stop()}

@@ -44,7 +44,7 @@ def export_run(c, work, spec, name, extra, want):
     run = os.path.join(work, f"export-{name}")
     os.makedirs(run)
     sock, stats, out = (os.path.join(run, f) for f in ("e.sock", "stats.json", "out.raw"))
-    proc = subprocess.Popen(c.args("--json", "export", spec, "--name", "disk", "--socket", sock,
+    proc = subprocess.Popen(c.args("--json", "export", spec, "--no-profile", "--name", "disk", "--socket", sock,
                                    "--cache-dir", os.path.join(run, "cache"),
                                    "--stats-file", stats, *extra),
                             env=dict(c.env, CAIRN_RUN_DIR=os.path.join(run, "run")),

@@ -312,8 +312,14 @@ pub enum Command {
     ///           cairn export golden@3=base web01/disk0=web --listen 127.0.0.1:10809
     ///           cairn export vm --writable --listen 0.0.0.0:10809 --tls-dir /etc/pki/qemu
     ///           cairn export web01/disk0@7 --seed /var/lib/images/golden.raw --socket /tmp/w.sock
-    ///           cairn export web01/disk0 --record-profile web01.boot.json --socket /tmp/w.sock
     ///           cairn export web01/disk0@9 --profile web01.boot.json --socket /tmp/w.sock
+    ///
+    /// Boot profiles: an export of one version records the order of the client's first
+    /// reads (120 s from its first read, each byte once, at most 1 GiB) as the image's boot
+    /// profile, stored in the repository, when the image has none; every later export of
+    /// the image fetches those reads into the cache at once, in order, several at a time,
+    /// ahead of the guest. --new-profile records anew, --no-profile does neither, and
+    /// `cairn profile` shows, stores and removes profiles.
     Export(ExportArgs),
     /// The exports running on this host (`cairn exports`), or stop one (`exports stop NAME`).
     ///
@@ -385,6 +391,16 @@ pub enum Command {
     ///   cairn restore web01/disk0@5 disk0.raw      # one disk of it, as any image
     #[command(verbatim_doc_comment)]
     Vm(VmArgs),
+    /// Boot profiles: the reads an export recorded from a guest's boot, fetched ahead by
+    /// the image's next exports (see `cairn export --help`).
+    ///
+    /// Examples: cairn profile list
+    ///           cairn profile show web01/disk0
+    ///           cairn profile show web01/disk0 --json > web01.boot.json
+    ///           cairn profile set web01/disk0 web01.boot.json
+    ///           cairn profile rm web01/disk0
+    #[command(verbatim_doc_comment)]
+    Profile(ProfileArgs),
     /// Manage the passphrases of an encrypted repository (`cairn init --encrypt`).
     ///
     /// Each passphrase opens a key slot holding the repository's master key (wrapped with
@@ -489,17 +505,22 @@ pub struct ExportArgs {
     /// warning.
     #[arg(long = "seed", value_name = "PATH")]
     pub seeds: Vec<std::path::PathBuf>,
-    /// Record the client's first reads (the first 120 s after its first read, each byte
-    /// once, at most 1 GiB) as a boot profile in PATH, written when the recording is over or
-    /// the export stops. A later export of the image fetches them ahead with --profile.
+    /// Also record the client's first reads as a boot profile in the file PATH (written
+    /// 0600 when the recording is over or the export stops), for --profile elsewhere.
     #[arg(long, value_name = "PATH")]
     pub record_profile: Option<std::path::PathBuf>,
-    /// Fetch the reads of the boot profile in PATH (from --record-profile) into the cache at
-    /// once, in the order the guest made them, several at a time: a cold boot then finds its
-    /// data fetched ahead. A profile recorded for another image or size is ignored with a
+    /// Fetch ahead the reads of the boot profile in the file PATH instead of the image's
+    /// stored profile. A profile recorded for another image or size is ignored with a
     /// warning.
     #[arg(long, value_name = "PATH")]
     pub profile: Option<std::path::PathBuf>,
+    /// Record this export's first reads as the image's boot profile, replacing the stored
+    /// one (which is then not fetched ahead): after the guest's boot changed.
+    #[arg(long, conflicts_with = "no_profile")]
+    pub new_profile: bool,
+    /// Neither fetch the image's stored boot profile ahead nor record one.
+    #[arg(long)]
+    pub no_profile: bool,
     /// Write the export's counters as JSON to this file every second (and at exit).
     #[arg(long)]
     pub stats_file: Option<std::path::PathBuf>,
@@ -807,6 +828,31 @@ pub struct VmBackupArgs {
     /// else bounded).
     #[arg(long, value_enum)]
     pub dedup: Option<DedupArg>,
+}
+
+#[derive(Debug, Args)]
+pub struct ProfileArgs {
+    #[command(subcommand)]
+    pub action: ProfileAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProfileAction {
+    /// The images that have a boot profile, with its reads and bytes.
+    List,
+    /// One image's boot profile: its reads and bytes (--json: the profile itself, a file
+    /// `cairn export --profile` and `cairn profile set` read).
+    Show { image: String },
+    /// Store the profile file PATH (from --record-profile or `show --json`) as IMAGE's,
+    /// replacing the stored one. It must be recorded for IMAGE and its newest version's size.
+    Set {
+        image: String,
+        #[arg(value_name = "PATH")]
+        path: std::path::PathBuf,
+    },
+    /// Remove an image's boot profile: its exports fetch nothing ahead until the next one
+    /// records a new profile.
+    Rm { image: String },
 }
 
 #[derive(Debug, Args)]

@@ -153,6 +153,7 @@ fn main() -> ExitCode {
             Command::Status(args) => commands::export::status(&ctx, args).await,
             Command::Overlay(args) => commands::export::overlay(&ctx, args).await,
             Command::Key(args) => commands::key::run(&ctx, args).await,
+            Command::Profile(args) => commands::profile::run(&ctx, args).await,
             Command::Vm(args) => commands::vm::run(&ctx, args).await,
             Command::Completions(args) => commands::docs::completions(args),
             Command::Man(args) => commands::docs::man(args),

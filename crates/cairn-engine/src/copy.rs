@@ -15,6 +15,7 @@
 //! only what it lacks. Copies are appended to the destination image's history in the
 //! source's order (oldest first); tags follow the versions they name, unless the destination
 //! has a tag of that name already (tags never move silently: reported, left as they are).
+//! An image's boot profile goes along when the destination's image has none.
 //! VM versions follow their disks (`vm::copy`).
 
 use std::collections::{BTreeMap, HashMap};
@@ -45,6 +46,8 @@ pub struct CopyReport {
     pub tags_created: u64,
     /// Tags the destination has with another target (left as they are).
     pub tags_conflicting: Vec<String>,
+    /// Boot profiles given to destination images that had none.
+    pub profiles_copied: u64,
     /// Plain bytes read from the source (changed segments only).
     pub read_bytes: u64,
     /// Bytes written to the destination's store.
@@ -328,8 +331,32 @@ impl ImagePlan {
             prev = Some(step);
             prev_copy = Some(made);
         }
-        copy_tags(source, dest, &self.image, &copies, report).await
+        copy_tags(source, dest, &self.image, &copies, report).await?;
+        copy_profile(source, dest, &self.image, report).await
     }
+}
+
+/// Gives `dest`'s `image` the source's boot profile (sealed under `dest`'s key) unless it has
+/// one. A profile is a hint: one that cannot be read is left behind with a warning.
+async fn copy_profile(
+    source: &Repo,
+    dest: &Repo,
+    image: &str,
+    report: &mut CopyReport,
+) -> EngineResult<()> {
+    let json = match source.boot_profile(image).await {
+        Ok(Some(json)) => json,
+        Ok(None) => return Ok(()),
+        Err(e) => {
+            tracing::warn!("the boot profile of {image} is not copied: {e}");
+            return Ok(());
+        }
+    };
+    if dest.boot_profile(image).await.ok().flatten().is_none() {
+        dest.put_boot_profile(image, &json).await?;
+        report.profiles_copied += 1;
+    }
+    Ok(())
 }
 
 /// Creates in `dest` the tags of `image` whose target has a copy; a tag of the same name that

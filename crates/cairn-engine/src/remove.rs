@@ -2,7 +2,7 @@
 //!
 //! Removing a version writes a deletion marker: the version can no longer be named or
 //! restored, `history` skips it, and its record stays as a link in its image's parent chain.
-//! Removing an image drops its head and its tags. Neither frees space by itself: data that no
+//! Removing an image drops its head, its tags and its boot profile. Neither frees space by itself: data that no
 //! live version uses any more is reclaimed by `cairn gc`. Data a clone still uses stays.
 
 use std::collections::HashSet;
@@ -92,6 +92,8 @@ pub async fn remove_image(repo: &Repo, image: &str) -> EngineResult<RemovedImage
         repo.mark_deleted(id).await?;
     }
     repo.remove_image(image).await?;
+    // Its boot profile goes with it (GC removes one a crash left here).
+    repo.remove_boot_profile(image).await?;
     tracing::info!(image, versions = versions.len(), "removed image");
     Ok(RemovedImage {
         image: image.to_string(),

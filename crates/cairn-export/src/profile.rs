@@ -5,8 +5,9 @@
 //!
 //! A profile is image offsets, not chunks: it fits every version of the image whose layout is
 //! the same, and a version that changed some blocks still gets the rest ahead of time. One
-//! recorded for another image or another size is ignored, not trusted. It is a small JSON file
-//! (`cairn_boot_profile`: 1) the operator keeps next to the VM's definition.
+//! recorded for another image or another size is ignored, not trusted. It is a small JSON
+//! document (`cairn_boot_profile`: 1), stored with the image in the repository
+//! (`Repo::put_boot_profile`) or kept as a file.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;

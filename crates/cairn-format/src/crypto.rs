@@ -65,6 +65,8 @@ pub enum Domain {
     GroupFrame = 10,
     /// A VM version record (see `vm`).
     VmRecord = 11,
+    /// An image's boot profile (see `boot_profile`).
+    BootProfile = 12,
 }
 
 impl Domain {

@@ -151,6 +151,8 @@ pub const TAGS: &str = "tags/";
 pub const VM_HEADS: &str = "vm-heads/";
 /// VM tags: `vm-tags/<escaped VM name>/<escaped tag>`.
 pub const VM_TAGS: &str = "vm-tags/";
+/// Boot profiles: `profiles/<escaped image>` holds the image's (see `boot_profile`).
+pub const PROFILES: &str = "profiles/";
 /// Sessions of running processes: `sessions/<random hex>`.
 pub const SESSIONS: &str = "sessions/";
 /// The GC lock: the session key of the GC holding it.
@@ -160,6 +162,10 @@ pub const GC_LAST: &str = "gc/last";
 
 pub fn head(image: &str) -> String {
     format!("{HEADS}{}", escape(image))
+}
+
+pub fn boot_profile(image: &str) -> String {
+    format!("{PROFILES}{}", escape(image))
 }
 
 pub fn vm_head(vm: &str) -> String {

@@ -6,6 +6,7 @@
 //! All integers are little-endian.
 #![forbid(unsafe_code)]
 
+pub mod boot_profile;
 pub mod codec;
 pub mod config;
 pub mod crypto;

@@ -125,6 +125,14 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
         ),
         ("summary_delta", summary_delta_sample()),
         ("vm_version", vm_version_sample()),
+        (
+            "boot_profile",
+            cairn_format::boot_profile::encode(br#"{"reads":[[0,4096]]}"#, None),
+        ),
+        (
+            "boot_profile_sealed",
+            cairn_format::boot_profile::encode(br#"{"reads":[[0,4096]]}"#, Some(&sealing_key())),
+        ),
         ("memory_state_header", memory_state_sample()),
         ("index_run", index_run_sample(None)),
         ("index_run_sealed", index_run_sample(Some(&sealing_key()))),
@@ -306,6 +314,10 @@ fn decode(kind: &str, data: &[u8]) -> bool {
             true
         }),
         "vm_version" => VmVersion::decode(data).is_ok(),
+        "boot_profile" => cairn_format::boot_profile::decode(data, None).is_ok(),
+        "boot_profile_sealed" => {
+            cairn_format::boot_profile::decode(data, Some(&sealing_key())).is_ok()
+        }
         "memory_state_header" => MemoryLayout::decode(data).is_ok(),
         "index_run" => open_index_run(data, None),
         "index_run_sealed" => open_index_run(data, Some(&sealing_key())),

@@ -17,6 +17,7 @@ mod gc_protocol;
 mod history;
 mod keyring;
 mod listings;
+mod profiles;
 mod quarantine;
 mod record_bundles;
 mod repository;

@@ -65,6 +65,7 @@ pub async fn run(ctx: &Context, args: CopyArgs) -> Result<ExitCode> {
             "present": report.present,
             "tags_created": report.tags_created,
             "tags_conflicting": report.tags_conflicting,
+            "profiles_copied": report.profiles_copied,
             "read_bytes": report.read_bytes,
             "stored_bytes": report.stored_bytes,
             "damaged": report.damaged.iter().map(|(image, seq, id, why)| json!({
@@ -118,6 +119,9 @@ pub async fn run(ctx: &Context, args: CopyArgs) -> Result<ExitCode> {
         bytes(report.read_bytes),
         bytes(report.stored_bytes)
     );
+    if report.profiles_copied > 0 {
+        outln!("{} boot profile(s) copied", report.profiles_copied);
+    }
     for (vm, from, to) in &report.vms.copied {
         outln!("copied VM {vm}@{from} to {vm}@{to}");
     }

@@ -29,7 +29,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::{ExportArgs, OverlayAction, OverlayArgs, StatusArgs};
 use crate::commands::exports;
-use crate::commands::profile::{start_prefetch, ProfileWriter};
+use crate::commands::profile;
 use crate::context::Context;
 use crate::output::{bytes, print_json};
 
@@ -85,13 +85,7 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
     let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
     let plan = export_plan(&args)?;
-    if plan.len() > 1 && (args.profile.is_some() || args.record_profile.is_some()) {
-        bail!("--profile and --record-profile take one VERSION (a boot profile is one disk's)");
-    }
-    let recorder = args
-        .record_profile
-        .as_ref()
-        .map(|_| Arc::new(cairn_export::profile::Recorder::default()));
+    let recorder = profile::recorder_for(&args, plan.len())?;
     let tls = tls_config(&args)?;
     if let Some(addr) = &args.listen {
         let certificates = tls
@@ -164,18 +158,14 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
         }
         opened.push(o);
     }
-    let profile_writer = match (&args.record_profile, &recorder) {
-        (Some(path), Some(r)) => {
-            let w = ProfileWriter::new(path.clone(), r.clone(), &opened[0].export.base());
-            w.write_when_done();
-            Some(w)
+    let profile_writer = match plan.len() {
+        1 => {
+            let o = &opened[0];
+            let stats = o.export.stats().clone();
+            profile::start(ctx, &repo, &args, o.export.base(), stats, recorder).await
         }
         _ => None,
     };
-    if let Some(path) = &args.profile {
-        let o = &opened[0];
-        start_prefetch(ctx, path, o.export.base(), o.export.stats().clone());
-    }
     let tls_on = tls.is_some();
     if let Some(tls) = tls {
         server.set_tls(tls);
@@ -230,7 +220,7 @@ pub async fn run(ctx: &Context, args: ExportArgs) -> Result<ExitCode> {
         notify_systemd(&format!("STOPPING=1\nSTATUS=stopping ({sig})"));
     }
     if let Some(w) = &profile_writer {
-        w.write();
+        w.write().await;
     }
     // What was fetched reaches the host-wide cache before the export says it stopped.
     let flushing = cache.clone();

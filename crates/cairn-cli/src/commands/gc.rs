@@ -144,6 +144,7 @@ pub fn report_json(r: &GcReport) -> Value {
         "partial_files_removed": r.partial_files_removed,
         "partial_bytes_removed": r.partial_bytes_removed,
         "orphan_records_removed": r.orphan_records_removed,
+        "profiles_removed": r.profiles_removed,
         "before_bytes": r.before_bytes,
         "after_bytes": r.after_bytes,
         "reclaimed_bytes": r.reclaimed(),
@@ -215,6 +216,12 @@ pub fn report_line(r: &GcReport) -> String {
         extra.push(format!(
             "{} unpublished version records removed",
             r.orphan_records_removed
+        ));
+    }
+    if r.profiles_removed > 0 {
+        extra.push(format!(
+            "{} boot profiles of removed images removed",
+            r.profiles_removed
         ));
     }
     if !extra.is_empty() {

@@ -1,6 +1,7 @@
 //! What killed processes leave outside the data GC plans: the local store's temporary files
 //! (a writer killed between writing a temporary and linking it into place), partial files of
-//! killed restores on this host, and version records of commits that never published them.
+//! killed restores on this host, version records of commits that never published them, and
+//! boot profiles of images that are gone.
 //!
 //! None of this needs the plan-and-wait protocol: a leftover is recognised by its age against
 //! the start of every session that is still alive. A writer that is alive started after
@@ -46,6 +47,20 @@ pub(super) async fn remove_stale_files(
         tracing::info!(path = %path.display(), "removed the partial file of a killed restore");
         report.partial_files_removed += 1;
         report.partial_bytes_removed += size;
+    }
+    remove_orphan_profiles(repo, report).await
+}
+
+/// Removes the boot profiles of images that have no head (`rm IMAGE` removes its profile
+/// itself; a crash between the two, or an export that recorded while the image was removed,
+/// leaves one). A profile is only a hint, so no session protocol guards it.
+async fn remove_orphan_profiles(repo: &Repo, report: &mut GcReport) -> EngineResult<()> {
+    let images: std::collections::HashSet<String> = repo.images().await?.into_iter().collect();
+    for image in repo.boot_profile_images().await? {
+        if !images.contains(&image) && repo.remove_boot_profile(&image).await? {
+            tracing::info!(image, "removed the boot profile of an image that is gone");
+            report.profiles_removed += 1;
+        }
     }
     Ok(())
 }

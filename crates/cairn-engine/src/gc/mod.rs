@@ -206,6 +206,8 @@ pub struct GcReport {
     pub partial_bytes_removed: u64,
     /// Exact pass: version records of commits that never published them, removed.
     pub orphan_records_removed: u64,
+    /// Boot profiles of images that are gone, removed.
+    pub profiles_removed: u64,
     pub waited_s: f64,
     pub duration_s: f64,
     /// Wall seconds of each step, in the order they first ran (`phase.rs`).
