@@ -24,7 +24,7 @@ use cairn_format::node::Extent;
 use cairn_format::version::VersionRecord;
 use cairn_format::{FormatError, Id};
 use cairn_repo::tree_walk::{decode_leaf, NodeReader};
-use cairn_repo::v2::V2Reader;
+use cairn_repo::v2::{GroupLocation, V2Reader};
 use cairn_repo::{Repo, RepoError};
 
 use crate::error::{ExportError, ExportResult};
@@ -726,6 +726,115 @@ impl Base {
             });
         }
         while tasks.join_next().await.is_some() {}
+    }
+
+    /// Loads into the cache every chunk of `ranges` (a boot profile's next reads), fetching
+    /// the groups they need with as few reads as possible: neighbouring groups of one pack
+    /// come in one ranged read ([`V2Reader::open_groups`]), where [`Self::prefetch`] fetches
+    /// group by group. The groups are locked while they are fetched, as a reader's fetch
+    /// locks its group, so a guest read that needs one waits for it instead of fetching it
+    /// again. A run that needs another path (seeds, a damaged or partial copy, format 1)
+    /// takes the reader's.
+    pub async fn prefetch_batch(self: &Arc<Self>, ranges: &[(u64, u64)]) -> ExportResult<()> {
+        let reader = match self.repo.v2() {
+            Some(reader) if self.seeds.is_none() => reader,
+            _ => {
+                for &(offset, len) in ranges {
+                    self.prefetch(offset, len).await?;
+                }
+                return Ok(());
+            }
+        };
+        let mut wanted: Vec<(GroupLocation, Id, u16, u16)> = Vec::new();
+        for &(offset, len) in ranges {
+            for p in self.pieces_in(offset, len).await? {
+                let PieceData::Run {
+                    group,
+                    first,
+                    count,
+                } = p.data
+                else {
+                    continue;
+                };
+                let runs = [(first, count)];
+                match reader.locate_group_storing(&group, &runs).await {
+                    Ok(loc) if loc.stores(&runs) => {
+                        if !self.run_cached(&loc, first, count) {
+                            wanted.push((loc, group, first, count));
+                        }
+                    }
+                    _ => {
+                        self.run_at(Some(p.offset), &group, first, count).await?;
+                    }
+                }
+            }
+        }
+        let mut groups: Vec<Id> = wanted.iter().map(|w| w.1).collect();
+        groups.sort();
+        groups.dedup();
+        // In id order, as every batch takes them: two batches never wait on each other.
+        let locks: Vec<_> = groups.iter().map(|g| self.cache.fetch_lock(g)).collect();
+        let mut guards = Vec::with_capacity(locks.len());
+        for lock in &locks {
+            guards.push(lock.clone().lock_owned().await);
+        }
+        // What a reader fetched while this batch waited for its locks is not fetched again.
+        wanted.retain(|(loc, _, first, count)| !self.run_cached(loc, *first, *count));
+        let result = self.fetch_batch(reader, &wanted).await;
+        drop(guards);
+        drop(locks);
+        for g in &groups {
+            self.cache.release_fetch_lock(g);
+        }
+        result
+    }
+
+    /// Whether the cache holds every chunk of slots `first .. first + count` of the group at
+    /// `loc` (a slot out of range or not stored counts as not held).
+    fn run_cached(&self, loc: &GroupLocation, first: u16, count: u16) -> bool {
+        let desc = &loc.trailer.groups[loc.group as usize].desc;
+        let range = usize::from(first)..usize::from(first) + usize::from(count);
+        desc.chunks
+            .get(range)
+            .is_some_and(|slots| slots.iter().all(|c| c.stored && self.cache.contains(&c.id)))
+    }
+
+    /// Fetches the groups of `wanted` together and puts each run's chunks in the cache.
+    async fn fetch_batch(
+        &self,
+        reader: &V2Reader,
+        wanted: &[(GroupLocation, Id, u16, u16)],
+    ) -> ExportResult<()> {
+        let locations: Vec<GroupLocation> = wanted.iter().map(|w| w.0.clone()).collect();
+        let opened = record_damage(&self.repo, reader.open_groups(&locations).await).await?;
+        let mut counted: Vec<Id> = Vec::new();
+        for ((loc, group, first, count), opened) in wanted.iter().zip(opened) {
+            let desc = &loc.trailer.groups[loc.group as usize].desc;
+            if !counted.contains(group) {
+                counted.push(*group);
+                self.stats.chunks_fetched.fetch_add(
+                    desc.chunks.iter().filter(|c| c.stored).count() as u64,
+                    Ordering::Relaxed,
+                );
+                self.stats
+                    .bytes_fetched
+                    .fetch_add(opened.plain().len() as u64, Ordering::Relaxed);
+            }
+            self.stats
+                .cache_misses
+                .fetch_add(u64::from(*count), Ordering::Relaxed);
+            let bytes = opened
+                .slots(usize::from(*first), usize::from(*count))
+                .map_err(|e| RepoError::corrupt(format!("group {group}"), e))?;
+            let range = usize::from(*first)..usize::from(*first) + usize::from(*count);
+            let mut at = 0;
+            for c in &desc.chunks[range] {
+                self.cache
+                    .put_behind(&c.id, &bytes[at..at + c.len as usize]);
+                at += c.len as usize;
+            }
+        }
+        Ok(())
     }
 
     /// Loads into the cache every chunk of [offset, offset + len) (NBD_CMD_CACHE).

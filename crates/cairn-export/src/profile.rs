@@ -25,10 +25,11 @@ pub const PROFILE_VERSION: u32 = 1;
 pub const RECORD_SECONDS: u64 = 120;
 /// The most distinct bytes a profile holds.
 pub const RECORD_BYTES: u64 = 1 << 30;
-/// Prefetches in flight at once.
-const PREFETCH_AT_ONCE: usize = 8;
-/// A profile extent is fetched in pieces of at most this size.
-const PREFETCH_PIECE: u64 = 1 << 20;
+/// Batches fetched at once.
+const PREFETCH_AT_ONCE: usize = 4;
+/// The profile's bytes one batch covers: its groups are fetched together, neighbours in one
+/// ranged read (`Base::prefetch_batch`).
+const PREFETCH_BATCH: u64 = 4 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BootProfile {
@@ -190,34 +191,51 @@ impl Recorder {
     }
 }
 
-/// Fetches the profile's reads into the cache in the order recorded, several at once, ahead
-/// of the guest. Counts what it asked for in `prefetched_bytes`; a failure is left for the
+/// Fetches the profile's reads into the cache in the order recorded, ahead of the guest: in
+/// batches of 4 MiB of reads whose groups come in as few ranged reads as they can, four
+/// batches at once. Counts what it asked for in `prefetched_bytes`; a failure is left for the
 /// guest's own read to meet.
 pub async fn prefetch(base: Arc<Base>, profile: BootProfile, stats: Arc<ExportStats>) {
-    let pieces = profile.reads.iter().flat_map(|&[o, l]| {
-        (o..o + l)
-            .step_by(PREFETCH_PIECE as usize)
-            .map(move |a| (a, PREFETCH_PIECE.min(o + l - a)))
-    });
     let permits = Arc::new(tokio::sync::Semaphore::new(PREFETCH_AT_ONCE));
     let mut tasks = tokio::task::JoinSet::new();
-    for (offset, len) in pieces {
+    for batch in batches(&profile.reads) {
         let Ok(permit) = permits.clone().acquire_owned().await else {
             break;
         };
         let base = base.clone();
         let stats = stats.clone();
         tasks.spawn(async move {
-            match base.prefetch(offset, len).await {
+            let bytes: u64 = batch.iter().map(|(_, l)| l).sum();
+            match base.prefetch_batch(&batch).await {
                 Ok(()) => {
-                    stats.prefetched_bytes.fetch_add(len, Ordering::Relaxed);
+                    stats.prefetched_bytes.fetch_add(bytes, Ordering::Relaxed);
                 }
-                Err(e) => tracing::debug!("profile prefetch at {offset}: {e}"),
+                Err(e) => tracing::debug!("profile prefetch at {}: {e}", batch[0].0),
             }
             drop(permit);
         });
     }
     while tasks.join_next().await.is_some() {}
+}
+
+/// The profile's reads, in order, cut into batches of at most [`PREFETCH_BATCH`] bytes.
+fn batches(reads: &[[u64; 2]]) -> Vec<Vec<(u64, u64)>> {
+    let mut out: Vec<Vec<(u64, u64)>> = Vec::new();
+    let mut size = PREFETCH_BATCH;
+    for &[offset, len] in reads {
+        let mut at = offset;
+        while at < offset + len {
+            if size == PREFETCH_BATCH {
+                out.push(Vec::new());
+                size = 0;
+            }
+            let take = (PREFETCH_BATCH - size).min(offset + len - at);
+            out.last_mut().expect("a batch").push((at, take));
+            size += take;
+            at += take;
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -226,6 +244,21 @@ mod tests {
 
     fn reads(r: &Recorder) -> Vec<[u64; 2]> {
         r.profile("vm", 1 << 30).reads
+    }
+
+    #[test]
+    fn batches_keep_the_order_and_cut_reads_at_the_batch_size() {
+        let m = 1 << 20;
+        let b = batches(&[[10 * m, 3 * m], [0, 2 * m], [40 * m, 6 * m]]);
+        assert_eq!(
+            b,
+            vec![
+                vec![(10 * m, 3 * m), (0, m)],
+                vec![(m, m), (40 * m, 3 * m)],
+                vec![(43 * m, 3 * m)],
+            ]
+        );
+        assert!(batches(&[]).is_empty());
     }
 
     #[test]

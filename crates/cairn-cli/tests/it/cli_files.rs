@@ -471,3 +471,114 @@ fn ls_and_cat_read_files_inside_a_bare_and_a_partitioned_guest_and_a_loop_mount_
     let (status, _, err) = m.wait();
     assert!(status.success(), "{status}: {err}");
 }
+
+/// Runs `cmd`; it must succeed.
+fn run(cmd: &mut Command) {
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{cmd:?}: {out:?}");
+}
+
+#[test]
+fn xfs_and_ntfs_guests_read_back_through_the_mount_and_read_only_mounts_of_their_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let repo = d.join("repo");
+    assert!(cairn(&repo, &["init", "--reserve", "0"]).status.success());
+    let big = noise(900 * 1024 + 77, 11);
+
+    // xfs (300 MiB, its smallest), filled through a loop mount of its own.
+    let xfs = d.join("xfs.raw");
+    std::fs::File::create(&xfs)
+        .unwrap()
+        .set_len(300 * MIB as u64)
+        .unwrap();
+    run(tool("mkfs.xfs", "xfsprogs").args(["-q", "-f"]).arg(&xfs));
+    let fill = d.join("fill");
+    std::fs::create_dir(&fill).unwrap();
+    run(Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(&xfs)
+        .arg(&fill));
+    std::fs::create_dir(fill.join("srv")).unwrap();
+    let wrote = std::fs::write(fill.join("srv/data.bin"), &big);
+    run(Command::new("umount").arg(&fill));
+    wrote.unwrap();
+    // NTFS (16 MiB) made by mkntfs, the file copied in by ntfscp (no mount needed).
+    let ntfs = d.join("ntfs.raw");
+    std::fs::File::create(&ntfs)
+        .unwrap()
+        .set_len(16 * MIB as u64)
+        .unwrap();
+    run(tool("mkntfs", "ntfs-3g")
+        .args(["-q", "-F", "-Q", "-L", "guest"])
+        .arg(&ntfs));
+    let src = d.join("data.bin");
+    std::fs::write(&src, &big).unwrap();
+    run(tool("ntfscp", "ntfs-3g")
+        .arg(&ntfs)
+        .arg(&src)
+        .arg("data.bin"));
+    for (image, file) in [("xfs", &xfs), ("ntfs", &ntfs)] {
+        ok(&repo, &["commit", image, file.to_str().unwrap()]);
+    }
+
+    // Through `cairn mount`: xfs on a read-only loop device, NTFS by ntfs-3g read-only.
+    let mnt = d.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mut m = Mount::start(&repo, &mnt, &d.join("cache"));
+    let guest = d.join("guest");
+    std::fs::create_dir(&guest).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-o", "ro,loop,norecovery"])
+        .arg(mnt.join("xfs/@1.raw"))
+        .arg(&guest)
+        .status()
+        .unwrap();
+    let read = mounted
+        .success()
+        .then(|| std::fs::read(guest.join("srv/data.bin")));
+    let _ = Command::new("umount").arg(&guest).status();
+    assert!(mounted.success(), "mount of xfs/@1.raw failed");
+    assert!(
+        read.unwrap().unwrap() == big,
+        "the file read from xfs differs"
+    );
+
+    let mounted = tool("ntfs-3g", "ntfs-3g")
+        .args(["-o", "ro"])
+        .arg(mnt.join("ntfs/@1.raw"))
+        .arg(&guest)
+        .status()
+        .unwrap();
+    let read = mounted
+        .success()
+        .then(|| std::fs::read(guest.join("data.bin")));
+    let _ = Command::new("umount").arg(&guest).status();
+    assert!(mounted.success(), "ntfs-3g of ntfs/@1.raw failed");
+    assert!(
+        read.unwrap().unwrap() == big,
+        "the file read from NTFS differs"
+    );
+
+    // Once the loop device and ntfs-3g let go of the files, SIGTERM unmounts.
+    let xfs_file = mnt.join("xfs/@1.raw");
+    eventually("the loop device lets go of xfs/@1.raw", || {
+        let out = Command::new("losetup")
+            .arg("-j")
+            .arg(&xfs_file)
+            .output()
+            .unwrap();
+        out.status.success() && out.stdout.is_empty()
+    });
+    eventually("ntfs-3g exits", || {
+        let out = Command::new("pgrep")
+            .args(["-x", "ntfs-3g"])
+            .output()
+            .unwrap();
+        out.stdout.is_empty()
+    });
+    m.signal("TERM");
+    let (status, _, err) = m.wait();
+    assert!(status.success(), "{status}: {err}");
+    assert!(!is_mounted(&mnt));
+}
