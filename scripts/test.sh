@@ -175,7 +175,7 @@ if [ "$QUICK" -eq 1 ]; then
 fi
 
 step "apt packages"
-ensure_apt_packages e2fsprogs gdisk fuse3 debootstrap qemu-utils qemu-system-common qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libnbd-bin zstd time util-linux jq diffutils curl python3-matplotlib
+ensure_apt_packages e2fsprogs xfsprogs ntfs-3g gdisk fuse3 debootstrap qemu-utils qemu-system-common qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libnbd-bin zstd time util-linux jq diffutils curl python3-matplotlib
 
 step "small dataset (.data/small)"
 DATASET=$(dataset_dir small)
