@@ -806,8 +806,13 @@ impl Base {
         wanted: &[(GroupLocation, Id, u16, u16)],
     ) -> ExportResult<()> {
         let locations: Vec<GroupLocation> = wanted.iter().map(|w| w.0.clone()).collect();
+        // Groups already open (a reader's, moments ago) are not fetched: not counted.
+        let mut counted: Vec<Id> = wanted
+            .iter()
+            .filter(|(loc, ..)| reader.is_open(&loc.trailer.pack, loc.group))
+            .map(|w| w.1)
+            .collect();
         let opened = record_damage(&self.repo, reader.open_groups(&locations).await).await?;
-        let mut counted: Vec<Id> = Vec::new();
         for ((loc, group, first, count), opened) in wanted.iter().zip(opened) {
             let desc = &loc.trailer.groups[loc.group as usize].desc;
             if !counted.contains(group) {

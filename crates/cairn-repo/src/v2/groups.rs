@@ -220,6 +220,12 @@ impl V2Reader {
         Ok((opened, fetched.into_inner()))
     }
 
+    /// Whether group `group` of `pack` is in the cache of opened groups (an export counts
+    /// only what it fetches).
+    pub fn is_open(&self, pack: &Id, group: u32) -> bool {
+        self.groups.get(&(*pack, group)).is_some()
+    }
+
     /// Opens every group of `wanted` (in its order), fetching the ones not cached with as few
     /// reads as possible: neighbouring groups of one pack — what a leaf's runs usually name,
     /// since a commit writes a segment's groups in order — come in one ranged read. A
