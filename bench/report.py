@@ -590,7 +590,34 @@ def r_boot_profile(spec):
     return header, rows
 
 
+def r_multideploy(spec):
+    """bench/multideploy.py: N VMs starting at once from one image (the boot profile's reads
+    replayed by N clients), and N writable exports committed at once."""
+    d = load_json(spec["file"])
+    header = ["N", "way", "s to the last (÷ copy)", "fetched MiB (÷ copy)", "per VM MiB"]
+    labels = {"lazy": "lazy, a cache per VM, no profile",
+              "lazy_profile": "lazy, a cache per VM, stored profile",
+              "lazy_shared_cache": "lazy, one host cache, stored profile",
+              "copy_then_boot": "copy then boot (N restores)"}
+    rows = []
+    for n, runs in d["runs"].items():
+        for key, label in labels.items():
+            r = runs[key]
+            rows.append([n, label, f"{r['seconds']:.2f} ({r['time_vs_copy']:.2f}×)",
+                         f"{r['fetched_bytes'] / MIB:.0f} ({r['bytes_vs_copy']:.3f}×)",
+                         f"{r['fetched_bytes'] / int(n) / MIB:.1f}"])
+        m = runs.get("multisnapshot")
+        if m:
+            rows.append([n, f"multisnapshot: {n} exports committed at once",
+                         f"{m['seconds']:.2f}", "",
+                         f"stored {m['stored_bytes'] / int(n) / MIB:.1f} of "
+                         f"{m['written_bytes'] / int(n) / MIB:.0f} written "
+                         f"({m['stored_vs_written']:.2f}×)"])
+    return header, rows
+
+
 RENDERERS = {
+    "multideploy": r_multideploy,
     "boot-profile": r_boot_profile,
     "seeded": r_seeded,
     "in-place": r_in_place,
