@@ -7,10 +7,12 @@
 # what the guest wrote is committed back as su-1@2, which must restore byte for byte to what
 # the export showed.
 #
+# The repository is the default format 2 (4 KiB chunks in compressed groups: a miss fetches a
+# whole group). The exports pass --no-profile, so every boot is cold; boots and trace replays
+# with and without a boot profile, on a local directory and on MinIO, are
+# bench/boot_profile.py's.
+#
 #   bench/boot.sh [DATASET_DIR]     (default: .data/full, built if missing; ~2-3 minutes)
-#   CAIRN_FORMAT=2 bench/boot.sh    the same on a format 2 repository (4 KiB chunks in
-#                                   compressed groups: a miss fetches a whole group); the
-#                                   writable boot's COMMIT is skipped there (not on format 2 yet)
 #   CAIRN_READAHEAD=N bench/boot.sh the exports' --readahead (default: cairn's)
 set -euo pipefail
 # Peers read their sources through the page cache and leave it there: so does cairn here
@@ -52,7 +54,7 @@ serve() {
   local spec=$1 tag=$2
   shift 2
   CAIRN_RUN_DIR="$WORK/run" "$CAIRN" --repo "$WORK/repo" -q export "$spec" --name "$tag" \
-    --socket "$WORK/$tag.sock" --cache-dir "$WORK/cache" --stats-file "$WORK/$tag.json" ${CAIRN_READAHEAD:+--readahead "$CAIRN_READAHEAD"} "$@" \
+    --socket "$WORK/$tag.sock" --cache-dir "$WORK/cache" --stats-file "$WORK/$tag.json" --no-profile ${CAIRN_READAHEAD:+--readahead "$CAIRN_READAHEAD"} "$@" \
     >"$WORK/$tag.out" 2>&1 &
   PIDS+=($!)
   until [ -S "$WORK/$tag.sock" ]; do sleep 0.05; done
@@ -62,8 +64,7 @@ serve() {
 stat_of() { sleep 1.2; jq -r ".$2" "$WORK/$1.json"; }
 mib() { echo "scale=1; $1 / 1048576" | bc; }
 
-FORMAT=${CAIRN_FORMAT:-1}
-"$CAIRN" --repo "$WORK/repo" -q init --format "$FORMAT" >/dev/null
+"$CAIRN" --repo "$WORK/repo" -q init >/dev/null
 "$CAIRN" --repo "$WORK/repo" -q commit su-1 "$DS/su-1.raw" >/dev/null
 "$CAIRN" --repo "$WORK/repo" -q commit pa-a "$DS/pa-a.raw" >/dev/null
 
@@ -76,20 +77,17 @@ read -r pa_wall pa_up < <(boot "$DRIVE" "$WORK/paa.log")
 pa_read=$(stat_of paa read_bytes); pa_fetched=$(stat_of paa fetched_bytes)
 pa_hits=$(stat_of paa cache_hits); pa_miss=$(stat_of paa cache_misses)
 
-# A writable boot: the guest's writes land in the overlay, then become su-1@2 (format 1:
-# an export's COMMIT does not work on format 2 yet).
-if [ "$FORMAT" = 1 ]; then
-  serve su-1 w1 --writable --overlay "$WORK/overlay"
-  SNAPSHOT='' boot "$DRIVE" "$WORK/w1.log" >/dev/null
-  w_written=$(stat_of w1 written_bytes)
-  nbdcopy "nbd+unix:///w1?socket=$WORK/w1.sock" "$WORK/after-boot.raw"
-  commit_json=$(CAIRN_RUN_DIR="$WORK/run" "$CAIRN" --repo "$WORK/repo" --json commit su-1 --from-export w1 -m "after a boot")
-  "$CAIRN" --repo "$WORK/repo" -q restore su-1@2 "$WORK/restored.raw" >/dev/null
-  cmp "$WORK/after-boot.raw" "$WORK/restored.raw" || { echo "su-1@2 differs from what the export showed" >&2; exit 1; }
-  changed=$(cmp -l "$DS/su-1.raw" "$WORK/restored.raw" | wc -l || true)
-fi
+# A writable boot: the guest's writes land in the overlay, then become su-1@2.
+serve su-1 w1 --writable --overlay "$WORK/overlay"
+SNAPSHOT='' boot "$DRIVE" "$WORK/w1.log" >/dev/null
+w_written=$(stat_of w1 written_bytes)
+nbdcopy "nbd+unix:///w1?socket=$WORK/w1.sock" "$WORK/after-boot.raw"
+commit_json=$(CAIRN_RUN_DIR="$WORK/run" "$CAIRN" --repo "$WORK/repo" --json commit su-1 --from-export w1 -m "after a boot")
+"$CAIRN" --repo "$WORK/repo" -q restore su-1@2 "$WORK/restored.raw" >/dev/null
+cmp "$WORK/after-boot.raw" "$WORK/restored.raw" || { echo "su-1@2 differs from what the export showed" >&2; exit 1; }
+changed=$(cmp -l "$DS/su-1.raw" "$WORK/restored.raw" | wc -l || true)
 
-echo "# Boot over cairn export (format $FORMAT) — $(date -u +%F), \`CAIRN_FORMAT=$FORMAT bench/boot.sh\`"
+echo "# Boot over cairn export — $(date -u +%F), \`bench/boot.sh\`"
 echo
 echo "QEMU $(qemu-system-x86_64 --version | head -1 | awk '{print $4}') TCG, 2 vCPUs, systemd boot to the marker; the guest disk opened with snapshot=on."
 echo
@@ -99,8 +97,6 @@ echo "| su-1, local raw file | $local_wall | $local_up | – | – | – |"
 echo "| su-1, cairn export, cold cache | $cold_wall | $cold_up | $(mib "$su1_read") | $(mib "$su1_fetched") | $(echo "scale=2; $su1_fetched / $su1_read" | bc) |"
 echo "| pa-a next, same host cache | $pa_wall | $pa_up | $(mib "$pa_read") | $(mib "$pa_fetched") | $(echo "scale=2; $pa_fetched / $pa_read" | bc) |"
 echo
-if [ "$FORMAT" = 1 ]; then
-  echo "Writable boot of su-1 (no snapshot=on): the guest wrote $((w_written / 1024)) KiB; \`cairn commit su-1 --from-export\` stored $(($(jq -r .stored_bytes <<<"$commit_json") / 1024)) KiB in $(jq -r .new_chunks <<<"$commit_json") new chunks as su-1@2."
-  echo "su-1@2 restores byte for byte to what the writable export showed after the boot ($changed bytes differ from su-1)."
-fi
+echo "Writable boot of su-1 (no snapshot=on): the guest wrote $((w_written / 1024)) KiB; \`cairn commit su-1 --from-export\` stored $(($(jq -r .stored_bytes <<<"$commit_json") / 1024)) KiB in $(jq -r .new_chunks <<<"$commit_json") new chunks as su-1@2."
+echo "su-1@2 restores byte for byte to what the writable export showed after the boot ($changed bytes differ from su-1)."
 echo "Boot time over the export ÷ local: $(echo "scale=2; $cold_wall / $local_wall" | bc) (wall), $(echo "scale=2; $cold_up / $local_up" | bc) (guest uptime). pa-a cache hits $pa_hits, misses $pa_miss."

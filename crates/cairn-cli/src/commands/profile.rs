@@ -26,6 +26,9 @@ use crate::cli::{ExportArgs, ProfileAction, ProfileArgs};
 use crate::context::Context;
 use crate::output::print_json;
 
+/// How long storing a recorded profile may take before the export gives up on it.
+const STORE_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// A recorder for an export of `versions` versions, when anything may be recorded.
 pub fn recorder_for(args: &ExportArgs, versions: usize) -> Result<Option<Arc<Recorder>>> {
     if versions > 1 {
@@ -166,14 +169,24 @@ impl ProfileWriter {
             if p.reads.is_empty() {
                 return;
             }
-            match repo.put_boot_profile(&self.image, &json).await {
-                Ok(()) => tracing::info!(
+            // A profile is a hint: an unreachable store must not hold up the export's stop.
+            let stored =
+                tokio::time::timeout(STORE_TIMEOUT, repo.put_boot_profile(&self.image, &json));
+            match stored.await {
+                Ok(Ok(())) => tracing::info!(
                     "stored the boot profile of {}: {} bytes in {} reads",
                     self.image,
                     p.bytes(),
                     p.reads.len()
                 ),
-                Err(e) => tracing::warn!("cannot store the boot profile of {}: {e}", self.image),
+                Ok(Err(e)) => {
+                    tracing::warn!("cannot store the boot profile of {}: {e}", self.image)
+                }
+                Err(_) => tracing::warn!(
+                    "the boot profile of {} was not stored: the store did not answer in {} s",
+                    self.image,
+                    STORE_TIMEOUT.as_secs()
+                ),
             }
         }
     }
