@@ -460,16 +460,21 @@ fn ls_and_cat_read_files_inside_a_bare_and_a_partitioned_guest_and_a_loop_mount_
     );
     let file = mnt.join("gpt/@1.raw");
     eventually("the loop device still holds the file", || {
-        let out = Command::new("losetup")
-            .arg("-j")
-            .arg(&file)
-            .output()
-            .unwrap();
-        out.status.success() && out.stdout.is_empty()
+        loop_released(&file)
     });
     m.signal("TERM");
     let (status, _, err) = m.wait();
     assert!(status.success(), "{status}: {err}");
+}
+
+/// Whether no loop device is backed by `file` any more.
+fn loop_released(file: &Path) -> bool {
+    let out = Command::new("losetup")
+        .arg("-j")
+        .arg(file)
+        .output()
+        .unwrap();
+    out.status.success() && out.stdout.is_empty()
 }
 
 /// Runs `cmd`; it must succeed.
@@ -563,12 +568,7 @@ fn xfs_and_ntfs_guests_read_back_through_the_mount_and_read_only_mounts_of_their
     // Once the loop device and ntfs-3g let go of the files, SIGTERM unmounts.
     let xfs_file = mnt.join("xfs/@1.raw");
     eventually("the loop device lets go of xfs/@1.raw", || {
-        let out = Command::new("losetup")
-            .arg("-j")
-            .arg(&xfs_file)
-            .output()
-            .unwrap();
-        out.status.success() && out.stdout.is_empty()
+        loop_released(&xfs_file)
     });
     eventually("ntfs-3g exits", || {
         let out = Command::new("pgrep")
