@@ -30,20 +30,86 @@ const HEADER: usize = 40;
 const TRAILER: usize = 32;
 
 /// A fixed-size set of block indexes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// Two levels, so that the work of a snapshot operation follows the blocks its layers hold,
+/// not the image's size: the words (one bit per block) are allocated at the first set bit, and
+/// a summary (one bit per word) says which words have any bit set, so iterating and combining
+/// touch only those.
+#[derive(Clone, Debug)]
 pub(crate) struct Bitmap {
+    /// Empty until a bit is set.
     words: Vec<u64>,
+    /// Bit `w` is set iff `words[w] != 0`; empty while `words` is.
+    summary: Vec<u64>,
     nblocks: u64,
     count: u64,
 }
 
+impl PartialEq for Bitmap {
+    fn eq(&self, other: &Bitmap) -> bool {
+        self.nblocks == other.nblocks
+            && self.count == other.count
+            && self.nonzero_words().eq(other.nonzero_words())
+    }
+}
+
+impl Eq for Bitmap {}
+
 impl Bitmap {
     pub(crate) fn new(nblocks: u64) -> Bitmap {
         Bitmap {
-            words: vec![0; nblocks.div_ceil(64) as usize],
+            words: Vec::new(),
+            summary: Vec::new(),
             nblocks,
             count: 0,
         }
+    }
+
+    fn word_count(&self) -> usize {
+        self.nblocks.div_ceil(64) as usize
+    }
+
+    fn allocate(&mut self) {
+        if self.words.is_empty() {
+            self.words = vec![0; self.word_count()];
+            self.summary = vec![0; self.word_count().div_ceil(64)];
+        }
+    }
+
+    /// Word `wi` (0 when nothing is allocated).
+    fn word(&self, wi: usize) -> u64 {
+        self.words.get(wi).copied().unwrap_or(0)
+    }
+
+    /// Stores word `wi`, keeping the summary and the count.
+    fn put_word(&mut self, wi: usize, w: u64) {
+        let old = self.words[wi];
+        if old == w {
+            return;
+        }
+        self.words[wi] = w;
+        self.count = self.count - u64::from(old.count_ones()) + u64::from(w.count_ones());
+        let (si, m) = (wi / 64, 1u64 << (wi % 64));
+        if w == 0 {
+            self.summary[si] &= !m;
+        } else {
+            self.summary[si] |= m;
+        }
+    }
+
+    /// `(index, word)` of the words with a bit set, in increasing order.
+    fn nonzero_words(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        self.summary.iter().enumerate().flat_map(move |(si, &s)| {
+            let mut s = s;
+            std::iter::from_fn(move || {
+                if s == 0 {
+                    return None;
+                }
+                let wi = si * 64 + s.trailing_zeros() as usize;
+                s &= s - 1;
+                Some((wi, self.words[wi]))
+            })
+        })
     }
 
     pub(crate) fn count(&self) -> u64 {
@@ -51,25 +117,115 @@ impl Bitmap {
     }
 
     pub(crate) fn get(&self, block: u64) -> bool {
-        block < self.nblocks && self.words[(block / 64) as usize] & (1 << (block % 64)) != 0
+        block < self.nblocks && self.word((block / 64) as usize) & (1 << (block % 64)) != 0
     }
 
     /// Sets the bit; returns whether it was clear before.
     pub(crate) fn set(&mut self, block: u64) -> bool {
-        let w = &mut self.words[(block / 64) as usize];
+        self.allocate();
+        let wi = (block / 64) as usize;
         let m = 1u64 << (block % 64);
-        if *w & m == 0 {
-            *w |= m;
-            self.count += 1;
-            true
-        } else {
-            false
+        let w = self.words[wi];
+        if w & m != 0 {
+            return false;
+        }
+        self.put_word(wi, w | m);
+        true
+    }
+
+    /// Adds every block of `other` (of the same image).
+    pub(crate) fn union_with(&mut self, other: &Bitmap) {
+        debug_assert_eq!(self.nblocks, other.nblocks);
+        if other.count == 0 {
+            return;
+        }
+        self.allocate();
+        for (wi, o) in other.nonzero_words() {
+            let w = self.words[wi];
+            self.put_word(wi, w | o);
         }
     }
 
-    /// Set blocks in increasing order (skips empty words).
+    /// The blocks both hold (work follows the blocks of the one with fewer).
+    pub(crate) fn intersection(a: &Bitmap, b: &Bitmap) -> Bitmap {
+        let (small, large) = if a.count <= b.count { (a, b) } else { (b, a) };
+        let mut out = Bitmap::new(a.nblocks);
+        for (wi, w) in small.nonzero_words() {
+            let both = w & large.word(wi);
+            if both != 0 {
+                out.allocate();
+                out.put_word(wi, both);
+            }
+        }
+        out
+    }
+
+    /// Keeps only the blocks `other` holds too.
+    pub(crate) fn intersect_with(&mut self, other: &Bitmap) {
+        self.retain_words(|wi, w| w & other.word(wi));
+    }
+
+    /// Drops every block `other` holds.
+    pub(crate) fn subtract(&mut self, other: &Bitmap) {
+        self.retain_words(|wi, w| w & !other.word(wi));
+    }
+
+    /// Replaces each word with a bit set by `f(index, word)` (which may only clear bits).
+    fn retain_words(&mut self, f: impl Fn(usize, u64) -> u64) {
+        let changed: Vec<(usize, u64)> =
+            self.nonzero_words().map(|(wi, w)| (wi, f(wi, w))).collect();
+        for (wi, w) in changed {
+            self.put_word(wi, w);
+        }
+    }
+
+    /// Whether any block in `start..end` is set (the words between the ends are asked
+    /// through the summary).
+    pub(crate) fn any_in(&self, start: u64, end: u64) -> bool {
+        let end = end.min(self.nblocks);
+        if start >= end || self.count == 0 {
+            return false;
+        }
+        let (w0, w1) = ((start / 64) as usize, ((end - 1) / 64) as usize);
+        let lo = u64::MAX << (start % 64);
+        let hi = u64::MAX >> (63 - (end - 1) % 64);
+        if w0 == w1 {
+            return self.word(w0) & lo & hi != 0;
+        }
+        self.word(w0) & lo != 0 || self.word(w1) & hi != 0 || self.any_word_in(w0 + 1, w1)
+    }
+
+    /// Whether any word in `a..b` has a bit set.
+    fn any_word_in(&self, a: usize, b: usize) -> bool {
+        if a >= b {
+            return false;
+        }
+        let (s0, s1) = (a / 64, (b - 1) / 64);
+        let lo = u64::MAX << (a % 64);
+        let hi = u64::MAX >> (63 - (b - 1) % 64);
+        if s0 == s1 {
+            return self.summary[s0] & lo & hi != 0;
+        }
+        self.summary[s0] & lo != 0
+            || self.summary[s1] & hi != 0
+            || self.summary[s0 + 1..s1].iter().any(|&w| w != 0)
+    }
+
+    /// Runs of consecutive set blocks, as `(first, count)`, in increasing order.
+    pub(crate) fn runs(&self) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for b in self.iter() {
+            match runs.last_mut() {
+                Some((first, n)) if *first + *n == b => *n += 1,
+                _ => runs.push((b, 1)),
+            }
+        }
+        runs
+    }
+
+    /// Set blocks in increasing order (only words with a bit set are visited).
     pub(crate) fn iter(&self) -> impl Iterator<Item = u64> + '_ {
-        self.words.iter().enumerate().flat_map(|(wi, &w)| {
+        self.nonzero_words().flat_map(|(wi, w)| {
             let mut w = w;
             std::iter::from_fn(move || {
                 if w == 0 {
@@ -84,7 +240,7 @@ impl Bitmap {
 
     /// Encodes the bitmap of layer `layer_id`.
     pub(crate) fn encode(&self, layer_id: u64) -> Vec<u8> {
-        let dense_len = self.words.len() * 8;
+        let dense_len = self.word_count() * 8;
         let sparse_len = self.count as usize * 8;
         let (enc, payload_len) = if sparse_len < dense_len {
             (ENC_SPARSE, sparse_len)
@@ -103,8 +259,8 @@ impl Bitmap {
                 out.extend_from_slice(&b.to_le_bytes());
             }
         } else {
-            for w in &self.words {
-                out.extend_from_slice(&w.to_le_bytes());
+            for wi in 0..self.word_count() {
+                out.extend_from_slice(&self.word(wi).to_le_bytes());
             }
         }
         let hash = blake3::hash(&out);
@@ -157,23 +313,26 @@ impl Bitmap {
         let mut bm = Bitmap::new(nblocks);
         match enc {
             ENC_DENSE => {
-                if payload.len() != bm.words.len() * 8 {
+                if payload.len() != bm.word_count() * 8 {
                     return Err(bad(format!(
                         "dense payload is {} bytes, expected {}",
                         payload.len(),
-                        bm.words.len() * 8
+                        bm.word_count() * 8
                     )));
                 }
-                for (w, c) in bm.words.iter_mut().zip(payload.chunks_exact(8)) {
-                    *w = u64::from_le_bytes(c.try_into().unwrap());
-                }
                 if nblocks & 63 != 0 {
-                    let last = *bm.words.last().unwrap();
+                    let last = u64::from_le_bytes(payload[payload.len() - 8..].try_into().unwrap());
                     if last >> (nblocks % 64) != 0 {
                         return Err(bad("bits set past the end of the image".into()));
                     }
                 }
-                bm.count = bm.words.iter().map(|w| w.count_ones() as u64).sum();
+                for (wi, c) in payload.chunks_exact(8).enumerate() {
+                    let w = u64::from_le_bytes(c.try_into().unwrap());
+                    if w != 0 {
+                        bm.allocate();
+                        bm.put_word(wi, w);
+                    }
+                }
                 if bm.count != count {
                     return Err(bad(format!(
                         "header says {count} blocks, bitmap has {}",
@@ -238,6 +397,44 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn set_operations_and_runs() {
+        let of = |bits: &[u64]| {
+            let mut bm = Bitmap::new(200);
+            for &b in bits {
+                bm.set(b);
+            }
+            bm
+        };
+        let mut a = of(&[1, 2, 3, 64, 65, 199]);
+        let b = of(&[2, 3, 4, 65, 150]);
+        let mut i = a.clone();
+        i.intersect_with(&b);
+        assert_eq!(i, of(&[2, 3, 65]));
+        assert_eq!(Bitmap::intersection(&a, &b), i);
+        assert_eq!(Bitmap::intersection(&b, &a), i);
+        let mut u = a.clone();
+        u.union_with(&b);
+        assert_eq!(u, of(&[1, 2, 3, 4, 64, 65, 150, 199]));
+        a.subtract(&b);
+        assert_eq!(a, of(&[1, 64, 199]));
+        assert_eq!(u.runs(), vec![(1, 4), (64, 2), (150, 1), (199, 1)]);
+        assert!(u.any_in(0, 2) && u.any_in(63, 65) && u.any_in(150, 151));
+        assert!(!u.any_in(5, 64) && !u.any_in(66, 150) && !u.any_in(151, 199));
+        assert!(!u.any_in(0, 0) && u.any_in(199, 1000));
+        // Long ranges go through the summary.
+        let mut big = Bitmap::new(1 << 20);
+        assert!(!big.any_in(0, 1 << 20));
+        big.set(300_000);
+        assert!(big.any_in(0, 1 << 20) && big.any_in(300_000, 300_001));
+        assert!(!big.any_in(0, 300_000) && !big.any_in(300_001, 1 << 20));
+        assert!(big.any_in(299_000, 400_000) && big.any_in(4096 * 64, 300_001));
+        let mut cleared = big.clone();
+        cleared.subtract(&big);
+        assert_eq!(cleared, Bitmap::new(1 << 20));
+        assert!(!cleared.any_in(0, 1 << 20));
     }
 
     #[test]

@@ -118,7 +118,9 @@ pub(crate) fn create_layer(dir: &Path, id: u64, nblocks: u64) -> Result<Layer, O
     atomic_write(dir, &bitmap_name(id), &bitmap.encode(id))?;
     Ok(Layer {
         id,
+        parent: None,
         name: None,
+        deleted: false,
         file,
         bitmap,
     })

@@ -8,21 +8,26 @@
 //!
 //! # Layers (iROW)
 //!
-//! Following iROW ("improved Redirect-on-Write"), the overlay is a stack of *layers*. Each
+//! Following iROW ("improved Redirect-on-Write"), the overlay is a tree of *layers*. Each
 //! layer is a bitmap (one bit per block) plus a sparse data file in which block `i` lives at
-//! offset `i * block_size`. The top layer is writable; the layers below it are frozen
-//! snapshots. A *merged table* (one `u16` per block: the index of the topmost layer holding
-//! it, or none) is rebuilt from the bitmaps at open and kept up to date in memory, so a read
-//! is one table lookup however long the chain is.
+//! offset `i * block_size`, and names the layer below it (its parent; none on the base). One
+//! layer is writable (the *current* one); the others are frozen snapshots, or deleted
+//! snapshots that layers above still read through. Reads go through the path from the
+//! current layer down to the base: a *merged table* (one `u16` per block: the slot of the
+//! topmost layer on that path holding it, or none) is built from the bitmaps at open and
+//! kept up to date in memory, so a read is one table lookup however deep the path is.
 //!
-//! * [`snapshot`](Overlay::snapshot) freezes the top layer under a name and starts a new
-//!   empty top: no data is copied, the merged table is unchanged.
-//! * [`rollback`](Overlay::rollback) drops every layer above the snapshot (later snapshots
-//!   included) and starts a new empty top over it; the snapshot itself stays.
-//! * [`delete_snapshot`](Overlay::delete_snapshot) merges the snapshot's layer into the
-//!   layer above it (blocks the upper layer does not hold are copied up; if the upper layer
-//!   is empty the lower layer's files are simply adopted) and drops it; contents are
-//!   unchanged.
+//! * [`snapshot`](Overlay::snapshot) freezes the current layer under a name and starts a new
+//!   empty layer on it: no data is copied, the merged table is unchanged.
+//! * [`rollback`](Overlay::rollback) drops the current layer (the writes since the last
+//!   snapshot) and starts a new empty one on the snapshot. Other snapshots stay: those taken
+//!   after it become a branch a later rollback returns to. The merged table is recomputed
+//!   only for the blocks of the layers the path leaves and enters.
+//! * [`delete_snapshot`](Overlay::delete_snapshot) marks the snapshot deleted (iROW's
+//!   virtual deletion) and tidies it: blocks every layer on it holds can never be read again
+//!   and are dropped from its bitmap and punched out of its data file; a deleted layer no
+//!   layer sits on goes (and so, in turn, may its deleted parent); one with a single layer on
+//!   it is merged with that layer, copying the smaller of the two. Contents are unchanged.
 //!
 //! # Managing overlays from outside
 //!
@@ -38,7 +43,7 @@
 //!
 //! | file | content |
 //! |---|---|
-//! | `meta.json` | the manifest: format, size, block size, base version id, the next layer id and the layer stack (bottom first; each `{id, snapshot}`; the top has no snapshot name), wrapped as `{"blake3": <hex of the body's JSON>, "body": {...}}` |
+//! | `meta.json` | the manifest (version 2): format, size, block size, base version id, the next layer id, the current layer's id, and every layer by id (each `{id, parent, snapshot, deleted}`; the current and deleted layers have no snapshot name), wrapped as `{"blake3": <hex of the body's JSON>, "body": {...}}`. Version 1 held a stack (`{id, snapshot}`, bottom first, the last one writable) and is read as a chain |
 //! | `layer-<id>.data` | the layer's sparse data file; block `i` at offset `i * block_size`; zeroed blocks are holes |
 //! | `layer-<id>.bitmap` | the layer's bitmap: header, dense or sparse payload, BLAKE3 trailer (see `bitmap.rs`) |
 //! | `lock` | `flock`ed while an `Overlay` has the directory open |
@@ -69,14 +74,18 @@
 //! * **snapshot**: flush the top (sync data, write bitmap); create the new top's data file
 //!   and empty bitmap; write the manifest (old top named, new top pushed). A crash before the
 //!   rename leaves the old manifest plus unreferenced files (deleted at next open).
-//! * **rollback**: create the new top's files; write the manifest (layers above the snapshot
-//!   removed); delete the removed layers' files.
-//! * **delete_snapshot** of layer `k` with upper layer `u`: flush the top; then either
-//!   (`u` empty) write the manifest with `u` removed and `k` taking `u`'s place and name, then
-//!   delete `u`'s files; or copy the blocks of `k` that `u` lacks into `u`'s data file at
-//!   offsets `u` does not hold (invisible), fdatasync it, replace `u`'s bitmap with `u ∪ k`
-//!   (from now on `u` shows exactly what `k` showed beneath it, so the old manifest still
-//!   reads identically), write the manifest without `k`, delete `k`'s files.
+//! * **rollback**: create the new current layer's files; write the manifest (the old current
+//!   layer removed); delete its files; tidy its parent if that is a deleted snapshot.
+//! * **delete_snapshot**: flush; write the manifest with the layer marked deleted; tidy it.
+//! * **tidy** of deleted layer `k` (also run at open, so an interrupted one finishes):
+//!   flush; with no layer on `k`, write the manifest without it and delete its files. Else
+//!   replace `k`'s bitmap without the blocks every layer on it holds, then punch them out of
+//!   its data file (nothing reads them whatever the manifest says). With one layer `u` on
+//!   it, merge: copy `u`'s blocks into `k`'s data file, or the blocks of `k` that `u` lacks
+//!   into `u`'s (either way where nothing reads them yet), fdatasync, replace the receiving
+//!   layer's bitmap with the union (the old manifest still reads identically), then write the
+//!   manifest with the receiving layer in `u`'s place (name, children, writable role) and
+//!   delete the other's files.
 //! * **reset**: create a new empty layer; write the manifest (new base, only that layer);
 //!   delete all old layers' files.
 //!
@@ -105,8 +114,8 @@ use std::fs::{self, File};
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use bitmap::Bitmap;
 pub use error::OverlayError;
@@ -114,6 +123,7 @@ use fsutil::{atomic_write, read_at_zero_fill, read_meta_file, zero_range};
 use layer_files::{bitmap_name, check_no_lost_layers, create_layer, data_name, gc, lock_dir};
 pub use manage::OverlayInfo;
 use meta::{LayerMeta, Meta};
+pub use snapshots::SnapshotInfo;
 
 /// Smallest allowed block size.
 pub const MIN_BLOCK_SIZE: u32 = 4096;
@@ -136,16 +146,23 @@ pub struct OverlayStats {
     pub blocks_held: u64,
     /// Bytes of those blocks (the last block of the image may be short).
     pub held_bytes: u64,
-    /// Layers in the stack, the writable top included (snapshots + 1).
+    /// Layers in the snapshot tree: snapshots, the writable layer, and deleted snapshots
+    /// that layers above still read through.
     pub layers: usize,
     /// Bytes the layers' data files occupy on disk (holes excluded).
     pub data_bytes_allocated: u64,
+    /// Blocks copied into the current layer on read (copy-on-demand) since open.
+    pub copied_on_read: u64,
 }
 
 struct Layer {
     id: u64,
-    /// Snapshot name; `None` for the top layer.
+    /// Slot of the layer below; `None` on the base.
+    parent: Option<usize>,
+    /// Snapshot name; `None` for the writable layer and deleted ones.
     name: Option<String>,
+    /// A deleted snapshot that layers above still read through (virtual deletion).
+    deleted: bool,
     file: File,
     bitmap: Bitmap,
 }
@@ -153,9 +170,12 @@ struct Layer {
 struct State {
     base: String,
     next_layer_id: u64,
-    /// Bottom first; the last one is the writable top.
-    layers: Vec<Layer>,
-    /// Per block: index into `layers` of the topmost layer holding it, or `NONE`.
+    /// Every layer of the snapshot tree, by slot (the merged table names slots); `None` is a
+    /// free slot. Slots are reused, layer ids never.
+    layers: Vec<Option<Layer>>,
+    /// Slot of the writable layer (the top of the path reads go through).
+    current: usize,
+    /// Per block: slot of the topmost layer on the current path holding it, or `NONE`.
     table: Vec<u16>,
     /// Entries of `table` that are not `NONE`.
     held: u64,
@@ -175,7 +195,17 @@ pub struct Overlay {
     nblocks: u64,
     /// The top data file has writes not yet fdatasynced.
     data_dirty: AtomicBool,
+    /// Copy-on-demand: a block read from a layer this many layers or more below the current
+    /// one is copied into the current layer (0: off).
+    copy_on_read: AtomicU16,
+    /// Blocks copied up on read since open.
+    copied_on_read: AtomicU64,
     state: RwLock<State>,
+    /// Space being freed in the background (freeing a file's extents can take longer than the
+    /// operation that made them garbage): files of layers the manifest no longer lists, and
+    /// blocks punched out of a deleted layer (tagged with its id, so that nothing is copied
+    /// into that layer before they are done). Joined on drop.
+    background: Mutex<Vec<(Option<u64>, std::thread::JoinHandle<()>)>>,
     /// Holds the directory's `flock` for the overlay's lifetime.
     _lock: File,
 }
@@ -190,11 +220,78 @@ impl std::fmt::Debug for Overlay {
     }
 }
 
-fn build_table(layers: &[Layer], nblocks: u64) -> (Vec<u16>, u64) {
+impl State {
+    fn layer(&self, slot: usize) -> &Layer {
+        self.layers[slot].as_ref().expect("a slot in use")
+    }
+
+    fn layer_mut(&mut self, slot: usize) -> &mut Layer {
+        self.layers[slot].as_mut().expect("a slot in use")
+    }
+
+    /// The writable layer.
+    fn top(&self) -> &Layer {
+        self.layer(self.current)
+    }
+
+    /// Slots from `slot` down to the base.
+    fn path_from(&self, slot: usize) -> Vec<usize> {
+        let mut path = vec![slot];
+        while let Some(p) = self.layer(*path.last().expect("not empty")).parent {
+            path.push(p);
+        }
+        path
+    }
+
+    /// Slots of the layers straight on top of `slot`.
+    fn children(&self, slot: usize) -> Vec<usize> {
+        self.slots()
+            .filter(|&s| self.layer(s).parent == Some(slot))
+            .collect()
+    }
+
+    /// Slots in use, in slot order.
+    fn slots(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.layers.len()).filter(|&s| self.layers[s].is_some())
+    }
+
+    /// Puts `layer` in a free slot.
+    fn insert(&mut self, layer: Layer) -> usize {
+        match self.layers.iter().position(Option::is_none) {
+            Some(s) => {
+                self.layers[s] = Some(layer);
+                s
+            }
+            None => {
+                self.layers.push(Some(layer));
+                self.layers.len() - 1
+            }
+        }
+    }
+
+    /// Whether another layer fits (the merged table names slots in a `u16`).
+    fn has_room(&self) -> Result<(), OverlayError> {
+        let used = self.slots().count();
+        if used >= MAX_LAYERS {
+            return Err(OverlayError::TooManyLayers(used));
+        }
+        Ok(())
+    }
+
+    /// The slot of the topmost layer on the current path holding `block`.
+    fn holder_on(&self, path: &[usize], block: u64) -> u16 {
+        path.iter()
+            .find(|&&s| self.layer(s).bitmap.get(block))
+            .map_or(NONE, |&s| s as u16)
+    }
+}
+
+/// The merged table of the current path, and how many blocks it holds.
+fn build_table(st: &State, nblocks: u64) -> (Vec<u16>, u64) {
     let mut table = vec![NONE; nblocks as usize];
-    for (i, l) in layers.iter().enumerate() {
-        for b in l.bitmap.iter() {
-            table[b as usize] = i as u16;
+    for &slot in st.path_from(st.current).iter().rev() {
+        for b in st.layer(slot).bitmap.iter() {
+            table[b as usize] = slot as u16;
         }
     }
     let held = table.iter().filter(|&&e| e != NONE).count() as u64;
@@ -239,6 +336,9 @@ impl Overlay {
             block_size,
             nblocks,
             data_dirty: AtomicBool::new(false),
+            copy_on_read: AtomicU16::new(0),
+            copied_on_read: AtomicU64::new(0),
+            background: Mutex::new(Vec::new()),
             state: RwLock::new(state),
             _lock: lock,
         };
@@ -257,9 +357,12 @@ impl Overlay {
                 block_size,
                 base: base.to_string(),
                 next_layer_id: 1,
+                current: 0,
                 layers: vec![LayerMeta {
                     id: 0,
+                    parent: None,
                     snapshot: None,
+                    deleted: false,
                 }],
             };
             atomic_write(dir, META_FILE, &meta.encode())?;
@@ -267,7 +370,8 @@ impl Overlay {
             return Ok(overlay(State {
                 base: base.to_string(),
                 next_layer_id: 1,
-                layers: vec![layer],
+                layers: vec![Some(layer)],
+                current: 0,
                 table: vec![NONE; nblocks as usize],
                 held: 0,
                 bitmap_dirty: false,
@@ -301,6 +405,7 @@ impl Overlay {
             ));
         }
         let mut layers = Vec::with_capacity(meta.layers.len());
+        let mut slot_of = std::collections::HashMap::new();
         for lm in &meta.layers {
             let dpath = dir.join(data_name(lm.id));
             let file = fsutil::open_rw(&dpath, false).map_err(|e| {
@@ -312,26 +417,45 @@ impl Overlay {
             })?;
             let bpath = dir.join(bitmap_name(lm.id));
             let bitmap = Bitmap::decode(&read_meta_file(&bpath)?, &bpath, lm.id, nblocks)?;
-            layers.push(Layer {
+            slot_of.insert(lm.id, layers.len());
+            layers.push(Some(Layer {
                 id: lm.id,
+                // Validated: a parent is listed, and listed before its children.
+                parent: lm.parent.map(|p| slot_of[&p]),
                 name: lm.snapshot.clone(),
+                deleted: lm.deleted,
                 file,
                 bitmap,
-            });
+            }));
         }
         gc(dir, &meta.layers.iter().map(|l| l.id).collect());
-        let (table, held) = build_table(&layers, nblocks);
-        tracing::debug!(dir = %dir.display(), layers = layers.len(), held, "opened overlay");
-        Ok(overlay(State {
+        let mut state = State {
             base: meta.base,
             next_layer_id: meta.next_layer_id,
             layers,
-            table,
-            held,
+            current: slot_of[&meta.current],
+            table: Vec::new(),
+            held: 0,
             bitmap_dirty: false,
             epoch: 0,
             failed: None,
-        }))
+        };
+        let (table, held) = build_table(&state, nblocks);
+        state.table = table;
+        state.held = held;
+        tracing::debug!(dir = %dir.display(), layers = meta.layers.len(), held, "opened overlay");
+        let overlay = overlay(state);
+        // An interrupted deletion may have left deleted layers to tidy.
+        {
+            let mut st = overlay.write();
+            let deleted: Vec<usize> = st.slots().filter(|&s| st.layer(s).deleted).collect();
+            for slot in deleted {
+                if st.layers[slot].is_some() {
+                    overlay.tidy(&mut st, slot)?;
+                }
+            }
+        }
+        Ok(overlay)
     }
 
     /// The block size in bytes.
@@ -418,11 +542,63 @@ impl Overlay {
         if e == NONE {
             return Ok(false);
         }
-        let layer = &st.layers[e as usize];
+        let layer = st.layer(e as usize);
         let pos = block * self.block_size as u64 + offset_in_block as u64;
         read_at_zero_fill(&layer.file, buf, pos)
             .map_err(|err| OverlayError::io("read", self.dir.join(data_name(layer.id)), err))?;
+        let min_depth = self.copy_on_read.load(Ordering::Relaxed);
+        let deep = min_depth > 0
+            && e as usize != st.current
+            && st
+                .path_from(st.current)
+                .iter()
+                .position(|&s| s == e as usize)
+                .is_some_and(|d| d >= min_depth as usize);
+        drop(st);
+        if deep {
+            if let Err(err) = self.copy_up(block, e as usize) {
+                // The read itself succeeded; only the copy is lost.
+                tracing::warn!(dir = %self.dir.display(), block, error = %err, "copy-on-read failed");
+            }
+        }
         Ok(true)
+    }
+
+    /// Copy-on-demand (iROW): from now on, a block read from a layer `depth` or more layers
+    /// below the current one is copied into the current layer, so later reads of it, and
+    /// deletions of the snapshots below, no longer depend on those layers. `0` turns it off.
+    /// The copy is durable, like a write, at the next flush.
+    pub fn set_copy_on_read(&self, depth: u16) {
+        self.copy_on_read.store(depth, Ordering::Relaxed);
+    }
+
+    /// Copies `block`, which layer `slot` holds for the current path, into the current layer.
+    fn copy_up(&self, block: u64, slot: usize) -> Result<(), OverlayError> {
+        let mut st = self.write();
+        check_failed(&st)?;
+        if st.table[block as usize] != slot as u16 || slot == st.current {
+            return Ok(()); // written or moved meanwhile
+        }
+        let len = self.block_len(block) as usize;
+        let pos = block * self.block_size as u64;
+        let mut buf = vec![0u8; len];
+        let src = st.layer(slot);
+        read_at_zero_fill(&src.file, &mut buf, pos)
+            .map_err(|e| OverlayError::io("read", self.dir.join(data_name(src.id)), e))?;
+        let top = st.top();
+        let r = if buf.iter().all(|&b| b == 0) {
+            zero_range(&top.file, pos, len as u64)
+        } else {
+            top.file.write_all_at(&buf, pos)
+        };
+        r.map_err(|e| OverlayError::io("write", self.dir.join(data_name(top.id)), e))?;
+        self.data_dirty.store(true, Ordering::SeqCst);
+        mark_held(&mut st, block, 1);
+        // A guest write that did its pwrite before this copy and has not marked its block
+        // yet must do it again, or the copy would stand in its place.
+        st.epoch += 1;
+        self.copied_on_read.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Writes a whole block into the top layer. `data.len()` must be the block's length
@@ -444,7 +620,7 @@ impl Overlay {
             let epoch = {
                 let st = self.read();
                 check_failed(&st)?;
-                let top = st.layers.last().expect("at least one layer");
+                let top = st.top();
                 let r = if zero {
                     zero_range(&top.file, pos, expected)
                 } else {
@@ -484,7 +660,7 @@ impl Overlay {
             })?;
         let mut st = self.write();
         check_failed(&st)?;
-        let top = st.layers.last().expect("at least one layer");
+        let top = st.top();
         let pos = first * self.block_size as u64;
         let len = (end * self.block_size as u64).min(self.size) - pos;
         zero_range(&top.file, pos, len)
@@ -521,16 +697,16 @@ impl Overlay {
             held_bytes -= bs - self.block_len(self.nblocks - 1);
         }
         let data_bytes_allocated = st
-            .layers
-            .iter()
-            .filter_map(|l| l.file.metadata().ok())
+            .slots()
+            .filter_map(|s| st.layer(s).file.metadata().ok())
             .map(|m| m.blocks() * 512)
             .sum();
         OverlayStats {
             blocks_held: st.held,
             held_bytes,
-            layers: st.layers.len(),
+            layers: st.slots().count(),
             data_bytes_allocated,
+            copied_on_read: self.copied_on_read.load(Ordering::Relaxed),
         }
     }
 
@@ -554,7 +730,7 @@ impl Overlay {
 
     fn flush_locked(&self, st: &mut State) -> Result<(), OverlayError> {
         check_failed(st)?;
-        let top = st.layers.last().expect("at least one layer");
+        let top = st.top();
         if self.data_dirty.swap(false, Ordering::SeqCst) {
             if let Err(e) = top.file.sync_data() {
                 let err = OverlayError::io("fdatasync", self.dir.join(data_name(top.id)), e);
@@ -577,14 +753,23 @@ impl Overlay {
             block_size: self.block_size,
             base: st.base.clone(),
             next_layer_id: st.next_layer_id,
-            layers: st
-                .layers
-                .iter()
-                .map(|l| LayerMeta {
-                    id: l.id,
-                    snapshot: l.name.clone(),
-                })
-                .collect(),
+            current: st.top().id,
+            layers: {
+                let mut layers: Vec<LayerMeta> = st
+                    .slots()
+                    .map(|s| {
+                        let l = st.layer(s);
+                        LayerMeta {
+                            id: l.id,
+                            parent: l.parent.map(|p| st.layer(p).id),
+                            snapshot: l.name.clone(),
+                            deleted: l.deleted,
+                        }
+                    })
+                    .collect();
+                layers.sort_by_key(|l| l.id);
+                layers
+            },
         }
     }
 
@@ -596,16 +781,87 @@ impl Overlay {
         })
     }
 
-    /// Deletes a layer the manifest no longer lists. Failures only leave garbage that the
-    /// next open removes.
+    /// Deletes, in the background, a layer the manifest no longer lists (its id is never
+    /// used again). Failures only leave garbage that the next open removes.
     fn remove_layer_files(&self, layer: Layer) {
-        drop(layer.file);
-        for name in [data_name(layer.id), bitmap_name(layer.id)] {
-            let p = self.dir.join(name);
-            if let Err(e) = fs::remove_file(&p) {
-                tracing::warn!(path = %p.display(), error = %e, "cannot remove overlay layer file");
+        let paths = [data_name(layer.id), bitmap_name(layer.id)].map(|n| self.dir.join(n));
+        let remove = move || {
+            drop(layer.file);
+            for p in paths {
+                match fs::remove_file(&p) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        tracing::warn!(path = %p.display(), error = %e, "cannot remove overlay layer file")
+                    }
+                }
+            }
+        };
+        self.in_background(None, remove);
+    }
+
+    /// Runs `work`, which only frees space, on a thread of its own; `layer` is the layer whose
+    /// data file it changes, if any. Where no thread can be started, runs it here.
+    fn in_background(&self, layer: Option<u64>, work: impl FnOnce() + Send + 'static) {
+        let mut pending = self.background.lock().unwrap_or_else(|e| e.into_inner());
+        pending.retain(|(_, h)| !h.is_finished());
+        let work = std::sync::Arc::new(Mutex::new(Some(work)));
+        let run = {
+            let work = work.clone();
+            move || {
+                let w = work.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(w) = w {
+                    w();
+                }
+            }
+        };
+        match std::thread::Builder::new()
+            .name("overlay-free".into())
+            .spawn(run)
+        {
+            Ok(h) => pending.push((layer, h)),
+            Err(e) => {
+                tracing::debug!(error = %e, "no thread to free overlay space: freeing it now");
+                drop(pending);
+                let w = work.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(w) = w {
+                    w();
+                }
             }
         }
+    }
+
+    /// Waits until the space being freed in the background (files of dropped layers, blocks
+    /// of deleted snapshots nothing reads) is free.
+    pub fn settle(&self) {
+        let pending =
+            std::mem::take(&mut *self.background.lock().unwrap_or_else(|e| e.into_inner()));
+        for (_, h) in pending {
+            let _ = h.join();
+        }
+    }
+
+    /// Waits until nothing in the background changes layer `id`'s data file.
+    fn settle_layer(&self, id: u64) {
+        let mine: Vec<_> = {
+            let mut pending = self.background.lock().unwrap_or_else(|e| e.into_inner());
+            let (mine, rest) = std::mem::take(&mut *pending)
+                .into_iter()
+                .partition(|(l, _)| *l == Some(id));
+            *pending = rest;
+            mine
+        };
+        for (_, h) in mine {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Overlay {
+    /// Waits for the space being freed, so that whoever opens the directory next finds only
+    /// the overlay's files.
+    fn drop(&mut self) {
+        self.settle();
     }
 }
 
@@ -618,8 +874,8 @@ fn check_failed(st: &State) -> Result<(), OverlayError> {
 
 /// Sets blocks `first..first+count` in the top bitmap and the merged table.
 fn mark_held(st: &mut State, first: u64, count: u64) {
-    let top_index = (st.layers.len() - 1) as u16;
-    let top = st.layers.last_mut().expect("at least one layer");
+    let top_index = st.current as u16;
+    let top = st.layers[st.current].as_mut().expect("the writable layer");
     for b in first..first + count {
         if top.bitmap.set(b) {
             st.bitmap_dirty = true;

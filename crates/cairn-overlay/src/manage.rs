@@ -22,9 +22,10 @@ pub struct OverlayInfo {
     pub base: String,
     /// Snapshot names, oldest first.
     pub snapshots: Vec<String>,
-    /// Layers in the stack, the writable top included.
+    /// Layers in the snapshot tree, the writable layer and deleted snapshots included.
     pub layers: usize,
-    /// Blocks held by some layer as of the last flush, and their bytes.
+    /// Blocks the current state holds (the writable layer and the snapshots under it) as of
+    /// the last flush, and their bytes.
     pub blocks_held: u64,
     pub held_bytes: u64,
     /// Bytes the layers' data files occupy on disk.
@@ -134,11 +135,21 @@ fn inspect_with(dir: &Path, meta: &Meta) -> Result<OverlayInfo, OverlayError> {
     let nblocks = meta.size.div_ceil(meta.block_size as u64);
     let mut held = Bitmap::new(nblocks);
     let mut allocated = 0;
+    let mut on_path = std::collections::HashSet::new();
+    let mut at = Some(meta.current);
+    while let Some(id) = at {
+        on_path.insert(id);
+        at = meta
+            .layers
+            .iter()
+            .find(|l| l.id == id)
+            .and_then(|l| l.parent);
+    }
     for l in &meta.layers {
         let bpath = dir.join(bitmap_name(l.id));
         let bitmap = Bitmap::decode(&read_meta_file(&bpath)?, &bpath, l.id, nblocks)?;
-        for b in bitmap.iter() {
-            held.set(b);
+        if on_path.contains(&l.id) {
+            held.union_with(&bitmap);
         }
         let dpath = dir.join(data_name(l.id));
         allocated += fs::metadata(&dpath)

@@ -186,6 +186,49 @@ fn crash_inside_delete_snapshot_reads_like_before() {
     assert_eq!(read(&o, 1).unwrap(), pattern(1, 1, BS as usize));
 }
 
+/// A deletion interrupted right after its commit point (the manifest marks the snapshot
+/// deleted; nothing reclaimed or merged yet) is finished by the next open.
+#[test]
+fn interrupted_deletion_is_finished_at_open() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("o");
+    let o = open(&dir).unwrap();
+    write(&o, 0, 1);
+    write(&o, 1, 1);
+    o.snapshot("a").unwrap(); // layer 0
+    write(&o, 1, 2); // layer 1, current
+    o.flush().unwrap();
+    let before = contents(&o);
+    drop(o);
+    // Mark "a" deleted in the manifest, with a checksum that matches.
+    let meta = fs::read_to_string(dir.join("meta.json")).unwrap();
+    let body_at = meta.find("\"body\":").unwrap() + "\"body\":".len();
+    let body = meta[body_at..meta.trim_end().len() - 1].replace(
+        "\"snapshot\":\"a\",\"deleted\":false",
+        "\"snapshot\":null,\"deleted\":true",
+    );
+    assert!(body.contains("\"deleted\":true"), "{body}");
+    let sum = blake3::hash(body.as_bytes()).to_hex();
+    fs::write(
+        dir.join("meta.json"),
+        format!("{{\"blake3\":\"{sum}\",\"body\":{body}}}\n"),
+    )
+    .unwrap();
+
+    let o = open(&dir).unwrap();
+    assert_eq!(contents(&o), before);
+    assert!(o.snapshots().is_empty());
+    assert_eq!(o.stats().layers, 1, "merged into one layer");
+    write(&o, 2, 3); // and that layer is writable
+    o.flush().unwrap();
+    drop(o);
+    let o = open(&dir).unwrap();
+    assert_eq!(o.held_blocks(), vec![0, 1, 2]);
+    assert_eq!(read(&o, 1).unwrap(), pattern(1, 2, BS as usize));
+    let files = fs::read_dir(&dir).unwrap().count();
+    assert_eq!(files, 2 + 2, "one layer's files, meta.json and lock");
+}
+
 // ---- kill -9 ----
 
 const KILL_SIZE: u64 = 4096 * BS as u64;

@@ -1,5 +1,7 @@
 //! Model test: random sequences of write / zero / flush / snapshot / rollback / delete /
-//! reopen, with every block compared against an in-memory model after every step.
+//! reopen, with every block compared against an in-memory model after every step, and the
+//! snapshot tree (each snapshot's parent, which ones the current state reads through)
+//! against the model's tree.
 //!
 //! Reopen drops the overlay without flushing (a crash as far as the overlay is concerned).
 //! The contract then allows each block to be either as at the last durability point (flush
@@ -39,8 +41,8 @@ fn op() -> impl Strategy<Value = Op> {
         }),
         2 => Just(Op::Flush),
         2 => Just(Op::Snapshot),
-        1 => any::<usize>().prop_map(Op::Rollback),
-        1 => any::<usize>().prop_map(Op::Delete),
+        2 => any::<usize>().prop_map(Op::Rollback),
+        2 => any::<usize>().prop_map(Op::Delete),
         1 => Just(Op::Reopen),
     ]
 }
@@ -64,12 +66,18 @@ fn open(dir: &Path) -> Overlay {
     Overlay::open(dir, SIZE, BS, "base").unwrap()
 }
 
-fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+/// `copy_on_read`: 0, or the depth from which reads copy blocks up (the checks after each
+/// step read every block, so copies happen all the time).
+fn run(ops: Vec<Op>, copy_on_read: u16) -> Result<(), TestCaseError> {
     let d = tempfile::tempdir().unwrap();
     let mut o = open(d.path());
+    o.set_copy_on_read(copy_on_read);
     let mut current: Vec<Content> = vec![None; NBLOCKS as usize];
     let mut durable = current.clone();
-    let mut snaps: Vec<(String, Vec<Content>)> = Vec::new();
+    // Every snapshot: name, contents, parent snapshot.
+    let mut snaps: Vec<(String, Vec<Content>, Option<String>)> = Vec::new();
+    // The snapshot the writable layer sits on.
+    let mut on: Option<String> = None;
     let mut next_name = 0;
     for (step, op) in ops.into_iter().enumerate() {
         match op {
@@ -92,7 +100,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let name = format!("s{next_name}");
                 next_name += 1;
                 o.snapshot(&name).unwrap();
-                snaps.push((name, current.clone()));
+                snaps.push((name.clone(), current.clone(), on.replace(name)));
                 durable = current.clone();
             }
             Op::Rollback(i) => {
@@ -102,7 +110,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let i = i % snaps.len();
                 o.rollback(&snaps[i].0).unwrap();
                 current = snaps[i].1.clone();
-                snaps.truncate(i + 1);
+                on = Some(snaps[i].0.clone());
                 durable = current.clone();
             }
             Op::Delete(i) => {
@@ -111,12 +119,21 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
                 let i = i % snaps.len();
                 o.delete_snapshot(&snaps[i].0).unwrap();
-                snaps.remove(i);
+                let (gone, _, parent) = snaps.remove(i);
+                for s in &mut snaps {
+                    if s.2.as_ref() == Some(&gone) {
+                        s.2 = parent.clone();
+                    }
+                }
+                if on.as_ref() == Some(&gone) {
+                    on = parent;
+                }
                 durable = current.clone();
             }
             Op::Reopen => {
                 drop(o);
                 o = open(d.path());
+                o.set_copy_on_read(copy_on_read);
                 for b in 0..NBLOCKS {
                     let got = read(&o, b);
                     let (old, new) = (durable[b as usize], current[b as usize]);
@@ -143,20 +160,36 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 b
             );
         }
-        let names: Vec<String> = snaps.iter().map(|s| s.0.clone()).collect();
-        prop_assert_eq!(o.snapshots(), names);
+        let mut want: Vec<(String, Option<String>, bool)> = snaps
+            .iter()
+            .map(|(name, _, parent)| {
+                let mut under = on.clone();
+                while let Some(u) = under.clone().filter(|u| u != name) {
+                    under = snaps.iter().find(|s| s.0 == u).and_then(|s| s.2.clone());
+                }
+                (name.clone(), parent.clone(), under.is_some())
+            })
+            .collect();
+        want.sort();
+        let mut got: Vec<(String, Option<String>, bool)> = o
+            .snapshot_tree()
+            .into_iter()
+            .map(|s| (s.name, s.parent, s.current_path))
+            .collect();
+        got.sort();
+        prop_assert_eq!(got, want, "step {}: snapshot tree", step);
         let held = current.iter().filter(|c| c.is_some()).count() as u64;
         prop_assert_eq!(o.stats().blocks_held, held);
-        prop_assert_eq!(o.stats().layers, snaps.len() + 1);
+        prop_assert!(o.stats().layers > snaps.len());
     }
     Ok(())
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
     #[test]
-    fn overlay_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
-        run(ops)?;
+    fn overlay_matches_model(ops in proptest::collection::vec(op(), 1..40), cod in 0..3u16) {
+        run(ops, cod)?;
     }
 }

@@ -207,33 +207,43 @@ fn snapshot_write_rollback() {
     assert_eq!(read(&o, 1).unwrap(), pattern(1, 1, BS as usize));
     assert_eq!(read(&o, 2).unwrap(), pattern(2, 2, BS as usize));
 
+    // Rolling back to a keeps b: a branch one can return to.
     o.rollback("a").unwrap();
-    assert_eq!(o.snapshots(), vec!["a"]);
+    assert_eq!(o.snapshots(), vec!["a", "b"]);
+    let tree = o.snapshot_tree();
+    assert_eq!(tree[1].parent.as_deref(), Some("a"));
+    assert!(tree[0].current_path && !tree[1].current_path);
     assert_eq!(o.held_blocks(), vec![1, 2]);
     assert_eq!(read(&o, 2).unwrap(), pattern(2, 1, BS as usize));
+    write(&o, 7, 7);
+    o.rollback("b").unwrap();
+    assert_eq!(o.held_blocks(), vec![1, 2, 3]);
+    assert_eq!(read(&o, 2).unwrap(), pattern(2, 2, BS as usize));
+    o.rollback("a").unwrap();
     assert!(matches!(
-        o.rollback("b"),
+        o.rollback("zz"),
         Err(OverlayError::NoSuchSnapshot(_))
     ));
 
-    // rollback is durable without an explicit flush, and the snapshot survives reopen
+    // rollback is durable without an explicit flush, and the snapshots survive reopen
     write(&o, 5, 9);
     drop(o);
     let o = open(d.path());
-    assert_eq!(o.snapshots(), vec!["a"]);
+    assert_eq!(o.snapshots(), vec!["a", "b"]);
     assert_eq!(o.held_blocks(), vec![1, 2]);
     // rollback discards even flushed writes
     write(&o, 6, 9);
     o.flush().unwrap();
     o.rollback("a").unwrap();
     assert_eq!(o.held_blocks(), vec![1, 2]);
-    // only the files of live layers remain
+    drop(o); // waits for the dropped layers' files to go
+             // only the files of live layers remain
     let mut names: Vec<String> = std::fs::read_dir(d.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     names.sort();
-    assert_eq!(names.len(), 2 * 2 + 2, "{names:?}"); // 2 layers + meta.json + lock
+    assert_eq!(names.len(), 3 * 2 + 2, "{names:?}"); // 3 layers + meta.json + lock
 }
 
 #[test]
@@ -266,7 +276,102 @@ fn chain_of_100_snapshots_reads_through_merged_table() {
     assert_eq!(o.holding_layer(0), Some(50));
     assert_eq!(o.holding_layer(60), None);
     assert_eq!(read(&o, 0).unwrap(), pattern(0, 1050, BS as usize));
-    assert_eq!(o.snapshots().len(), 51);
+    // Every later snapshot stays, on a branch one can return to.
+    assert_eq!(o.snapshots().len(), 100);
+    o.rollback("s80").unwrap();
+    assert_eq!(read(&o, 0).unwrap(), pattern(0, 1080, BS as usize));
+    assert_eq!(o.holding_layer(70), Some(70));
+    assert_eq!(o.holding_layer(90), None);
+}
+
+/// Copy-on-demand: a block read from deep enough below is copied into the current layer,
+/// once; shallower reads are not.
+#[test]
+fn copy_on_read_pulls_deep_blocks_up() {
+    let d = tempfile::tempdir().unwrap();
+    let size = 16 * BS as u64;
+    let o = Overlay::open(d.path(), size, BS, "b").unwrap();
+    for i in 0..6u64 {
+        write(&o, i, 10 + i);
+        o.snapshot(&format!("s{i}")).unwrap();
+    }
+    // The current layer is slot 6; block i is held i layers deeper than s5's block 5.
+    o.set_copy_on_read(4);
+    assert_eq!(read(&o, 5).unwrap(), pattern(5, 15, BS as usize));
+    assert_eq!(read(&o, 3).unwrap(), pattern(3, 13, BS as usize));
+    assert_eq!(
+        o.stats().copied_on_read,
+        0,
+        "depth 1 and 3: not deep enough"
+    );
+    assert_eq!(read(&o, 1).unwrap(), pattern(1, 11, BS as usize));
+    assert_eq!(o.stats().copied_on_read, 1);
+    assert_eq!(o.holding_layer(1), Some(6));
+    assert_eq!(read(&o, 1).unwrap(), pattern(1, 11, BS as usize));
+    assert_eq!(o.stats().copied_on_read, 1, "copied once");
+    // A copy is like a write: rolled back with the current layer, durable on flush.
+    o.rollback("s5").unwrap();
+    assert_eq!(o.holding_layer(1), Some(1));
+    assert_eq!(read(&o, 0).unwrap(), pattern(0, 10, BS as usize));
+    o.flush().unwrap();
+    drop(o);
+    let o = Overlay::open(d.path(), size, BS, "b").unwrap();
+    assert_eq!(o.holding_layer(0), Some(6));
+    assert_eq!(read(&o, 0).unwrap(), pattern(0, 10, BS as usize));
+}
+
+/// iROW's virtual deletion: a snapshot layers still read through is only marked; what every
+/// layer above it holds is punched out at once; it goes when nothing reads through it.
+#[test]
+fn deleted_snapshots_are_reclaimed_and_merged() {
+    let d = tempfile::tempdir().unwrap();
+    let size = 64 * BS as u64;
+    let o = Overlay::open(d.path(), size, BS, "b").unwrap();
+    for b in 0..32 {
+        write(&o, b, 1);
+    }
+    o.snapshot("base").unwrap();
+    for b in 0..16 {
+        write(&o, b, 2);
+    }
+    o.snapshot("left").unwrap();
+    o.rollback("base").unwrap();
+    for b in 8..24 {
+        write(&o, b, 3);
+    }
+    o.snapshot("right").unwrap();
+    let view = |o: &Overlay| (0..40).map(|b| read(o, b)).collect::<Vec<_>>();
+    let before = view(&o);
+    let allocated = o.stats().data_bytes_allocated;
+
+    // Two snapshots sit on base: it stays, marked, and loses blocks 8..16 (both hold them).
+    o.delete_snapshot("base").unwrap();
+    assert_eq!(view(&o), before);
+    o.settle(); // blocks are punched out in the background
+    assert_eq!(o.snapshots(), vec!["left", "right"]);
+    assert!(o.snapshot_tree().iter().all(|s| s.parent.is_none()));
+    assert_eq!(o.stats().layers, 4, "base kept as a deleted layer");
+    assert_eq!(
+        o.stats().data_bytes_allocated,
+        allocated - 8 * BS as u64,
+        "blocks both branches hide are punched out"
+    );
+    o.rollback("left").unwrap();
+    assert_eq!(read(&o, 20).unwrap(), pattern(20, 1, BS as usize));
+    assert_eq!(read(&o, 3).unwrap(), pattern(3, 2, BS as usize));
+
+    // Deleting one branch leaves base one layer on it (left): the two merge.
+    o.rollback("right").unwrap();
+    o.delete_snapshot("left").unwrap();
+    assert_eq!(view(&o), before);
+    assert_eq!(o.snapshots(), vec!["right"]);
+    assert_eq!(o.stats().layers, 2, "base merged with right");
+    drop(o);
+    let o = Overlay::open(d.path(), size, BS, "b").unwrap();
+    assert_eq!(view(&o), before);
+    assert_eq!(o.snapshots(), vec!["right"]);
+    let names = std::fs::read_dir(d.path()).unwrap().count();
+    assert_eq!(names, 2 * 2 + 2, "no files of gone layers");
 }
 
 #[test]
