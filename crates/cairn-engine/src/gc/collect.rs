@@ -127,7 +127,7 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     clock.lap("trailers", &mut report);
     let damaged = Damaged::find(repo, &snapshot, &*live_use).await?;
     clock.lap("damage", &mut report);
-    let plan = PackPlan::new(
+    let mut plan = PackPlan::new(
         &snapshot,
         &*live_use,
         &damaged,
@@ -135,6 +135,11 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
         &small,
     );
     clock.lap("plan", &mut report);
+    if let Some(level) = options.recompress {
+        report.packs_recompressed =
+            super::recompress::select(repo, &snapshot, &mut plan, level).await?;
+        clock.lap("recompression sample", &mut report);
+    }
     report.groups_rebuilt = damaged.rebuilt.len() as u64;
     report.dead_blobs = plan.dead.len() as u64;
     report.packs_deleted = plan.to_delete.len() as u64;
@@ -564,13 +569,18 @@ async fn repack<'a>(
     for pack in &plan.to_repack {
         let data = repo.read_whole_pack(pack).await?;
         let trailer = &snapshot.trailers[pack];
-        for &g in &plan.canonical_in[pack] {
-            let group = &trailer.groups[g as usize];
+        let groups: Vec<u32> = plan.canonical_in[pack].clone();
+        // Copies are made on every core (recompression is CPU work), stored in order.
+        let copies = super::recompress::parallel_map(groups, |g| {
             let live = live_use.live_slots(trailer, g);
-            let copied = copy_group(repo, trailer, g, &data, live.as_ref())?;
+            let copied = copy_group(repo, trailer, g, &data, live.as_ref(), options.recompress);
+            (g, live, copied)
+        });
+        for (g, live, copied) in copies {
+            let group = &trailer.groups[g as usize];
             report.repacked_bytes += u64::from(group.desc.stored_len);
             progress::add(&options.progress, u64::from(group.desc.stored_len));
-            writer.push(group.kind, copied, live.as_ref()).await?;
+            writer.push(group.kind, copied?, live.as_ref()).await?;
         }
     }
     for (_, group) in damaged.rebuilt {

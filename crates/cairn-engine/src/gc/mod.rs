@@ -42,6 +42,7 @@ mod liveness;
 mod pack_plan;
 mod phase;
 mod rebuild;
+mod recompress;
 mod records;
 pub(crate) mod repacker;
 mod rescue;
@@ -104,6 +105,10 @@ pub struct GcOptions {
     /// Counters for a progress display (each step: summaries, deleted trees or marking,
     /// repacking, waiting, deleting).
     pub progress: Option<Arc<WorkProgress>>,
+    /// Cold recompression (exact pass only): every data group GC copies is compressed again
+    /// at this zstd level (same id: every slot stays listed), and every kept data pack whose
+    /// groups would shrink at it is copied too (`recompress.rs`).
+    pub recompress: Option<i32>,
 }
 
 /// How often a waiting GC says what it waits for.
@@ -114,6 +119,7 @@ impl std::fmt::Debug for GcOptions {
         f.debug_struct("GcOptions")
             .field("mode", &self.mode)
             .field("dry_run", &self.dry_run)
+            .field("recompress", &self.recompress)
             .field("repack_threshold", &self.repack_threshold)
             .field("repack_small", &self.repack_small)
             .field("stale_after", &self.stale_after)
@@ -135,6 +141,7 @@ impl Default for GcOptions {
             poll: Duration::from_millis(200),
             on_wait: None,
             progress: None,
+            recompress: None,
         }
     }
 }
@@ -159,6 +166,8 @@ pub struct GcReport {
     pub dead_blobs: u64,
     pub packs_deleted: u64,
     pub packs_repacked: u64,
+    /// Of `packs_repacked`, the packs copied only to compress their groups again.
+    pub packs_recompressed: u64,
     pub packs_written: u64,
     pub orphan_packs_deleted: u64,
     /// Packs no index run named that hold data of live versions (their run was lost):
@@ -235,6 +244,11 @@ pub async fn has_unfreed_deletions(repo: &Repo) -> EngineResult<bool> {
 
 pub async fn gc(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<GcReport> {
     EngineError::ensure_writable(repo, "gc")?;
+    if options.recompress.is_some() && (options.mode != GcMode::Repair || repo.v2().is_none()) {
+        return Err(EngineError::BadInput(
+            "recompression runs with the exact pass (--repair) of a format 2 repository".into(),
+        ));
+    }
     let started = Instant::now();
     let mut clock = phase::PhaseClock::start();
     let lock = if options.dry_run {

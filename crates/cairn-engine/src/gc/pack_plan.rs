@@ -157,13 +157,14 @@ fn live_fraction(group: &PackGroup, live: Option<&SlotSet>) -> Option<(f64, bool
 /// Group `g` of `trailer`, read from its pack's bytes `data` and checked (never launder a
 /// damaged group into a new pack), as it will be stored again: its stored bytes as they are,
 /// or — when `live` slots leave at least [`TRIM_FRACTION`] dead — rewritten without the dead
-/// ones.
+/// ones; a data group compressed again at `recompress` when given (cold recompression).
 pub(super) fn copy_group(
     repo: &Repo,
     trailer: &PackTrailer,
     g: u32,
     data: &[u8],
     live: Option<&SlotSet>,
+    recompress: Option<i32>,
 ) -> EngineResult<Group> {
     let group = &trailer.groups[g as usize];
     let r = group.range();
@@ -195,6 +196,13 @@ pub(super) fn copy_group(
             source: cairn_format::FormatError::invalid("group", e.to_string()),
         })
     })?;
+    if let Some(level) = recompress.filter(|_| group.kind == BlobKind::Data) {
+        let again = super::recompress::recompressed(repo, trailer, g, opened.plain(), live, level);
+        // Never store more than there was (an incompressible group stays as it is).
+        if again.stored.len() < stored.len() {
+            return Ok(again);
+        }
+    }
     let verbatim = || Group {
         stored: stored.to_vec(),
         desc: group.desc.clone(),

@@ -99,7 +99,7 @@ pub(super) async fn rescue(
                     slots.union_with(&newer);
                 }
             }
-            let group = copy_group(repo, trailer, *g, &bytes, live.as_ref())?;
+            let group = copy_group(repo, trailer, *g, &bytes, live.as_ref(), None)?;
             report.repacked_bytes += u64::from(group.desc.stored_len);
             writer
                 .push(trailer.groups[*g as usize].kind, group, live.as_ref())
