@@ -42,8 +42,12 @@ pub enum Request {
     Snapshot {
         name: String,
     },
+    /// Refused while NBD clients are connected unless `force`: a running guest does not
+    /// know its disk changed under it.
     Rollback {
         name: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
     },
     Delete {
         name: String,
@@ -84,19 +88,36 @@ pub fn export_handler(
                 | Request::Rollback { .. }
                 | Request::Delete { .. }) => {
                     let o = overlay()?;
+                    let clients = export.stats().clients.load(Ordering::Relaxed);
+                    if let Request::Rollback { force: false, .. } = op {
+                        if clients > 0 {
+                            return Err(format!(
+                                "{clients} NBD {} connected, and a running guest would not know \
+                                 its disk was rolled back under it: shut the guest down first, or \
+                                 pass --force (then restart it before it writes more)",
+                                if clients == 1 {
+                                    "client is"
+                                } else {
+                                    "clients are"
+                                }
+                            ));
+                        }
+                    }
                     tokio::task::spawn_blocking(move || match op {
                         Request::Snapshot { name } => o.snapshot(&name),
-                        Request::Rollback { name } => o.rollback(&name),
+                        Request::Rollback { name, .. } => o.rollback(&name),
                         Request::Delete { name } => o.delete_snapshot(&name),
                         _ => unreachable!("matched above"),
                     })
                     .await
                     .map_err(|e| e.to_string())?
                     .map_err(|e| e.to_string())?;
-                    let clients = export.stats().clients.load(Ordering::Relaxed);
-                    Ok(json!({ "snapshots": overlay()?.snapshots(), "clients": clients }))
+                    let o = overlay()?;
+                    let mut v = snapshots_json(&o);
+                    v["clients"] = json!(clients);
+                    Ok(v)
                 }
-                Request::Snapshots => Ok(json!({ "snapshots": overlay()?.snapshots() })),
+                Request::Snapshots => overlay().map(|o| snapshots_json(&o)),
             }
         })
     })
@@ -138,6 +159,25 @@ async fn commit(
     }))
 }
 
+/// The overlay's snapshots: names (oldest first) and the tree (each one's parent, whether
+/// the current state reads through it, the blocks its layer holds).
+pub fn snapshots_json(o: &cairn_overlay::Overlay) -> Value {
+    let tree: Vec<Value> = o
+        .snapshot_tree()
+        .into_iter()
+        .map(|s| {
+            json!({
+                "name": s.name,
+                "parent": s.parent,
+                "current_path": s.current_path,
+                "blocks": s.blocks,
+            })
+        })
+        .collect();
+    let names: Vec<&Value> = tree.iter().map(|s| &s["name"]).collect();
+    json!({ "snapshots": names, "tree": tree })
+}
+
 /// The reply to [`Request::Status`].
 pub fn status_json(export: &VersionExport) -> Value {
     let base = export.base();
@@ -158,7 +198,9 @@ pub fn status_json(export: &VersionExport) -> Value {
             "held_bytes": s.held_bytes,
             "layers": s.layers,
             "data_bytes_allocated": s.data_bytes_allocated,
+            "copied_on_read": s.copied_on_read,
             "snapshots": o.snapshots(),
+            "snapshot_tree": snapshots_json(o)["tree"],
         });
     }
     v
@@ -269,8 +311,18 @@ mod tests {
                 r#"{"op":"commit","image":"vm","message":"m","force":true}"#,
             ),
             (
-                Request::Rollback { name: "s1".into() },
+                Request::Rollback {
+                    name: "s1".into(),
+                    force: false,
+                },
                 r#"{"op":"rollback","name":"s1"}"#,
+            ),
+            (
+                Request::Rollback {
+                    name: "s1".into(),
+                    force: true,
+                },
+                r#"{"op":"rollback","name":"s1","force":true}"#,
             ),
             (Request::Snapshots, r#"{"op":"snapshots"}"#),
         ];

@@ -481,6 +481,9 @@ async fn open_export(
                 return Err(e).with_context(|| format!("cannot open the overlay {}", dir.display()))
             }
         };
+        if let Some(depth) = args.copy_on_read {
+            o.set_copy_on_read(depth);
+        }
         let held = o.stats().blocks_held;
         if held > 0 {
             ctx.note(&format!(
@@ -667,9 +670,17 @@ pub async fn overlay(ctx: &Context, args: OverlayArgs) -> Result<ExitCode> {
         OverlayAction::Snapshot { export, name } => {
             (export, Request::Snapshot { name: name.clone() })
         }
-        OverlayAction::Rollback { export, name } => {
-            (export, Request::Rollback { name: name.clone() })
-        }
+        OverlayAction::Rollback {
+            export,
+            name,
+            force,
+        } => (
+            export,
+            Request::Rollback {
+                name: name.clone(),
+                force: *force,
+            },
+        ),
         OverlayAction::Delete { export, name } => (export, Request::Delete { name: name.clone() }),
         OverlayAction::List {
             export: Some(export),
@@ -681,7 +692,7 @@ pub async fn overlay(ctx: &Context, args: OverlayArgs) -> Result<ExitCode> {
     };
     let done = match &req {
         Request::Snapshot { name } => Some(format!("took snapshot {name}")),
-        Request::Rollback { name } => Some(format!(
+        Request::Rollback { name, .. } => Some(format!(
             "rolled back to snapshot {name}: the writes since are gone"
         )),
         Request::Delete { name } => Some(format!("deleted snapshot {name}")),
@@ -690,7 +701,10 @@ pub async fn overlay(ctx: &Context, args: OverlayArgs) -> Result<ExitCode> {
     let rollback = matches!(req, Request::Rollback { .. });
     let v = control::request(export, req)
         .await
-        .map_err(anyhow::Error::msg)?;
+        .map_err(|e| match rollback {
+            true => anyhow::anyhow!("{export}: {e}"),
+            false => anyhow::Error::msg(e),
+        })?;
     let clients = v["clients"].as_u64().unwrap_or(0);
     if rollback && clients > 0 {
         // The guest's caches still hold what it wrote after the snapshot: its file systems
@@ -702,22 +716,45 @@ pub async fn overlay(ctx: &Context, args: OverlayArgs) -> Result<ExitCode> {
         ));
     }
     if ctx.json {
-        print_json(&json!({ "snapshots": v["snapshots"], "clients": clients }));
+        print_json(&json!({ "snapshots": v["snapshots"], "tree": v["tree"], "clients": clients }));
     } else {
-        let names: Vec<&str> = v["snapshots"]
-            .as_array()
-            .map(|a| a.iter().filter_map(|s| s.as_str()).collect())
-            .unwrap_or_default();
-        let list = match names.is_empty() {
-            true => "no snapshots".to_string(),
-            false => format!("snapshots {}", names.join(", ")),
-        };
+        let list = snapshot_list(&v["tree"]);
         match done {
             Some(done) => outln!("{export}: {done}; {list}"),
             None => outln!("{export}: {list}"),
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// "snapshots a, b" (oldest first); when some are on another branch than the disk's, also
+/// the snapshot the disk now sits on, and each branch's parent.
+fn snapshot_list(tree: &Value) -> String {
+    let snaps = tree.as_array().cloned().unwrap_or_default();
+    if snaps.is_empty() {
+        return "no snapshots".to_string();
+    }
+    let name = |s: &Value| s["name"].as_str().unwrap_or_default().to_string();
+    let linear = snaps.iter().all(|s| s["current_path"] == json!(true));
+    let names: Vec<String> = snaps
+        .iter()
+        .map(|s| match (linear, s["parent"].as_str()) {
+            (false, Some(p)) => format!("{} (on {p})", name(s)),
+            _ => name(s),
+        })
+        .collect();
+    let mut list = format!("snapshots {}", names.join(", "));
+    if !linear {
+        match snaps
+            .iter()
+            .rev()
+            .find(|s| s["current_path"] == json!(true))
+        {
+            Some(s) => list.push_str(&format!("; the disk is at {} and later writes", name(s))),
+            None => list.push_str("; the disk is on none of them"),
+        }
+    }
+    list
 }
 
 /// `cairn commit IMAGE --from-export NAME`.

@@ -23,13 +23,14 @@ pub async fn run(ctx: &Context, args: GcArgs) -> Result<ExitCode> {
     let repo = ctx.open_as(SessionKind::Gc).await?;
     let (progress, ticker) = Ticker::for_work(ctx.progress);
     let options = GcOptions {
-        mode: if args.repair {
+        mode: if args.repair || args.recompress.is_some() {
             GcMode::Repair
         } else {
             GcMode::Fast
         },
         repack_threshold: args.repack_threshold,
         repack_small: !args.no_repack_small,
+        recompress: args.recompress,
         ..protocol_options(
             ctx,
             args.dry_run,
@@ -129,6 +130,7 @@ pub fn report_json(r: &GcReport) -> Value {
         "dead_blobs": r.dead_blobs,
         "packs_deleted": r.packs_deleted,
         "packs_repacked": r.packs_repacked,
+        "packs_recompressed": r.packs_recompressed,
         "packs_written": r.packs_written,
         "orphan_packs_deleted": r.orphan_packs_deleted,
         "orphan_packs_reindexed": r.orphan_packs_reindexed,
@@ -179,6 +181,17 @@ pub fn report_line(r: &GcReport) -> String {
         extra.push(format!(
             "{} packs of interrupted commits deleted",
             r.orphan_packs_deleted
+        ));
+    }
+    if r.packs_recompressed > 0 {
+        extra.push(format!(
+            "{} packs {} to compress their groups again",
+            r.packs_recompressed,
+            if r.dry_run {
+                "would be copied"
+            } else {
+                "copied"
+            }
         ));
     }
     if r.orphan_packs_reindexed > 0 {

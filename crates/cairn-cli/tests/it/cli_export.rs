@@ -309,7 +309,17 @@ fn overlay_snapshots_roll_back_and_flushed_writes_survive_kill_9() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let (_, err) = run(&["overlay", "rollback", "disk", "s1"]);
+    // Refused while it is connected, in one line naming the export; --force rolls back and
+    // warns: the guest does not know.
+    let out = cairn_ctl(&repo, dir.path(), &["overlay", "rollback", "disk", "s1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "cairn: error: disk: 1 NBD client is connected, and a running guest would not know its \
+         disk was rolled back under it: shut the guest down first, or pass --force (then \
+         restart it before it writes more)\n"
+    );
+    let (_, err) = run(&["overlay", "rollback", "disk", "s1", "--force"]);
     assert_eq!(
         err,
         "warning: disk has 1 NBD client connected: a running guest does not know its disk was \
@@ -329,6 +339,30 @@ fn overlay_snapshots_roll_back_and_flushed_writes_survive_kill_9() {
     ok(&["overlay", "delete", "disk", "s1"]);
     qemu_io(&uri, &["read -P 0x11 0 16384", "read -P 0x44 32768 16384"]);
 
+    // Snapshots form a tree: rolling back to s2 keeps s3 as a branch to return to.
+    qemu_io(&uri, &["write -P 0x55 49152 4096", "flush"]);
+    ok(&["overlay", "snapshot", "disk", "s3"]);
+    assert_eq!(
+        ok(&["overlay", "rollback", "disk", "s2"]),
+        "disk: rolled back to snapshot s2: the writes since are gone; snapshots s2, s3 (on s2); \
+         the disk is at s2 and later writes\n"
+    );
+    qemu_io(&uri, &["write -P 0x66 49152 4096", "flush"]);
+    let list: Value = serde_json::from_str(&ok(&["--json", "overlay", "list", "disk"])).unwrap();
+    assert_eq!(
+        list["tree"],
+        serde_json::json!([
+            {"name": "s2", "parent": null, "current_path": true, "blocks": 4},
+            {"name": "s3", "parent": "s2", "current_path": false, "blocks": 5},
+        ]),
+        "{list}"
+    );
+    ok(&["overlay", "rollback", "disk", "s3"]);
+    qemu_io(
+        &uri,
+        &["read -P 0x55 49152 4096", "read -P 0x44 32768 16384"],
+    );
+
     // kill -9, then a new export on the same version reopens the overlay with its writes.
     served.child.kill().unwrap();
     served.child.wait().unwrap();
@@ -342,9 +376,51 @@ fn overlay_snapshots_roll_back_and_flushed_writes_survive_kill_9() {
             .unwrap();
     assert_eq!(
         status["overlay"]["snapshots"],
-        serde_json::json!(["s2"]),
+        serde_json::json!(["s2", "s3"]),
         "{status}"
     );
+}
+
+#[test]
+fn copy_on_read_moves_deep_blocks_into_the_current_layer() {
+    let (dir, repo, _, _) = setup();
+    let overlay = dir.path().join("cod-overlay");
+    let served = Served::spawn(
+        &repo,
+        dir.path(),
+        "cod",
+        &[
+            "vm",
+            "--name",
+            "disk",
+            "--writable",
+            "--overlay",
+            overlay.to_str().unwrap(),
+            "--copy-on-read",
+            "2",
+        ],
+    );
+    let uri = served.uri();
+    qemu_io(&uri, &["write -P 0x11 0 4096", "flush"]);
+    for snap in ["s1", "s2"] {
+        let out = cairn_ctl(
+            &repo,
+            dir.path(),
+            &["-q", "overlay", "snapshot", "disk", snap],
+        );
+        assert!(out.status.success());
+    }
+    let copied = || {
+        let status: Value = serde_json::from_slice(
+            &cairn_ctl(&repo, dir.path(), &["--json", "status", "disk"]).stdout,
+        )
+        .unwrap();
+        status["overlay"]["copied_on_read"].as_u64().unwrap()
+    };
+    assert_eq!(copied(), 0);
+    // Held two snapshots down: copied up on the first read, not again.
+    qemu_io(&uri, &["read -P 0x11 0 4096", "read -P 0x11 0 4096"]);
+    assert_eq!(copied(), 1);
 }
 
 #[test]
