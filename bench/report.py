@@ -616,7 +616,64 @@ def r_multideploy(spec):
     return header, rows
 
 
+def r_recompress(spec):
+    """bench/recompress.sh: stored bytes before and after `gc --recompress`, against the floor."""
+    d = load_json(spec["file"])
+    header = ["", "stored MiB", "÷ floor", "÷ before"]
+    return header, [
+        ["floor (`bench/floor.py`)", f"{d['floor_bytes'] / MIB:.1f}", "1.000", ""],
+        ["committed (zstd 3)", f"{d['before_bytes'] / MIB:.1f}",
+         f"{d['before_vs_floor']:.3f}", "1.000"],
+        [f"after `gc --recompress {d['level']}` ({d['packs_recompressed']} packs, "
+         f"{d['gc_seconds']:.0f} s)", f"{d['after_bytes'] / MIB:.1f}",
+         f"{d['after_vs_floor']:.3f}", f"{d['after_vs_before']:.3f}"],
+    ]
+
+
+def r_history_locality(spec):
+    """bench/history_locality.py: the oldest, a middle and the newest of a long history
+    restored by cairn and read out of a qcow2 chain, with cairn's ranged reads per GiB."""
+    d = load_json(spec["file"])
+    header = ["version", "cairn restore s", "qcow2 chain s (depth)", "cairn ÷ chain",
+              "ranged reads (per GiB)", "packs"]
+    rows = []
+    for name, r in d["restores"].items():
+        st = r["stats"]
+        rows.append([f"{name}: vm@{r['version']} of {d['versions']}",
+                     f"{r['cairn_restore_s']:.2f}",
+                     f"{r['qcow2_chain_s']:.2f} ({r['chain_depth']})",
+                     f"{r['cairn_vs_chain']:.2f}×",
+                     f"{st['reads']} ({st['reads_per_gib']:.0f})", st["packs"]])
+    rows.append(["stored", f"{d['repo_bytes'] / MIB:.0f} MiB", f"{d['chain_bytes'] / MIB:.0f} MiB",
+                 f"{d['repo_bytes'] / d['chain_bytes']:.2f}×", "", ""])
+    return header, rows
+
+
+def r_overlay_snapshots(spec):
+    """bench/overlay_snapshots.py: snapshot create, rollback and delete against the disk's size,
+    cairn's overlay beside qcow2 internal snapshots (`qemu-img snapshot`)."""
+    d = load_json(spec["file"])
+    header = ["disk", "cairn create / rollback / delete ms",
+              "qcow2 create / rollback / delete ms", "qemu-img open ms",
+              "cairn ÷ qcow2", "cairn ÷ its 1 GiB figure"]
+    rows = []
+    ms = lambda x: f"{x * 1000:.1f}"  # noqa: E731
+    for r in d["runs"]:
+        c, q = r["cairn"], r["qcow2"]
+        ops = ("create_s", "rollback_s", "delete_s")
+        rows.append([f"{r['size_gib']} GiB",
+                     " / ".join(ms(c[o]) for o in ops),
+                     " / ".join(ms(q[o]) for o in ops),
+                     ms(q["info_s"]),
+                     " / ".join(f"{r['cairn_vs_qcow2'][o]:.3f}" for o in ops),
+                     " / ".join(f"{r['cairn_vs_smallest'][o]:.2f}" for o in ops)])
+    return header, rows
+
+
 RENDERERS = {
+    "recompress": r_recompress,
+    "history-locality": r_history_locality,
+    "overlay-snapshots": r_overlay_snapshots,
     "multideploy": r_multideploy,
     "boot-profile": r_boot_profile,
     "seeded": r_seeded,

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Restore locality over a long history (issue 56 item 4, CloudVS's fragmentation): one image
+changed day by day for --versions days, committed to cairn after each day and kept beside it
+as a qcow2 chain (one overlay a day, the way external snapshots pile up); then the oldest, a
+middle and the newest version restored by each, with `cairn stats IMAGE@V`'s ranged reads per
+GiB (seeks on a disk, requests on S3).
+
+A day's change, seeded and the same for both: about 1% of the image's data rewritten in runs of
+4–64 blocks of 4 KiB (a file updated or written), half of them blocks copied from elsewhere in
+the image (data moved or duplicated), half existing blocks with a tenth of their bytes changed
+(data edited). The image starts as the dataset's newest su-* image.
+
+    bench/history_locality.py --dataset .data/small --bin target/ci/cairn [--versions 50]
+        [--dir SCRATCH] [--out FILE]
+
+Restores go to a file on the same disk and end with fsync; each is the best of two, with the
+page cache warm (what is compared is the work of each reader, not the disk's).
+"""
+
+import argparse
+import glob
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from floor import BLOCK, data_extents  # noqa: E402
+
+
+def data_blocks(path):
+    """Indexes of the 4 KiB blocks in the allocated extents of a file."""
+    with open(path, "rb") as f:
+        return [b for start, stop in data_extents(f)
+                for b in range(start // BLOCK, (stop + BLOCK - 1) // BLOCK)]
+
+
+def day_changes(rng, img, blocks, fraction=0.01):
+    """[(offset, bytes)] of one day's writes, read from the image as it is."""
+    budget = max(1, int(len(blocks) * fraction))
+    writes = []
+    with open(img, "rb") as f:
+        while budget > 0:
+            n = min(budget, rng.randint(4, 64))
+            at = rng.choice(blocks)
+            if rng.random() < 0.5:
+                src = rng.choice(blocks)
+                f.seek(src * BLOCK)
+                data = f.read(n * BLOCK)
+            else:
+                f.seek(at * BLOCK)
+                data = bytearray(f.read(n * BLOCK))
+                for _ in range(len(data) // 10):
+                    data[rng.randrange(len(data))] = rng.randrange(256)
+                data = bytes(data)
+            data = data.ljust(n * BLOCK, b"\0")
+            writes.append((at * BLOCK, data))
+            budget -= n
+    return writes
+
+
+def timed(cmd, **kw):
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, **kw)
+    return time.perf_counter() - t
+
+
+def fsynced(path):
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+
+
+def best_of_two(run, out):
+    times = []
+    for _ in range(2):
+        if os.path.exists(out):
+            os.unlink(out)
+        t = time.perf_counter()
+        run(out)
+        fsynced(out)
+        times.append(time.perf_counter() - t)
+    os.unlink(out)
+    return min(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--versions", type=int, default=50)
+    ap.add_argument("--dir")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    source = sorted(glob.glob(os.path.join(a.dataset, "su-*.raw")))[-1]
+    work = tempfile.mkdtemp(prefix="history-", dir=a.dir)
+    try:
+        img = os.path.join(work, "vm.raw")
+        subprocess.run(["cp", "--sparse=always", source, img], check=True)
+        repo = os.path.join(work, "repo")
+        cairn = [a.bin, "--repo", repo, "-q"]
+        subprocess.run([*cairn, "init"], check=True, stdout=subprocess.DEVNULL)
+        chain = [os.path.join(work, "day-0.qcow2")]
+        subprocess.run(["qemu-img", "convert", "-O", "qcow2", img, chain[0]], check=True)
+        subprocess.run([*cairn, "commit", "vm", img], check=True, stdout=subprocess.DEVNULL)
+        blocks = data_blocks(img)
+        rng = random.Random(56)
+        scratch = os.path.join(work, "write.bin")
+        for day in range(1, a.versions):
+            writes = day_changes(rng, img, blocks)
+            with open(img, "r+b") as f:
+                for off, data in writes:
+                    f.seek(off)
+                    f.write(data)
+            layer = os.path.join(work, f"day-{day}.qcow2")
+            subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", chain[-1],
+                            "-F", "qcow2", layer], check=True)
+            cmds = []
+            for i, (off, data) in enumerate(writes):
+                p = f"{scratch}.{i}"
+                with open(p, "wb") as f:
+                    f.write(data)
+                cmds.append(f"write -q -s {p} {off} {len(data)}\n")
+            subprocess.run(["qemu-io", "-f", "qcow2", layer], input="".join(cmds).encode(),
+                           check=True, stdout=subprocess.DEVNULL)
+            for p in glob.glob(scratch + ".*"):
+                os.unlink(p)
+            chain.append(layer)
+            subprocess.run([*cairn, "commit", "vm", img], check=True, stdout=subprocess.DEVNULL)
+            print(f"day {day}", file=sys.stderr, flush=True)
+        n = len(chain)
+        picks = {"oldest": 1, "middle": (n + 1) // 2, "newest": n}
+        out = os.path.join(work, "out.raw")
+        rows = {}
+        for name, seq in picks.items():
+            stats = json.loads(subprocess.run([a.bin, "--repo", repo, "--json", "stats",
+                                               f"vm@{seq}"], check=True, capture_output=True,
+                                              text=True).stdout)
+            c = best_of_two(lambda o: subprocess.run([*cairn, "restore", f"vm@{seq}", o],
+                                                     check=True), out)
+            q = best_of_two(lambda o: subprocess.run(
+                ["qemu-img", "convert", "-O", "raw", chain[seq - 1], o], check=True), out)
+            rows[name] = {"version": seq, "chain_depth": seq, "cairn_restore_s": c,
+                          "qcow2_chain_s": q, "cairn_vs_chain": c / q, "stats": stats}
+            print(f"{name}: cairn {c:.2f} s, chain {q:.2f} s", file=sys.stderr, flush=True)
+        repo_bytes = int(subprocess.run(["du", "-sb", repo], capture_output=True, text=True,
+                                        check=True).stdout.split()[0])
+        chain_bytes = sum(os.stat(p).st_blocks * 512 for p in chain)
+        doc = {"date": time.strftime("%Y-%m-%d"), "versions": n, "source": source,
+               "repo_bytes": repo_bytes, "chain_bytes": chain_bytes, "restores": rows}
+        text = json.dumps(doc, indent=1)
+        print(text)
+        if a.out:
+            with open(a.out, "w") as f:
+                f.write(text + "\n")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
