@@ -11,10 +11,19 @@ the image (data moved or duplicated), half existing blocks with a tenth of their
 (data edited). The image starts as the dataset's newest su-* image.
 
     bench/history_locality.py --dataset .data/small --bin target/ci/cairn [--versions 50]
-        [--dir SCRATCH] [--out FILE]
+        [--alphas 0,0.5,1] [--s3] [--dir SCRATCH] [--out FILE]
+    scripts/minio.sh run bench/history_locality.py ... --s3     # the repository on MinIO
+
+Then CloudVS's fragmentation parameter (§3.3) for each α of --alphas in turn: every version,
+oldest first, laid out again with `cairn relayout vm@N --alpha A` (as CloudVS stores each
+version with its α), the restores measured again, with the bytes the relayouts copied and the
+repository's stored bytes; last, `cairn gc --repair` (which gives back the old copies' packs)
+and the restores once more. The α steps run on one repository, each on top of the last (α = 1
+after α = 0.5 re-stores what 0.5 left scattered).
 
 Restores go to a file on the same disk and end with fsync; each is the best of two, with the
-page cache warm (what is compared is the work of each reader, not the disk's).
+page cache warm (what is compared is the work of each reader, not the disk's). With --s3 the
+repository is $CAIRN_TEST_S3_URL (scripts/minio.sh sets it) and the qcow2 chain stays local.
 """
 
 import argparse
@@ -95,13 +104,17 @@ def main():
     ap.add_argument("--versions", type=int, default=50)
     ap.add_argument("--dir")
     ap.add_argument("--out")
+    ap.add_argument("--alphas", default="0,0.5,1",
+                    type=lambda v: [float(x) for x in v.split(",")])
+    ap.add_argument("--s3", action="store_true",
+                    help="the repository at $CAIRN_TEST_S3_URL (scripts/minio.sh run sets it)")
     a = ap.parse_args()
     source = sorted(glob.glob(os.path.join(a.dataset, "su-*.raw")))[-1]
     work = tempfile.mkdtemp(prefix="history-", dir=a.dir)
     try:
         img = os.path.join(work, "vm.raw")
         subprocess.run(["cp", "--sparse=always", source, img], check=True)
-        repo = os.path.join(work, "repo")
+        repo = os.environ["CAIRN_TEST_S3_URL"] if a.s3 else os.path.join(work, "repo")
         cairn = [a.bin, "--repo", repo, "-q"]
         subprocess.run([*cairn, "init"], check=True, stdout=subprocess.DEVNULL)
         chain = [os.path.join(work, "day-0.qcow2")]
@@ -135,23 +148,50 @@ def main():
         n = len(chain)
         picks = {"oldest": 1, "middle": (n + 1) // 2, "newest": n}
         out = os.path.join(work, "out.raw")
-        rows = {}
-        for name, seq in picks.items():
-            stats = json.loads(subprocess.run([a.bin, "--repo", repo, "--json", "stats",
-                                               f"vm@{seq}"], check=True, capture_output=True,
-                                              text=True).stdout)
-            c = best_of_two(lambda o: subprocess.run([*cairn, "restore", f"vm@{seq}", o],
-                                                     check=True), out)
-            q = best_of_two(lambda o: subprocess.run(
-                ["qemu-img", "convert", "-O", "raw", chain[seq - 1], o], check=True), out)
-            rows[name] = {"version": seq, "chain_depth": seq, "cairn_restore_s": c,
-                          "qcow2_chain_s": q, "cairn_vs_chain": c / q, "stats": stats}
-            print(f"{name}: cairn {c:.2f} s, chain {q:.2f} s", file=sys.stderr, flush=True)
-        repo_bytes = int(subprocess.run(["du", "-sb", repo], capture_output=True, text=True,
-                                        check=True).stdout.split()[0])
+        chain_s = {name: best_of_two(lambda o, seq=seq: subprocess.run(
+            ["qemu-img", "convert", "-O", "raw", chain[seq - 1], o], check=True), out)
+            for name, seq in picks.items()}
+
+        def cairn_json(*args):
+            return json.loads(subprocess.run([a.bin, "--repo", repo, "--json", *args],
+                                             check=True, capture_output=True, text=True).stdout)
+
+        def restores(label):
+            rows = {}
+            for name, seq in picks.items():
+                stats = cairn_json("stats", f"vm@{seq}")
+                c = best_of_two(lambda o: subprocess.run([*cairn, "restore", f"vm@{seq}", o],
+                                                         check=True), out)
+                q = chain_s[name]
+                rows[name] = {"version": seq, "chain_depth": seq, "cairn_restore_s": c,
+                              "qcow2_chain_s": q, "cairn_vs_chain": c / q, "stats": stats}
+                print(f"{label} {name}: cairn {c:.2f} s ({stats['reads_per_gib']:.0f} reads/GiB),"
+                      f" chain {q:.2f} s", file=sys.stderr, flush=True)
+            return rows
+
+        steps = [{"alpha": 0, "stored_bytes": cairn_json("stats")["stored_bytes"],
+                  "restores": restores("alpha 0")}]
+        for alpha in [x for x in a.alphas if x > 0]:
+            copied, t = 0, time.perf_counter()
+            for seq in range(1, n + 1):
+                r = cairn_json("relayout", f"vm@{seq}", "--alpha", str(alpha))
+                copied += r["bytes_copied"]
+            took = time.perf_counter() - t
+            print(f"alpha {alpha}: relayout of {n} versions copied {copied} bytes in {took:.0f} s",
+                  file=sys.stderr, flush=True)
+            steps.append({"alpha": alpha, "relayout_s": took, "bytes_copied": copied,
+                          "stored_bytes": cairn_json("stats")["stored_bytes"],
+                          "restores": restores(f"alpha {alpha}")})
+        t = time.perf_counter()
+        gc = cairn_json("gc", "--repair")
+        steps.append({"alpha": steps[-1]["alpha"], "after_gc": True,
+                      "gc_s": time.perf_counter() - t, "gc": gc,
+                      "stored_bytes": cairn_json("stats")["stored_bytes"],
+                      "restores": restores("after gc --repair")})
         chain_bytes = sum(os.stat(p).st_blocks * 512 for p in chain)
         doc = {"date": time.strftime("%Y-%m-%d"), "versions": n, "source": source,
-               "repo_bytes": repo_bytes, "chain_bytes": chain_bytes, "restores": rows}
+               "store": "minio" if a.s3 else "local",
+               "chain_bytes": chain_bytes, "steps": steps}
         text = json.dumps(doc, indent=1)
         print(text)
         if a.out:

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""kill -9 loops: commit, gc, rm/prune, restore, compaction and in-place restore killed at
-random moments.
+"""kill -9 loops: commit, gc, rm/prune, restore, compaction, in-place restore and relayout
+killed at random moments.
 
 One local repository, one small synthetic image (a 32 MiB sparse file with 4 MiB of random
-data, 512 KiB of it rewritten before every commit). Six loops, each measuring the operation's typical
+data, 512 KiB of it rewritten before every commit). Seven loops, each measuring the operation's typical
 duration first and then killing it with SIGKILL after a random delay between 0 and that
 (1.5 times that for gc, so that some trials finish and their reports show that the gc the
 others were killed in was merging small packs: a check):
@@ -18,6 +18,9 @@ others were killed in was merging small packs: a check):
   6. `cairn restore --in-place` over a file holding another version of an image of its
      own, killed while it writes (every other trial with --compare, the rest by diff
      where the last run finished)                                                       (12)
+  7. `cairn relayout IMAGE --alpha 1` after three commits of small scattered writes (the
+     newest version's scattered data copied side by side); every other trial then runs `gc --repair`, which must
+     keep the layout copies (the version's restore reads do not grow back)                 (8)
 
 An interrupted (SIGINT/SIGTERM) command must exit 128+signal with one line on stderr, its
 session closed and no temporary or partial file left, at once.
@@ -41,7 +44,7 @@ repository, no `.*.cairn-partial-*` file in the restore target directory, and a 
 `cairn gc --repair` must reclaim nothing.
 
     scripts/kill_loops.py [--bin target/release/cairn] [--dir DIR] [--seed N]
-                          [--trials 30,25,25,20,12,12] [--encrypted]
+                          [--trials 30,25,25,20,12,12,8] [--encrypted]
 
 The repository is `cairn init`'s default (format 2). --encrypted runs the same loops and
 checks on an encrypted format 2 repository (`init --encrypt`, the passphrase in
@@ -509,6 +512,77 @@ class Run:
                                f"(exit {p.returncode}, {runs} runs: {p.stderr.strip()[-200:]})")
             self.trim()
 
+    def loop_relayout(self, trials):
+        """Relayout killed at random while it copies the newest version's scattered segments
+        into layout packs: only additions, so a kill anywhere loses nothing, and the next
+        relayout does the work. Every other trial, a GC afterwards must keep the new copies."""
+        self.clear_dead_sessions()
+        if IMAGE not in self.repo.run("--json", "images").stdout:
+            for _ in range(LIVE):  # the loop runs on its own
+                self.commit()
+        typical = self.typical("relayout --alpha 1 (after scattered writes)",
+                               lambda: self.repo.run("relayout", IMAGE, "--alpha", "1"),
+                               self.scatter_commits)
+        collected = 0  # trials whose GC was checked for keeping the layout
+        for trial in range(trials):
+            label = f"relayout trial {trial}"
+            self.scatter_commits()
+            scattered = self.repo.json("stats", IMAGE)["reads"]
+            killed, rc, _ = self.kill_at_random(["relayout", IMAGE, "--alpha", "1"], typical)
+            if not killed:
+                self.ok(rc == 0, f"{label}: an unkilled relayout succeeds (exit {rc})")
+            self.check_all(label)
+            p = self.repo.run("--json", "relayout", IMAGE, "--alpha", "1", check=False,
+                              timeout=120)
+            if self.ok(p.returncode == 0, f"{label}: the next relayout succeeds "
+                                          f"({p.stderr.strip()[-200:]})"):
+                report = json.loads(p.stdout)
+                laid_out = report["after"]["reads"]
+                # The version laid out (clearing dead sessions commits a newer one).
+                version = f"{IMAGE}@{report['seq']}"
+                if trial % 2 and laid_out + 3 <= scattered:
+                    collected += 1
+                    self.clear_dead_sessions()
+                    g = self.repo.run("gc", "--repair", check=False, timeout=300)
+                    self.ok(g.returncode == 0, f"{label}: gc --repair succeeds "
+                                               f"({g.stderr.strip()[-200:]})")
+                    # GC's repacking may cut a laid-out run at a new pack's end (a read
+                    # more); a GC that kept other copies (any copy but the layout's, as
+                    # readers without the markers take one) would bring back most of the
+                    # scatter.
+                    now = self.repo.json("stats", version)["reads"]
+                    self.ok(now <= laid_out + max(4, laid_out // 2) and now < scattered,
+                            f"{label}: gc --repair keeps the layout copies (restore reads: "
+                            f"{scattered} before the relayout, {laid_out} after, {now} after gc)")
+                    marked = self.layout_packs()
+                    gone = [p for p in marked if not os.path.exists(self.pack_path(p))]
+                    self.ok(marked and not gone, f"{label}: every layout marker names a pack "
+                                                 f"({len(marked)} marked, {len(gone)} gone)")
+                    self.check_all(label + " after gc")
+            self.trim()
+        print(f"  relayout: {collected} trials checked that gc --repair keeps the layout",
+              flush=True)
+        self.ok(trials < 2 or collected > 0, "some relayout trial laid out and collected")
+
+    def scatter_commits(self):
+        """Three commits of 48 small writes (8 KiB) each, at random: the newest version's
+        data then lies in many packs."""
+        for _ in range(3):
+            with open(self.source, "r+b") as f:
+                for _ in range(48):
+                    f.seek(self.rng.randrange(0, IMAGE_SIZE - (8 << 10), 4096))
+                    f.write(self.rng.randbytes(8 << 10))
+            self.commit_as_is(sha(self.source))
+
+    def layout_packs(self):
+        """The packs the repository's layout markers (`layout/<pack>/<time>`) name."""
+        d = os.path.join(self.repo.path, "layout")
+        return sorted(p for p in (os.listdir(d) if os.path.isdir(d) else [])
+                      if os.listdir(os.path.join(d, p)))
+
+    def pack_path(self, pack):
+        return os.path.join(self.repo.path, "packs", pack[:2], pack)
+
     def loop_in_place(self, trials):
         """In-place restores among three versions of an image of their own (24 MiB, two
         thirds of it rewritten from one version to the next, so that a restore writes for
@@ -613,18 +687,18 @@ def main():
                     "temporary directory under $CAIRN_TEST_TMP or /tmp, removed at the end)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--trials", default=None,
-                    help="trials of the commit, gc, rm/prune, restore, index compaction and "
-                    "in-place restore loops (default 30,25,25,20,12,12; with --encrypted "
-                    "15,12,8,8,6,6)")
+                    help="trials of the commit, gc, rm/prune, restore, index compaction, "
+                    "in-place restore and relayout loops (default 30,25,25,20,12,12,8; with "
+                    "--encrypted 15,12,8,8,6,6,4)")
     ap.add_argument("--encrypted", action="store_true",
                     help="an encrypted format 2 repository")
     args = ap.parse_args()
-    default = "15,12,8,8,6,6" if args.encrypted else "30,25,25,20,12,12"
+    default = "15,12,8,8,6,6,4" if args.encrypted else "30,25,25,20,12,12,8"
     trials = [int(x) for x in (args.trials or default).split(",")]
-    if not 4 <= len(trials) <= 6:
-        sys.exit("kill_loops: --trials takes four to six numbers "
-                 "(commit,gc,rm,restore[,compact[,in-place]])")
-    trials += [0] * (6 - len(trials))
+    if not 4 <= len(trials) <= 7:
+        sys.exit("kill_loops: --trials takes four to seven numbers "
+                 "(commit,gc,rm,restore[,compact[,in-place[,relayout]]])")
+    trials += [0] * (7 - len(trials))
     binary = os.path.abspath(args.bin)
     if not os.access(binary, os.X_OK):
         sys.exit(f"kill_loops: no cairn binary at {binary} (build it: "
@@ -654,6 +728,7 @@ def main():
                  ("restore", lambda: run.loop_restore(trials[3])),
                  ("index compact", lambda: run.loop_compact(trials[4])),
                  ("restore --in-place", lambda: run.loop_in_place(trials[5])),
+                 ("relayout", lambda: run.loop_relayout(trials[6])),
                  ("final gc --repair and leak checks", run.finish)]
         for (name, loop), n in zip(loops, trials + [0]):
             if n == 0 and name != loops[-1][0]:

@@ -264,10 +264,10 @@ check "operator safety as root: a 100% full tmpfs freed by rm and gc, an encrypt
 # half of the 2 cores busy. The encrypted loop (an Argon2id derivation in every command) ends
 # last, so the pull-mode backup, the fuzzers (time-bounded) and e2e run beside its end rather
 # than leave a core idle. (Format 1 is read-only: it has no loop.)
-background_check "kill -9 loops on an encrypted format 2 repository: 55 trials of commit, gc, rm/prune, restore, index compaction and in-place restore, then the leak checks (scripts/kill_loops.py --encrypted)" \
+background_check "kill -9 loops on an encrypted format 2 repository: 59 trials of commit, gc, rm/prune, restore, index compaction, in-place restore and relayout, then the leak checks (scripts/kill_loops.py --encrypted)" \
   python3 "$ROOT/scripts/kill_loops.py" --bin "$CAIRN_BIN" --encrypted
 
-check "kill -9 loops: 124 trials of commit, gc, rm/prune, restore, index compaction and in-place restore killed or interrupted, format 2 (scripts/kill_loops.py)" \
+check "kill -9 loops: 132 trials of commit, gc, rm/prune, restore, index compaction, in-place restore and relayout killed or interrupted, format 2 (scripts/kill_loops.py)" \
   python3 "$ROOT/scripts/kill_loops.py" --bin "$CAIRN_BIN"
 
 check "pull-mode incremental backup of a running disk with qemu-storage-daemon (scripts/pullmode_backup.py)" \

@@ -143,6 +143,7 @@ fn main() -> ExitCode {
             Command::Verify(args) => commands::verify::run(&ctx, args).await,
             Command::Stats { spec } => commands::stats::run(&ctx, spec.as_deref()).await,
             Command::Repair(args) => commands::repair::run(&ctx, args).await,
+            Command::Relayout(args) => commands::relayout::run(&ctx, args).await,
             Command::Gc(args) => commands::gc::run(&ctx, args).await,
             Command::Index(args) => commands::index::run(&ctx, args).await,
             Command::Export(args) => commands::export::run(&ctx, args).await,
@@ -193,6 +194,7 @@ fn stops_gracefully(command: &Command) -> bool {
         Command::Restore(_)
         | Command::Verify(_)
         | Command::Repair(_)
+        | Command::Relayout(_)
         | Command::Gc(_)
         | Command::Index(_)
         | Command::Rm(_)

@@ -35,6 +35,7 @@ pub mod gc;
 pub mod interrupt;
 pub mod live;
 pub mod progress;
+pub mod relayout;
 pub mod remove;
 pub mod repair;
 pub mod resolve;

@@ -1,16 +1,18 @@
 //! Repository-wide figures, and where one version's data lies in the packs.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use cairn_format::leaf_v2::RunExtent;
 use cairn_format::pack::BlobKind;
 use cairn_format::version::VersionRecord;
 use cairn_format::Id;
+use cairn_repo::v2::GroupLocation;
 use cairn_repo::Repo;
 
 use crate::error::{EngineError, EngineResult};
 use crate::live::live_versions;
+use crate::restore::LEAVES_PER_READ;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RepoStats {
@@ -77,9 +79,10 @@ pub async fn repo_stats(repo: &Repo) -> EngineResult<RepoStats> {
 }
 
 /// Where one version's data lies in the packs: what a restore of it reads (CloudVS's
-/// fragmentation, §3.3). Groups near each other in one pack are read at once; a version whose
-/// chunks were stored by many commits takes many reads, each a seek on a disk or a request
-/// on S3.
+/// fragmentation, §3.3). A restore reads its leaves in batches (`restore::window`), each
+/// batch's groups in as few ranged reads as their places allow (groups of one pack near each
+/// other share one); a version whose chunks were stored by many commits takes many reads,
+/// each a seek on a disk or a request on S3.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VersionLayout {
     /// Non-zero bytes the version's leaves name (segments that repeat counted each time).
@@ -89,8 +92,8 @@ pub struct VersionLayout {
     pub group_bytes: u64,
     /// Packs those groups lie in.
     pub packs: u64,
-    /// Ranged reads of the packs a restore makes for them (groups of one pack near each
-    /// other share one: `cairn_repo::v2::ranged_reads`).
+    /// Ranged reads of the packs a restore makes for them, batch by batch
+    /// (`cairn_repo::v2::ranged_reads` over each batch's groups).
     pub reads: u64,
 }
 
@@ -104,49 +107,127 @@ impl VersionLayout {
     }
 }
 
-/// The layout of `record`'s data: every leaf read once, every group located as a restore
-/// locates it (the copy storing the slots the version uses). Format 2 only.
-pub async fn version_layout(
+/// One batch of leaves a restore reads together: its groups, each once, in the order the
+/// leaves name them, located as a restore locates them (the copy storing the slots used),
+/// and the ranged reads they take.
+pub(crate) struct ReadBatch {
+    pub(crate) groups: Vec<GroupLocation>,
+    pub(crate) reads: u64,
+    /// The reads the same groups would take stored side by side, in order (more than one
+    /// when they exceed what one read may span).
+    pub(crate) fewest_reads: u64,
+}
+
+/// What [`ReadBatch::fewest_reads`] leaves between groups stored side by side: their frames
+/// (33 bytes and more, with a slot list up to 37 bytes a slot), generously, so that groups
+/// already side by side never count as scattered.
+const FRAME_ALLOWANCE: u64 = 4096;
+
+/// The batches a restore of `record` reads (format 2 only), and the non-zero bytes its
+/// leaves name.
+pub(crate) async fn read_batches(
     repo: &Arc<Repo>,
     record: &VersionRecord,
-) -> EngineResult<VersionLayout> {
+) -> EngineResult<(Vec<ReadBatch>, u64)> {
     let Some(v2) = repo.v2() else {
         return Err(EngineError::BadInput(
             "where a version's data lies is reported for format 2 repositories only".into(),
         ));
     };
-    let mut layout = VersionLayout::default();
-    let mut leaves: HashMap<Id, u64> = HashMap::new();
-    for leaf in crate::tree::leaf_map(repo, record).await?.into_values() {
-        *leaves.entry(leaf).or_default() += 1;
-    }
-    let mut wanted: BTreeMap<Id, Vec<(u16, u16)>> = BTreeMap::new();
-    for (id, times) in &leaves {
-        crate::interrupt::check()?;
-        let leaf = crate::commit::base_summary::read_leaf(repo, id).await?;
-        let data: u64 = leaf
-            .extents()
+    let leaves: Vec<Id> = crate::tree::leaf_map(repo, record)
+        .await?
+        .into_values()
+        .collect();
+    // Per distinct leaf: its data bytes and its group runs (group, first, count) in order.
+    type LeafRuns = (u64, Vec<(Id, u16, u16)>);
+    let mut read: HashMap<Id, LeafRuns> = HashMap::new();
+    let mut data_bytes = 0;
+    let mut batches = Vec::with_capacity(leaves.len().div_ceil(LEAVES_PER_READ));
+    for batch in leaves.chunks(LEAVES_PER_READ) {
+        let mut runs: HashMap<Id, Vec<(u16, u16)>> = HashMap::new();
+        let mut order = Vec::new();
+        for id in batch {
+            crate::interrupt::check()?;
+            if !read.contains_key(id) {
+                let leaf = crate::commit::base_summary::read_leaf(repo, id).await?;
+                let data: u64 = leaf
+                    .extents()
+                    .iter()
+                    .filter(|e| matches!(e, RunExtent::Run { .. }))
+                    .map(|e| u64::from(e.len()))
+                    .sum();
+                read.insert(*id, (data, leaf.group_runs().collect()));
+            }
+            let (data, leaf_runs) = &read[id];
+            data_bytes += data;
+            for &(group, first, count) in leaf_runs {
+                let entry = runs.entry(group).or_default();
+                if entry.is_empty() {
+                    order.push(group);
+                }
+                entry.push((first, count));
+            }
+        }
+        let mut groups = Vec::with_capacity(order.len());
+        for group in &order {
+            groups.push(v2.locate_group_storing(group, &runs[group]).await?);
+        }
+        let mut spans: Vec<(Id, std::ops::Range<u64>)> = groups
             .iter()
-            .filter(|e| matches!(e, RunExtent::Run { .. }))
-            .map(|e| u64::from(e.len()))
-            .sum();
-        layout.data_bytes += data * times;
-        for (group, first, count) in leaf.group_runs() {
-            wanted.entry(group).or_default().push((first, count));
+            .map(|g| (g.trailer.pack, g.trailer.groups[g.group as usize].range()))
+            .collect();
+        spans.sort_unstable_by_key(|(pack, range)| (*pack, range.start));
+        let reads = cairn_repo::v2::ranged_reads(&spans);
+        let mut end = 0;
+        let side_by_side: Vec<(Id, std::ops::Range<u64>)> = spans
+            .iter()
+            .map(|(_, range)| {
+                let start = end;
+                end += range.end - range.start;
+                let spanned = (Id::ZERO, start..end);
+                end += FRAME_ALLOWANCE;
+                spanned
+            })
+            .collect();
+        let fewest_reads = cairn_repo::v2::ranged_reads(&side_by_side);
+        batches.push(ReadBatch {
+            groups,
+            reads,
+            fewest_reads,
+        });
+    }
+    Ok((batches, data_bytes))
+}
+
+/// The layout of `record`'s data: every leaf read once, every group located as a restore
+/// locates it, its reads counted batch by batch as a restore makes them. Format 2 only.
+pub async fn version_layout(
+    repo: &Arc<Repo>,
+    record: &VersionRecord,
+) -> EngineResult<VersionLayout> {
+    let (batches, data_bytes) = read_batches(repo, record).await?;
+    Ok(layout_of(&batches, data_bytes))
+}
+
+/// The figures of a version read in `batches`.
+pub(crate) fn layout_of(batches: &[ReadBatch], data_bytes: u64) -> VersionLayout {
+    let mut layout = VersionLayout {
+        data_bytes,
+        ..Default::default()
+    };
+    let mut groups: HashSet<(Id, u32)> = HashSet::new();
+    let mut packs: HashSet<Id> = HashSet::new();
+    for batch in batches {
+        layout.reads += batch.reads;
+        for g in &batch.groups {
+            if groups.insert((g.trailer.pack, g.group)) {
+                layout.group_bytes += g.trailer.groups[g.group as usize].range().end
+                    - g.trailer.groups[g.group as usize].range().start;
+                packs.insert(g.trailer.pack);
+            }
         }
     }
-    let mut spans: Vec<(Id, std::ops::Range<u64>)> = Vec::with_capacity(wanted.len());
-    for (group, runs) in &wanted {
-        crate::interrupt::check()?;
-        let loc = v2.locate_group_storing(group, runs).await?;
-        let range = loc.trailer.groups[loc.group as usize].range();
-        layout.group_bytes += range.end - range.start;
-        spans.push((loc.trailer.pack, range));
-    }
-    spans.sort_unstable_by_key(|(pack, range)| (*pack, range.start));
-    layout.groups = spans.len() as u64;
-    layout.reads = cairn_repo::v2::ranged_reads(&spans);
-    let packs: HashSet<Id> = spans.iter().map(|(pack, _)| *pack).collect();
+    layout.groups = groups.len() as u64;
     layout.packs = packs.len() as u64;
-    Ok(layout)
+    layout
 }

@@ -39,6 +39,10 @@ pub const MERGED_SUMMARIES: &str = "gc/merged/";
 pub const RECORD_BUNDLES: &str = "gc/records/";
 /// Quarantine markers of damaged blob copies: `quarantine/<pack>/<blob>`.
 pub const QUARANTINE: &str = "quarantine/";
+/// Layout markers: `layout/<pack>/<time>` (empty; the time as 16 hex digits of nanoseconds)
+/// says that `cairn relayout` wrote the pack at that time (or GC repacked a relayout's copies
+/// into it), whose copies of groups readers and GC prefer to other copies, the latest first.
+pub const LAYOUT: &str = "layout/";
 /// Damaged objects and refs set aside by `cairn repair`: `damaged/<key>`,
 /// `damaged/refs/<ref key>`.
 pub const SET_ASIDE: &str = "damaged/";
@@ -123,6 +127,20 @@ pub fn parse_quarantine(key: &str) -> FormatResult<(Id, Id)> {
     let rest = key.strip_prefix(QUARANTINE).ok_or_else(bad)?;
     let (pack, blob) = rest.split_once('/').ok_or_else(bad)?;
     Ok((pack.parse()?, blob.parse()?))
+}
+
+/// Key of the layout marker of `pack`, laid out at `time` (ns since the epoch).
+pub fn layout(pack: &Id, time: u64) -> String {
+    format!("{LAYOUT}{pack}/{time:016x}")
+}
+
+/// The (pack, time) a layout marker key names; `None` for another key.
+pub fn parse_layout(key: &str) -> Option<(Id, u64)> {
+    let (pack, time) = key.strip_prefix(LAYOUT)?.split_once('/')?;
+    if time.len() != 16 {
+        return None;
+    }
+    Some((pack.parse().ok()?, u64::from_str_radix(time, 16).ok()?))
 }
 
 /// Where `cairn repair` sets aside the object `key`.

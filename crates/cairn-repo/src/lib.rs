@@ -16,6 +16,7 @@ mod error;
 mod gc_protocol;
 mod history;
 mod keyring;
+mod layout;
 mod listings;
 mod profiles;
 mod quarantine;

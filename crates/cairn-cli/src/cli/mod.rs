@@ -247,6 +247,20 @@ pub enum Command {
         #[arg(value_name = "IMAGE[@REF]")]
         spec: Option<String>,
     },
+    /// Store a version's most scattered data again, side by side, so it restores faster.
+    ///
+    /// A version whose blocks many commits stored lies in many packs, and a restore makes one
+    /// read per run of neighbouring data: a seek on a disk, a request on S3 (`cairn stats
+    /// IMAGE@V` counts them). relayout ranks the batches of segments a restore reads
+    /// together by the reads each takes and copies the data of the top --alpha of them into
+    /// new packs, in the order a restore reads it (CloudVS's fragmentation parameter α). Restores of this version — and of
+    /// others sharing that data — read the new copies; no version changes. The space it
+    /// spends is the bytes copied, until `cairn gc --repair` gives back the old copies'
+    /// packs as they empty. Safe while other processes commit and restore.
+    ///
+    /// Examples: cairn relayout web01@12 --alpha 0.5 · cairn relayout web01 --alpha 1 -n
+    #[command(verbatim_doc_comment)]
+    Relayout(RelayoutArgs),
     /// Rebuild what damage left behind, and say exactly what stays lost.
     ///
     /// Sets aside version records that cannot be read and rebuilds the heads that named them

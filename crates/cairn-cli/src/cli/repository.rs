@@ -328,6 +328,22 @@ pub struct RepairArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct RelayoutArgs {
+    /// The version to lay out again: IMAGE, IMAGE@N or IMAGE@TAG.
+    #[arg(value_name = "IMAGE[@REF]")]
+    pub spec: String,
+    /// The proportion of the version's data to store again, most scattered first, in the
+    /// batches a restore reads together (4 segments, 4 MiB by default): 0 changes nothing, 1
+    /// re-stores every batch a restore reads in more requests than its data would take side
+    /// by side. Other batches are never re-stored.
+    #[arg(long, value_name = "A")]
+    pub alpha: f64,
+    /// Report what would be re-stored and what it would cost; write nothing.
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct VerifyArgs {
     /// Check only these versions: IMAGE (all its versions) or IMAGE@REF.
     #[arg(value_name = "IMAGE[@REF]")]

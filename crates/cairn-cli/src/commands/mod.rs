@@ -17,6 +17,7 @@ pub mod log;
 pub mod mount;
 pub mod profile;
 pub mod prune;
+pub mod relayout;
 pub mod repair;
 pub mod restore;
 pub mod rm;

@@ -554,56 +554,6 @@ fn a_damaged_pack_trailer_is_rescued_by_repair() {
     }
 }
 
-/// `stats IMAGE@V` says where a version's data lies: a version committed whole is read in
-/// one request from one pack; the next, whose every other pair of 64 KiB blocks was
-/// rewritten, takes a read per run of old blocks left between the new ones.
-#[test]
-fn stats_of_a_version_counts_the_reads_a_restore_makes() {
-    let dir = tempfile::tempdir().unwrap();
-    let repo = dir.path().join("repo");
-    ok(&repo, &["-q", "init", "--reserve", "0"]);
-    let mut data = noise(2 << 20, 7);
-    let disk = dir.path().join("disk.raw");
-    std::fs::write(&disk, &data).unwrap();
-    ok(&repo, &["-q", "commit", "vm", disk.to_str().unwrap()]);
-    for block in (0..32usize).filter(|b| b % 4 == 1 || b % 4 == 2) {
-        let at = block * (64 << 10);
-        data[at..at + (64 << 10)].copy_from_slice(&noise(64 << 10, 100 + block as u64));
-    }
-    std::fs::write(&disk, &data).unwrap();
-    ok(&repo, &["-q", "commit", "vm", disk.to_str().unwrap()]);
-    let stats = |spec: &str| -> serde_json::Value {
-        serde_json::from_str(ok(&repo, &["--json", "stats", spec]).trim()).unwrap()
-    };
-    let (one, two) = (stats("vm@1"), stats("vm@2"));
-    assert_eq!(
-        (
-            &one["data_bytes"],
-            &one["groups"],
-            &one["packs"],
-            &one["reads"]
-        ),
-        (&(2u64 << 20).into(), &32.into(), &1.into(), &1.into()),
-        "{one}"
-    );
-    // Old blocks 0 | 3,4 | 7,8 | … | 27,28 | 31: nine reads of the first pack; the 16 new
-    // blocks lie side by side in the second.
-    assert_eq!(
-        (&two["groups"], &two["packs"], &two["reads"]),
-        (&32.into(), &2.into(), &10.into()),
-        "{two}"
-    );
-    assert!(
-        two["reads_per_gib"].as_f64() > one["reads_per_gib"].as_f64(),
-        "{two}"
-    );
-    let text = ok(&repo, &["stats", "vm@2"]);
-    assert!(
-        text.contains("restore reads   10 (5120.0 per GiB of data"),
-        "{text}"
-    );
-}
-
 /// Text-like data that zstd's higher levels compress better than level 3.
 fn records(len: usize, seed: u64) -> Vec<u8> {
     let words = [

@@ -13,6 +13,7 @@ mod cli_export_tls;
 mod cli_files;
 mod cli_format2;
 mod cli_history;
+mod cli_locality;
 mod cli_output;
 mod cli_profile;
 mod cli_safety;

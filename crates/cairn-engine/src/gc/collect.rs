@@ -193,6 +193,11 @@ pub(super) async fn run(repo: &Arc<Repo>, options: &GcOptions) -> EngineResult<G
     )
     .await?;
     let locations = writer.finish().await?;
+    // A relayout's copies stay preferred in the packs they are repacked into: marked before
+    // the run naming them is written.
+    for (pack, time) in &writer.laid_out {
+        repo.put_layout_marker(pack, *time).await?;
+    }
     // The packs in the store as this GC knows them at its end: those listed at its start,
     // minus those it deletes, plus those it writes (`after_bytes` is counted from them rather
     // than from a second walk of the store's pack directories).
@@ -569,6 +574,7 @@ async fn repack<'a>(
     for pack in &plan.to_repack {
         let data = repo.read_whole_pack(pack).await?;
         let trailer = &snapshot.trailers[pack];
+        let from_layout = snapshot.layout.get(pack).copied();
         let groups: Vec<u32> = plan.canonical_in[pack].clone();
         // Copies are made on every core (recompression is CPU work), stored in order.
         let copies = super::recompress::parallel_map(groups, |g| {
@@ -580,7 +586,9 @@ async fn repack<'a>(
             let group = &trailer.groups[g as usize];
             report.repacked_bytes += u64::from(group.desc.stored_len);
             progress::add(&options.progress, u64::from(group.desc.stored_len));
-            writer.push(group.kind, copied?, live.as_ref()).await?;
+            writer
+                .push_copy(group.kind, copied?, live.as_ref(), from_layout)
+                .await?;
         }
     }
     for (_, group) in damaged.rebuilt {

@@ -87,7 +87,8 @@ pub(super) async fn remove_orphan_records(
 }
 
 /// Deletes the quarantine markers of copies whose pack no longer exists (deleted or repacked
-/// by this or an earlier GC): a marker only matters while its copy is there. `packs` are packs
+/// by this or an earlier GC), and the layout markers of such packs: a marker only matters
+/// while its copy is there. `packs` are packs
 /// known to exist; any other marker's pack is asked for (it may be one another session wrote
 /// during this GC, whose copy a reader quarantined meanwhile).
 ///
@@ -106,6 +107,12 @@ pub(super) async fn remove_stale_markers(
         }
         if !packs.contains_key(&pack) && !repo.pack_exists(&pack).await? {
             repo.delete_quarantine_marker(&pack, &blob).await?;
+        }
+    }
+    // Layout markers the same way: a relayout stores its pack before marking it.
+    for (pack, time) in repo.layout_markers().await? {
+        if !packs.contains_key(&pack) && !repo.pack_exists(&pack).await? {
+            repo.delete_layout_marker(&pack, time).await?;
         }
     }
     Ok(())

@@ -28,6 +28,9 @@ pub(super) struct Snapshot {
     /// first run naming it (`V2Reader::packs_by_run`).
     pub(super) named: HashMap<Id, usize>,
     pub(super) trailers: BTreeMap<Id, Arc<PackTrailer>>,
+    /// Packs a relayout wrote (`cairn_repo::layout`), with their times: their copies are the
+    /// ones kept, the latest first.
+    pub(super) layout: HashMap<Id, u64>,
 }
 
 impl Snapshot {
@@ -45,11 +48,13 @@ impl Snapshot {
             Err(e) if e.is_damage() => return Err(incomplete(e.to_string())),
             Err(e) => return Err(e.into()),
         };
+        let layout = repo.layout_packs().await?;
         Ok(Snapshot {
             reader,
             runs,
             named,
             trailers: BTreeMap::new(),
+            layout,
         })
     }
 

@@ -44,7 +44,8 @@ impl PackPlan {
     ) -> PackPlan {
         // One copy of each live group or node is kept: one that stores every live slot,
         // else (damage elsewhere) one that stores some — never less than there is. Among
-        // copies alike, the one in the pack of the earliest run (`Snapshot::named`): copies
+        // copies alike, one a relayout wrote (`Snapshot::layout`; of several, the latest
+        // relayout's: the copy readers read), else the one in the pack of the earliest run (`Snapshot::named`): copies
         // that commits running at once each stored are then kept in one commit's packs,
         // which stay whole, and the others' packs lose them all. (pack, group, live
         // fraction, complete), by id; a quarantined copy is no copy (`rebuild.rs` deals with
@@ -74,9 +75,14 @@ impl PackPlan {
                             .entry(id)
                             .and_modify(|k| {
                                 let run = |pack: &Id| snapshot.named.get(pack).copied();
-                                let earlier = run(pack).unwrap_or(usize::MAX)
-                                    < run(&k.0).unwrap_or(usize::MAX);
-                                if (!k.3 && complete) || (k.3 == complete && earlier) {
+                                // Layout copies first, the latest first (the one
+                                // readers take); then the others, earliest run first.
+                                let rank = |pack: &Id| match snapshot.layout.get(pack) {
+                                    Some(&t) => (0, u64::MAX - t, 0),
+                                    None => (1, 0, run(pack).unwrap_or(usize::MAX)),
+                                };
+                                let better = rank(pack) < rank(&k.0);
+                                if (!k.3 && complete) || (k.3 == complete && better) {
                                     *k = copy;
                                 }
                             })

@@ -23,6 +23,11 @@ pub(crate) struct Repacker<'a> {
     pub(crate) locations: RunEntries,
     /// The packs stored so far, and their sizes.
     pub(crate) written: Vec<(Id, u64)>,
+    /// The latest layout time of the copies from layout packs in the open data pack, and
+    /// the packs stored that hold such copies, with theirs (to be marked `layout/` in turn,
+    /// so a repack keeps a relayout's work).
+    data_laid_out: Option<u64>,
+    pub(crate) laid_out: Vec<(Id, u64)>,
 }
 
 impl<'a> Repacker<'a> {
@@ -33,6 +38,8 @@ impl<'a> Repacker<'a> {
             nodes: (None, Vec::new()),
             locations: RunEntries::default(),
             written: Vec::new(),
+            data_laid_out: None,
+            laid_out: Vec::new(),
         }
     }
 
@@ -44,6 +51,22 @@ impl<'a> Repacker<'a> {
         group: Group,
         live: Option<&SlotSet>,
     ) -> EngineResult<()> {
+        self.push_copy(kind, group, live, None).await
+    }
+
+    /// [`Self::push`] of a copy, with the layout time of the pack it was taken from if that
+    /// is a layout pack (`cairn_repo::layout`): the data pack it goes into is then listed in
+    /// `laid_out`.
+    pub(crate) async fn push_copy(
+        &mut self,
+        kind: BlobKind,
+        group: Group,
+        live: Option<&SlotSet>,
+        from_layout: Option<u64>,
+    ) -> EngineResult<()> {
+        if kind == BlobKind::Data {
+            self.data_laid_out = self.data_laid_out.max(from_layout);
+        }
         let target = self.repo.config().pack_target as usize;
         let key = self.repo.key();
         let (writer, ids) = match kind {
@@ -76,16 +99,21 @@ impl<'a> Repacker<'a> {
         if open.len() >= target {
             let full = writer.take().expect("opened");
             let ids = std::mem::take(ids);
-            self.store(full, ids).await?;
+            self.store(kind, full, ids).await?;
         }
         Ok(())
     }
 
-    async fn store(&mut self, writer: OpenPack, ids: Vec<Id>) -> EngineResult<()> {
+    async fn store(&mut self, kind: BlobKind, writer: OpenPack, ids: Vec<Id>) -> EngineResult<()> {
         let (id, bytes) = writer.finish()?;
         let (pack, size) = self.repo.put_pack(&id, bytes).await?;
         self.locations.add_pack(pack, &ids);
         self.written.push((pack, size));
+        if kind == BlobKind::Data {
+            if let Some(time) = self.data_laid_out.take() {
+                self.laid_out.push((pack, time));
+            }
+        }
         Ok(())
     }
 
@@ -98,7 +126,7 @@ impl<'a> Repacker<'a> {
             };
             if let Some(open) = writer.take().filter(|w| !w.is_empty()) {
                 let ids = std::mem::take(ids);
-                self.store(open, ids).await?;
+                self.store(which, open, ids).await?;
             }
         }
         Ok(std::mem::take(&mut self.locations))

@@ -30,6 +30,7 @@ use crate::error::{EngineError, EngineResult};
 pub mod in_place;
 mod window;
 use window::run;
+pub(crate) use window::LEAVES_PER_READ;
 pub mod partial;
 pub mod target;
 

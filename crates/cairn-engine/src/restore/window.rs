@@ -27,7 +27,7 @@ use crate::tree::{leaf_map, readable_leaf_map};
 
 /// Leaves a restore reads together (their leaves and groups in as few reads as their places
 /// allow): 4 segments, so a window of 8 reads holds 32 MiB of segments at most.
-const LEAVES_PER_READ: usize = 4;
+pub(crate) const LEAVES_PER_READ: usize = 4;
 
 /// Restores `version` into `sink`.
 pub(super) async fn run(

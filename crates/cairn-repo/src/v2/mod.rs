@@ -173,6 +173,9 @@ pub struct V2Reader {
     /// An index run, or a piece of one, was found damaged: what only it located may be
     /// unlocatable, so nothing is taken as stored on trust (see `has_quarantined_copy`).
     index_damaged: std::sync::atomic::AtomicBool,
+    /// The packs layout markers name (`crate::layout`), listed the first time a lookup meets
+    /// a group stored more than once, and those this process marked since.
+    layout: tokio::sync::OnceCell<std::sync::RwLock<std::collections::HashMap<Id, u64>>>,
 }
 
 impl std::fmt::Debug for V2Reader {
@@ -224,6 +227,7 @@ impl V2Reader {
             fetched: FetchCounters::default(),
             quarantine,
             index_damaged: Default::default(),
+            layout: Default::default(),
         }
     }
 

@@ -485,19 +485,37 @@ impl V2Reader {
     /// Where group `id` is stored with every slot of `wanted` (first, count) still in it. Two
     /// copies of a group can differ in what they store (GC rewrote one without slots no
     /// live version used, and rescued the whole group for a commit that reused one of them
-    /// meanwhile): the first good copy that stores them all, else the first good copy that
-    /// lists the group (reading it then names the dropped slot). Quarantined copies are
-    /// skipped; if only those are left, [`RepoError::Quarantined`].
+    /// meanwhile): a good copy that stores them all — the one in a layout pack if there is
+    /// one (`crate::layout`: where a relayout put it; of several, the latest relayout's), else
+    /// the first — else the first good
+    /// copy that lists the group (reading it then names the dropped slot). Quarantined copies
+    /// are skipped; if only those are left, [`RepoError::Quarantined`].
     pub async fn locate_group_storing(
         &self,
         id: &Id,
         wanted: &[(u16, u16)],
     ) -> RepoResult<GroupLocation> {
         let copies = self.group_copies(id).await?;
-        let mut good = copies.iter().filter(|c| !self.is_quarantined(c));
-        let first_good = good.clone().next();
-        if let Some(loc) = good.find(|c| c.stores(wanted)).or(first_good) {
-            return Ok(loc.clone());
+        let good: Vec<&GroupLocation> = copies.iter().filter(|c| !self.is_quarantined(c)).collect();
+        let storing: Vec<&GroupLocation> =
+            good.iter().copied().filter(|c| c.stores(wanted)).collect();
+        let laid_out = match storing.len() {
+            0 | 1 => None,
+            _ => {
+                let layout = self.layout_packs().await.read().expect("layout lock");
+                let mut latest: Option<(u64, &&GroupLocation)> = None;
+                for c in &storing {
+                    if let Some(&t) = layout.get(&c.trailer.pack) {
+                        if latest.is_none_or(|(best, _)| t > best) {
+                            latest = Some((t, c));
+                        }
+                    }
+                }
+                latest.map(|(_, c)| c)
+            }
+        };
+        if let Some(loc) = laid_out.or(storing.first()).or(good.first()) {
+            return Ok((*loc).clone());
         }
         Err(match copies.first() {
             Some(q) => RepoError::Quarantined {
@@ -537,6 +555,32 @@ impl V2Reader {
             }
         }
         Ok(false)
+    }
+
+    /// The packs layout markers name, listed once per reader. A listing that fails costs
+    /// only the preference (a warning): any good copy reads the same bytes.
+    async fn layout_packs(&self) -> &std::sync::RwLock<std::collections::HashMap<Id, u64>> {
+        self.layout
+            .get_or_init(|| async {
+                let listed = crate::layout::list_layout_markers(self.store.as_ref()).await;
+                std::sync::RwLock::new(listed.map(crate::layout::latest).unwrap_or_else(|e| {
+                    tracing::warn!(
+                        "layout markers could not be listed ({e}); any copy of a group is read"
+                    );
+                    Default::default()
+                }))
+            })
+            .await
+    }
+
+    /// Records that this process marked `pack` (a reader that listed the markers before
+    /// does not list them again).
+    pub(crate) fn add_layout_pack(&self, pack: Id, time: u64) {
+        if let Some(layout) = self.layout.get() {
+            let mut layout = layout.write().expect("layout lock");
+            let t = layout.entry(pack).or_insert(time);
+            *t = (*t).max(time);
+        }
     }
 
     /// Whether this copy of a group was found damaged (by this process or an earlier one).
