@@ -14,12 +14,13 @@ the image (data moved or duplicated), half existing blocks with a tenth of their
         [--alphas 0,0.5,1] [--s3] [--dir SCRATCH] [--out FILE]
     scripts/minio.sh run bench/history_locality.py ... --s3     # the repository on MinIO
 
-Then CloudVS's fragmentation parameter (§3.3) for each α of --alphas in turn: every version,
-oldest first, laid out again with `cairn relayout vm@N --alpha A` (as CloudVS stores each
-version with its α), the restores measured again, with the bytes the relayouts copied and the
-repository's stored bytes; last, `cairn gc --repair` (which gives back the old copies' packs)
-and the restores once more. The α steps run on one repository, each on top of the last (α = 1
-after α = 0.5 re-stores what 0.5 left scattered).
+Then CloudVS's fragmentation parameter (§3.3): the newest version laid out again with
+`cairn relayout vm@N --alpha A` for each α of --alphas in turn (each on top of the last: α = 1
+after α = 0.5 re-stores what 0.5 left scattered), then the oldest at the largest α; after
+each, `cairn gc --repair` (which gives back the old copies' packs) and the restores measured
+again, with the bytes the relayout copied and the stored bytes before and after the GC.
+(Relayout keeps one copy per id, so laying out every version in turn would only move shared
+data from one version's order to the next's.)
 
 Restores go to a file on the same disk and end with fsync; each is the best of two, with the
 page cache warm (what is compared is the work of each reader, not the disk's). With --s3 the
@@ -156,6 +157,9 @@ def main():
             return json.loads(subprocess.run([a.bin, "--repo", repo, "--json", *args],
                                              check=True, capture_output=True, text=True).stdout)
 
+        def stored():
+            return cairn_json("stats")["stored_bytes"]
+
         def restores(label):
             rows = {}
             for name, seq in picks.items():
@@ -169,25 +173,31 @@ def main():
                       f" chain {q:.2f} s", file=sys.stderr, flush=True)
             return rows
 
-        steps = [{"alpha": 0, "stored_bytes": cairn_json("stats")["stored_bytes"],
+        steps = [{"alpha": 0, "relayout_of": None, "stored_bytes": stored(),
                   "restores": restores("alpha 0")}]
-        for alpha in [x for x in a.alphas if x > 0]:
-            copied, t = 0, time.perf_counter()
-            for seq in range(1, n + 1):
-                r = cairn_json("relayout", f"vm@{seq}", "--alpha", str(alpha))
-                copied += r["bytes_copied"]
+        # CloudVS's α on the version an operator restores most: the newest, each α on top of
+        # the last; then the oldest at the largest α. Each relayout is followed by
+        # `gc --repair`, which gives back the old copies (the space a relayout spends lasts
+        # until then: `stored_before_gc`).
+        plan = [(n, alpha) for alpha in a.alphas if alpha > 0]
+        if plan:
+            plan.append((1, plan[-1][1]))
+        for seq, alpha in plan:
+            t = time.perf_counter()
+            r = cairn_json("relayout", f"vm@{seq}", "--alpha", str(alpha))
             took = time.perf_counter() - t
-            print(f"alpha {alpha}: relayout of {n} versions copied {copied} bytes in {took:.0f} s",
+            before_gc = stored()
+            t = time.perf_counter()
+            gc = cairn_json("gc", "--repair")
+            gc_s = time.perf_counter() - t
+            label = f"alpha {alpha} of vm@{seq}"
+            print(f"{label}: copied {r['bytes_copied']} bytes in {took:.0f} s, gc {gc_s:.0f} s",
                   file=sys.stderr, flush=True)
-            steps.append({"alpha": alpha, "relayout_s": took, "bytes_copied": copied,
-                          "stored_bytes": cairn_json("stats")["stored_bytes"],
-                          "restores": restores(f"alpha {alpha}")})
-        t = time.perf_counter()
-        gc = cairn_json("gc", "--repair")
-        steps.append({"alpha": steps[-1]["alpha"], "after_gc": True,
-                      "gc_s": time.perf_counter() - t, "gc": gc,
-                      "stored_bytes": cairn_json("stats")["stored_bytes"],
-                      "restores": restores("after gc --repair")})
+            steps.append({"alpha": alpha, "relayout_of": seq, "relayout_s": took,
+                          "bytes_copied": r["bytes_copied"], "reads_before": r["before"]["reads"],
+                          "reads_after": r["after"]["reads"], "stored_before_gc": before_gc,
+                          "gc_s": gc_s, "gc_packs_repacked": gc["packs_repacked"],
+                          "stored_bytes": stored(), "restores": restores(label)})
         chain_bytes = sum(os.stat(p).st_blocks * 512 for p in chain)
         doc = {"date": time.strftime("%Y-%m-%d"), "versions": n, "source": source,
                "store": "minio" if a.s3 else "local",

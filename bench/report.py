@@ -632,20 +632,32 @@ def r_recompress(spec):
 
 def r_history_locality(spec):
     """bench/history_locality.py: the oldest, a middle and the newest of a long history
-    restored by cairn and read out of a qcow2 chain, with cairn's ranged reads per GiB."""
+    restored by cairn and read out of a qcow2 chain, with cairn's ranged reads per GiB, as
+    committed and after each `cairn relayout` (+ `gc --repair`)."""
     d = load_json(spec["file"])
-    header = ["version", "cairn restore s", "qcow2 chain s (depth)", "cairn ÷ chain",
-              "ranged reads (per GiB)", "packs"]
+    header = ["step", "version", "cairn restore s", "qcow2 chain s (depth)",
+              "cairn ÷ chain", "ranged reads (per GiB)", "stored MiB (÷ chain)"]
     rows = []
-    for name, r in d["restores"].items():
-        st = r["stats"]
-        rows.append([f"{name}: vm@{r['version']} of {d['versions']}",
-                     f"{r['cairn_restore_s']:.2f}",
-                     f"{r['qcow2_chain_s']:.2f} ({r['chain_depth']})",
-                     f"{r['cairn_vs_chain']:.2f}×",
-                     f"{st['reads']} ({st['reads_per_gib']:.0f})", st["packs"]])
-    rows.append(["stored", f"{d['repo_bytes'] / MIB:.0f} MiB", f"{d['chain_bytes'] / MIB:.0f} MiB",
-                 f"{d['repo_bytes'] / d['chain_bytes']:.2f}×", "", ""])
+    for step in d["steps"]:
+        if step.get("relayout_of") is None:
+            label = f"as committed ({d['store']})"
+        else:
+            label = (f"`relayout vm@{step['relayout_of']} --alpha {step['alpha']:g}` + "
+                     f"`gc --repair` ({d['store']}): copied "
+                     f"{step['bytes_copied'] / MIB:.0f} MiB in {step['relayout_s']:.0f} s, "
+                     f"{step['stored_before_gc'] / MIB:.0f} MiB stored until the GC "
+                     f"({step['gc_s']:.0f} s)")
+        stored = (f"{step['stored_bytes'] / MIB:.0f} "
+                  f"({step['stored_bytes'] / d['chain_bytes']:.2f}×)")
+        for i, (name, r) in enumerate(step["restores"].items()):
+            st = r["stats"]
+            rows.append([label if i == 0 else "",
+                         f"{name}: vm@{r['version']} of {d['versions']}",
+                         f"{r['cairn_restore_s']:.2f}",
+                         f"{r['qcow2_chain_s']:.2f} ({r['chain_depth']})",
+                         f"{r['cairn_vs_chain']:.2f}×",
+                         f"{st['reads']} ({st['reads_per_gib']:.0f})",
+                         stored if i == 0 else ""])
     return header, rows
 
 

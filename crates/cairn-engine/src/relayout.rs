@@ -15,11 +15,13 @@
 //! packs, the space α spends, given back as GC repacks those packs.
 //!
 //! A batch already read in as few requests as its size allows gains nothing from a copy and
-//! is never chosen, so α = 1 re-stores only what is scattered. Only additions are made (packs, their markers,
+//! is never chosen, so α = 1 re-stores only what is scattered. A group that several batches
+//! of the version read is not copied: one copy is kept per id, so moving it next to one batch
+//! would take it away from the others. Only additions are made (packs, their markers,
 //! then the index run naming them), so an interrupted relayout leaves a consistent
 //! repository: packs no run names are GC's orphans.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -97,15 +99,22 @@ pub async fn relayout(
         .collect();
     chosen.sort_unstable();
     report.chosen = chosen.len() as u64;
-    // Each chosen batch's groups, each group once (the first batch naming it takes it).
-    let mut copied: HashSet<Id> = HashSet::new();
+    // Each chosen batch's own groups. A group that other batches of the version read too
+    // (the same data in several places of the disk) stays where it is: with one copy kept
+    // per id, moving it next to one batch would take it away from the others.
+    let mut batches_naming: HashMap<Id, u32> = HashMap::new();
+    for b in &batches {
+        for g in &b.groups {
+            *batches_naming.entry(g.id()).or_default() += 1;
+        }
+    }
     let copies: Vec<Vec<&GroupLocation>> = chosen
         .iter()
         .map(|&i| {
             batches[i]
                 .groups
                 .iter()
-                .filter(|g| copied.insert(g.id()))
+                .filter(|g| batches_naming[&g.id()] == 1)
                 .collect()
         })
         .collect();
