@@ -584,20 +584,9 @@ fn records(len: usize, seed: u64) -> Vec<u8> {
 #[test]
 fn gc_recompress_stores_less_and_changes_no_version() {
     for encrypted in [false, true] {
-        let dir = tempfile::tempdir().unwrap();
-        let repo = dir.path().join("repo");
-        let pw = [("CAIRN_PASSWORD", "correct horse")];
-        let env: &[(&str, &str)] = if encrypted { &pw } else { &[] };
-        let run = |args: &[&str]| {
-            let out = common::cairn_with(&repo, env, args);
-            assert!(out.status.success(), "cairn {args:?}: {out:?}");
-            String::from_utf8(out.stdout).unwrap()
-        };
-        let mut init = vec!["-q", "init", "--reserve", "0"];
-        if encrypted {
-            init.push("--encrypt");
-        }
-        run(&init);
+        let scratch = common::Scratch::new(encrypted);
+        let dir = &scratch.dir;
+        let run = |args: &[&str]| scratch.run(args);
         let mut images = Vec::new();
         for v in 0..2u64 {
             let mut data = records(6 << 20, 7 + v);
@@ -608,9 +597,9 @@ fn gc_recompress_stores_less_and_changes_no_version() {
             images.push(path);
         }
         let gc = |extra: &[&str]| -> serde_json::Value {
-            let mut args = vec!["--json", "gc"];
+            let mut args = vec!["gc"];
             args.extend_from_slice(extra);
-            serde_json::from_str(run(&args).trim()).unwrap()
+            scratch.json(&args)
         };
         let first = gc(&["--recompress", "19"]);
         assert_eq!(first["mode"], "repair", "{first}");
@@ -640,7 +629,7 @@ fn gc_recompress_stores_less_and_changes_no_version() {
         assert_eq!(second["packs_recompressed"], 0, "{second}");
         assert_eq!(second["after_bytes"], second["before_bytes"], "{second}");
         // A level outside zstd's is refused by the parser, in one line.
-        let out = common::cairn_with(&repo, env, &["gc", "--recompress", "23"]);
+        let out = common::cairn(&scratch.repo, &["gc", "--recompress", "23"]);
         assert_eq!(out.status.code(), Some(2));
     }
 }

@@ -80,25 +80,10 @@ fn stats_of_a_version_counts_the_reads_a_restore_makes() {
 #[test]
 fn relayout_stores_scattered_data_again_and_gc_keeps_the_new_layout() {
     for encrypted in [false, true] {
-        let dir = tempfile::tempdir().unwrap();
-        let repo = dir.path().join("repo");
-        let pw = [("CAIRN_PASSWORD", "correct horse")];
-        let env: &[(&str, &str)] = if encrypted { &pw } else { &[] };
-        let run = |args: &[&str]| {
-            let out = common::cairn_with(&repo, env, args);
-            assert!(out.status.success(), "cairn {args:?}: {out:?}");
-            String::from_utf8(out.stdout).unwrap()
-        };
-        let json = |args: &[&str]| -> serde_json::Value {
-            let mut all = vec!["--json"];
-            all.extend_from_slice(args);
-            serde_json::from_str(run(&all).trim()).unwrap()
-        };
-        let mut init = vec!["-q", "init", "--reserve", "0"];
-        if encrypted {
-            init.push("--encrypt");
-        }
-        run(&init);
+        let scratch = common::Scratch::new(encrypted);
+        let (dir, repo) = (&scratch.dir, &scratch.repo);
+        let run = |args: &[&str]| scratch.run(args);
+        let json = |args: &[&str]| scratch.json(args);
         let images = scattered_history(dir.path(), 8, &run);
         let reads = |spec: &str| json(&["stats", spec])["reads"].as_u64().unwrap();
         let restores_exactly = |when: &str| {

@@ -34,6 +34,47 @@ pub fn cairn_with(repo: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
     cmd.output().expect("run cairn")
 }
 
+/// A fresh repository (`init --reserve 0`) in a temporary directory, plain or encrypted (the
+/// passphrase passed in the environment), and runners that assert success.
+pub struct Scratch {
+    pub dir: tempfile::TempDir,
+    pub repo: std::path::PathBuf,
+    env: Vec<(&'static str, &'static str)>,
+}
+
+impl Scratch {
+    pub fn new(encrypted: bool) -> Scratch {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        let env = if encrypted {
+            vec![("CAIRN_PASSWORD", "correct horse")]
+        } else {
+            Vec::new()
+        };
+        let scratch = Scratch { dir, repo, env };
+        let mut init = vec!["-q", "init", "--reserve", "0"];
+        if encrypted {
+            init.push("--encrypt");
+        }
+        scratch.run(&init);
+        scratch
+    }
+
+    /// `cairn ARGS`, which must succeed; its standard output.
+    pub fn run(&self, args: &[&str]) -> String {
+        let out = cairn_with(&self.repo, &self.env, args);
+        assert!(out.status.success(), "cairn {args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// `cairn --json ARGS`, parsed.
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        serde_json::from_str(self.run(&all).trim()).unwrap()
+    }
+}
+
 /// The single line a failing command printed on stderr (asserts there is exactly one).
 pub fn stderr_line(out: &Output) -> String {
     let s = String::from_utf8_lossy(&out.stderr).to_string();
