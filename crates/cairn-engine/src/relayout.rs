@@ -171,20 +171,22 @@ async fn read_stored(repo: &Arc<Repo>, wanted: &[&GroupLocation]) -> EngineResul
             wanted[i].trailer.groups[wanted[i].group as usize].offset,
         )
     });
-    // Spans of indexes into `wanted`: same pack, next group starting where the last ends or
-    // a little after.
+    // Spans of indexes into `wanted`: groups of one pack a reader reads at once
+    // (`cairn_repo::v2::joins_read`, the rule restores read by).
     let mut spans: Vec<Vec<usize>> = Vec::new();
     for i in by_place {
-        let r = range_of(wanted[i]);
+        let this = range_of(wanted[i]);
         match spans.last_mut() {
             Some(span)
                 if {
                     let last = wanted[*span.last().expect("a span is never empty")];
-                    let first = range_of(wanted[span[0]]);
                     last.trailer.pack == wanted[i].trailer.pack
-                        && r.start >= range_of(last).end
-                        && r.start - range_of(last).end <= MAX_GAP
-                        && r.end - first.start <= MAX_SPAN
+                        && cairn_repo::v2::joins_read(
+                            &range_of(wanted[span[0]]),
+                            &range_of(last),
+                            &this,
+                            span.len(),
+                        )
                 } =>
             {
                 span.push(i)
@@ -243,11 +245,6 @@ async fn read_stored(repo: &Arc<Repo>, wanted: &[&GroupLocation]) -> EngineResul
         .map(|g| g.expect("every group read"))
         .collect())
 }
-
-/// Groups of one pack at most this far apart are read at once (the bytes between dropped).
-const MAX_GAP: u64 = (64 << 10) + 4096;
-/// At most this many bytes in one read.
-const MAX_SPAN: u64 = 4 << 20;
 
 fn range_of(loc: &GroupLocation) -> Range<u64> {
     loc.trailer.groups[loc.group as usize].range()

@@ -33,8 +33,9 @@ const MAX_SPAN_GAP: u64 = (64 << 10) + 4096;
 const MAX_SPAN_BYTES: u64 = 4 << 20;
 
 /// Whether a group stored at `this` joins a read of `len` groups of the same pack that spans
-/// `first.start .. last.end`: near enough, and the read not too long.
-fn joins_read(first: &Range<u64>, last: &Range<u64>, this: &Range<u64>, len: usize) -> bool {
+/// `first.start .. last.end`: near enough, and the read not too long (the one rule every
+/// reader of several groups plans its ranged reads by).
+pub fn joins_read(first: &Range<u64>, last: &Range<u64>, this: &Range<u64>, len: usize) -> bool {
     this.start >= last.end
         && this.start - last.end <= MAX_SPAN_GAP
         && this.end - first.start <= MAX_SPAN_BYTES

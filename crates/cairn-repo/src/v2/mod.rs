@@ -38,7 +38,7 @@ use quick_cache::Weighter;
 
 pub use check::{rescuable_groups, PackCheck};
 pub use filters::FILTER_AFTER_ASKS;
-pub use groups::{ranged_reads, OpenedGroup};
+pub use groups::{joins_read, ranged_reads, OpenedGroup};
 pub use merge::MergedRun;
 pub use packer::{
     pack_capacity, FinishedPack, GroupPacker, OpenPack, PackBytes, Placement, Stager,
