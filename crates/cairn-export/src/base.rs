@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use cairn_engine::segment::Seeds;
 use cairn_format::leaf_v2::{RunExtent, RunLeaf};
@@ -26,6 +27,8 @@ use cairn_format::{FormatError, Id};
 use cairn_repo::tree_walk::{decode_leaf, NodeReader};
 use cairn_repo::v2::{GroupLocation, V2Reader};
 use cairn_repo::{Repo, RepoError};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::error::{ExportError, ExportResult};
 use crate::segment_map::SegmentMap;
@@ -90,6 +93,10 @@ pub struct Base {
     /// Local images whose bytes are served instead of fetching them, where each chunk's bytes
     /// there have the chunk's id (`export --seed`).
     seeds: Option<Seeds>,
+    /// Fetches nobody waits for (read-ahead, a boot profile's prefetch), stopped with the
+    /// export so that none meets a runtime shutting down and reports a failure that is not one.
+    background: TaskTracker,
+    stopping: CancellationToken,
 }
 
 /// Reads a blob; if its pack is gone (a GC repacked it: GC does not wait for exports), re-reads
@@ -179,6 +186,8 @@ impl Base {
             leaves: RwLock::new(HashMap::new()),
             readahead,
             seeds: None,
+            background: TaskTracker::new(),
+            stopping: CancellationToken::new(),
         })
     }
 
@@ -190,6 +199,28 @@ impl Base {
 
     pub fn id(&self) -> Id {
         self.id
+    }
+
+    /// Runs `work` in the background until it ends or [`Self::stop_background`] is called.
+    pub fn spawn_background<F>(&self, work: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let stopping = self.stopping.clone();
+        self.background.spawn(async move {
+            tokio::select! {
+                biased;
+                _ = stopping.cancelled() => {}
+                _ = work => {}
+            }
+        });
+    }
+
+    /// Stops the background work and waits (a few seconds at most) until it has stopped.
+    pub async fn stop_background(&self) {
+        self.stopping.cancel();
+        self.background.close();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.background.wait()).await;
     }
 
     pub fn record(&self) -> &VersionRecord {
@@ -622,7 +653,7 @@ impl Base {
     /// Fetches, in the background, the next `readahead` chunks after `from`.
     fn read_ahead(self: &Arc<Self>, from: u64) {
         let me = self.clone();
-        tokio::spawn(async move {
+        self.spawn_background(async move {
             let span = me.readahead as u64 * 4 * 1024 * 1024; // upper bound of chunk sizes
             let Ok(pieces) = me.pieces_in(from, span.min(me.segment_size() * 2)).await else {
                 return;

@@ -86,6 +86,7 @@ impl VersionExport {
     pub async fn shutdown(&self) -> io::Result<()> {
         let _paused = self.io.write().await;
         self.closed.store(true, Ordering::SeqCst);
+        self.base().stop_background().await;
         Ok(self.flush_overlay().await?)
     }
 
@@ -261,7 +262,8 @@ impl VersionExport {
         )
         .await?;
         overlay.reset(&result.id.to_hex())?;
-        *self.base.write().expect("base lock") = Arc::new(next);
+        let old = std::mem::replace(&mut *self.base.write().expect("base lock"), Arc::new(next));
+        old.stop_background().await;
         Ok(result)
     }
 }

@@ -30,8 +30,9 @@ pub fn files_error(e: FilesError) -> anyhow::Error {
 }
 
 /// Opens the version SPEC names (before its `:/path`) for lazy reading: the disk, the guest
-/// path and the version's name (`IMAGE@N`, which errors begin with).
-async fn open(ctx: &Context, spec: &str) -> Result<(DiskReader, String, String)> {
+/// path, the version's name (`IMAGE@N`, which errors begin with) and the base the disk reads
+/// (whose read-ahead is stopped once the command is done).
+async fn open(ctx: &Context, spec: &str) -> Result<(DiskReader, String, String, Arc<Base>)> {
     let (version, path) = split_guest_path(spec).ok_or_else(|| {
         cairn_engine::EngineError::BadInput(format!(
             "{spec:?}: expected IMAGE[@V]:/path (a path in the guest, starting with /)"
@@ -51,9 +52,10 @@ async fn open(ctx: &Context, spec: &str) -> Result<(DiskReader, String, String)>
     )
     .await
     .with_context(|| format!("cannot open {}@{}", record.image, record.seq))?;
-    let disk = DiskReader::new(Arc::new(base), tokio::runtime::Handle::current());
+    let base = Arc::new(base);
+    let disk = DiskReader::new(base.clone(), tokio::runtime::Handle::current());
     let name = format!("{}@{}", record.image, record.seq);
-    Ok((disk, path.to_string(), name))
+    Ok((disk, path.to_string(), name, base))
 }
 
 fn entry_json(e: &GuestEntry) -> Value {
@@ -70,13 +72,14 @@ fn entry_json(e: &GuestEntry) -> Value {
 }
 
 pub async fn ls(ctx: &Context, args: GuestArgs) -> Result<ExitCode> {
-    let (disk, path, name) = open(ctx, &args.spec).await?;
+    let (disk, path, name, base) = open(ctx, &args.spec).await?;
     let partition = args.partition;
     let entries = tokio::task::spawn_blocking(move || GuestFs::open(&disk, partition)?.list(&path))
         .await
         .context("the guest reader failed")?
         .map_err(files_error)
         .context(name)?;
+    base.stop_background().await;
     if ctx.json {
         print_json(&Value::Array(entries.iter().map(entry_json).collect()));
         return Ok(ExitCode::SUCCESS);
@@ -106,7 +109,7 @@ pub async fn ls(ctx: &Context, args: GuestArgs) -> Result<ExitCode> {
 }
 
 pub async fn cat(ctx: &Context, args: GuestArgs) -> Result<ExitCode> {
-    let (disk, path, name) = open(ctx, &args.spec).await?;
+    let (disk, path, name, base) = open(ctx, &args.spec).await?;
     let partition = args.partition;
     let spec = args.spec.clone();
     tokio::task::spawn_blocking(move || -> Result<()> {
@@ -126,5 +129,6 @@ pub async fn cat(ctx: &Context, args: GuestArgs) -> Result<ExitCode> {
     })
     .await
     .context("the guest reader failed")??;
+    base.stop_background().await;
     Ok(ExitCode::SUCCESS)
 }

@@ -121,7 +121,7 @@ fn prefetch(
         p.bytes(),
         p.reads.len(),
     );
-    tokio::spawn(profile::prefetch(base, p, stats));
+    base.spawn_background(profile::prefetch(base.clone(), p, stats));
     true
 }
 
