@@ -20,7 +20,9 @@ others were killed in was merging small packs: a check):
      where the last run finished)                                                       (12)
   7. `cairn relayout IMAGE --alpha 1` after three commits of small scattered writes (the
      newest version's scattered data copied side by side); every other trial then runs
-     `gc --repair`, after which every layout marker must name a pack                         (8)
+     `gc --repair`, after which every layout marker must name a pack and a restore must read
+     about as many pieces as the relayout left, at most 10% + 2 more (GC keeps the copies,
+     and their order)                                                                    (8)
 
 An interrupted (SIGINT/SIGTERM) command must exit 128+signal with one line on stderr, its
 session closed and no temporary or partial file left, at once.
@@ -515,7 +517,8 @@ class Run:
     def loop_relayout(self, trials):
         """Relayout killed at random while it copies the newest version's scattered segments
         into layout packs: only additions, so a kill anywhere loses nothing, and the next
-        relayout does the work. Every other trial, a GC afterwards must keep the new copies."""
+        relayout does the work. Every other trial, a GC afterwards must keep the new copies
+        and their order."""
         self.clear_dead_sessions()
         if IMAGE not in self.repo.run("--json", "images").stdout:
             for _ in range(LIVE):  # the loop runs on its own
@@ -543,9 +546,13 @@ class Run:
                     g = self.repo.run("gc", "--repair", check=False, timeout=300)
                     self.ok(g.returncode == 0, f"{label}: gc --repair succeeds "
                                                f"({g.stderr.strip()[-200:]})")
-                    # Whether GC keeps the layout copies is checked by the CLI tests
-                    # (cli_locality.rs): in this loop's long history it does not always
-                    # (issue 56's note: a known gap, locality only).
+                    # GC keeps the layout copies, in their order even when it repacks them
+                    # (their old groups hold slots only older versions used).
+                    laid_out = report["after"]["reads"]
+                    now = self.repo.json("stats", IMAGE)["reads"]
+                    self.ok(now <= laid_out * 1.1 + 2 and now < scattered,
+                            f"{label}: after gc a restore reads {now} pieces (the relayout "
+                            f"left {laid_out}, {scattered} before it)")
                     marked = self.layout_packs()
                     gone = [p for p in marked if not os.path.exists(self.pack_path(p))]
                     self.ok(not gone, f"{label}: every layout marker names a pack "

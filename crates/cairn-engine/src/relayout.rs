@@ -144,9 +144,12 @@ pub async fn relayout(
     }
     let entries = writer.finish().await?;
     report.packs_written = writer.written.len() as u64;
+    // One time per pack, rising in the order the packs were written (the relayout's time
+    // plus the pack's ordinal, in nanoseconds): a GC that repacks them copies them in that
+    // order, so the version's restore order survives (`gc::collect::repack`).
     let time = cairn_repo::session::now_ns().max(0) as u64;
-    for (pack, _) in &writer.written {
-        repo.put_layout_marker(pack, time).await?;
+    for (ordinal, (pack, _)) in writer.written.iter().enumerate() {
+        repo.put_layout_marker(pack, time + ordinal as u64).await?;
     }
     repo.put_run_entries(entries, repo.key()).await?;
     tracing::info!(

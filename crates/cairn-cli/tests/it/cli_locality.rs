@@ -14,6 +14,16 @@ fn ok(repo: &Path, args: &[&str]) -> String {
 /// Two versions of a disk of `mib` MiB: the first committed whole, the second with every
 /// other pair of 64 KiB blocks rewritten (blocks 1, 2, 5, 6, …). Returns both images' bytes.
 fn scattered_history(dir: &Path, mib: usize, run: &dyn Fn(&[&str]) -> String) -> Vec<Vec<u8>> {
+    scattered_writes(dir, mib, 64 << 10, run)
+}
+
+/// [`scattered_history`] rewriting only the first `len` bytes of each of those blocks.
+fn scattered_writes(
+    dir: &Path,
+    mib: usize,
+    len: usize,
+    run: &dyn Fn(&[&str]) -> String,
+) -> Vec<Vec<u8>> {
     let mut data = noise(mib << 20, 7);
     let disk = dir.join("disk.raw");
     std::fs::write(&disk, &data).unwrap();
@@ -21,7 +31,7 @@ fn scattered_history(dir: &Path, mib: usize, run: &dyn Fn(&[&str]) -> String) ->
     let first = data.clone();
     for block in (0..mib * 16).filter(|b| b % 4 == 1 || b % 4 == 2) {
         let at = block * (64 << 10);
-        data[at..at + (64 << 10)].copy_from_slice(&noise(64 << 10, 100 + block as u64));
+        data[at..at + len].copy_from_slice(&noise(len, 100 + block as u64));
     }
     std::fs::write(&disk, &data).unwrap();
     run(&["-q", "commit", "vm", disk.to_str().unwrap()]);
@@ -165,4 +175,105 @@ fn relayout_refuses_an_alpha_outside_0_to_1() {
         common::stderr_line(&out),
         "cairn: error: --alpha 1.5 is not between 0 and 1 (the proportion of the version's data to re-store)"
     );
+}
+
+/// A GC that repacks a relayout's packs (here because `rm vm@1` leaves half of each old
+/// group the relayout copied dead: vm@2 rewrote the first half of blocks 1, 2, 5, 6, …)
+/// copies them in the order the relayout wrote them: with 1 MiB packs, vm@2's 8 MiB lie in
+/// eight or more layout packs, and a batch of 4 MiB spans four of them; in any other order a
+/// restore of each batch would read pieces of more packs. The repacked copies stay
+/// preferred, and the version restores bit-exact.
+#[test]
+fn a_gc_that_repacks_a_relayouts_packs_keeps_their_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    ok(
+        &repo,
+        &["-q", "init", "--reserve", "0", "--pack-size", "1M"],
+    );
+    let images = scattered_writes(dir.path(), 8, 32 << 10, &|args| ok(&repo, args));
+    let json = |args: &[&str]| -> serde_json::Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        serde_json::from_str(ok(&repo, &all).trim()).unwrap()
+    };
+    let reads = || json(&["stats", "vm@2"])["reads"].as_u64().unwrap();
+    let relayout = json(&["relayout", "vm@2", "--alpha", "1"]);
+    assert!(
+        relayout["packs_written"].as_u64().unwrap() >= 8,
+        "{relayout}"
+    );
+    let laid_out = reads();
+    assert_eq!(laid_out, relayout["after"]["reads"].as_u64().unwrap());
+
+    // `rm` runs fast deletion, which repacks; `gc --repair` then finds nothing to move.
+    let rm = json(&["rm", "vm@1"]);
+    assert!(
+        reads() <= laid_out,
+        "{} reads after the repack, {laid_out} before: {rm}",
+        reads()
+    );
+    let out = dir.path().join("out.raw");
+    ok(&repo, &["-q", "restore", "vm@2", out.to_str().unwrap()]);
+    assert!(std::fs::read(&out).unwrap() == images[1], "vm@2 after gc");
+    ok(&repo, &["-q", "verify"]);
+}
+
+/// A relayout that meets a damaged copy stops with one line naming it (exit 3, damage) and
+/// stores nothing: no layout marker, no new pack, vm@1 (whose pack is whole) still restores,
+/// and a second attempt says the same.
+#[test]
+fn a_relayout_that_meets_damage_names_it_and_stores_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    ok(&repo, &["-q", "init", "--reserve", "0"]);
+    let images = scattered_history(dir.path(), 2, &|args| ok(&repo, args));
+    let packs = || -> Vec<std::path::PathBuf> {
+        let mut all: Vec<_> = walk(&repo.join("packs"));
+        all.sort();
+        all
+    };
+    // vm@2's new blocks lie in the second commit's data pack, the smaller one (1 MiB of the
+    // 2 MiB; node packs are a few KiB); flip a byte in its first group.
+    let before = packs();
+    let size = |p: &std::path::PathBuf| std::fs::metadata(p).unwrap().len();
+    let newest = before
+        .iter()
+        .filter(|p| size(p) > 100 << 10)
+        .min_by_key(|p| size(p))
+        .unwrap()
+        .clone();
+    let mut bytes = std::fs::read(&newest).unwrap();
+    bytes[1000] ^= 0x55;
+    std::fs::write(&newest, &bytes).unwrap();
+
+    for attempt in 0..2 {
+        let out = cairn(&repo, &["relayout", "vm@2", "--alpha", "1"]);
+        assert_eq!(out.status.code(), Some(3), "attempt {attempt}: {out:?}");
+        let line = common::stderr_line(&out);
+        let pack = newest.file_name().unwrap().to_str().unwrap();
+        assert!(
+            line.starts_with("cairn: error: ") && line.contains(pack),
+            "attempt {attempt}: {line}"
+        );
+        assert!(!repo.join("layout").exists() || walk(&repo.join("layout")).is_empty());
+        assert_eq!(packs(), before, "attempt {attempt}: no pack written");
+    }
+    let out = dir.path().join("one.raw");
+    ok(&repo, &["-q", "restore", "vm@1", out.to_str().unwrap()]);
+    assert!(std::fs::read(&out).unwrap() == images[0], "vm@1");
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let path = e.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
 }

@@ -557,6 +557,19 @@ async fn judge_liveness(
     }
 }
 
+/// The order packs are repacked in: a relayout's packs first, in the order it wrote them
+/// (their layout times rise with it), so that their copies stay in the order a restore reads
+/// them; then the others, by the run that names them.
+fn repack_order<'p>(snapshot: &Snapshot, packs: &'p [Id]) -> Vec<&'p Id> {
+    let mut order: Vec<&Id> = packs.iter().collect();
+    order.sort_by_key(|p| {
+        let layout = snapshot.layout.get(*p).copied().unwrap_or(u64::MAX);
+        let run = snapshot.named.get(*p).copied().unwrap_or(usize::MAX);
+        (layout, run, **p)
+    });
+    order
+}
+
 /// Copies what survives of the packs the plan rewrites, and the groups rebuilt from good
 /// copies, into new packs. Returns the writer, to finish.
 async fn repack<'a>(
@@ -571,7 +584,7 @@ async fn repack<'a>(
     let mut writer = Repacker::new(repo);
     let to_copy: u64 = plan.to_repack.iter().map(|p| plan.live_bytes[p]).sum();
     progress::start(&options.progress, "repacking", Unit::Bytes, to_copy);
-    for pack in &plan.to_repack {
+    for pack in repack_order(snapshot, &plan.to_repack) {
         let data = repo.read_whole_pack(pack).await?;
         let trailer = &snapshot.trailers[pack];
         let from_layout = snapshot.layout.get(pack).copied();

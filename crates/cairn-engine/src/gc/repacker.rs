@@ -25,7 +25,7 @@ pub(crate) struct Repacker<'a> {
     pub(crate) written: Vec<(Id, u64)>,
     /// The latest layout time of the copies from layout packs in the open data pack, and
     /// the packs stored that hold such copies, with theirs (to be marked `layout/` in turn,
-    /// so a repack keeps a relayout's work).
+    /// so a repack keeps a relayout's work), rising in the order the packs were stored.
     data_laid_out: Option<u64>,
     pub(crate) laid_out: Vec<(Id, u64)>,
 }
@@ -111,7 +111,9 @@ impl<'a> Repacker<'a> {
         self.written.push((pack, size));
         if kind == BlobKind::Data {
             if let Some(time) = self.data_laid_out.take() {
-                self.laid_out.push((pack, time));
+                // Times rise with the order the packs are written, as a relayout's do.
+                let last = self.laid_out.last().map_or(0, |&(_, t)| t + 1);
+                self.laid_out.push((pack, time.max(last)));
             }
         }
         Ok(())
