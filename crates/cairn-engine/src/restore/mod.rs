@@ -483,6 +483,30 @@ fn write_qcow2(writer: &Qcow2Writer, data: &[u8], off: u64) -> EngineResult<()> 
     Ok(())
 }
 
+/// Starts writing `[from, to)` of `file` back to its disk without waiting for it, so that the
+/// sync that ends a restore finds little left: the disk works while the next segments are
+/// decoded (a 1 GiB restore's final fsync took 0.34 s of its 1.1 s without this). A hint: a
+/// failure here is met again, and reported, by that sync.
+fn start_writeback(file: &File, from: u64, to: u64) {
+    use std::os::unix::io::AsRawFd;
+    let (Ok(off), Ok(n)) = (
+        libc::off64_t::try_from(from),
+        libc::off64_t::try_from(to.saturating_sub(from)),
+    ) else {
+        return;
+    };
+    // SAFETY: `file` owns a valid descriptor for the whole call; sync_file_range takes no
+    // pointer.
+    let rc =
+        unsafe { libc::sync_file_range(file.as_raw_fd(), off, n, libc::SYNC_FILE_RANGE_WRITE) };
+    if rc != 0 {
+        tracing::debug!(
+            "sync_file_range: {} (left to the final sync)",
+            io::Error::last_os_error()
+        );
+    }
+}
+
 fn write_zero_runs(file: &File, runs: &[(u64, u64)], path: &Path) -> EngineResult<()> {
     let zeros = vec![0u8; 1 << 20];
     for &(mut off, mut len) in runs {

@@ -16,8 +16,8 @@ use cairn_format::Id;
 use cairn_repo::Repo;
 
 use super::{
-    merge_ranges, write_file, write_qcow2, write_qcow2_overlay, write_stdout, write_zeros,
-    DamagedRange, RestoreOptions, RestoreProgress, RestoreStats, Sink,
+    merge_ranges, start_writeback, write_file, write_qcow2, write_qcow2_overlay, write_stdout,
+    write_zeros, DamagedRange, RestoreOptions, RestoreProgress, RestoreStats, Sink,
 };
 use crate::error::{EngineError, EngineResult};
 use crate::segment::{
@@ -28,6 +28,9 @@ use crate::tree::{leaf_map, readable_leaf_map};
 /// Leaves a restore reads together (their leaves and groups in as few reads as their places
 /// allow): 4 segments, so a window of 8 reads holds 32 MiB of segments at most.
 pub(crate) const LEAVES_PER_READ: usize = 4;
+
+/// Bytes of a file or device written between two requests to start their writeback.
+const WRITEBACK_EVERY: u64 = 32 << 20;
 
 /// Restores `version` into `sink`.
 pub(super) async fn run(
@@ -59,6 +62,7 @@ pub(super) async fn run(
     };
     let leaves: Vec<(u64, Id)> = leaves.into_iter().collect();
     let mut done_to = 0u64;
+    let mut written_back = 0u64;
     let mut segments_read = 0u64;
     // A rolling window: `parallel_reads` batches of leaves in flight, the next started as
     // soon as the oldest is written (not when the slowest of a window is), written in
@@ -135,6 +139,13 @@ pub(super) async fn run(
                 Sink::Stdout => write_stdout(&data)?,
             }
             done_to = off + data.len() as u64;
+            crate::segment::give_back(data);
+            if let Sink::File { file, .. } = sink {
+                if done_to - written_back >= WRITEBACK_EVERY {
+                    start_writeback(file, written_back, done_to);
+                    written_back = done_to;
+                }
+            }
             stats.data_bytes += stored;
             segments_read += 1;
             progress.done.store(done_to, Ordering::Relaxed);
@@ -142,6 +153,7 @@ pub(super) async fn run(
             progress.fetched.store(now.bytes, Ordering::Relaxed);
         }
     }
+    crate::segment::drop_spare_buffers();
     write_zeros(sink, done_to, version.logical_size, path)?;
     let fetched = Fetched::of(repo).since(&before, stats.data_bytes, segments_read);
     stats.fetched_bytes = fetched.bytes;
