@@ -6,7 +6,8 @@
   with a filler file. `cairn rm` and `cairn gc` must still work there (they release the
   repository's space reserve), free space, and leave every remaining version intact.
 - Full disk, encrypted format 2: the commit that does not fit fails with the same line and
-  publishes nothing; every earlier version verifies and restores bit-exact.
+  publishes nothing; every earlier version verifies and restores bit-exact. A relayout on
+  the full disk fails with the same line and marks nothing; with room again it works.
 - A mounted device: `cairn restore --force` (and `--in-place`) onto a loop device whose file
   system is mounted is refused and changes nothing, as is `--in-place` into the file the loop
   device is backed by; once unmounted, the restore works bit-exact, and `--in-place` onto the
@@ -133,6 +134,20 @@ def full_disk_encrypted(binary, work, c):
         cairn.env["CAIRN_PASSWORD"] = "safety passphrase"
         cairn.run("init", "--encrypt", "--reserve", "4M", "--pack-size", "4M")
         rng = random.Random(5)
+        # An image whose second version lies in two packs (every other pair of 64 KiB blocks
+        # rewritten), for the relayout below.
+        scattered = os.path.join(work, "scattered.raw")
+        image = bytearray(rng.randbytes(4 << 20))
+        with open(scattered, "wb") as f:
+            f.write(image)
+        cairn.run("commit", "scat", scattered)
+        for block in range(64):
+            if block % 4 in (1, 2):
+                image[block << 16:(block + 1) << 16] = rng.randbytes(1 << 16)
+        with open(scattered, "wb") as f:
+            f.write(image)
+        cairn.run("commit", "scat", scattered)
+        scattered_sha = sha(scattered)
         src = os.path.join(work, "disk2.raw")
         kept, failure = fill_until_full(cairn, src, rng, 8 << 20, 29)
         c.ok(failure is not None and len(kept) >= 2,
@@ -154,6 +169,34 @@ def full_disk_encrypted(binary, work, c):
             p = cairn.run("restore", f"vm@{seq}", out, "--force", check=False)
             c.ok(p.returncode == 0 and sha(out) == digest,
                  f"vm@{seq} restores bit-exact from the full disk: {p.stderr.strip()}")
+
+        # A relayout, which only adds objects, fails the same way and adds nothing.
+        filler = os.path.join(mnt, "filler")
+        with open(filler, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\1" * 4096)
+            except OSError:
+                pass
+        p = cairn.run("relayout", "scat@2", "--alpha", "1", check=False)
+        lines = as_plain(p.stderr).strip().splitlines()
+        c.ok(p.returncode != 0 and len(lines) == 1 and lines[0] == full_disk_line(repo),
+             f"a relayout on a full disk fails with one line (exit {p.returncode}): "
+             f"{p.stderr.strip()!r}")
+        layout = os.path.join(repo, "layout")
+        c.ok(not os.path.exists(layout) or not os.listdir(layout),
+             "the failed relayout marked no pack")
+        os.remove(filler)
+        p = cairn.run("verify", check=False)
+        c.ok(p.returncode == 0, f"verify clean after the failed relayout: "
+                                f"{p.stdout.strip()[-200:]}{p.stderr.strip()[-200:]}")
+        p = cairn.run("restore", "scat@2", out, "--force", check=False)
+        c.ok(p.returncode == 0 and sha(out) == scattered_sha,
+             f"scat@2 restores bit-exact after the failed relayout: {p.stderr.strip()}")
+        p = cairn.run("--json", "relayout", "scat@2", "--alpha", "1", check=False)
+        copied = json.loads(p.stdout)["groups_copied"] if p.returncode == 0 else None
+        c.ok(bool(copied), f"with room again, the relayout copies ({copied} groups): "
+                           f"{p.stderr.strip()}")
 
 
 def mounted_device(binary, work, c):

@@ -257,7 +257,7 @@ export CAIRN_TEST_TMP="$ROOT/.data"
 check "disk formats: qcow2 in and out, backing chains, NBD, dirty bitmaps, polite scans (scripts/formats.py)" \
   python3 "$ROOT/scripts/formats.py" --dataset "$DATASET" --bin "$CAIRN_BIN"
 
-check "operator safety as root: a 100% full tmpfs freed by rm and gc, an encrypted format 2 commit failing cleanly on one, a mounted device refused (scripts/safety.py)" \
+check "operator safety as root: a 100% full tmpfs freed by rm and gc, an encrypted format 2 commit and a relayout failing cleanly on one, a mounted device refused (scripts/safety.py)" \
   python3 "$ROOT/scripts/safety.py" --bin "$CAIRN_BIN"
 
 # The two kill loops run at the same time (each in a repository of its own), each keeping

@@ -140,6 +140,17 @@ impl Context {
             kind,
             SessionKind::Edit | SessionKind::Gc | SessionKind::Repair
         );
+        self.open_with(kind, frees_space).await
+    }
+
+    /// [`Self::open_as`] for a command that only adds objects (`relayout`, under a repair
+    /// session): on a full disk it fails rather than take the space reserve, which is there
+    /// for the commands that free space.
+    pub async fn open_adding(&self, kind: SessionKind) -> Result<Arc<Repo>> {
+        self.open_with(kind, false).await
+    }
+
+    async fn open_with(&self, kind: SessionKind, frees_space: bool) -> Result<Arc<Repo>> {
         let store = self.store_for(false, frees_space)?;
         let repo = Arc::new(
             Repo::open_cached(store, kind, self.meta_cache()?, Some(&self.password)).await?,

@@ -17,7 +17,7 @@ use crate::progress::Ticker;
 
 pub async fn run(ctx: &Context, args: RelayoutArgs) -> Result<ExitCode> {
     let spec = VersionSpec::parse(&args.spec)?;
-    let repo = ctx.open_as(SessionKind::Repair).await?;
+    let repo = ctx.open_adding(SessionKind::Repair).await?;
     let (_, record) = resolve(&repo, &spec).await?;
     let (progress, ticker) = Ticker::for_work(ctx.progress);
     let r = relayout(&repo, &record, args.alpha, args.dry_run, progress).await;
