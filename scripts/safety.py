@@ -62,6 +62,18 @@ def fill_until_full(cairn, src, rng, size, tries):
     return kept, None
 
 
+def fill_to_the_last_block(mnt):
+    """Fills the file system at `mnt` with a file of ones until a write fails; its path."""
+    filler = os.path.join(mnt, "filler")
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\1" * 4096)
+        except OSError:
+            pass
+    return filler
+
+
 def full_disk_line(repo):
     return (f"cairn: error: the file system of {repo} is full: free space, or delete "
             "versions with `cairn rm` or `cairn prune` (they can run on a full disk)")
@@ -84,13 +96,7 @@ def full_disk(binary, work, c):
         c.ok(len(lines) == 1 and lines[0] == full_disk_line(repo),
              f"a commit on a full disk fails with one line: {failure.stderr.strip()!r}")
         # Fill what is left to the last block.
-        filler = os.path.join(mnt, "filler")
-        with open(filler, "wb", buffering=0) as f:
-            try:
-                while True:
-                    f.write(b"\1" * 4096)
-            except OSError:
-                pass
+        filler = fill_to_the_last_block(mnt)
         c.ok(free_bytes(mnt) == 0, f"the file system is 100% full ({free_bytes(mnt)} bytes free)")
         p = cairn.run("verify", check=False)
         c.ok(p.returncode == 0, f"verify works on the full disk: {p.stderr.strip()[-200:]}")
@@ -171,13 +177,7 @@ def full_disk_encrypted(binary, work, c):
                  f"vm@{seq} restores bit-exact from the full disk: {p.stderr.strip()}")
 
         # A relayout, which only adds objects, fails the same way and adds nothing.
-        filler = os.path.join(mnt, "filler")
-        with open(filler, "wb", buffering=0) as f:
-            try:
-                while True:
-                    f.write(b"\1" * 4096)
-            except OSError:
-                pass
+        filler = fill_to_the_last_block(mnt)
         p = cairn.run("relayout", "scat@2", "--alpha", "1", check=False)
         lines = as_plain(p.stderr).strip().splitlines()
         c.ok(p.returncode != 0 and len(lines) == 1 and lines[0] == full_disk_line(repo),
