@@ -42,6 +42,7 @@ pub(super) async fn run(
     path: &Path,
 ) -> EngineResult<RestoreStats> {
     let repo = &repo;
+    let _spare = SpareBuffers;
     let before = Fetched::of(repo);
     let seg = u64::from(version.segment_size);
     let mut stats = RestoreStats {
@@ -153,13 +154,21 @@ pub(super) async fn run(
             progress.fetched.store(now.bytes, Ordering::Relaxed);
         }
     }
-    crate::segment::drop_spare_buffers();
     write_zeros(sink, done_to, version.logical_size, path)?;
     let fetched = Fetched::of(repo).since(&before, stats.data_bytes, segments_read);
     stats.fetched_bytes = fetched.bytes;
     stats.reads = fetched.reads;
     stats.damaged = merge_ranges(damaged);
     Ok(stats)
+}
+
+/// Frees the segment buffers a restore gave back when it ends, however it ends.
+struct SpareBuffers;
+
+impl Drop for SpareBuffers {
+    fn drop(&mut self) {
+        crate::segment::drop_spare_buffers();
+    }
 }
 
 /// What a restore fetched: format 2 counts group bytes and ranged reads (its reader keeps
