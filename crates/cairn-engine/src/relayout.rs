@@ -33,6 +33,10 @@ use cairn_repo::{Repo, RepoError};
 
 use crate::error::{EngineError, EngineResult};
 use crate::gc::repacker::Repacker;
+
+/// A relayout's packs get layout times this many bits of nanoseconds apart (65 µs), so that
+/// the packs a GC repacks them into can take the times in between and keep the order.
+const LAYOUT_TIME_STEP_BITS: u32 = 16;
 use crate::progress::{self, Unit, WorkProgress};
 use crate::stats::{layout_of, read_batches, version_layout, ReadBatch, VersionLayout};
 
@@ -145,11 +149,13 @@ pub async fn relayout(
     let entries = writer.finish().await?;
     report.packs_written = writer.written.len() as u64;
     // One time per pack, rising in the order the packs were written (the relayout's time
-    // plus the pack's ordinal, in nanoseconds): a GC that repacks them copies them in that
-    // order, so the version's restore order survives (`gc::collect::repack`).
+    // plus the pack's ordinal in units of 2^16 ns, room for a GC's packs in between): a GC
+    // that repacks them copies them in that order, so the version's restore order survives
+    // (`gc::collect::repack_order`).
     let time = cairn_repo::session::now_ns().max(0) as u64;
     for (ordinal, (pack, _)) in writer.written.iter().enumerate() {
-        repo.put_layout_marker(pack, time + ordinal as u64).await?;
+        let at = time.saturating_add((ordinal as u64) << LAYOUT_TIME_STEP_BITS);
+        repo.put_layout_marker(pack, at).await?;
     }
     repo.put_run_entries(entries, repo.key()).await?;
     tracing::info!(

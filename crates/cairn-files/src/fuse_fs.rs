@@ -77,6 +77,20 @@ impl Shared {
     }
 
     /// The reader of version `id`, opened (its interior nodes read) on first use and kept.
+    /// Stops the read-ahead of every version opened (before the process says it stopped).
+    pub async fn stop_background(&self) {
+        let bases: Vec<Arc<Base>> = self
+            .bases
+            .lock()
+            .expect("bases lock")
+            .values()
+            .filter_map(|cell| cell.get().cloned())
+            .collect();
+        for base in bases {
+            base.stop_background().await;
+        }
+    }
+
     async fn base(&self, id: Id) -> FilesResult<Arc<Base>> {
         let cell = self
             .bases

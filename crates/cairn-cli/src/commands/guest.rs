@@ -74,12 +74,14 @@ fn entry_json(e: &GuestEntry) -> Value {
 pub async fn ls(ctx: &Context, args: GuestArgs) -> Result<ExitCode> {
     let (disk, path, name, base) = open(ctx, &args.spec).await?;
     let partition = args.partition;
-    let entries = tokio::task::spawn_blocking(move || GuestFs::open(&disk, partition)?.list(&path))
-        .await
+    let listed =
+        tokio::task::spawn_blocking(move || GuestFs::open(&disk, partition)?.list(&path)).await;
+    // Stopped before any error is reported: a read-ahead cut off later would log after it.
+    base.stop_background().await;
+    let entries = listed
         .context("the guest reader failed")?
         .map_err(files_error)
         .context(name)?;
-    base.stop_background().await;
     if ctx.json {
         print_json(&Value::Array(entries.iter().map(entry_json).collect()));
         return Ok(ExitCode::SUCCESS);
@@ -112,7 +114,7 @@ pub async fn cat(ctx: &Context, args: GuestArgs) -> Result<ExitCode> {
     let (disk, path, name, base) = open(ctx, &args.spec).await?;
     let partition = args.partition;
     let spec = args.spec.clone();
-    tokio::task::spawn_blocking(move || -> Result<()> {
+    let copied = tokio::task::spawn_blocking(move || -> Result<()> {
         let fs = GuestFs::open(&disk, partition)
             .map_err(files_error)
             .context(name.clone())?;
@@ -127,8 +129,8 @@ pub async fn cat(ctx: &Context, args: GuestArgs) -> Result<ExitCode> {
         }
         Ok(())
     })
-    .await
-    .context("the guest reader failed")??;
+    .await;
     base.stop_background().await;
+    copied.context("the guest reader failed")??;
     Ok(ExitCode::SUCCESS)
 }

@@ -93,6 +93,7 @@ pub async fn run(ctx: &Context, args: MountArgs) -> Result<ExitCode> {
         }
     };
     // What was fetched reaches the host-wide cache before the mount says it stopped.
+    shared.stop_background().await;
     let _ = tokio::task::spawn_blocking(move || cache.flush()).await;
     let fetched = stats
         .bytes_fetched

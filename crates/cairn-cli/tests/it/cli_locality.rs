@@ -209,6 +209,10 @@ fn a_gc_that_repacks_a_relayouts_packs_keeps_their_order() {
     // `rm` runs fast deletion, which repacks; `gc --repair` then finds nothing to move.
     let rm = json(&["rm", "vm@1"]);
     assert!(
+        rm["gc"]["packs_repacked"].as_u64().unwrap() >= relayout["packs_written"].as_u64().unwrap(),
+        "the layout packs were repacked: {rm}"
+    );
+    assert!(
         reads() <= laid_out,
         "{} reads after the repack, {laid_out} before: {rm}",
         reads()

@@ -112,7 +112,10 @@ impl<'a> Repacker<'a> {
         if kind == BlobKind::Data {
             if let Some(time) = self.data_laid_out.take() {
                 // Times rise with the order the packs are written, as a relayout's do.
-                let last = self.laid_out.last().map_or(0, |&(_, t)| t + 1);
+                let last = self
+                    .laid_out
+                    .last()
+                    .map_or(0, |&(_, t)| t.saturating_add(1));
                 self.laid_out.push((pack, time.max(last)));
             }
         }
