@@ -233,7 +233,7 @@ fn a_relayout_that_meets_damage_names_it_and_stores_nothing() {
     ok(&repo, &["-q", "init", "--reserve", "0"]);
     let images = scattered_history(dir.path(), 2, &|args| ok(&repo, args));
     let packs = || -> Vec<std::path::PathBuf> {
-        let mut all: Vec<_> = walk(&repo.join("packs"));
+        let mut all: Vec<_> = common::walk(&repo.join("packs"));
         all.sort();
         all
     };
@@ -260,24 +260,10 @@ fn a_relayout_that_meets_damage_names_it_and_stores_nothing() {
             line.starts_with("cairn: error: ") && line.contains(pack),
             "attempt {attempt}: {line}"
         );
-        assert!(!repo.join("layout").exists() || walk(&repo.join("layout")).is_empty());
+        assert!(!repo.join("layout").exists() || common::walk(&repo.join("layout")).is_empty());
         assert_eq!(packs(), before, "attempt {attempt}: no pack written");
     }
     let out = dir.path().join("one.raw");
     ok(&repo, &["-q", "restore", "vm@1", out.to_str().unwrap()]);
     assert!(std::fs::read(&out).unwrap() == images[0], "vm@1");
-}
-
-/// Every file under `dir`.
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let path = e.unwrap().path();
-        if path.is_dir() {
-            out.extend(walk(&path));
-        } else {
-            out.push(path);
-        }
-    }
-    out
 }

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use crate::common::{cairn, noise, stderr_line};
+use crate::common::{self, cairn, noise, stderr_line};
 use serde_json::Value;
 
 /// A repository with two versions of `web01/disk0` (4 MiB, one MiB changed).
@@ -147,7 +147,7 @@ fn damage_found_by_a_failing_command_exits_3() {
     let dir = tempfile::tempdir().unwrap();
     let repo = repo_with_two_versions(dir.path());
     // Flip a byte in the middle of every pack: the restore meets damaged data.
-    for entry in walk(&repo.join("packs")) {
+    for entry in common::walk(&repo.join("packs")) {
         let mut raw = std::fs::read(&entry).unwrap();
         let mid = raw.len() / 2;
         raw[mid] ^= 0xff;
@@ -166,20 +166,6 @@ fn damage_found_by_a_failing_command_exits_3() {
     let (e, code) = json_error(&out);
     assert_eq!((code, e["code"].as_str()), (Some(3), Some("damage")), "{e}");
     assert!(!out_file.exists(), "no partial restore is left");
-}
-
-/// Every file under `dir`.
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            out.extend(walk(&path));
-        } else {
-            out.push(path);
-        }
-    }
-    out
 }
 
 /// `log`, `show`, `images` and `commit` print one and the same version object.

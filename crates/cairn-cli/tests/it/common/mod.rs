@@ -88,3 +88,17 @@ pub use cairn_testkit::repo_snapshot as snapshot;
 
 #[allow(unused_imports)] // not every test file needs it
 pub use cairn_testkit::noise;
+
+/// Every file under `dir`.
+pub fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
