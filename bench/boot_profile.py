@@ -8,10 +8,13 @@ V the one before. In one run:
 - QEMU (TCG: no KVM here) boots U's file to the systemd marker (the local baseline);
 - V boots over `cairn export --record-profile P` with a cold cache (this records P);
 - U boots over a cold export, without P and then with `--profile P`;
-- P's reads are replayed in order, one at a time, as fast as they go, by `qemu-io` (an NBD
-  client) against `qemu-nbd` serving U's file, a cold export of U, and a cold export of U
-  with `--profile P`. Under TCG the guest's own slowness hides most of the export's share in
-  a boot; the replay shows it bare.
+- P's reads are replayed in order, one at a time, by `qemu-io` (an NBD client) against
+  `qemu-nbd` serving U's file, a cold export of U, and a cold export of U with `--profile P`:
+  once as fast as they go (the export's share bare: under TCG the guest's own slowness hides
+  most of it in a boot), and once at the guest's pace, each read after the think time P
+  recorded before it (`think_us`: the time the guest spent with no read outstanding). Each
+  replay reports its wall time and the sum of its reads' latencies (the time it waited on
+  the disk).
 
 Every export has a cache of its own. With `--s3` the repository is a prefix under
 $CAIRN_TEST_S3_URL (run under scripts/minio.sh).
@@ -113,16 +116,30 @@ class Export:
                                   "cache_hits", "cache_misses")}
 
 
-def replay(uri, reads):
-    """P's reads, in order, one at a time, by qemu-io; seconds."""
+def replay(uri, reads, think_us=None):
+    """P's reads, in order, one at a time, by qemu-io, each after its think time when
+    `think_us` is given (qemu-io sleeps whole milliseconds: the remainder carries over);
+    {seconds, waited_s: the sum of the reads' latencies}."""
     cmds = []
-    for off, length in reads:
-        cmds += ["-c", f"read -q {off} {length}"]
+    owed_us = 0
+    for i, (off, length) in enumerate(reads):
+        if think_us:
+            owed_us += think_us[i]
+            if owed_us >= 1000:
+                cmds += ["-c", f"sleep {owed_us // 1000}"]
+                owed_us %= 1000
+        cmds += ["-c", f"read {off} {length}"]
     t = time.monotonic()
     p = subprocess.run(["qemu-io", "-r", "-f", "raw", *cmds, uri], capture_output=True, text=True)
     if p.returncode != 0 or "failed" in p.stdout + p.stderr:
         sys.exit(f"replay against {uri}: {p.stderr.strip()[-400:]}")
-    return round(time.monotonic() - t, 3)
+    seconds = time.monotonic() - t
+    # Each read prints "..., 1 ops; 00.00 sec (... and R ops/sec)": its latency is 1/R.
+    rates = [float(line.rsplit(" and ", 1)[1].split()[0])
+             for line in p.stdout.splitlines() if line.endswith("ops/sec)")]
+    if len(rates) != len(reads):
+        sys.exit(f"replay against {uri}: {len(rates)} timings for {len(reads)} reads")
+    return {"seconds": round(seconds, 3), "waited_s": round(sum(1 / r for r in rates), 3)}
 
 
 def main():
@@ -150,8 +167,10 @@ def main():
             shutil.copy(profile, extra["profile_out"])
         with open(profile) as f:
             p = json.load(f)
+        think = p.get("think_us")
         result["profile"] = {"reads": len(p["reads"]),
-                             "bytes": sum(length for _, length in p["reads"])}
+                             "bytes": sum(length for _, length in p["reads"]),
+                             "think_s": round(sum(think) / 1e6, 2) if think else None}
         if not extra["no_boots"]:
             boots["local"] = dict(zip(("wall_s", "uptime_s"),
                                       boot(ds, f"file={u_file}", os.path.join(work, "local.log"))))
@@ -161,24 +180,27 @@ def main():
                 boots[name] = {"wall_s": wall, "uptime_s": up, **e.stop()}
             result["boots"] = boots
 
-        replays = {}
-        sock = os.path.join(work, "qemu-nbd.sock")
-        qnbd = subprocess.Popen(["qemu-nbd", "-r", "-f", "raw", "-k", sock, "-x", "disk",
-                                 u_file], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        while not os.path.exists(sock):
-            time.sleep(0.05)
-        replays["qemu_nbd_local_file"] = {"seconds": replay(f"nbd+unix:///disk?socket={sock}",
-                                                            p["reads"])}
-        qnbd.terminate()
-        qnbd.wait()
-        for name, flags in [("cold", ["--no-profile"]), ("cold_with_profile", ["--profile", profile])]:
-            e = Export(c, work, u, f"replay-{name}", flags)
-            seconds = replay(e.uri, p["reads"])
-            replays[name] = {"seconds": seconds, **e.stop()}
-        base = replays["qemu_nbd_local_file"]["seconds"]
-        for r in replays.values():
-            r["vs_local"] = round(r["seconds"] / max(base, 1e-9), 2)
-        result["replays"] = replays
+        paces = [("", None)] + ([("paced_", think)] if think else [])
+        for pace, times in paces:
+            replays = {}
+            sock = os.path.join(work, f"{pace}qemu-nbd.sock")
+            qnbd = subprocess.Popen(["qemu-nbd", "-r", "-f", "raw", "-k", sock, "-x", "disk",
+                                     u_file], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            while not os.path.exists(sock):
+                time.sleep(0.05)
+            replays["qemu_nbd_local_file"] = replay(f"nbd+unix:///disk?socket={sock}",
+                                                    p["reads"], times)
+            qnbd.terminate()
+            qnbd.wait()
+            for name, flags in [("cold", ["--no-profile"]),
+                                ("cold_with_profile", ["--profile", profile])]:
+                e = Export(c, work, u, f"{pace}replay-{name}", flags)
+                replays[name] = {**replay(e.uri, p["reads"], times), **e.stop()}
+            base = replays["qemu_nbd_local_file"]
+            for r in replays.values():
+                r["vs_local"] = round(r["seconds"] / max(base["seconds"], 1e-9), 3)
+                r["waited_vs_local"] = round(r["waited_s"] / max(base["waited_s"], 1e-9), 2)
+            result[f"{pace}replays"] = replays
         for b in boots.values() if boots else []:
             b["vs_local"] = round(b["wall_s"] / boots["local"]["wall_s"], 3)
             if "fetched_bytes" in b and b["read_bytes"]:

@@ -336,8 +336,7 @@ impl Base {
             self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(Arc::new(data));
         }
-        let lock = self.cache.fetch_lock(id);
-        let guard = lock.lock().await;
+        let guard = self.cache.lock_fetch(id).await;
         let result = match self.cached(id) {
             Some(data) => {
                 self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
@@ -363,8 +362,6 @@ impl Base {
             }
         };
         drop(guard);
-        drop(lock);
-        self.cache.release_fetch_lock(id);
         result
     }
 
@@ -496,15 +493,9 @@ impl Base {
         // One fetch of a group at a time in this process: a reader that meets a fetch in
         // progress (a profile's prefetch, another client) waits for it and then finds the
         // run cached, instead of fetching the group again.
-        let lock = self.cache.fetch_lock(group);
-        let guard = lock.lock().await;
-        let result = self
-            .fetch_run(at, group, first, count, reader, &loc, slots)
-            .await;
-        drop(guard);
-        drop(lock);
-        self.cache.release_fetch_lock(group);
-        result
+        let _guard = self.cache.lock_fetch(group).await;
+        self.fetch_run(at, group, first, count, reader, &loc, slots)
+            .await
     }
 
     /// The run's bytes if the cache holds every chunk of it.
@@ -679,25 +670,15 @@ impl Base {
                 if me.cache.contains(&id) {
                     continue;
                 }
-                if let Ok(guard) = me.cache.fetch_lock(&id).try_lock_owned() {
-                    if me.cache.contains(&id) {
-                        // Fetched while we looked.
-                        drop(guard);
-                        me.cache.release_fetch_lock(&id);
-                        continue;
+                if let Some(guard) = me.cache.try_lock_fetch(&id) {
+                    // Not fetched while we looked.
+                    if !me.cache.contains(&id) {
+                        missing.push(id);
+                        guards.push(guard);
                     }
-                    missing.push(id);
-                    guards.push(guard);
                 }
             }
-            let release = |me: &Base, guards: Vec<_>, ids: &[Id]| {
-                drop(guards);
-                for id in ids {
-                    me.cache.release_fetch_lock(id);
-                }
-            };
             if missing.is_empty() {
-                release(&me, guards, &missing);
                 return;
             }
             // One batch: neighbours in a pack come in one ranged read (what makes read-ahead
@@ -718,7 +699,7 @@ impl Base {
                 // Read-ahead is a guess: a failure here surfaces when the data is really read.
                 Err(e) => tracing::debug!("read-ahead: {e}"),
             }
-            release(&me, guards, &missing);
+            drop(guards);
         });
     }
 
@@ -804,20 +785,13 @@ impl Base {
         groups.sort();
         groups.dedup();
         // In id order, as every batch takes them: two batches never wait on each other.
-        let locks: Vec<_> = groups.iter().map(|g| self.cache.fetch_lock(g)).collect();
-        let mut guards = Vec::with_capacity(locks.len());
-        for lock in &locks {
-            guards.push(lock.clone().lock_owned().await);
+        let mut guards = Vec::with_capacity(groups.len());
+        for g in &groups {
+            guards.push(self.cache.lock_fetch(g).await);
         }
         // What a reader fetched while this batch waited for its locks is not fetched again.
         wanted.retain(|(loc, _, first, count)| !self.run_cached(loc, *first, *count));
-        let result = self.fetch_batch(reader, &wanted).await;
-        drop(guards);
-        drop(locks);
-        for g in &groups {
-            self.cache.release_fetch_lock(g);
-        }
-        result
+        self.fetch_batch(reader, &wanted).await
     }
 
     /// Whether the cache holds every chunk of slots `first .. first + count` of the group at

@@ -314,9 +314,10 @@ impl Export for VersionExport {
 
     async fn read(&self, offset: u64, len: u32) -> io::Result<Bytes> {
         let _io = self.enter().await?;
-        if let Some(r) = &self.recorder {
-            r.record(offset, u64::from(len));
-        }
+        let _timing = self
+            .recorder
+            .as_ref()
+            .map(|r| r.record(offset, u64::from(len)));
         let base = self.base();
         let mut buf = BytesMut::zeroed(len as usize);
         self.read_into(&base, offset, &mut buf).await?;

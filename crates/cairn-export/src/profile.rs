@@ -39,6 +39,12 @@ pub struct BootProfile {
     pub size: u64,
     /// `[offset, length]` of each range first read, in the order the guest read them.
     pub reads: Vec<[u64; 2]>,
+    /// For each read, the microseconds the guest spent between it and the read before with
+    /// no read of its own outstanding (its think time; 0 for the first and for reads issued
+    /// while another was served). Empty in profiles recorded before it existed; a replay
+    /// with it runs at the guest's pace (`bench/boot_profile.py`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub think_us: Vec<u64>,
 }
 
 impl BootProfile {
@@ -69,12 +75,26 @@ impl BootProfile {
         if let Some([o, l]) = self.reads.iter().find(|[o, l]| o.saturating_add(*l) > size) {
             return Some(format!("a read at {o} of {l} bytes lies past the end"));
         }
+        if !self.think_us.is_empty() && self.think_us.len() != self.reads.len() {
+            return Some(format!(
+                "it has {} think times for {} reads",
+                self.think_us.len(),
+                self.reads.len()
+            ));
+        }
         None
     }
 
     /// The bytes the profile names.
     pub fn bytes(&self) -> u64 {
         self.reads.iter().map(|[_, l]| l).sum()
+    }
+
+    /// The guest's think time over the whole profile, when it was recorded.
+    pub fn think(&self) -> Option<Duration> {
+        (!self.think_us.is_empty()).then(|| {
+            Duration::from_micros(self.think_us.iter().fold(0, |a, t| a.saturating_add(*t)))
+        })
     }
 }
 
@@ -84,7 +104,59 @@ struct Recording {
     /// Ranges recorded so far (start → end), to keep only the first read of each byte.
     covered: BTreeMap<u64, u64>,
     reads: Vec<[u64; 2]>,
+    think_us: Vec<u64>,
+    /// Think time before reads that joined the one before them, carried to the next read.
+    carried: Duration,
     bytes: u64,
+    /// The guest's waits: reads outstanding now, since when one has been, and the time spent
+    /// waiting since the last recorded read arrived (`last`).
+    outstanding: u32,
+    busy_since: Option<Instant>,
+    waited: Duration,
+    last: Option<Instant>,
+}
+
+impl Recording {
+    /// The guest's think time from the last recorded read to `now`: the time between them
+    /// with no read outstanding.
+    fn think(&self, now: Instant) -> Duration {
+        let Some(last) = self.last else {
+            return Duration::ZERO;
+        };
+        let waiting = self.waited
+            + match (self.outstanding, self.busy_since) {
+                (1.., Some(since)) => now.saturating_duration_since(since),
+                _ => Duration::ZERO,
+            };
+        now.saturating_duration_since(last).saturating_sub(waiting)
+    }
+}
+
+/// One read in progress under a [`Recorder`]; the guest waits on it until it is dropped.
+pub struct ReadTiming<'a> {
+    recorder: Option<&'a Recorder>,
+}
+
+impl ReadTiming<'_> {
+    /// The read was served at `now`.
+    fn end_at(&mut self, now: Instant) {
+        let Some(r) = self.recorder.take() else {
+            return;
+        };
+        let mut s = r.state.lock().expect("recorder lock");
+        s.outstanding = s.outstanding.saturating_sub(1);
+        if s.outstanding == 0 {
+            if let Some(since) = s.busy_since.take() {
+                s.waited += now.saturating_duration_since(since);
+            }
+        }
+    }
+}
+
+impl Drop for ReadTiming<'_> {
+    fn drop(&mut self) {
+        self.end_at(Instant::now());
+    }
 }
 
 /// Records an export's first reads: from the first read for [`RECORD_SECONDS`], at most
@@ -119,13 +191,27 @@ impl Recorder {
         s.bytes >= self.max_bytes || s.first.is_some_and(|t| t.elapsed() >= self.window)
     }
 
-    /// Notes a read of `[offset, offset + len)`.
-    pub fn record(&self, offset: u64, len: u64) {
+    /// Notes a read of `[offset, offset + len)`, served until the returned guard drops.
+    pub fn record(&self, offset: u64, len: u64) -> ReadTiming<'_> {
+        self.record_at(offset, len, Instant::now())
+    }
+
+    fn record_at(&self, offset: u64, len: u64, now: Instant) -> ReadTiming<'_> {
         let mut s = self.state.lock().expect("recorder lock");
-        if len == 0 || self.over(&s) {
-            return;
+        if len > 0 && !self.over(&s) {
+            self.note(&mut s, offset, len, now);
         }
-        s.first.get_or_insert_with(Instant::now);
+        s.outstanding += 1;
+        if s.outstanding == 1 {
+            s.busy_since = Some(now);
+        }
+        ReadTiming {
+            recorder: Some(self),
+        }
+    }
+
+    fn note(&self, s: &mut Recording, offset: u64, len: u64, now: Instant) {
+        s.first.get_or_insert(now);
         let end = offset.saturating_add(len);
         // The parts of the range not recorded yet, in order.
         let mut at = offset;
@@ -153,6 +239,15 @@ impl Recorder {
         if at < end {
             fresh.push((at, end));
         }
+        if fresh.is_empty() {
+            return;
+        }
+        let mut think = s.think(now);
+        s.last = Some(now);
+        s.waited = Duration::ZERO;
+        if s.outstanding > 0 {
+            s.busy_since = Some(now);
+        }
         for (a, b) in fresh {
             let b = b.min(a + self.max_bytes.saturating_sub(s.bytes));
             if b <= a {
@@ -160,9 +255,18 @@ impl Recorder {
             }
             s.bytes += b - a;
             match s.reads.last_mut() {
-                Some([o, l]) if *o + *l == a => *l += b - a,
-                _ => s.reads.push([a, b - a]),
+                Some([o, l]) if *o + *l == a => {
+                    *l += b - a;
+                    s.carried += think;
+                }
+                _ => {
+                    s.reads.push([a, b - a]);
+                    let think = think + std::mem::take(&mut s.carried);
+                    s.think_us
+                        .push(u64::try_from(think.as_micros()).unwrap_or(u64::MAX));
+                }
             }
+            think = Duration::ZERO;
             // Join with the covered ranges it touches.
             let mut start = a;
             let mut stop = b;
@@ -182,11 +286,13 @@ impl Recorder {
 
     /// What was recorded, as the profile of a version of `image` of `size` bytes.
     pub fn profile(&self, image: &str, size: u64) -> BootProfile {
+        let s = self.state.lock().expect("recorder lock");
         BootProfile {
             cairn_boot_profile: PROFILE_VERSION,
             image: image.to_string(),
             size,
-            reads: self.state.lock().expect("recorder lock").reads.clone(),
+            reads: s.reads.clone(),
+            think_us: s.think_us.clone(),
         }
     }
 }
@@ -287,6 +393,49 @@ mod tests {
     }
 
     #[test]
+    fn think_times_leave_out_the_time_the_guest_waited_on_its_reads() {
+        let r = Recorder::new(Duration::from_secs(60), 1 << 30);
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        // Read 1 arrives at 0 and is served by 30; the guest thinks until 50.
+        r.record_at(0, 4096, ms(0)).end_at(ms(30));
+        // Read 2 (50..60) and, while it is served, read 3 (55..80): no think for read 3.
+        let mut two = r.record_at(1 << 20, 4096, ms(50));
+        let mut three = r.record_at(2 << 20, 4096, ms(55));
+        two.end_at(ms(60));
+        three.end_at(ms(80));
+        // A read of recorded bytes (90..95) counts as waiting, not thinking; then read 4 at 100
+        // after 10 + 5 ms of think.
+        r.record_at(0, 4096, ms(90)).end_at(ms(95));
+        r.record_at(3 << 20, 4096, ms(100)).end_at(ms(101));
+        // Reads 5 and 6 join read 4; read 6's 2 ms of think move to read 7 (7 ms in all).
+        r.record_at((3 << 20) + 4096, 4096, ms(101)).end_at(ms(102));
+        r.record_at((3 << 20) + 8192, 4096, ms(104)).end_at(ms(105));
+        r.record_at(4 << 20, 4096, ms(110)).end_at(ms(111));
+        let p = r.profile("vm", 1 << 30);
+        assert_eq!(
+            p.reads,
+            vec![
+                [0, 4096],
+                [1 << 20, 4096],
+                [2 << 20, 4096],
+                [3 << 20, 12288],
+                [4 << 20, 4096]
+            ]
+        );
+        assert_eq!(p.think_us, vec![0, 20_000, 0, 15_000, 7_000]);
+        assert_eq!(p.misfit("vm", 1 << 30), None);
+        let short = BootProfile {
+            think_us: vec![0],
+            ..p
+        };
+        assert_eq!(
+            short.misfit("vm", 1 << 30).unwrap(),
+            "it has 1 think times for 5 reads"
+        );
+    }
+
+    #[test]
     fn the_recording_stops_at_its_byte_limit() {
         let r = Recorder::new(Duration::from_secs(60), 100_000);
         r.record(0, 65536);
@@ -303,6 +452,7 @@ mod tests {
             image: "vm".into(),
             size: 1 << 20,
             reads: vec![[0, 4096], [65536, 4096]],
+            think_us: vec![],
         };
         assert_eq!(p.misfit("vm", 1 << 20), None);
         assert_eq!(

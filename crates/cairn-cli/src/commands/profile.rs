@@ -299,8 +299,12 @@ async fn stored(repo: &Repo, image: &str) -> Result<BootProfile> {
 }
 
 fn describe(p: &BootProfile) -> String {
+    let think = match p.think() {
+        Some(t) => format!(", {:.1} s of guest think time", t.as_secs_f64()),
+        None => String::new(),
+    };
     format!(
-        "{} reads, {} (recorded for a size of {})",
+        "{} reads, {} (recorded for a size of {}){think}",
         p.reads.len(),
         crate::output::bytes(p.bytes()),
         crate::output::bytes(p.size)
@@ -308,5 +312,6 @@ fn describe(p: &BootProfile) -> String {
 }
 
 fn summary(image: &str, p: &BootProfile) -> serde_json::Value {
-    json!({"image": image, "reads": p.reads.len(), "bytes": p.bytes(), "size": p.size})
+    json!({"image": image, "reads": p.reads.len(), "bytes": p.bytes(), "size": p.size,
+           "think_seconds": p.think().map(|t| t.as_secs_f64())})
 }

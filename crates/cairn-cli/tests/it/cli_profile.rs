@@ -71,6 +71,9 @@ fn a_recorded_profile_is_fetched_ahead_by_the_next_export_and_a_misfit_is_ignore
         recorded["reads"],
         serde_json::json!([[5 * MIB, K64], [MIB, 2 * K64]])
     );
+    // One think time per read; the first read has none before it.
+    assert_eq!(recorded["think_us"].as_array().unwrap().len(), 2);
+    assert_eq!(recorded["think_us"][0], 0);
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&profile).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
@@ -167,10 +170,14 @@ fn the_image_keeps_its_boot_profile_and_every_export_uses_it_without_flags() {
     let reads = serde_json::json!([[5 * MIB, K64], [MIB, 2 * K64]]);
     assert_eq!(recorded["reads"], reads);
     let listed = cairn(&repo, &["--json", "profile", "list"]);
-    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let mut listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    // The guest's think time is what it is; that it is there is what counts.
+    let think = listed[0]["think_seconds"].take();
+    assert!(think.as_f64().is_some_and(|t| t >= 0.0), "{think}");
     assert_eq!(
         listed,
-        serde_json::json!([{"image": "vm", "reads": 2, "bytes": 3 * K64, "size": 8 * MIB}])
+        serde_json::json!([{"image": "vm", "reads": 2, "bytes": 3 * K64, "size": 8 * MIB,
+                            "think_seconds": null}])
     );
 
     // `cairn copy` takes the profile along with the image.

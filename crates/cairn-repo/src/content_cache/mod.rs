@@ -201,8 +201,32 @@ impl ContentCache {
         self.behind.dropped()
     }
 
-    /// The lock that serializes fetches of `id` in this process.
-    pub fn fetch_lock(&self, id: &Id) -> Arc<tokio::sync::Mutex<()>> {
+    /// Takes the lock that serializes fetches of `id` in this process, waiting for a fetch in
+    /// progress to end.
+    pub async fn lock_fetch(&self, id: &Id) -> FetchGuard<'_> {
+        let lock = self.fetch_lock(id);
+        FetchGuard {
+            cache: self,
+            id: *id,
+            guard: Some(lock.lock_owned().await),
+        }
+    }
+
+    /// The fetch lock of `id` if no fetch of it is in progress.
+    pub fn try_lock_fetch(&self, id: &Id) -> Option<FetchGuard<'_>> {
+        let guard = self.fetch_lock(id).try_lock_owned().ok();
+        let Some(guard) = guard else {
+            self.release_fetch_lock(id);
+            return None;
+        };
+        Some(FetchGuard {
+            cache: self,
+            id: *id,
+            guard: Some(guard),
+        })
+    }
+
+    fn fetch_lock(&self, id: &Id) -> Arc<tokio::sync::Mutex<()>> {
         self.in_flight
             .lock()
             .expect("cache lock")
@@ -211,12 +235,33 @@ impl ContentCache {
             .clone()
     }
 
-    /// Forgets the fetch lock of `id` once nobody waits on it.
-    pub fn release_fetch_lock(&self, id: &Id) {
+    /// Forgets the fetch lock of `id` once nobody holds or waits on it.
+    fn release_fetch_lock(&self, id: &Id) {
         let mut map = self.in_flight.lock().expect("cache lock");
         if map.get(id).is_some_and(|l| Arc::strong_count(l) == 1) {
             map.remove(id);
         }
+    }
+
+    /// Fetch locks known now (held, waited on, or not yet forgotten).
+    pub fn fetch_locks(&self) -> usize {
+        self.in_flight.lock().expect("cache lock").len()
+    }
+}
+
+/// A held fetch lock ([`ContentCache::lock_fetch`]). Dropping it lets the next fetch of its id
+/// go and forgets the lock when nobody waits, however its holder ends: done, failed, or
+/// cancelled at an await.
+pub struct FetchGuard<'a> {
+    cache: &'a ContentCache,
+    id: Id,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for FetchGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        self.cache.release_fetch_lock(&self.id);
     }
 }
 
@@ -313,6 +358,7 @@ fn holds_only_a_cache(dir: &Path) -> io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// Sets the last use of cached object `c` to `secs` after the epoch.
     fn last_used(cache: &ContentCache, c: &[u8], secs: u64) {
@@ -322,6 +368,39 @@ mod tests {
             .open(cache.path(&Id::of(c)))
             .unwrap();
         f.set_modified(t).unwrap();
+    }
+
+    #[tokio::test]
+    async fn fetch_locks_are_forgotten_however_their_holders_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = ContentCache::open(dir.path(), 1 << 20).unwrap();
+        let (a, b) = (Id::of(b"a"), Id::of(b"b"));
+        let held = cache.lock_fetch(&a).await;
+        // A second fetch of `a` waits; one that is cancelled while waiting leaves nothing.
+        assert!(cache.try_lock_fetch(&a).is_none());
+        let waiting = tokio::time::timeout(Duration::from_millis(20), cache.lock_fetch(&a));
+        assert!(waiting.await.is_err());
+        let other = cache.try_lock_fetch(&b).expect("b is free");
+        assert_eq!(cache.fetch_locks(), 2);
+        drop(other);
+        assert_eq!(cache.fetch_locks(), 1);
+        drop(held);
+        assert_eq!(cache.fetch_locks(), 0);
+        // A holder whose task is aborted mid-fetch lets go as well.
+        let cache = Arc::new(cache);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let c = cache.clone();
+        let task = tokio::spawn(async move {
+            let _g = c.lock_fetch(&a).await;
+            tx.send(()).unwrap();
+            std::future::pending::<()>().await;
+        });
+        rx.await.unwrap();
+        assert_eq!(cache.fetch_locks(), 1);
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+        assert_eq!(cache.fetch_locks(), 0);
+        assert!(cache.try_lock_fetch(&a).is_some());
     }
 
     #[test]
