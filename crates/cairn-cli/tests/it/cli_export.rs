@@ -106,6 +106,35 @@ fn a_second_export_fetches_only_what_the_cache_lacks() {
     assert_eq!(s["cache_hits"].as_u64().unwrap(), 3 * 256, "{s}"); // 4 KiB chunks
 }
 
+/// Two exports on one host share its cache and fetch each group once between them: a fetch
+/// in one process makes the other's read of the same group wait and then hit the cache.
+#[test]
+fn two_exports_reading_at_once_fetch_each_group_once_between_them() {
+    let (dir, repo, a, _) = setup();
+    let mut one = Served::start(&repo, "vm", dir.path(), "one");
+    // Its own run directory (the export name is taken in the first's), the same cache.
+    let run = dir.path().join("run-two");
+    let env = [("CAIRN_RUN_DIR", run.as_os_str())];
+    let mut two = Served::spawn_env(&repo, dir.path(), "two", &["vm", "--name", "disk"], &env);
+    let readers: Vec<_> = [(one.uri(), "one-out.raw"), (two.uri(), "two-out.raw")]
+        .into_iter()
+        .map(|(uri, name)| {
+            let out = dir.path().join(name);
+            std::thread::spawn(move || {
+                qemu_img_convert(uri, &out);
+                out
+            })
+        })
+        .collect();
+    for r in readers {
+        same_file(&r.join().unwrap(), &a, "export sharing the cache");
+    }
+    let (s1, s2) = (one.stats(), two.stats());
+    let fetched = s1["fetched_bytes"].as_u64().unwrap() + s2["fetched_bytes"].as_u64().unwrap();
+    let data_bytes = 3 * 1048576 + 1048576 + 12288;
+    assert_eq!(fetched, data_bytes, "{s1}\n{s2}");
+}
+
 #[test]
 fn reads_fail_with_an_error_when_the_repository_is_gone() {
     let (dir, repo, _, _) = setup();

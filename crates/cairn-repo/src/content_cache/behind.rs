@@ -17,6 +17,7 @@ use std::thread::JoinHandle;
 
 use cairn_format::Id;
 
+use super::host_lock::HostLocks;
 use super::usage::Usage;
 
 /// Objects queued at most (16 MiB of 4 KiB chunks, 64 MiB of format 1's).
@@ -25,6 +26,8 @@ pub(super) const QUEUE: usize = 4096;
 enum Msg {
     Put(Id),
     Flush(Sender<()>),
+    /// Lets go of another process's wait for `Id` once what was queued before is on disk.
+    Unlock(Arc<HostLocks>, Id),
 }
 
 type Pending = Arc<Mutex<HashMap<Id, Arc<[u8]>>>>;
@@ -126,6 +129,28 @@ impl Behind {
         }
     }
 
+    /// Lets go of the host lock of `id` once everything queued before the call is on disk
+    /// (at once when nothing is queued, or the queue is full: the next fetcher then finds
+    /// less cached, never wrong bytes).
+    pub(super) fn unlock_after(&self, host: Arc<HostLocks>, id: &Id) {
+        let sender = self
+            .channel
+            .lock()
+            .expect("writer lock")
+            .as_ref()
+            .map(|(tx, _)| tx.clone());
+        let Some(tx) = sender else {
+            host.unlock(id);
+            return;
+        };
+        match tx.try_send(Msg::Unlock(host, *id)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(Msg::Unlock(host, id)))
+            | Err(TrySendError::Disconnected(Msg::Unlock(host, id))) => host.unlock(&id),
+            Err(_) => unreachable!("the message sent is an unlock"),
+        }
+    }
+
     /// Writes what is queued and stops the thread.
     pub(super) fn close(&self) {
         let started = self.channel.lock().expect("writer lock").take();
@@ -155,6 +180,7 @@ fn write_loop(rx: Receiver<Msg>, pending: Pending, dir: PathBuf, usage: Arc<Usag
             Msg::Flush(ack) => {
                 let _ = ack.send(());
             }
+            Msg::Unlock(host, id) => host.unlock(&id),
         }
     }
 }

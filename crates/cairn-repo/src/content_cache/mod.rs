@@ -20,6 +20,7 @@
 //! others is refused.
 
 mod behind;
+mod host_lock;
 mod usage;
 
 use std::collections::HashMap;
@@ -27,7 +28,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::SystemTime;
 
@@ -51,6 +52,9 @@ pub struct ContentCache {
     housekeeper: Mutex<Option<JoinHandle<()>>>,
     /// One lock per object being fetched, so concurrent readers of an object fetch it once.
     in_flight: Mutex<HashMap<Id, Arc<tokio::sync::Mutex<()>>>>,
+    /// The same across the processes sharing the directory, opened at the first fetch lock
+    /// (`None` when the lock file cannot be opened: fetches then go ahead without it).
+    host: OnceLock<Option<Arc<host_lock::HostLocks>>>,
     /// Objects stored in the background ([`Self::put_behind`]).
     behind: behind::Behind,
 }
@@ -69,6 +73,7 @@ impl ContentCache {
             usage: Arc::new(Usage::new(dir, limit)),
             housekeeper: Mutex::new(None),
             in_flight: Mutex::new(HashMap::new()),
+            host: OnceLock::new(),
             behind: behind::Behind::default(),
         })
     }
@@ -201,29 +206,57 @@ impl ContentCache {
         self.behind.dropped()
     }
 
-    /// Takes the lock that serializes fetches of `id` in this process, waiting for a fetch in
-    /// progress to end.
+    /// Takes the lock that serializes fetches of `id` on this host, waiting for a fetch in
+    /// progress to end: in this process (always), then in the other processes that share the
+    /// directory (for at most `host_lock::WAIT`). The holder checks the cache again before
+    /// it fetches; another process's fetch is on disk by the time its lock is let go.
     pub async fn lock_fetch(&self, id: &Id) -> FetchGuard<'_> {
-        let lock = self.fetch_lock(id);
-        FetchGuard {
+        // Declared first, dropped last: a wait cancelled below still forgets the lock.
+        let mut held = FetchGuard {
             cache: self,
             id: *id,
-            guard: Some(lock.lock_owned().await),
+            guard: None,
+            host: None,
+        };
+        let lock = self.fetch_lock(id);
+        held.guard = Some(lock.lock_owned().await);
+        if let Some(host) = self.host() {
+            if host.lock(id).await {
+                held.host = Some(host);
+            }
         }
+        held
     }
 
-    /// The fetch lock of `id` if no fetch of it is in progress.
+    /// The fetch lock of `id` if no fetch of it is in progress on this host.
     pub fn try_lock_fetch(&self, id: &Id) -> Option<FetchGuard<'_>> {
         let guard = self.fetch_lock(id).try_lock_owned().ok();
-        let Some(guard) = guard else {
-            self.release_fetch_lock(id);
-            return None;
-        };
-        Some(FetchGuard {
+        let mut held = FetchGuard {
             cache: self,
             id: *id,
-            guard: Some(guard),
-        })
+            guard: Some(guard?),
+            host: None,
+        };
+        if let Some(host) = self.host() {
+            match host.try_lock(id) {
+                Ok(true) => held.host = Some(host),
+                Ok(false) => return None,
+                Err(e) => tracing::debug!(%id, "fetch lock: {e}"),
+            }
+        }
+        Some(held)
+    }
+
+    fn host(&self) -> Option<Arc<host_lock::HostLocks>> {
+        self.host
+            .get_or_init(|| match host_lock::HostLocks::open(&self.dir) {
+                Ok(h) => Some(Arc::new(h)),
+                Err(e) => {
+                    tracing::debug!(dir = %self.dir.display(), "no fetch lock file: {e}");
+                    None
+                }
+            })
+            .clone()
     }
 
     fn fetch_lock(&self, id: &Id) -> Arc<tokio::sync::Mutex<()>> {
@@ -250,17 +283,23 @@ impl ContentCache {
 }
 
 /// A held fetch lock ([`ContentCache::lock_fetch`]). Dropping it lets the next fetch of its id
-/// go and forgets the lock when nobody waits, however its holder ends: done, failed, or
-/// cancelled at an await.
+/// in this process go at once (what was fetched is readable from the cache's queue), and
+/// another process's once what this one queued for the cache is on disk; the lock is
+/// forgotten when nobody waits, however its holder ends: done, failed, or cancelled at an
+/// await.
 pub struct FetchGuard<'a> {
     cache: &'a ContentCache,
     id: Id,
     guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    host: Option<Arc<host_lock::HostLocks>>,
 }
 
 impl Drop for FetchGuard<'_> {
     fn drop(&mut self) {
         drop(self.guard.take());
+        if let Some(host) = self.host.take() {
+            self.cache.behind.unlock_after(host, &self.id);
+        }
         self.cache.release_fetch_lock(&self.id);
     }
 }
@@ -401,6 +440,37 @@ mod tests {
         assert!(task.await.unwrap_err().is_cancelled());
         assert_eq!(cache.fetch_locks(), 0);
         assert!(cache.try_lock_fetch(&a).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_fetch_in_another_process_is_waited_for_and_its_object_is_then_on_disk() {
+        // Two caches on one directory hold separate lock files, as two processes do.
+        let dir = tempfile::tempdir().unwrap();
+        let one = ContentCache::open(dir.path(), 1 << 20).unwrap();
+        let two = ContentCache::open(dir.path(), 1 << 20).unwrap();
+        let data = vec![7u8; 4096];
+        let id = Id::of(&data);
+        let other = Id::of(b"other");
+
+        let held = one.lock_fetch(&id).await;
+        assert!(two.try_lock_fetch(&id).is_none());
+        assert!(two.try_lock_fetch(&other).is_some(), "another id is free");
+        let waiting = tokio::time::timeout(Duration::from_millis(50), two.lock_fetch(&id));
+        assert!(waiting.await.is_err(), "waits while the other holds it");
+        assert_eq!(two.fetch_locks(), 0, "a cancelled wait leaves nothing");
+
+        // The holder caches what it fetched in the background and lets go: the waiter gets
+        // the lock only once the object is on disk, where it finds it.
+        one.put_behind(&id, &data);
+        let (two_waits, _) = tokio::join!(
+            async {
+                let g = two.lock_fetch(&id).await;
+                assert_eq!(two.get(&id).as_deref(), Some(&data[..]));
+                drop(g);
+            },
+            async move { drop(held) }
+        );
+        two_waits
     }
 
     #[test]
