@@ -8,8 +8,8 @@ newest (su-5 in the full dataset, su-2 in the small one) and V the one before, i
 in one run:
 
 - `restore U OUT` (the baseline: every chunk fetched);
-- `restore U OUT --seed V.raw` (V's file as the seed: only the chunks V does not hold at the
-  same place are fetched);
+- `restore U OUT --seed V.raw` (V's file as the seed: only the chunks V does not hold,
+  at the same place or at any other 4 KiB-aligned one, are fetched);
 - `restore U OUT.qcow2 --backing V.raw`: a qcow2 overlay holding only the clusters where U
   differs from V, checked with `qemu-img compare` against U's file;
 - `export U` read whole by `nbdcopy`, without and with `--seed V.raw` (each with a cache of
@@ -26,6 +26,7 @@ prefix under $CAIRN_TEST_S3_URL (run under scripts/minio.sh).
 Prints one JSON document (also written to --out).
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -37,6 +38,29 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from in_place import differing_blocks, emit, parse_args, series_repo, sha  # noqa: E402
+
+
+def seed_holds(u_file, v_file):
+    """Bytes of U's non-zero 4 KiB blocks that V holds at the same place, and at any 4 KiB-
+    aligned place."""
+    block = 4096
+    zero = bytes(block)
+    held = set()
+    with open(v_file, "rb") as v:
+        while b := v.read(block):
+            if b != zero:
+                held.add(hashlib.blake2b(b, digest_size=16).digest())
+    same = anywhere = 0
+    with open(u_file, "rb") as u, open(v_file, "rb") as v:
+        while b := u.read(block):
+            there = v.read(block)
+            if b == zero:
+                continue
+            if b == there:
+                same += len(b)
+            if hashlib.blake2b(b, digest_size=16).digest() in held:
+                anywhere += len(b)
+    return same, anywhere
 
 
 def export_run(c, work, spec, name, extra, want):
@@ -70,10 +94,13 @@ def main():
         u = f"su@{len(images)}"
         v_file, u_file = images[-2], images[-1]
         differing = differing_blocks(v_file, u_file)
+        same_place, anywhere = seed_holds(u_file, v_file)
         result = {"date": time.strftime("%Y-%m-%d"), "store": "s3" if args.s3 else "local",
                   "version": os.path.basename(u_file)[:-4],
                   "seed": os.path.basename(v_file)[:-4],
-                  "image_bytes": os.path.getsize(u_file), "differing_bytes": differing}
+                  "image_bytes": os.path.getsize(u_file), "differing_bytes": differing,
+                  "seed_holds_same_place_bytes": same_place,
+                  "seed_holds_anywhere_bytes": anywhere}
         want = sha(u_file)
         runs = {}
         for name, extra, out in [("plain", [], "out.raw"),

@@ -41,6 +41,7 @@ pub mod repair;
 pub mod resolve;
 pub mod restore;
 pub mod retention;
+pub mod seeds;
 pub mod segment;
 pub mod source;
 pub mod stats;

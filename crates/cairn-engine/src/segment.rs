@@ -12,6 +12,7 @@ use cairn_repo::v2::V2Reader;
 use cairn_repo::{Repo, RepoError};
 
 use crate::error::{EngineError, EngineResult};
+pub use crate::seeds::Seeds;
 use crate::tree::read_leaf;
 
 /// The `len` plain bytes of the segment whose leaf is `id` (zero extents as zeros), and how
@@ -348,17 +349,19 @@ pub struct PatchedSegment {
     pub changed: Vec<(usize, usize)>,
     /// Bytes of stored data fetched.
     pub stored: u64,
-    /// Bytes of V's data found in `held` or an alternative (not fetched).
+    /// Bytes of V's data found in `held`, an alternative or the seeds' index (not fetched).
     pub reused: u64,
 }
 
 /// One segment to patch: its format 2 leaf, the bytes found elsewhere (`held`: the target of
 /// an in-place restore, the first seed), and more bytes of the same segment to try after
-/// them (`alternatives`: other seeds), all of the segment's length.
+/// them (`alternatives`: other seeds), all of the segment's length; then chunks found by
+/// content anywhere in `seeds` (when their index is built).
 pub struct PatchInput<'a> {
     pub leaf: Id,
     pub held: &'a mut [u8],
     pub alternatives: Vec<&'a [u8]>,
+    pub seeds: Option<&'a Seeds>,
 }
 
 /// Slots of a group run to fetch for one segment: (group, first slot, count, offset in the
@@ -490,6 +493,14 @@ async fn plan_patch(
                         held[at..end].copy_from_slice(&alt[at..end]);
                         mark(&mut out.changed, at, end);
                         out.reused += u64::from(c.len);
+                    } else if let Some(found) = input
+                        .seeds
+                        .filter(|_| end - at == 4096)
+                        .and_then(|seeds| seeds.find(&c.id, |b| repo.id_of(b)))
+                    {
+                        held[at..end].copy_from_slice(&found);
+                        mark(&mut out.changed, at, end);
+                        out.reused += u64::from(c.len);
                     } else {
                         let slot = first + i as u16;
                         match wanted.last_mut() {
@@ -510,61 +521,6 @@ async fn plan_patch(
     Ok((leaf.digest(), wanted, out))
 }
 
-/// Local images whose bytes a restore takes instead of fetching them (`restore --seed`: an
-/// older restore, a golden image, another VM's disk): read at the offsets of the version's
-/// segments, and used only where a chunk's bytes there have the chunk's id, so a seed can
-/// never put a wrong byte in the output — it can only save a fetch.
-#[derive(Clone, Default)]
-pub struct Seeds {
-    images: Vec<Arc<dyn cairn_image::DiskImage>>,
-    /// Seeds that failed a read, left out from then on.
-    failed: Arc<std::sync::Mutex<std::collections::HashSet<usize>>>,
-}
-
-impl std::fmt::Debug for Seeds {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<String> = self.images.iter().map(|i| i.describe()).collect();
-        f.debug_struct("Seeds").field("images", &names).finish()
-    }
-}
-
-impl Seeds {
-    pub fn new(images: Vec<Arc<dyn cairn_image::DiskImage>>) -> Seeds {
-        Seeds {
-            images,
-            failed: Default::default(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.images.is_empty()
-    }
-
-    /// The bytes of each usable seed at `[offset, offset + len)`, zeros past a seed's end. A
-    /// seed whose read fails is left out from then on, with a warning. Blocking.
-    pub fn read(&self, offset: u64, len: usize) -> Vec<Vec<u8>> {
-        let mut out = Vec::with_capacity(self.images.len());
-        for (i, image) in self.images.iter().enumerate() {
-            if self.failed.lock().expect("seed list").contains(&i) {
-                continue;
-            }
-            let mut buf = vec![0u8; len];
-            let have = image.size().saturating_sub(offset).min(len as u64) as usize;
-            if have == 0 {
-                continue;
-            }
-            match image.read_at(&mut buf[..have], offset) {
-                Ok(()) => out.push(buf),
-                Err(e) => {
-                    tracing::warn!("seed {} cannot be read, left out: {e}", image.describe());
-                    self.failed.lock().expect("seed list").insert(i);
-                }
-            }
-        }
-        out
-    }
-}
-
 /// Like [`read_segments`] (leaf id, segment length, the segment's offset in the image), but
 /// each segment is taken from `seeds` where they hold it: whole when the first seed's bytes
 /// match the leaf's digest, else chunk by chunk ([`patch_segments`]), fetching only the chunks
@@ -579,7 +535,12 @@ pub async fn read_segments_seeded(
         .iter()
         .map(|&(_, len, off)| (off, len as usize))
         .collect();
+    let ids = repo.clone();
     let copies: Vec<Vec<Vec<u8>>> = tokio::task::spawn_blocking(move || {
+        if ids.v2().is_some() {
+            // Once per restore: the first window waits for it.
+            from.index_with(|b| ids.id_of(b));
+        }
         at.into_iter()
             .map(|(off, len)| from.read(off, len))
             .collect()
@@ -587,13 +548,17 @@ pub async fn read_segments_seeded(
     .await
     .map_err(|e| EngineError::internal("seed reader", e))?;
     let mut out: Vec<Option<SegmentRead>> = (0..leaves.len()).map(|_| None).collect();
-    // Taken whole where the first seed matches the leaf's digest; patched otherwise.
+    // Taken whole where the first seed matches the leaf's digest; patched otherwise (past
+    // every seed's end, from zeros: the index may still hold its chunks).
     let mut patch: Vec<(usize, Vec<u8>, Vec<Vec<u8>>)> = Vec::new();
     for (i, (&(id, len, _), mut copies)) in leaves.iter().zip(copies).enumerate() {
-        if copies.is_empty() || repo.v2().is_none() {
+        if repo.v2().is_none() {
             continue;
         }
-        let held = copies.remove(0);
+        let held = match copies.is_empty() {
+            true => vec![0u8; len as usize],
+            false => copies.remove(0),
+        };
         let leaf = read_run_leaf(repo, &id, len).await?;
         if leaf.digest().is_some_and(|d| repo.id_of(&held) == d) {
             let data_bytes: u64 = leaf
@@ -621,6 +586,7 @@ pub async fn read_segments_seeded(
                 leaf: leaves[*i].0,
                 held: held.as_mut_slice(),
                 alternatives: copies.iter().map(|c| c.as_slice()).collect(),
+                seeds: Some(seeds),
             })
             .collect();
         let patched = patch_segments(repo, &mut inputs)

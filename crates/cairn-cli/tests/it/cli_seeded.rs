@@ -112,6 +112,62 @@ fn a_seeded_restore_fetches_only_what_its_seeds_lack_and_is_exact_whatever_they_
     assert_eq!(r["seeded_bytes"], same_data_blocks(&b, &liar));
 }
 
+/// Bytes of non-zero 4 KiB blocks of `want` that `seed` holds at any 4 KiB-aligned offset.
+fn blocks_found_anywhere(want: &[u8], seed: &[u8]) -> u64 {
+    let held: std::collections::HashSet<&[u8]> = seed.chunks(4 * KIB).collect();
+    want.chunks(4 * KIB)
+        .filter(|w| w.iter().any(|&x| x != 0) && held.contains(w))
+        .map(|w| w.len() as u64)
+        .sum()
+}
+
+#[test]
+fn a_seed_gives_the_data_it_holds_at_other_offsets_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, a, _, pa, _) = two_versions(dir.path());
+    // C: A's first and fourth MiB swapped, 256 KiB of A copied past A's data, 64 KiB copied to
+    // an offset that is not a multiple of 4 KiB (not findable by blocks), and new data.
+    let mut c = vec![0u8; 6 * MIB];
+    c[..MIB].copy_from_slice(&a[3 * MIB..4 * MIB]);
+    c[MIB..3 * MIB].copy_from_slice(&a[MIB..3 * MIB]);
+    c[3 * MIB..4 * MIB].copy_from_slice(&a[..MIB]);
+    c[4 * MIB + 4 * KIB..4 * MIB + 260 * KIB]
+        .copy_from_slice(&a[2 * MIB + 12 * KIB..2 * MIB + 268 * KIB]);
+    c[5 * MIB + 100..5 * MIB + 100 + 64 * KIB].copy_from_slice(&a[MIB..MIB + 64 * KIB]);
+    c[5 * MIB + 128 * KIB..5 * MIB + 256 * KIB].copy_from_slice(&noise(128 * KIB, 4));
+    let pc = dir.path().join("c.raw");
+    std::fs::write(&pc, &c).unwrap();
+    ok(&repo, &["--json", "commit", "moved", pc.to_str().unwrap()]);
+
+    let out = dir.path().join("out.raw");
+    let plain = ok(
+        &repo,
+        &["--json", "restore", "moved", out.to_str().unwrap()],
+    );
+    std::fs::remove_file(&out).unwrap();
+    let seeded = ok(
+        &repo,
+        &[
+            "--json",
+            "restore",
+            "moved",
+            out.to_str().unwrap(),
+            "--seed",
+            pa.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), c);
+    let found = blocks_found_anywhere(&c, &a);
+    assert_eq!(found, (4 * MIB + 256 * KIB) as u64);
+    assert_eq!(seeded["seeded_bytes"], found, "{seeded}");
+    // Only the groups of the unaligned copy and the new data are fetched.
+    let (fetched, all) = (
+        seeded["fetched_bytes"].as_u64().unwrap(),
+        plain["fetched_bytes"].as_u64().unwrap(),
+    );
+    assert!(fetched * 10 < all, "fetched {fetched} of {all}");
+}
+
 #[test]
 fn a_restore_with_backing_is_a_qcow2_overlay_holding_only_the_clusters_that_differ() {
     let dir = tempfile::tempdir().unwrap();

@@ -498,6 +498,7 @@ impl Shared {
                     leaf: w.leaf.expect("a leaf").id,
                     held: held.as_mut_slice(),
                     alternatives: Vec::new(),
+                    seeds: None,
                 })
                 .collect();
             let patched = patch_segments(&self.repo, &mut inputs).await?;
