@@ -112,15 +112,18 @@ impl Behind {
         Ok((tx, handle))
     }
 
-    /// Waits until everything queued before the call is on disk.
-    pub(super) fn flush(&self) {
-        let sender = self
-            .channel
+    /// The writer's queue, if it runs.
+    fn sender(&self) -> Option<SyncSender<Msg>> {
+        self.channel
             .lock()
             .expect("writer lock")
             .as_ref()
-            .map(|(tx, _)| tx.clone());
-        if let Some(tx) = sender {
+            .map(|(tx, _)| tx.clone())
+    }
+
+    /// Waits until everything queued before the call is on disk.
+    pub(super) fn flush(&self) {
+        if let Some(tx) = self.sender() {
             let (ack, done) = std::sync::mpsc::channel();
             // Blocking send: a flush waits its turn behind the queued objects.
             if tx.send(Msg::Flush(ack)).is_ok() {
@@ -133,13 +136,7 @@ impl Behind {
     /// (at once when nothing is queued, or the queue is full: the next fetcher then finds
     /// less cached, never wrong bytes).
     pub(super) fn unlock_after(&self, host: Arc<HostLocks>, id: &Id) {
-        let sender = self
-            .channel
-            .lock()
-            .expect("writer lock")
-            .as_ref()
-            .map(|(tx, _)| tx.clone());
-        let Some(tx) = sender else {
+        let Some(tx) = self.sender() else {
             host.unlock(id);
             return;
         };
