@@ -8,14 +8,13 @@
 //! where the seed's bytes have the chunk's id: a seed can never put a wrong byte in the output,
 //! it can only save a fetch.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cairn_format::Id;
 
 /// The size of an indexed block: format 2's chunk.
 const BLOCK: usize = 4096;
-/// The most blocks the index holds (16 GiB of non-zero seed data, ~80 MiB of memory); a
+/// The most blocks the index holds (16 GiB of non-zero seed data, 64 MiB of memory); a
 /// seed's blocks past it are found at their own offsets only.
 pub const MAX_INDEXED_BLOCKS: usize = 4 << 20;
 /// How much of a seed one read takes while indexing.
@@ -112,8 +111,9 @@ impl Seeds {
 /// the other into a fetch.
 #[derive(Default)]
 struct SeedIndex {
-    /// Key → seed number (top 16 bits) and block number in it.
-    blocks: HashMap<u64, u64>,
+    /// (key, seed number (top 16 bits) and block number in it), sorted by key: 16 bytes a
+    /// block, with no table overhead.
+    blocks: Vec<(u64, u64)>,
 }
 
 impl SeedIndex {
@@ -143,17 +143,21 @@ impl SeedIndex {
                     let number = at / BLOCK as u64 + n as u64;
                     index
                         .blocks
-                        .entry(key(&id_of(block)))
-                        .or_insert(((i as u64) << 48) | number);
+                        .push((key(&id_of(block)), ((i as u64) << 48) | number));
                 }
                 at += len as u64;
             }
         }
+        index.blocks.sort_unstable();
+        index.blocks.dedup_by_key(|(k, _)| *k);
+        index.blocks.shrink_to_fit();
         index
     }
 
     fn lookup(&self, id: &Id) -> Option<(usize, u64)> {
-        let v = *self.blocks.get(&key(id))?;
+        let key = key(id);
+        let at = self.blocks.binary_search_by_key(&key, |(k, _)| *k).ok()?;
+        let v = self.blocks[at].1;
         Some(((v >> 48) as usize, (v & ((1 << 48) - 1)) * BLOCK as u64))
     }
 }

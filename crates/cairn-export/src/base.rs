@@ -336,7 +336,11 @@ impl Base {
             self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(Arc::new(data));
         }
-        let guard = self.cache.lock_fetch(id).await;
+        let deadline = ContentCache::fetch_deadline();
+        let guard = self
+            .cache
+            .lock_fetch_until(id, deadline, || self.cache.contains(id))
+            .await;
         let result = match self.cached(id) {
             Some(data) => {
                 self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
@@ -493,7 +497,13 @@ impl Base {
         // One fetch of a group at a time in this process: a reader that meets a fetch in
         // progress (a profile's prefetch, another client) waits for it and then finds the
         // run cached, instead of fetching the group again.
-        let _guard = self.cache.lock_fetch(group).await;
+        let deadline = ContentCache::fetch_deadline();
+        let in_cache = || {
+            slots
+                .iter()
+                .all(|c| !c.stored || self.cache.contains(&c.id))
+        };
+        let _guard = self.cache.lock_fetch_until(group, deadline, in_cache).await;
         self.fetch_run(at, group, first, count, reader, &loc, slots)
             .await
     }
@@ -785,9 +795,16 @@ impl Base {
         groups.sort();
         groups.dedup();
         // In id order, as every batch takes them: two batches never wait on each other.
+        // One deadline for the batch: other processes' fetches hold it up by at most one wait.
+        let deadline = ContentCache::fetch_deadline();
         let mut guards = Vec::with_capacity(groups.len());
         for g in &groups {
-            guards.push(self.cache.lock_fetch(g).await);
+            let runs: Vec<_> = wanted.iter().filter(|w| w.1 == *g).collect();
+            let in_cache = || {
+                runs.iter()
+                    .all(|(loc, _, first, count)| self.run_cached(loc, *first, *count))
+            };
+            guards.push(self.cache.lock_fetch_until(g, deadline, in_cache).await);
         }
         // What a reader fetched while this batch waited for its locks is not fetched again.
         wanted.retain(|(loc, _, first, count)| !self.run_cached(loc, *first, *count));

@@ -6,13 +6,16 @@
 //! only makes one fetch wait for another). OFD locks belong to an open file description, so
 //! the kernel drops them when a process dies, and a process's own locks never conflict with
 //! one another: within a process the cache's in-process lock serializes fetches of one id
-//! first. The lock is a hint: a fetch that cannot take it in [`WAIT`] goes ahead without it,
-//! and what is cached is verified against its id whoever wrote it.
+//! first. The lock is a hint: a fetch that cannot take it in [`WAIT`] (one deadline for a
+//! batch of groups) goes ahead without it, and what is cached is verified against its id
+//! whoever wrote it.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use cairn_format::Id;
@@ -20,11 +23,22 @@ use cairn_format::Id;
 /// How long a fetch waits for another process's fetch of the same object before it fetches
 /// the object itself.
 pub(super) const WAIT: Duration = Duration::from_secs(5);
+/// The lock file's name in the cache directory.
+pub(super) const FILE: &str = "fetch.lock";
+
+/// When a wait that starts now gives up.
+pub(super) fn deadline() -> tokio::time::Instant {
+    tokio::time::Instant::now() + WAIT
+}
 
 /// The open lock file of one cache directory.
 #[derive(Debug)]
 pub(super) struct HostLocks {
     file: File,
+    /// Holds per lock byte in this process. Locking a byte again through the same open file
+    /// is no new lock, so a byte is unlocked only when its last hold goes: an unlock the cache
+    /// thread runs late must not free a byte this process has taken again since.
+    holds: Mutex<HashMap<i64, u32>>,
 }
 
 impl HostLocks {
@@ -36,14 +50,26 @@ impl HostLocks {
             .create(true)
             .truncate(false)
             .mode(0o600)
-            .open(dir.join("fetch.lock"))?;
-        Ok(HostLocks { file })
+            .open(dir.join(FILE))?;
+        Ok(HostLocks {
+            file,
+            holds: Mutex::new(HashMap::new()),
+        })
     }
 
     /// Takes the lock of `id` if no other process holds it.
     pub(super) fn try_lock(&self, id: &Id) -> io::Result<bool> {
-        match self.set(id, libc::F_WRLCK) {
-            Ok(()) => Ok(true),
+        let byte = byte(id);
+        let mut holds = self.holds.lock().expect("lock holds");
+        if let Some(n) = holds.get_mut(&byte) {
+            *n += 1;
+            return Ok(true);
+        }
+        match self.set(byte, libc::F_WRLCK) {
+            Ok(()) => {
+                holds.insert(byte, 1);
+                Ok(true)
+            }
             Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => {
                 Ok(false)
             }
@@ -51,17 +77,22 @@ impl HostLocks {
         }
     }
 
-    /// Takes the lock of `id`, polling while another process holds it, for at most [`WAIT`]:
-    /// false when it was not taken (the caller fetches without it).
-    pub(super) async fn lock(&self, id: &Id) -> bool {
+    /// Takes the lock of `id`, polling while another process holds it, until `deadline` or
+    /// until `done` says the wait is pointless: false when it was not taken (the caller
+    /// checks the cache and fetches without it).
+    pub(super) async fn lock(
+        &self,
+        id: &Id,
+        deadline: tokio::time::Instant,
+        done: &impl Fn() -> bool,
+    ) -> bool {
         let mut pause = Duration::from_millis(1);
-        let give_up = tokio::time::Instant::now() + WAIT;
         loop {
             match self.try_lock(id) {
                 Ok(true) => return true,
-                Ok(false) if tokio::time::Instant::now() < give_up => {}
+                Ok(false) if tokio::time::Instant::now() < deadline && !done() => {}
                 Ok(false) => {
-                    tracing::debug!(%id, "another process's fetch lock held past {WAIT:?}");
+                    tracing::debug!(%id, "another process's fetch lock: not waiting longer");
                     return false;
                 }
                 Err(e) => {
@@ -74,25 +105,65 @@ impl HostLocks {
         }
     }
 
-    /// Lets go of the lock of `id`.
+    /// Gives up one hold of the lock of `id`; the last lets the byte go.
     pub(super) fn unlock(&self, id: &Id) {
-        if let Err(e) = self.set(id, libc::F_UNLCK) {
-            tracing::debug!(%id, "fetch unlock: {e}");
+        let byte = byte(id);
+        let mut holds = self.holds.lock().expect("lock holds");
+        match holds.get_mut(&byte) {
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => {
+                holds.remove(&byte);
+                if let Err(e) = self.set(byte, libc::F_UNLCK) {
+                    tracing::debug!(%id, "fetch unlock: {e}");
+                }
+            }
+            None => {}
         }
     }
 
-    fn set(&self, id: &Id, kind: libc::c_int) -> io::Result<()> {
-        let b = id.as_bytes();
-        let offset = i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], 0, 0, 0]);
+    fn set(&self, byte: i64, kind: libc::c_int) -> io::Result<()> {
         let lock = libc::flock {
             l_type: kind as libc::c_short,
             l_whence: libc::SEEK_SET as libc::c_short,
-            l_start: offset as libc::off_t,
+            l_start: byte as libc::off_t,
             l_len: 1,
             l_pid: 0,
         };
         nix::fcntl::fcntl(&self.file, nix::fcntl::FcntlArg::F_OFD_SETLK(&lock))
             .map(drop)
             .map_err(io::Error::from)
+    }
+}
+
+/// The byte of the lock file that stands for `id`: 40 bits of it.
+fn byte(id: &Id) -> i64 {
+    let b = id.as_bytes();
+    i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], 0, 0, 0])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_byte_is_let_go_only_with_its_last_hold() {
+        // Two opens of the lock file stand for two processes.
+        let dir = tempfile::tempdir().unwrap();
+        let (one, two) = (
+            HostLocks::open(dir.path()).unwrap(),
+            HostLocks::open(dir.path()).unwrap(),
+        );
+        let id = Id::of(b"group");
+        assert!(one.try_lock(&id).unwrap());
+        assert!(!two.try_lock(&id).unwrap());
+        // Taken again in the first process before its late unlock of the first hold runs.
+        assert!(one.try_lock(&id).unwrap());
+        one.unlock(&id);
+        assert!(!two.try_lock(&id).unwrap(), "still held once");
+        one.unlock(&id);
+        assert!(two.try_lock(&id).unwrap());
+        two.unlock(&id);
+        two.unlock(&id); // one unlock too many does nothing
+        assert!(one.try_lock(&id).unwrap());
     }
 }

@@ -211,6 +211,19 @@ impl ContentCache {
     /// directory (for at most `host_lock::WAIT`). The holder checks the cache again before
     /// it fetches; another process's fetch is on disk by the time its lock is let go.
     pub async fn lock_fetch(&self, id: &Id) -> FetchGuard<'_> {
+        self.lock_fetch_until(id, host_lock::deadline(), || false)
+            .await
+    }
+
+    /// [`Self::lock_fetch`] that stops waiting for another process at `deadline`, or as soon
+    /// as `done` says what the fetch would bring is cached (then nothing is fetched: the
+    /// caller finds it when it checks the cache again).
+    pub async fn lock_fetch_until(
+        &self,
+        id: &Id,
+        deadline: tokio::time::Instant,
+        done: impl Fn() -> bool,
+    ) -> FetchGuard<'_> {
         // Declared first, dropped last: a wait cancelled below still forgets the lock.
         let mut held = FetchGuard {
             cache: self,
@@ -221,11 +234,16 @@ impl ContentCache {
         let lock = self.fetch_lock(id);
         held.guard = Some(lock.lock_owned().await);
         if let Some(host) = self.host() {
-            if host.lock(id).await {
+            if !done() && host.lock(id, deadline, &done).await {
                 held.host = Some(host);
             }
         }
         held
+    }
+
+    /// When a wait for other processes' fetches that starts now gives up.
+    pub fn fetch_deadline() -> tokio::time::Instant {
+        host_lock::deadline()
     }
 
     /// The fetch lock of `id` if no fetch of it is in progress on this host.
@@ -378,16 +396,21 @@ fn make_private_dir(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether `dir` holds only what a content cache puts there: `tmp/` and two-hex-digit
-/// directories.
+/// Whether `dir` holds only what a content cache puts there: `tmp/`, two-hex-digit
+/// directories and the fetch lock file.
 fn holds_only_a_cache(dir: &Path) -> io::Result<bool> {
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
+        let kind = entry.file_type()?;
         let cache_dir =
             name == "tmp" || (name.len() == 2 && name.bytes().all(|b| b.is_ascii_hexdigit()));
-        if !cache_dir || !entry.file_type()?.is_dir() {
+        let ours = match kind.is_dir() {
+            true => cache_dir,
+            false => kind.is_file() && name == host_lock::FILE,
+        };
+        if !ours {
             return Ok(false);
         }
     }
@@ -458,6 +481,13 @@ mod tests {
         let waiting = tokio::time::timeout(Duration::from_millis(50), two.lock_fetch(&id));
         assert!(waiting.await.is_err(), "waits while the other holds it");
         assert_eq!(two.fetch_locks(), 0, "a cancelled wait leaves nothing");
+        // A wait stops as soon as what it would fetch is cached.
+        let far = tokio::time::Instant::now() + Duration::from_secs(60);
+        let skipped = tokio::time::timeout(
+            Duration::from_secs(5),
+            two.lock_fetch_until(&id, far, || true),
+        );
+        assert!(skipped.await.unwrap().host.is_none());
 
         // The holder caches what it fetched in the background and lets go: the waiter gets
         // the lock only once the object is on disk, where it finds it.
